@@ -1,0 +1,746 @@
+//! The in-process event bus: topics, patterns, bounded subscriber queues.
+//!
+//! The bus is always on. It is the first sink of the pipeline (every lifecycle event is offered
+//! to it under `prx.lifecycle.<event>`), and anyone holding a [`Bus`] may [`publish`](Bus::publish)
+//! custom topics — plugins do, through `prx:host/events`.
+//!
+//! Patterns are PRX's: an exact topic, a prefix ending in `.*` (any depth below it), or `*`
+//! (everything). Each [`Subscription`] has its own bounded queue: a subscriber that does not read
+//! loses only its own messages, and those losses are counted on it. Dropping a `Subscription`
+//! unsubscribes it.
+//!
+//! Delivery reads the subscriber list through an `ArcSwap` (no lock for the workers); only
+//! subscribe and unsubscribe take the bus's lock, to rebuild that list.
+
+use crate::event::{EventKind, EventMask};
+use crate::json;
+use crate::pipeline::{InterestHandle, Sink};
+use crate::stats::{SinkCounters, SinkCounts, SubscriberStats};
+use arc_swap::ArcSwap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+/// Longest topic or pattern accepted.
+pub const MAX_TOPIC_LEN: usize = 256;
+/// Topics under this prefix are the pipeline's own; `publish` refuses them.
+pub const LIFECYCLE_PREFIX: &str = "prx.lifecycle.";
+
+/// One message on the bus: a lifecycle event's payload with its metadata, or a custom
+/// publication. Cloning is cheap (one reference count); every subscriber and every sink shares
+/// the same bytes, serialized once.
+#[derive(Clone)]
+pub struct Message(Arc<Inner>);
+
+struct Inner {
+    /// `json`, then `agent`, then `session`, then — for custom topics — the topic.
+    text: Box<str>,
+    json_end: usize,
+    agent_end: usize,
+    session_end: usize,
+    topic: Option<&'static str>,
+    kind: Option<EventKind>,
+    seq: u64,
+    timestamp: SystemTime,
+    depth: u8,
+}
+
+impl Message {
+    /// Builds a lifecycle message from `json` (already written) and its metadata.
+    pub(crate) fn lifecycle(
+        kind: EventKind,
+        json: &str,
+        agent: &str,
+        session: &str,
+        seq: u64,
+        timestamp: SystemTime,
+    ) -> Message {
+        Message::build(json, agent, session, None, Some(kind), seq, timestamp, 0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        json: &str,
+        agent: &str,
+        session: &str,
+        custom_topic: Option<&str>,
+        kind: Option<EventKind>,
+        seq: u64,
+        timestamp: SystemTime,
+        depth: u8,
+    ) -> Message {
+        let custom = custom_topic.unwrap_or("");
+        let mut text =
+            String::with_capacity(json.len() + agent.len() + session.len() + custom.len());
+        text.push_str(json);
+        text.push_str(agent);
+        text.push_str(session);
+        text.push_str(custom);
+        let json_end = json.len();
+        let agent_end = json_end + agent.len();
+        let session_end = agent_end + session.len();
+        Message(Arc::new(Inner {
+            text: text.into_boxed_str(),
+            json_end,
+            agent_end,
+            session_end,
+            topic: kind.map(EventKind::topic),
+            kind,
+            seq,
+            timestamp,
+            depth,
+        }))
+    }
+
+    /// `prx.lifecycle.tool_call`, or the custom topic it was published under.
+    pub fn topic(&self) -> &str {
+        self.0.topic.unwrap_or(&self.0.text[self.0.session_end..])
+    }
+
+    /// The payload JSON, compact, one line.
+    pub fn json(&self) -> &[u8] {
+        self.json_str().as_bytes()
+    }
+
+    /// The payload JSON as text.
+    pub fn json_str(&self) -> &str {
+        &self.0.text[..self.0.json_end]
+    }
+
+    /// The lifecycle event, or `None` for a custom topic.
+    pub fn event(&self) -> Option<EventKind> {
+        self.0.kind
+    }
+
+    /// The emitter's agent (empty for custom topics).
+    pub fn agent(&self) -> &str {
+        &self.0.text[self.0.json_end..self.0.agent_end]
+    }
+
+    /// The emitter's session (empty for custom topics).
+    pub fn session(&self) -> &str {
+        &self.0.text[self.0.agent_end..self.0.session_end]
+    }
+
+    /// Per-emitter sequence number (shared by an emitter's clones), starting at 0; for custom
+    /// topics, the bus's own publication counter.
+    pub fn seq(&self) -> u64 {
+        self.0.seq
+    }
+
+    /// When a worker took the event from the ring (lifecycle) or when it was published.
+    pub fn timestamp(&self) -> SystemTime {
+        self.0.timestamp
+    }
+
+    /// [`timestamp`](Message::timestamp) as RFC 3339 in UTC with microseconds:
+    /// `2026-11-29T22:16:48.123456Z` (the form of `ZERO_HOOK_TIMESTAMP`).
+    pub fn timestamp_rfc3339(&self) -> String {
+        humantime::format_rfc3339_micros(self.0.timestamp).to_string()
+    }
+
+    /// How many publications deep this message is (0 for lifecycle events; a plugin
+    /// republishing what it received adds one). The bus refuses depths past [`MAX_DEPTH`].
+    pub fn depth(&self) -> u8 {
+        self.0.depth
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("topic", &self.topic())
+            .field("agent", &self.agent())
+            .field("session", &self.session())
+            .field("seq", &self.seq())
+            .field("json", &self.json_str())
+            .finish()
+    }
+}
+
+/// How deep publications may nest (a plugin republishing on receipt cannot loop forever).
+pub const MAX_DEPTH: u8 = 8;
+
+/// Why the bus refused a pattern or a publication.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BusError {
+    #[error(
+        "invalid topic {topic:?}: {reason}; topics are dot-separated segments of A-Z a-z 0-9 _ -, like \"myapp.audit.done\""
+    )]
+    InvalidTopic { topic: String, reason: String },
+    #[error(
+        "invalid pattern {pattern:?}: {reason}; use an exact topic, a prefix ending in \".*\", or \"*\""
+    )]
+    InvalidPattern { pattern: String, reason: String },
+    #[error("topic {topic:?} is reserved: only the pipeline publishes under \"prx.lifecycle.\"")]
+    ReservedTopic { topic: String },
+    #[error("payload for {topic:?} is {len} bytes; the limit is {max}")]
+    PayloadTooLarge {
+        topic: String,
+        len: usize,
+        max: usize,
+    },
+    #[error("payload for {topic:?} is not valid JSON (RFC 8259)")]
+    InvalidJson { topic: String },
+    #[error(
+        "publication to {topic:?} nested {depth} deep; the limit is {max} (is a plugin republishing what it receives?)"
+    )]
+    TooDeep { topic: String, depth: u8, max: u8 },
+    #[error("the bus has shut down")]
+    Closed,
+}
+
+/// The subscription's bus has shut down and its queue is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the bus has shut down and this subscription's queue is empty")]
+pub struct RecvError;
+
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TryRecvError {
+    #[error("no message is waiting")]
+    Empty,
+    #[error("the bus has shut down and this subscription's queue is empty")]
+    Closed,
+}
+
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecvTimeoutError {
+    #[error("no message arrived in time")]
+    Timeout,
+    #[error("the bus has shut down and this subscription's queue is empty")]
+    Closed,
+}
+
+/// A parsed subscription pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pattern {
+    All,
+    /// The prefix including its trailing dot: `prx.lifecycle.`.
+    Prefix(Box<str>),
+    Exact(Box<str>),
+}
+
+impl Pattern {
+    fn parse(pattern: &str) -> Result<Pattern, BusError> {
+        let bad = |reason: String| BusError::InvalidPattern {
+            pattern: pattern.into(),
+            reason,
+        };
+        if pattern == "*" {
+            return Ok(Pattern::All);
+        }
+        let (topic, prefix) = match pattern.strip_suffix(".*") {
+            Some(stem) => (stem, true),
+            None => (pattern, false),
+        };
+        check_topic(topic).map_err(bad)?;
+        Ok(if prefix {
+            Pattern::Prefix(format!("{topic}.").into())
+        } else {
+            Pattern::Exact(topic.into())
+        })
+    }
+
+    fn matches(&self, topic: &str) -> bool {
+        match self {
+            Pattern::All => true,
+            Pattern::Prefix(p) => topic.starts_with(&**p),
+            Pattern::Exact(t) => topic == &**t,
+        }
+    }
+
+    fn lifecycle_mask(&self) -> EventMask {
+        EventKind::ALL
+            .into_iter()
+            .filter(|k| self.matches(k.topic()))
+            .fold(EventMask::NONE, |m, k| m | k.mask())
+    }
+}
+
+/// Checks a concrete topic; the reason says what is wrong.
+fn check_topic(topic: &str) -> Result<(), String> {
+    if topic.is_empty() {
+        return Err("it is empty".into());
+    }
+    if topic.len() > MAX_TOPIC_LEN {
+        return Err(format!(
+            "it is {} bytes long; the limit is {MAX_TOPIC_LEN}",
+            topic.len()
+        ));
+    }
+    for (n, segment) in topic.split('.').enumerate() {
+        if segment.is_empty() {
+            return Err(format!("segment {} is empty", n + 1));
+        }
+        if let Some(c) = segment
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+        {
+            return Err(format!("character {c:?} is not allowed"));
+        }
+    }
+    Ok(())
+}
+
+/// The bus's side of a subscription. It owns the only sender: removing it from the list (on
+/// unsubscribe or close) disconnects the receiver.
+struct Subscriber {
+    info: Arc<SubInfo>,
+    pattern: Pattern,
+    lifecycle: EventMask,
+    tx: flume::Sender<Message>,
+}
+
+/// What both sides see: identity and counters.
+struct SubInfo {
+    id: u64,
+    pattern: Box<str>,
+    capacity: usize,
+    delivered: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl Subscriber {
+    /// Offers `msg`; counts the outcome on the subscriber. Never blocks.
+    fn offer(&self, msg: &Message) -> bool {
+        let ok = self.tx.try_send(msg.clone()).is_ok();
+        let counter = if ok {
+            &self.info.delivered
+        } else {
+            &self.info.dropped
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        ok
+    }
+}
+
+struct Shared {
+    subs: ArcSwap<Vec<Arc<Subscriber>>>,
+    /// Serializes changes to `subs` and to the interest mask.
+    write: Mutex<u64>,
+    interest: InterestHandle,
+    counters: SinkCounters,
+    queue_capacity: usize,
+    max_payload: usize,
+    publish_seq: AtomicU64,
+    closed: AtomicBool,
+}
+
+/// The in-process event bus. Cheap to clone; all clones are the same bus.
+#[derive(Clone)]
+pub struct Bus(Arc<Shared>);
+
+impl Bus {
+    pub(crate) fn new(interest: InterestHandle, queue_capacity: usize, max_payload: usize) -> Bus {
+        Bus(Arc::new(Shared {
+            subs: ArcSwap::from_pointee(Vec::new()),
+            write: Mutex::new(0),
+            interest,
+            counters: SinkCounters::default(),
+            queue_capacity: queue_capacity.max(1),
+            max_payload,
+            publish_seq: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }))
+    }
+
+    /// Subscribes to `pattern` with the bus's default queue capacity.
+    pub fn subscribe(&self, pattern: &str) -> Result<Subscription, BusError> {
+        self.subscribe_with_capacity(pattern, self.0.queue_capacity)
+    }
+
+    /// Subscribes to `pattern` with a queue of `capacity` messages (at least 1).
+    pub fn subscribe_with_capacity(
+        &self,
+        pattern: &str,
+        capacity: usize,
+    ) -> Result<Subscription, BusError> {
+        let parsed = Pattern::parse(pattern)?;
+        let capacity = capacity.max(1);
+        let (tx, rx) = flume::bounded(capacity);
+        let mut next_id = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
+        if self.0.closed.load(Ordering::Acquire) {
+            return Err(BusError::Closed);
+        }
+        *next_id += 1;
+        let info = Arc::new(SubInfo {
+            id: *next_id,
+            pattern: pattern.into(),
+            capacity,
+            delivered: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        });
+        let sub = Subscriber {
+            info: info.clone(),
+            lifecycle: parsed.lifecycle_mask(),
+            pattern: parsed,
+            tx,
+        };
+        let mut list = Vec::clone(&self.0.subs.load());
+        list.push(Arc::new(sub));
+        self.replace(list);
+        Ok(Subscription {
+            rx,
+            sub: info,
+            bus: self.clone(),
+        })
+    }
+
+    /// Publishes `json` under a custom `topic` to every matching subscriber, on the caller's
+    /// thread, without blocking. Returns how many subscribers took it. The payload must be one
+    /// valid JSON value of at most the bus's payload limit; it is stored without insignificant
+    /// whitespace.
+    pub fn publish(&self, topic: &str, json: impl AsRef<[u8]>) -> Result<usize, BusError> {
+        self.publish_at_depth(topic, json.as_ref(), 1)
+    }
+
+    /// `publish` for a message caused by another one at `depth - 1` (plugins republishing).
+    pub(crate) fn publish_at_depth(
+        &self,
+        topic: &str,
+        json: &[u8],
+        depth: u8,
+    ) -> Result<usize, BusError> {
+        check_topic(topic).map_err(|reason| BusError::InvalidTopic {
+            topic: topic.into(),
+            reason,
+        })?;
+        if topic.starts_with(LIFECYCLE_PREFIX) {
+            return Err(BusError::ReservedTopic {
+                topic: topic.into(),
+            });
+        }
+        if depth > MAX_DEPTH {
+            return Err(BusError::TooDeep {
+                topic: topic.into(),
+                depth,
+                max: MAX_DEPTH,
+            });
+        }
+        if json.len() > self.0.max_payload {
+            return Err(BusError::PayloadTooLarge {
+                topic: topic.into(),
+                len: json.len(),
+                max: self.0.max_payload,
+            });
+        }
+        let mut compact = Vec::with_capacity(json.len());
+        if !json::append_compact(&mut compact, json, json::Top::Any) {
+            return Err(BusError::InvalidJson {
+                topic: topic.into(),
+            });
+        }
+        if self.0.closed.load(Ordering::Acquire) {
+            return Err(BusError::Closed);
+        }
+        // The compactor only accepts valid UTF-8 inside strings and ASCII outside them.
+        let text = String::from_utf8(compact).map_err(|_| BusError::InvalidJson {
+            topic: topic.into(),
+        })?;
+        let seq = self.0.publish_seq.fetch_add(1, Ordering::Relaxed);
+        let msg = Message::build(
+            &text,
+            "",
+            "",
+            Some(topic),
+            None,
+            seq,
+            SystemTime::now(),
+            depth,
+        );
+        Ok(self.fan_out(&msg, |s| s.pattern.matches(topic)))
+    }
+
+    /// Offers `msg` to every subscriber `wants` picks; counts once for the whole fan-out.
+    fn fan_out(&self, msg: &Message, wants: impl Fn(&Subscriber) -> bool) -> usize {
+        let subs = self.0.subs.load();
+        let (mut sent, mut delivered) = (0u64, 0u64);
+        for sub in subs.iter().filter(|s| wants(s)) {
+            sent += 1;
+            delivered += sub.offer(msg) as u64;
+        }
+        if sent > 0 {
+            self.0.counters.update(|c| {
+                c.sent += sent;
+                c.delivered += delivered;
+                c.dropped += sent - delivered;
+            });
+        }
+        delivered as usize
+    }
+
+    /// Per-subscription counters of the live subscriptions.
+    pub fn subscribers(&self) -> Vec<SubscriberStats> {
+        self.0
+            .subs
+            .load()
+            .iter()
+            .map(|s| SubscriberStats {
+                id: s.info.id,
+                pattern: s.info.pattern.to_string(),
+                delivered: s.info.delivered.load(Ordering::Relaxed),
+                dropped: s.info.dropped.load(Ordering::Relaxed),
+                queued: s.tx.len() as u64,
+                capacity: s.info.capacity as u64,
+            })
+            .collect()
+    }
+
+    /// Swaps in a new subscriber list and the interest mask it implies. Caller holds `write`.
+    fn replace(&self, list: Vec<Arc<Subscriber>>) {
+        let mask = list.iter().fold(EventMask::NONE, |m, s| m | s.lifecycle);
+        self.0.subs.store(Arc::new(list));
+        self.0.interest.set(mask);
+    }
+
+    fn unsubscribe(&self, id: u64) {
+        let _guard = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
+        let list: Vec<_> = self
+            .0
+            .subs
+            .load()
+            .iter()
+            .filter(|s| s.info.id != id)
+            .cloned()
+            .collect();
+        self.replace(list);
+    }
+
+    /// Stops taking messages and disconnects every subscription (each can still read what is
+    /// already in its queue, then gets `Closed`).
+    pub(crate) fn close(&self) {
+        let _guard = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
+        self.0.closed.store(true, Ordering::Release);
+        self.replace(Vec::new());
+    }
+}
+
+impl Sink for Bus {
+    fn name(&self) -> &str {
+        "bus"
+    }
+
+    fn deliver(&self, msg: &Message) {
+        if let Some(kind) = msg.event() {
+            self.fan_out(msg, |s| s.lifecycle.contains(kind));
+        }
+    }
+
+    fn counts(&self) -> SinkCounts {
+        self.0.counters.get()
+    }
+}
+
+/// A bus subscription: a bounded queue of [`Message`]s matching its pattern. `Send`, not `Clone`.
+/// Dropping it unsubscribes.
+pub struct Subscription {
+    rx: flume::Receiver<Message>,
+    sub: Arc<SubInfo>,
+    bus: Bus,
+}
+
+impl Subscription {
+    /// Waits for the next message.
+    pub fn recv(&self) -> Result<Message, RecvError> {
+        self.rx.recv().map_err(|_| RecvError)
+    }
+
+    /// Takes the next message if one is waiting.
+    pub fn try_recv(&self) -> Result<Message, TryRecvError> {
+        self.rx.try_recv().map_err(|e| match e {
+            flume::TryRecvError::Empty => TryRecvError::Empty,
+            flume::TryRecvError::Disconnected => TryRecvError::Closed,
+        })
+    }
+
+    /// Waits at most `timeout` for the next message.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message, RecvTimeoutError> {
+        self.rx.recv_timeout(timeout).map_err(|e| match e {
+            flume::RecvTimeoutError::Timeout => RecvTimeoutError::Timeout,
+            flume::RecvTimeoutError::Disconnected => RecvTimeoutError::Closed,
+        })
+    }
+
+    /// Messages as they arrive, until the bus shuts down.
+    pub fn iter(&self) -> impl Iterator<Item = Message> + '_ {
+        self.rx.iter()
+    }
+
+    /// The messages waiting now, without blocking.
+    pub fn try_iter(&self) -> impl Iterator<Item = Message> + '_ {
+        self.rx.try_iter()
+    }
+
+    pub fn id(&self) -> u64 {
+        self.sub.id
+    }
+
+    pub fn pattern(&self) -> &str {
+        &self.sub.pattern
+    }
+
+    /// Messages waiting in the queue.
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.sub.capacity
+    }
+
+    /// Messages this subscription lost because its queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.sub.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Messages put into this subscription's queue so far.
+    pub fn delivered(&self) -> u64 {
+        self.sub.delivered.load(Ordering::Relaxed)
+    }
+}
+
+impl<'a> IntoIterator for &'a Subscription {
+    type Item = Message;
+    type IntoIter = flume::Iter<'a, Message>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.rx.iter()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.bus.unsubscribe(self.sub.id);
+    }
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.sub.id)
+            .field("pattern", &self.pattern())
+            .field("queued", &self.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::Interest;
+
+    fn bus(capacity: usize) -> (Bus, Arc<Interest>) {
+        let interest = Interest::new(1);
+        (Bus::new(interest.handle(0), capacity, 1024), interest)
+    }
+
+    fn msg(kind: EventKind, seq: u64) -> Message {
+        Message::lifecycle(kind, "{}", "agent", "session", seq, SystemTime::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn patterns_follow_prx_semantics() {
+        let all = Pattern::parse("*").unwrap();
+        let pre = Pattern::parse("prx.lifecycle.*").unwrap();
+        let exact = Pattern::parse("prx.lifecycle.tool_call").unwrap();
+        assert!(all.matches("x") && all.matches("prx.lifecycle.error"));
+        assert!(pre.matches("prx.lifecycle.tool_call") && pre.matches("prx.lifecycle.a.b"));
+        assert!(!pre.matches("prx.lifecycle") && !pre.matches("prx.lifecyclex.a"));
+        assert!(exact.matches("prx.lifecycle.tool_call"));
+        assert!(!exact.matches("prx.lifecycle.tool_call_start"));
+        assert_eq!(pre.lifecycle_mask(), EventMask::ALL);
+        assert_eq!(exact.lifecycle_mask(), EventKind::ToolCall.mask());
+        assert_eq!(
+            Pattern::parse("myapp.*").unwrap().lifecycle_mask(),
+            EventMask::NONE
+        );
+        for bad in [
+            "", ".", "a..b", "a.", "*.a", "a.*.b", "a b", "a/b", "a.**", "a*",
+        ] {
+            assert!(
+                matches!(Pattern::parse(bad), Err(BusError::InvalidPattern { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn subscribe_sets_interest_and_drop_clears_it() {
+        let (bus, interest) = bus(4);
+        assert!(!interest.wants(EventKind::ToolCall));
+        let sub = bus.subscribe("prx.lifecycle.tool_call").unwrap();
+        assert!(interest.wants(EventKind::ToolCall) && !interest.wants(EventKind::Error));
+        drop(sub);
+        assert!(!interest.wants(EventKind::ToolCall));
+        assert!(bus.subscribers().is_empty());
+    }
+
+    #[test]
+    fn a_full_queue_drops_only_its_own_messages() {
+        let (bus, _i) = bus(2);
+        let slow = bus.subscribe("*").unwrap();
+        let fast = bus.subscribe("prx.lifecycle.*").unwrap();
+        for seq in 0..5 {
+            bus.deliver(&msg(EventKind::TurnComplete, seq));
+            assert_eq!(fast.try_recv().unwrap().seq(), seq);
+        }
+        assert_eq!((slow.delivered(), slow.dropped()), (2, 3));
+        assert_eq!((fast.delivered(), fast.dropped()), (5, 0));
+        assert_eq!(slow.try_recv().unwrap().seq(), 0);
+        let c = bus.counts();
+        assert_eq!((c.sent, c.delivered, c.dropped), (10, 7, 3));
+        assert!(c.balanced());
+    }
+
+    #[test]
+    fn publish_validates_and_reaches_matching_subscribers() {
+        let (bus, _i) = bus(8);
+        let sub = bus.subscribe("app.*").unwrap();
+        let other = bus.subscribe("other").unwrap();
+        assert_eq!(bus.publish("app.audit", " { \"ok\" : true } "), Ok(1));
+        let m = sub.try_recv().unwrap();
+        assert_eq!(
+            (m.topic(), m.json_str(), m.event()),
+            ("app.audit", r#"{"ok":true}"#, None)
+        );
+        assert!(matches!(other.try_recv(), Err(TryRecvError::Empty)));
+        let err = bus.publish("prx.lifecycle.tool_call", "{}").unwrap_err();
+        assert!(matches!(err, BusError::ReservedTopic { .. }), "{err}");
+        assert!(matches!(
+            bus.publish("a..b", "{}"),
+            Err(BusError::InvalidTopic { .. })
+        ));
+        assert!(matches!(
+            bus.publish("a", "{"),
+            Err(BusError::InvalidJson { .. })
+        ));
+        let big = format!("\"{}\"", "x".repeat(2000));
+        assert!(matches!(
+            bus.publish("a", big),
+            Err(BusError::PayloadTooLarge { .. })
+        ));
+        assert!(matches!(
+            bus.publish_at_depth("a", b"1", MAX_DEPTH + 1),
+            Err(BusError::TooDeep { .. })
+        ));
+    }
+
+    #[test]
+    fn close_disconnects_after_the_queue_drains() {
+        let (bus, _i) = bus(4);
+        let sub = bus.subscribe("*").unwrap();
+        bus.deliver(&msg(EventKind::Error, 0));
+        bus.close();
+        assert_eq!(sub.try_recv().unwrap().seq(), 0);
+        assert!(matches!(sub.try_recv(), Err(TryRecvError::Closed)));
+        assert!(matches!(sub.recv(), Err(RecvError)));
+        assert!(matches!(bus.subscribe("*"), Err(BusError::Closed)));
+        assert_eq!(bus.publish("a", "1"), Err(BusError::Closed));
+    }
+}

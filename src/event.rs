@@ -1,0 +1,522 @@
+//! The eight lifecycle events, their topics, and the one JSON writer for their payloads.
+//!
+//! An [`Event`] borrows its strings from the caller: `emit` copies them into a ring slot and the
+//! worker writes the payload JSON exactly once ([`Event::write_json`]), which every sink then
+//! shares. The payload fields are PRX's, exactly (DESIGN.md §2); metadata (agent, session, seq,
+//! timestamp) travels beside the payload, never inside it.
+
+use crate::json;
+use serde::Serialize;
+
+/// Which lifecycle event something is about, without its data.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum EventKind {
+    AgentStart = 0,
+    AgentEnd = 1,
+    LlmRequest = 2,
+    LlmResponse = 3,
+    ToolCallStart = 4,
+    ToolCall = 5,
+    TurnComplete = 6,
+    Error = 7,
+}
+
+impl EventKind {
+    /// All eight, in declaration order (their `u8` values are their indices).
+    pub const ALL: [EventKind; 8] = [
+        EventKind::AgentStart,
+        EventKind::AgentEnd,
+        EventKind::LlmRequest,
+        EventKind::LlmResponse,
+        EventKind::ToolCallStart,
+        EventKind::ToolCall,
+        EventKind::TurnComplete,
+        EventKind::Error,
+    ];
+
+    /// The event's name as it appears in hooks.json, NDJSON and `ZERO_HOOK_EVENT`: `tool_call`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            EventKind::AgentStart => "agent_start",
+            EventKind::AgentEnd => "agent_end",
+            EventKind::LlmRequest => "llm_request",
+            EventKind::LlmResponse => "llm_response",
+            EventKind::ToolCallStart => "tool_call_start",
+            EventKind::ToolCall => "tool_call",
+            EventKind::TurnComplete => "turn_complete",
+            EventKind::Error => "error",
+        }
+    }
+
+    /// The bus topic: `prx.lifecycle.tool_call`.
+    pub const fn topic(self) -> &'static str {
+        match self {
+            EventKind::AgentStart => "prx.lifecycle.agent_start",
+            EventKind::AgentEnd => "prx.lifecycle.agent_end",
+            EventKind::LlmRequest => "prx.lifecycle.llm_request",
+            EventKind::LlmResponse => "prx.lifecycle.llm_response",
+            EventKind::ToolCallStart => "prx.lifecycle.tool_call_start",
+            EventKind::ToolCall => "prx.lifecycle.tool_call",
+            EventKind::TurnComplete => "prx.lifecycle.turn_complete",
+            EventKind::Error => "prx.lifecycle.error",
+        }
+    }
+
+    /// Looks an event up by its exact name (`tool_call`). Config keys are normalized before
+    /// they get here; this is deliberately strict.
+    pub fn from_name(name: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The payload's field names, in the order they are written.
+    pub const fn fields(self) -> &'static [&'static str] {
+        match self {
+            EventKind::AgentStart => &["agent", "session"],
+            EventKind::AgentEnd => &["success", "messages_count"],
+            EventKind::LlmRequest => &["provider", "model", "messages_count"],
+            EventKind::LlmResponse => &["provider", "model", "duration_ms", "success"],
+            EventKind::ToolCallStart => &["tool", "arguments"],
+            EventKind::ToolCall => &["tool", "success", "output"],
+            EventKind::TurnComplete => &[],
+            EventKind::Error => &["component", "message"],
+        }
+    }
+
+    /// This event's bit in an [`EventMask`].
+    pub const fn mask(self) -> EventMask {
+        EventMask(1 << self as u8)
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A set of [`EventKind`]s, one bit each: what a sink or subscriber wants to see.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EventMask(pub u8);
+
+impl EventMask {
+    pub const NONE: EventMask = EventMask(0);
+    pub const ALL: EventMask = EventMask(0xff);
+
+    pub const fn contains(self, kind: EventKind) -> bool {
+        self.0 & kind.mask().0 != 0
+    }
+
+    pub const fn union(self, other: EventMask) -> EventMask {
+        EventMask(self.0 | other.0)
+    }
+
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl std::ops::BitOr for EventMask {
+    type Output = EventMask;
+    fn bitor(self, rhs: EventMask) -> EventMask {
+        self.union(rhs)
+    }
+}
+
+impl std::ops::BitOrAssign for EventMask {
+    fn bitor_assign(&mut self, rhs: EventMask) {
+        *self = self.union(rhs);
+    }
+}
+
+/// One lifecycle event, borrowing its data from the caller.
+///
+/// `arguments` of [`Event::ToolCallStart`] is JSON text: a valid JSON object is embedded in the
+/// payload as is (minus insignificant whitespace), anything else becomes a JSON string — never
+/// rejected, never lost.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event<'a> {
+    AgentStart {
+        agent: &'a str,
+        session: &'a str,
+    },
+    AgentEnd {
+        success: bool,
+        messages_count: u64,
+    },
+    LlmRequest {
+        provider: &'a str,
+        model: &'a str,
+        messages_count: u64,
+    },
+    LlmResponse {
+        provider: &'a str,
+        model: &'a str,
+        duration_ms: u64,
+        success: bool,
+    },
+    ToolCallStart {
+        tool: &'a str,
+        arguments: &'a str,
+    },
+    ToolCall {
+        tool: &'a str,
+        success: bool,
+        output: &'a str,
+    },
+    TurnComplete,
+    Error {
+        component: &'a str,
+        message: &'a str,
+    },
+}
+
+impl<'a> Event<'a> {
+    pub const fn kind(&self) -> EventKind {
+        match self {
+            Event::AgentStart { .. } => EventKind::AgentStart,
+            Event::AgentEnd { .. } => EventKind::AgentEnd,
+            Event::LlmRequest { .. } => EventKind::LlmRequest,
+            Event::LlmResponse { .. } => EventKind::LlmResponse,
+            Event::ToolCallStart { .. } => EventKind::ToolCallStart,
+            Event::ToolCall { .. } => EventKind::ToolCall,
+            Event::TurnComplete => EventKind::TurnComplete,
+            Event::Error { .. } => EventKind::Error,
+        }
+    }
+
+    /// The event's string fields in payload order (at most two), and its scalars. This is how
+    /// an event is flattened into a ring slot and rebuilt from it ([`Event::from_parts`]).
+    pub(crate) fn parts(&self) -> Parts<'a> {
+        let mut p = Parts {
+            kind: self.kind(),
+            strs: ["", ""],
+            num: [0],
+            flag: false,
+        };
+        match *self {
+            Event::AgentStart { agent, session } => p.strs = [agent, session],
+            Event::AgentEnd {
+                success,
+                messages_count,
+            } => {
+                p.flag = success;
+                p.num[0] = messages_count;
+            }
+            Event::LlmRequest {
+                provider,
+                model,
+                messages_count,
+            } => {
+                p.strs = [provider, model];
+                p.num[0] = messages_count;
+            }
+            Event::LlmResponse {
+                provider,
+                model,
+                duration_ms,
+                success,
+            } => {
+                p.strs = [provider, model];
+                p.num[0] = duration_ms;
+                p.flag = success;
+            }
+            Event::ToolCallStart { tool, arguments } => p.strs = [tool, arguments],
+            Event::ToolCall {
+                tool,
+                success,
+                output,
+            } => {
+                p.strs = [tool, output];
+                p.flag = success;
+            }
+            Event::TurnComplete => {}
+            Event::Error { component, message } => p.strs = [component, message],
+        }
+        p
+    }
+
+    /// The inverse of [`Event::parts`].
+    pub(crate) fn from_parts(p: Parts<'a>) -> Event<'a> {
+        let [a, b] = p.strs;
+        match p.kind {
+            EventKind::AgentStart => Event::AgentStart {
+                agent: a,
+                session: b,
+            },
+            EventKind::AgentEnd => Event::AgentEnd {
+                success: p.flag,
+                messages_count: p.num[0],
+            },
+            EventKind::LlmRequest => Event::LlmRequest {
+                provider: a,
+                model: b,
+                messages_count: p.num[0],
+            },
+            EventKind::LlmResponse => Event::LlmResponse {
+                provider: a,
+                model: b,
+                duration_ms: p.num[0],
+                success: p.flag,
+            },
+            EventKind::ToolCallStart => Event::ToolCallStart {
+                tool: a,
+                arguments: b,
+            },
+            EventKind::ToolCall => Event::ToolCall {
+                tool: a,
+                success: p.flag,
+                output: b,
+            },
+            EventKind::TurnComplete => Event::TurnComplete,
+            EventKind::Error => Event::Error {
+                component: a,
+                message: b,
+            },
+        }
+    }
+
+    /// Appends the payload object to `out`: `{"tool":"shell","success":true,"output":"…"}`.
+    ///
+    /// This is the only place payload JSON is produced; the pipeline calls it once per event.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        let mut w = ObjectWriter { out, first: true };
+        match *self {
+            Event::AgentStart { agent, session } => {
+                w.str("agent", agent);
+                w.str("session", session);
+            }
+            Event::AgentEnd {
+                success,
+                messages_count,
+            } => {
+                w.bool("success", success);
+                w.u64("messages_count", messages_count);
+            }
+            Event::LlmRequest {
+                provider,
+                model,
+                messages_count,
+            } => {
+                w.str("provider", provider);
+                w.str("model", model);
+                w.u64("messages_count", messages_count);
+            }
+            Event::LlmResponse {
+                provider,
+                model,
+                duration_ms,
+                success,
+            } => {
+                w.str("provider", provider);
+                w.str("model", model);
+                w.u64("duration_ms", duration_ms);
+                w.bool("success", success);
+            }
+            Event::ToolCallStart { tool, arguments } => {
+                w.str("tool", tool);
+                w.key("arguments");
+                if !json::append_compact(w.out, arguments.as_bytes(), json::Top::Object) {
+                    json::write_str(w.out, arguments);
+                }
+            }
+            Event::ToolCall {
+                tool,
+                success,
+                output,
+            } => {
+                w.str("tool", tool);
+                w.bool("success", success);
+                w.str("output", output);
+            }
+            Event::TurnComplete => {}
+            Event::Error { component, message } => {
+                w.str("component", component);
+                w.str("message", message);
+            }
+        }
+        w.finish();
+    }
+
+    /// The payload as a `String` (allocates; for tests and tools, not the hot path).
+    pub fn to_json(&self) -> String {
+        let mut out = Vec::with_capacity(128);
+        self.write_json(&mut out);
+        // The writer only emits ASCII punctuation, digits and copies of `&str` input.
+        String::from_utf8(out).expect("payload JSON is UTF-8")
+    }
+}
+
+/// An event flattened to plain data: the ring stores these fields, not the enum.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Parts<'a> {
+    pub kind: EventKind,
+    pub strs: [&'a str; 2],
+    pub num: [u64; 1],
+    pub flag: bool,
+}
+
+struct ObjectWriter<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl ObjectWriter<'_> {
+    fn key(&mut self, key: &str) {
+        self.out.push(if self.first { b'{' } else { b',' });
+        self.first = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes()); // keys are ours: plain ASCII
+        self.out.extend_from_slice(b"\":");
+    }
+    fn str(&mut self, key: &str, v: &str) {
+        self.key(key);
+        json::write_str(self.out, v);
+    }
+    fn u64(&mut self, key: &str, v: u64) {
+        self.key(key);
+        json::write_u64(self.out, v);
+    }
+    fn bool(&mut self, key: &str, v: bool) {
+        self.key(key);
+        json::write_bool(self.out, v);
+    }
+    fn finish(self) {
+        if self.first {
+            self.out.push(b'{');
+        }
+        self.out.push(b'}');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn parse(ev: Event<'_>) -> Value {
+        let text = ev.to_json();
+        assert!(!text.contains('\n'), "payload must be one line: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+
+    #[test]
+    fn every_event_has_exactly_its_fields() {
+        let cases = [
+            (
+                Event::AgentStart {
+                    agent: "a",
+                    session: "s",
+                },
+                json!({"agent":"a","session":"s"}),
+            ),
+            (
+                Event::AgentEnd {
+                    success: true,
+                    messages_count: 7,
+                },
+                json!({"success":true,"messages_count":7}),
+            ),
+            (
+                Event::LlmRequest {
+                    provider: "p",
+                    model: "m",
+                    messages_count: u64::MAX,
+                },
+                json!({"provider":"p","model":"m","messages_count":u64::MAX}),
+            ),
+            (
+                Event::LlmResponse {
+                    provider: "p",
+                    model: "m",
+                    duration_ms: 12,
+                    success: false,
+                },
+                json!({"provider":"p","model":"m","duration_ms":12,"success":false}),
+            ),
+            (
+                Event::ToolCallStart {
+                    tool: "shell",
+                    arguments: r#"{"cmd":"ls"}"#,
+                },
+                json!({"tool":"shell","arguments":{"cmd":"ls"}}),
+            ),
+            (
+                Event::ToolCall {
+                    tool: "t",
+                    success: true,
+                    output: "o",
+                },
+                json!({"tool":"t","success":true,"output":"o"}),
+            ),
+            (Event::TurnComplete, json!({})),
+            (
+                Event::Error {
+                    component: "c",
+                    message: "m",
+                },
+                json!({"component":"c","message":"m"}),
+            ),
+        ];
+        for (ev, want) in cases {
+            assert_eq!(parse(ev), want, "{:?}", ev.kind());
+            let keys: Vec<_> = want.as_object().unwrap().keys().cloned().collect();
+            let mut fields: Vec<_> = ev.kind().fields().iter().map(|s| s.to_string()).collect();
+            fields.sort();
+            let mut keys = keys;
+            keys.sort();
+            assert_eq!(keys, fields);
+            assert_eq!(Event::from_parts(ev.parts()), ev);
+        }
+    }
+
+    #[test]
+    fn strings_are_escaped() {
+        let nasty = "quote \" backslash \\ nl \n tab \t nul \0 bell \u{7} é 中 😀 \u{2028}";
+        let v = parse(Event::ToolCall {
+            tool: nasty,
+            success: true,
+            output: nasty,
+        });
+        assert_eq!(v["tool"], nasty);
+        assert_eq!(v["output"], nasty);
+    }
+
+    #[test]
+    fn invalid_arguments_become_a_string_and_objects_are_embedded() {
+        for bad in [
+            "",
+            "not json",
+            "[1,2]",
+            "\"s\"",
+            "{\"a\":",
+            "{\"a\":\"\\ud800\"}",
+            "{} {}",
+        ] {
+            let v = parse(Event::ToolCallStart {
+                tool: "t",
+                arguments: bad,
+            });
+            assert_eq!(v["arguments"], Value::String(bad.into()), "{bad:?}");
+        }
+        let pretty = "{\n  \"path\": \"/tmp/a b\",\n  \"n\": [1, 2.5e3]\n}";
+        let v = parse(Event::ToolCallStart {
+            tool: "t",
+            arguments: pretty,
+        });
+        assert_eq!(v["arguments"], json!({"path":"/tmp/a b","n":[1,2.5e3]}));
+    }
+
+    #[test]
+    fn names_and_topics_agree() {
+        for k in EventKind::ALL {
+            assert_eq!(k.topic(), format!("prx.lifecycle.{}", k.name()));
+            assert_eq!(EventKind::from_name(k.name()), Some(k));
+            assert_eq!(EventKind::ALL[k as usize], k);
+        }
+        assert_eq!(EventKind::from_name("Tool_Call"), None);
+    }
+}

@@ -1,0 +1,432 @@
+//! Small, allocation-free JSON primitives for the hot path.
+//!
+//! Every payload is written by hand into a reused buffer (see [`crate::event`]): that is faster
+//! than any serializer we measured (DESIGN.md §11) and lets us embed `tool_call_start.arguments`
+//! verbatim. Two things live here:
+//!
+//! * [`write_str`]: a JSON string literal, escaped per RFC 8259 — `"` and `\` escaped, control
+//!   characters as `\n`-style or `\u00XX` escapes, everything else (non-ASCII included) copied as
+//!   UTF-8, which JSON allows.
+//! * [`append_compact`]: a strict validator that copies a JSON text without its insignificant
+//!   whitespace. Strict means RFC 8259 to the letter, including paired UTF-16 surrogates in `\u`
+//!   escapes — serde_json's "ignore" path accepts a lone `\ud800`, which a strict reader of our
+//!   payload would then reject. Whitespace is dropped so that an embedded object never puts a
+//!   newline into an NDJSON line or an environment variable.
+
+/// Nesting deeper than this is rejected. serde_json's default recursion limit accepts exactly
+/// this much, so whatever we embed, serde_json can read back.
+pub const MAX_DEPTH: u32 = 127;
+
+/// For each byte: 0 = copy as is; otherwise the character after the backslash (`u` = `\u00XX`).
+static ESCAPE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = b'u';
+        i += 1;
+    }
+    t[0x08] = b'b';
+    t[0x09] = b't';
+    t[0x0a] = b'n';
+    t[0x0c] = b'f';
+    t[0x0d] = b'r';
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t
+};
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `s` as a JSON string literal (quotes included).
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc = ESCAPE[b as usize];
+        if esc == 0 {
+            continue;
+        }
+        out.extend_from_slice(&bytes[start..i]);
+        if esc == b'u' {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[(b >> 4) as usize]);
+            out.push(HEX[(b & 0xf) as usize]);
+        } else {
+            out.extend_from_slice(&[b'\\', esc]);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// Appends an unsigned integer in decimal.
+pub fn write_u64(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Appends `true` or `false`.
+pub fn write_bool(out: &mut Vec<u8>, b: bool) {
+    out.extend_from_slice(if b { b"true" } else { b"false" });
+}
+
+/// What [`append_compact`] accepts at the top level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Top {
+    /// Only a JSON object (`tool_call_start.arguments`).
+    Object,
+    /// Any JSON value (custom bus payloads).
+    Any,
+}
+
+/// If `src` is one valid JSON text of the `top` kind, appends it to `out` without insignificant
+/// whitespace and returns `true`; otherwise leaves `out` exactly as it was and returns `false`.
+pub fn append_compact(out: &mut Vec<u8>, src: &[u8], top: Top) -> bool {
+    let start = out.len();
+    let mut cx = Compactor { src, i: 0, out };
+    cx.skip_ws();
+    let ok = match (top, cx.peek()) {
+        (Top::Object, Some(b'{')) | (Top::Any, Some(_)) => {
+            cx.value(0) && {
+                cx.skip_ws();
+                cx.i == src.len()
+            }
+        }
+        _ => false,
+    };
+    if !ok {
+        out.truncate(start);
+    }
+    ok
+}
+
+/// Whether `src` is one valid JSON text (any value), by the same strict rules.
+#[cfg(test)]
+pub fn is_valid(src: &[u8]) -> bool {
+    let mut scratch = Vec::new();
+    append_compact(&mut scratch, src, Top::Any)
+}
+
+struct Compactor<'a> {
+    src: &'a [u8],
+    i: usize,
+    out: &'a mut Vec<u8>,
+}
+
+impl Compactor<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.src.get(self.i).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    /// Consumes `b` if it is next, copying it out.
+    fn eat(&mut self, b: u8) -> bool {
+        if self.peek() == Some(b) {
+            self.out.push(b);
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self, depth: u32) -> bool {
+        self.skip_ws();
+        match self.peek() {
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b'"') => self.string(),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ => false,
+        }
+    }
+
+    fn object(&mut self, depth: u32) -> bool {
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        self.eat(b'{');
+        self.skip_ws();
+        if self.eat(b'}') {
+            return true;
+        }
+        loop {
+            self.skip_ws();
+            if self.peek() != Some(b'"') || !self.string() {
+                return false;
+            }
+            self.skip_ws();
+            if !self.eat(b':') || !self.value(depth) {
+                return false;
+            }
+            self.skip_ws();
+            if self.eat(b'}') {
+                return true;
+            }
+            if !self.eat(b',') {
+                return false;
+            }
+        }
+    }
+
+    fn array(&mut self, depth: u32) -> bool {
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        self.eat(b'[');
+        self.skip_ws();
+        if self.eat(b']') {
+            return true;
+        }
+        loop {
+            if !self.value(depth) {
+                return false;
+            }
+            self.skip_ws();
+            if self.eat(b']') {
+                return true;
+            }
+            if !self.eat(b',') {
+                return false;
+            }
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> bool {
+        if self.src[self.i..].starts_with(word) {
+            self.out.extend_from_slice(word);
+            self.i += word.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    fn number(&mut self) -> bool {
+        let start = self.i;
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return false,
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return false;
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return false;
+            }
+        }
+        self.out.extend_from_slice(&self.src[start..self.i]);
+        true
+    }
+
+    /// A string literal, copied verbatim once validated. The source may not be UTF-8 (bus
+    /// payloads are bytes), so multi-byte sequences are checked here too.
+    fn string(&mut self) -> bool {
+        let start = self.i;
+        self.i += 1; // opening quote
+        loop {
+            let Some(b) = self.peek() else { return false };
+            match b {
+                b'"' => {
+                    self.i += 1;
+                    self.out.extend_from_slice(&self.src[start..self.i]);
+                    return true;
+                }
+                b'\\' => {
+                    if !self.escape() {
+                        return false;
+                    }
+                }
+                0x00..=0x1f => return false,
+                0x20..=0x7f => self.i += 1,
+                _ => {
+                    let len = utf8_len(&self.src[self.i..]);
+                    if len == 0 {
+                        return false;
+                    }
+                    self.i += len;
+                }
+            }
+        }
+    }
+
+    /// After a backslash: one of `"\/bfnrt`, or `u` with 4 hex digits where a high surrogate
+    /// must be followed by `\u` and a low one, and a low one may not stand alone.
+    fn escape(&mut self) -> bool {
+        self.i += 1;
+        match self.peek() {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                self.i += 1;
+                true
+            }
+            Some(b'u') => {
+                self.i += 1;
+                match self.hex4() {
+                    Some(0xD800..=0xDBFF) => {
+                        if self.src[self.i..].starts_with(b"\\u") {
+                            self.i += 2;
+                            matches!(self.hex4(), Some(0xDC00..=0xDFFF))
+                        } else {
+                            false
+                        }
+                    }
+                    Some(0xDC00..=0xDFFF) | None => false,
+                    Some(_) => true,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    fn hex4(&mut self) -> Option<u16> {
+        let digits = self.src.get(self.i..self.i + 4)?;
+        let mut v = 0u16;
+        for &d in digits {
+            v = v << 4 | (d as char).to_digit(16)? as u16;
+        }
+        self.i += 4;
+        Some(v)
+    }
+}
+
+/// Length of the valid UTF-8 sequence at the start of `s` (which starts with a byte ≥ 0x80), or
+/// 0 when it is not valid UTF-8.
+fn utf8_len(s: &[u8]) -> usize {
+    let want = match s[0] {
+        0xC2..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF4 => 4,
+        _ => return 0,
+    };
+    match s.get(..want).map(std::str::from_utf8) {
+        Some(Ok(_)) => want,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compact(s: &str, top: Top) -> Option<String> {
+        let mut out = b"prefix".to_vec();
+        let ok = append_compact(&mut out, s.as_bytes(), top);
+        if !ok {
+            assert_eq!(
+                out, b"prefix",
+                "a rejected input must leave the buffer as it was"
+            );
+            return None;
+        }
+        Some(String::from_utf8(out[6..].to_vec()).unwrap())
+    }
+
+    #[test]
+    fn escapes_every_control_character_and_round_trips() {
+        let all: String = (0u8..0x80).map(char::from).chain("é中😀".chars()).collect();
+        let mut out = Vec::new();
+        write_str(&mut out, &all);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(
+            text.bytes().all(|b| b >= 0x20),
+            "raw control byte in {text:?}"
+        );
+        assert_eq!(serde_json::from_str::<String>(text).unwrap(), all);
+        assert!(text.contains(r#"\""#) && text.contains(r"\\") && text.contains(r"\u001f"));
+        assert!(text.contains(r"\n") && text.contains(r"\t") && text.contains("中😀"));
+    }
+
+    #[test]
+    fn compacts_objects_and_keeps_strings_intact() {
+        let src = "  {\n \"a\" : [1, -2.5e+3, true, null],\t\"b\": {\"c d\": \"x \\\" y\"} }\n";
+        assert_eq!(
+            compact(src, Top::Object).unwrap(),
+            r#"{"a":[1,-2.5e+3,true,null],"b":{"c d":"x \" y"}}"#
+        );
+        assert_eq!(compact("{}", Top::Object).unwrap(), "{}");
+        assert_eq!(compact("[1]", Top::Any).unwrap(), "[1]");
+        assert_eq!(compact("\"s\"", Top::Any).unwrap(), "\"s\"");
+    }
+
+    #[test]
+    fn rejects_what_rfc_8259_rejects() {
+        for bad in [
+            "",
+            "[]",
+            "\"x\"",
+            "1",
+            "{",
+            "{]",
+            "{\"a\"}",
+            "{\"a\":}",
+            "{\"a\":1,}",
+            "{a:1}",
+            "{\"a\":01}",
+            "{\"a\":1.}",
+            "{\"a\":.5}",
+            "{\"a\":1e}",
+            "{\"a\":-}",
+            "{\"a\":tru}",
+            "{\"a\":\"\\x\"}",
+            "{\"a\":\"\\ud800\"}",
+            "{\"a\":\"\\udc00\"}",
+            "{\"a\":\"\\ud800\\u0041\"}",
+            "{\"a\":\"\u{1}\"}",
+            "{} {}",
+            "{}x",
+            "{\"a\":NaN}",
+            "{\"a\":\"\\u12\"}",
+        ] {
+            assert_eq!(compact(bad, Top::Object), None, "accepted {bad:?}");
+        }
+        assert!(compact("{\"a\":\"\\ud83d\\ude00\"}", Top::Object).is_some());
+    }
+
+    #[test]
+    fn rejects_invalid_utf8_and_excess_depth() {
+        let mut out = Vec::new();
+        assert!(!append_compact(&mut out, b"{\"a\":\"\xff\"}", Top::Object));
+        assert!(!append_compact(
+            &mut out,
+            b"{\"a\":\"\xe2\x82\"}",
+            Top::Object
+        ));
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(is_valid(deep(MAX_DEPTH as usize).as_bytes()));
+        assert!(!is_valid(deep(MAX_DEPTH as usize + 1).as_bytes()));
+        let serde_reads = |n| serde_json::from_str::<serde_json::Value>(&deep(n)).is_ok();
+        assert!(serde_reads(MAX_DEPTH as usize) && !serde_reads(MAX_DEPTH as usize + 1));
+    }
+}

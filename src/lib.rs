@@ -1,0 +1,341 @@
+//! Lifecycle hooks for AI-agent runtimes that never slow the agent down.
+//!
+//! An agent emits lifecycle events through an [`Emitter`]; prx-hooks delivers them to shell
+//! hooks, WASM plugins and in-process subscribers without ever blocking the agent:
+//!
+//! ```text
+//! Emitter::emit(Event)            agent thread: interest check, claim a slot, copy, publish
+//!   └─► ring (one per worker)     bounded, preallocated, lock-free; full → Dropped, counted
+//!         └─► worker              serialize the payload ONCE → Message (Arc'd bytes + metadata)
+//!               ├─► bus           every matching Subscription, bounded queue each
+//!               ├─► shell hooks   (hooks.json)          ─┐ their own threads; a worker
+//!               └─► wasm plugins  (plugins/*/plugin.toml)─┘ only enqueues
+//! ```
+//!
+//! Module map: [`event`] (the 8 events and their JSON), `ring` (the lock-free ring), `emitter`
+//! (the producer side), `pipeline` (workers and the [`Sink`] trait), [`bus`] (topics and
+//! subscriptions), [`stats`] (counters). Every guarantee is written down in DESIGN.md §1.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use prx_hooks::{Event, Hooks};
+//! let hooks = Hooks::builder().workspace(".").build()?;
+//! let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
+//! let em = hooks.emitter("my-agent", "session-42");
+//! em.emit(Event::ToolCallStart { tool: "shell", arguments: r#"{"cmd":"ls"}"# });
+//! let msg = sub.recv()?;
+//! assert_eq!(msg.json(), br#"{"tool":"shell","arguments":{"cmd":"ls"}}"#);
+//! hooks.shutdown(std::time::Duration::from_secs(2));
+//! # Ok(()) }
+//! ```
+
+pub mod bus;
+mod emitter;
+pub mod event;
+mod json;
+// pub mod ndjson;
+mod pipeline;
+mod ring;
+pub mod stats;
+mod sync;
+
+pub use bus::{Bus, BusError, Message, Subscription};
+pub use emitter::{Emit, Emitter};
+pub use event::{Event, EventKind, EventMask};
+pub use pipeline::{InterestHandle, Sink};
+pub use stats::Stats;
+
+use bus::Bus as BusSink;
+use emitter::Producers;
+use pipeline::{Interest, Pipeline, WorkerConfig};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Why [`HooksBuilder::build`] failed.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{option} = {value}: {reason}")]
+    InvalidOption {
+        option: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("workspace {}: {source}", path.display())]
+    Workspace {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("workspace {} is not a directory", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("could not start a worker thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// Configures and starts [`Hooks`]. Every option has a default (see README).
+#[derive(Clone, Debug)]
+pub struct HooksBuilder {
+    workspace: Option<PathBuf>,
+    ring_capacity: usize,
+    workers: usize,
+    inline_bytes: usize,
+    byte_budget: usize,
+    max_event_bytes: usize,
+    subscriber_queue: usize,
+    max_publish_bytes: usize,
+    idle_tick: Duration,
+    shutdown_timeout: Duration,
+}
+
+impl Default for HooksBuilder {
+    fn default() -> Self {
+        HooksBuilder {
+            workspace: None,
+            ring_capacity: 65_536,
+            workers: 1,
+            inline_bytes: 256,
+            byte_budget: 64 << 20,
+            max_event_bytes: 4 << 20,
+            subscriber_queue: 65_536,
+            max_publish_bytes: 1 << 20,
+            idle_tick: Duration::from_millis(1),
+            shutdown_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl HooksBuilder {
+    /// The directory holding `hooks.json` and `plugins/`. Without one there are no shell hooks
+    /// and no plugins; the bus works all the same.
+    pub fn workspace(mut self, dir: impl AsRef<Path>) -> Self {
+        self.workspace = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// Ring slots, all workers together (default 65,536; rounded up to a power of two per ring).
+    pub fn ring_capacity(mut self, slots: usize) -> Self {
+        self.ring_capacity = slots;
+        self
+    }
+
+    /// Worker threads, each with its own ring (default 1).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// Bytes each slot holds inline for an event's strings (agent, session and the event's
+    /// fields); larger events use the byte budget. Default 256.
+    pub fn inline_bytes(mut self, bytes: usize) -> Self {
+        self.inline_bytes = bytes;
+        self
+    }
+
+    /// Bytes all larger-than-inline events in the rings may hold at once (default 64 MiB).
+    pub fn byte_budget(mut self, bytes: usize) -> Self {
+        self.byte_budget = bytes;
+        self
+    }
+
+    /// Events whose strings exceed this are dropped and counted as `oversize` (default 4 MiB).
+    pub fn max_event_bytes(mut self, bytes: usize) -> Self {
+        self.max_event_bytes = bytes;
+        self
+    }
+
+    /// Default queue capacity of a bus subscription (default 65,536 messages).
+    pub fn subscriber_queue(mut self, messages: usize) -> Self {
+        self.subscriber_queue = messages;
+        self
+    }
+
+    /// Largest payload [`Bus::publish`] accepts (default 1 MiB).
+    pub fn max_publish_bytes(mut self, bytes: usize) -> Self {
+        self.max_publish_bytes = bytes;
+        self
+    }
+
+    /// How long an idle worker parks between polls (default 1 ms): the delivery latency of an
+    /// event that arrives while the pipeline is idle.
+    pub fn idle_tick(mut self, tick: Duration) -> Self {
+        self.idle_tick = tick;
+        self
+    }
+
+    /// How long `Drop` lets the pipeline drain (default 2 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    fn check(&self) -> Result<(), BuildError> {
+        let bad = |option, value: usize, reason| {
+            Err(BuildError::InvalidOption {
+                option,
+                value: value.to_string(),
+                reason,
+            })
+        };
+        if !(1..=64).contains(&self.workers) {
+            return bad("workers", self.workers, "must be between 1 and 64");
+        }
+        if !(2..=1 << 24).contains(&self.ring_capacity) {
+            return bad(
+                "ring_capacity",
+                self.ring_capacity,
+                "must be between 2 and 16,777,216 slots",
+            );
+        }
+        if self.inline_bytes > 1 << 16 {
+            return bad("inline_bytes", self.inline_bytes, "must be at most 65,536");
+        }
+        if !(1..=u32::MAX as usize).contains(&self.max_event_bytes) {
+            return bad(
+                "max_event_bytes",
+                self.max_event_bytes,
+                "must be between 1 and 4 GiB - 1",
+            );
+        }
+        if self.byte_budget < self.max_event_bytes.min(self.inline_bytes + 1) {
+            return bad(
+                "byte_budget",
+                self.byte_budget,
+                "must hold at least one event larger than inline_bytes",
+            );
+        }
+        if self.subscriber_queue == 0 {
+            return bad("subscriber_queue", 0, "must be at least 1");
+        }
+        if self.idle_tick.is_zero() || self.idle_tick > Duration::from_secs(1) {
+            return bad(
+                "idle_tick (µs)",
+                self.idle_tick.as_micros() as usize,
+                "must be between 1 µs and 1 s",
+            );
+        }
+        if let Some(dir) = &self.workspace {
+            let meta = std::fs::metadata(dir).map_err(|source| BuildError::Workspace {
+                path: dir.clone(),
+                source,
+            })?;
+            if !meta.is_dir() {
+                return Err(BuildError::NotADirectory { path: dir.clone() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates the options and starts the workers.
+    pub fn build(self) -> Result<Hooks, BuildError> {
+        self.check()?;
+        let interest = Interest::new(1);
+        let bus = BusSink::new(
+            interest.handle(0),
+            self.subscriber_queue,
+            self.max_publish_bytes,
+        );
+        let producers = Arc::new(Producers::new(
+            interest,
+            self.inline_bytes,
+            self.max_event_bytes,
+            self.byte_budget,
+        ));
+        let per_ring = self.ring_capacity.div_ceil(self.workers);
+        let sinks: Vec<Arc<dyn Sink>> = vec![Arc::new(bus.clone())];
+        let pipeline = Pipeline::start(
+            self.workers,
+            per_ring,
+            producers.clone(),
+            sinks,
+            WorkerConfig {
+                idle_tick: self.idle_tick,
+            },
+        )
+        .map_err(BuildError::Spawn)?;
+        Ok(Hooks {
+            pipeline,
+            bus,
+            producers,
+            next_ring: AtomicUsize::new(0),
+            workspace: self.workspace,
+            shutdown_timeout: self.shutdown_timeout,
+        })
+    }
+}
+
+/// The hook system: owns the rings, the workers, the bus and the sinks.
+///
+/// `Send + Sync`; share it behind an `Arc`. Dropping it shuts down with the builder's
+/// `shutdown_timeout` (default 2 s).
+pub struct Hooks {
+    pipeline: Pipeline,
+    bus: Bus,
+    producers: Arc<Producers>,
+    next_ring: AtomicUsize,
+    workspace: Option<PathBuf>,
+    shutdown_timeout: Duration,
+}
+
+impl Hooks {
+    pub fn builder() -> HooksBuilder {
+        HooksBuilder::default()
+    }
+
+    /// An emitter for one agent session. Emitters are spread over the workers' rings round
+    /// robin; an emitter and its clones always use the same one (that is what keeps their
+    /// events in order).
+    pub fn emitter(&self, agent: &str, session: &str) -> Emitter {
+        let rings = self.pipeline.rings();
+        let ring = rings[self.next_ring.fetch_add(1, Ordering::Relaxed) % rings.len()].clone();
+        Emitter::new(self.producers.clone(), ring, agent, session)
+    }
+
+    /// The in-process event bus.
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    pub fn workspace(&self) -> Option<&Path> {
+        self.workspace.as_deref()
+    }
+
+    /// A snapshot of every counter.
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats::default();
+        self.producers.fill_stats(&mut stats);
+        stats.processed = self.pipeline.processed();
+        stats.sink_panics = self.pipeline.sink_panics();
+        let rings = self.pipeline.rings();
+        stats.ring.shards = rings.len() as u64;
+        stats.ring.depth = rings.iter().map(|r| r.len() as u64).sum();
+        stats.ring.capacity = rings.iter().map(|r| r.capacity() as u64).sum();
+        stats.ring.inline_bytes = stats.ring.capacity * self.producers.inline_bytes() as u64;
+        stats.sinks = self
+            .pipeline
+            .sinks()
+            .iter()
+            .map(|s| stats::SinkStats {
+                name: s.name().to_string(),
+                counts: s.counts(),
+            })
+            .collect();
+        stats.subscribers = self.bus.subscribers();
+        stats
+    }
+
+    /// Drains what is queued (for at most `timeout`), stops the workers and the sinks, and
+    /// closes the bus (subscriptions can still read what they hold). Idempotent. Events
+    /// emitted afterwards are `Skipped`.
+    pub fn shutdown(&self, timeout: Duration) {
+        self.pipeline.shutdown(timeout);
+        self.bus.close();
+    }
+}
+
+impl Drop for Hooks {
+    fn drop(&mut self) {
+        self.shutdown(self.shutdown_timeout);
+    }
+}

@@ -382,7 +382,7 @@ mod tests {
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s","payload":[]}"#,
-                "payload: expected a JSON object, found an array (column 53)",
+                "payload: expected a JSON object, found an array (column 54)",
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s","payload":{"bogus":1}}"#,

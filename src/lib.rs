@@ -301,6 +301,17 @@ impl Hooks {
         self.workspace.as_deref()
     }
 
+    /// Events in the rings that the workers have not processed yet (cheap: two loads per ring).
+    /// A producer that must not lose events, such as a file replay, can pace itself on it.
+    pub fn pending(&self) -> usize {
+        self.pipeline.rings().iter().map(|r| r.len()).sum()
+    }
+
+    /// Ring slots, all rings together.
+    pub fn capacity(&self) -> usize {
+        self.pipeline.rings().iter().map(|r| r.capacity()).sum()
+    }
+
     /// A snapshot of every counter.
     pub fn stats(&self) -> Stats {
         let mut stats = Stats::default();

@@ -13,7 +13,7 @@
 //! does a `try_send` per subscriber, the shell and WASM backends enqueue onto their own threads.
 //! A panic inside a sink is caught, logged and counted against it; it never stops the worker.
 
-use crate::bus::Message;
+use crate::bus::{Message, Meta};
 use crate::emitter::{EventSlot, Producers};
 use crate::event::{EventKind, EventMask};
 use crate::ring::{Consumer, Ring};
@@ -163,6 +163,7 @@ impl Pipeline {
                 control: control.clone(),
                 config,
                 scratch: Vec::with_capacity(4096),
+                recycle: std::collections::VecDeque::with_capacity(RECYCLE),
             };
             let handle = thread::Builder::new()
                 .name(format!("prx-hooks-worker-{index}"))
@@ -245,7 +246,13 @@ struct Worker {
     control: Arc<Control>,
     config: WorkerConfig,
     scratch: Vec<u8>,
+    /// The last messages this worker built, oldest first, for reuse (see `Message::reuse`).
+    recycle: std::collections::VecDeque<Message>,
 }
+
+/// How many recent messages a worker keeps for reuse. A subscriber lagging further behind
+/// than this only costs allocations, never correctness.
+const RECYCLE: usize = 1024;
 
 /// Empty polls spent spinning, then yielding, before the worker parks for one idle tick.
 const SPIN_POLLS: u32 = 64;
@@ -289,14 +296,20 @@ impl Worker {
     fn drain_some(&mut self) -> bool {
         let mut n = 0u64;
         while n < 256 {
-            let scratch = &mut self.scratch;
+            let (scratch, recycle) = (&mut self.scratch, &mut self.recycle);
             let popped = self.consumer.pop(|slot| {
                 slot.read(|event, agent, session, seq| {
                     scratch.clear();
                     event.write_json(scratch);
                     // The writer emits ASCII and copies of `&str` input only.
                     let json = std::str::from_utf8(scratch).unwrap_or("{}");
-                    Message::lifecycle(event.kind(), json, agent, session, seq, SystemTime::now())
+                    let meta = Meta {
+                        kind: Some(event.kind()),
+                        seq,
+                        timestamp: SystemTime::now(),
+                        depth: 0,
+                    };
+                    build_message(recycle, json, agent, session, meta)
                 })
             });
             let Some((msg, budget_bytes)) = popped else {
@@ -325,4 +338,32 @@ impl Worker {
             }
         }
     }
+}
+
+/// A message for this event: the oldest recycled one if every other holder has let go of it,
+/// a new allocation otherwise. Either way it goes to the back of the recycle queue.
+fn build_message(
+    recycle: &mut std::collections::VecDeque<Message>,
+    json: &str,
+    agent: &str,
+    session: &str,
+    meta: Meta,
+) -> Message {
+    let oldest = if recycle.len() == RECYCLE {
+        recycle.pop_front()
+    } else {
+        None
+    };
+    let msg = match oldest {
+        Some(mut m) => {
+            if m.reuse(json, agent, session, meta) {
+                m
+            } else {
+                Message::new(json, agent, session, "", meta)
+            }
+        }
+        None => Message::new(json, agent, session, "", meta),
+    };
+    recycle.push_back(msg.clone());
+    msg
 }

@@ -1,1 +1,444 @@
-fn main() {}
+//! `prx-hooks`: run the hook pipeline over a workspace, or measure it.
+//!
+//! DESIGN.md §7 is the contract for flags and output: data (bus messages, bench results) goes
+//! to stdout; logs, line errors and stats go to stderr.
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use nix::sys::signal::{SigSet, Signal};
+use prx_hooks::{Emit, Emitter, Event, Hooks, ndjson};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    name = "prx-hooks",
+    version,
+    about = "Lifecycle hooks for AI-agent runtimes that never slow the agent down"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the pipeline over a workspace, emitting NDJSON events read from --events.
+    Run(RunArgs),
+    /// Drive the pipeline as hard as possible and report emit latency and throughput.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The workspace directory (hooks.json, plugins/).
+    #[arg(long, default_value = ".")]
+    workspace: PathBuf,
+    /// NDJSON events to emit, one object per line; `-` reads stdin. A FIFO is read as lines arrive.
+    #[arg(long, value_name = "FILE|-")]
+    events: Option<PathBuf>,
+    /// Write every bus message to stdout as one JSON object per line.
+    #[arg(long)]
+    print: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Events to emit, all producers together.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Producer threads, each with its own emitter.
+    #[arg(long, default_value_t = 1)]
+    producers: usize,
+    /// Bus subscribers reading every event.
+    #[arg(long, default_value_t = 1)]
+    subscribers: usize,
+    /// Bytes of the `output` field of each tool_call event.
+    #[arg(long, default_value_t = 200)]
+    payload_bytes: usize,
+    /// Print the results as one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Bench(args) => bench(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("prx-hooks: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why `run` is finishing.
+enum Finish {
+    InputDone,
+    Signal(Signal),
+}
+
+fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
+    // Block the termination signals before any thread exists, so every thread inherits the
+    // mask and only the waiter below sees them. (Child processes get a clean mask from std.)
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGTERM);
+    signals.thread_block()?;
+
+    let hooks = Arc::new(Hooks::builder().workspace(&args.workspace).build()?);
+    let printer = if args.print {
+        Some(start_printer(&hooks)?)
+    } else {
+        None
+    };
+
+    let (done_tx, done_rx) = mpsc::channel();
+    let tx = done_tx.clone();
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                let _ = tx.send(Finish::Signal(sig));
+            }
+        })?;
+
+    let input = Arc::new(InputCounters::default());
+    if let Some(path) = args.events.clone() {
+        let (hooks, input, tx) = (hooks.clone(), input.clone(), done_tx.clone());
+        let reader = open_events(&path)?;
+        let name = if path.as_os_str() == "-" {
+            "-".to_string()
+        } else {
+            path.display().to_string()
+        };
+        thread::Builder::new()
+            .name("ndjson".into())
+            .spawn(move || {
+                if let Err(e) = ingest(&hooks, reader, &name, &input) {
+                    eprintln!("{name}: read error: {e}");
+                }
+                let _ = tx.send(Finish::InputDone);
+            })?;
+    }
+    drop(done_tx);
+
+    match done_rx.recv() {
+        Ok(Finish::Signal(sig)) => tracing::info!("{sig}: draining and exiting"),
+        Ok(Finish::InputDone) | Err(_) => {}
+    }
+    hooks.shutdown(Duration::from_secs(2));
+    if let Some(printer) = printer {
+        let _ = printer.join();
+    }
+    let report = serde_json::json!({ "input": &*input, "stats": hooks.stats() });
+    eprintln!("{report}");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Default, serde::Serialize)]
+struct InputCounters {
+    lines: AtomicU64,
+    events: AtomicU64,
+    bad_lines: AtomicU64,
+}
+
+fn open_events(path: &PathBuf) -> Result<Box<dyn Read + Send>, BoxError> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(std::io::stdin()));
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Box::new(file))
+}
+
+/// Reads NDJSON lines and emits them. A replay from a file must not lose events to its own
+/// speed, so before each batch it waits while the rings are more than half full; `emit` itself
+/// stays non-blocking, as for any agent.
+fn ingest(
+    hooks: &Hooks,
+    reader: Box<dyn Read + Send>,
+    name: &str,
+    input: &InputCounters,
+) -> std::io::Result<()> {
+    let mut reader = BufReader::with_capacity(1 << 16, reader);
+    let mut emitters: HashMap<(String, String), Emitter> = HashMap::new();
+    let mut line = Vec::with_capacity(4096);
+    let mut number = 0u64;
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        number += 1;
+        input.lines.fetch_add(1, Ordering::Relaxed);
+        let text = trim_line(&line);
+        if text.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let record = match ndjson::parse_line(text) {
+            Ok(record) => record,
+            Err(e) => {
+                input.bad_lines.fetch_add(1, Ordering::Relaxed);
+                eprintln!("{name}:{number}: {e}");
+                continue;
+            }
+        };
+        if number % 256 == 0 {
+            pace(hooks);
+        }
+        let key = (record.agent.clone(), record.session.clone());
+        let emitter = emitters
+            .entry(key)
+            .or_insert_with(|| hooks.emitter(&record.agent, &record.session));
+        if emitter.emit(record.event()) != Emit::Dropped {
+            input.events.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn trim_line(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// Waits (briefly, repeatedly) while the pipeline or a subscriber queue is more than half full.
+fn pace(hooks: &Hooks) {
+    let busy = || {
+        hooks.pending() > hooks.capacity() / 2
+            || hooks
+                .bus()
+                .subscribers()
+                .iter()
+                .any(|s| s.queued > s.capacity / 2)
+    };
+    while busy() {
+        thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Prints every bus message to stdout until the bus closes.
+fn start_printer(hooks: &Hooks) -> Result<thread::JoinHandle<()>, BoxError> {
+    let sub = hooks.bus().subscribe("*")?;
+    Ok(thread::Builder::new().name("print".into()).spawn(move || {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        let mut buf = Vec::with_capacity(1 << 16);
+        while let Ok(first) = sub.recv() {
+            for msg in std::iter::once(first).chain(sub.try_iter()) {
+                msg.write_envelope(&mut buf);
+                buf.push(b'\n');
+                if buf.len() > 1 << 15 {
+                    if out.write_all(&buf).is_err() {
+                        return;
+                    }
+                    buf.clear();
+                }
+            }
+            if out.write_all(&buf).and_then(|()| out.flush()).is_err() {
+                return; // stdout closed: nothing more to do
+            }
+            buf.clear();
+        }
+    })?)
+}
+
+/// Results of `prx-hooks bench`.
+#[derive(serde::Serialize)]
+struct BenchReport {
+    events: u64,
+    producers: usize,
+    subscribers: usize,
+    payload_bytes: usize,
+    emit_ns: Percentiles,
+    timer_overhead_ns: u64,
+    elapsed_s: f64,
+    emitted_per_s: f64,
+    delivered_per_s: f64,
+    delivered: u64,
+    ring_dropped: u64,
+    subscriber_dropped: u64,
+    skipped: u64,
+}
+
+#[derive(serde::Serialize)]
+struct Percentiles {
+    p50: u64,
+    p99: u64,
+    p99_9: u64,
+    max: u64,
+}
+
+fn bench(args: BenchArgs) -> Result<ExitCode, BoxError> {
+    if args.producers == 0 || args.events == 0 {
+        return Err("--producers and --events must be at least 1".into());
+    }
+    let hooks = Arc::new(Hooks::builder().build()?);
+    let received = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..args.subscribers)
+        .map(|_| {
+            let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
+            let received = received.clone();
+            Ok(thread::spawn(move || {
+                for _ in sub.iter() {
+                    received.fetch_add(1, Ordering::Relaxed);
+                }
+            }))
+        })
+        .collect::<Result<_, BoxError>>()?;
+
+    let overhead = timer_overhead();
+    let bar = ProgressBar::new(args.events).with_style(
+        ProgressStyle::with_template("{spinner} emitting {bar:40} {pos}/{len} {per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let output = "x".repeat(args.payload_bytes);
+    let emitted = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let producers: Vec<_> = (0..args.producers)
+        .map(|p| {
+            let n = args.events / args.producers as u64
+                + u64::from((p as u64) < args.events % args.producers as u64);
+            let (em, output, emitted) = (
+                hooks.emitter("bench", &format!("producer-{p}")),
+                output.clone(),
+                emitted.clone(),
+            );
+            thread::spawn(move || {
+                let mut samples = Vec::with_capacity(n as usize);
+                for i in 0..n {
+                    let t = Instant::now();
+                    em.emit(Event::ToolCall {
+                        tool: "bench",
+                        success: true,
+                        output: &output,
+                    });
+                    samples.push(t.elapsed().as_nanos() as u64);
+                    if i % 65_536 == 0 {
+                        emitted.fetch_add(65_536.min(n - i), Ordering::Relaxed);
+                    }
+                }
+                samples
+            })
+        })
+        .collect();
+    while producers.iter().any(|p| !p.is_finished()) {
+        bar.set_position(emitted.load(Ordering::Relaxed).min(args.events));
+        thread::sleep(Duration::from_millis(50));
+    }
+    let mut samples: Vec<u64> = producers
+        .into_iter()
+        .flat_map(|p| p.join().unwrap_or_default())
+        .collect();
+    let emit_elapsed = start.elapsed();
+    bar.finish_and_clear();
+
+    // Wait for the pipeline to deliver what it queued.
+    let queued = hooks.stats().queued;
+    let expected = queued * args.subscribers as u64;
+    let settle = Instant::now();
+    let mut last = (received.load(Ordering::Relaxed), Instant::now());
+    loop {
+        let got = received.load(Ordering::Relaxed);
+        let dropped: u64 = hooks.stats().subscribers.iter().map(|s| s.dropped).sum();
+        if got + dropped >= expected || settle.elapsed() > Duration::from_secs(30) {
+            break;
+        }
+        if got != last.0 {
+            last = (got, Instant::now());
+        }
+        thread::sleep(Duration::from_micros(200));
+    }
+    let elapsed = last.1.max(start + emit_elapsed).duration_since(start);
+    let stats = hooks.stats();
+    hooks.shutdown(Duration::from_secs(2));
+    readers.into_iter().for_each(|r| {
+        let _ = r.join();
+    });
+
+    samples.sort_unstable();
+    let pick = |q: f64| {
+        let i = ((samples.len() as f64 * q) as usize).min(samples.len() - 1);
+        samples[i].saturating_sub(overhead)
+    };
+    let delivered = received.load(Ordering::Relaxed);
+    let report = BenchReport {
+        events: args.events,
+        producers: args.producers,
+        subscribers: args.subscribers,
+        payload_bytes: args.payload_bytes,
+        emit_ns: Percentiles {
+            p50: pick(0.5),
+            p99: pick(0.99),
+            p99_9: pick(0.999),
+            max: pick(1.0),
+        },
+        timer_overhead_ns: overhead,
+        elapsed_s: elapsed.as_secs_f64(),
+        emitted_per_s: args.events as f64 / emit_elapsed.as_secs_f64(),
+        delivered_per_s: delivered as f64 / args.subscribers.max(1) as f64 / elapsed.as_secs_f64(),
+        delivered,
+        ring_dropped: stats.dropped + stats.dropped_budget + stats.oversize,
+        subscriber_dropped: stats.subscribers.iter().map(|s| s.dropped).sum(),
+        skipped: stats.skipped,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The median cost of the `Instant::now()` pair around each emit, subtracted from the samples.
+fn timer_overhead() -> u64 {
+    let mut v: Vec<u64> = (0..10_001)
+        .map(|_| {
+            let t = Instant::now();
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn print_report(r: &BenchReport) {
+    println!(
+        "{} events, {} producer(s), {} subscriber(s), {}-byte payloads",
+        r.events, r.producers, r.subscribers, r.payload_bytes
+    );
+    println!(
+        "emit latency   p50 {} ns   p99 {} ns   p99.9 {} ns   max {} ns   (timer overhead {} ns subtracted)",
+        r.emit_ns.p50, r.emit_ns.p99, r.emit_ns.p99_9, r.emit_ns.max, r.timer_overhead_ns
+    );
+    println!("emitted        {:.0} events/s", r.emitted_per_s);
+    println!(
+        "delivered      {:.0} events/s per subscriber ({} messages in {:.3} s)",
+        r.delivered_per_s, r.delivered, r.elapsed_s
+    );
+    println!(
+        "drops          ring {}   subscribers {}   skipped {}",
+        r.ring_dropped, r.subscriber_dropped, r.skipped
+    );
+}

@@ -325,8 +325,10 @@ struct Subscriber {
     tx: flume::Sender<Message>,
 }
 
-/// What both sides see: identity and counters.
+/// What both sides see: identity, counters, and the queue's receiving end (the bus keeps one
+/// only to report its length).
 struct SubInfo {
+    rx: flume::Receiver<Message>,
     id: u64,
     pattern: Box<str>,
     capacity: usize,
@@ -348,10 +350,17 @@ impl Subscriber {
     }
 }
 
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    infos: Vec<std::sync::Weak<SubInfo>>,
+}
+
 struct Shared {
     subs: ArcSwap<Vec<Arc<Subscriber>>>,
-    /// Serializes changes to `subs` and to the interest mask.
-    write: Mutex<u64>,
+    /// Serializes changes to `subs` and to the interest mask; lists every subscription still
+    /// held by someone (for stats, also after the bus has closed).
+    write: Mutex<Registry>,
     interest: InterestHandle,
     counters: SinkCounters,
     queue_capacity: usize,
@@ -368,7 +377,7 @@ impl Bus {
     pub(crate) fn new(interest: InterestHandle, queue_capacity: usize, max_payload: usize) -> Bus {
         Bus(Arc::new(Shared {
             subs: ArcSwap::from_pointee(Vec::new()),
-            write: Mutex::new(0),
+            write: Mutex::default(),
             interest,
             counters: SinkCounters::default(),
             queue_capacity: queue_capacity.max(1),
@@ -392,13 +401,14 @@ impl Bus {
         let parsed = Pattern::parse(pattern)?;
         let capacity = capacity.max(1);
         let (tx, rx) = flume::bounded(capacity);
-        let mut next_id = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reg = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
         if self.0.closed.load(Ordering::Acquire) {
             return Err(BusError::Closed);
         }
-        *next_id += 1;
+        reg.next_id += 1;
         let info = Arc::new(SubInfo {
-            id: *next_id,
+            rx,
+            id: reg.next_id,
             pattern: pattern.into(),
             capacity,
             delivered: AtomicU64::new(0),
@@ -413,8 +423,9 @@ impl Bus {
         let mut list = Vec::clone(&self.0.subs.load());
         list.push(Arc::new(sub));
         self.replace(list);
+        reg.infos.retain(|w| w.strong_count() > 0);
+        reg.infos.push(Arc::downgrade(&info));
         Ok(Subscription {
-            rx,
             sub: info,
             bus: self.clone(),
         })
@@ -501,18 +512,19 @@ impl Bus {
     }
 
     /// Per-subscription counters of the live subscriptions.
+    /// Per-subscription counters of every subscription still held (after shutdown too).
     pub fn subscribers(&self) -> Vec<SubscriberStats> {
-        self.0
-            .subs
-            .load()
+        let reg = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
+        reg.infos
             .iter()
-            .map(|s| SubscriberStats {
-                id: s.info.id,
-                pattern: s.info.pattern.to_string(),
-                delivered: s.info.delivered.load(Ordering::Relaxed),
-                dropped: s.info.dropped.load(Ordering::Relaxed),
-                queued: s.tx.len() as u64,
-                capacity: s.info.capacity as u64,
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|info| SubscriberStats {
+                id: info.id,
+                pattern: info.pattern.to_string(),
+                delivered: info.delivered.load(Ordering::Relaxed),
+                dropped: info.dropped.load(Ordering::Relaxed),
+                queued: info.rx.len() as u64,
+                capacity: info.capacity as u64,
             })
             .collect()
     }
@@ -525,7 +537,8 @@ impl Bus {
     }
 
     fn unsubscribe(&self, id: u64) {
-        let _guard = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reg = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
+        reg.infos.retain(|w| w.strong_count() > 0);
         let list: Vec<_> = self
             .0
             .subs
@@ -565,7 +578,6 @@ impl Sink for Bus {
 /// A bus subscription: a bounded queue of [`Message`]s matching its pattern. `Send`, not `Clone`.
 /// Dropping it unsubscribes.
 pub struct Subscription {
-    rx: flume::Receiver<Message>,
     sub: Arc<SubInfo>,
     bus: Bus,
 }
@@ -580,13 +592,13 @@ impl Subscription {
         match self.poll() {
             Some(Ok(msg)) => Ok(msg),
             Some(Err(())) => Err(RecvError),
-            None => self.rx.recv().map_err(|_| RecvError),
+            None => self.sub.rx.recv().map_err(|_| RecvError),
         }
     }
 
     /// Takes the next message if one is waiting.
     pub fn try_recv(&self) -> Result<Message, TryRecvError> {
-        self.rx.try_recv().map_err(|e| match e {
+        self.sub.rx.try_recv().map_err(|e| match e {
             flume::TryRecvError::Empty => TryRecvError::Empty,
             flume::TryRecvError::Disconnected => TryRecvError::Closed,
         })
@@ -598,7 +610,7 @@ impl Subscription {
         match self.poll() {
             Some(Ok(msg)) => Ok(msg),
             Some(Err(())) => Err(RecvTimeoutError::Closed),
-            None => self.rx.recv_deadline(deadline).map_err(|e| match e {
+            None => self.sub.rx.recv_deadline(deadline).map_err(|e| match e {
                 flume::RecvTimeoutError::Timeout => RecvTimeoutError::Timeout,
                 flume::RecvTimeoutError::Disconnected => RecvTimeoutError::Closed,
             }),
@@ -608,7 +620,7 @@ impl Subscription {
     /// The spin-then-yield phase of `recv`: `None` when nothing came (the caller blocks).
     fn poll(&self) -> Option<Result<Message, ()>> {
         for round in 0..SPIN_ROUNDS + YIELD_ROUNDS {
-            match self.rx.try_recv() {
+            match self.sub.rx.try_recv() {
                 Ok(msg) => return Some(Ok(msg)),
                 Err(flume::TryRecvError::Disconnected) => return Some(Err(())),
                 Err(flume::TryRecvError::Empty) if round < SPIN_ROUNDS => {
@@ -627,7 +639,7 @@ impl Subscription {
 
     /// The messages waiting now, without blocking.
     pub fn try_iter(&self) -> impl Iterator<Item = Message> + '_ {
-        self.rx.try_iter()
+        self.sub.rx.try_iter()
     }
 
     pub fn id(&self) -> u64 {
@@ -640,11 +652,11 @@ impl Subscription {
 
     /// Messages waiting in the queue.
     pub fn len(&self) -> usize {
-        self.rx.len()
+        self.sub.rx.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rx.is_empty()
+        self.sub.rx.is_empty()
     }
 
     pub fn capacity(&self) -> usize {

@@ -1,0 +1,316 @@
+//! The `prx-hooks` binary, run as a real process: NDJSON ingestion, `--print`, stats, signals,
+//! FIFOs, and `bench`.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_prx-hooks"));
+    cmd.env("RUST_LOG", "warn");
+    cmd
+}
+
+fn line(event: &str, session: &str, payload: &str) -> String {
+    format!(r#"{{"event":"{event}","agent":"agent","session":"{session}","payload":{payload}}}"#)
+}
+
+/// The last line of stderr is the final report: `{"input": {...}, "stats": {...}}`.
+fn report(stderr: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(stderr);
+    let last = text.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("no report ({e}) in stderr:\n{text}"))
+}
+
+fn printed(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn every_kind_of_bad_line_is_reported_and_nothing_after_it_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.ndjson");
+    let mut input = Vec::new();
+    let good = |n: u32| {
+        line(
+            "tool_call",
+            "s",
+            &format!(r#"{{"tool":"t{n}","success":true,"output":"ok"}}"#),
+        )
+    };
+    let bad: [&[u8]; 7] = [
+        b"this is not json",
+        br#"{"event":"tool_calls","agent":"a","session":"s"}"#,
+        br#"{"event":"error","agent":"a","session":"s","payload":{"component":"c"}}"#,
+        br#"{"event":"agent_end","agent":"a","session":"s","payload":{"success":1,"messages_count":2}}"#,
+        b"{\"event\":\"error\",\"agent\":\"\xff\xfe\",\"session\":\"s\"}",
+        br#"[]"#,
+        br#"{"event":"error","agent":"a","session":"s","payload":{"component":"c","message":"m"},"x":1}"#,
+    ];
+    for (n, b) in bad.iter().enumerate() {
+        input.extend_from_slice(good(n as u32).as_bytes());
+        input.extend_from_slice(b"\n");
+        input.extend_from_slice(b);
+        input.extend_from_slice(b"\r\n");
+    }
+    input.extend_from_slice(b"\n   \n");
+    input.extend_from_slice(good(99).as_bytes()); // no trailing newline
+    std::fs::write(&events, &input).unwrap();
+
+    let out = bin()
+        .args(["run", "--print", "--workspace"])
+        .arg(dir.path())
+        .arg("--events")
+        .arg(&events)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let name = events.display().to_string();
+    let expect = [
+        (2, "not JSON"),
+        (
+            4,
+            "unknown event \"tool_calls\"; did you mean \"tool_call\"?",
+        ),
+        (6, "payload: missing field `message`"),
+        (8, "payload: invalid type: integer `1`, expected a boolean"),
+        (10, "invalid UTF-8 at byte 26"),
+        (12, "expected a JSON object, found an array"),
+        (14, "unknown field `x`"),
+    ];
+    for (number, reason) in expect {
+        let prefix = format!("{name}:{number}: ");
+        let found = stderr.lines().find(|l| l.starts_with(&prefix));
+        assert!(
+            found.is_some_and(|l| l.contains(reason)),
+            "want {prefix}{reason}\nstderr:\n{stderr}"
+        );
+    }
+    let tools: Vec<_> = printed(&out.stdout)
+        .iter()
+        .map(|m| m["payload"]["tool"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tools, ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t99"]);
+    let r = report(&out.stderr);
+    assert_eq!(r["input"]["bad_lines"], 7);
+    assert_eq!(r["input"]["events"], 8);
+    assert_eq!(r["stats"]["queued"], 8);
+    assert_eq!(r["stats"]["sinks"][0]["delivered"], 8);
+}
+
+#[test]
+fn print_writes_one_envelope_per_message_on_stdout_only() {
+    let mut child = bin()
+        .args(["run", "--print", "--events", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        line("agent_start", "s1", r#"{"agent":"agent","session":"s1"}"#)
+    )
+    .unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        line(
+            "tool_call_start",
+            "s1",
+            r#"{"tool":"sh","arguments":{"cmd":"ls \"x\"","n":[1,2]}}"#
+        )
+    )
+    .unwrap();
+    writeln!(
+        stdin,
+        r#"{{"event":"turn_complete","agent":"agent","session":"s1"}}"#
+    )
+    .unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        line(
+            "error",
+            "s2",
+            r#"{"component":"llm","message":"line1\nline2 é"}"#
+        )
+    )
+    .unwrap();
+    writeln!(stdin, "garbage").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let msgs = printed(&out.stdout);
+    assert_eq!(msgs.len(), 4, "{msgs:?}");
+    let first = msgs[0].as_object().unwrap();
+    let keys: Vec<_> = first.keys().map(String::as_str).collect();
+    assert_eq!(keys.len(), 7);
+    for k in [
+        "topic",
+        "event",
+        "agent",
+        "session",
+        "seq",
+        "timestamp",
+        "payload",
+    ] {
+        assert!(first.contains_key(k), "missing {k} in {first:?}");
+    }
+    assert_eq!(msgs[1]["topic"], "prx.lifecycle.tool_call_start");
+    assert_eq!(msgs[1]["payload"]["arguments"]["cmd"], "ls \"x\"");
+    assert_eq!(
+        (msgs[1]["seq"].as_u64(), msgs[2]["seq"].as_u64()),
+        (Some(1), Some(2))
+    );
+    assert_eq!(msgs[2]["payload"], serde_json::json!({}));
+    assert_eq!(msgs[3]["payload"]["message"], "line1\nline2 é");
+    assert_eq!(
+        (msgs[3]["session"].as_str(), msgs[3]["seq"].as_u64()),
+        (Some("s2"), Some(0))
+    );
+    let ts = msgs[0]["timestamp"].as_str().unwrap();
+    assert!(
+        ts.len() == 27 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+        "{ts}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("-:5: not JSON"), "{stderr}");
+}
+
+fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(status.success());
+}
+
+/// Reads one line of the child's stdout, failing (not hanging) after `timeout`.
+fn read_line_within(rx: &std::sync::mpsc::Receiver<String>, timeout: Duration) -> String {
+    rx.recv_timeout(timeout).expect("no output line in time")
+}
+
+fn spawn_stdout_reader(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines() {
+            if tx.send(l.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn a_fifo_is_read_line_by_line_and_sigterm_drains_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("events.fifo");
+    mkfifo(&fifo);
+    let mut child = bin()
+        .env("RUST_LOG", "info")
+        .args(["run", "--print", "--events"])
+        .arg(&fifo)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = spawn_stdout_reader(&mut child);
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    for n in 0..3 {
+        // Each event must come out before the next goes in: nothing waits for EOF.
+        writeln!(
+            writer,
+            "{}",
+            line(
+                "tool_call",
+                "s",
+                &format!(r#"{{"tool":"t{n}","success":true,"output":""}}"#)
+            )
+        )
+        .unwrap();
+        writer.flush().unwrap();
+        let msg: Value =
+            serde_json::from_str(&read_line_within(&out, Duration::from_secs(20))).unwrap();
+        assert_eq!(msg["payload"]["tool"], format!("t{n}"));
+    }
+    // The writer stays open (no EOF): only the signal can end the run.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "SIGTERM did not end the run");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let mut stderr = Vec::new();
+    std::io::Read::read_to_end(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let r = report(&stderr);
+    assert_eq!(r["stats"]["processed"], 3);
+    assert!(String::from_utf8_lossy(&stderr).contains("SIGTERM"));
+    drop(writer);
+}
+
+#[test]
+fn a_missing_events_file_is_a_clear_error() {
+    let out = bin()
+        .args(["run", "--events", "/no/such/events.ndjson"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/no/such/events.ndjson: No such file"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_reports_latency_and_throughput_as_json() {
+    let out = bin()
+        .args([
+            "bench",
+            "--events",
+            "20000",
+            "--producers",
+            "2",
+            "--subscribers",
+            "2",
+            "--payload-bytes",
+            "64",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            r["events"].as_u64(),
+            r["producers"].as_u64(),
+            r["subscribers"].as_u64()
+        ),
+        (Some(20000), Some(2), Some(2))
+    );
+    let p = &r["emit_ns"];
+    assert!(p["p50"].as_u64() <= p["p99"].as_u64() && p["p99"].as_u64() <= p["max"].as_u64());
+    let queued = 20000 - r["ring_dropped"].as_u64().unwrap();
+    // Every queued event reached both subscribers or is counted as a subscriber drop.
+    assert_eq!(
+        r["delivered"].as_u64().unwrap() + r["subscriber_dropped"].as_u64().unwrap(),
+        2 * queued
+    );
+}

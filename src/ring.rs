@@ -268,8 +268,8 @@ mod loom_tests {
                     })
                 })
                 .collect();
-            let mut seen = vec![Vec::new(); 3];
-            let mut take = |rx: &mut Consumer<_>, seen: &mut Vec<Vec<usize>>| {
+            let mut seen = vec![Vec::<usize>::new(); 3];
+            let take = |rx: &mut Consumer<(usize, usize, usize)>, seen: &mut Vec<Vec<usize>>| {
                 while let Some((id, i, check)) = rx.pop(|v| *v) {
                     assert_eq!(check, id * 100 + i, "torn slot");
                     seen[id].push(i);

@@ -38,28 +38,59 @@ static ESCAPE: [u8; 256] = {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Appends `s` as a JSON string literal (quotes included).
+///
+/// Runs of plain bytes are found eight at a time (SWAR, see [`plain8`]) and copied whole; only
+/// the words that contain something to escape are walked byte by byte.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.reserve(s.len() + 2);
     out.push(b'"');
     let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let esc = ESCAPE[b as usize];
-        if esc == 0 {
-            continue;
+    let mut start = 0; // first byte not yet copied
+    let mut i = 0;
+    while i < bytes.len() {
+        if let Some(word) = bytes.get(i..i + 8) {
+            if plain8(u64::from_le_bytes(word.try_into().unwrap_or([0; 8]))) {
+                i += 8;
+                continue;
+            }
         }
-        out.extend_from_slice(&bytes[start..i]);
-        if esc == b'u' {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[(b >> 4) as usize]);
-            out.push(HEX[(b & 0xf) as usize]);
-        } else {
-            out.extend_from_slice(&[b'\\', esc]);
+        let end = (i + 8).min(bytes.len());
+        for (j, &b) in bytes[i..end].iter().enumerate() {
+            let esc = ESCAPE[b as usize];
+            if esc != 0 {
+                out.extend_from_slice(&bytes[start..i + j]);
+                write_escape(out, b, esc);
+                start = i + j + 1;
+            }
         }
-        start = i + 1;
+        i = end;
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
+}
+
+fn write_escape(out: &mut Vec<u8>, b: u8, esc: u8) {
+    if esc == b'u' {
+        out.extend_from_slice(b"\\u00");
+        out.push(HEX[(b >> 4) as usize]);
+        out.push(HEX[(b & 0xf) as usize]);
+    } else {
+        out.extend_from_slice(&[b'\\', esc]);
+    }
+}
+
+/// Whether none of the eight bytes of `w` needs escaping: no byte below 0x20, no `"`, no `\`.
+/// The classic "has a byte less than n" / "has a zero byte" bit tricks, which are exact about
+/// whether such a byte exists (not about where).
+#[inline]
+fn plain8(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let control = w.wrapping_sub(ONES * 0x20) & !w & HIGHS;
+    let quote = has_zero(w ^ (ONES * b'"' as u64));
+    let backslash = has_zero(w ^ (ONES * b'\\' as u64));
+    control | quote | backslash == 0
 }
 
 /// Appends an unsigned integer in decimal.
@@ -366,6 +397,29 @@ mod tests {
         assert_eq!(serde_json::from_str::<String>(text).unwrap(), all);
         assert!(text.contains(r#"\""#) && text.contains(r"\\") && text.contains(r"\u001f"));
         assert!(text.contains(r"\n") && text.contains(r"\t") && text.contains("中😀"));
+    }
+
+    #[test]
+    fn the_word_test_agrees_with_the_table_everywhere_in_a_word() {
+        let specials = [0u8, 0x1f, b'"', b'\\', 0x20, b'!', 0x7f, 0x80, 0xff, b'a'];
+        for &x in &specials {
+            for pos in 0..8 {
+                let mut w = [b'a'; 8];
+                w[pos] = x;
+                let want = ESCAPE[x as usize] == 0;
+                assert_eq!(plain8(u64::from_le_bytes(w)), want, "byte {x:#x} at {pos}");
+            }
+        }
+        // Every string length around the word boundary, with the special byte anywhere.
+        for len in 0..20 {
+            for pos in 0..len {
+                let mut s = "x".repeat(len);
+                s.replace_range(pos..pos + 1, "\"");
+                let mut out = Vec::new();
+                write_str(&mut out, &s);
+                assert_eq!(serde_json::from_slice::<String>(&out).unwrap(), s);
+            }
+        }
     }
 
     #[test]

@@ -252,7 +252,7 @@ struct Worker {
 
 /// How many recent messages a worker keeps for reuse. A subscriber lagging further behind
 /// than this only costs allocations, never correctness.
-const RECYCLE: usize = 1024;
+const RECYCLE: usize = 4096;
 
 /// Empty polls spent spinning, then yielding, before the worker parks for one idle tick.
 const SPIN_POLLS: u32 = 64;

@@ -48,11 +48,11 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
     let mut start = 0; // first byte not yet copied
     let mut i = 0;
     while i < bytes.len() {
-        if let Some(word) = bytes.get(i..i + 8) {
-            if plain8(u64::from_le_bytes(word.try_into().unwrap_or([0; 8]))) {
-                i += 8;
-                continue;
-            }
+        if let Some(word) = bytes.get(i..i + 8)
+            && plain8(u64::from_le_bytes(word.try_into().unwrap_or([0; 8])))
+        {
+            i += 8;
+            continue;
         }
         let end = (i + 8).min(bytes.len());
         for (j, &b) in bytes[i..end].iter().enumerate() {

@@ -119,7 +119,7 @@ pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
             )));
         }
     };
-    Ok(build(kind, parsed.agent, parsed.session, payload)?)
+    build(kind, parsed.agent, parsed.session, payload)
 }
 
 /// Rejects anything but an object up front, so the error names JSON types rather than our

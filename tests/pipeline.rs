@@ -14,7 +14,7 @@ const OUTPUT: &str = "a tool's output, long enough to look like one: 0123456789 
 /// the pipeline is a quarter full. (Agents do not do this; a test that counts must.)
 fn emit_paced(hooks: &Hooks, em: &prx_hooks::Emitter, n: u64) {
     for i in 0..n {
-        if i % 1024 == 0 {
+        if i.is_multiple_of(1024) {
             // A quarter of all slots: below one ring's capacity even if every pending event
             // sits in the same one of the two rings.
             while hooks.pending() > hooks.capacity() / 4
@@ -30,7 +30,7 @@ fn emit_paced(hooks: &Hooks, em: &prx_hooks::Emitter, n: u64) {
         assert_eq!(
             em.emit(Event::ToolCall {
                 tool: "t",
-                success: i % 2 == 0,
+                success: i.is_multiple_of(2),
                 output: OUTPUT
             }),
             Emit::Queued

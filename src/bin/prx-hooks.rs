@@ -205,7 +205,7 @@ fn ingest(
                 continue;
             }
         };
-        if number % 256 == 0 {
+        if number.is_multiple_of(256) {
             pace(hooks);
         }
         let key = (record.agent.clone(), record.session.clone());
@@ -430,11 +430,11 @@ fn produce(
     };
     let mut samples = Vec::with_capacity(if paced { 0 } else { n as usize });
     for i in 0..n {
-        if i % 4096 == 0 {
+        if i.is_multiple_of(4096) {
             emitted.fetch_add(4096.min(n - i), Ordering::Relaxed);
         }
         if paced {
-            if i % 256 == 0 {
+            if i.is_multiple_of(256) {
                 pace(hooks);
             }
             em.emit(event);

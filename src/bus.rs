@@ -212,7 +212,7 @@ pub enum BusError {
         len: usize,
         max: usize,
     },
-    #[error("payload for {topic:?} is not valid JSON (RFC 8259)")]
+    #[error("payload for {topic:?} is not valid JSON (RFC 8259, nested at most 126 deep)")]
     InvalidJson { topic: String },
     #[error(
         "publication to {topic:?} nested {depth} deep; the limit is {max} (is a plugin republishing what it receives?)"
@@ -470,7 +470,8 @@ impl Bus {
             });
         }
         let mut compact = Vec::with_capacity(json.len());
-        if !json::append_compact(&mut compact, json, json::Top::Any) {
+        // One level less than serde_json's limit: the `--print` envelope wraps the payload.
+        if !json::append_compact_within(&mut compact, json, json::Top::Any, json::MAX_DEPTH - 1) {
             return Err(BusError::InvalidJson {
                 topic: topic.into(),
             });

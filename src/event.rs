@@ -319,7 +319,8 @@ impl<'a> Event<'a> {
             Event::ToolCallStart { tool, arguments } => {
                 w.str("tool", tool);
                 w.key("arguments");
-                if !json::append_compact(w.out, arguments.as_bytes(), json::Top::Object) {
+                let (src, top) = (arguments.as_bytes(), json::Top::Object);
+                if !json::append_compact_within(w.out, src, top, ARGUMENTS_MAX_DEPTH) {
                     json::write_str(w.out, arguments);
                 }
             }
@@ -349,6 +350,11 @@ impl<'a> Event<'a> {
         String::from_utf8(out).expect("payload JSON is UTF-8")
     }
 }
+
+/// `arguments` objects nested deeper than this are passed on as a string: the payload object and
+/// the `--print` envelope around it take two more levels, and serde_json's default reader stops
+/// at [`json::MAX_DEPTH`]. Every payload we write stays readable.
+pub const ARGUMENTS_MAX_DEPTH: u32 = json::MAX_DEPTH - 2;
 
 /// An event flattened to plain data: the ring stores these fields, not the enum.
 #[derive(Clone, Copy, Debug)]
@@ -502,6 +508,18 @@ mod tests {
             });
             assert_eq!(v["arguments"], Value::String(bad.into()), "{bad:?}");
         }
+        let deep = |n: usize| format!("{{\"a\":{}1{}}}", "[".repeat(n - 1), "]".repeat(n - 1));
+        let v = parse(Event::ToolCallStart {
+            tool: "t",
+            arguments: &deep(ARGUMENTS_MAX_DEPTH as usize),
+        });
+        assert!(v["arguments"].is_object());
+        let too_deep = deep(ARGUMENTS_MAX_DEPTH as usize + 1);
+        let v = parse(Event::ToolCallStart {
+            tool: "t",
+            arguments: &too_deep,
+        });
+        assert_eq!(v["arguments"], Value::String(too_deep));
         let pretty = "{\n  \"path\": \"/tmp/a b\",\n  \"n\": [1, 2.5e3]\n}";
         let v = parse(Event::ToolCallStart {
             tool: "t",

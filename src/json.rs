@@ -112,11 +112,23 @@ pub enum Top {
     Any,
 }
 
-/// If `src` is one valid JSON text of the `top` kind, appends it to `out` without insignificant
-/// whitespace and returns `true`; otherwise leaves `out` exactly as it was and returns `false`.
+/// If `src` is one valid JSON text of the `top` kind, nested at most [`MAX_DEPTH`] deep,
+/// appends it to `out` without insignificant whitespace and returns `true`; otherwise leaves
+/// `out` exactly as it was and returns `false`.
 pub fn append_compact(out: &mut Vec<u8>, src: &[u8], top: Top) -> bool {
+    append_compact_within(out, src, top, MAX_DEPTH)
+}
+
+/// [`append_compact`] with a tighter nesting limit, for text that will itself be embedded:
+/// each enclosing object costs one level of serde_json's budget.
+pub fn append_compact_within(out: &mut Vec<u8>, src: &[u8], top: Top, max_depth: u32) -> bool {
     let start = out.len();
-    let mut cx = Compactor { src, i: 0, out };
+    let mut cx = Compactor {
+        src,
+        i: 0,
+        out,
+        max_depth,
+    };
     cx.skip_ws();
     let ok = match (top, cx.peek()) {
         (Top::Object, Some(b'{')) | (Top::Any, Some(_)) => {
@@ -144,6 +156,7 @@ struct Compactor<'a> {
     src: &'a [u8],
     i: usize,
     out: &'a mut Vec<u8>,
+    max_depth: u32,
 }
 
 impl Compactor<'_> {
@@ -183,7 +196,7 @@ impl Compactor<'_> {
     }
 
     fn object(&mut self, depth: u32) -> bool {
-        if depth > MAX_DEPTH {
+        if depth > self.max_depth {
             return false;
         }
         self.eat(b'{');
@@ -211,7 +224,7 @@ impl Compactor<'_> {
     }
 
     fn array(&mut self, depth: u32) -> bool {
-        if depth > MAX_DEPTH {
+        if depth > self.max_depth {
             return false;
         }
         self.eat(b'[');

@@ -45,10 +45,35 @@ impl Record {
     }
 }
 
-/// Why a line was rejected. The message is meant to follow `FILE:LINE: `.
+/// Why a line was rejected. The message is meant to follow `FILE:LINE: ` and is always one
+/// line: names quoted from the input have their control characters escaped.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct LineError(pub String);
+pub struct LineError(String);
+
+impl LineError {
+    fn new(message: String) -> LineError {
+        if !message.chars().any(char::is_control) {
+            return LineError(message);
+        }
+        LineError(
+            message
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_debug().to_string()
+                    } else {
+                        c.into()
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    pub fn message(&self) -> &str {
+        &self.0
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -92,7 +117,7 @@ struct Payload<'a> {
 /// Parses one line (without its newline). Blank lines are the caller's business.
 pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
     let text = std::str::from_utf8(line).map_err(|e| {
-        LineError(format!(
+        LineError::new(format!(
             "invalid UTF-8 at byte {} (column {})",
             e.valid_up_to(),
             e.valid_up_to() + 1
@@ -112,7 +137,7 @@ pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
         }
         None if kind.fields().is_empty() => empty_payload(),
         None => {
-            return Err(LineError(format!(
+            return Err(LineError::new(format!(
                 "missing field `payload` (a {} event needs {})",
                 kind.name(),
                 kind.fields().join(", ")
@@ -138,7 +163,7 @@ fn expect_object(text: &str, base: usize, prefix: &str) -> Result<(), LineError>
         serde_json::Value::Array(_) => "an array",
         serde_json::Value::Object(_) => "an object",
     };
-    Err(LineError(format!(
+    Err(LineError::new(format!(
         "{prefix}expected a JSON object, found {found} (column {})",
         base + 1
     )))
@@ -153,7 +178,7 @@ fn serde_error(e: &serde_json::Error, base: usize, prefix: &str) -> LineError {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof => "not JSON: ",
         _ => "",
     };
-    LineError(format!(
+    LineError::new(format!(
         "{prefix}{what}{msg} (column {})",
         base + e.column()
     ))
@@ -164,7 +189,7 @@ fn unknown_event(name: &str) -> LineError {
     let hint = crate::suggest(name, &names)
         .map(|s| format!("; did you mean \"{s}\"?"))
         .unwrap_or_else(|| format!("; expected one of {}", names.join(", ")));
-    LineError(format!("unknown event \"{name}\"{hint}"))
+    LineError::new(format!("unknown event \"{name}\"{hint}"))
 }
 
 fn empty_payload<'a>() -> Payload<'a> {
@@ -206,7 +231,7 @@ fn check_fields(kind: EventKind, p: &Payload<'_>, raw: &str, base: usize) -> Res
             let column = raw
                 .find(&format!("\"{name}\""))
                 .map_or(base + 1, |at| base + at + 1);
-            return Err(LineError(format!(
+            return Err(LineError::new(format!(
                 "payload: field `{name}` does not belong to a {} event (it has {}) (column {column})",
                 kind.name(),
                 if wanted.is_empty() {
@@ -219,7 +244,7 @@ fn check_fields(kind: EventKind, p: &Payload<'_>, raw: &str, base: usize) -> Res
     }
     for name in wanted {
         if !present.iter().any(|(n, is)| n == name && *is) {
-            return Err(LineError(format!(
+            return Err(LineError::new(format!(
                 "payload: missing field `{name}` (a {} event needs {})",
                 kind.name(),
                 wanted.join(", ")
@@ -275,7 +300,7 @@ fn arguments_text(raw: Option<&RawValue>) -> Result<String, LineError> {
     let raw = raw.map_or("{}", RawValue::get);
     if raw.starts_with('"') {
         serde_json::from_str::<String>(raw)
-            .map_err(|e| LineError(format!("payload: field `arguments`: {e}")))
+            .map_err(|e| LineError::new(format!("payload: field `arguments`: {e}")))
     } else {
         Ok(raw.to_string())
     }
@@ -286,7 +311,10 @@ mod tests {
     use super::*;
 
     fn err(line: &str) -> String {
-        parse_line(line.as_bytes()).unwrap_err().0
+        parse_line(line.as_bytes())
+            .unwrap_err()
+            .message()
+            .to_string()
     }
 
     #[test]
@@ -395,7 +423,10 @@ mod tests {
             assert!(got.contains(want), "{line}\n  got:  {got}\n  want: {want}");
         }
         assert_eq!(
-            parse_line(b"{\"event\":\"\xff\"}").unwrap_err().0,
+            parse_line(b"{\"event\":\"\xff\"}")
+                .unwrap_err()
+                .message()
+                .to_string(),
             "invalid UTF-8 at byte 10 (column 11)"
         );
     }

@@ -21,8 +21,8 @@ fuzz_target!(|data: &[u8]| {
     let record = match parse_line(data) {
         Ok(r) => r,
         Err(e) => {
-            assert_one_line(&e.0, &String::from_utf8_lossy(data));
-            assert_eq!(e.to_string(), e.0);
+            assert_one_line(e.message(), &String::from_utf8_lossy(data));
+            assert_eq!(e.to_string(), e.message());
             return;
         }
     };

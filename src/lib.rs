@@ -30,6 +30,7 @@
 //! ```
 
 pub mod bus;
+pub mod config;
 mod emitter;
 pub mod event;
 mod json;

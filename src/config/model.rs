@@ -1,0 +1,161 @@
+//! The validated form of `hooks.json`: what the shell backend runs.
+//!
+//! A [`HookTable`] is immutable once built; reloads build a new one and swap it in whole
+//! (`ArcSwap`), so a running hook always finishes under the table it started with. Everything
+//! a spawn needs is decided here, at load time: the program's absolute path, the cwd, the
+//! environment entries, the timeout — the spawn path does no parsing and no lookup.
+
+use crate::event::{EventKind, EventMask};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Defaults of DESIGN.md §4 (the documented values; PRX's own code differs, see README).
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_MAX_CONCURRENT: usize = 8;
+
+/// Every shell hook of one `hooks.json`, validated.
+#[derive(Debug, Clone, Default)]
+pub struct HookTable {
+    /// PRX's global switch (`"enabled": false` turns every hook off).
+    pub enabled: bool,
+    /// Exact names of variables passed from the parent environment (never a blocked one).
+    pub env_passthrough: Vec<String>,
+    /// Every action, in file order (event keys in file order, then array order).
+    pub actions: Vec<Arc<Action>>,
+    /// Where the table came from (`None`: no hooks.json, an empty table).
+    pub source: Option<PathBuf>,
+    /// Load-time warnings (e.g. a bare command not found on the sanitized PATH).
+    pub warnings: Vec<String>,
+}
+
+impl HookTable {
+    /// The events at least one enabled action listens to (empty when globally disabled).
+    pub fn interest(&self) -> EventMask {
+        if !self.enabled {
+            return EventMask::NONE;
+        }
+        self.actions.iter().filter(|a| a.enabled).fold(EventMask::NONE, |m, a| m | a.event.mask())
+    }
+
+    /// The actions for `kind`, in file order (enabled or not: the caller decides and counts).
+    pub fn actions_for(&self, kind: EventKind) -> impl Iterator<Item = &Arc<Action>> {
+        self.actions.iter().filter(move |a| a.event == kind)
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Arc<Action>> {
+        self.actions.iter().find(|a| a.id == id)
+    }
+}
+
+/// One hook: a program run for one event.
+#[derive(Debug, Clone)]
+pub struct Action {
+    /// `[A-Za-z0-9._-]{1,64}`, unique in the table. Explicit, or derived deterministically from
+    /// the event and the action's content (stable across reloads while the action is unchanged).
+    pub id: String,
+    /// Whether `id` was written in the file (false: derived).
+    pub id_explicit: bool,
+    pub event: EventKind,
+    /// Position in its event's array (for error paths: `hooks.tool_call[2]`).
+    pub index: usize,
+    /// `command` exactly as written.
+    pub command: String,
+    /// The absolute program path resolved at load time (bare names against the sanitized PATH,
+    /// relative paths against the workspace), or why it could not be resolved — a hook that
+    /// cannot be resolved is kept and reported as `spawn failed` when it fires.
+    pub program: Result<PathBuf, String>,
+    pub args: Vec<String>,
+    /// The action's own `env` entries, in file order (already checked: no blocked names).
+    pub env: Vec<(String, String)>,
+    /// Absolute working directory (the workspace when `cwd` is absent).
+    pub cwd: PathBuf,
+    pub timeout: Duration,
+    /// Whether the timeout was written on the action (false: inherited from the top level).
+    pub timeout_explicit: bool,
+    pub stdin_json: bool,
+    pub enabled: bool,
+    /// tool_call_start / tool_call only: which tool names fire this hook.
+    pub matcher: Option<Matcher>,
+    pub max_concurrent: usize,
+}
+
+/// Which tool names a hook fires for.
+#[derive(Debug, Clone)]
+pub enum Matcher {
+    /// `*` and `?` wildcards matching the whole name, case-sensitive (`mcp__*`).
+    Glob(String),
+    /// `/regex/`, unanchored like a search unless the pattern anchors itself.
+    Regex(regex::Regex),
+}
+
+impl Matcher {
+    pub fn source(&self) -> String {
+        match self {
+            Matcher::Glob(g) => g.clone(),
+            Matcher::Regex(r) => format!("/{}/", r.as_str()),
+        }
+    }
+
+    pub fn matches(&self, tool: &str) -> bool {
+        match self {
+            Matcher::Glob(g) => glob_match(g.as_bytes(), tool.as_bytes()),
+            Matcher::Regex(r) => r.is_match(tool),
+        }
+    }
+}
+
+/// `*` (any run, possibly empty) and `?` (any one character) over the whole text. Iterative
+/// with one backtrack point, so it is linear-ish and cannot blow up on adversarial patterns.
+fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let text = std::str::from_utf8(text).map(|t| t.chars().collect::<Vec<_>>()).unwrap_or_default();
+    let pattern = std::str::from_utf8(pattern).map(|p| p.chars().collect::<Vec<_>>()).unwrap_or_default();
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some('*') => {
+                star = Some((p, t));
+                p += 1;
+            }
+            Some(&c) if c == '?' || c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    p = sp + 1;
+                    t = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_the_whole_name() {
+        let m = |p: &str, t: &str| Matcher::Glob(p.into()).matches(t);
+        assert!(m("mcp__*", "mcp__github__create"));
+        assert!(m("mcp__*", "mcp__"));
+        assert!(!m("mcp__*", "xmcp__a"));
+        assert!(m("sh?ll", "shell") && !m("sh?ll", "shel"));
+        assert!(m("*", "") && m("a*b*c", "aXXbYYc") && !m("a*b*c", "aXXbYY"));
+        assert!(!m("Shell", "shell"), "case-sensitive");
+        assert!(m("é*", "éa"));
+        assert!(!m(&"*a".repeat(30), &"a".repeat(29)), "no exponential blow-up, and correct");
+    }
+
+    #[test]
+    fn regexes_search() {
+        let r = Matcher::Regex(regex::Regex::new("^mcp__.*__create$").unwrap());
+        assert!(r.matches("mcp__github__create") && !r.matches("mcp__github__delete"));
+        assert_eq!(r.source(), "/^mcp__.*__create$/");
+    }
+}

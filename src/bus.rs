@@ -625,7 +625,7 @@ impl Subscription {
                 Ok(msg) => return Some(Ok(msg)),
                 Err(flume::TryRecvError::Disconnected) => return Some(Err(())),
                 Err(flume::TryRecvError::Empty) if round < SPIN_ROUNDS => {
-                    (0..1u32 << round.min(6)).for_each(|_| std::hint::spin_loop())
+                    (0..1u32 << round.min(4)).for_each(|_| std::hint::spin_loop())
                 }
                 Err(flume::TryRecvError::Empty) => std::thread::yield_now(),
             }
@@ -694,7 +694,7 @@ impl<'a> IntoIterator for &'a Subscription {
 }
 
 /// `recv` polls this many times with a growing spin, then yields this many times, then blocks.
-const SPIN_ROUNDS: u32 = 24;
+const SPIN_ROUNDS: u32 = 10;
 const YIELD_ROUNDS: u32 = 8;
 
 impl Drop for Subscription {

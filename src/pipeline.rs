@@ -252,11 +252,13 @@ struct Worker {
 
 /// How many recent messages a worker keeps for reuse. A subscriber lagging further behind
 /// than this only costs allocations, never correctness.
-const RECYCLE: usize = 4096;
+const RECYCLE: usize = 1024;
 
-/// Empty polls spent spinning, then yielding, before the worker parks for one idle tick.
-const SPIN_POLLS: u32 = 64;
-const YIELD_POLLS: u32 = 16;
+/// Empty polls spent spinning, then yielding, before the worker parks for one idle tick. Kept
+/// short (a few microseconds of spinning): on a small machine a spinning worker takes the core
+/// from the threads that would give it work; yielding hands the core over instead.
+const SPIN_POLLS: u32 = 16;
+const YIELD_POLLS: u32 = 8;
 
 impl Worker {
     fn run(mut self) {
@@ -271,7 +273,7 @@ impl Worker {
             }
             idle = idle.saturating_add(1);
             if idle <= SPIN_POLLS {
-                for _ in 0..(1u32 << idle.min(6)) {
+                for _ in 0..(1u32 << idle.min(4)) {
                     std::hint::spin_loop();
                 }
             } else if idle <= SPIN_POLLS + YIELD_POLLS {

@@ -284,12 +284,49 @@ struct BenchReport {
 #[derive(serde::Serialize)]
 struct Phase {
     emit_ns: Option<Percentiles>,
+    /// CPU time (not wall time: robust on a busy machine) each stage spent per event, from
+    /// /proc/self/task/*/schedstat: producers per emit, workers per processed event,
+    /// subscribers per received message.
+    cpu_ns_per_event: CpuPerEvent,
     elapsed_s: f64,
     emitted_per_s: f64,
     delivered_per_s: f64,
     delivered: u64,
     ring_dropped: u64,
     subscriber_dropped: u64,
+}
+
+#[derive(serde::Serialize)]
+struct CpuPerEvent {
+    producer: f64,
+    worker: f64,
+    subscriber: f64,
+}
+
+/// CPU nanoseconds the calling thread has run so far (0 where schedstat is unavailable).
+fn own_cpu_ns() -> u64 {
+    cpu_ns(std::path::Path::new("/proc/thread-self/schedstat"))
+}
+
+fn cpu_ns(schedstat: &std::path::Path) -> u64 {
+    std::fs::read_to_string(schedstat)
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU nanoseconds of this process's live threads whose name starts with `prefix`.
+fn threads_cpu_ns(prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .map(|t| cpu_ns(&t.path().join("schedstat")))
+        .sum()
 }
 
 #[derive(serde::Serialize)]
@@ -333,11 +370,13 @@ fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Result<Phase, Bo
         .map(|_| {
             let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
             let received = received.clone();
-            Ok(thread::spawn(move || {
-                for _ in sub.iter() {
-                    received.fetch_add(1, Ordering::Relaxed);
-                }
-            }))
+            Ok(thread::Builder::new()
+                .name("bench-subscriber".into())
+                .spawn(move || {
+                    for _ in sub.iter() {
+                        received.fetch_add(1, Ordering::Relaxed);
+                    }
+                })?)
         })
         .collect::<Result<_, BoxError>>()?;
 
@@ -357,17 +396,23 @@ fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Result<Phase, Bo
             let n = share + u64::from((p as u64) < args.events % args.producers as u64);
             let em = hooks.emitter("bench", &format!("producer-{p}"));
             let (hooks, output, emitted) = (hooks.clone(), output.clone(), emitted.clone());
-            thread::spawn(move || produce(&hooks, &em, n, &output, paced, &emitted))
+            thread::spawn(move || {
+                let samples = produce(&hooks, &em, n, &output, paced, &emitted);
+                (samples, own_cpu_ns())
+            })
         })
         .collect();
     while producers.iter().any(|p| !p.is_finished()) {
         bar.set_position(emitted.load(Ordering::Relaxed).min(args.events));
         thread::sleep(Duration::from_millis(50));
     }
-    let mut samples: Vec<u64> = producers
-        .into_iter()
-        .flat_map(|p| p.join().unwrap_or_default())
-        .collect();
+    let mut samples = Vec::new();
+    let mut producer_cpu = 0;
+    for p in producers {
+        let (s, cpu) = p.join().unwrap_or_default();
+        samples.extend(s);
+        producer_cpu += cpu;
+    }
     let emit_elapsed = start.elapsed();
     bar.finish_and_clear();
 
@@ -387,6 +432,10 @@ fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Result<Phase, Bo
     }
     let elapsed = last.1.max(start + emit_elapsed).duration_since(start);
     let stats = hooks.stats();
+    let (worker_cpu, subscriber_cpu) = (
+        threads_cpu_ns("prx-hooks-worke"),
+        threads_cpu_ns("bench-subscribe"),
+    );
     hooks.shutdown(Duration::from_secs(2));
     readers.into_iter().for_each(|r| {
         let _ = r.join();
@@ -398,7 +447,13 @@ fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Result<Phase, Bo
         samples.get(i).map_or(0, |s| s.saturating_sub(overhead))
     };
     let delivered = received.load(Ordering::Relaxed);
+    let per = |cpu: u64, n: u64| cpu as f64 / n.max(1) as f64;
     Ok(Phase {
+        cpu_ns_per_event: CpuPerEvent {
+            producer: per(producer_cpu, args.events),
+            worker: per(worker_cpu, stats.processed),
+            subscriber: per(subscriber_cpu, delivered),
+        },
         emit_ns: (!samples.is_empty()).then(|| Percentiles {
             p50: pick(0.5),
             p99: pick(0.99),
@@ -480,6 +535,11 @@ fn print_report(r: &BenchReport) {
         println!(
             "  dropped       ring {}   subscribers {}",
             p.ring_dropped, p.subscriber_dropped
+        );
+        let c = &p.cpu_ns_per_event;
+        println!(
+            "  CPU per event producer {:.0} ns   worker {:.0} ns   subscriber {:.0} ns",
+            c.producer, c.worker, c.subscriber
         );
     }
 }

@@ -512,7 +512,6 @@ impl Bus {
         delivered as usize
     }
 
-    /// Per-subscription counters of the live subscriptions.
     /// Per-subscription counters of every subscription still held (after shutdown too).
     pub fn subscribers(&self) -> Vec<SubscriberStats> {
         let reg = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
@@ -568,6 +567,40 @@ impl Sink for Bus {
     fn deliver(&self, msg: &Message) {
         if let Some(kind) = msg.event() {
             self.fan_out(msg, |s| s.lifecycle.contains(kind));
+        }
+    }
+
+    /// One subscriber-list load and one counter update per batch; each subscriber still gets
+    /// its messages in order.
+    fn deliver_batch(&self, msgs: &[Message], _wanted: EventMask) {
+        let subs = self.0.subs.load();
+        let (mut sent, mut delivered) = (0u64, 0u64);
+        for sub in subs.iter() {
+            let (mut ok, mut lost) = (0u64, 0u64);
+            for msg in msgs {
+                if msg.event().is_some_and(|k| sub.lifecycle.contains(k)) {
+                    if sub.tx.try_send(msg.clone()).is_ok() {
+                        ok += 1;
+                    } else {
+                        lost += 1;
+                    }
+                }
+            }
+            if ok > 0 {
+                sub.info.delivered.fetch_add(ok, Ordering::Relaxed);
+            }
+            if lost > 0 {
+                sub.info.dropped.fetch_add(lost, Ordering::Relaxed);
+            }
+            sent += ok + lost;
+            delivered += ok;
+        }
+        if sent > 0 {
+            self.0.counters.update(|c| {
+                c.sent += sent;
+                c.delivered += delivered;
+                c.dropped += sent - delivered;
+            });
         }
     }
 

@@ -34,6 +34,17 @@ pub trait Sink: Send + Sync {
     /// Called only for events this sink's [`InterestHandle`] says it wants.
     fn deliver(&self, msg: &Message);
 
+    /// Takes a batch of events in order (workers hand them over up to [`BATCH`] at a time, so
+    /// a sink can pay its fixed costs once per batch). The batch may hold events the sink does
+    /// not want: `wanted` is its interest mask when the batch was taken.
+    fn deliver_batch(&self, msgs: &[Message], wanted: EventMask) {
+        for msg in msgs {
+            if msg.event().is_some_and(|k| wanted.contains(k)) {
+                self.deliver(msg);
+            }
+        }
+    }
+
     /// This sink's counters; `sent = delivered + dropped + failed + in_flight` must hold.
     fn counts(&self) -> SinkCounts;
 
@@ -75,8 +86,8 @@ impl Interest {
         EventMask(self.combined.load(Ordering::Relaxed)).contains(kind)
     }
 
-    fn part_wants(&self, part: usize, kind: EventKind) -> bool {
-        EventMask(self.parts[part].load(Ordering::Relaxed)).contains(kind)
+    fn part(&self, part: usize) -> EventMask {
+        EventMask(self.parts[part].load(Ordering::Relaxed))
     }
 
     /// From now on every event is skipped (after shutdown nobody would deliver it).
@@ -164,6 +175,7 @@ impl Pipeline {
                 config,
                 scratch: Vec::with_capacity(4096),
                 recycle: std::collections::VecDeque::with_capacity(RECYCLE),
+                batch: Vec::with_capacity(BATCH),
             };
             let handle = thread::Builder::new()
                 .name(format!("prx-hooks-worker-{index}"))
@@ -248,7 +260,12 @@ struct Worker {
     scratch: Vec<u8>,
     /// The last messages this worker built, oldest first, for reuse (see `Message::reuse`).
     recycle: std::collections::VecDeque<Message>,
+    /// Events taken from the ring, not yet handed to the sinks.
+    batch: Vec<Message>,
 }
+
+/// Events a worker takes from its ring before handing them to the sinks in one go.
+pub const BATCH: usize = 64;
 
 /// How many recent messages a worker keeps for reuse. A subscriber lagging further behind
 /// than this only costs allocations, never correctness.
@@ -296,8 +313,8 @@ impl Worker {
 
     /// Processes up to a batch of events; whether there were any.
     fn drain_some(&mut self) -> bool {
-        let mut n = 0u64;
-        while n < 256 {
+        let mut kinds = EventMask::NONE;
+        while self.batch.len() < BATCH {
             let (scratch, recycle) = (&mut self.scratch, &mut self.recycle);
             let popped = self.consumer.pop(|slot| {
                 slot.read(|event, agent, session, seq| {
@@ -318,25 +335,34 @@ impl Worker {
                 break;
             };
             self.producers.release(budget_bytes);
-            self.fan_out(&msg);
-            n += 1;
+            kinds |= msg.event().map_or(EventMask::NONE, EventKind::mask);
+            self.batch.push(msg);
         }
-        if n > 0 {
-            let processed = &self.control.processed[self.index];
-            processed.store(processed.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        let n = self.batch.len() as u64;
+        if n == 0 {
+            return false;
         }
-        n > 0
+        self.fan_out(kinds);
+        self.batch.clear();
+        let processed = &self.control.processed[self.index];
+        processed.store(processed.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        true
     }
 
-    fn fan_out(&self, msg: &Message) {
-        let Some(kind) = msg.event() else { return };
+    /// Hands the batch to every sink that wants at least one of its events.
+    fn fan_out(&self, kinds: EventMask) {
         for (part, sink) in self.sinks.iter().enumerate() {
-            if !self.producers.interest.part_wants(part, kind) {
+            let wanted = self.producers.interest.part(part);
+            if wanted.0 & kinds.0 == 0 {
                 continue;
             }
-            if catch_unwind(AssertUnwindSafe(|| sink.deliver(msg))).is_err() {
+            let batch = &self.batch[..];
+            if catch_unwind(AssertUnwindSafe(|| sink.deliver_batch(batch, wanted))).is_err() {
                 self.control.sink_panics.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(sink = sink.name(), event = %kind, "sink panicked; event skipped for it");
+                tracing::error!(
+                    sink = sink.name(),
+                    "sink panicked; the rest of the batch is skipped for it"
+                );
             }
         }
     }

@@ -1,9 +1,21 @@
 //! `hooks.json`: the model, its validation, and the workspace watcher that hot-reloads it.
 //!
-//! Flow: the watcher notices a change → `load` parses and validates the file into a
+//! Flow: the watcher notices a change → [`load`] parses and validates the file into a
 //! [`HookTable`] (errors as `FILE:LINE:COL: JSON.PATH: reason`) → the new table is swapped in
 //! with `ArcSwap`. An invalid file is reported and the last good table stays active.
 
+mod error;
+mod load;
 pub mod model;
+mod spanned;
+mod watch;
 
-pub use model::{Action, HookTable, Matcher};
+pub use error::{ConfigError, ConfigErrors};
+pub use load::{
+    BLOCKED_ENV, HOOKS_FILE, MAX_ACTIONS, MAX_ARGS, MAX_ENV, MAX_FILE_BYTES, MAX_MAX_CONCURRENT,
+    MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, SANITIZED_PATH, SHELL_METACHARACTERS, empty_table, file_label,
+    is_blocked_env, is_valid_id, is_zero_hook_var, load, normalize_event_key, parse,
+    read_hooks_file, resolve_bare,
+};
+pub use model::{Action, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_MS, HookTable, Matcher};
+pub use watch::{ConfigStats, ConfigWatcher, Reload, WatchOptions, WatcherKind};

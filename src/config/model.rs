@@ -35,7 +35,10 @@ impl HookTable {
         if !self.enabled {
             return EventMask::NONE;
         }
-        self.actions.iter().filter(|a| a.enabled).fold(EventMask::NONE, |m, a| m | a.event.mask())
+        self.actions
+            .iter()
+            .filter(|a| a.enabled)
+            .fold(EventMask::NONE, |m, a| m | a.event.mask())
     }
 
     /// The actions for `kind`, in file order (enabled or not: the caller decides and counts).
@@ -108,8 +111,12 @@ impl Matcher {
 /// `*` (any run, possibly empty) and `?` (any one character) over the whole text. Iterative
 /// with one backtrack point, so it is linear-ish and cannot blow up on adversarial patterns.
 fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    let text = std::str::from_utf8(text).map(|t| t.chars().collect::<Vec<_>>()).unwrap_or_default();
-    let pattern = std::str::from_utf8(pattern).map(|p| p.chars().collect::<Vec<_>>()).unwrap_or_default();
+    let text = std::str::from_utf8(text)
+        .map(|t| t.chars().collect::<Vec<_>>())
+        .unwrap_or_default();
+    let pattern = std::str::from_utf8(pattern)
+        .map(|p| p.chars().collect::<Vec<_>>())
+        .unwrap_or_default();
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {
@@ -149,7 +156,10 @@ mod tests {
         assert!(m("*", "") && m("a*b*c", "aXXbYYc") && !m("a*b*c", "aXXbYY"));
         assert!(!m("Shell", "shell"), "case-sensitive");
         assert!(m("é*", "éa"));
-        assert!(!m(&"*a".repeat(30), &"a".repeat(29)), "no exponential blow-up, and correct");
+        assert!(
+            !m(&"*a".repeat(30), &"a".repeat(29)),
+            "no exponential blow-up, and correct"
+        );
     }
 
     #[test]

@@ -1,0 +1,287 @@
+//! Configuration errors: `FILE:LINE:COL: JSON.PATH: reason`, one line each.
+//!
+//! Lines and columns are 1-based; a column counts characters (Unicode scalar values) from the
+//! start of its line, as editors do, and points at the first character of the offending value
+//! (its opening quote for a string) or key. Anything quoted from the file has its control
+//! characters escaped and is cut at 64 characters, so a message is always a single line.
+
+use std::fmt;
+
+/// One step of a JSON path: `hooks`, `.tool_call`, `[0]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// A JSON path; displayed as `hooks.tool_call[0].command`, `$` for the whole document.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Path(Vec<Seg>);
+
+impl Path {
+    pub fn root() -> Path {
+        Path(Vec::new())
+    }
+
+    pub fn push(&mut self, seg: Seg) {
+        self.0.push(seg)
+    }
+
+    pub fn pop(&mut self) {
+        self.0.pop();
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear()
+    }
+
+    /// This path with a key appended.
+    pub fn key(&self, key: &str) -> Path {
+        let mut p = self.clone();
+        p.push(Seg::Key(key.to_string()));
+        p
+    }
+
+    /// This path with an index appended.
+    pub fn index(&self, i: usize) -> Path {
+        let mut p = self.clone();
+        p.push(Seg::Index(i));
+        p
+    }
+}
+
+impl fmt::Display for Path {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("$");
+        }
+        // A pathologically deep path is shortened in the middle (it only happens with nesting
+        // far beyond what hooks.json uses, and keeps the line readable).
+        const HEAD: usize = 8;
+        const TAIL: usize = 4;
+        for (n, seg) in self.0.iter().enumerate() {
+            if self.0.len() > HEAD + TAIL + 1 && (HEAD..self.0.len() - TAIL).contains(&n) {
+                if n == HEAD {
+                    f.write_str("…")?;
+                }
+                continue;
+            }
+            match seg {
+                Seg::Index(i) => write!(f, "[{i}]")?,
+                Seg::Key(k) if is_plain_key(k) => {
+                    if n > 0 {
+                        f.write_str(".")?;
+                    }
+                    f.write_str(k)?;
+                }
+                Seg::Key(k) => write!(f, "[{}]", quote(k))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_plain_key(k: &str) -> bool {
+    !k.is_empty()
+        && k.len() <= 64
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `s` in double quotes, escaped like a JSON string (control characters, `"`, `\`, and the
+/// Unicode line separators), and cut at 64 characters with `…`. Always one line.
+pub fn quote(s: &str) -> String {
+    const MAX: usize = 64;
+    let mut out = String::with_capacity(s.len().min(MAX) + 2);
+    out.push('"');
+    for (n, c) in s.chars().enumerate() {
+        if n == MAX {
+            out.push('…');
+            break;
+        }
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Makes a caller-supplied label (a file name) safe to print on one line.
+pub(crate) fn one_line(s: &str) -> String {
+    if s.chars()
+        .any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}')
+    {
+        let q = quote(s);
+        q[1..q.len() - 1].to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+/// One problem in a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ConfigError {
+    /// The file as the caller named it (`hooks.json`, `ws/hooks.json`).
+    pub file: String,
+    /// 1-based.
+    pub line: usize,
+    /// 1-based, in characters.
+    pub col: usize,
+    /// The JSON path of the offending value: `hooks.tool_call[0].command` (`$`: the document).
+    pub path: String,
+    /// What is wrong and, where it helps, what to write instead.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}: {}",
+            self.file, self.line, self.col, self.path, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Every problem found in a configuration file (never empty), in file order. Displayed one
+/// per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl ConfigErrors {
+    pub fn iter(&self) -> std::slice::Iter<'_, ConfigError> {
+        self.0.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each error's one-line text.
+    pub fn lines(&self) -> Vec<String> {
+        self.0.iter().map(|e| e.to_string()).collect()
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (n, e) in self.0.iter().enumerate() {
+            if n > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl<'a> IntoIterator for &'a ConfigErrors {
+    type Item = &'a ConfigError;
+    type IntoIter = std::slice::Iter<'a, ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl IntoIterator for ConfigErrors {
+    type Item = ConfigError;
+    type IntoIter = std::vec::IntoIter<ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+/// Byte offsets → 1-based line and character column.
+pub(crate) struct Lines<'a> {
+    text: &'a str,
+    starts: Vec<usize>,
+}
+
+impl<'a> Lines<'a> {
+    pub fn new(text: &'a str) -> Lines<'a> {
+        let mut starts = vec![0];
+        starts.extend(
+            text.bytes()
+                .enumerate()
+                .filter(|&(_, b)| b == b'\n')
+                .map(|(i, _)| i + 1),
+        );
+        Lines { text, starts }
+    }
+
+    pub fn locate(&self, pos: usize) -> (usize, usize) {
+        let mut pos = pos.min(self.text.len());
+        while !self.text.is_char_boundary(pos) {
+            pos -= 1;
+        }
+        let line = self.starts.partition_point(|&s| s <= pos);
+        let start = self.starts[line - 1];
+        let col = self.text[start..pos].chars().count() + 1;
+        (line, col)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_display_like_jq() {
+        let p = Path::root()
+            .key("hooks")
+            .key("tool_call")
+            .index(0)
+            .key("command");
+        assert_eq!(p.to_string(), "hooks.tool_call[0].command");
+        assert_eq!(Path::root().to_string(), "$");
+        assert_eq!(
+            Path::root().key("hooks").key("a b\n").to_string(),
+            r#"hooks["a b\n"]"#
+        );
+        assert_eq!(Path::root().key("LLM-Response").to_string(), "LLM-Response");
+        let mut deep = Path::root().key("hooks");
+        for _ in 0..20 {
+            deep = deep.index(0);
+        }
+        assert_eq!(
+            deep.key("x").to_string(),
+            "hooks[0][0][0][0][0][0][0]…[0][0][0].x"
+        );
+    }
+
+    #[test]
+    fn quotes_are_one_line_and_short() {
+        assert_eq!(quote("a\"b\\\n\u{2028}\u{0}"), r#""a\"b\\\n\u2028\u0000""#);
+        let long = quote(&"é".repeat(100));
+        assert_eq!(long.chars().count(), 64 + 3);
+    }
+
+    #[test]
+    fn locates_lines_and_character_columns() {
+        let l = Lines::new("ab\n\"é\":1\n\nx");
+        assert_eq!(l.locate(0), (1, 1));
+        assert_eq!(l.locate(2), (1, 3));
+        assert_eq!(l.locate(3), (2, 1));
+        assert_eq!(l.locate(7), (2, 4)); // after "é" (2 bytes) and the quotes
+        assert_eq!(l.locate(10), (3, 1));
+        assert_eq!(l.locate(11), (4, 1));
+        assert_eq!(l.locate(99), (4, 2));
+    }
+}

@@ -1,0 +1,621 @@
+//! Hot reload of `<workspace>/hooks.json`.
+//!
+//! [`ConfigWatcher`] watches the workspace DIRECTORY (not the file: editors save by writing a
+//! temporary file and renaming it over, and the file may not exist yet), debounces bursts of
+//! events, parses and validates the file, and swaps the new table in (`ArcSwap`, lock-free for
+//! readers). Debouncing waits `debounce` (50 ms) after the last change, except when inotify
+//! says the writer is done — a close after writing, or a rename onto hooks.json — which
+//! reloads after 2 ms: a typical save is live in a few milliseconds, well inside the 100 ms
+//! target, and a half-written file is still not read while events keep coming. A file that fails validation is reported (`tracing::warn!`, one line per error, a
+//! counter, the text in [`ConfigStats::last_error`]) and the last good table stays active. A
+//! deleted file means no shell hooks (a warning). A change that leaves the bytes identical to
+//! the active table's does nothing.
+//!
+//! Watching uses inotify (notify's recommended watcher). When that cannot be set up (no
+//! inotify, instance or watch limits reached, the workspace missing), or when asked to
+//! (`PRX_HOOKS_POLL=1`, [`WatchOptions::poll`]), it polls instead: every `poll_interval` it
+//! `stat`s hooks.json and reloads when the device, inode, size, mtime or ctime (nanoseconds)
+//! changed. That is one syscall per poll whatever else is in the workspace; notify's own
+//! PollWatcher compares whole-second mtimes (two saves within a second look alike) unless it
+//! hashes every file of the directory on every poll.
+//!
+//! Everything runs on one thread per watcher ("prx-hooks-config"); dropping the watcher stops
+//! and joins it.
+
+use super::error::ConfigErrors;
+use super::load::{HOOKS_FILE, empty_table, file_label, io_error, parse, read_hooks_file};
+use super::model::HookTable;
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+/// Called with every table that goes live.
+pub type OnReload = Box<dyn Fn(Arc<HookTable>) + Send + Sync>;
+
+/// How a [`ConfigWatcher`] watches.
+#[derive(Debug, Clone)]
+pub struct WatchOptions {
+    /// Quiet time after the last file-system event before the file is read (default 50 ms).
+    /// A stream of events that never goes quiet still reloads every 10 × `debounce`.
+    pub debounce: Duration,
+    /// Poll instead of using inotify (default: whether `PRX_HOOKS_POLL=1` is set).
+    pub poll: bool,
+    /// How often polling looks at the file (default 200 ms).
+    pub poll_interval: Duration,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        WatchOptions {
+            debounce: Duration::from_millis(50),
+            poll: std::env::var_os("PRX_HOOKS_POLL").is_some_and(|v| v == "1"),
+            poll_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Which mechanism notices changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum WatcherKind {
+    Inotify,
+    Poll,
+}
+
+impl WatcherKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatcherKind::Inotify => "inotify",
+            WatcherKind::Poll => "poll",
+        }
+    }
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reload {
+    /// A new table is live (the callback ran).
+    Applied,
+    /// The file is as the active table was read from it (or still absent): nothing to do.
+    Unchanged,
+    /// The file is invalid or unreadable; the last good table stays active.
+    Rejected,
+}
+
+/// The watcher's counters and state, for `Hooks::stats()` and `/api/stats`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigStats {
+    /// The watched file (`<workspace>/hooks.json`).
+    pub source: String,
+    /// Whether the active table was read from the file (false: no file, or none valid yet).
+    pub loaded: bool,
+    /// Tables that went live after the initial load.
+    pub reloads: u64,
+    /// Loads rejected (invalid or unreadable file), the initial one included.
+    pub reload_errors: u64,
+    /// Changes that left the file byte-identical to the active table's.
+    pub unchanged: u64,
+    /// Whether the file on disk is currently rejected (the active table is an older one).
+    pub failing: bool,
+    /// Every error line of the most recent rejected load (kept after a later success).
+    pub last_error: Option<String>,
+    /// Actions in the active table.
+    pub actions: usize,
+    /// The active table's global switch.
+    pub enabled: bool,
+    /// Load-time warnings of the active table.
+    pub warnings: usize,
+    pub watcher: WatcherKind,
+    /// When the active table went live (RFC 3339, UTC).
+    pub last_reload: Option<String>,
+}
+
+/// Watches a workspace's hooks.json and keeps the latest valid table.
+pub struct ConfigWatcher {
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+enum Msg {
+    Fs(notify::Result<notify::Event>),
+    Stop,
+}
+
+struct Shared {
+    workspace: PathBuf,
+    /// The workspace resolved at start, to recognize events about the directory itself.
+    workspace_canon: Option<PathBuf>,
+    file: PathBuf,
+    label: String,
+    table: ArcSwap<HookTable>,
+    on_reload: OnReload,
+    /// Serializes loads and callbacks.
+    state: Mutex<LoadState>,
+    stats: Mutex<Counters>,
+    kind: AtomicU8,
+}
+
+#[derive(Default)]
+struct LoadState {
+    /// The bytes the active table was read from (`None`: empty table, no file or none valid).
+    active: Option<Vec<u8>>,
+    /// The bytes of the last rejected file (not reported twice).
+    rejected: Option<Vec<u8>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    reloads: u64,
+    reload_errors: u64,
+    unchanged: u64,
+    failing: bool,
+    last_error: Option<String>,
+    last_reload: Option<SystemTime>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ConfigWatcher {
+    /// Loads `<workspace>/hooks.json` and starts watching it with the default options (polling
+    /// when `PRX_HOOKS_POLL=1`) and the given debounce. See [`ConfigWatcher::start_with`].
+    pub fn start(
+        workspace: PathBuf,
+        debounce: Duration,
+        on_reload: OnReload,
+    ) -> io::Result<ConfigWatcher> {
+        let opts = WatchOptions {
+            debounce,
+            ..WatchOptions::default()
+        };
+        ConfigWatcher::start_with(workspace, opts, on_reload)
+    }
+
+    /// Loads `<workspace>/hooks.json` and starts watching it.
+    ///
+    /// `on_reload` is called once before this returns, with the initial table (an empty one
+    /// when the file is missing or invalid — an invalid file is reported and watched, so fixing
+    /// it makes it live), then after every table that goes live. Calls are serialized, on the
+    /// watcher's thread (or the caller of [`reload_now`](Self::reload_now)); keep them short and
+    /// do not call `reload_now` from inside. A panic in the callback is caught and logged.
+    ///
+    /// Fails only when the watcher thread cannot be started; a workspace that cannot be watched
+    /// with inotify (even one that does not exist yet) is polled.
+    pub fn start_with(
+        workspace: PathBuf,
+        opts: WatchOptions,
+        on_reload: OnReload,
+    ) -> io::Result<ConfigWatcher> {
+        let debounce = opts.debounce.max(Duration::from_millis(1));
+        let poll_interval = opts.poll_interval.max(Duration::from_millis(1));
+        let shared = Arc::new(Shared {
+            file: workspace.join(HOOKS_FILE),
+            label: file_label(&workspace),
+            workspace_canon: std::fs::canonicalize(&workspace).ok(),
+            workspace,
+            table: ArcSwap::from_pointee(empty_table()),
+            on_reload,
+            state: Mutex::new(LoadState::default()),
+            stats: Mutex::new(Counters::default()),
+            kind: AtomicU8::new(WatcherKind::Poll as u8),
+        });
+        let (tx, rx) = mpsc::channel();
+        let watcher = if opts.poll {
+            None
+        } else {
+            match inotify_watcher(&shared.workspace, tx.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot watch {} with inotify ({e}); polling every {} ms",
+                        shared.workspace.display(),
+                        poll_interval.as_millis()
+                    );
+                    None
+                }
+            }
+        };
+        let kind = if watcher.is_some() {
+            WatcherKind::Inotify
+        } else {
+            WatcherKind::Poll
+        };
+        shared.kind.store(kind as u8, Ordering::Relaxed);
+        let signature = file_signature(&shared.file);
+        shared.initial_load();
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("prx-hooks-config".into())
+            .spawn(move || {
+                Worker {
+                    shared: thread_shared,
+                    rx,
+                    watcher,
+                    debounce,
+                    poll_interval,
+                    signature,
+                }
+                .run()
+            })?;
+        Ok(ConfigWatcher {
+            shared,
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    /// The active table (a cheap `Arc` clone; lock-free).
+    pub fn table(&self) -> Arc<HookTable> {
+        self.shared.table.load_full()
+    }
+
+    /// Re-reads and re-validates the file now, on the calling thread, even if it did not
+    /// change (bare command names are resolved again: a program installed since is found).
+    /// For SIGHUP. Returns when the new table is live (or was rejected).
+    pub fn reload_now(&self) -> Reload {
+        self.shared.reload(true)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ConfigStats {
+        let table = self.table();
+        let c = lock(&self.shared.stats);
+        ConfigStats {
+            source: self.shared.file.display().to_string(),
+            loaded: table.source.is_some(),
+            reloads: c.reloads,
+            reload_errors: c.reload_errors,
+            unchanged: c.unchanged,
+            failing: c.failing,
+            last_error: c.last_error.clone(),
+            actions: table.actions.len(),
+            enabled: table.enabled,
+            warnings: table.warnings.len(),
+            watcher: self.kind(),
+            last_reload: c
+                .last_reload
+                .map(|t| humantime::format_rfc3339_millis(t).to_string()),
+        }
+    }
+
+    /// inotify, or polling.
+    pub fn kind(&self) -> WatcherKind {
+        if self.shared.kind.load(Ordering::Relaxed) == WatcherKind::Inotify as u8 {
+            WatcherKind::Inotify
+        } else {
+            WatcherKind::Poll
+        }
+    }
+
+    pub fn workspace(&self) -> &Path {
+        &self.shared.workspace
+    }
+}
+
+impl Drop for ConfigWatcher {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for ConfigWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigWatcher")
+            .field("file", &self.shared.file)
+            .field("watcher", &self.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+fn inotify_watcher(
+    workspace: &Path,
+    tx: mpsc::Sender<Msg>,
+) -> notify::Result<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let mut w = notify::recommended_watcher(move |res| {
+        let _ = tx.send(Msg::Fs(res));
+    })?;
+    w.watch(workspace, notify::RecursiveMode::NonRecursive)?;
+    Ok(w)
+}
+
+/// What polling compares: `None` when the file does not exist.
+type Signature = Option<(u64, u64, u64, i64, i64, i64, i64)>;
+
+fn file_signature(file: &Path) -> Signature {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(file).ok().map(|m| {
+        (
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        )
+    })
+}
+
+impl Shared {
+    fn initial_load(&self) {
+        let mut st = lock(&self.state);
+        match read_hooks_file(&self.workspace) {
+            Ok(None) => {
+                tracing::debug!("{}: no file, no shell hooks", self.label);
+                self.apply(&mut st, empty_table(), None, true);
+            }
+            Ok(Some(bytes)) => match parse(&bytes, &self.label, &self.workspace) {
+                Ok(mut table) => {
+                    table.source = Some(self.file.clone());
+                    self.apply(&mut st, table, Some(bytes), true);
+                }
+                Err(errs) => {
+                    self.reject(&mut st, &errs, Some(bytes));
+                    self.apply(&mut st, empty_table(), None, true);
+                }
+            },
+            Err(e) => {
+                self.reject(&mut st, &io_error(&self.label, &e), None);
+                self.apply(&mut st, empty_table(), None, true);
+            }
+        }
+    }
+
+    fn reload(&self, force: bool) -> Reload {
+        let mut st = lock(&self.state);
+        match read_hooks_file(&self.workspace) {
+            Ok(None) => {
+                if st.active.is_none() {
+                    // Still no file (or the rejected one is gone): nothing to swap.
+                    let mut c = lock(&self.stats);
+                    c.failing = false;
+                    c.unchanged += 1;
+                    st.rejected = None;
+                    return Reload::Unchanged;
+                }
+                let mut table = empty_table();
+                let msg = format!(
+                    "{} was deleted: no shell hooks until it is created again",
+                    self.label
+                );
+                table.warnings.push(msg);
+                st.rejected = None;
+                self.apply(&mut st, table, None, false);
+                Reload::Applied
+            }
+            Ok(Some(bytes)) => {
+                if !force && st.active.as_deref() == Some(&bytes[..]) {
+                    let mut c = lock(&self.stats);
+                    c.failing = false;
+                    c.unchanged += 1;
+                    st.rejected = None;
+                    return Reload::Unchanged;
+                }
+                if !force && st.rejected.as_deref() == Some(&bytes[..]) {
+                    return Reload::Rejected;
+                }
+                match parse(&bytes, &self.label, &self.workspace) {
+                    Ok(mut table) => {
+                        table.source = Some(self.file.clone());
+                        st.rejected = None;
+                        self.apply(&mut st, table, Some(bytes), false);
+                        Reload::Applied
+                    }
+                    Err(errs) => {
+                        self.reject(&mut st, &errs, Some(bytes));
+                        Reload::Rejected
+                    }
+                }
+            }
+            Err(e) => {
+                self.reject(&mut st, &io_error(&self.label, &e), None);
+                Reload::Rejected
+            }
+        }
+    }
+
+    fn apply(&self, st: &mut LoadState, table: HookTable, bytes: Option<Vec<u8>>, initial: bool) {
+        for w in &table.warnings {
+            tracing::warn!("{w}");
+        }
+        if table.source.is_some() {
+            tracing::info!(
+                "{}: {} shell hook(s) live{}",
+                self.label,
+                table.actions.len(),
+                if table.enabled {
+                    ""
+                } else {
+                    " (all disabled: \"enabled\": false)"
+                }
+            );
+        }
+        let table = Arc::new(table);
+        self.table.store(table.clone());
+        st.active = bytes;
+        {
+            let mut c = lock(&self.stats);
+            if !initial {
+                c.reloads += 1;
+                c.failing = false;
+            }
+            c.last_reload = Some(SystemTime::now());
+        }
+        let cb = &self.on_reload;
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(table))).is_err() {
+            tracing::error!("the hooks.json reload callback panicked");
+        }
+    }
+
+    fn reject(&self, st: &mut LoadState, errs: &ConfigErrors, bytes: Option<Vec<u8>>) {
+        tracing::warn!(
+            "{}: rejected ({} error(s)); the last good configuration stays active",
+            self.label,
+            errs.len()
+        );
+        for line in errs.lines() {
+            tracing::warn!("{line}");
+        }
+        st.rejected = bytes;
+        let mut c = lock(&self.stats);
+        c.reload_errors += 1;
+        c.failing = true;
+        c.last_error = Some(errs.to_string());
+    }
+}
+
+/// How soon a reload follows an event that says the writer is done.
+const SETTLE: Duration = Duration::from_millis(2);
+
+/// A burst of changes waiting for its reload.
+#[derive(Clone, Copy)]
+struct Burst {
+    first: Instant,
+    due: Instant,
+}
+
+enum Signal {
+    Ignore,
+    Changing,
+    Settled,
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Msg>,
+    watcher: Option<notify::RecommendedWatcher>,
+    debounce: Duration,
+    poll_interval: Duration,
+    signature: Signature,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut pending: Option<Burst> = None;
+        let mut next_poll = Instant::now() + self.poll_interval;
+        loop {
+            let now = Instant::now();
+            let mut wake = pending.map(|b| b.due);
+            if self.watcher.is_none() {
+                wake = Some(wake.map_or(next_poll, |w| w.min(next_poll)));
+            }
+            let msg = match wake {
+                Some(at) => self.rx.recv_timeout(at.saturating_duration_since(now)),
+                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match msg {
+                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+                Ok(Msg::Fs(event)) => {
+                    let signal = self.classify(event);
+                    self.note(&mut pending, signal);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            let now = Instant::now();
+            if self.watcher.is_none() && now >= next_poll {
+                next_poll = now + self.poll_interval;
+                let sig = file_signature(&self.shared.file);
+                if sig != self.signature {
+                    self.signature = sig;
+                    self.note(&mut pending, Signal::Changing);
+                }
+            }
+            if pending.is_some_and(|b| Instant::now() >= b.due) {
+                pending = None;
+                self.shared.reload(false);
+            }
+        }
+        // Dropping the notify watcher here stops its thread.
+        drop(self.watcher.take());
+    }
+
+    /// Schedules the reload a signal asks for: `debounce` after the latest change (but no
+    /// later than 10 × `debounce` after the first of a burst), or almost at once when the
+    /// writer is known to be done.
+    fn note(&self, pending: &mut Option<Burst>, signal: Signal) {
+        let now = Instant::now();
+        let first = pending.map_or(now, |b| b.first);
+        let due = match signal {
+            Signal::Ignore => return,
+            Signal::Changing => (now + self.debounce).min(first + self.debounce * 10),
+            Signal::Settled => now + SETTLE.min(self.debounce),
+        };
+        *pending = Some(Burst { first, due });
+    }
+
+    /// What a file-system event says about hooks.json. Our own reads show up as opens; those
+    /// are ignored. A close after writing, or a rename onto hooks.json, means the writer is
+    /// done ([`Signal::Settled`]); anything else touching the name may be half-way
+    /// ([`Signal::Changing`]: an editor may move the file away before writing the new one).
+    /// When the workspace directory itself goes away, inotify cannot follow it any more:
+    /// switch to polling, which notices it coming back.
+    fn classify(&mut self, event: notify::Result<notify::Event>) -> Signal {
+        use notify::EventKind;
+        use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!("watching {}: {e}", self.shared.workspace.display());
+                return Signal::Changing;
+            }
+        };
+        if event.need_rescan() {
+            return Signal::Changing;
+        }
+        if matches!(event.kind, EventKind::Access(AccessKind::Open(_))) {
+            return Signal::Ignore;
+        }
+        if self.watcher.is_some()
+            && matches!(event.kind, EventKind::Remove(_) | EventKind::Modify(_))
+            && event.paths.iter().any(|p| {
+                p == &self.shared.workspace || Some(p) == self.shared.workspace_canon.as_ref()
+            })
+        {
+            tracing::warn!(
+                "the workspace {} was removed or moved; polling every {} ms",
+                self.shared.workspace.display(),
+                self.poll_interval.as_millis()
+            );
+            self.watcher = None;
+            self.shared
+                .kind
+                .store(WatcherKind::Poll as u8, Ordering::Relaxed);
+            self.signature = file_signature(&self.shared.file);
+            return Signal::Changing;
+        }
+        let is_ours = |p: &PathBuf| p.file_name().is_some_and(|n| n == HOOKS_FILE);
+        let settled = match event.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
+                event.paths.first().is_some_and(is_ours)
+            }
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+                event.paths.first().is_some_and(is_ours)
+            }
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+                event.paths.get(1).is_some_and(is_ours)
+            }
+            _ => false,
+        };
+        if settled {
+            Signal::Settled
+        } else if event.paths.iter().any(is_ours) {
+            Signal::Changing
+        } else {
+            Signal::Ignore
+        }
+    }
+}

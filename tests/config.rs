@@ -1113,6 +1113,15 @@ fn cwd_is_resolved_inside_the_workspace() {
     assert_eq!(t.actions[0].cwd, canon.join("logs"));
     assert_eq!(t.actions[1].cwd, canon.join("logs"));
     assert_eq!(t.actions[2].cwd, canon.join("logs/deep"));
+    let t = parse_in(
+        ws.path(),
+        &tc(r#"{"command": "/bin/true", "cwd": "./logs/.."}"#),
+    )
+    .unwrap();
+    assert_eq!(
+        t.actions[0].cwd, canon,
+        "exactly the workspace, no trailing '/'"
+    );
     assert!(t.warnings.is_empty(), "{:?}", t.warnings);
     // A directory that does not exist yet: a warning.
     let t = parse_in(

@@ -809,7 +809,12 @@ impl Validator {
                 }
             }
         };
-        let full = base.join(&rel);
+        // (`join` of an empty path would add a trailing '/').
+        let full = if rel.as_os_str().is_empty() {
+            base
+        } else {
+            base.join(&rel)
+        };
         if let (Some(canon_ws), Ok(canon)) = (&self.ws_canon, std::fs::canonicalize(&full))
             && !canon.starts_with(canon_ws)
         {

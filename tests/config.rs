@@ -863,7 +863,7 @@ fn nul_bytes_are_rejected_everywhere() {
     for (action, path) in cases {
         let e = errors(&tc(action));
         assert_eq!(e.len(), 1, "{e:?}");
-        check(&e[0], &path, "NUL");
+        check(&e[0], path, "NUL");
     }
 }
 

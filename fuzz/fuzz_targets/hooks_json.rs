@@ -68,12 +68,17 @@ fn check_errors(data: &[u8], errs: &config::ConfigErrors) {
             format!("hooks.json:{}:{}: {}: {}", e.line, e.col, e.path, e.reason)
         );
         assert!(e.line >= 1 && e.col >= 1, "{text}");
-        assert!(e.line <= lines, "line {} of a {lines}-line file: {text}", e.line);
+        assert!(
+            e.line <= lines,
+            "line {} of a {lines}-line file: {text}",
+            e.line
+        );
         assert!(!e.path.is_empty() && !e.reason.is_empty(), "{text}");
         assert!(
             e.path == "$"
                 || e.path.starts_with('[')
-                || e.path.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+                || e.path
+                    .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
             "path {:?}",
             e.path
         );
@@ -85,7 +90,9 @@ fn check_table(data: &[u8], t: &HookTable, canon: &Path) {
     assert!(text.len() <= config::MAX_FILE_BYTES);
     let value: Value = serde_json::from_slice(text)
         .unwrap_or_else(|e| panic!("accepted, but serde_json says {e}"));
-    let top = value.as_object().expect("an accepted document is an object");
+    let top = value
+        .as_object()
+        .expect("an accepted document is an object");
 
     // Invariants.
     assert!(t.actions.len() <= config::MAX_ACTIONS);
@@ -104,7 +111,10 @@ fn check_table(data: &[u8], t: &HookTable, canon: &Path) {
         assert!(a.args.iter().all(|s| !s.contains('\0')));
         for (k, v) in &a.env {
             assert!(!k.is_empty() && !k.contains(['=', '\0']) && !v.contains('\0'));
-            assert!(!config::is_blocked_env(k) && !config::is_zero_hook_var(k), "{k}");
+            assert!(
+                !config::is_blocked_env(k) && !config::is_zero_hook_var(k),
+                "{k}"
+            );
         }
         match &a.program {
             Ok(p) => {
@@ -117,14 +127,25 @@ fn check_table(data: &[u8], t: &HookTable, canon: &Path) {
             }
             Err(why) => assert!(!why.is_empty()),
         }
-        assert!(a.cwd.is_absolute() && a.cwd.starts_with(canon), "cwd {:?}", a.cwd);
+        assert!(
+            a.cwd.is_absolute() && a.cwd.starts_with(canon),
+            "cwd {:?}",
+            a.cwd
+        );
         assert!(!a.cwd.as_os_str().as_encoded_bytes().contains(&0));
         let ms = config::MIN_TIMEOUT_MS..=config::MAX_TIMEOUT_MS;
-        assert!(ms.contains(&(a.timeout.as_millis() as u64)), "{:?}", a.timeout);
+        assert!(
+            ms.contains(&(a.timeout.as_millis() as u64)),
+            "{:?}",
+            a.timeout
+        );
         assert!(a.timeout >= Duration::from_millis(1));
         assert!(a.max_concurrent >= 1);
         if a.matcher.is_some() {
-            assert!(matches!(a.event, EventKind::ToolCallStart | EventKind::ToolCall));
+            assert!(matches!(
+                a.event,
+                EventKind::ToolCallStart | EventKind::ToolCall
+            ));
         }
     }
     for name in &t.env_passthrough {
@@ -161,7 +182,10 @@ fn check_table(data: &[u8], t: &HookTable, canon: &Path) {
         for (i, (a, item)) in actions.iter().zip(items).enumerate() {
             assert_eq!(a.index, i);
             let item = item.as_object().expect("an accepted hook is an object");
-            assert_eq!(item.get("command").and_then(Value::as_str), Some(a.command.as_str()));
+            assert_eq!(
+                item.get("command").and_then(Value::as_str),
+                Some(a.command.as_str())
+            );
             let args: Vec<&str> = match item.get("args") {
                 None | Some(Value::Null) => Vec::new(),
                 Some(v) => v
@@ -189,7 +213,10 @@ fn check_table(data: &[u8], t: &HookTable, canon: &Path) {
                 Some(id) => assert!(a.id_explicit && a.id == id),
                 None => assert!(!a.id_explicit && a.id.starts_with(kind.name())),
             }
-            let stdin_json = item.get("stdin_json").and_then(Value::as_bool).unwrap_or(false);
+            let stdin_json = item
+                .get("stdin_json")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
             assert_eq!(a.stdin_json, stdin_json);
         }
     }

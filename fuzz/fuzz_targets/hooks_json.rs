@@ -28,7 +28,9 @@ use std::time::Duration;
 fn workspace() -> &'static (PathBuf, PathBuf) {
     static WS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     WS.get_or_init(|| {
-        let ws = std::env::temp_dir().join(format!("prx-hooks-fuzz-ws-{}", std::process::id()));
+        // One fixed directory (created idempotently, so parallel jobs can share it): runs
+        // leave nothing new behind.
+        let ws = std::env::temp_dir().join("prx-hooks-fuzz-ws");
         let _ = std::fs::create_dir_all(ws.join("hooks"));
         let _ = std::fs::create_dir_all(ws.join("logs"));
         let _ = std::fs::write(ws.join("hooks/x.sh"), "#!/bin/sh\n");

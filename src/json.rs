@@ -38,34 +38,18 @@ static ESCAPE: [u8; 256] = {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Appends `s` as a JSON string literal (quotes included).
-///
-/// Runs of plain bytes are found eight at a time (SWAR, see [`plain8`]) and copied whole; only
-/// the words that contain something to escape are walked byte by byte.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.reserve(s.len() + 2);
     out.push(b'"');
     let bytes = s.as_bytes();
-    let mut start = 0; // first byte not yet copied
     let mut i = 0;
-    while i < bytes.len() {
-        if let Some(word) = bytes.get(i..i + 8)
-            && plain8(u64::from_le_bytes(word.try_into().unwrap_or([0; 8])))
-        {
-            i += 8;
-            continue;
-        }
-        let end = (i + 8).min(bytes.len());
-        for (j, &b) in bytes[i..end].iter().enumerate() {
-            let esc = ESCAPE[b as usize];
-            if esc != 0 {
-                out.extend_from_slice(&bytes[start..i + j]);
-                write_escape(out, b, esc);
-                start = i + j + 1;
-            }
-        }
-        i = end;
+    loop {
+        let j = next_special(bytes, i);
+        out.extend_from_slice(&bytes[i..j]);
+        let Some(&b) = bytes.get(j) else { break };
+        write_escape(out, b, ESCAPE[b as usize]);
+        i = j + 1;
     }
-    out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
 }
 
@@ -79,18 +63,34 @@ fn write_escape(out: &mut Vec<u8>, b: u8, esc: u8) {
     }
 }
 
-/// Whether none of the eight bytes of `w` needs escaping: no byte below 0x20, no `"`, no `\`.
-/// The classic "has a byte less than n" / "has a zero byte" bit tricks, which are exact about
-/// whether such a byte exists (not about where).
+/// The index of the first byte at or after `from` that a JSON string must escape (below 0x20,
+/// `"` or `\`), or `bytes.len()`. Eight bytes at a time: [`specials8`] flags them, and its
+/// lowest flag is exact, so the scan jumps straight to it.
 #[inline]
-fn plain8(w: u64) -> bool {
+fn next_special(bytes: &[u8], mut from: usize) -> usize {
+    while let Some(word) = bytes.get(from..from + 8) {
+        let flags = specials8(u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
+        if flags != 0 {
+            return from + (flags.trailing_zeros() / 8) as usize;
+        }
+        from += 8;
+    }
+    while from < bytes.len() && ESCAPE[bytes[from] as usize] == 0 {
+        from += 1;
+    }
+    from
+}
+
+/// The high bit of each byte of `w` (little-endian) that is below 0x20, `"` or `\`. These are
+/// the classic "has a byte less than n" / "has a zero byte" tricks: a flag can be spurious only
+/// above a genuine one (borrows run upwards), so the lowest flag is always exact.
+#[inline]
+fn specials8(w: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
     let control = w.wrapping_sub(ONES * 0x20) & !w & HIGHS;
-    let quote = has_zero(w ^ (ONES * b'"' as u64));
-    let backslash = has_zero(w ^ (ONES * b'\\' as u64));
-    control | quote | backslash == 0
+    control | has_zero(w ^ (ONES * b'"' as u64)) | has_zero(w ^ (ONES * b'\\' as u64))
 }
 
 /// Appends an unsigned integer in decimal.
@@ -122,12 +122,18 @@ pub fn append_compact(out: &mut Vec<u8>, src: &[u8], top: Top) -> bool {
 /// [`append_compact`] with a tighter nesting limit, for text that will itself be embedded:
 /// each enclosing object costs one level of serde_json's budget.
 pub fn append_compact_within(out: &mut Vec<u8>, src: &[u8], top: Top, max_depth: u32) -> bool {
+    // Checking UTF-8 once up front (std's validator is fast on ASCII) lets the string scanner
+    // skip eight plain bytes at a time instead of decoding characters.
+    if std::str::from_utf8(src).is_err() {
+        return false;
+    }
     let start = out.len();
     let mut cx = Compactor {
         src,
         i: 0,
         out,
         max_depth,
+        copied: 0,
     };
     cx.skip_ws();
     let ok = match (top, cx.peek()) {
@@ -139,7 +145,9 @@ pub fn append_compact_within(out: &mut Vec<u8>, src: &[u8], top: Top, max_depth:
         }
         _ => false,
     };
-    if !ok {
+    if ok {
+        cx.out.extend_from_slice(&src[cx.copied..]);
+    } else {
         out.truncate(start);
     }
     ok
@@ -152,11 +160,15 @@ pub fn is_valid(src: &[u8]) -> bool {
     append_compact(&mut scratch, src, Top::Any)
 }
 
+/// Validates by recursive descent. Output is produced by copying the input between whitespace
+/// runs: `src[copied..]` is what has not been copied yet, and only skipping whitespace flushes,
+/// so already-compact input is copied with one `memcpy` at the end.
 struct Compactor<'a> {
     src: &'a [u8],
     i: usize,
     out: &'a mut Vec<u8>,
     max_depth: u32,
+    copied: usize,
 }
 
 impl Compactor<'_> {
@@ -165,20 +177,21 @@ impl Compactor<'_> {
     }
 
     fn skip_ws(&mut self) {
+        let from = self.i;
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
             self.i += 1;
         }
+        if self.i > from {
+            self.out.extend_from_slice(&self.src[self.copied..from]);
+            self.copied = self.i;
+        }
     }
 
-    /// Consumes `b` if it is next, copying it out.
+    /// Consumes `b` if it is next.
     fn eat(&mut self, b: u8) -> bool {
-        if self.peek() == Some(b) {
-            self.out.push(b);
-            self.i += 1;
-            true
-        } else {
-            false
-        }
+        let hit = self.peek() == Some(b);
+        self.i += hit as usize;
+        hit
     }
 
     fn value(&mut self, depth: u32) -> bool {
@@ -248,7 +261,6 @@ impl Compactor<'_> {
 
     fn literal(&mut self, word: &[u8]) -> bool {
         if self.src[self.i..].starts_with(word) {
-            self.out.extend_from_slice(word);
             self.i += word.len();
             true
         } else {
@@ -265,7 +277,6 @@ impl Compactor<'_> {
     }
 
     fn number(&mut self) -> bool {
-        let start = self.i;
         if self.peek() == Some(b'-') {
             self.i += 1;
         }
@@ -291,37 +302,26 @@ impl Compactor<'_> {
                 return false;
             }
         }
-        self.out.extend_from_slice(&self.src[start..self.i]);
         true
     }
 
-    /// A string literal, copied verbatim once validated. The source may not be UTF-8 (bus
-    /// payloads are bytes), so multi-byte sequences are checked here too.
+    /// A string literal, copied verbatim once validated. The whole input is known to be UTF-8,
+    /// so only quotes, backslashes and control characters matter ([`next_special`]).
     fn string(&mut self) -> bool {
-        let start = self.i;
         self.i += 1; // opening quote
         loop {
-            let Some(b) = self.peek() else { return false };
-            match b {
-                b'"' => {
+            self.i = next_special(self.src, self.i);
+            match self.peek() {
+                Some(b'"') => {
                     self.i += 1;
-                    self.out.extend_from_slice(&self.src[start..self.i]);
                     return true;
                 }
-                b'\\' => {
+                Some(b'\\') => {
                     if !self.escape() {
                         return false;
                     }
                 }
-                0x00..=0x1f => return false,
-                0x20..=0x7f => self.i += 1,
-                _ => {
-                    let len = utf8_len(&self.src[self.i..]);
-                    if len == 0 {
-                        return false;
-                    }
-                    self.i += len;
-                }
+                _ => return false, // a control character, or the end of the input
             }
         }
     }
@@ -365,21 +365,6 @@ impl Compactor<'_> {
     }
 }
 
-/// Length of the valid UTF-8 sequence at the start of `s` (which starts with a byte ≥ 0x80), or
-/// 0 when it is not valid UTF-8.
-fn utf8_len(s: &[u8]) -> usize {
-    let want = match s[0] {
-        0xC2..=0xDF => 2,
-        0xE0..=0xEF => 3,
-        0xF0..=0xF4 => 4,
-        _ => return 0,
-    };
-    match s.get(..want).map(std::str::from_utf8) {
-        Some(Ok(_)) => want,
-        _ => 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,14 +398,23 @@ mod tests {
     }
 
     #[test]
-    fn the_word_test_agrees_with_the_table_everywhere_in_a_word() {
-        let specials = [0u8, 0x1f, b'"', b'\\', 0x20, b'!', 0x7f, 0x80, 0xff, b'a'];
-        for &x in &specials {
-            for pos in 0..8 {
-                let mut w = [b'a'; 8];
-                w[pos] = x;
-                let want = ESCAPE[x as usize] == 0;
-                assert_eq!(plain8(u64::from_le_bytes(w)), want, "byte {x:#x} at {pos}");
+    fn the_word_scan_finds_the_first_special_byte_exactly() {
+        let bytes = [0u8, 0x1f, b'"', b'\\', 0x20, b'!', 0x7f, 0x80, 0xff, b'a'];
+        // Every placement of two bytes from the list in a word of filler, also filler that
+        // could provoke borrows (0x00 below a 0x20, 0x80 high bits).
+        for filler in [b'a', 0x80, 0xff, 0x21] {
+            for &x in &bytes {
+                for &y in &bytes {
+                    for px in 0..8 {
+                        for py in 0..8 {
+                            let mut w = [filler; 8];
+                            w[px] = x;
+                            w[py] = y;
+                            let want = w.iter().position(|&b| ESCAPE[b as usize] != 0).unwrap_or(8);
+                            assert_eq!(next_special(&w, 0), want, "{w:x?}");
+                        }
+                    }
+                }
             }
         }
         // Every string length around the word boundary, with the special byte anywhere.

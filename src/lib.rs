@@ -37,6 +37,7 @@ mod json;
 pub mod ndjson;
 mod pipeline;
 mod ring;
+pub mod shell;
 pub mod stats;
 mod sync;
 

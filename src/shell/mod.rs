@@ -1,0 +1,823 @@
+//! Shell hooks: running the actions of `hooks.json` as processes (DESIGN.md §4).
+//!
+//! ```text
+//! pipeline worker ── deliver(msg) ──► per-hook bounded queue (256)        one lock per event;
+//!                                      full → dropped, counted            no I/O, no spawn
+//! runner thread (one per sink):
+//!   start:  oldest startable job (≤ 64 running, ≤ max_concurrent per hook) → payload file
+//!           written once per event (0600, $TMPDIR) → sanitized env → posix_spawn
+//!   wait:   poll(pidfds, stderr, stdin, wake eventfd) until the nearest deadline
+//!   reap:   exit → waitpid(pid) → outcome, counted → start the next job at once
+//!   kill:   deadline → SIGKILL the process group → reap
+//! ```
+//!
+//! * **Never blocks the pipeline.** `deliver` takes one small lock per event and enqueues; the
+//!   payload file, the environment, the spawn and the stdin writes (nonblocking) all happen on
+//!   the runner thread. One thread both starts and reaps, so a finished hook frees its slot for
+//!   the next job without any cross-thread wake-up; `deliver` wakes the runner only when it is
+//!   idle.
+//! * **Environment**: cleared, then LANG, LC_*, TZ, TERM, USER, LOGNAME, TMPDIR and the table's
+//!   `env_passthrough` from the parent (taken when the table is set), `PATH` =
+//!   [`SANITIZED_PATH`], the `ZERO_HOOK_*` variables, then the action's `env`. See [`env`].
+//! * **Payload**: `ZERO_HOOK_PAYLOAD` (≤ [`MAX_ENV_PAYLOAD`] bytes, else unset and
+//!   `ZERO_HOOK_PAYLOAD_TRUNCATED=1`), `ZERO_HOOK_PAYLOAD_FILE` (shared by the event's hooks,
+//!   removed after the last one exits) and, with `stdin_json`, stdin.
+//! * **Processes**: each its own process group; waited per pid through a pidfd (never
+//!   `waitpid(-1)`, never a SIGCHLD handler); on timeout the group gets SIGKILL; completion is
+//!   the leader's exit, never pipe EOF. stdout is discarded, the last 16 KiB of stderr kept.
+//! * **Counted**: per hook and in total, `sent = ok + exit + signal + timed_out + spawn_failed +
+//!   killed + dropped + cancelled + running + queued` at every moment ([`HookCounts`]).
+//! * **Shutdown** ([`ShellSink::shutdown`]): stop accepting, let queued and running hooks finish
+//!   until the deadline, then SIGKILL every group still running, cancel what never started,
+//!   reap every child, remove every payload file, join the threads.
+
+pub mod env;
+mod outcome;
+mod payload;
+mod queue;
+mod reactor;
+mod spawn;
+
+pub use env::SANITIZED_PATH;
+pub use outcome::{HookCounts, Outcome, OutcomeKind, ShellStats};
+pub use payload::{MAX_ENV_PAYLOAD, event_message, message_from_json};
+pub use reactor::STDERR_TAIL;
+pub use spawn::Rlimits;
+
+use crate::bus::Message;
+use crate::config::{Action, HookTable};
+use crate::event::EventMask;
+use crate::pipeline::{InterestHandle, Sink};
+use crate::stats::SinkCounts;
+use arc_swap::ArcSwap;
+use payload::EventRun;
+use queue::{Job, Sched};
+use reactor::{Finished, Proc, Reactor};
+use spawn::SpawnOpts;
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Default of [`ShellLimits::max_running`].
+pub const DEFAULT_MAX_RUNNING: usize = 64;
+/// Default of [`ShellLimits::queue_per_action`].
+pub const DEFAULT_QUEUE_PER_ACTION: usize = 256;
+/// Default of [`ShellLimits::history`].
+pub const DEFAULT_HISTORY: usize = 50;
+
+/// How long the runner waits for SIGKILLed processes at shutdown before leaving them to a
+/// detached thread (a process in uninterruptible sleep cannot die until its I/O returns).
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// The runner's poll tick when it has no eventfd to be woken through.
+const NO_WAKE_TICK: Duration = Duration::from_millis(2);
+
+/// Processes the runner starts in a row before it looks (without waiting) for exits and
+/// deadlines again.
+const SPAWN_BATCH: usize = 8;
+
+/// Limits of the shell backend. `Default` gives the documented defaults.
+#[derive(Clone, Debug)]
+pub struct ShellLimits {
+    /// Hook processes running at once, all hooks together (default 64). Per hook, the
+    /// action's `max_concurrent` applies as well.
+    pub max_running: usize,
+    /// Jobs waiting per hook (default 256); beyond it events are dropped for that hook.
+    pub queue_per_action: usize,
+    /// Outcomes kept per hook for [`ShellSink::runs`] (default 50).
+    pub history: usize,
+    /// Resource limits for hook processes (opt-in; moves spawning to fork+exec, see [`Rlimits`]).
+    pub rlimits: Option<Rlimits>,
+    /// A cgroup v2 directory hook processes are placed in before they exec (opt-in; same cost
+    /// as `rlimits`). If its `cgroup.procs` cannot be opened, every hook fails to spawn.
+    pub cgroup: Option<PathBuf>,
+    /// Where payload files go (default: `$TMPDIR` as it is when the sink is created, else
+    /// `/tmp`).
+    pub tmp_dir: Option<PathBuf>,
+}
+
+impl Default for ShellLimits {
+    fn default() -> Self {
+        ShellLimits {
+            max_running: DEFAULT_MAX_RUNNING,
+            queue_per_action: DEFAULT_QUEUE_PER_ACTION,
+            history: DEFAULT_HISTORY,
+            rlimits: None,
+            cgroup: None,
+            tmp_dir: None,
+        }
+    }
+}
+
+/// The shell-hook sink. Create it with [`ShellSink::new`], give it tables with
+/// [`ShellSink::set_table`], plug it into the pipeline (it implements [`Sink`]).
+pub struct ShellSink {
+    shared: Arc<Shared>,
+    threads: Mutex<Threads>,
+}
+
+#[derive(Default)]
+struct Threads {
+    started: bool,
+    shut: bool,
+    runner: Option<JoinHandle<()>>,
+}
+
+/// A table with what is derived from it once.
+struct Prepared {
+    table: Arc<HookTable>,
+    base_env: Arc<[(OsString, OsString)]>,
+}
+
+struct Shared {
+    workspace: PathBuf,
+    max_running: usize,
+    queue_per_action: usize,
+    history: usize,
+    tmp_dir: Arc<Path>,
+    opts: SpawnOpts,
+    table: ArcSwap<Prepared>,
+    interest: InterestHandle,
+    sched: Mutex<Sched>,
+    /// Shutdown waits here for the queues and processes to drain.
+    idle_cv: Condvar,
+    runner: RunnerLink,
+}
+
+/// How the runner thread is woken and handed processes started elsewhere (`run_once`).
+struct RunnerLink {
+    inbox: Mutex<Inbox>,
+    /// An eventfd in the runner's poll set (`None`: the runner polls on [`NO_WAKE_TICK`]).
+    wake: Option<OwnedFd>,
+    kill_all: AtomicBool,
+    exit: AtomicBool,
+}
+
+#[derive(Default)]
+struct Inbox {
+    procs: Vec<Proc<Origin>>,
+    /// The runner has exited: nothing more may be handed to it.
+    closed: bool,
+}
+
+/// Who started a process, and where its outcome goes.
+enum Origin {
+    /// From a hook queue: counted, kept in history.
+    Queue(Job),
+    /// From `run_once` / `run_matching`: kept in history, sent to the caller.
+    Direct {
+        id: String,
+        event: crate::event::EventKind,
+        run: Arc<EventRun>,
+        reply: flume::Sender<(usize, Outcome)>,
+        index: usize,
+    },
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ShellSink {
+    /// A sink with an empty table; `interest` is its part of the pipeline's interest mask.
+    /// `workspace` is where the table's relative paths were resolved (informational: actions
+    /// carry absolute paths). Threads start with the first non-empty table.
+    pub fn new(workspace: PathBuf, interest: InterestHandle, limits: ShellLimits) -> ShellSink {
+        let tmp_dir = limits.tmp_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let tmp_dir = std::path::absolute(&tmp_dir).unwrap_or(tmp_dir);
+        let wake = reactor::eventfd()
+            .inspect_err(|e| {
+                // Without an eventfd the reaper still works: it polls on a short tick instead.
+                tracing::warn!(
+                    "eventfd: {e}; the shell reaper falls back to a {NO_WAKE_TICK:?} tick"
+                )
+            })
+            .ok();
+        let empty = Prepared {
+            table: Arc::new(HookTable::default()),
+            base_env: Arc::from(Vec::new()),
+        };
+        interest.set(EventMask::NONE);
+        ShellSink {
+            shared: Arc::new(Shared {
+                workspace,
+                max_running: limits.max_running.max(1),
+                queue_per_action: limits.queue_per_action,
+                history: limits.history,
+                tmp_dir: Arc::from(tmp_dir),
+                opts: SpawnOpts::new(limits.rlimits.as_ref(), limits.cgroup.as_ref()),
+                table: ArcSwap::from_pointee(empty),
+                interest,
+                sched: Mutex::new(Sched::default()),
+                idle_cv: Condvar::new(),
+                runner: RunnerLink {
+                    inbox: Mutex::new(Inbox::default()),
+                    wake,
+                    kill_all: AtomicBool::new(false),
+                    exit: AtomicBool::new(false),
+                },
+            }),
+            threads: Mutex::new(Threads::default()),
+        }
+    }
+
+    /// A sink outside any pipeline, with its own interest mask (for `prx-hooks fire`, tests and
+    /// benches that drive [`Sink::deliver`] themselves).
+    pub fn standalone(workspace: PathBuf, limits: ShellLimits) -> ShellSink {
+        let interest = crate::pipeline::Interest::new(1);
+        ShellSink::new(workspace, interest.handle(0), limits)
+    }
+
+    pub fn workspace(&self) -> &Path {
+        &self.shared.workspace
+    }
+
+    /// Where payload files are written.
+    pub fn tmp_dir(&self) -> &Path {
+        &self.shared.tmp_dir
+    }
+
+    /// Swaps in a new table (the config watcher calls this on every successful load) and
+    /// updates the interest mask. Jobs already queued or running keep the table they were
+    /// delivered under. The parent-environment share (allowlist + `env_passthrough`) is read
+    /// here, once per table.
+    pub fn set_table(&self, table: Arc<HookTable>) {
+        let base_env: Arc<[(OsString, OsString)]> = env::parent_env(&table.env_passthrough).into();
+        lock(&self.shared.sched).set_table(table.actions.iter().map(|a| a.id.clone()));
+        let mask = table.interest();
+        let busy = !table.actions.is_empty();
+        self.shared
+            .table
+            .store(Arc::new(Prepared { table, base_env }));
+        if busy && let Err(e) = self.ensure_started() {
+            tracing::error!("shell hooks cannot run: {e}");
+        }
+        let threads = lock(&self.threads);
+        if !threads.shut {
+            self.shared.interest.set(mask);
+        }
+    }
+
+    /// The table in use.
+    pub fn table(&self) -> Arc<HookTable> {
+        self.shared.table.load().table.clone()
+    }
+
+    /// Every counter, per hook and in total.
+    pub fn stats(&self) -> ShellStats {
+        let s = lock(&self.shared.sched);
+        ShellStats {
+            totals: s.totals,
+            hooks: s
+                .hooks
+                .iter()
+                .map(|(id, h)| (id.clone(), h.counts))
+                .collect(),
+            direct_running: s.direct_running,
+        }
+    }
+
+    /// The last outcomes of hook `id` (at most [`ShellLimits::history`]), oldest first: runs
+    /// from the pipeline and from `run_once` alike (not skipped or dropped events).
+    pub fn runs(&self, id: &str) -> Vec<Outcome> {
+        lock(&self.shared.sched)
+            .hooks
+            .get(id)
+            .map(|h| h.runs.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Runs `action` once for `msg` now — even if it is disabled, whatever its matcher — and
+    /// waits for it (up to its timeout). For `prx-hooks fire` and the HTTP test endpoint: it
+    /// blocks the caller, so never call it on a pipeline worker or an async executor thread.
+    /// The outcome goes into the hook's history, not into the counters.
+    pub fn run_once(&self, action: &Action, msg: &Message) -> Outcome {
+        self.run_direct(&[action], msg)
+            .pop()
+            .expect("one outcome per action")
+    }
+
+    /// Runs every hook of `msg`'s event in the current table once, concurrently, and waits for
+    /// all of them; disabled hooks and hooks whose matcher does not match come back as
+    /// [`OutcomeKind::Skipped`]. Outcomes in table order. This is `prx-hooks fire`.
+    pub fn run_matching(&self, msg: &Message) -> Vec<Outcome> {
+        let prepared = self.shared.table.load_full();
+        let table = &prepared.table;
+        let Some(kind) = msg.event() else {
+            return Vec::new();
+        };
+        let tool = payload::payload_tool(msg.json_str());
+        let mut run = Vec::new();
+        let mut slots: Vec<Result<usize, Outcome>> = Vec::new();
+        for a in table.actions_for(kind) {
+            match skip_reason(table, a, tool.as_deref()) {
+                Some(reason) => slots.push(Err(Outcome::not_run(
+                    &a.id,
+                    a.event,
+                    OutcomeKind::Skipped {
+                        reason: reason.into(),
+                    },
+                ))),
+                None => {
+                    slots.push(Ok(run.len()));
+                    run.push(&**a);
+                }
+            }
+        }
+        let mut ran = self
+            .run_direct(&run, msg)
+            .into_iter()
+            .map(Some)
+            .collect::<Vec<_>>();
+        slots
+            .into_iter()
+            .map(|s| match s {
+                Ok(i) => ran[i].take().expect("each outcome once"),
+                Err(o) => o,
+            })
+            .collect()
+    }
+
+    fn run_direct(&self, actions: &[&Action], msg: &Message) -> Vec<Outcome> {
+        let mut results: Vec<Option<Outcome>> = vec![None; actions.len()];
+        if actions.is_empty() {
+            return Vec::new();
+        }
+        let started = self.ensure_started();
+        let prepared = self.shared.table.load_full();
+        let run = Arc::new(EventRun::new(
+            msg.clone(),
+            prepared.base_env.clone(),
+            self.shared.tmp_dir.clone(),
+        ));
+        let (tx, rx) = flume::unbounded();
+        let mut pending = 0;
+        for (i, a) in actions.iter().enumerate() {
+            let spawned = match &started {
+                Ok(()) => spawn::spawn(a, &run, &self.shared.opts),
+                Err(e) => Err(e.clone()),
+            };
+            match spawned {
+                Ok(sp) => {
+                    lock(&self.shared.sched).direct_running += 1;
+                    let origin = Origin::Direct {
+                        id: a.id.clone(),
+                        event: a.event,
+                        run: run.clone(),
+                        reply: tx.clone(),
+                        index: i,
+                    };
+                    self.shared
+                        .to_runner(Proc::new(sp, a.timeout, msg.clone(), origin));
+                    pending += 1;
+                }
+                Err(reason) => {
+                    let o = Outcome::not_run(&a.id, a.event, OutcomeKind::SpawnFailed { reason });
+                    tracing::warn!("{o}");
+                    let mut s = lock(&self.shared.sched);
+                    s.direct_running += 1;
+                    s.record_direct(o.clone(), self.shared.history);
+                    results[i] = Some(o);
+                }
+            }
+        }
+        drop((run, tx));
+        for _ in 0..pending {
+            match rx.recv() {
+                Ok((i, o)) => results[i] = Some(o),
+                Err(_) => break,
+            }
+        }
+        results
+            .into_iter()
+            .zip(actions)
+            .map(|(o, a)| {
+                o.unwrap_or_else(|| Outcome::not_run(&a.id, a.event, OutcomeKind::Killed))
+            })
+            .collect()
+    }
+
+    /// Stops accepting events, lets queued and running hooks finish until `deadline`, then
+    /// SIGKILLs every process group still running (counted `killed`), cancels what is still
+    /// queued (`cancelled`), reaps every child, removes every payload file and joins the
+    /// threads. Idempotent; later events are counted as dropped.
+    pub fn shutdown(&self, deadline: Instant) {
+        let mut threads = lock(&self.threads);
+        if threads.shut {
+            return;
+        }
+        threads.shut = true;
+        self.shared.interest.set(EventMask::NONE);
+        let sh = &self.shared;
+        let cancelled = {
+            let mut s = lock(&sh.sched);
+            s.closing = true;
+            while threads.started && s.in_flight() + s.direct_running > 0 {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                s = sh
+                    .idle_cv
+                    .wait_timeout(s, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            s.stop_spawning = true;
+            s.cancel_all()
+        };
+        drop(cancelled);
+        sh.runner.kill_all.store(true, Ordering::Release);
+        sh.runner.exit.store(true, Ordering::Release);
+        sh.runner.wake();
+        if let Some(h) = threads.runner.take()
+            && h.join().is_err()
+        {
+            tracing::error!("the shell runner thread panicked");
+        }
+    }
+
+    fn ensure_started(&self) -> Result<(), String> {
+        let mut threads = lock(&self.threads);
+        if threads.shut {
+            return Err("the shell backend has shut down".into());
+        }
+        if threads.started {
+            return Ok(());
+        }
+        let sh = self.shared.clone();
+        // Queued jobs wait for it; without it they are cancelled at shutdown, counted.
+        let runner = std::thread::Builder::new()
+            .name("prx-hooks-shell".into())
+            .spawn(move || runner_main(sh))
+            .map_err(|e| format!("cannot start the shell runner thread: {e}"))?;
+        threads.runner = Some(runner);
+        threads.started = true;
+        Ok(())
+    }
+}
+
+/// Why `action` does not run for an event whose payload names `tool` (None: it runs).
+fn skip_reason(table: &HookTable, action: &Action, tool: Option<&str>) -> Option<&'static str> {
+    if !table.enabled {
+        Some("hooks disabled")
+    } else if !action.enabled {
+        Some("disabled")
+    } else if let Some(m) = &action.matcher
+        && !tool.is_some_and(|t| m.matches(t))
+    {
+        Some("matcher")
+    } else {
+        None
+    }
+}
+
+impl Sink for ShellSink {
+    fn name(&self) -> &str {
+        "shell"
+    }
+
+    /// Enqueues one job per enabled, matching hook of the event. One lock, no I/O, no spawn.
+    fn deliver(&self, msg: &Message) {
+        let Some(kind) = msg.event() else { return };
+        let prepared = self.shared.table.load();
+        let table = &prepared.table;
+        let mut actions = table.actions_for(kind).peekable();
+        if actions.peek().is_none() {
+            return;
+        }
+        let needs_tool = table.actions_for(kind).any(|a| a.matcher.is_some());
+        let tool = if needs_tool {
+            payload::payload_tool(msg.json_str())
+        } else {
+            None
+        };
+        let sh = &*self.shared;
+        let mut run: Option<Arc<EventRun>> = None;
+        let mut queued = false;
+        let mut s = lock(&sh.sched);
+        for a in actions {
+            if skip_reason(table, a, tool.as_deref()).is_some() {
+                s.skip(&a.id);
+                continue;
+            }
+            let run = run.get_or_insert_with(|| {
+                Arc::new(EventRun::new(
+                    msg.clone(),
+                    prepared.base_env.clone(),
+                    sh.tmp_dir.clone(),
+                ))
+            });
+            queued |= s.offer(a, run, sh.queue_per_action);
+        }
+        let wake = queued && std::mem::take(&mut s.runner_idle);
+        // Let go of our reference while the runner cannot have taken any job yet: the last
+        // reference, and with it the payload file's removal, always belongs to a job.
+        drop(run);
+        drop(s);
+        if wake {
+            sh.runner.wake();
+        }
+    }
+
+    fn counts(&self) -> SinkCounts {
+        lock(&self.shared.sched).totals.sink_counts()
+    }
+
+    fn shutdown(&self, deadline: Instant) {
+        ShellSink::shutdown(self, deadline);
+    }
+}
+
+impl Drop for ShellSink {
+    /// Shuts down with the default 2 s drain if nobody did.
+    fn drop(&mut self) {
+        self.shutdown(Instant::now() + Duration::from_secs(2));
+    }
+}
+
+impl RunnerLink {
+    fn wake(&self) {
+        if let Some(fd) = &self.wake {
+            reactor::signal_eventfd(fd.as_raw_fd());
+        }
+    }
+}
+
+impl Shared {
+    /// Hands a process started on another thread (`run_once`) to the runner.
+    fn to_runner(&self, p: Proc<Origin>) {
+        let mut inbox = lock(&self.runner.inbox);
+        if inbox.closed {
+            // Only possible for a run_once racing shutdown: kill and reap it here.
+            drop(inbox);
+            let mut r = Reactor::default();
+            r.add(p);
+            r.kill_all();
+            for p in r.take_all() {
+                report(self, reactor::finish_blocking(p));
+            }
+            return;
+        }
+        inbox.procs.push(p);
+        drop(inbox);
+        self.runner.wake();
+    }
+}
+
+/// Starts one queued job; a failed spawn is counted at once.
+fn start(sh: &Shared, job: Job, reactor: &mut Reactor<Origin>) {
+    match spawn::spawn(&job.action, &job.run, &sh.opts) {
+        Ok(sp) => {
+            let (timeout, msg) = (job.action.timeout, job.run.msg.clone());
+            reactor.add(Proc::new(sp, timeout, msg, Origin::Queue(job)));
+        }
+        Err(reason) => {
+            let o = Outcome::not_run(
+                &job.action.id,
+                job.action.event,
+                OutcomeKind::SpawnFailed { reason },
+            );
+            tracing::warn!("{o}");
+            drop(job);
+            let mut s = lock(&sh.sched);
+            s.finish(o, sh.history);
+            notify_drained(sh, &s);
+        }
+    }
+}
+
+/// Wakes a waiting shutdown once everything has drained.
+fn notify_drained(sh: &Shared, s: &Sched) {
+    if s.closing && s.in_flight() + s.direct_running == 0 {
+        sh.idle_cv.notify_all();
+    }
+}
+
+/// The runner thread: starts queued jobs, waits for processes, kills overdue groups, reaps,
+/// counts. Runs until shutdown has killed and reaped everything.
+fn runner_main(sh: Arc<Shared>) {
+    reactor::block_sigpipe();
+    let link = &sh.runner;
+    let wake = link.wake.as_ref().map(|fd| fd.as_raw_fd());
+    let mut reactor: Reactor<Origin> = Reactor::default();
+    let mut done = Vec::new();
+    let mut killing_since: Option<Instant> = None;
+    loop {
+        // Start everything that may start now; between batches, reap without waiting so that
+        // finished hooks free their slots.
+        let mut started = 0;
+        loop {
+            // (A statement of its own: the guard must not live on into `start`.)
+            let job = lock(&sh.sched).pick(sh.max_running);
+            let Some(job) = job else { break };
+            start(&sh, job, &mut reactor);
+            started += 1;
+            if started % SPAWN_BATCH == 0 {
+                reactor.turn(None, Some(Duration::ZERO), &mut done);
+                done.drain(..).for_each(|f| report(&sh, f));
+            }
+        }
+        {
+            let mut inbox = lock(&link.inbox);
+            if link.exit.load(Ordering::Acquire) && inbox.procs.is_empty() && reactor.is_empty() {
+                inbox.closed = true;
+                return;
+            }
+            for p in inbox.procs.drain(..) {
+                reactor.add(p);
+            }
+        }
+        if link.kill_all.load(Ordering::Acquire) {
+            reactor.kill_all();
+            let since = *killing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= KILL_GRACE && !reactor.is_empty() {
+                tracing::error!(
+                    "{} hook process(es) survived SIGKILL for {KILL_GRACE:?}; a detached thread reaps them",
+                    reactor.len()
+                );
+                let left = reactor.take_all();
+                let sh2 = sh.clone();
+                let _ = std::thread::Builder::new()
+                    .name("prx-hooks-shell-last-reaper".into())
+                    .spawn(move || {
+                        for p in left {
+                            report(&sh2, reactor::finish_blocking(p));
+                        }
+                    });
+                continue;
+            }
+        }
+        // About to sleep: say so, unless a job became startable meanwhile. `deliver` clears
+        // the flag and writes the eventfd, which stays readable until the poll below drains it,
+        // so no wake-up is lost between here and the poll.
+        {
+            let mut s = lock(&sh.sched);
+            match s.pick(sh.max_running) {
+                Some(job) => {
+                    drop(s);
+                    start(&sh, job, &mut reactor);
+                    continue;
+                }
+                None => s.runner_idle = true,
+            }
+        }
+        // With kill_all set, poll on a short tick: the killed processes go in milliseconds.
+        let cap = match (killing_since, wake) {
+            (Some(_), _) => Some(Duration::from_millis(10)),
+            (None, None) => Some(NO_WAKE_TICK),
+            (None, Some(_)) => None,
+        };
+        reactor.turn(wake, cap, &mut done);
+        lock(&sh.sched).runner_idle = false;
+        done.drain(..).for_each(|f| report(&sh, f));
+    }
+}
+
+/// Counts and records a reaped process. The job (and with it possibly the event's payload
+/// file) is dropped first, so once the counters say a hook finished, its file is gone if it was
+/// the event's last hook.
+fn report(sh: &Shared, f: Finished<Origin>) {
+    let Finished {
+        kind,
+        duration,
+        pid,
+        started_at,
+        stderr_tail,
+        tag,
+    } = f;
+    let outcome = |id: &str, event| Outcome {
+        id: id.to_string(),
+        event,
+        kind,
+        duration,
+        stderr_tail,
+        pid: Some(pid),
+        started_at,
+    };
+    match tag {
+        Origin::Queue(job) => {
+            let o = outcome(&job.action.id, job.action.event);
+            drop(job);
+            if o.kind.is_failure() {
+                tracing::warn!("{o}");
+            }
+            let mut s = lock(&sh.sched);
+            s.finish(o, sh.history);
+            notify_drained(sh, &s);
+        }
+        Origin::Direct {
+            id,
+            event,
+            run,
+            reply,
+            index,
+        } => {
+            let o = outcome(&id, event);
+            drop(run);
+            if o.kind.is_failure() {
+                tracing::warn!("{o}");
+            }
+            {
+                let mut s = lock(&sh.sched);
+                s.record_direct(o.clone(), sh.history);
+                notify_drained(sh, &s);
+            }
+            let _ = reply.send((index, o));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventKind;
+
+    fn action(id: &str, event: EventKind, enabled: bool) -> Arc<Action> {
+        Arc::new(Action {
+            id: id.into(),
+            id_explicit: true,
+            event,
+            index: 0,
+            command: "/bin/true".into(),
+            program: Ok("/bin/true".into()),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: "/".into(),
+            timeout: Duration::from_secs(5),
+            timeout_explicit: false,
+            stdin_json: false,
+            enabled,
+            matcher: None,
+            max_concurrent: 8,
+        })
+    }
+
+    #[test]
+    fn set_table_drives_the_interest_mask() {
+        let interest = crate::pipeline::Interest::new(1);
+        let sink = ShellSink::new("/".into(), interest.handle(0), ShellLimits::default());
+        assert!(!interest.wants(EventKind::ToolCall));
+        let table = HookTable {
+            enabled: true,
+            actions: vec![
+                action("on", EventKind::ToolCall, true),
+                action("off", EventKind::Error, false),
+            ],
+            ..HookTable::default()
+        };
+        sink.set_table(Arc::new(table.clone()));
+        assert!(interest.wants(EventKind::ToolCall));
+        assert!(
+            !interest.wants(EventKind::Error),
+            "disabled hooks are not listened for"
+        );
+        let stats = sink.stats();
+        assert_eq!(stats.hooks.len(), 2, "listed before they ever fire");
+
+        let off = HookTable {
+            enabled: false,
+            ..table.clone()
+        };
+        sink.set_table(Arc::new(off));
+        assert!(!interest.wants(EventKind::ToolCall), "globally disabled");
+
+        sink.set_table(Arc::new(table.clone()));
+        sink.shutdown(Instant::now());
+        assert!(
+            !interest.wants(EventKind::ToolCall),
+            "nothing after shutdown"
+        );
+        sink.set_table(Arc::new(table));
+        assert!(
+            !interest.wants(EventKind::ToolCall),
+            "a reload cannot revive it"
+        );
+    }
+
+    #[test]
+    fn deliver_counts_skips_and_drops_without_spawning_when_closed() {
+        let sink = ShellSink::standalone("/".into(), ShellLimits::default());
+        sink.set_table(Arc::new(HookTable {
+            enabled: true,
+            actions: vec![
+                action("on", EventKind::TurnComplete, true),
+                action("off", EventKind::TurnComplete, false),
+            ],
+            ..HookTable::default()
+        }));
+        sink.shutdown(Instant::now());
+        let msg = event_message(&crate::Event::TurnComplete, "a", "s", 0);
+        sink.deliver(&msg);
+        let st = sink.stats();
+        assert_eq!(
+            (st.totals.sent, st.totals.dropped, st.totals.skipped),
+            (1, 1, 1)
+        );
+        assert!(st.totals.balanced() && sink.counts().balanced());
+    }
+}

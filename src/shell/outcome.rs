@@ -1,0 +1,235 @@
+//! What became of one hook run, and the counters every outcome lands in.
+
+use crate::event::EventKind;
+use crate::stats::SinkCounts;
+use serde::{Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+/// How one hook run ended (or why it never started). Every variant is counted separately.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// Exit status 0.
+    Ok,
+    /// A non-zero exit status.
+    Exit { code: i32 },
+    /// Killed by a signal it did not get from us (a crash, `kill -9` from elsewhere).
+    Signal { signal: i32 },
+    /// Ran past its `timeout_ms`: its whole process group got SIGKILL.
+    TimedOut { after_ms: u64 },
+    /// Never started: the program could not be resolved at load time, the payload file could
+    /// not be written, or the spawn itself failed (missing file, not executable, bad cwd, …).
+    SpawnFailed { reason: String },
+    /// Still running when the shutdown deadline passed: its process group got SIGKILL.
+    Killed,
+    /// Not run: the hook or the whole table is disabled, or its matcher did not match.
+    Skipped { reason: String },
+    /// Not run: the hook's queue was full.
+    Dropped,
+    /// Queued but not started when the shutdown deadline passed.
+    Cancelled,
+}
+
+impl OutcomeKind {
+    /// Exit status 0.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, OutcomeKind::Ok)
+    }
+
+    /// A run that happened (or was attempted) and did not succeed: exit, signal, timeout, spawn
+    /// failure, killed at shutdown. Skipped, dropped and cancelled runs are not failures of the
+    /// hook (they are counted, but `prx-hooks fire` exits 0 for them).
+    pub fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            OutcomeKind::Exit { .. }
+                | OutcomeKind::Signal { .. }
+                | OutcomeKind::TimedOut { .. }
+                | OutcomeKind::SpawnFailed { .. }
+                | OutcomeKind::Killed
+        )
+    }
+}
+
+impl fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutcomeKind::Ok => f.write_str("ok"),
+            OutcomeKind::Exit { code } => write!(f, "exit {code}"),
+            OutcomeKind::Signal { signal } => write!(f, "signal {signal}"),
+            OutcomeKind::TimedOut { after_ms } => write!(f, "timed out after {after_ms} ms"),
+            OutcomeKind::SpawnFailed { reason } => write!(f, "spawn failed: {reason}"),
+            OutcomeKind::Killed => f.write_str("killed at shutdown"),
+            OutcomeKind::Skipped { reason } => write!(f, "skipped ({reason})"),
+            OutcomeKind::Dropped => f.write_str("dropped (queue full)"),
+            OutcomeKind::Cancelled => f.write_str("cancelled at shutdown"),
+        }
+    }
+}
+
+/// One hook run: what happened, how long it took, the end of its stderr.
+///
+/// `Display` is the line `prx-hooks fire` prints (DESIGN.md §7):
+/// `hook audit tool_call: exit 3 (12.4 ms); stderr: "no such file"`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    /// The hook's id.
+    pub id: String,
+    pub event: EventKind,
+    #[serde(flatten)]
+    pub kind: OutcomeKind,
+    /// From spawn to reaping (zero when the process never started).
+    #[serde(rename = "duration_ms", serialize_with = "millis")]
+    pub duration: Duration,
+    /// The last ≤ 16 KiB of its stderr, decoded with replacement characters.
+    pub stderr_tail: String,
+    /// The process id (also its process group id), when it started.
+    pub pid: Option<u32>,
+    /// When it was started (or refused).
+    #[serde(rename = "time", serialize_with = "rfc3339")]
+    pub started_at: SystemTime,
+}
+
+impl Outcome {
+    pub(crate) fn not_run(id: &str, event: EventKind, kind: OutcomeKind) -> Outcome {
+        Outcome {
+            id: id.to_string(),
+            event,
+            kind,
+            duration: Duration::ZERO,
+            stderr_tail: String::new(),
+            pid: None,
+            started_at: SystemTime::now(),
+        }
+    }
+}
+
+/// At most this much of the stderr tail goes into the one-line `Display` form.
+const DISPLAY_TAIL: usize = 512;
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "hook {} {}: {}", self.id, self.event, self.kind)?;
+        if self.pid.is_some() {
+            write!(f, " ({:.1} ms)", self.duration.as_secs_f64() * 1e3)?;
+        }
+        let tail = self.stderr_tail.trim_end();
+        if !tail.is_empty() {
+            let mut start = tail.len().saturating_sub(DISPLAY_TAIL);
+            while !tail.is_char_boundary(start) {
+                start += 1;
+            }
+            let cut = if start > 0 { "…" } else { "" };
+            write!(f, "; stderr: \"{cut}{}\"", tail[start..].escape_debug())?;
+        }
+        Ok(())
+    }
+}
+
+fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 1e6).round() / 1e3)
+}
+
+fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_rfc3339_micros(*t))
+}
+
+/// The counters of one hook, or of the whole shell backend.
+///
+/// At every moment (each change is one step under one lock):
+///
+/// ```text
+/// sent = ok + exit + signal + timed_out + spawn_failed + killed     (finished)
+///      + dropped + cancelled                                         (never started)
+///      + running + queued                                            (in flight)
+/// ```
+///
+/// `sent` counts the runs the backend accepted responsibility for: every (event, hook) pair
+/// whose hook was enabled and matched. `skipped` (disabled, matcher) is counted beside it, not in
+/// it. Runs made through `run_once` / `run_matching` (`fire`, the HTTP test endpoint) are
+/// recorded in the run history but not counted here: they are not pipeline deliveries.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HookCounts {
+    pub sent: u64,
+    pub ok: u64,
+    pub exit: u64,
+    pub signal: u64,
+    pub timed_out: u64,
+    pub spawn_failed: u64,
+    /// Still running at the shutdown deadline; killed.
+    pub killed: u64,
+    /// The hook's queue was full.
+    pub dropped: u64,
+    /// Still queued at the shutdown deadline; never started.
+    pub cancelled: u64,
+    /// Disabled (the hook or the table) or the matcher did not match. Not part of `sent`.
+    pub skipped: u64,
+    /// Started (or being started) and not reaped yet.
+    pub running: u64,
+    /// Waiting in the hook's queue.
+    pub queued: u64,
+}
+
+impl HookCounts {
+    /// The identity in the type's documentation.
+    pub fn balanced(&self) -> bool {
+        self.sent
+            == self.ok
+                + self.exit
+                + self.signal
+                + self.timed_out
+                + self.spawn_failed
+                + self.killed
+                + self.dropped
+                + self.cancelled
+                + self.running
+                + self.queued
+    }
+
+    /// The pipeline's view: delivered = ok; dropped = dropped + cancelled; failed = exit +
+    /// signal + timed_out + spawn_failed + killed; in_flight = running + queued.
+    pub fn sink_counts(&self) -> SinkCounts {
+        SinkCounts {
+            sent: self.sent,
+            delivered: self.ok,
+            dropped: self.dropped + self.cancelled,
+            failed: self.exit + self.signal + self.timed_out + self.spawn_failed + self.killed,
+            in_flight: self.running + self.queued,
+        }
+    }
+
+    /// Counts one finished run.
+    pub(crate) fn finish(&mut self, kind: &OutcomeKind) {
+        self.running -= 1;
+        match kind {
+            OutcomeKind::Ok => self.ok += 1,
+            OutcomeKind::Exit { .. } => self.exit += 1,
+            OutcomeKind::Signal { .. } => self.signal += 1,
+            OutcomeKind::TimedOut { .. } => self.timed_out += 1,
+            OutcomeKind::SpawnFailed { .. } => self.spawn_failed += 1,
+            OutcomeKind::Killed => self.killed += 1,
+            // Not outcomes of a process: counted where they happen, never here.
+            OutcomeKind::Skipped { .. } | OutcomeKind::Dropped | OutcomeKind::Cancelled => {
+                debug_assert!(false, "{kind} reported as a finished process");
+                self.running += 1;
+            }
+        }
+    }
+}
+
+/// A snapshot of the shell backend's counters ([`ShellSink::stats`](super::ShellSink::stats)).
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ShellStats {
+    /// Every hook together, including hooks since removed from the table.
+    pub totals: HookCounts,
+    /// Per hook id: the hooks of the current table, and removed ones that still had work in
+    /// flight at the last reload. A hook removed and later re-added starts from zero.
+    pub hooks: BTreeMap<String, HookCounts>,
+    /// Processes started by `run_once` / `run_matching` that have not finished yet.
+    pub direct_running: u64,
+}

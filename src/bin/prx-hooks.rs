@@ -33,6 +33,15 @@ enum Command {
     Run(RunArgs),
     /// Drive the pipeline as hard as possible and report emit latency and throughput.
     Bench(BenchArgs),
+    /// Check the workspace's hooks.json; every error as FILE:LINE:COL: PATH: reason.
+    Validate(ValidateArgs),
+}
+
+#[derive(Args)]
+struct ValidateArgs {
+    /// The workspace directory (hooks.json, plugins/).
+    #[arg(long, default_value = ".")]
+    workspace: PathBuf,
 }
 
 #[derive(Args)]
@@ -73,6 +82,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench(args),
+        Command::Validate(args) => validate(args),
     };
     match result {
         Ok(code) => code,
@@ -263,6 +273,44 @@ fn start_printer(hooks: &Hooks) -> Result<thread::JoinHandle<()>, BoxError> {
             buf.clear();
         }
     })?)
+}
+
+/// `validate`: every error and warning on stdout, one per line; a summary on stderr; exit 1 on
+/// any error.
+fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
+    let label = prx_hooks::config::file_label(&args.workspace);
+    if !args.workspace.is_dir() {
+        return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
+    }
+    match prx_hooks::config::load(&args.workspace) {
+        Ok(table) => {
+            for warning in &table.warnings {
+                println!("warning: {warning}");
+            }
+            let enabled = table.actions.iter().filter(|a| a.enabled).count();
+            match &table.source {
+                Some(_) => eprintln!(
+                    "{label}: ok: {} hook(s), {enabled} enabled{}, {} warning(s)",
+                    table.actions.len(),
+                    if table.enabled {
+                        ""
+                    } else {
+                        " (but the file's \"enabled\" is false)"
+                    },
+                    table.warnings.len()
+                ),
+                None => eprintln!("{label}: not found: no shell hooks"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            for error in errors.iter() {
+                println!("{error}");
+            }
+            eprintln!("{label}: {} error(s)", errors.len());
+            Ok(ExitCode::from(1))
+        }
+    }
 }
 
 /// Results of `prx-hooks bench`.

@@ -12,9 +12,12 @@
 //! * `shell_sink_serial`: the same hook with `max_concurrent` 1: one process at a time, like
 //!   the baseline, so the ratio isolates the per-spawn overhead from the concurrency gain.
 //!
-//! At the end: spawns/s from the criterion medians, the ratios to the baseline, and a
-//! per-core figure from a separate fixed run of each (spawns per CPU-second: this process plus
-//! its reaped children, from `getrusage`).
+//! At the end: spawns/s from the criterion medians and their ratios to the baseline; then
+//! paired rounds (the three back to back in rotating order, median of the per-round ratios:
+//! steadier than medians taken minutes apart on a shared machine); then a per-core figure from
+//! a fixed run of each (spawns per CPU-second: this process plus its reaped children, from
+//! `getrusage`). The last two run even when a filter skips the criterion groups
+//! (`cargo bench --bench spawn -- none`).
 
 mod common;
 
@@ -171,22 +174,24 @@ fn main() {
         "spawn/shell_sink",
         "spawn/shell_sink_serial",
     ];
-    if !bench_mode() || !ids.iter().any(|id| median_ns(id).is_some()) {
-        return; // test mode, or everything filtered out
+    if !bench_mode() {
+        return; // `cargo test --benches`: criterion ran each routine once; that is enough
     }
-    println!("\nTHROUGHPUT (criterion medians)");
     let rate = |id: &str| median_ns(id).map(|ns| 1e9 / ns);
-    for id in ids {
-        if let Some(r) = rate(id) {
-            println!("{id:<28} {r:>8.0} spawns/s");
-        }
-    }
-    println!("\nRATIOS (throughput vs spawn/raw_command; target >= 0.90)");
-    if let Some(base) = rate("spawn/raw_command") {
-        for id in &ids[1..] {
+    if ids.iter().any(|id| rate(id).is_some()) {
+        println!("\nTHROUGHPUT (criterion medians)");
+        for id in ids {
             if let Some(r) = rate(id) {
-                let verdict = if r / base >= 0.90 { "met" } else { "MISSED" };
-                println!("{id:<28} {:>6.2}x  {verdict}", r / base);
+                println!("{id:<28} {r:>8.0} spawns/s");
+            }
+        }
+        println!("\nRATIOS (throughput vs spawn/raw_command; target >= 0.90)");
+        if let Some(base) = rate("spawn/raw_command") {
+            for id in &ids[1..] {
+                if let Some(r) = rate(id) {
+                    let verdict = if r / base >= 0.90 { "met" } else { "MISSED" };
+                    println!("{id:<28} {:>6.2}x  {verdict}", r / base);
+                }
             }
         }
     }

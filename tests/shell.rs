@@ -674,6 +674,33 @@ fn a_grandchild_holding_stderr_open_does_not_delay_completion() {
 }
 
 #[test]
+fn a_child_flooding_stderr_starves_nothing() {
+    let e = Env::new();
+    let mut flood = sh(
+        "flood",
+        EventKind::TurnComplete,
+        "exec cat /dev/zero >&2",
+        e.ws(),
+    );
+    flood.timeout = Duration::from_millis(800);
+    let mut other = sh("other", EventKind::TurnComplete, "exec sleep 30", e.ws());
+    other.timeout = Duration::from_millis(200);
+    let quick = action("quick", EventKind::TurnComplete, "/bin/true", &[], e.ws());
+    let sink = e.sink(e.limits());
+    sink.set_table(table(vec![flood, other, quick]));
+    sink.deliver(&turn(0));
+    let st = settle(&sink);
+    assert_eq!(st.hooks["flood"].timed_out, 1);
+    assert_eq!(st.hooks["quick"].ok, 1);
+    let o = only_run(&sink, "other");
+    assert_eq!(o.kind, OutcomeKind::TimedOut { after_ms: 200 });
+    assert!(o.duration < Duration::from_secs(2), "starved: {o}");
+    let f = only_run(&sink, "flood");
+    assert_eq!(f.stderr_tail.len(), prx_hooks::shell::STDERR_TAIL);
+    assert!(f.stderr_tail.bytes().all(|b| b == 0));
+}
+
+#[test]
 fn outcomes_are_distinct_and_counted() {
     let e = Env::new();
     let w = e.ws();

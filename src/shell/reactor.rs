@@ -28,6 +28,10 @@ pub const STDERR_TAIL: usize = 16 * 1024;
 /// How long a process without a pidfd may go unchecked.
 const NO_PIDFD_TICK: Duration = Duration::from_millis(5);
 
+/// At most this much stderr is read from one process per poll round, so a child flooding
+/// stderr cannot keep the runner from its other processes, deadlines and spawns.
+const STDERR_PER_ROUND: usize = 64 * 1024;
+
 /// At most this much more stderr is read after the leader exits (a grandchild writing forever
 /// must not keep us reading).
 const FINAL_STDERR: usize = 64 * 1024;
@@ -369,7 +373,7 @@ impl<T> Reactor<T> {
                     }
                     Slot::Exit(i) => self.exited.push(i),
                     Slot::Stderr(i) => {
-                        if !self.procs[i].read_stderr(usize::MAX) {
+                        if !self.procs[i].read_stderr(STDERR_PER_ROUND) {
                             self.procs[i].sp.stderr = None;
                         }
                     }

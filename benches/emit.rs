@@ -5,8 +5,9 @@
 //! * `one_listener_sporadic`: one event every ~20 µs (busy-wait between events, untimed) with a
 //!   subscriber thread reading `prx.lifecycle.tool_call`. Each `emit` is timed alone; the worker is
 //!   idle (in its spin/yield phase, which lasts ~100 µs) when the event arrives.
-//! * `one_listener_parked_worker`: the same with 500 µs between events, so the worker has gone
-//!   all the way to `park_timeout` when the event arrives.
+//! * `one_listener_parked_worker`: the same with 500 µs between events, and before each emit the
+//!   bench checks (`/proc/self/task/<tid>/stat`, untimed) that the worker thread is asleep in
+//!   `park_timeout`.
 //! * `one_listener_burst`: back-to-back emits, timed in chunks of 1,024, while the worker consumes
 //!   concurrently. The subscriber is read by the bench thread between chunks (untimed), so the
 //!   two cores hold exactly the producer and the worker — the same two threads as the
@@ -18,7 +19,8 @@
 //! * `arrayqueue_push`: crossbeam `ArrayQueue::push` in bursts, with a consumer thread popping
 //!   (idling exactly like a prx worker: spin, yield, then park with a 1 ms timeout).
 //! * `arrayqueue_push_sporadic`, `arrayqueue_push_parked`: the same queue, one push every ~20 µs
-//!   / every 500 µs (the consumer parked) — the counterparts of the two sporadic emit cases.
+//!   / every 500 µs with the consumer checked asleep — the counterparts of the two sporadic emit
+//!   cases.
 //! * `arrayqueue_full`: `push` into a full `ArrayQueue` (the drop path). The value is built before
 //!   `push` and moved back out in the `Err`, because that API takes it by value; prx checks for
 //!   room before copying anything. `arrayqueue_full_u64` pushes a `u64` instead: the queue's own
@@ -28,8 +30,11 @@
 //! * `mpsc_serde_json`: the naive pipeline: serialize on the producer with `serde_json::to_vec`
 //!   and `std::sync::mpsc::Sender::send` the bytes to a reader thread, in bursts.
 //! * `crossbeam_channel_parked`: `crossbeam_channel::Sender::send` of the inline struct to a
-//!   receiver thread parked in `recv()`: before each pause the bench waits until the receiver has
-//!   taken the previous item, then 20 µs, so every send finds it parked and pays the futex wake.
+//!   receiver thread parked in `recv()`: after each 20 µs pause the bench waits until the receiver
+//!   has taken the previous item and is asleep again, so every send pays the futex wake.
+//!
+//! "Asleep" is checked, not assumed: on a loaded 2-core machine a thread can sit runnable (not
+//! parked) for a long time; the notes at the end say how often the check timed out.
 //!
 //! Sporadic cases time each call alone between two `Instant::now()` calls and subtract the
 //! timer's own cost (median of back-to-back pairs, printed). Criterion sizes its runs by wall
@@ -137,8 +142,8 @@ struct Envelope<'a> {
 // ---------------------------------------------------------------------------------------------
 // Harnesses shared by prx and the baselines.
 
-/// Times `iters` calls of `op`, each alone, `pause` apart (busy-wait, after `settle` has waited
-/// for the consumer to take the previous item, both untimed). Returns the total with the timer
+/// Times `iters` calls of `op`, each alone: before each one (untimed) a busy-wait of `pause`,
+/// then `settle` (e.g. wait until the consumer is asleep). Returns the total with the timer
 /// overhead subtracted; records per-call latencies under `name` (bench mode only).
 fn time_sporadic(
     name: &str,
@@ -151,8 +156,8 @@ fn time_sporadic(
     let mut total = 0u64;
     let mut lat = Vec::with_capacity(iters as usize);
     for _ in 0..iters {
-        settle();
         spin_for(pause);
+        settle();
         let t0 = Instant::now();
         op();
         let dt = t0.elapsed().as_nanos() as u64;
@@ -220,6 +225,7 @@ fn burst_latencies(
 struct Consumer {
     taken: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    tid: u32,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -228,7 +234,9 @@ impl Consumer {
         let taken = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s) = (taken.clone(), stop.clone());
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let handle = thread::spawn(move || {
+            tid_tx.send(current_tid().unwrap_or(0)).unwrap();
             let mut n = 0u64;
             let mut idle = 0u32;
             while !s.load(Ordering::Relaxed) {
@@ -256,6 +264,7 @@ impl Consumer {
         Consumer {
             taken,
             stop,
+            tid: tid_rx.recv().unwrap(),
             handle: Some(handle),
         }
     }
@@ -298,6 +307,15 @@ fn wait_count(c: &AtomicU64, n: u64) {
     }
 }
 
+/// "name: the thread was asleep before N of M timed calls (K timed out waiting)".
+fn sleep_note(name: &str, who: &str, asleep: u64, awake: u64) -> String {
+    format!(
+        "{name}: the {who} thread was asleep (parked) before {asleep} of {} timed calls; {awake} \
+         waited 5 ms in vain and were timed anyway",
+        asleep + awake
+    )
+}
+
 fn hooks(ring: usize) -> Hooks {
     Hooks::builder()
         .ring_capacity(ring)
@@ -326,7 +344,8 @@ fn bench_emit(c: &mut Criterion, notes: &mut Vec<String>) {
         h.shutdown(Duration::from_secs(2));
     }
 
-    // One listener, sporadic events (worker idle but not yet parked), and with a parked worker.
+    // One listener, sporadic events: the worker idle but not yet parked (20 µs apart), and the
+    // worker parked (500 µs apart, then the bench checks the worker thread is asleep).
     for (id, pause) in [
         ("one_listener_sporadic", SPORADIC_PAUSE),
         ("one_listener_parked_worker", PARKED_PAUSE),
@@ -334,8 +353,11 @@ fn bench_emit(c: &mut Criterion, notes: &mut Vec<String>) {
         let h = hooks(RING);
         let (_got, rh) = reader(h.bus().subscribe("prx.lifecycle.tool_call").unwrap());
         let em = h.emitter(AGENT, SESSION);
+        let parked = pause > SPORADIC_PAUSE;
+        let worker = find_thread("prx-hooks-worke").filter(|_| parked);
         let mut refused = 0u64;
-        if pause > SPORADIC_PAUSE {
+        let (mut asleep, mut awake) = (0u64, 0u64);
+        if parked {
             g.sampling_mode(SamplingMode::Flat);
         }
         g.bench_function(id, |b| {
@@ -344,7 +366,14 @@ fn bench_emit(c: &mut Criterion, notes: &mut Vec<String>) {
                     &format!("emit/{id}"),
                     iters,
                     pause,
-                    || {},
+                    || {
+                        if let Some(tid) = worker {
+                            match wait_sleeping(tid, Duration::from_millis(5)) {
+                                true => asleep += 1,
+                                false => awake += 1,
+                            }
+                        }
+                    },
                     || {
                         refused += (black_box(em.emit(event(f))) != Emit::Queued) as u64;
                     },
@@ -357,6 +386,9 @@ fn bench_emit(c: &mut Criterion, notes: &mut Vec<String>) {
         rh.join().unwrap();
         assert_eq!(refused, 0, "{id}: some emits were not queued");
         assert_eq!(stats.subscribers[0].dropped, 0, "{id}: subscriber dropped");
+        if parked && asleep + awake > 0 {
+            notes.push(sleep_note(&format!("emit/{id}"), "worker", asleep, awake));
+        }
     }
 
     // One listener, bursts.
@@ -473,7 +505,7 @@ fn full_ring(
 // ---------------------------------------------------------------------------------------------
 // Group `baseline`.
 
-fn bench_baselines(c: &mut Criterion) {
+fn bench_baselines(c: &mut Criterion, notes: &mut Vec<String>) {
     let f = fields();
     let mut g = c.benchmark_group("baseline");
     g.sample_size(30)
@@ -516,7 +548,9 @@ fn bench_baselines(c: &mut Criterion) {
             ("arrayqueue_push_sporadic", SPORADIC_PAUSE),
             ("arrayqueue_push_parked", PARKED_PAUSE),
         ] {
-            if pause > SPORADIC_PAUSE {
+            let parked = pause > SPORADIC_PAUSE;
+            let (mut asleep, mut awake) = (0u64, 0u64);
+            if parked {
                 g.sampling_mode(SamplingMode::Flat);
             }
             g.bench_function(id, |b| {
@@ -526,7 +560,14 @@ fn bench_baselines(c: &mut Criterion) {
                         &name,
                         iters,
                         pause,
-                        || {},
+                        || {
+                            if parked {
+                                match wait_sleeping(consumer.tid, Duration::from_millis(5)) {
+                                    true => asleep += 1,
+                                    false => awake += 1,
+                                }
+                            }
+                        },
                         || {
                             seq += 1;
                             refused += q.push(inline_event(f, seq)).is_err() as u64;
@@ -535,6 +576,10 @@ fn bench_baselines(c: &mut Criterion) {
                 })
             });
             g.sampling_mode(SamplingMode::Auto);
+            if parked && asleep + awake > 0 {
+                let name = format!("baseline/{id}");
+                notes.push(sleep_note(&name, "consumer", asleep, awake));
+            }
         }
         drop(consumer);
         assert_eq!(refused, 0, "arrayqueue baseline filled up");
@@ -603,14 +648,16 @@ fn bench_baselines(c: &mut Criterion) {
         rh.join().unwrap();
     }
 
-    // crossbeam channel to a parked receiver, sporadic. Before each pause the bench waits until
-    // the receiver has taken the previous item, so it is back in `recv()` — and, 20 µs later,
-    // past crossbeam's brief spin and parked — when the next send comes.
+    // crossbeam channel to a parked receiver, sporadic. After each pause the bench waits until
+    // the receiver has taken the previous item and is asleep in `recv()` again, so every send
+    // finds it parked and pays the wake.
     {
         let (tx, rx) = crossbeam_channel::bounded::<InlineEvent>(1024);
         let got = Arc::new(AtomicU64::new(0));
         let g2 = got.clone();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let rh = thread::spawn(move || {
+            tid_tx.send(current_tid().unwrap_or(0)).unwrap();
             let mut n = 0;
             while let Ok(e) = rx.recv() {
                 black_box(&e);
@@ -618,7 +665,9 @@ fn bench_baselines(c: &mut Criterion) {
                 g2.store(n, Ordering::Release);
             }
         });
+        let rx_tid = tid_rx.recv().unwrap();
         let mut seq = 0u64;
+        let (mut asleep, mut awake) = (0u64, 0u64);
         g.bench_function("crossbeam_channel_parked", |b| {
             b.iter_custom(|iters| {
                 let name = "baseline/crossbeam_channel_parked";
@@ -627,7 +676,13 @@ fn bench_baselines(c: &mut Criterion) {
                     name,
                     iters,
                     SPORADIC_PAUSE,
-                    || wait_count(&got, sent.get()),
+                    || {
+                        wait_count(&got, sent.get());
+                        match wait_sleeping(rx_tid, Duration::from_millis(5)) {
+                            true => asleep += 1,
+                            false => awake += 1,
+                        }
+                    },
                     || {
                         sent.set(sent.get() + 1);
                         tx.send(inline_event(f, sent.get())).unwrap();
@@ -639,6 +694,10 @@ fn bench_baselines(c: &mut Criterion) {
         });
         drop(tx);
         rh.join().unwrap();
+        if asleep + awake > 0 {
+            let name = "baseline/crossbeam_channel_parked";
+            notes.push(sleep_note(name, "receiver", asleep, awake));
+        }
     }
     g.finish();
 }
@@ -651,7 +710,7 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     let mut notes = Vec::new();
     bench_emit(&mut c, &mut notes);
-    bench_baselines(&mut c);
+    bench_baselines(&mut c, &mut notes);
     c.final_summary();
 
     let ids = [

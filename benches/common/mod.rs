@@ -106,6 +106,49 @@ pub fn spin_for(d: Duration) {
     }
 }
 
+/// This thread's kernel thread id (Linux: from `/proc/thread-self`).
+pub fn current_tid() -> Option<u32> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// The id of this process's first thread whose name starts with `prefix` (names are cut to 15
+/// bytes by the kernel).
+pub fn find_thread(prefix: &str) -> Option<u32> {
+    for entry in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = entry.ok()?.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.trim_end().starts_with(prefix) {
+            return path.file_name()?.to_str()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Whether thread `tid` of this process is asleep in the kernel (state `S`: parked on a futex,
+/// or in `nanosleep`), as opposed to running, runnable, or yielding.
+pub fn is_sleeping(tid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    // "tid (comm) S ..." — comm may contain spaces or parentheses: take the last ')'.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .is_some_and(|state| state == "S")
+}
+
+/// Polls (untimed, ~every 5 µs) until thread `tid` is asleep; false after `timeout`.
+pub fn wait_sleeping(tid: u32, timeout: Duration) -> bool {
+    let until = Instant::now() + timeout;
+    loop {
+        if is_sleeping(tid) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        spin_for(Duration::from_micros(5));
+    }
+}
+
 /// The cost of the timer itself: median of back-to-back `Instant::now()` pairs, in ns. Per-call
 /// timings subtract it (it is the same pair that brackets each timed call).
 pub fn timer_overhead_ns() -> u64 {

@@ -1,7 +1,7 @@
 //! The environment of a hook process (DESIGN.md §4): cleared, then a small allowlist from the
 //! parent, the sanitized `PATH`, the `ZERO_HOOK_*` variables, then the action's own `env`.
 //!
-//! The parent's share is decided once per table ([`parent_env`], when the table is set), not per
+//! The parent's share is decided once per table (`parent_env`, when the table is set), not per
 //! spawn: it is a handful of variables, and reading the whole environment on every spawn would
 //! take the process-wide environment lock each time.
 

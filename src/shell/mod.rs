@@ -18,7 +18,7 @@
 //!   idle.
 //! * **Environment**: cleared, then LANG, LC_*, TZ, TERM, USER, LOGNAME, TMPDIR and the table's
 //!   `env_passthrough` from the parent (taken when the table is set), `PATH` =
-//!   [`SANITIZED_PATH`], the `ZERO_HOOK_*` variables, then the action's `env`. See [`env`].
+//!   [`SANITIZED_PATH`], the `ZERO_HOOK_*` variables, then the action's `env`. See [`mod@env`].
 //! * **Payload**: `ZERO_HOOK_PAYLOAD` (≤ [`MAX_ENV_PAYLOAD`] bytes, else unset and
 //!   `ZERO_HOOK_PAYLOAD_TRUNCATED=1`), `ZERO_HOOK_PAYLOAD_FILE` (shared by the event's hooks,
 //!   removed after the last one exits) and, with `stdin_json`, stdin.

@@ -89,6 +89,8 @@ pub struct HooksBuilder {
     max_publish_bytes: usize,
     idle_tick: Duration,
     shutdown_timeout: Duration,
+    reload_debounce: Duration,
+    shell: shell::ShellLimits,
 }
 
 impl Default for HooksBuilder {
@@ -104,6 +106,8 @@ impl Default for HooksBuilder {
             max_publish_bytes: 1 << 20,
             idle_tick: Duration::from_millis(1),
             shutdown_timeout: Duration::from_secs(2),
+            reload_debounce: Duration::from_millis(50),
+            shell: shell::ShellLimits::default(),
         }
     }
 }
@@ -172,6 +176,20 @@ impl HooksBuilder {
         self
     }
 
+    /// How long the workspace watcher waits for more changes before reloading hooks.json
+    /// (default 50 ms; a rename onto hooks.json or a close after writing reloads sooner).
+    pub fn reload_debounce(mut self, debounce: Duration) -> Self {
+        self.reload_debounce = debounce;
+        self
+    }
+
+    /// Limits of the shell backend: processes running at once (64), queue per hook (256), run
+    /// history per hook (50), optional rlimits or cgroup for hook processes.
+    pub fn shell_limits(mut self, limits: shell::ShellLimits) -> Self {
+        self.shell = limits;
+        self
+    }
+
     fn check(&self) -> Result<(), BuildError> {
         let bad = |option, value: usize, reason| {
             Err(BuildError::InvalidOption {
@@ -232,7 +250,8 @@ impl HooksBuilder {
     /// Validates the options and starts the workers.
     pub fn build(self) -> Result<Hooks, BuildError> {
         self.check()?;
-        let interest = Interest::new(1);
+        // Interest parts: 0 the bus, 1 shell hooks.
+        let interest = Interest::new(2);
         let bus = BusSink::new(
             interest.handle(0),
             self.subscriber_queue,
@@ -245,7 +264,31 @@ impl HooksBuilder {
             self.byte_budget,
         ));
         let per_ring = self.ring_capacity.div_ceil(self.workers);
-        let sinks: Vec<Arc<dyn Sink>> = vec![Arc::new(bus.clone())];
+        let mut sinks: Vec<Arc<dyn Sink>> = vec![Arc::new(bus.clone())];
+        let shell = self.workspace.as_ref().map(|ws| {
+            let handle = producers.interest.handle(1);
+            Arc::new(shell::ShellSink::new(
+                ws.clone(),
+                handle,
+                self.shell.clone(),
+            ))
+        });
+        if let Some(shell) = &shell {
+            sinks.push(shell.clone());
+        }
+        // The watcher loads hooks.json once before `start` returns, so the first table is
+        // live before any event can be emitted.
+        let config = match (&self.workspace, &shell) {
+            (Some(ws), Some(shell)) => {
+                let shell = shell.clone();
+                let on_reload = Box::new(move |table| shell.set_table(table));
+                Some(
+                    config::ConfigWatcher::start(ws.clone(), self.reload_debounce, on_reload)
+                        .map_err(BuildError::Spawn)?,
+                )
+            }
+            _ => None,
+        };
         let pipeline = Pipeline::start(
             self.workers,
             per_ring,
@@ -259,6 +302,11 @@ impl HooksBuilder {
         Ok(Hooks {
             pipeline,
             bus,
+            shell,
+            config: std::sync::Mutex::new(match config {
+                Some(watcher) => ConfigState::Live(watcher),
+                None => ConfigState::Absent,
+            }),
             producers,
             next_ring: AtomicUsize::new(0),
             workspace: self.workspace,
@@ -274,6 +322,9 @@ impl HooksBuilder {
 pub struct Hooks {
     pipeline: Pipeline,
     bus: Bus,
+    shell: Option<Arc<shell::ShellSink>>,
+    /// The hooks.json watcher while running; its last stats and table after shutdown.
+    config: std::sync::Mutex<ConfigState>,
     producers: Arc<Producers>,
     next_ring: AtomicUsize,
     workspace: Option<PathBuf>,
@@ -335,16 +386,58 @@ impl Hooks {
             })
             .collect();
         stats.subscribers = self.bus.subscribers();
+        stats.config = match &*self.config.lock().unwrap_or_else(|e| e.into_inner()) {
+            ConfigState::Live(watcher) => Some(watcher.stats()),
+            ConfigState::Stopped(stats, _) => Some(stats.clone()),
+            ConfigState::Absent => None,
+        };
+        stats.shell = self.shell.as_ref().map(|s| s.stats());
         stats
+    }
+
+    /// The shell backend (when there is a workspace): its table, run history, `run_once`.
+    pub fn shell(&self) -> Option<&Arc<shell::ShellSink>> {
+        self.shell.as_ref()
+    }
+
+    /// The hooks.json table in force now (empty without a workspace or a hooks.json).
+    pub fn hook_table(&self) -> Arc<config::HookTable> {
+        match &*self.config.lock().unwrap_or_else(|e| e.into_inner()) {
+            ConfigState::Live(watcher) => watcher.table(),
+            ConfigState::Stopped(_, table) => table.clone(),
+            ConfigState::Absent => Arc::new(config::empty_table()),
+        }
+    }
+
+    /// Re-reads hooks.json now (what `prx-hooks run` does on SIGHUP). An invalid file is
+    /// reported and the last good table stays; `None` without a workspace or after shutdown.
+    pub fn reload(&self) -> Option<config::Reload> {
+        match &*self.config.lock().unwrap_or_else(|e| e.into_inner()) {
+            ConfigState::Live(watcher) => Some(watcher.reload_now()),
+            _ => None,
+        }
     }
 
     /// Drains what is queued (for at most `timeout`), stops the workers and the sinks, and
     /// closes the bus (subscriptions can still read what they hold). Idempotent. Events
     /// emitted afterwards are `Skipped`.
     pub fn shutdown(&self, timeout: Duration) {
+        // Stop reloading first: the table in force now is the one the drain runs under.
+        {
+            let mut state = self.config.lock().unwrap_or_else(|e| e.into_inner());
+            if let ConfigState::Live(watcher) = &*state {
+                *state = ConfigState::Stopped(watcher.stats(), watcher.table());
+            }
+        }
         self.pipeline.shutdown(timeout);
         self.bus.close();
     }
+}
+
+enum ConfigState {
+    Live(config::ConfigWatcher),
+    Stopped(config::ConfigStats, Arc<config::HookTable>),
+    Absent,
 }
 
 impl Drop for Hooks {

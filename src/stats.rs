@@ -48,6 +48,11 @@ pub struct Stats {
     pub sinks: Vec<SinkStats>,
     /// One entry per live bus subscription.
     pub subscribers: Vec<SubscriberStats>,
+    /// hooks.json: reloads, errors (with the last error's text), the active table's size.
+    /// `None` without a workspace.
+    pub config: Option<crate::config::ConfigStats>,
+    /// Shell hooks, per hook id: outcomes, queue and running counts. `None` without a workspace.
+    pub shell: Option<crate::shell::ShellStats>,
 }
 
 /// The ring(s) between `emit` and the workers.

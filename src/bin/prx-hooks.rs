@@ -6,7 +6,7 @@
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::signal::{SigSet, Signal};
-use prx_hooks::{Emit, Emitter, Event, Hooks, ndjson};
+use prx_hooks::{Emit, Emitter, Event, EventKind, Hooks, ndjson};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -35,6 +35,24 @@ enum Command {
     Bench(BenchArgs),
     /// Check the workspace's hooks.json; every error as FILE:LINE:COL: PATH: reason.
     Validate(ValidateArgs),
+    /// Run every hook for EVENT once, wait, and print one line per outcome.
+    Fire(FireArgs),
+}
+
+#[derive(Args)]
+struct FireArgs {
+    /// The event: agent_start, agent_end, llm_request, llm_response, tool_call_start,
+    /// tool_call, turn_complete or error.
+    event: String,
+    /// The payload JSON (checked like an NDJSON payload); without it a sample payload is used.
+    #[arg(long)]
+    payload: Option<String>,
+    /// The workspace directory (hooks.json, plugins/).
+    #[arg(long, default_value = ".")]
+    workspace: PathBuf,
+    /// One JSON object per outcome instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -83,6 +101,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench(args),
         Command::Validate(args) => validate(args),
+        Command::Fire(args) => fire(args),
     };
     match result {
         Ok(code) => code,
@@ -116,6 +135,7 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGINT);
     signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGHUP);
     signals.thread_block()?;
 
     let hooks = Arc::new(Hooks::builder().workspace(&args.workspace).build()?);
@@ -311,6 +331,82 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// The payload `fire` uses when none is given, per event.
+fn sample_payload(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::AgentStart => r#"{"agent":"prx-hooks","session":"fire"}"#,
+        EventKind::AgentEnd => r#"{"success":true,"messages_count":1}"#,
+        EventKind::LlmRequest => {
+            r#"{"provider":"example","model":"example-model","messages_count":1}"#
+        }
+        EventKind::LlmResponse => {
+            r#"{"provider":"example","model":"example-model","duration_ms":1,"success":true}"#
+        }
+        EventKind::ToolCallStart => r#"{"tool":"shell","arguments":{"cmd":"true"}}"#,
+        EventKind::ToolCall => r#"{"tool":"shell","success":true,"output":""}"#,
+        EventKind::TurnComplete => "{}",
+        EventKind::Error => {
+            r#"{"component":"prx-hooks","message":"sample error from prx-hooks fire"}"#
+        }
+        _ => "{}",
+    }
+}
+
+/// `fire`: exit 0 if every hook succeeded (or was skipped), 1 on any failure, 2 on a
+/// configuration or usage error.
+fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
+    let name = prx_hooks::config::normalize_event_key(&args.event);
+    let Some(kind) = EventKind::from_name(&name) else {
+        let names: Vec<_> = EventKind::ALL.iter().map(|k| k.name()).collect();
+        return Err(format!(
+            "unknown event {:?}; expected one of {}",
+            args.event,
+            names.join(", ")
+        )
+        .into());
+    };
+    let payload = args.payload.as_deref().unwrap_or(sample_payload(kind));
+    let line =
+        format!(r#"{{"event":"{name}","agent":"prx-hooks","session":"fire","payload":{payload}}}"#);
+    let record = ndjson::parse_line(line.as_bytes()).map_err(|e| format!("--payload: {e}"))?;
+    if !args.workspace.is_dir() {
+        return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
+    }
+    let table = match prx_hooks::config::load(&args.workspace) {
+        Ok(table) => table,
+        Err(errors) => {
+            for error in errors.iter() {
+                eprintln!("{error}");
+            }
+            return Ok(ExitCode::from(2));
+        }
+    };
+    for warning in &table.warnings {
+        tracing::warn!("{warning}");
+    }
+    let shell = prx_hooks::shell::ShellSink::standalone(args.workspace.clone(), Default::default());
+    shell.set_table(Arc::new(table));
+    let msg = prx_hooks::shell::event_message(&record.event(), &record.agent, &record.session, 0);
+    let outcomes = shell.run_matching(&msg);
+    shell.shutdown(Instant::now() + Duration::from_secs(2));
+    if outcomes.is_empty() {
+        eprintln!("no hooks for {name}");
+    }
+    for outcome in &outcomes {
+        if args.json {
+            println!("{}", serde_json::to_string(outcome)?);
+        } else {
+            println!("{outcome}");
+        }
+    }
+    let failed = outcomes.iter().any(|o| o.kind.is_failure());
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Results of `prx-hooks bench`.

@@ -91,7 +91,7 @@ pub enum Reload {
 }
 
 /// The watcher's counters and state, for `Hooks::stats()` and `/api/stats`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConfigStats {
     /// The watched file (`<workspace>/hooks.json`).
     pub source: String,

@@ -118,6 +118,7 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -147,11 +148,19 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
 
     let (done_tx, done_rx) = mpsc::channel();
     let tx = done_tx.clone();
+    let reloader = hooks.clone();
     thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            if let Ok(sig) = signals.wait() {
-                let _ = tx.send(Finish::Signal(sig));
+            while let Ok(sig) = signals.wait() {
+                if sig != Signal::SIGHUP {
+                    let _ = tx.send(Finish::Signal(sig));
+                    return;
+                }
+                match reloader.reload() {
+                    Some(outcome) => tracing::info!("SIGHUP: hooks.json {outcome:?}"),
+                    None => tracing::info!("SIGHUP: no workspace to reload"),
+                }
             }
         })?;
 

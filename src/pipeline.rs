@@ -174,7 +174,7 @@ impl Pipeline {
                 control: control.clone(),
                 config,
                 scratch: Vec::with_capacity(4096),
-                recycle: std::collections::VecDeque::with_capacity(RECYCLE),
+                recycle: std::collections::VecDeque::with_capacity(1024),
                 batch: Vec::with_capacity(BATCH),
             };
             let handle = thread::Builder::new()
@@ -267,9 +267,10 @@ struct Worker {
 /// Events a worker takes from its ring before handing them to the sinks in one go.
 pub const BATCH: usize = 64;
 
-/// How many recent messages a worker keeps for reuse. A subscriber lagging further behind
-/// than this only costs allocations, never correctness.
-const RECYCLE: usize = 1024;
+/// How many messages a worker keeps for reuse, at most (about 450 bytes each for typical
+/// events: ~7 MiB per worker at the cap, reached only while a subscriber lags this far behind).
+/// Lagging further costs allocations, never correctness.
+const RECYCLE: usize = 16_384;
 
 /// Empty polls spent spinning, then yielding, before the worker parks for one idle tick. Kept
 /// short (a few microseconds of spinning): on a small machine a spinning worker takes the core
@@ -368,8 +369,11 @@ impl Worker {
     }
 }
 
-/// A message for this event: the oldest recycled one if every other holder has let go of it,
-/// a new allocation otherwise. Either way it goes to the back of the recycle queue.
+/// A message for this event, reusing the oldest one this worker built if every other holder
+/// has let go of it. A message still held (a subscriber lagging behind) stays in the queue, so
+/// the worker remains its last owner and frees or reuses it itself: messages are not freed on
+/// subscriber threads, which would contend with this thread's allocations in malloc. Only past
+/// [`RECYCLE`] messages does the worker let the oldest go.
 fn build_message(
     recycle: &mut std::collections::VecDeque<Message>,
     json: &str,
@@ -377,21 +381,19 @@ fn build_message(
     session: &str,
     meta: Meta,
 ) -> Message {
-    let oldest = if recycle.len() == RECYCLE {
-        recycle.pop_front()
-    } else {
-        None
-    };
-    let msg = match oldest {
-        Some(mut m) => {
-            if m.reuse(json, agent, session, meta) {
-                m
-            } else {
-                Message::new(json, agent, session, "", meta)
-            }
-        }
-        None => Message::new(json, agent, session, "", meta),
-    };
+    if let Some(oldest) = recycle.front_mut()
+        && oldest.reuse(json, agent, session, meta)
+    {
+        recycle.rotate_left(1);
+        return recycle
+            .back()
+            .cloned()
+            .unwrap_or_else(|| Message::new(json, agent, session, "", meta));
+    }
+    if recycle.len() >= RECYCLE {
+        recycle.pop_front();
+    }
+    let msg = Message::new(json, agent, session, "", meta);
     recycle.push_back(msg.clone());
     msg
 }

@@ -13,14 +13,14 @@
 //!   writes `.hooks.json.tmp` and renames it over hooks.json (how editors save).
 //! * `inotify_in_place`: the same watcher; the save truncates and rewrites hooks.json in place
 //!   (`std::fs::write`: open with `O_TRUNC`, write, close).
-//! * `poll_rename`: the fallback: `WatchOptions { poll: true, .. }` (one `stat` every 200 ms,
+//! * `poll_rename`: the fallback: `WatchOptions { poll: true, .. }` (one `stat` every 25 ms by default,
 //!   then the 50 ms debounce), rename saves.
 //! * `hooks_rename`: end to end through the public API: `Hooks::builder().workspace(..)`
 //!   `.build()`, rename saves, done when `hooks.hook_table()` returns the new table (checked
 //!   every ~20 µs; this adds up to one check interval plus a sleep's timer slack).
 //!
 //! Saves come at human pace, not back to back: before each save (untimed) the bench waits a
-//! random 0.5–2.5 ms (inotify) or a random 0–200 ms (poll: a uniformly random phase against the
+//! random 0.5–2.5 ms (inotify) or a random 0–25 ms (poll: a uniformly random phase against the
 //! poll ticks; saving right after a reload would always land at the same phase), and checks via
 //! `/proc/self/task/<tid>/stat` that the watcher thread is asleep, so every save finds the
 //! watcher idle.
@@ -49,7 +49,7 @@ const MIN_SAMPLES: usize = 200;
 /// A save not live after this is a failure, not a slow sample.
 const DEADLINE: Duration = Duration::from_secs(5);
 /// The watcher's default poll interval (`WatchOptions::default().poll_interval`).
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
+const POLL_INTERVAL: Duration = Duration::from_millis(25);
 /// The watcher thread's name as the kernel keeps it (cut to 15 bytes).
 const WATCHER_THREAD: &str = "prx-hooks-confi";
 

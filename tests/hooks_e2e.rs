@@ -329,7 +329,7 @@ fn run_executes_hooks_and_reloads_on_sighup() {
             .unwrap()
             .success()
     );
-    // Polling at its default 200 ms is slow enough that SIGHUP is what makes the edit live.
+    // SIGHUP must reload (or find the watcher already did) and must not end the run.
     let child = bin()
         .env("PRX_HOOKS_POLL", "1")
         .env("RUST_LOG", "info")

@@ -353,7 +353,7 @@ impl<'a> Event<'a> {
 
 /// `arguments` objects nested deeper than this are passed on as a string: the payload object and
 /// the `--print` envelope around it take two more levels, and serde_json's default reader stops
-/// at [`json::MAX_DEPTH`]. Every payload we write stays readable.
+/// at 127 levels. Every payload we write stays readable.
 pub const ARGUMENTS_MAX_DEPTH: u32 = json::MAX_DEPTH - 2;
 
 /// An event flattened to plain data: the ring stores these fields, not the enum.

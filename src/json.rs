@@ -112,7 +112,7 @@ pub enum Top {
     Any,
 }
 
-/// If `src` is one valid JSON text of the `top` kind, nested at most [`MAX_DEPTH`] deep,
+/// If `src` is one valid JSON text of the `top` kind, nested at most `MAX_DEPTH` (127) deep,
 /// appends it to `out` without insignificant whitespace and returns `true`; otherwise leaves
 /// `out` exactly as it was and returns `false`.
 pub fn append_compact(out: &mut Vec<u8>, src: &[u8], top: Top) -> bool {

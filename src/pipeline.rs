@@ -34,7 +34,7 @@ pub trait Sink: Send + Sync {
     /// Called only for events this sink's [`InterestHandle`] says it wants.
     fn deliver(&self, msg: &Message);
 
-    /// Takes a batch of events in order (workers hand them over up to [`BATCH`] at a time, so
+    /// Takes a batch of events in order (workers hand them over up to 64 at a time, so
     /// a sink can pay its fixed costs once per batch). The batch may hold events the sink does
     /// not want: `wanted` is its interest mask when the batch was taken.
     fn deliver_batch(&self, msgs: &[Message], wanted: EventMask) {

@@ -502,6 +502,12 @@ impl Bus {
             sent += 1;
             delivered += sub.offer(msg) as u64;
         }
+        self.count(sent, delivered);
+        delivered as usize
+    }
+
+    /// Records one fan-out: `sent` offers, `delivered` of them taken, the rest dropped.
+    fn count(&self, sent: u64, delivered: u64) {
         if sent > 0 {
             self.0.counters.update(|c| {
                 c.sent += sent;
@@ -509,7 +515,6 @@ impl Bus {
                 c.dropped += sent - delivered;
             });
         }
-        delivered as usize
     }
 
     /// Per-subscription counters of every subscription still held (after shutdown too).
@@ -595,13 +600,7 @@ impl Sink for Bus {
             sent += ok + lost;
             delivered += ok;
         }
-        if sent > 0 {
-            self.0.counters.update(|c| {
-                c.sent += sent;
-                c.delivered += delivered;
-                c.dropped += sent - delivered;
-            });
-        }
+        self.count(sent, delivered);
     }
 
     fn counts(&self) -> SinkCounts {

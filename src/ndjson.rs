@@ -85,7 +85,7 @@ struct Line<'a> {
     payload: Option<&'a RawValue>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct Payload<'a> {
     #[serde(default)]
@@ -135,7 +135,7 @@ pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
             check_fields(kind, &p, raw.get(), base)?;
             p
         }
-        None if kind.fields().is_empty() => empty_payload(),
+        None if kind.fields().is_empty() => Payload::default(),
         None => {
             return Err(LineError::new(format!(
                 "missing field `payload` (a {} event needs {})",
@@ -190,23 +190,6 @@ fn unknown_event(name: &str) -> LineError {
         .map(|s| format!("; did you mean \"{s}\"?"))
         .unwrap_or_else(|| format!("; expected one of {}", names.join(", ")));
     LineError::new(format!("unknown event \"{name}\"{hint}"))
-}
-
-fn empty_payload<'a>() -> Payload<'a> {
-    Payload {
-        agent: None,
-        session: None,
-        success: None,
-        messages_count: None,
-        provider: None,
-        model: None,
-        duration_ms: None,
-        tool: None,
-        arguments: None,
-        output: None,
-        component: None,
-        message: None,
-    }
 }
 
 /// Every field of the event present, and no field of another event.

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the guest plugins in examples/plugins/ (wasm32-wasip2 components) into
+# examples/plugins/target, and installs audit-hook into the sample workspace
+# (examples/workspace/plugins/audit-hook/{plugin.toml,plugin.wasm}).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! rustup target list --installed | grep -qx wasm32-wasip2; then
+    rustup target add wasm32-wasip2
+fi
+
+cargo build --release --target wasm32-wasip2 \
+    --manifest-path examples/plugins/Cargo.toml \
+    --target-dir examples/plugins/target
+
+out=examples/plugins/target/wasm32-wasip2/release
+mkdir -p examples/workspace/plugins/audit-hook
+cp examples/plugins/audit-hook/plugin.toml examples/workspace/plugins/audit-hook/plugin.toml
+cp "$out/audit_hook.wasm" examples/workspace/plugins/audit-hook/plugin.wasm
+
+echo "built components:"
+for name in audit_hook misbehave wrong_world bare_names; do
+    echo "  $PWD/$out/$name.wasm"
+done
+echo "installed: $PWD/examples/workspace/plugins/audit-hook/plugin.wasm"

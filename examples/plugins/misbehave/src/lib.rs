@@ -1,0 +1,215 @@
+//! `misbehave`: a TEST-ONLY guest whose behaviour is chosen by `[config] mode`.
+//!
+//! The mode is read once per instance and cached; an unknown or missing mode makes every call
+//! return `Err`. Modes:
+//!
+//! | mode          | on every `on-event`                                                          |
+//! |---------------|------------------------------------------------------------------------------|
+//! | `noop`        | `Ok(())` (benches)                                                           |
+//! | `loop`        | spins forever (fuel / epoch deadline must stop it)                           |
+//! | `memhog`      | grows a `Vec<u8>` by 1 MiB until refused → `Err("memory refused after N MiB")` |
+//! | `trap`        | executes `unreachable` (a real trap)                                         |
+//! | `err`         | `Err("guest error: as requested")`                                           |
+//! | `republish`   | first call subscribes to `topic` (default `loop.ping`); every call bumps kv `calls` and publishes `{"n":<calls>}` to `topic` |
+//! | `subscribe`   | first call subscribes to `pattern` and publishes `{"id":<id>}` to `misbehave.subscribed` |
+//! | `unsubscribe` | unsubscribes the id found after `"id":` in the payload, publishes `{"id":..,"ok":..}` to `misbehave.unsubscribe` |
+//! | `escape`      | tries files, env and network; `Ok` only if everything is denied             |
+//! | `stdio`       | one line to stdout and one to stderr                                         |
+//! | `config`      | publishes all config pairs as a JSON object to `misbehave.config`             |
+//!
+//! Build with `examples/build-plugins.sh`.
+
+wit_bindgen::generate!({
+    path: "../../../wit",
+    world: "hook",
+    generate_all,
+});
+
+use exports::prx::plugin::hook_exports::Guest;
+use prx::host::{config, events, kv};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+enum Mode {
+    Noop,
+    Loop,
+    Memhog,
+    Trap,
+    Err,
+    Republish,
+    Subscribe,
+    Unsubscribe,
+    Escape,
+    Stdio,
+    Config,
+    Unknown(String),
+}
+
+static MODE: OnceLock<Mode> = OnceLock::new();
+/// `republish` / `subscribe`: whether the first call's subscription succeeded.
+static SUBSCRIBED: AtomicBool = AtomicBool::new(false);
+
+fn mode() -> &'static Mode {
+    MODE.get_or_init(|| match config::get("mode").as_deref() {
+        Some("noop") => Mode::Noop,
+        Some("loop") => Mode::Loop,
+        Some("memhog") => Mode::Memhog,
+        Some("trap") => Mode::Trap,
+        Some("err") => Mode::Err,
+        Some("republish") => Mode::Republish,
+        Some("subscribe") => Mode::Subscribe,
+        Some("unsubscribe") => Mode::Unsubscribe,
+        Some("escape") => Mode::Escape,
+        Some("stdio") => Mode::Stdio,
+        Some("config") => Mode::Config,
+        Some(other) => Mode::Unknown(format!("misbehave: unknown mode {}", json_string(other))),
+        None => Mode::Unknown("misbehave: config key `mode` is missing".into()),
+    })
+}
+
+struct Misbehave;
+
+impl Guest for Misbehave {
+    fn on_event(_event: String, payload_json: String) -> Result<(), String> {
+        match mode() {
+            Mode::Noop => Ok(()),
+            Mode::Loop => spin(),
+            Mode::Memhog => memhog(),
+            Mode::Trap => core::arch::wasm32::unreachable(),
+            Mode::Err => Err("guest error: as requested".into()),
+            Mode::Republish => republish(),
+            Mode::Subscribe => subscribe(),
+            Mode::Unsubscribe => unsubscribe(&payload_json),
+            Mode::Escape => escape(),
+            Mode::Stdio => {
+                println!("stdout line from misbehave");
+                eprintln!("stderr line from misbehave");
+                Ok(())
+            }
+            Mode::Config => {
+                let pairs: Vec<String> = config::get_all()
+                    .iter()
+                    .map(|(k, v)| format!("{}:{}", json_string(k), json_string(v)))
+                    .collect();
+                events::publish("misbehave.config", &format!("{{{}}}", pairs.join(",")))
+            }
+            Mode::Unknown(message) => Err(message.clone()),
+        }
+    }
+}
+
+fn spin() -> ! {
+    let mut i = 0u64;
+    loop {
+        i = core::hint::black_box(i.wrapping_add(1));
+    }
+}
+
+fn memhog() -> Result<(), String> {
+    const MIB: usize = 1 << 20;
+    let mut hog: Vec<u8> = Vec::new();
+    for n in 0..4096 {
+        if hog.try_reserve(MIB).is_err() {
+            return Err(format!("memory refused after {n} MiB"));
+        }
+        // Touch the new MiB so it is really backed (capacity is reserved: no reallocation here).
+        hog.resize(hog.len() + MIB, 0xA5);
+        core::hint::black_box(&hog);
+    }
+    Ok(())
+}
+
+fn republish() -> Result<(), String> {
+    let topic = config::get("topic").unwrap_or_else(|| "loop.ping".into());
+    if !SUBSCRIBED.load(Ordering::Relaxed) {
+        events::subscribe(&topic).map_err(|e| format!("subscribe {topic}: {e}"))?;
+        SUBSCRIBED.store(true, Ordering::Relaxed);
+    }
+    let calls = kv::get("calls")
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0)
+        + 1;
+    kv::set("calls", calls.to_string().as_bytes())?;
+    events::publish(&topic, &format!(r#"{{"n":{calls}}}"#))
+}
+
+fn subscribe() -> Result<(), String> {
+    if SUBSCRIBED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let pattern = config::get("pattern").ok_or("misbehave: config key `pattern` is missing")?;
+    let id = events::subscribe(&pattern).map_err(|e| format!("subscribe {pattern}: {e}"))?;
+    SUBSCRIBED.store(true, Ordering::Relaxed);
+    events::publish("misbehave.subscribed", &format!(r#"{{"id":{id}}}"#))
+}
+
+fn unsubscribe(payload: &str) -> Result<(), String> {
+    let id = find_id(payload).ok_or("misbehave: no \"id\":<u64> in payload")?;
+    let message = match events::unsubscribe(id) {
+        Ok(()) => format!(r#"{{"id":{id},"ok":true}}"#),
+        Err(e) => format!(r#"{{"id":{id},"ok":false,"error":{}}}"#, json_string(&e)),
+    };
+    events::publish("misbehave.unsubscribe", &message)?;
+    Ok(())
+}
+
+/// The first unsigned integer that follows a `"id":` (whitespace allowed after the colon).
+fn find_id(json: &str) -> Option<u64> {
+    let mut rest = json;
+    while let Some(at) = rest.find("\"id\":") {
+        rest = &rest[at + 5..];
+        let value = rest.trim_start_matches([' ', '\t', '\n', '\r']);
+        let digits = value.len() - value.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if let Ok(id) = value[..digits].parse() {
+            return Some(id);
+        }
+    }
+    None
+}
+
+fn escape() -> Result<(), String> {
+    let mut leaks = Vec::new();
+    if let Ok(s) = std::fs::read_to_string("/etc/hostname") {
+        leaks.push(format!("read /etc/hostname ({} bytes)", s.len()));
+    }
+    if let Ok(dir) = std::fs::read_dir("/") {
+        leaks.push(format!("listed / ({} entries)", dir.count()));
+    }
+    let vars = std::env::vars().count();
+    if vars > 0 {
+        leaks.push(format!("{vars} environment variables"));
+    }
+    if std::net::TcpStream::connect("127.0.0.1:1").is_ok() {
+        leaks.push("connected to 127.0.0.1:1".into());
+    }
+    if leaks.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("sandbox leaked: {}", leaks.join("; ")))
+    }
+}
+
+/// `s` as a quoted JSON string (RFC 8259: escapes `"`, `\` and control characters).
+fn json_string(s: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c < ' ' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+export!(Misbehave);

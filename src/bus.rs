@@ -398,9 +398,23 @@ impl Bus {
         pattern: &str,
         capacity: usize,
     ) -> Result<Subscription, BusError> {
-        let parsed = Pattern::parse(pattern)?;
         let capacity = capacity.max(1);
         let (tx, rx) = flume::bounded(capacity);
+        self.subscribe_into(pattern, tx, rx)
+    }
+
+    /// Subscribes `pattern` into a queue the caller owns (a plugin's call queue: its messages
+    /// and the lifecycle events share one queue, so they reach the plugin in one order). `rx`
+    /// is that queue's receiving end, kept for stats; dropping the returned subscription
+    /// unsubscribes.
+    pub(crate) fn subscribe_into(
+        &self,
+        pattern: &str,
+        tx: flume::Sender<Message>,
+        rx: flume::Receiver<Message>,
+    ) -> Result<Subscription, BusError> {
+        let parsed = Pattern::parse(pattern)?;
+        let capacity = tx.capacity().unwrap_or(usize::MAX);
         let mut reg = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
         if self.0.closed.load(Ordering::Acquire) {
             return Err(BusError::Closed);

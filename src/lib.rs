@@ -44,6 +44,7 @@ mod pipeline;
 mod ring;
 pub mod shell;
 pub mod stats;
+pub mod wasm;
 mod sync;
 
 pub use bus::{Bus, BusError, Message, Subscription};
@@ -255,8 +256,8 @@ impl HooksBuilder {
     /// Validates the options and starts the workers.
     pub fn build(self) -> Result<Hooks, BuildError> {
         self.check()?;
-        // Interest parts: 0 the bus, 1 shell hooks.
-        let interest = Interest::new(2);
+        // Interest parts: 0 the bus, 1 shell hooks, 2 WASM plugins.
+        let interest = Interest::new(3);
         let bus = BusSink::new(
             interest.handle(0),
             self.subscriber_queue,
@@ -281,6 +282,35 @@ impl HooksBuilder {
         if let Some(shell) = &shell {
             sinks.push(shell.clone());
         }
+        #[cfg(feature = "wasm")]
+        let plugins = match &self.workspace {
+            Some(ws) => {
+                let sink = wasm::WasmSink::new(ws.clone(), bus.clone(), producers.interest.handle(2))
+                    .map_err(BuildError::Spawn)?;
+                for e in sink.errors() {
+                    tracing::warn!("plugin: {e}");
+                }
+                Some(Arc::new(sink))
+            }
+            None => None,
+        };
+        #[cfg(feature = "wasm")]
+        if let Some(p) = &plugins {
+            sinks.push(p.clone());
+        }
+        #[cfg(feature = "wasm")]
+        let plugin_watcher = match (&self.workspace, &plugins) {
+            (Some(ws), Some(p)) => Some(
+                wasm::PluginWatcher::start(
+                    ws.clone(),
+                    Arc::downgrade(p),
+                    self.reload_debounce,
+                    config::WatchOptions::default().poll,
+                )
+                .map_err(BuildError::Spawn)?,
+            ),
+            _ => None,
+        };
         // The watcher loads hooks.json once before `start` returns, so the first table is
         // live before any event can be emitted.
         let config = match (&self.workspace, &shell) {
@@ -308,6 +338,10 @@ impl HooksBuilder {
             pipeline,
             bus,
             shell,
+            #[cfg(feature = "wasm")]
+            plugins,
+            #[cfg(feature = "wasm")]
+            plugin_watcher: std::sync::Mutex::new(plugin_watcher),
             config: std::sync::Mutex::new(match config {
                 Some(watcher) => ConfigState::Live(watcher),
                 None => ConfigState::Absent,
@@ -328,6 +362,10 @@ pub struct Hooks {
     pipeline: Pipeline,
     bus: Bus,
     shell: Option<Arc<shell::ShellSink>>,
+    #[cfg(feature = "wasm")]
+    plugins: Option<Arc<wasm::WasmSink>>,
+    #[cfg(feature = "wasm")]
+    plugin_watcher: std::sync::Mutex<Option<wasm::PluginWatcher>>,
     /// The hooks.json watcher while running; its last stats and table after shutdown.
     config: std::sync::Mutex<ConfigState>,
     producers: Arc<Producers>,
@@ -397,7 +435,17 @@ impl Hooks {
             ConfigState::Absent => None,
         };
         stats.shell = self.shell.as_ref().map(|s| s.stats());
+        #[cfg(feature = "wasm")]
+        {
+            stats.plugins = self.plugins.as_ref().map(|p| p.stats());
+        }
         stats
+    }
+
+    /// The WASM plugin backend (when there is a workspace): loaded plugins, `fire`, `reload`.
+    #[cfg(feature = "wasm")]
+    pub fn plugins(&self) -> Option<&Arc<wasm::WasmSink>> {
+        self.plugins.as_ref()
     }
 
     /// The shell backend (when there is a workspace): its table, run history, `run_once`.
@@ -414,9 +462,16 @@ impl Hooks {
         }
     }
 
-    /// Re-reads hooks.json now (what `prx-hooks run` does on SIGHUP). An invalid file is
-    /// reported and the last good table stays; `None` without a workspace or after shutdown.
+    /// Re-reads hooks.json and rescans the plugins now (what `prx-hooks run` does on SIGHUP).
+    /// An invalid file is reported and the last good table (or plugin version) stays; `None`
+    /// without a workspace or after shutdown.
     pub fn reload(&self) -> Option<config::Reload> {
+        #[cfg(feature = "wasm")]
+        if let Some(p) = &self.plugins {
+            for e in p.reload().errors {
+                tracing::warn!("plugin: {e}");
+            }
+        }
         match &*self.config.lock().unwrap_or_else(|e| e.into_inner()) {
             ConfigState::Live(watcher) => Some(watcher.reload_now()),
             _ => None,
@@ -428,6 +483,13 @@ impl Hooks {
     /// emitted afterwards are `Skipped`.
     pub fn shutdown(&self, timeout: Duration) {
         // Stop reloading first: the table in force now is the one the drain runs under.
+        #[cfg(feature = "wasm")]
+        drop(
+            self.plugin_watcher
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         {
             let mut state = self.config.lock().unwrap_or_else(|e| e.into_inner());
             if let ConfigState::Live(watcher) = &*state {

@@ -7,6 +7,8 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::signal::{SigSet, Signal};
 use prx_hooks::{Emit, Emitter, Event, EventKind, Hooks, ndjson};
+#[cfg(feature = "wasm")]
+use prx_hooks::Sink;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -158,7 +160,7 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
                     return;
                 }
                 match reloader.reload() {
-                    Some(outcome) => tracing::info!("SIGHUP: hooks.json {outcome:?}"),
+                    Some(outcome) => tracing::info!("SIGHUP: hooks.json {outcome:?}; plugins rescanned"),
                     None => tracing::info!("SIGHUP: no workspace to reload"),
                 }
             }
@@ -311,7 +313,7 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
     if !args.workspace.is_dir() {
         return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
     }
-    match prx_hooks::config::load(&args.workspace) {
+    let hooks_ok: Result<ExitCode, BoxError> = match prx_hooks::config::load(&args.workspace) {
         Ok(table) => {
             for warning in &table.warnings {
                 println!("warning: {warning}");
@@ -339,7 +341,36 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
             eprintln!("{label}: {} error(s)", errors.len());
             Ok(ExitCode::from(1))
         }
+    };
+    let plugins_ok = validate_plugins(&args.workspace);
+    match hooks_ok? {
+        code if code != ExitCode::SUCCESS => Ok(code),
+        _ if !plugins_ok => Ok(ExitCode::from(1)),
+        code => Ok(code),
     }
+}
+
+/// Checks every plugin (manifest, compile, `on-event` and its type, linking); prints each
+/// problem on stdout and a summary on stderr. Whether all are fine.
+fn validate_plugins(workspace: &std::path::Path) -> bool {
+    let (manifests, _errors) = prx_hooks::wasm::manifest::scan(workspace);
+    #[cfg(feature = "wasm")]
+    let lines = prx_hooks::wasm::check_workspace(workspace);
+    #[cfg(not(feature = "wasm"))]
+    let lines: Vec<String> = _errors.iter().map(|e| e.to_string()).collect();
+    for line in &lines {
+        println!("{line}");
+    }
+    let dir = workspace.join(prx_hooks::wasm::manifest::PLUGINS_DIR);
+    if manifests.is_empty() && lines.is_empty() {
+        eprintln!("{}: no plugins", dir.display());
+    } else if lines.is_empty() {
+        let names: Vec<&str> = manifests.iter().map(|m| m.name.as_str()).collect();
+        eprintln!("{}: ok: {} plugin(s): {}", dir.display(), names.len(), names.join(", "));
+    } else {
+        eprintln!("{}: {} error(s)", dir.display(), lines.len());
+    }
+    lines.is_empty()
 }
 
 /// The payload `fire` uses when none is given, per event.
@@ -395,14 +426,25 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
     for warning in &table.warnings {
         tracing::warn!("{warning}");
     }
+    #[cfg(feature = "wasm")]
+    let plugins = {
+        let sink = prx_hooks::wasm::WasmSink::standalone(args.workspace.clone())?;
+        let errors = sink.errors();
+        if !errors.is_empty() {
+            for error in &errors {
+                eprintln!("{error}");
+            }
+            sink.shutdown(Instant::now());
+            return Ok(ExitCode::from(2));
+        }
+        sink
+    };
     let shell = prx_hooks::shell::ShellSink::standalone(args.workspace.clone(), Default::default());
     shell.set_table(Arc::new(table));
     let msg = prx_hooks::shell::event_message(&record.event(), &record.agent, &record.session, 0);
     let outcomes = shell.run_matching(&msg);
     shell.shutdown(Instant::now() + Duration::from_secs(2));
-    if outcomes.is_empty() {
-        eprintln!("no hooks for {name}");
-    }
+    let mut failed = outcomes.iter().any(|o| o.kind.is_failure());
     for outcome in &outcomes {
         if args.json {
             println!("{}", serde_json::to_string(outcome)?);
@@ -410,7 +452,26 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
             println!("{outcome}");
         }
     }
-    let failed = outcomes.iter().any(|o| o.kind.is_failure());
+    #[allow(unused_mut)]
+    let mut ran = outcomes.len();
+    #[cfg(feature = "wasm")]
+    {
+        let fired = plugins.fire(kind, &msg);
+        // Writes the plugins' kv stores, so the next `fire` sees them.
+        plugins.shutdown(Instant::now() + Duration::from_secs(2));
+        for outcome in &fired {
+            if args.json {
+                println!("{}", serde_json::to_string(outcome)?);
+            } else {
+                println!("{outcome}");
+            }
+        }
+        failed |= fired.iter().any(|o| !o.is_ok());
+        ran += fired.len();
+    }
+    if ran == 0 {
+        eprintln!("no hooks or plugins for {name}");
+    }
     Ok(if failed {
         ExitCode::from(1)
     } else {

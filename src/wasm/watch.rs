@@ -1,0 +1,178 @@
+//! Hot reload of `<workspace>/plugins/`.
+//!
+//! [`PluginWatcher`] watches the plugins directory recursively with inotify (and the workspace
+//! itself, so a `plugins/` created later is noticed), waits until changes go quiet for the
+//! debounce time (a `cargo build` or `cp` writes a `.wasm` in several steps), and asks the sink
+//! to reload. The sink rebuilds only plugins whose manifest or component changed, so a spurious
+//! wake-up costs a directory scan. When inotify is unavailable, or `PRX_HOOKS_POLL=1` is set, it
+//! polls instead: every [`POLL_INTERVAL`] it compares a listing of `plugins/` (each entry's
+//! inode, size, and modification and change times, three levels deep) with the previous one.
+//!
+//! State the host writes (`.prx-hooks/cache`, `.prx-hooks/kv`) is outside `plugins/`, so it
+//! never wakes the watcher.
+
+use super::manifest::PLUGINS_DIR;
+use super::sink::WasmSink;
+use notify::{RecursiveMode, Watcher};
+use std::path::{Path, PathBuf};
+use std::sync::Weak;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often the polling fallback lists `plugins/`.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Watches a workspace's plugins; dropping it stops and joins its thread.
+pub struct PluginWatcher {
+    tx: mpsc::Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+enum Msg {
+    Changed,
+    Stop,
+}
+
+impl PluginWatcher {
+    pub fn start(
+        workspace: PathBuf,
+        sink: Weak<WasmSink>,
+        debounce: Duration,
+        poll: bool,
+    ) -> std::io::Result<PluginWatcher> {
+        let (tx, rx) = mpsc::channel();
+        let plugins = workspace.join(PLUGINS_DIR);
+        let watcher = if poll {
+            None
+        } else {
+            inotify(&workspace, &plugins, tx.clone())
+        };
+        let thread = std::thread::Builder::new()
+            .name("prx-hooks-plugins".into())
+            .spawn(move || run(&plugins, watcher, &rx, &sink, debounce))?;
+        Ok(PluginWatcher {
+            tx,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for PluginWatcher {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// An inotify watcher on the workspace (for `plugins/` appearing) and on `plugins/`
+/// (recursively); `None` when it cannot be set up.
+fn inotify(
+    workspace: &Path,
+    plugins: &Path,
+    tx: mpsc::Sender<Msg>,
+) -> Option<notify::RecommendedWatcher> {
+    let prefix = plugins.to_path_buf();
+    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let relevant = match &res {
+            Ok(ev) => ev.paths.iter().any(|p| p.starts_with(&prefix)),
+            Err(_) => true,
+        };
+        if relevant {
+            let _ = tx.send(Msg::Changed);
+        }
+    })
+    .map_err(|e| tracing::warn!("plugins: cannot watch with inotify ({e}); polling instead"))
+    .ok()?;
+    w.watch(workspace, RecursiveMode::NonRecursive).ok()?;
+    if plugins.is_dir() {
+        w.watch(plugins, RecursiveMode::Recursive).ok()?;
+    }
+    Some(w)
+}
+
+fn run(
+    plugins: &Path,
+    mut watcher: Option<notify::RecommendedWatcher>,
+    rx: &mpsc::Receiver<Msg>,
+    sink: &Weak<WasmSink>,
+    debounce: Duration,
+) {
+    let polling = watcher.is_none();
+    let mut listing = list(plugins);
+    // A recursive watch on plugins/ exists only once the directory does.
+    let mut watching_plugins = plugins.is_dir();
+    let mut dirty_since: Option<Instant> = None;
+    loop {
+        let wait = match dirty_since {
+            Some(t) => debounce.saturating_sub(t.elapsed()),
+            None if polling => POLL_INTERVAL,
+            None => Duration::from_secs(3600),
+        };
+        match rx.recv_timeout(wait) {
+            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(Msg::Changed) => {
+                dirty_since = Some(Instant::now());
+                continue;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if polling {
+            let now = list(plugins);
+            if now != listing {
+                listing = now;
+                dirty_since = Some(Instant::now());
+                continue;
+            }
+        }
+        if dirty_since.is_none_or(|t| t.elapsed() < debounce) {
+            continue;
+        }
+        dirty_since = None;
+        if let Some(w) = watcher.as_mut()
+            && !watching_plugins
+            && plugins.is_dir()
+        {
+            watching_plugins = w.watch(plugins, RecursiveMode::Recursive).is_ok();
+        }
+        let Some(sink) = sink.upgrade() else { return };
+        let report = sink.reload();
+        for e in &report.errors {
+            tracing::warn!("plugin: {e}");
+        }
+    }
+}
+
+/// `plugins/` three levels deep: each entry's path, inode, size, and times.
+fn list(plugins: &Path) -> Vec<(PathBuf, u64, u64, i64, i64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![(plugins.to_path_buf(), 0)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(md) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if md.is_dir() && depth < 2 {
+                stack.push((path.clone(), depth + 1));
+            }
+            out.push((
+                path,
+                md.ino(),
+                md.size(),
+                md.mtime(),
+                md.mtime_nsec(),
+                md.ctime(),
+                md.ctime_nsec(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}

@@ -480,7 +480,10 @@ fn events_functions_need_the_events_permission() {
 #[test]
 fn plugins_reach_no_files_environment_or_network() {
     let ws = tempfile::tempdir().unwrap();
-    misbehave(ws.path(), "escape", "escape", "", "");
+    // Something to connect to: a refused connection must mean the sandbox, not a closed port.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    misbehave(ws.path(), "escape", "escape", "", &format!("connect = \"{addr}\""));
     // SAFETY: no other thread of this test binary reads or writes the environment.
     unsafe { std::env::set_var("PRX_HOOKS_TEST_SECRET", "s3cret") };
     let h = hooks(ws.path());

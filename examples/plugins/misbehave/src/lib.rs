@@ -17,6 +17,10 @@
 //! | `stdio`       | one line to stdout and one to stderr                                         |
 //! | `config`      | publishes all config pairs as a JSON object to `misbehave.config`             |
 //!
+//! With `only = "<event>"` in `[config]` the mode applies to that event only; every other event
+//! returns `Ok(())` (so a test can check that the call after a fault works). `escape` connects to
+//! `connect` (default `127.0.0.1:1`).
+//!
 //! Build with `examples/build-plugins.sh`.
 
 wit_bindgen::generate!({
@@ -70,7 +74,16 @@ fn mode() -> &'static Mode {
 struct Misbehave;
 
 impl Guest for Misbehave {
-    fn on_event(_event: String, payload_json: String) -> Result<(), String> {
+    fn on_event(event: String, payload_json: String) -> Result<(), String> {
+        // `only = "<event>"`: misbehave for that event, succeed quietly for every other one.
+        static ONLY: OnceLock<Option<String>> = OnceLock::new();
+        if ONLY
+            .get_or_init(|| config::get("only"))
+            .as_ref()
+            .is_some_and(|only| *only != event)
+        {
+            return Ok(());
+        }
         match mode() {
             Mode::Noop => Ok(()),
             Mode::Loop => spin(),
@@ -180,8 +193,10 @@ fn escape() -> Result<(), String> {
     if vars > 0 {
         leaks.push(format!("{vars} environment variables"));
     }
-    if std::net::TcpStream::connect("127.0.0.1:1").is_ok() {
-        leaks.push("connected to 127.0.0.1:1".into());
+    // `connect`: an address the test listens on (so a refusal means the sandbox, not a closed port).
+    let addr = config::get("connect").unwrap_or_else(|| "127.0.0.1:1".into());
+    if std::net::TcpStream::connect(addr.as_str()).is_ok() {
+        leaks.push(format!("connected to {addr}"));
     }
     if leaks.is_empty() {
         Ok(())

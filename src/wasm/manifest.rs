@@ -1,0 +1,1524 @@
+//! `<workspace>/plugins/<name>/plugin.toml`: the WASM plugin manifest (DESIGN.md §5).
+//!
+//! Every subdirectory of `<workspace>/plugins/` is one plugin (names starting with `.` are
+//! ignored); its `plugin.toml` says what the plugin is, which `.wasm` component to run, which
+//! lifecycle events and topics it wants, what it may use and how much. The format is PRX's, so a
+//! manifest written for PRX loads unchanged:
+//!
+//! ```toml
+//! [plugin]
+//! name = "audit"              # required: 1-64 of A-Z a-z 0-9 _ -, equal to the directory name
+//! version = "0.1.0"           # required, non-empty
+//! wasm = "plugin.wasm"        # default; relative to the directory, may not leave it
+//! description = "…"           # optional, like author, license and PRX's api_version
+//!
+//! [[capabilities]]
+//! type = "hook"               # required; only "hook" capabilities are used here
+//! name = "count"              # optional, like description, priority (an integer), schedule
+//! events = ["agent_start", "prx.lifecycle.tool_call"]   # a list of patterns, and/or:
+//! [[capabilities.events]]
+//! pattern = "prx.lifecycle.*"
+//! description = "…"
+//!
+//! [permissions]
+//! required = ["log", "kv", "events"]   # "events" grants prx:host/events
+//! optional = []
+//! http_allowlist = []                  # accepted and kept, unused here (like filesystem_allowlist)
+//!
+//! [resources]
+//! max_fuel = 1_000_000_000    # per call (refilled), ≥ 1
+//! max_memory_mb = 64          # 1..=4096
+//! max_execution_time_ms = 30_000   # 1..=3600000
+//! max_kv_storage_mb = 10      # 0..=1024
+//! pool_size = 1               # 0..=64; 0 (what PRX writes) means the default, 1
+//!
+//! [config]                    # exposed through prx:host/config as strings
+//! greeting = "hello"
+//! ```
+//!
+//! Event patterns, in hook capabilities: a bare event name (`tool_call`, or PRX's spelling
+//! `Tool-Call`, normalized like hooks.json's event keys; PRX's `agent_stop` means `agent_end`)
+//! stands for its topic `prx.lifecycle.tool_call`; `prx.lifecycle.<event>`, `prx.lifecycle.*` and
+//! `*` are kept; any other dotted pattern is a bus pattern for custom topics (an exact topic or a
+//! prefix ending in `.*`). [`Manifest::patterns`] holds the normalized patterns, without
+//! repeats, in file order; [`Manifest::events`] the lifecycle events they match. Other capability
+//! types (tool, middleware, cron, provider, storage, …) are accepted and not used.
+//!
+//! Checks: [`parse`] reports every problem it finds, each as `FILE:LINE:COL: key.path: reason`
+//! (TOML dotted paths such as `capabilities[0].events[1].pattern`), pointing at the offending
+//! value or key, or at the table header when a required key is missing. TOML syntax errors
+//! (duplicate keys among them) are reported alone, with toml's message. Unknown keys anywhere
+//! are errors, with a "did you mean" when a known key is close: a misspelled limit must never be
+//! silently ignored. Besides the keys above, PRX's other keys are accepted so its manifests load:
+//! `[plugin] api_version`, `[[capabilities]] schedule` (cron), `[resources]
+//! max_http_requests_per_call` (its code) and `max_http_requests` / `max_kv_storage_kb` (its
+//! docs; `max_kv_storage_kb` sets the KV cap, rounded up to whole MiB, when `max_kv_storage_mb`
+//! is absent). [`load`] adds the file rules: `plugin.toml` may not be a symbolic link or exceed
+//! [`MAX_MANIFEST_BYTES`], and must be UTF-8. The `.wasm` file must exist as a regular file
+//! inside the plugin directory, also once symbolic links are resolved; it is not compiled here.
+
+use crate::config::{ConfigError, ConfigErrors, normalize_event_key};
+use crate::event::{EventKind, EventMask};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+use toml::Spanned;
+use toml::de::{DeString, DeTable, DeValue};
+
+/// The manifest's file name inside a plugin directory.
+pub const MANIFEST_FILE: &str = "plugin.toml";
+/// Largest accepted manifest.
+pub const MAX_MANIFEST_BYTES: u64 = 256 * 1024;
+/// The directory under the workspace that holds one subdirectory per plugin.
+pub const PLUGINS_DIR: &str = "plugins";
+/// `[plugin] wasm` when it is not given.
+pub const DEFAULT_WASM: &str = "plugin.wasm";
+/// Longest plugin name.
+pub const MAX_NAME_LEN: usize = 64;
+/// Most errors one manifest reports; the rest are counted in a last line.
+pub const MAX_ERRORS: usize = 100;
+
+/// `max_memory_mb` range.
+pub const MAX_MEMORY_MB: u64 = 4096;
+/// `max_execution_time_ms` range (1 ms to an hour).
+pub const MAX_EXECUTION_TIME_MS: u64 = 3_600_000;
+/// `max_kv_storage_mb` range (0 disables writes).
+pub const MAX_KV_STORAGE_MB: u64 = 1024;
+/// `pool_size` range (0 means the default, 1).
+pub const MAX_POOL_SIZE: u32 = 64;
+
+/// Permission names `[permissions] required` / `optional` may list: PRX's host interfaces
+/// (its code and docs). Here `log` and `config` are always granted and `events` gates
+/// `prx:host/events`; `kv` is accepted (kv is always linked). The others name PRX interfaces this
+/// host does not provide; they are accepted so PRX manifests load, and grant nothing.
+pub const KNOWN_PERMISSIONS: &[&str] = &[
+    "log",
+    "config",
+    "kv",
+    "events",
+    "clock",
+    "memory",
+    "http-outbound",
+    "websocket-outbound",
+    "filesystem",
+    "llm",
+    "messaging",
+];
+
+/// PRX's capability types (only `hook` is used here). A type that is not one of these is
+/// accepted and ignored, unless it is a near miss of one (`hok`), which is an error.
+pub const CAPABILITY_TYPES: &[&str] = &[
+    "hook",
+    "tool",
+    "middleware",
+    "cron",
+    "provider",
+    "storage",
+    "channel",
+];
+
+const TOP_KEYS: &[&str] = &[
+    "plugin",
+    "capabilities",
+    "permissions",
+    "resources",
+    "config",
+];
+const PLUGIN_KEYS: &[&str] = &[
+    "name",
+    "version",
+    "wasm",
+    "description",
+    "author",
+    "license",
+    "api_version",
+];
+const CAPABILITY_KEYS: &[&str] = &[
+    "type",
+    "name",
+    "description",
+    "priority",
+    "events",
+    "schedule",
+];
+const EVENT_KEYS: &[&str] = &["pattern", "description"];
+const PERMISSION_KEYS: &[&str] = &[
+    "required",
+    "optional",
+    "http_allowlist",
+    "filesystem_allowlist",
+];
+const RESOURCE_KEYS: &[&str] = &[
+    "max_fuel",
+    "max_memory_mb",
+    "max_execution_time_ms",
+    "max_kv_storage_mb",
+    "pool_size",
+    "max_http_requests_per_call",
+    "max_http_requests",
+    "max_kv_storage_kb",
+];
+/// Where a key that is unknown in one table belongs (for the hint).
+const SECTIONS: &[(&str, &[&str])] = &[
+    ("[plugin]", PLUGIN_KEYS),
+    ("[[capabilities]]", CAPABILITY_KEYS),
+    ("[permissions]", PERMISSION_KEYS),
+    ("[resources]", RESOURCE_KEYS),
+];
+
+/// A checked plugin manifest.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Manifest {
+    /// `[plugin] name`: equal to the directory's name.
+    pub name: String,
+    pub version: String,
+    pub description: Option<String>,
+    pub author: Option<String>,
+    pub license: Option<String>,
+    /// The plugin directory, as given to [`parse`] / [`load`].
+    pub dir: PathBuf,
+    /// How messages name the manifest (`ws/plugins/audit/plugin.toml`).
+    pub file: String,
+    /// The component: `dir` joined with `[plugin] wasm` (lexically normalized). Checked to be
+    /// relative, inside `dir` (also through symbolic links) and a regular file.
+    pub wasm: PathBuf,
+    /// Every capability, in file order (only `hook` ones are used).
+    pub capabilities: Vec<Capability>,
+    /// The event patterns of all hook capabilities, normalized to topic patterns
+    /// (`agent_start` → `prx.lifecycle.agent_start`; `prx.lifecycle.*`, `*` and custom topic
+    /// patterns kept), without repeats, in file order.
+    pub patterns: Vec<String>,
+    /// The lifecycle events [`patterns`](Manifest::patterns) match (serialized as their names).
+    #[serde(serialize_with = "serialize_mask")]
+    pub events: EventMask,
+    pub permissions: Permissions,
+    pub resources: Resources,
+    /// `[config]`: strings as written; integers as decimal text (`1_000` → `1000`), floats,
+    /// booleans and date-times as their TOML text.
+    pub config: BTreeMap<String, String>,
+}
+
+fn serialize_mask<S: serde::Serializer>(mask: &EventMask, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(
+        EventKind::ALL
+            .into_iter()
+            .filter(|k| mask.contains(*k))
+            .map(EventKind::name),
+    )
+}
+
+/// One `[[capabilities]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Capability {
+    /// `type`: `hook`, `tool`, ….
+    pub kind: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub priority: Option<i32>,
+    pub schedule: Option<String>,
+    /// For a hook: its normalized patterns (see [`event_pattern`]). For other types: the
+    /// patterns as written.
+    pub events: Vec<String>,
+}
+
+impl Capability {
+    pub fn is_hook(&self) -> bool {
+        self.kind == "hook"
+    }
+}
+
+/// `[permissions]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Permissions {
+    pub required: Vec<String>,
+    pub optional: Vec<String>,
+    /// `"events"` is listed in `required` or `optional`: the plugin may use `prx:host/events`.
+    pub events: bool,
+    /// Accepted and kept; this host makes no HTTP requests for plugins.
+    pub http_allowlist: Vec<String>,
+    /// Accepted and kept; plugins get no file system access.
+    pub filesystem_allowlist: Vec<String>,
+}
+
+/// `[resources]`, with defaults filled in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Resources {
+    /// Fuel per call (refilled before each call); ≥ 1.
+    pub max_fuel: u64,
+    /// Linear memory cap, MiB; 1..=4096.
+    pub max_memory_mb: u64,
+    /// Wall-clock limit per call, ms; 1..=3600000.
+    pub max_execution_time_ms: u64,
+    /// KV storage cap, MiB; 0..=1024.
+    pub max_kv_storage_mb: u64,
+    /// Live instances kept per plugin; 1..=64 (a written 0 means 1).
+    pub pool_size: u32,
+}
+
+impl Resources {
+    pub const DEFAULT: Resources = Resources {
+        max_fuel: 1_000_000_000,
+        max_memory_mb: 64,
+        max_execution_time_ms: 30_000,
+        max_kv_storage_mb: 10,
+        pool_size: 1,
+    };
+}
+
+impl Default for Resources {
+    fn default() -> Resources {
+        Resources::DEFAULT
+    }
+}
+
+/// `[A-Za-z0-9_-]{1,64}`.
+pub fn is_valid_name(name: &str) -> bool {
+    (1..=MAX_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// How [`load`] names a plugin directory's manifest in messages: `plugin.toml` for the current
+/// directory, the joined path otherwise.
+pub fn file_label(dir: &Path) -> String {
+    if dir.as_os_str().is_empty() || dir == Path::new(".") {
+        MANIFEST_FILE.to_string()
+    } else {
+        one_line(&dir.join(MANIFEST_FILE).display().to_string())
+    }
+}
+
+/// Normalizes one event pattern of a hook capability, or says why it is invalid (the reason
+/// alone, without the pattern's place). The result is a bus pattern: `*`, `prx.lifecycle.*`,
+/// `prx.lifecycle.<event>`, or a custom topic pattern (an exact topic or a prefix + `.*`).
+pub fn event_pattern(written: &str) -> Result<String, String> {
+    const LIFECYCLE: &str = crate::bus::LIFECYCLE_PREFIX;
+    let names: Vec<&str> = EventKind::ALL.iter().map(|k| k.name()).collect();
+    if written.is_empty() {
+        return Err(
+            "an empty pattern matches nothing; write an event name such as \"tool_call\", \
+             a topic pattern such as \"prx.lifecycle.*\", or \"*\""
+                .into(),
+        );
+    }
+    if written == "*" {
+        return Ok("*".into());
+    }
+    if !written.contains('.') {
+        let norm = normalize_event_key(written);
+        if let Some(kind) = lifecycle_event(&norm) {
+            return Ok(kind.topic().into());
+        }
+        let hint = match crate::suggest(&norm, &names) {
+            Some(s) => format!("; did you mean \"{s}\"?"),
+            None => format!(
+                "; expected one of {}, a topic pattern such as \"prx.lifecycle.*\", or \"*\"",
+                names.join(", ")
+            ),
+        };
+        return Err(format!("unknown event {}{hint}", quote(written)));
+    }
+    let lower = written.to_ascii_lowercase();
+    if let Some(rest) = lower.strip_prefix(LIFECYCLE)
+        && !rest.is_empty()
+    {
+        let canonical = if rest == "*" {
+            Some(format!("{LIFECYCLE}*"))
+        } else {
+            lifecycle_event(&normalize_event_key(rest)).map(|k| k.topic().to_string())
+        };
+        if let Some(c) = canonical {
+            // The event part is normalized like a bare name; the prefix must be exact.
+            if written.starts_with(LIFECYCLE) {
+                return Ok(c);
+            }
+            return Err(format!("topics are case-sensitive; did you mean \"{c}\"?"));
+        }
+        let rest_written = &written[LIFECYCLE.len()..];
+        let hint = match crate::suggest(&normalize_event_key(rest), &names) {
+            Some(s) => format!("; did you mean \"{LIFECYCLE}{s}\"?"),
+            None => format!(
+                "; the lifecycle events are {}, or \"{LIFECYCLE}*\" for all of them",
+                names.join(", ")
+            ),
+        };
+        return Err(format!(
+            "unknown lifecycle event {}{hint}",
+            quote(rest_written)
+        ));
+    }
+    check_pattern(written).map_err(|reason| {
+        format!(
+            "invalid pattern {}: {reason}; use an event name such as \"tool_call\", an exact \
+             topic, a prefix ending in \".*\", or \"*\"",
+            quote(written)
+        )
+    })?;
+    Ok(written.to_string())
+}
+
+/// The lifecycle events a normalized pattern (see [`event_pattern`]) matches.
+pub fn pattern_mask(pattern: &str) -> EventMask {
+    EventKind::ALL
+        .into_iter()
+        .filter(|k| pattern_matches(pattern, k.topic()))
+        .fold(EventMask::NONE, |m, k| m | k.mask())
+}
+
+/// Whether a bus pattern matches a topic: `*` everything, `p.*` every topic under `p.`, any
+/// other pattern exactly itself.
+fn pattern_matches(pattern: &str, topic: &str) -> bool {
+    if pattern == "*" {
+        return true;
+    }
+    match pattern.strip_suffix('*') {
+        Some(prefix) if prefix.ends_with('.') => topic.starts_with(prefix),
+        _ => pattern == topic,
+    }
+}
+
+/// An event name after [`normalize_event_key`], with PRX's `agent_stop` for `agent_end`.
+fn lifecycle_event(norm: &str) -> Option<EventKind> {
+    match norm {
+        "agent_stop" => Some(EventKind::AgentEnd),
+        n => EventKind::from_name(n),
+    }
+}
+
+/// The bus's pattern rules (`src/bus.rs`): `*`, or a topic optionally followed by `.*`, where a
+/// topic is 1..=256 bytes of dot-separated, non-empty segments of `A-Z a-z 0-9 _ -`.
+fn check_pattern(pattern: &str) -> Result<(), String> {
+    if pattern == "*" {
+        return Ok(());
+    }
+    let topic = pattern.strip_suffix(".*").unwrap_or(pattern);
+    if topic.is_empty() {
+        return Err("it is empty".into());
+    }
+    let max = crate::bus::MAX_TOPIC_LEN;
+    if topic.len() > max {
+        return Err(format!(
+            "it is {} bytes long; the limit is {max}",
+            topic.len()
+        ));
+    }
+    for (n, segment) in topic.split('.').enumerate() {
+        if segment.is_empty() {
+            return Err(format!("segment {} is empty", n + 1));
+        }
+        if let Some(c) = segment
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+        {
+            return Err(format!("character {c:?} is not allowed"));
+        }
+    }
+    Ok(())
+}
+
+/// Loads `<dir>/plugin.toml`: it must be a regular file (not a symbolic link) of at most
+/// [`MAX_MANIFEST_BYTES`], in UTF-8; then [`parse`] checks it, the plugin's name against the
+/// directory's name among the rest.
+pub fn load(dir: &Path) -> Result<Manifest, ConfigErrors> {
+    let label = file_label(dir);
+    let text = read_manifest(dir, &label)?;
+    parse(&text, &label, dir)
+}
+
+fn read_manifest(dir: &Path, label: &str) -> Result<String, ConfigErrors> {
+    use std::os::unix::fs::MetadataExt;
+    let fail = |pos: usize, text: &str, reason: String| {
+        Err(finish(
+            label,
+            text,
+            vec![Raw {
+                pos,
+                path: "$".into(),
+                reason,
+            }],
+        ))
+    };
+    let path = dir.join(MANIFEST_FILE);
+    let meta = match std::fs::symlink_metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return fail(0, "", no_manifest_reason());
+        }
+        Err(e) => return fail(0, "", format!("cannot read the file: {e}")),
+    };
+    if meta.file_type().is_symlink() {
+        return fail(
+            0,
+            "",
+            "may not be a symbolic link; put the manifest itself in the plugin directory".into(),
+        );
+    }
+    if !meta.is_file() {
+        return fail(0, "", "is not a regular file".into());
+    }
+    let too_large = || {
+        format!(
+            "the file is larger than {} KiB (the limit)",
+            MAX_MANIFEST_BYTES / 1024
+        )
+    };
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return fail(0, "", too_large());
+    }
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) => return fail(0, "", format!("cannot read the file: {e}")),
+    };
+    // The file opened must be the one examined (not a symbolic link swapped in since).
+    match file.metadata() {
+        Ok(m) if m.dev() == meta.dev() && m.ino() == meta.ino() => {}
+        Ok(_) => {
+            return fail(
+                0,
+                "",
+                "was replaced while being read (by a symbolic link?); try again".into(),
+            );
+        }
+        Err(e) => return fail(0, "", format!("cannot read the file: {e}")),
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    if let Err(e) = file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes) {
+        return fail(0, "", format!("cannot read the file: {e}"));
+    }
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        return fail(0, "", too_large());
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(text),
+        Err(e) => {
+            let at = e.utf8_error().valid_up_to();
+            let valid = std::str::from_utf8(&e.as_bytes()[..at]).unwrap_or_default();
+            fail(
+                at,
+                valid,
+                format!("invalid UTF-8 at byte {at}; plugin.toml must be UTF-8"),
+            )
+        }
+    }
+}
+
+fn no_manifest_reason() -> String {
+    format!(
+        "no {MANIFEST_FILE}: every directory in {PLUGINS_DIR}/ is a plugin and needs one \
+         (directories whose name starts with '.' are ignored)"
+    )
+}
+
+/// Loads every plugin under `<workspace>/plugins/`: each subdirectory, in name order, except
+/// those whose name starts with `.` (files there are ignored). A missing `plugins/` directory
+/// means no plugins. The manifests that load are returned even when others fail; the errors
+/// are every failing manifest's, in the same order.
+pub fn scan(workspace: &Path) -> (Vec<Manifest>, Vec<ConfigError>) {
+    let plugins = workspace.join(PLUGINS_DIR);
+    let entries = match std::fs::read_dir(&plugins) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (Vec::new(), Vec::new()),
+        Err(e) => {
+            return (
+                Vec::new(),
+                vec![ConfigError {
+                    file: one_line(&plugins.display().to_string()),
+                    line: 1,
+                    col: 1,
+                    path: "$".into(),
+                    reason: one_line(&format!("cannot read the plugins directory: {e}")),
+                }],
+            );
+        }
+    };
+    let mut names: Vec<OsString> = Vec::new();
+    let mut errors = Vec::new();
+    for entry in entries {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                errors.push(ConfigError {
+                    file: one_line(&plugins.display().to_string()),
+                    line: 1,
+                    col: 1,
+                    path: "$".into(),
+                    reason: one_line(&format!("cannot read the plugins directory: {e}")),
+                });
+                break;
+            }
+        };
+        let name = entry.file_name();
+        if name.as_encoded_bytes().starts_with(b".") {
+            continue;
+        }
+        // Follows a symbolic link to a directory: the plugin is wherever it points.
+        if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    let mut manifests = Vec::with_capacity(names.len());
+    for name in names {
+        match load(&plugins.join(&name)) {
+            Ok(m) => manifests.push(m),
+            Err(errs) => errors.extend(errs),
+        }
+    }
+    (manifests, errors)
+}
+
+/// Parses and checks the text of a plugin.toml. `file_label` names the file in messages; `dir`
+/// is the plugin's directory: the name must equal its file name (unless it has none, such as
+/// `.`), and `[plugin] wasm` is resolved and checked against it.
+pub fn parse(text: &str, file_label: &str, dir: &Path) -> Result<Manifest, ConfigErrors> {
+    let label = one_line(file_label);
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        let reason = format!(
+            "the file is larger than {} KiB (the limit)",
+            MAX_MANIFEST_BYTES / 1024
+        );
+        return Err(finish(
+            &label,
+            "",
+            vec![Raw {
+                pos: 0,
+                path: "$".into(),
+                reason,
+            }],
+        ));
+    }
+    let (root, syntax) = DeTable::parse_recoverable(text);
+    if !syntax.is_empty() {
+        let errs = syntax
+            .iter()
+            .map(|e| Raw {
+                pos: e.span().map_or(0, |s| s.start),
+                path: "$".into(),
+                reason: format!("invalid TOML: {}", one_line(e.message().trim())),
+            })
+            .collect();
+        return Err(finish(&label, text, errs));
+    }
+    let mut c = Check {
+        text,
+        dir,
+        errs: Vec::new(),
+    };
+    let manifest = c.document(root.get_ref(), &label);
+    if c.errs.is_empty() {
+        Ok(manifest)
+    } else {
+        Err(finish(&label, text, c.errs))
+    }
+}
+
+/// One problem, located by byte offset.
+struct Raw {
+    pos: usize,
+    path: String,
+    reason: String,
+}
+
+/// Raw errors → `ConfigErrors`, in file order, at most [`MAX_ERRORS`] (then a line counting
+/// the rest).
+fn finish(label: &str, text: &str, mut errs: Vec<Raw>) -> ConfigErrors {
+    errs.sort_by_key(|e| e.pos);
+    errs.dedup_by(|a, b| a.pos == b.pos && a.path == b.path && a.reason == b.reason);
+    if errs.len() > MAX_ERRORS {
+        let more = errs.len() - MAX_ERRORS;
+        errs.truncate(MAX_ERRORS + 1);
+        let last = &mut errs[MAX_ERRORS];
+        last.path = "$".into();
+        last.reason = format!("… and {more} more errors (only the first {MAX_ERRORS} are shown)");
+    }
+    let lines = Lines::new(text);
+    ConfigErrors(
+        errs.into_iter()
+            .map(|e| {
+                let (line, col) = lines.locate(e.pos);
+                ConfigError {
+                    file: label.to_string(),
+                    line,
+                    col,
+                    path: e.path,
+                    reason: one_line(&e.reason),
+                }
+            })
+            .collect(),
+    )
+}
+
+type Val<'i> = Spanned<DeValue<'i>>;
+type Key<'i> = Spanned<DeString<'i>>;
+
+/// A TOML dotted path: `capabilities[0].events[1].pattern`, `config."a b"`.
+fn key_path(parent: &str, key: &str) -> String {
+    let bare = !key.is_empty()
+        && key.len() <= 64
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    let key = if bare { key.to_string() } else { quote(key) };
+    if parent.is_empty() {
+        key
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+fn index_path(parent: &str, i: usize) -> String {
+    format!("{parent}[{i}]")
+}
+
+struct Check<'t> {
+    text: &'t str,
+    dir: &'t Path,
+    errs: Vec<Raw>,
+}
+
+impl Check<'_> {
+    fn err(&mut self, pos: usize, path: &str, reason: impl Into<String>) {
+        self.errs.push(Raw {
+            pos,
+            path: path.to_string(),
+            reason: reason.into(),
+        });
+    }
+
+    /// What a value is, for "expected …, found …": scalars as written.
+    fn found(&self, v: &Val<'_>) -> String {
+        match v.get_ref() {
+            DeValue::String(s) => format!("the string {}", quote(s)),
+            DeValue::Array(_) => "an array".into(),
+            DeValue::Table(_) => "a table".into(),
+            DeValue::Datetime(d) => format!("the date-time {d}"),
+            DeValue::Integer(_) | DeValue::Float(_) | DeValue::Boolean(_) => {
+                let written = self.text.get(v.span()).unwrap_or_default();
+                let q = quote(written);
+                q[1..q.len() - 1].to_string()
+            }
+        }
+    }
+
+    fn type_err(&mut self, v: &Val<'_>, path: &str, expected: &str) {
+        let reason = format!("expected {expected}, found {}", self.found(v));
+        self.err(v.span().start, path, reason);
+    }
+
+    fn string<'v>(&mut self, v: &'v Val<'_>, path: &str) -> Option<&'v str> {
+        match v.get_ref() {
+            DeValue::String(s) => Some(s),
+            _ => {
+                self.type_err(v, path, "a string");
+                None
+            }
+        }
+    }
+
+    /// An integer in `lo..=hi`.
+    fn integer(&mut self, v: &Val<'_>, path: &str, lo: i64, hi: i64) -> Option<i64> {
+        if let DeValue::Integer(i) = v.get_ref()
+            && let Ok(n) = i128::from_str_radix(i.as_str(), i.radix())
+            && (lo as i128..=hi as i128).contains(&n)
+        {
+            return Some(n as i64);
+        }
+        let expected = if hi == i64::MAX {
+            format!("an integer of at least {lo}")
+        } else {
+            format!("an integer between {lo} and {hi}")
+        };
+        self.type_err(v, path, &expected);
+        None
+    }
+
+    fn table<'v, 'i>(
+        &mut self,
+        v: &'v Val<'i>,
+        path: &str,
+        expected: &str,
+    ) -> Option<&'v DeTable<'i>> {
+        match v.get_ref() {
+            DeValue::Table(t) => Some(t),
+            _ => {
+                self.type_err(v, path, expected);
+                None
+            }
+        }
+    }
+
+    /// An array of strings: each with its position and path.
+    fn strings(&mut self, v: &Val<'_>, path: &str) -> Vec<(String, usize, String)> {
+        let DeValue::Array(items) = v.get_ref() else {
+            self.type_err(v, path, "an array of strings");
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let p = index_path(path, i);
+            if let Some(s) = self.string(item, &p) {
+                out.push((s.to_string(), item.span().start, p));
+            }
+        }
+        out
+    }
+
+    fn unknown_key(&mut self, key: &Key<'_>, parent: &str, known: &[&str]) {
+        let k: &str = key.get_ref();
+        let mut reason = format!("unknown key {}", quote(k));
+        if let Some(s) = crate::suggest(k, known) {
+            reason.push_str(&format!("; did you mean \"{s}\"?"));
+        } else if let Some((section, _)) = SECTIONS
+            .iter()
+            .find(|(_, keys)| keys.contains(&k) && !std::ptr::eq(*keys, known))
+        {
+            reason.push_str(&format!("; \"{k}\" belongs in {section}"));
+        } else {
+            reason.push_str(&format!("; expected one of {}", known.join(", ")));
+        }
+        self.err(key.span().start, &key_path(parent, k), reason);
+    }
+
+    fn document(&mut self, root: &DeTable<'_>, label: &str) -> Manifest {
+        let mut m = Manifest {
+            name: String::new(),
+            version: String::new(),
+            description: None,
+            author: None,
+            license: None,
+            dir: self.dir.to_path_buf(),
+            file: label.to_string(),
+            wasm: self.dir.join(DEFAULT_WASM),
+            capabilities: Vec::new(),
+            patterns: Vec::new(),
+            events: EventMask::NONE,
+            permissions: Permissions::default(),
+            resources: Resources::DEFAULT,
+            config: BTreeMap::new(),
+        };
+        let mut has_plugin = false;
+        for (key, v) in root.iter() {
+            let k: &str = key.get_ref();
+            let path = key_path("", k);
+            match k {
+                "plugin" => {
+                    has_plugin = true;
+                    if let Some(t) = self.table(v, &path, "a table ([plugin])") {
+                        self.plugin(t, v.span().start, &mut m);
+                    }
+                }
+                "capabilities" => self.capabilities(v, &path, &mut m),
+                "permissions" => {
+                    if let Some(t) = self.table(v, &path, "a table ([permissions])") {
+                        m.permissions = self.permissions(t, &path);
+                    }
+                }
+                "resources" => {
+                    if let Some(t) = self.table(v, &path, "a table ([resources])") {
+                        m.resources = self.resources(t, &path);
+                    }
+                }
+                "config" => {
+                    if let Some(t) = self.table(v, &path, "a table ([config])") {
+                        m.config = self.config(t, &path);
+                    }
+                }
+                _ => self.unknown_key(key, "", TOP_KEYS),
+            }
+        }
+        if !has_plugin {
+            self.err(
+                0,
+                "plugin",
+                "missing [plugin] (required): the table with the plugin's \"name\" and \"version\"",
+            );
+        }
+        for cap in &m.capabilities {
+            if cap.is_hook() {
+                for p in &cap.events {
+                    if !m.patterns.contains(p) {
+                        m.patterns.push(p.clone());
+                    }
+                }
+            }
+        }
+        m.events = m
+            .patterns
+            .iter()
+            .fold(EventMask::NONE, |acc, p| acc | pattern_mask(p));
+        m
+    }
+
+    fn plugin(&mut self, t: &DeTable<'_>, header: usize, m: &mut Manifest) {
+        let path = "plugin";
+        let mut name = None;
+        let mut version = None;
+        let mut wasm: Option<(&str, usize, String)> = None;
+        for (key, v) in t.iter() {
+            let k: &str = key.get_ref();
+            let p = key_path(path, k);
+            match k {
+                "name" => name = self.string(v, &p).map(|s| (s, v.span().start, p)),
+                "version" => version = self.string(v, &p).map(|s| (s, v.span().start, p)),
+                "wasm" => wasm = self.string(v, &p).map(|s| (s, v.span().start, p)),
+                "description" => m.description = self.string(v, &p).map(str::to_string),
+                "author" => m.author = self.string(v, &p).map(str::to_string),
+                "license" => m.license = self.string(v, &p).map(str::to_string),
+                "api_version" => {
+                    self.string(v, &p);
+                }
+                _ => self.unknown_key(key, path, PLUGIN_KEYS),
+            }
+        }
+        let has = |k: &str| t.iter().any(|(key, _)| &**key.get_ref() == k);
+        match name {
+            Some((n, pos, p)) if self.name(n, pos, &p) => m.name = n.to_string(),
+            Some(_) => {}
+            None if !has("name") => self.err(
+                header,
+                path,
+                "missing \"name\" (required): the plugin's name, equal to its directory's name",
+            ),
+            None => {}
+        }
+        match version {
+            Some((v, pos, p)) => {
+                if v.trim().is_empty() {
+                    self.err(
+                        pos,
+                        &p,
+                        "may not be empty: the plugin's version, such as \"0.1.0\"",
+                    );
+                } else {
+                    m.version = v.to_string();
+                }
+            }
+            None if !has("version") => self.err(
+                header,
+                path,
+                "missing \"version\" (required): the plugin's version, such as \"0.1.0\"",
+            ),
+            None => {}
+        }
+        match wasm {
+            Some((w, pos, p)) => {
+                if let Some(full) = self.wasm(w, pos, &p, false) {
+                    m.wasm = full;
+                }
+            }
+            None if !has("wasm") => {
+                if let Some(full) = self.wasm(DEFAULT_WASM, header, path, true) {
+                    m.wasm = full;
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Checks the name; reports and returns false when it is not usable.
+    fn name(&mut self, name: &str, pos: usize, path: &str) -> bool {
+        if !is_valid_name(name) {
+            self.err(
+                pos,
+                path,
+                format!(
+                    "{} is not a valid plugin name: 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ -",
+                    quote(name)
+                ),
+            );
+            return false;
+        }
+        let Some(dir_name) = self.dir.file_name() else {
+            return true;
+        };
+        if dir_name.to_str() != Some(name) {
+            self.err(
+                pos,
+                path,
+                format!(
+                    "the name {} does not match the plugin's directory name {}; a plugin's \
+                     name must equal its directory's name (rename one of them)",
+                    quote(name),
+                    quote(&dir_name.to_string_lossy())
+                ),
+            );
+            return false;
+        }
+        true
+    }
+
+    /// `[plugin] wasm`: relative, inside the directory (lexically and through symbolic links),
+    /// an existing regular file. Returns the joined path.
+    fn wasm(&mut self, written: &str, pos: usize, path: &str, default: bool) -> Option<PathBuf> {
+        let what = if default {
+            format!("{} (the default \"wasm\")", quote(written))
+        } else {
+            quote(written)
+        };
+        if written.is_empty() {
+            self.err(
+                pos,
+                path,
+                format!("may not be empty; leave \"wasm\" out for the default \"{DEFAULT_WASM}\""),
+            );
+            return None;
+        }
+        if written.contains('\0') {
+            self.err(pos, path, "may not contain a NUL byte");
+            return None;
+        }
+        let p = Path::new(written);
+        if p.has_root() {
+            self.err(
+                pos,
+                path,
+                format!(
+                    "{what} is an absolute path; \"wasm\" is relative to the plugin directory, \
+                     such as \"{DEFAULT_WASM}\""
+                ),
+            );
+            return None;
+        }
+        let Some(rel) = normalize(p) else {
+            self.err(
+                pos,
+                path,
+                format!("{what} is outside the plugin directory; the component must be inside it"),
+            );
+            return None;
+        };
+        let full = if rel.as_os_str().is_empty() {
+            self.dir.to_path_buf()
+        } else {
+            self.dir.join(&rel)
+        };
+        let shown = quote(&full.display().to_string());
+        match std::fs::metadata(&full) {
+            Ok(meta) if meta.is_file() => {}
+            Ok(_) => {
+                self.err(pos, path, format!("{what} ({shown}) is not a regular file"));
+                return None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.err(
+                    pos,
+                    path,
+                    format!(
+                        "{what} does not exist (looked for {shown}); build the plugin first (for \
+                         a Rust guest: cargo build --release --target wasm32-wasip2) and copy the \
+                         component there"
+                    ),
+                );
+                return None;
+            }
+            Err(e) => {
+                self.err(pos, path, format!("cannot read {shown}: {e}"));
+                return None;
+            }
+        }
+        if let (Ok(canon_dir), Ok(canon)) = (
+            std::fs::canonicalize(self.dir),
+            std::fs::canonicalize(&full),
+        ) && !canon.starts_with(&canon_dir)
+        {
+            self.err(
+                pos,
+                path,
+                format!(
+                    "{what} leads outside the plugin directory through a symbolic link (to {})",
+                    quote(&canon.display().to_string())
+                ),
+            );
+            return None;
+        }
+        Some(full)
+    }
+
+    fn capabilities(&mut self, v: &Val<'_>, path: &str, m: &mut Manifest) {
+        let DeValue::Array(items) = v.get_ref() else {
+            self.type_err(v, path, "an array of tables ([[capabilities]])");
+            return;
+        };
+        for (i, item) in items.iter().enumerate() {
+            let p = index_path(path, i);
+            if let Some(t) = self.table(item, &p, "a table ([[capabilities]])")
+                && let Some(cap) = self.capability(t, item.span().start, &p)
+            {
+                m.capabilities.push(cap);
+            }
+        }
+    }
+
+    fn capability(&mut self, t: &DeTable<'_>, header: usize, path: &str) -> Option<Capability> {
+        let mut cap = Capability {
+            kind: String::new(),
+            name: None,
+            description: None,
+            priority: None,
+            schedule: None,
+            events: Vec::new(),
+        };
+        let mut kind_ok = false;
+        let mut has_kind = false;
+        let mut events = None;
+        for (key, v) in t.iter() {
+            let k: &str = key.get_ref();
+            let p = key_path(path, k);
+            match k {
+                "type" => {
+                    has_kind = true;
+                    if let Some(s) = self.string(v, &p) {
+                        kind_ok = self.capability_type(s, v.span().start, &p);
+                        cap.kind = s.to_string();
+                    }
+                }
+                "name" => cap.name = self.string(v, &p).map(str::to_string),
+                "description" => cap.description = self.string(v, &p).map(str::to_string),
+                "schedule" => cap.schedule = self.string(v, &p).map(str::to_string),
+                "priority" => {
+                    cap.priority = self
+                        .integer(v, &p, i32::MIN.into(), i32::MAX.into())
+                        .map(|n| n as i32)
+                }
+                "events" => events = Some((v, p)),
+                _ => self.unknown_key(key, path, CAPABILITY_KEYS),
+            }
+        }
+        if !has_kind {
+            self.err(
+                header,
+                path,
+                "missing \"type\" (required): \"hook\" for a plugin that receives lifecycle events",
+            );
+        }
+        let hook = cap.kind == "hook";
+        match events {
+            Some((v, p)) => cap.events = self.events(v, &p, hook),
+            None if hook => self.err(
+                header,
+                path,
+                "missing \"events\": a hook receives only the events it lists, such as \
+                 events = [\"prx.lifecycle.*\"] or [[capabilities.events]] tables with a \"pattern\"",
+            ),
+            None => {}
+        }
+        kind_ok.then_some(cap)
+    }
+
+    /// Accepts any type but a near miss of a known one (`hok`).
+    fn capability_type(&mut self, kind: &str, pos: usize, path: &str) -> bool {
+        if CAPABILITY_TYPES.contains(&kind) {
+            return true;
+        }
+        match crate::suggest(kind, CAPABILITY_TYPES) {
+            Some(s) => {
+                self.err(
+                    pos,
+                    path,
+                    format!(
+                        "unknown capability type {}; did you mean \"{s}\"?",
+                        quote(kind)
+                    ),
+                );
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// `events`: strings and/or `{pattern, description}` tables. For a hook, each pattern is
+    /// checked and normalized; for other types only the shape is checked.
+    fn events(&mut self, v: &Val<'_>, path: &str, hook: bool) -> Vec<String> {
+        let DeValue::Array(items) = v.get_ref() else {
+            self.type_err(
+                v,
+                path,
+                "an array of event patterns, such as [\"prx.lifecycle.*\"]",
+            );
+            return Vec::new();
+        };
+        if hook && items.is_empty() {
+            self.err(
+                v.span().start,
+                path,
+                "lists no events: a hook receives only the events it lists, such as \
+                 [\"prx.lifecycle.*\"]",
+            );
+        }
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let p = index_path(path, i);
+            let (pattern, pos, pp) = match item.get_ref() {
+                DeValue::String(s) => (s.to_string(), item.span().start, p),
+                DeValue::Table(t) => {
+                    let mut pattern = None;
+                    for (key, ev) in t.iter() {
+                        let k: &str = key.get_ref();
+                        let kp = key_path(&p, k);
+                        match k {
+                            "pattern" => {
+                                pattern = self
+                                    .string(ev, &kp)
+                                    .map(|s| (s.to_string(), ev.span().start, kp))
+                            }
+                            "description" => {
+                                self.string(ev, &kp);
+                            }
+                            _ => self.unknown_key(key, &p, EVENT_KEYS),
+                        }
+                    }
+                    match pattern {
+                        Some(x) => x,
+                        None => {
+                            if !t.iter().any(|(k, _)| &**k.get_ref() == "pattern") {
+                                self.err(
+                                    item.span().start,
+                                    &p,
+                                    "missing \"pattern\" (required): the event or topic \
+                                     pattern, such as \"prx.lifecycle.*\"",
+                                );
+                            }
+                            continue;
+                        }
+                    }
+                }
+                _ => {
+                    self.type_err(
+                        item,
+                        &p,
+                        "an event pattern (a string) or a table with a \"pattern\"",
+                    );
+                    continue;
+                }
+            };
+            if !hook {
+                out.push(pattern);
+                continue;
+            }
+            match event_pattern(&pattern) {
+                Ok(norm) => out.push(norm),
+                Err(reason) => self.err(pos, &pp, reason),
+            }
+        }
+        out
+    }
+
+    fn permissions(&mut self, t: &DeTable<'_>, path: &str) -> Permissions {
+        let mut perms = Permissions::default();
+        for (key, v) in t.iter() {
+            let k: &str = key.get_ref();
+            let p = key_path(path, k);
+            match k {
+                "required" | "optional" => {
+                    let mut names = Vec::new();
+                    for (name, pos, np) in self.strings(v, &p) {
+                        if KNOWN_PERMISSIONS.contains(&name.as_str()) {
+                            names.push(name);
+                        } else {
+                            self.err(pos, &np, unknown_permission(&name));
+                        }
+                    }
+                    if k == "required" {
+                        perms.required = names;
+                    } else {
+                        perms.optional = names;
+                    }
+                }
+                "http_allowlist" => {
+                    perms.http_allowlist = self.strings(v, &p).into_iter().map(|s| s.0).collect()
+                }
+                "filesystem_allowlist" => {
+                    perms.filesystem_allowlist =
+                        self.strings(v, &p).into_iter().map(|s| s.0).collect()
+                }
+                _ => self.unknown_key(key, path, PERMISSION_KEYS),
+            }
+        }
+        perms.events = perms
+            .required
+            .iter()
+            .chain(&perms.optional)
+            .any(|n| n == "events");
+        perms
+    }
+
+    fn resources(&mut self, t: &DeTable<'_>, path: &str) -> Resources {
+        let mut r = Resources::DEFAULT;
+        let mut kv_mb_given = false;
+        let mut kv_kb = None;
+        for (key, v) in t.iter() {
+            let k: &str = key.get_ref();
+            let p = key_path(path, k);
+            let int = |c: &mut Self, lo: u64, hi: u64| {
+                c.integer(v, &p, lo as i64, hi.min(i64::MAX as u64) as i64)
+                    .map(|n| n as u64)
+            };
+            match k {
+                "max_fuel" => {
+                    if let Some(n) = int(self, 1, u64::MAX) {
+                        r.max_fuel = n;
+                    }
+                }
+                "max_memory_mb" => {
+                    if let Some(n) = int(self, 1, MAX_MEMORY_MB) {
+                        r.max_memory_mb = n;
+                    }
+                }
+                "max_execution_time_ms" => {
+                    if let Some(n) = int(self, 1, MAX_EXECUTION_TIME_MS) {
+                        r.max_execution_time_ms = n;
+                    }
+                }
+                "max_kv_storage_mb" => {
+                    kv_mb_given = true;
+                    if let Some(n) = int(self, 0, MAX_KV_STORAGE_MB) {
+                        r.max_kv_storage_mb = n;
+                    }
+                }
+                "max_kv_storage_kb" => kv_kb = int(self, 0, MAX_KV_STORAGE_MB * 1024),
+                "pool_size" => {
+                    if let Some(n) = int(self, 0, MAX_POOL_SIZE.into()) {
+                        r.pool_size = (n as u32).max(1);
+                    }
+                }
+                "max_http_requests_per_call" | "max_http_requests" => {
+                    int(self, 0, u32::MAX.into());
+                }
+                _ => self.unknown_key(key, path, RESOURCE_KEYS),
+            }
+        }
+        if let (false, Some(kb)) = (kv_mb_given, kv_kb) {
+            r.max_kv_storage_mb = kb.div_ceil(1024);
+        }
+        r
+    }
+
+    fn config(&mut self, t: &DeTable<'_>, path: &str) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for (key, v) in t.iter() {
+            let k: &str = key.get_ref();
+            let value = match v.get_ref() {
+                DeValue::String(s) => s.to_string(),
+                DeValue::Integer(i) => match i128::from_str_radix(i.as_str(), i.radix()) {
+                    Ok(n) => n.to_string(),
+                    Err(_) => i.to_string(),
+                },
+                DeValue::Float(f) => f.as_str().to_string(),
+                DeValue::Boolean(b) => b.to_string(),
+                DeValue::Datetime(d) => d.to_string(),
+                DeValue::Array(_) | DeValue::Table(_) => {
+                    self.type_err(
+                        v,
+                        &key_path(path, k),
+                        "a string, number or boolean ([config] values reach the plugin as \
+                         strings; write a list as one string, such as \"a,b\")",
+                    );
+                    continue;
+                }
+            };
+            out.insert(k.to_string(), value);
+        }
+        out
+    }
+}
+
+fn unknown_permission(name: &str) -> String {
+    let close = crate::suggest(name, KNOWN_PERMISSIONS).or_else(|| {
+        KNOWN_PERMISSIONS
+            .iter()
+            .copied()
+            .find(|k| !name.is_empty() && k.starts_with(&name.to_ascii_lowercase()))
+    });
+    match close {
+        Some(s) => format!("unknown permission {}; did you mean \"{s}\"?", quote(name)),
+        None => format!(
+            "unknown permission {}; expected one of {}",
+            quote(name),
+            KNOWN_PERMISSIONS.join(", ")
+        ),
+    }
+}
+
+/// Resolves `.` and `..` lexically. `None` when `..` climbs above the start.
+fn normalize(p: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    let mut depth = 0usize;
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if depth == 0 {
+                    return None;
+                }
+                out.pop();
+                depth -= 1;
+            }
+            Component::Normal(s) => {
+                out.push(s);
+                depth += 1;
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+/// `s` in double quotes, escaped like a JSON string, cut at 64 characters with `…`: always one
+/// line (the same rules as hooks.json's messages).
+fn quote(s: &str) -> String {
+    const MAX: usize = 64;
+    let mut out = String::with_capacity(s.len().min(MAX) + 2);
+    out.push('"');
+    for (n, c) in s.chars().enumerate() {
+        if n == MAX {
+            out.push('…');
+            break;
+        }
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Makes a text safe to print on one line (control characters escaped).
+fn one_line(s: &str) -> String {
+    if s.chars()
+        .any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}')
+    {
+        let mut out = String::with_capacity(s.len() + 8);
+        for c in s.chars() {
+            match c {
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+                    out.push_str(&format!("\\u{:04x}", c as u32))
+                }
+                c => out.push(c),
+            }
+        }
+        out
+    } else {
+        s.to_string()
+    }
+}
+
+/// Byte offsets → 1-based line and character column (a leading byte order mark is not
+/// counted, as editors do not show it).
+struct Lines<'a> {
+    text: &'a str,
+    starts: Vec<usize>,
+}
+
+impl<'a> Lines<'a> {
+    fn new(text: &'a str) -> Lines<'a> {
+        let mut starts = vec![0];
+        starts.extend(
+            text.bytes()
+                .enumerate()
+                .filter(|&(_, b)| b == b'\n')
+                .map(|(i, _)| i + 1),
+        );
+        Lines { text, starts }
+    }
+
+    fn locate(&self, pos: usize) -> (usize, usize) {
+        let mut pos = pos.min(self.text.len());
+        while !self.text.is_char_boundary(pos) {
+            pos -= 1;
+        }
+        let line = self.starts.partition_point(|&s| s <= pos);
+        let start = self.starts[line - 1];
+        let mut col = self.text[start..pos].chars().count() + 1;
+        if line == 1 && col > 1 && self.text.starts_with('\u{feff}') {
+            col -= 1;
+        }
+        (line, col)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_normalize() {
+        let ok = |p: &str| event_pattern(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+        assert_eq!(ok("agent_start"), "prx.lifecycle.agent_start");
+        assert_eq!(ok("LLM-Response"), "prx.lifecycle.llm_response");
+        assert_eq!(ok("agent_stop"), "prx.lifecycle.agent_end");
+        assert_eq!(ok("prx.lifecycle.tool_call"), "prx.lifecycle.tool_call");
+        assert_eq!(ok("prx.lifecycle.Tool-Call"), "prx.lifecycle.tool_call");
+        assert_eq!(ok("prx.lifecycle.agent_stop"), "prx.lifecycle.agent_end");
+        assert_eq!(ok("prx.lifecycle.*"), "prx.lifecycle.*");
+        assert_eq!(ok("*"), "*");
+        assert_eq!(ok("myapp.audit.*"), "myapp.audit.*");
+        assert_eq!(ok("tool.call"), "tool.call");
+        for bad in [
+            "",
+            "tool_cal",
+            "prx.lifecycle.nope",
+            "a..b",
+            "a.*.b",
+            "PRX.lifecycle.*",
+        ] {
+            assert!(event_pattern(bad).is_err(), "{bad}");
+        }
+        assert!(
+            event_pattern("tool_cal")
+                .unwrap_err()
+                .contains("did you mean \"tool_call\"")
+        );
+        assert!(
+            event_pattern("prx.lifecycle.tool_cal")
+                .unwrap_err()
+                .contains("did you mean \"prx.lifecycle.tool_call\"")
+        );
+        assert!(
+            event_pattern("PRX.Lifecycle.tool_call")
+                .unwrap_err()
+                .contains("case-sensitive; did you mean \"prx.lifecycle.tool_call\"")
+        );
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(pattern_mask("*"), EventMask::ALL);
+        assert_eq!(pattern_mask("prx.lifecycle.*"), EventMask::ALL);
+        assert_eq!(pattern_mask("prx.*"), EventMask::ALL);
+        assert_eq!(
+            pattern_mask("prx.lifecycle.tool_call"),
+            EventKind::ToolCall.mask()
+        );
+        assert_eq!(pattern_mask("myapp.*"), EventMask::NONE);
+        assert_eq!(pattern_mask("prx.lifecycle"), EventMask::NONE);
+    }
+
+    #[test]
+    fn paths_and_quotes() {
+        assert_eq!(key_path("", "plugin"), "plugin");
+        assert_eq!(key_path("config", "a b"), "config.\"a b\"");
+        assert_eq!(index_path("capabilities", 2), "capabilities[2]");
+        assert_eq!(quote("a\"\n"), "\"a\\\"\\n\"");
+        assert_eq!(one_line("a\nb"), "a\\nb");
+    }
+
+    #[test]
+    fn lines_skip_a_bom() {
+        let l = Lines::new("\u{feff}a = 1\nb");
+        assert_eq!(l.locate(3), (1, 1));
+        assert_eq!(l.locate(9), (2, 1));
+    }
+}

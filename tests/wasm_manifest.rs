@@ -1,0 +1,1183 @@
+//! plugin.toml loading and validation (DESIGN.md §5): the compat sample and PRX's documented
+//! shape load; one test per rule, each asserting the exact message — file, line, column, key
+//! path and reason. Real files in temporary workspaces; nothing is mocked, no wasm is compiled
+//! (a few bytes stand in for the component).
+
+use prx_hooks::config::ConfigErrors;
+use prx_hooks::event::{EventKind, EventMask};
+use prx_hooks::wasm::manifest::{self, Manifest, Resources};
+use std::path::{Path, PathBuf};
+use tempfile::TempDir;
+
+/// A workspace with `plugins/<name>/` holding `plugin.wasm` (a stand-in) and `plugin.toml`.
+fn plugin(name: &str, toml: &str) -> (TempDir, PathBuf) {
+    let ws = tempfile::tempdir().expect("temp dir");
+    let dir = add_plugin(ws.path(), name, toml);
+    (ws, dir)
+}
+
+fn add_plugin(ws: &Path, name: &str, toml: &str) -> PathBuf {
+    let dir = ws.join("plugins").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("plugin.wasm"), b"\0asm\x0d\0\x01\0").unwrap();
+    std::fs::write(dir.join("plugin.toml"), toml).unwrap();
+    dir
+}
+
+fn label(dir: &Path) -> String {
+    dir.join("plugin.toml").display().to_string()
+}
+
+fn load_ok(dir: &Path) -> Manifest {
+    manifest::load(dir).unwrap_or_else(|e| panic!("rejected:\n{e}"))
+}
+
+/// Every error line of `dir`'s manifest, which must be rejected; each is one line that starts
+/// with the file's label.
+fn errors(dir: &Path) -> Vec<String> {
+    check_lines(dir, manifest::load(dir))
+}
+
+fn check_lines(dir: &Path, r: Result<Manifest, ConfigErrors>) -> Vec<String> {
+    let errs = match r {
+        Ok(m) => panic!("accepted, expected an error: {m:#?}"),
+        Err(e) => e,
+    };
+    let lines = errs.lines();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        assert!(!l.contains(['\n', '\r']), "error spans lines: {l:?}");
+        assert!(l.starts_with(&format!("{}:", label(dir))), "{l}");
+    }
+    lines
+}
+
+/// The errors of a manifest `text` for plugin `p`, with the label replaced by `F`.
+fn errs_of(text: &str) -> Vec<String> {
+    let (_ws, dir) = plugin("p", text);
+    let prefix = label(&dir);
+    errors(&dir)
+        .into_iter()
+        .map(|l| format!("F{}", &l[prefix.len()..]))
+        .collect()
+}
+
+/// `[plugin]` for `p` (lines 1-3), then `rest` from line 4.
+fn with(rest: &str) -> String {
+    format!("[plugin]\nname = \"p\"\nversion = \"0.1.0\"\n{rest}")
+}
+
+const HOOK: &str = "[[capabilities]]\ntype = \"hook\"\nevents = [\"prx.lifecycle.*\"]\n";
+
+fn all_but(kinds: &[EventKind]) -> EventMask {
+    EventKind::ALL
+        .into_iter()
+        .filter(|k| !kinds.contains(k))
+        .fold(EventMask::NONE, |m, k| m | k.mask())
+}
+
+fn mask(kinds: &[EventKind]) -> EventMask {
+    kinds.iter().fold(EventMask::NONE, |m, k| m | k.mask())
+}
+
+// ---------------------------------------------------------------------------------------------
+// What loads.
+
+#[test]
+fn compat_plugin_toml_loads_unchanged() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/compat/plugin.toml");
+    let text = std::fs::read_to_string(&src).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (the compat samples live in shared/compat beside the repository)",
+            src.display()
+        )
+    });
+    let (_ws, dir) = plugin("compat", &text);
+    let m = load_ok(&dir);
+    assert_eq!(m.name, "compat");
+    assert_eq!(m.version, "0.1.0");
+    assert_eq!(m.description.as_deref(), Some("Counts lifecycle events"));
+    assert_eq!(m.author.as_deref(), Some("Example Author"));
+    assert_eq!(m.license.as_deref(), Some("MIT"));
+    assert_eq!(m.dir, dir);
+    assert_eq!(m.file, label(&dir));
+    assert_eq!(m.wasm, dir.join("plugin.wasm"));
+    assert_eq!(
+        m.resources,
+        Resources {
+            max_fuel: 50_000_000,
+            max_memory_mb: 8,
+            max_execution_time_ms: 500,
+            max_kv_storage_mb: 1,
+            pool_size: 1,
+        }
+    );
+    assert!(m.permissions.events);
+    assert_eq!(m.permissions.required, ["log", "kv", "events"]);
+    assert!(m.permissions.optional.is_empty());
+    assert!(
+        m.permissions.http_allowlist.is_empty() && m.permissions.filesystem_allowlist.is_empty()
+    );
+    assert_eq!(m.patterns, ["prx.lifecycle.*"]);
+    assert_eq!(m.events, EventMask::ALL);
+    assert_eq!(m.config.get("greeting").map(String::as_str), Some("hello"));
+    assert_eq!(m.config.len(), 1);
+    assert_eq!(m.capabilities.len(), 1);
+    let c = &m.capabilities[0];
+    assert!(c.is_hook());
+    assert_eq!(c.name.as_deref(), Some("count-events"));
+    assert_eq!(c.description.as_deref(), Some("Observes lifecycle events"));
+    assert_eq!(c.priority, Some(100));
+    assert_eq!(c.events, ["prx.lifecycle.*"]);
+}
+
+/// The shape PRX's docs and examples use, with every key PRX reads.
+const PRX_DOCS: &str = r#"# ── Required ──
+[plugin]
+name = "weather-audit"
+version = "1.2.0"
+description = "Audits tool calls"
+wasm = "./build/../component.wasm"
+author = "Your Name <you@example.com>"
+license = "Apache-2.0"
+api_version = "1"
+
+[[capabilities]]
+type = "tool"
+name = "weather_lookup"
+description = "Look up weather by city"
+events = ["not checked for tools"]
+
+[[capabilities]]
+type = "hook"
+name = "my_audit_hook"
+description = "Observes tool calls"
+priority = -5
+events = ["agent_start", "LLM-Response"]
+
+[[capabilities]]
+type = "hook"
+
+[[capabilities.events]]
+pattern = "prx.lifecycle.tool_call"
+description = "Tool invocations only"
+
+[[capabilities.events]]
+pattern = "tool.call"
+
+[[capabilities]]
+type = "cron"
+schedule = "0 * * * *"
+
+[permissions]
+required = ["log", "config", "kv", "http-outbound"]
+optional = ["memory", "events", "llm"]
+http_allowlist = ["https://api.openweathermap.org/*", "https://wttr.in/*"]
+filesystem_allowlist = ["/tmp/my-plugin/"]
+
+[resources]
+max_fuel = 100_000_000
+max_memory_mb = 16
+max_execution_time_ms = 5_000
+max_http_requests_per_call = 10
+max_http_requests = 10
+max_kv_storage_kb = 1_536
+pool_size = 4
+
+[config]
+api_key = "test-key"
+max_items = 1_000
+ratio = 0.5
+debug = false
+hex = 0x1F
+"#;
+
+#[test]
+fn prx_documented_shape_loads() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = ws.path().join("plugins/weather-audit");
+    std::fs::create_dir_all(dir.join("build")).unwrap();
+    std::fs::write(dir.join("component.wasm"), b"\0asm").unwrap();
+    std::fs::write(dir.join("plugin.toml"), PRX_DOCS).unwrap();
+    let m = load_ok(&dir);
+    assert_eq!(m.name, "weather-audit");
+    assert_eq!(m.version, "1.2.0");
+    assert_eq!(m.author.as_deref(), Some("Your Name <you@example.com>"));
+    assert_eq!(m.license.as_deref(), Some("Apache-2.0"));
+    assert_eq!(m.wasm, dir.join("component.wasm"));
+    assert_eq!(
+        m.patterns,
+        [
+            "prx.lifecycle.agent_start",
+            "prx.lifecycle.llm_response",
+            "prx.lifecycle.tool_call",
+            "tool.call"
+        ]
+    );
+    assert_eq!(
+        m.events,
+        mask(&[
+            EventKind::AgentStart,
+            EventKind::LlmResponse,
+            EventKind::ToolCall
+        ])
+    );
+    let kinds: Vec<&str> = m.capabilities.iter().map(|c| c.kind.as_str()).collect();
+    assert_eq!(kinds, ["tool", "hook", "hook", "cron"]);
+    assert_eq!(m.capabilities[0].events, ["not checked for tools"]);
+    assert_eq!(m.capabilities[1].priority, Some(-5));
+    assert_eq!(
+        m.capabilities[2].events,
+        ["prx.lifecycle.tool_call", "tool.call"]
+    );
+    assert_eq!(m.capabilities[3].schedule.as_deref(), Some("0 * * * *"));
+    assert!(m.permissions.events);
+    assert_eq!(m.permissions.optional, ["memory", "events", "llm"]);
+    assert_eq!(
+        m.permissions.http_allowlist,
+        ["https://api.openweathermap.org/*", "https://wttr.in/*"]
+    );
+    assert_eq!(m.permissions.filesystem_allowlist, ["/tmp/my-plugin/"]);
+    assert_eq!(
+        m.resources,
+        Resources {
+            max_fuel: 100_000_000,
+            max_memory_mb: 16,
+            max_execution_time_ms: 5000,
+            max_kv_storage_mb: 2, // 1536 KiB, rounded up
+            pool_size: 4,
+        }
+    );
+    let config: Vec<(&str, &str)> = m
+        .config
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        config,
+        [
+            ("api_key", "test-key"),
+            ("debug", "false"),
+            ("hex", "31"),
+            ("max_items", "1000"),
+            ("ratio", "0.5"),
+        ]
+    );
+}
+
+#[test]
+fn defaults_apply() {
+    let (_ws, dir) = plugin("p", &with(HOOK));
+    let m = load_ok(&dir);
+    assert_eq!(m.resources, Resources::default());
+    assert_eq!(
+        Resources::default(),
+        Resources {
+            max_fuel: 1_000_000_000,
+            max_memory_mb: 64,
+            max_execution_time_ms: 30_000,
+            max_kv_storage_mb: 10,
+            pool_size: 1,
+        }
+    );
+    assert_eq!(m.wasm, dir.join("plugin.wasm"));
+    assert!(!m.permissions.events && m.permissions.required.is_empty());
+    assert!(m.config.is_empty() && m.description.is_none() && m.author.is_none());
+    // A plugin without hook capabilities loads and wants nothing.
+    let (_ws, dir) = plugin(
+        "p",
+        &with("[[capabilities]]\ntype = \"tool\"\nname = \"t\"\n"),
+    );
+    let m = load_ok(&dir);
+    assert!(m.patterns.is_empty() && m.events.is_empty());
+}
+
+fn patterns_of(events: &str) -> (Vec<String>, EventMask) {
+    let (_ws, dir) = plugin(
+        "p",
+        &with(&format!(
+            "[[capabilities]]\ntype = \"hook\"\nevents = {events}\n"
+        )),
+    );
+    let m = load_ok(&dir);
+    (m.patterns, m.events)
+}
+
+#[test]
+fn event_patterns_normalize() {
+    use EventKind::*;
+    // Exact bare names, every one of them, and PRX's spellings.
+    let names: Vec<String> = EventKind::ALL
+        .iter()
+        .map(|k| format!("{:?}", k.name()))
+        .collect();
+    let (p, m) = patterns_of(&format!("[{}]", names.join(", ")));
+    let topics: Vec<&str> = EventKind::ALL.iter().map(|k| k.topic()).collect();
+    assert_eq!(p, topics);
+    assert_eq!(m, EventMask::ALL);
+    let (p, m) = patterns_of(r#"["LLM-Response", "Tool-Call-Start", "agent_stop"]"#);
+    assert_eq!(
+        p,
+        [
+            "prx.lifecycle.llm_response",
+            "prx.lifecycle.tool_call_start",
+            "prx.lifecycle.agent_end"
+        ]
+    );
+    assert_eq!(m, mask(&[LlmResponse, ToolCallStart, AgentEnd]));
+    // One topic.
+    assert_eq!(
+        patterns_of(r#"["prx.lifecycle.tool_call"]"#),
+        (vec!["prx.lifecycle.tool_call".to_string()], ToolCall.mask())
+    );
+    // Every lifecycle event; everything.
+    assert_eq!(
+        patterns_of(r#"["prx.lifecycle.*"]"#),
+        (vec!["prx.lifecycle.*".to_string()], EventMask::ALL)
+    );
+    assert_eq!(
+        patterns_of(r#"["*"]"#),
+        (vec!["*".to_string()], EventMask::ALL)
+    );
+    // Custom topics: kept, no lifecycle event.
+    assert_eq!(
+        patterns_of(r#"["myapp.audit.done", "myapp.jobs.*"]"#),
+        (
+            vec!["myapp.audit.done".to_string(), "myapp.jobs.*".to_string()],
+            EventMask::NONE
+        )
+    );
+    // A mixed list: strings and tables, repeats dropped, file order kept.
+    let (p, m) = patterns_of(
+        r#"["error", {pattern = "prx.lifecycle.agent_start", description = "start"}, "error", "myapp.x", {pattern = "prx.lifecycle.error"}]"#,
+    );
+    assert_eq!(
+        p,
+        [
+            "prx.lifecycle.error",
+            "prx.lifecycle.agent_start",
+            "myapp.x"
+        ]
+    );
+    assert_eq!(m, mask(&[Error, AgentStart]));
+    assert_eq!(
+        m,
+        all_but(&[
+            AgentEnd,
+            LlmRequest,
+            LlmResponse,
+            ToolCallStart,
+            ToolCall,
+            TurnComplete
+        ])
+    );
+}
+
+#[test]
+fn patterns_of_several_hooks_merge() {
+    let (_ws, dir) = plugin(
+        "p",
+        &with(
+            "[[capabilities]]\ntype = \"hook\"\nevents = [\"tool_call\"]\n\
+             [[capabilities]]\ntype = \"tool\"\nevents = [\"agent_start\"]\n\
+             [[capabilities]]\ntype = \"hook\"\nevents = [\"tool_call\", \"error\"]\n",
+        ),
+    );
+    let m = load_ok(&dir);
+    assert_eq!(
+        m.patterns,
+        ["prx.lifecycle.tool_call", "prx.lifecycle.error"]
+    );
+    assert_eq!(m.events, mask(&[EventKind::ToolCall, EventKind::Error]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file.
+
+#[test]
+fn manifest_may_not_be_a_symlink() {
+    let (ws, dir) = plugin("p", "");
+    let real = ws.path().join("real.toml");
+    std::fs::write(&real, with(HOOK)).unwrap();
+    std::fs::remove_file(dir.join("plugin.toml")).unwrap();
+    std::os::unix::fs::symlink(&real, dir.join("plugin.toml")).unwrap();
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:1:1: $: may not be a symbolic link; put the manifest itself in the plugin directory",
+            label(&dir)
+        )]
+    );
+}
+
+#[test]
+fn manifest_larger_than_256_kib_is_rejected() {
+    let mut text = with(HOOK);
+    text.push('#');
+    text.push_str(&"x".repeat(256 * 1024 - text.len()));
+    assert_eq!(text.len(), 256 * 1024);
+    let (_ws, dir) = plugin("p", &text);
+    load_ok(&dir); // exactly the limit
+    text.push('x');
+    std::fs::write(dir.join("plugin.toml"), &text).unwrap();
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:1:1: $: the file is larger than 256 KiB (the limit)",
+            label(&dir)
+        )]
+    );
+    // parse() applies the same limit to text it is given.
+    let e = manifest::parse(&text, "x/plugin.toml", &dir).unwrap_err();
+    assert_eq!(
+        e.lines(),
+        ["x/plugin.toml:1:1: $: the file is larger than 256 KiB (the limit)"]
+    );
+}
+
+#[test]
+fn manifest_must_be_utf8() {
+    let (_ws, dir) = plugin("p", "");
+    let mut bytes = with("description = \"caf").into_bytes();
+    bytes.extend_from_slice(b"\xe9\"\n");
+    std::fs::write(dir.join("plugin.toml"), bytes).unwrap();
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:4:19: $: invalid UTF-8 at byte 56; plugin.toml must be UTF-8",
+            label(&dir)
+        )]
+    );
+}
+
+#[test]
+fn missing_manifest_is_reported() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = ws.path().join("plugins/p");
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:1:1: $: no plugin.toml: every directory in plugins/ is a plugin and needs one \
+             (directories whose name starts with '.' are ignored)",
+            label(&dir)
+        )]
+    );
+}
+
+#[test]
+fn toml_syntax_errors_are_located() {
+    assert_eq!(
+        errs_of("[plugin]\nname = \"p\nversion = \"0.1.0\"\n"),
+        ["F:2:10: $: invalid TOML: invalid basic string, expected `\"`"]
+    );
+    assert_eq!(
+        errs_of(&with("version = \"0.2.0\"\n")),
+        ["F:4:1: $: invalid TOML: duplicate key"]
+    );
+    assert_eq!(
+        errs_of(&with("[resources]\nmax_fuel = 1\n[resources]\n")),
+        ["F:6:2: $: invalid TOML: duplicate key"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// [plugin]
+
+#[test]
+fn missing_plugin_table() {
+    assert_eq!(
+        errs_of(HOOK),
+        [
+            "F:1:1: plugin: missing [plugin] (required): the table with the plugin's \"name\" and \"version\""
+        ]
+    );
+}
+
+#[test]
+fn name_must_equal_the_directory_name() {
+    let (_ws, dir) = plugin("audit", &with(HOOK));
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:2:8: plugin.name: the name \"p\" does not match the plugin's directory name \
+             \"audit\"; a plugin's name must equal its directory's name (rename one of them)",
+            label(&dir)
+        )]
+    );
+}
+
+#[test]
+fn name_must_be_valid() {
+    let (_ws, dir) = plugin(
+        "p",
+        "[plugin]\nname = \"my plugin!\"\nversion = \"1\"\n[[capabilities]]\ntype = \"hook\"\nevents = [\"*\"]\n",
+    );
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:2:8: plugin.name: \"my plugin!\" is not a valid plugin name: 1 to 64 characters \
+             of A-Z a-z 0-9 _ -",
+            label(&dir)
+        )]
+    );
+    let long = "n".repeat(65);
+    let (_ws, dir) = plugin(
+        &long,
+        &format!("[plugin]\nname = \"{long}\"\nversion = \"1\"\n"),
+    );
+    assert!(errors(&dir)[0].contains("is not a valid plugin name"));
+    assert_eq!(
+        errs_of("[plugin]\nname = 7\nversion = \"1\"\n"),
+        ["F:2:8: plugin.name: expected a string, found 7"]
+    );
+}
+
+#[test]
+fn name_and_version_are_required() {
+    assert_eq!(
+        errs_of("\n[plugin]\nname = \"p\"\n"),
+        ["F:2:1: plugin: missing \"version\" (required): the plugin's version, such as \"0.1.0\""]
+    );
+    assert_eq!(
+        errs_of("[plugin]\nversion = \"1\"\n"),
+        [
+            "F:1:1: plugin: missing \"name\" (required): the plugin's name, equal to its directory's name"
+        ]
+    );
+    assert_eq!(
+        errs_of("[plugin]\nname = \"p\"\nversion = \" \"\n"),
+        ["F:3:11: plugin.version: may not be empty: the plugin's version, such as \"0.1.0\""]
+    );
+}
+
+#[test]
+fn wasm_may_not_escape_with_dotdot() {
+    assert_eq!(
+        errs_of("[plugin]\nname = \"p\"\nversion = \"1\"\nwasm = \"../x.wasm\"\n"),
+        [
+            "F:4:8: plugin.wasm: \"../x.wasm\" is outside the plugin directory; the component must be inside it"
+        ]
+    );
+    assert_eq!(
+        errs_of("[plugin]\nname = \"p\"\nversion = \"1\"\nwasm = \"a/../../p/plugin.wasm\"\n"),
+        [
+            "F:4:8: plugin.wasm: \"a/../../p/plugin.wasm\" is outside the plugin directory; the component must be inside it"
+        ]
+    );
+}
+
+#[test]
+fn wasm_may_not_be_absolute() {
+    let (_ws, dir) = plugin("p", "");
+    let abs = dir.join("plugin.wasm").display().to_string();
+    std::fs::write(
+        dir.join("plugin.toml"),
+        format!("[plugin]\nname = \"p\"\nversion = \"1\"\nwasm = \"{abs}\"\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:4:8: plugin.wasm: \"{abs}\" is an absolute path; \"wasm\" is relative to the \
+             plugin directory, such as \"plugin.wasm\"",
+            label(&dir)
+        )]
+    );
+}
+
+#[test]
+fn wasm_symlink_may_not_lead_outside() {
+    let (ws, dir) = plugin(
+        "p",
+        "[plugin]\nname = \"p\"\nversion = \"1\"\nwasm = \"out.wasm\"\n",
+    );
+    let outside = ws.path().join("elsewhere.wasm");
+    std::fs::write(&outside, b"\0asm").unwrap();
+    std::os::unix::fs::symlink(&outside, dir.join("out.wasm")).unwrap();
+    let canon = outside.canonicalize().unwrap();
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:4:8: plugin.wasm: \"out.wasm\" leads outside the plugin directory through a \
+             symbolic link (to \"{}\")",
+            label(&dir),
+            canon.display()
+        )]
+    );
+    // Through a symlinked directory too; a symlink that stays inside is fine.
+    std::fs::remove_file(dir.join("out.wasm")).unwrap();
+    std::os::unix::fs::symlink(ws.path(), dir.join("up")).unwrap();
+    std::fs::write(
+        dir.join("plugin.toml"),
+        "[plugin]\nname = \"p\"\nversion = \"1\"\nwasm = \"up/elsewhere.wasm\"\n",
+    )
+    .unwrap();
+    assert!(errors(&dir)[0].contains("leads outside the plugin directory through a symbolic link"));
+    std::os::unix::fs::symlink("plugin.wasm", dir.join("in.wasm")).unwrap();
+    std::fs::write(
+        dir.join("plugin.toml"),
+        "[plugin]\nname = \"p\"\nversion = \"1\"\nwasm = \"in.wasm\"\n",
+    )
+    .unwrap();
+    assert_eq!(load_ok(&dir).wasm, dir.join("in.wasm"));
+}
+
+#[test]
+fn missing_wasm_names_the_full_path() {
+    let (_ws, dir) = plugin(
+        "p",
+        "[plugin]\nname = \"p\"\nversion = \"1\"\nwasm = \"target/p.wasm\"\n",
+    );
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:4:8: plugin.wasm: \"target/p.wasm\" does not exist (looked for \"{}\"); build the \
+             plugin first (for a Rust guest: cargo build --release --target wasm32-wasip2) and \
+             copy the component there",
+            label(&dir),
+            dir.join("target/p.wasm").display()
+        )]
+    );
+    // The default, when plugin.wasm is missing: pointed at [plugin].
+    let (_ws, dir) = plugin("p", &with(HOOK));
+    std::fs::remove_file(dir.join("plugin.wasm")).unwrap();
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:1:1: plugin: \"plugin.wasm\" (the default \"wasm\") does not exist (looked for \
+             \"{}\"); build the plugin first (for a Rust guest: cargo build --release --target \
+             wasm32-wasip2) and copy the component there",
+            label(&dir),
+            dir.join("plugin.wasm").display()
+        )]
+    );
+    // A directory is not a component.
+    std::fs::create_dir(dir.join("plugin.wasm")).unwrap();
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:1:1: plugin: \"plugin.wasm\" (the default \"wasm\") (\"{}\") is not a regular file",
+            label(&dir),
+            dir.join("plugin.wasm").display()
+        )]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// [resources]
+
+#[test]
+fn resources_out_of_range() {
+    let cases = [
+        ("max_fuel = 0", "expected an integer of at least 1, found 0"),
+        (
+            "max_fuel = -1",
+            "expected an integer of at least 1, found -1",
+        ),
+        (
+            "max_memory_mb = 0",
+            "expected an integer between 1 and 4096, found 0",
+        ),
+        (
+            "max_memory_mb = 4_097",
+            "expected an integer between 1 and 4096, found 4_097",
+        ),
+        (
+            "max_execution_time_ms = 0",
+            "expected an integer between 1 and 3600000, found 0",
+        ),
+        (
+            "max_execution_time_ms = 3_600_001",
+            "expected an integer between 1 and 3600000, found 3_600_001",
+        ),
+        (
+            "max_kv_storage_mb = -1",
+            "expected an integer between 0 and 1024, found -1",
+        ),
+        (
+            "max_kv_storage_mb = 1025",
+            "expected an integer between 0 and 1024, found 1025",
+        ),
+        (
+            "pool_size = 65",
+            "expected an integer between 0 and 64, found 65",
+        ),
+        (
+            "pool_size = -1",
+            "expected an integer between 0 and 64, found -1",
+        ),
+        (
+            "max_kv_storage_kb = 1048577",
+            "expected an integer between 0 and 1048576, found 1048577",
+        ),
+        (
+            "max_http_requests_per_call = 4294967296",
+            "expected an integer between 0 and 4294967295, found 4294967296",
+        ),
+    ];
+    for (line, reason) in cases {
+        let key = line.split(' ').next().unwrap();
+        let col = key.len() + 4;
+        assert_eq!(
+            errs_of(&with(&format!("{HOOK}[resources]\n{line}\n"))),
+            [format!("F:8:{col}: resources.{key}: {reason}")],
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn resources_of_the_wrong_type() {
+    let cases = [
+        (
+            "max_fuel = \"1000\"",
+            "expected an integer of at least 1, found the string \"1000\"",
+        ),
+        (
+            "max_memory_mb = 64.0",
+            "expected an integer between 1 and 4096, found 64.0",
+        ),
+        (
+            "max_execution_time_ms = true",
+            "expected an integer between 1 and 3600000, found true",
+        ),
+        (
+            "max_kv_storage_mb = [1]",
+            "expected an integer between 0 and 1024, found an array",
+        ),
+        (
+            "pool_size = {n = 1}",
+            "expected an integer between 0 and 64, found a table",
+        ),
+        (
+            "max_fuel = 1979-05-27",
+            "expected an integer of at least 1, found the date-time 1979-05-27",
+        ),
+        (
+            "max_fuel = 99999999999999999999999",
+            "expected an integer of at least 1, found 99999999999999999999999",
+        ),
+    ];
+    for (line, reason) in cases {
+        let key = line.split(' ').next().unwrap();
+        let col = key.len() + 4;
+        assert_eq!(
+            errs_of(&with(&format!("{HOOK}[resources]\n{line}\n"))),
+            [format!("F:8:{col}: resources.{key}: {reason}")],
+            "{line}"
+        );
+    }
+    assert_eq!(
+        errs_of(&format!("resources = 5\n{}", with(HOOK))),
+        ["F:1:13: resources: expected a table ([resources]), found 5"]
+    );
+}
+
+#[test]
+fn resources_in_range_and_pool_size_zero() {
+    let (_ws, dir) = plugin(
+        "p",
+        &with(&format!(
+            "{HOOK}[resources]\nmax_fuel = 9_223_372_036_854_775_807\nmax_memory_mb = 4096\n\
+             max_execution_time_ms = 0x36EE80\nmax_kv_storage_mb = 0\npool_size = 0\n\
+             max_kv_storage_kb = 5000\n"
+        )),
+    );
+    let r = load_ok(&dir).resources;
+    assert_eq!(
+        r,
+        Resources {
+            max_fuel: i64::MAX as u64,
+            max_memory_mb: 4096,
+            max_execution_time_ms: 3_600_000,
+            max_kv_storage_mb: 0, // max_kv_storage_mb wins over max_kv_storage_kb
+            pool_size: 1,         // 0 means the default
+        }
+    );
+    let (_ws, dir) = plugin("p", &with(&format!("{HOOK}[resources]\npool_size = 64\n")));
+    assert_eq!(load_ok(&dir).resources.pool_size, 64);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unknown keys.
+
+#[test]
+fn unknown_keys_are_errors_with_did_you_mean() {
+    assert_eq!(
+        errs_of(&with(&format!("{HOOK}[resources]\nmax_memroy_mb = 8\n"))),
+        [
+            "F:8:1: resources.max_memroy_mb: unknown key \"max_memroy_mb\"; did you mean \"max_memory_mb\"?"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with("wasmm = \"plugin.wasm\"\n")),
+        ["F:4:1: plugin.wasmm: unknown key \"wasmm\"; did you mean \"wasm\"?"]
+    );
+    assert_eq!(
+        errs_of(&with("[permision]\nrequired = []\n")),
+        ["F:4:2: permision: unknown key \"permision\"; did you mean \"permissions\"?"]
+    );
+    assert_eq!(
+        errs_of(&with("[permissions]\nrequried = [\"kv\"]\n")),
+        ["F:5:1: permissions.requried: unknown key \"requried\"; did you mean \"required\"?"]
+    );
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\nevent = [\"error\"]\nevents = [\"error\"]\n"
+        )),
+        ["F:6:1: capabilities[0].event: unknown key \"event\"; did you mean \"events\"?"]
+    );
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\n[[capabilities.events]]\npatern = \"error\"\npattern = \"error\"\n"
+        )),
+        [
+            "F:7:1: capabilities[0].events[0].patern: unknown key \"patern\"; did you mean \"pattern\"?"
+        ]
+    );
+    // Far from every key: the keys that are allowed, or where it belongs.
+    assert_eq!(
+        errs_of(&with(&format!("{HOOK}trigger = \"events.*\"\n"))),
+        [
+            "F:7:1: capabilities[0].trigger: unknown key \"trigger\"; expected one of type, name, \
+          description, priority, events, schedule"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with(&format!("{HOOK}[http_allowlist]\n"))),
+        [
+            "F:7:2: http_allowlist: unknown key \"http_allowlist\"; \"http_allowlist\" belongs in [permissions]"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with("pool_size = 2\n")),
+        [
+            "F:4:1: plugin.pool_size: unknown key \"pool_size\"; \"pool_size\" belongs in [resources]"
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// [[capabilities]] and events.
+
+#[test]
+fn unknown_event_name_with_did_you_mean() {
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\nevents = [\"tool_call\", \"tool_cal\"]\n"
+        )),
+        [
+            "F:6:24: capabilities[0].events[1]: unknown event \"tool_cal\"; did you mean \"tool_call\"?"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\n\n[[capabilities.events]]\npattern = \"prx.lifecycle.turn_completed\"\n"
+        )),
+        [
+            "F:8:11: capabilities[0].events[0].pattern: unknown lifecycle event \"turn_completed\"; \
+          did you mean \"prx.lifecycle.turn_complete\"?"
+        ]
+    );
+    let e = errs_of(&with(
+        "[[capabilities]]\ntype = \"hook\"\nevents = [\"session_start\"]\n",
+    ));
+    assert_eq!(
+        e,
+        [
+            "F:6:11: capabilities[0].events[0]: unknown event \"session_start\"; expected one of \
+          agent_start, agent_end, llm_request, llm_response, tool_call_start, tool_call, \
+          turn_complete, error, a topic pattern such as \"prx.lifecycle.*\", or \"*\""
+        ]
+    );
+}
+
+#[test]
+fn bad_patterns() {
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\nevents = [\"myapp..x\", \"a.*.b\", \"\"]\n"
+        )),
+        [
+            "F:6:11: capabilities[0].events[0]: invalid pattern \"myapp..x\": segment 2 is empty; \
+             use an event name such as \"tool_call\", an exact topic, a prefix ending in \".*\", or \"*\"",
+            "F:6:23: capabilities[0].events[1]: invalid pattern \"a.*.b\": character '*' is not \
+             allowed; use an event name such as \"tool_call\", an exact topic, a prefix ending in \".*\", or \"*\"",
+            "F:6:32: capabilities[0].events[2]: an empty pattern matches nothing; write an event \
+             name such as \"tool_call\", a topic pattern such as \"prx.lifecycle.*\", or \"*\"",
+        ]
+    );
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\nevents = [\"PRX.LIFECYCLE.ERROR\"]\n"
+        )),
+        [
+            "F:6:11: capabilities[0].events[0]: topics are case-sensitive; did you mean \"prx.lifecycle.error\"?"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\nevents = \"prx.lifecycle.*\"\n"
+        )),
+        [
+            "F:6:10: capabilities[0].events: expected an array of event patterns, such as \
+          [\"prx.lifecycle.*\"], found the string \"prx.lifecycle.*\""
+        ]
+    );
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\nevents = [3, {description = \"x\"}]\n"
+        )),
+        [
+            "F:6:11: capabilities[0].events[0]: expected an event pattern (a string) or a table \
+             with a \"pattern\", found 3",
+            "F:6:14: capabilities[0].events[1]: missing \"pattern\" (required): the event or topic \
+             pattern, such as \"prx.lifecycle.*\"",
+        ]
+    );
+    // Other capability types: the shape is checked, the patterns are not.
+    let (_ws, dir) = plugin(
+        "p",
+        &with(
+            "[[capabilities]]\ntype = \"middleware\"\nevents = [\"what.ever..\", {pattern = \"\"}]\n",
+        ),
+    );
+    assert!(load_ok(&dir).patterns.is_empty());
+}
+
+#[test]
+fn hook_capability_rules() {
+    assert_eq!(
+        errs_of(&with("[[capabilities]]\ntype = \"hook\"\nname = \"h\"\n")),
+        [
+            "F:4:1: capabilities[0]: missing \"events\": a hook receives only the events it lists, \
+          such as events = [\"prx.lifecycle.*\"] or [[capabilities.events]] tables with a \"pattern\""
+        ]
+    );
+    assert_eq!(
+        errs_of(&with("[[capabilities]]\ntype = \"hook\"\nevents = []\n")),
+        [
+            "F:6:10: capabilities[0].events: lists no events: a hook receives only the events it \
+          lists, such as [\"prx.lifecycle.*\"]"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with("[[capabilities]]\nname = \"h\"\n")),
+        [
+            "F:4:1: capabilities[0]: missing \"type\" (required): \"hook\" for a plugin that receives lifecycle events"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hok\"\nevents = [\"*\"]\n"
+        )),
+        ["F:5:8: capabilities[0].type: unknown capability type \"hok\"; did you mean \"hook\"?"]
+    );
+    assert_eq!(
+        errs_of(&with(
+            "[[capabilities]]\ntype = \"hook\"\npriority = 1.5\nevents = [\"*\"]\n"
+        )),
+        [
+            "F:6:12: capabilities[0].priority: expected an integer between -2147483648 and 2147483647, found 1.5"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with("[capabilities]\ntype = \"hook\"\n")),
+        ["F:4:1: capabilities: expected an array of tables ([[capabilities]]), found a table"]
+    );
+    // A type that is no near miss is accepted and ignored (PRX may add types).
+    let (_ws, dir) = plugin("p", &with("[[capabilities]]\ntype = \"widget\"\n"));
+    assert_eq!(load_ok(&dir).capabilities[0].kind, "widget");
+}
+
+// ---------------------------------------------------------------------------------------------
+// [permissions] and [config]
+
+#[test]
+fn unknown_permission() {
+    assert_eq!(
+        errs_of(&with(&format!(
+            "{HOOK}[permissions]\nrequired = [\"log\", \"evnets\"]\noptional = [\"http\", \"gpu\"]\n"
+        ))),
+        [
+            "F:8:20: permissions.required[1]: unknown permission \"evnets\"; did you mean \"events\"?",
+            "F:9:13: permissions.optional[0]: unknown permission \"http\"; did you mean \"http-outbound\"?",
+            "F:9:21: permissions.optional[1]: unknown permission \"gpu\"; expected one of log, config, \
+             kv, events, clock, memory, http-outbound, websocket-outbound, filesystem, llm, messaging",
+        ]
+    );
+    assert_eq!(
+        errs_of(&with(&format!(
+            "{HOOK}[permissions]\nhttp_allowlist = \"https://x\"\n"
+        ))),
+        [
+            "F:8:18: permissions.http_allowlist: expected an array of strings, found the string \"https://x\""
+        ]
+    );
+    // "events" in optional grants it too.
+    let (_ws, dir) = plugin(
+        "p",
+        &with(&format!("{HOOK}[permissions]\noptional = [\"events\"]\n")),
+    );
+    assert!(load_ok(&dir).permissions.events);
+}
+
+#[test]
+fn config_values() {
+    assert_eq!(
+        errs_of(&with(&format!(
+            "{HOOK}[config]\ntags = [\"a\", \"b\"]\n\"my key\" = {{ x = 1 }}\n"
+        ))),
+        [
+            "F:8:8: config.tags: expected a string, number or boolean ([config] values reach the \
+             plugin as strings; write a list as one string, such as \"a,b\"), found an array",
+            "F:9:12: config.\"my key\": expected a string, number or boolean ([config] values reach \
+             the plugin as strings; write a list as one string, such as \"a,b\"), found a table",
+        ]
+    );
+    let (_ws, dir) = plugin(
+        "p",
+        &with(&format!(
+            "{HOOK}[config]\ns = \"x\"\ni = -1_000\nf = 1e3\nb = true\nd = 1979-05-27T07:32:00Z\n\"\" = \"\"\n"
+        )),
+    );
+    let c = load_ok(&dir).config;
+    let got: Vec<(&str, &str)> = c.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            ("", ""),
+            ("b", "true"),
+            ("d", "1979-05-27T07:32:00Z"),
+            ("f", "1e3"),
+            ("i", "-1000"),
+            ("s", "x")
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several at once.
+
+#[test]
+fn every_error_is_reported_in_file_order() {
+    let text = "\
+[plugin]
+name = \"p\"
+wasm = \"../escape.wasm\"
+colour = \"red\"
+
+[[capabilities]]
+type = \"hook\"
+events = [\"tool_cal\", \"prx.lifecycle.*\"]
+
+[permissions]
+required = [\"kv\", \"event\"]
+
+[resources]
+max_memory_mb = 0
+max_fuel = 10
+pool_size = \"2\"
+
+[config]
+list = []
+";
+    assert_eq!(
+        errs_of(text),
+        [
+            "F:1:1: plugin: missing \"version\" (required): the plugin's version, such as \"0.1.0\"",
+            "F:3:8: plugin.wasm: \"../escape.wasm\" is outside the plugin directory; the component must be inside it",
+            "F:4:1: plugin.colour: unknown key \"colour\"; expected one of name, version, wasm, \
+             description, author, license, api_version",
+            "F:8:11: capabilities[0].events[0]: unknown event \"tool_cal\"; did you mean \"tool_call\"?",
+            "F:11:19: permissions.required[1]: unknown permission \"event\"; did you mean \"events\"?",
+            "F:14:17: resources.max_memory_mb: expected an integer between 1 and 4096, found 0",
+            "F:16:13: resources.pool_size: expected an integer between 0 and 64, found the string \"2\"",
+            "F:19:8: config.list: expected a string, number or boolean ([config] values reach the \
+             plugin as strings; write a list as one string, such as \"a,b\"), found an array",
+        ]
+    );
+}
+
+#[test]
+fn parse_without_a_directory_name_skips_the_name_check() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("plugin.wasm"), b"\0asm").unwrap();
+    // `<ws>/sub/..` has no file name to compare with.
+    std::fs::create_dir(ws.path().join("sub")).unwrap();
+    let dir = ws.path().join("sub/..");
+    assert_eq!(dir.file_name(), None);
+    let m = manifest::parse(&with(HOOK), "plugin.toml", &dir).unwrap();
+    assert_eq!(m.name, "p");
+    assert_eq!(m.file, "plugin.toml");
+    assert_eq!(manifest::file_label(Path::new(".")), "plugin.toml");
+    assert_eq!(
+        manifest::file_label(Path::new("ws/plugins/a")),
+        "ws/plugins/a/plugin.toml"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// scan
+
+#[test]
+fn scan_loads_every_plugin_in_name_order() {
+    let ws = tempfile::tempdir().unwrap();
+    let w = ws.path();
+    assert_eq!(
+        manifest::scan(w),
+        (Vec::new(), Vec::new()),
+        "no plugins/ directory"
+    );
+    for name in ["zeta", "alpha", "mid"] {
+        add_plugin(
+            w,
+            name,
+            &format!("[plugin]\nname = \"{name}\"\nversion = \"1\"\n{HOOK}"),
+        );
+    }
+    // Broken ones do not keep the good ones from loading.
+    add_plugin(w, "broken", "[plugin]\nname = \"broken\"\n");
+    std::fs::create_dir_all(w.join("plugins/empty")).unwrap();
+    // Hidden directories and plain files are ignored.
+    std::fs::create_dir_all(w.join("plugins/.cache")).unwrap();
+    add_plugin(w, ".disabled", "garbage = [");
+    std::fs::write(w.join("plugins/README.md"), "notes").unwrap();
+    let (manifests, errors) = manifest::scan(w);
+    let names: Vec<&str> = manifests.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["alpha", "mid", "zeta"]);
+    assert_eq!(manifests[0].dir, w.join("plugins/alpha"));
+    let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "{}:1:1: plugin: missing \"version\" (required): the plugin's version, such as \"0.1.0\"",
+                label(&w.join("plugins/broken"))
+            ),
+            format!(
+                "{}:1:1: $: no plugin.toml: every directory in plugins/ is a plugin and needs one \
+                 (directories whose name starts with '.' are ignored)",
+                label(&w.join("plugins/empty"))
+            ),
+        ]
+    );
+}
+
+#[test]
+fn scan_reports_an_unreadable_plugins_path() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("plugins"), "not a directory").unwrap();
+    let (m, e) = manifest::scan(ws.path());
+    assert!(m.is_empty());
+    assert_eq!(e.len(), 1);
+    let line = e[0].to_string();
+    assert!(
+        line.starts_with(&format!(
+            "{}:1:1: $: cannot read the plugins directory: ",
+            ws.path().join("plugins").display()
+        )),
+        "{line}"
+    );
+}

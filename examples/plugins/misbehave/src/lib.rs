@@ -7,7 +7,7 @@
 //! |---------------|------------------------------------------------------------------------------|
 //! | `noop`        | `Ok(())` (benches)                                                           |
 //! | `loop`        | spins forever (fuel / epoch deadline must stop it)                           |
-//! | `memhog`      | grows a `Vec<u8>` by 1 MiB until refused → `Err("memory refused after N MiB")` |
+//! | `memhog`      | allocates 1 MiB at a time until refused → `Err("memory refused after N MiB")` |
 //! | `trap`        | executes `unreachable` (a real trap)                                         |
 //! | `err`         | `Err("guest error: as requested")`                                           |
 //! | `republish`   | first call subscribes to `topic` (default `loop.ping`); every call bumps kv `calls` and publishes `{"n":<calls>}` to `topic` |
@@ -120,14 +120,17 @@ fn spin() -> ! {
 
 fn memhog() -> Result<(), String> {
     const MIB: usize = 1 << 20;
-    let mut hog: Vec<u8> = Vec::new();
+    // 1 MiB chunks rather than one growing Vec: reallocating a single buffer needs old + new at
+    // once, so it would be refused at about half the limit; chunks get within ~1 MiB of it.
+    let mut hog: Vec<Vec<u8>> = Vec::with_capacity(4096);
     for n in 0..4096 {
-        if hog.try_reserve(MIB).is_err() {
+        let mut chunk = Vec::new();
+        if chunk.try_reserve_exact(MIB).is_err() {
             return Err(format!("memory refused after {n} MiB"));
         }
-        // Touch the new MiB so it is really backed (capacity is reserved: no reallocation here).
-        hog.resize(hog.len() + MIB, 0xA5);
-        core::hint::black_box(&hog);
+        // Touch the new MiB so it is really backed.
+        chunk.resize(MIB, 0xA5);
+        hog.push(core::hint::black_box(chunk));
     }
     Ok(())
 }

@@ -44,8 +44,8 @@ mod pipeline;
 mod ring;
 pub mod shell;
 pub mod stats;
-pub mod wasm;
 mod sync;
+pub mod wasm;
 
 pub use bus::{Bus, BusError, Message, Subscription};
 pub use emitter::{Emit, Emitter};
@@ -285,8 +285,9 @@ impl HooksBuilder {
         #[cfg(feature = "wasm")]
         let plugins = match &self.workspace {
             Some(ws) => {
-                let sink = wasm::WasmSink::new(ws.clone(), bus.clone(), producers.interest.handle(2))
-                    .map_err(BuildError::Spawn)?;
+                let sink =
+                    wasm::WasmSink::new(ws.clone(), bus.clone(), producers.interest.handle(2))
+                        .map_err(BuildError::Spawn)?;
                 for e in sink.errors() {
                     tracing::warn!("plugin: {e}");
                 }

@@ -142,7 +142,8 @@ pub struct PluginsStats {
     /// Problems of the last load (`FILE:LINE:COL: key: reason`, or a compile error); a plugin
     /// whose new version fails keeps its old version running.
     pub errors: Vec<String>,
-    /// Loads after the first (a plugin directory was added, changed or removed).
+    /// Loads after the first that started or stopped a plugin (a plugin directory was added,
+    /// changed or removed).
     pub reloads: u64,
     /// Components compiled, and loaded from the on-disk cache instead.
     pub compiled: u64,
@@ -162,7 +163,7 @@ pub struct PluginStats {
     /// The declared event patterns (`prx.lifecycle.*`, …).
     pub events: Vec<String>,
     pub pool_size: u64,
-    /// `running`, or `suspended` after repeated faults.
+    /// `running`, `suspended` (after repeated faults) or `stopped` (after shutdown).
     pub state: String,
     /// Milliseconds until a suspended plugin runs again.
     pub suspended_for_ms: Option<u64>,

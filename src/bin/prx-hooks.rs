@@ -6,9 +6,9 @@
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::signal::{SigSet, Signal};
-use prx_hooks::{Emit, Emitter, Event, EventKind, Hooks, ndjson};
 #[cfg(feature = "wasm")]
 use prx_hooks::Sink;
+use prx_hooks::{Emit, Emitter, Event, EventKind, Hooks, ndjson};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -160,7 +160,9 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
                     return;
                 }
                 match reloader.reload() {
-                    Some(outcome) => tracing::info!("SIGHUP: hooks.json {outcome:?}; plugins rescanned"),
+                    Some(outcome) => {
+                        tracing::info!("SIGHUP: hooks.json {outcome:?}; plugins rescanned")
+                    }
                     None => tracing::info!("SIGHUP: no workspace to reload"),
                 }
             }
@@ -366,7 +368,12 @@ fn validate_plugins(workspace: &std::path::Path) -> bool {
         eprintln!("{}: no plugins", dir.display());
     } else if lines.is_empty() {
         let names: Vec<&str> = manifests.iter().map(|m| m.name.as_str()).collect();
-        eprintln!("{}: ok: {} plugin(s): {}", dir.display(), names.len(), names.join(", "));
+        eprintln!(
+            "{}: ok: {} plugin(s): {}",
+            dir.display(),
+            names.len(),
+            names.join(", ")
+        );
     } else {
         eprintln!("{}: {} error(s)", dir.display(), lines.len());
     }

@@ -120,7 +120,9 @@ impl WasmEngine {
                     touch(&entry);
                     return Ok((c, Compiled::Cached));
                 }
-                Err(e) => tracing::debug!(file = %entry.display(), "cache entry unusable ({e}); recompiling"),
+                Err(e) => {
+                    tracing::debug!(file = %entry.display(), "cache entry unusable ({e}); recompiling")
+                }
             }
         }
         let component = self.compile_fresh(wasm)?;
@@ -154,16 +156,20 @@ impl WasmEngine {
         let mut h = ShaHasher(Sha256::new());
         h.write(wasm);
         self.engine.precompile_compatibility_hash().hash(&mut h);
-        h.0.finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        h.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl WasmEngine {
+    /// Stops the epoch ticker (at shutdown; a call still running would never time out).
+    pub fn stop_ticker(&self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
 impl Drop for WasmEngine {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop_ticker();
         if let Some(t) = self.ticker.take() {
             let _ = t.join();
         }

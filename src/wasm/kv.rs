@@ -348,7 +348,11 @@ mod tests {
         kv.set("count", b"42".to_vec()).unwrap();
         kv.set("count.tool_call", b"1".to_vec()).unwrap();
         assert_eq!(kv.bytes(), 7 + 15);
-        assert!(kv.set("other", b"x".to_vec()).unwrap_err().contains("limit"));
+        assert!(
+            kv.set("other", b"x".to_vec())
+                .unwrap_err()
+                .contains("limit")
+        );
         // Shrinking is always allowed.
         kv.set("count.tool_call", Vec::new()).unwrap();
         assert_eq!(kv.list_keys("count"), ["count", "count.tool_call"]);

@@ -31,10 +31,8 @@ use wasmtime::component::{ComponentExportIndex, InstancePre, TypedFunc};
 use wasmtime::{Store, StoreLimitsBuilder, Trap, UpdateDeadline};
 
 /// The export every plugin provides, under the versioned and the bare interface name.
-pub const EXPORT_INTERFACES: [&str; 2] = [
-    "prx:plugin/hook-exports@0.1.0",
-    "prx:plugin/hook-exports",
-];
+pub const EXPORT_INTERFACES: [&str; 2] =
+    ["prx:plugin/hook-exports@0.1.0", "prx:plugin/hook-exports"];
 pub const EXPORT_FUNC: &str = "on-event";
 
 /// Faults in a row that suspend a plugin, and the first and longest suspension.
@@ -202,8 +200,16 @@ pub fn find_export(
     if !ok {
         return Err(format!(
             "{iface_name}#{EXPORT_FUNC} has the wrong type: expected `func(event: string, payload-json: string) -> result<_, string>`, found `func({}) -> {}`",
-            params.iter().map(describe_type).collect::<Vec<_>>().join(", "),
-            results.iter().map(describe_type).collect::<Vec<_>>().join(", "),
+            params
+                .iter()
+                .map(describe_type)
+                .collect::<Vec<_>>()
+                .join(", "),
+            results
+                .iter()
+                .map(describe_type)
+                .collect::<Vec<_>>()
+                .join(", "),
         ));
     }
     Ok(index)
@@ -275,6 +281,13 @@ impl PluginShared {
             Ok(()) => Ok(UpdateDeadline::Continue(1)),
             Err(why) => Err(why.into()),
         });
+        // Instantiation runs the component's start code: it gets the same budget as a call.
+        store
+            .set_fuel(res.max_fuel)
+            .map_err(|e| one_line(&format!("{e:#}")))?;
+        store.data_mut().deadline =
+            Instant::now() + Duration::from_millis(res.max_execution_time_ms);
+        store.set_epoch_deadline(1);
         let instance = self
             .pre
             .instantiate(&mut store)
@@ -326,7 +339,10 @@ impl PluginShared {
         );
         if matches!(
             outcome,
-            CallOutcome::Trap(_) | CallOutcome::Timeout | CallOutcome::OutOfFuel | CallOutcome::Aborted
+            CallOutcome::Trap(_)
+                | CallOutcome::Timeout
+                | CallOutcome::OutOfFuel
+                | CallOutcome::Aborted
         ) {
             *slot = None;
             self.counts().instances_replaced += 1;
@@ -349,14 +365,23 @@ impl PluginShared {
                 CallOutcome::OutOfFuel => c.out_of_fuel += 1,
                 CallOutcome::Suspended | CallOutcome::Aborted => {}
             }
-            if !matches!(outcome, CallOutcome::Ok | CallOutcome::Suspended | CallOutcome::Aborted) {
+            if !matches!(
+                outcome,
+                CallOutcome::Ok | CallOutcome::Suspended | CallOutcome::Aborted
+            ) {
                 c.last_error = Some(outcome.describe(timeout));
             }
         }
         match outcome {
             CallOutcome::Ok | CallOutcome::Suspended | CallOutcome::Aborted => {}
-            CallOutcome::Error(m) => tracing::warn!(plugin = name, "on-event returned an error: {m}"),
-            other => tracing::warn!(plugin = name, "on-event {}; instance replaced", other.describe(timeout)),
+            CallOutcome::Error(m) => {
+                tracing::warn!(plugin = name, "on-event returned an error: {m}")
+            }
+            other => tracing::warn!(
+                plugin = name,
+                "on-event {}; instance replaced",
+                other.describe(timeout)
+            ),
         }
         if matches!(outcome, CallOutcome::Suspended | CallOutcome::Aborted) {
             return;
@@ -381,7 +406,13 @@ pub struct Instance {
 
 impl Instance {
     /// Refills fuel, sets the deadline, calls `on-event`, classifies the result.
-    pub fn call(&mut self, event: &str, msg: &Message, fuel: u64, deadline: Instant) -> CallOutcome {
+    pub fn call(
+        &mut self,
+        event: &str,
+        msg: &Message,
+        fuel: u64,
+        deadline: Instant,
+    ) -> CallOutcome {
         if let Err(e) = self.store.set_fuel(fuel) {
             return CallOutcome::Trap(one_line(&format!("{e:#}")));
         }
@@ -454,9 +485,15 @@ impl Plugin {
 
     /// Queues a manual run of `msg` (even when suspended); the outcome arrives on the returned
     /// channel. `None` when the queue stayed full for `wait`.
-    pub fn submit_fire(&self, msg: Message, wait: Duration) -> Option<flume::Receiver<CallOutcome>> {
+    pub fn submit_fire(
+        &self,
+        msg: Message,
+        wait: Duration,
+    ) -> Option<flume::Receiver<CallOutcome>> {
         let (tx, rx) = flume::bounded(1);
-        self.shard(&msg).send_timeout(Job::Fire(msg, tx), wait).ok()?;
+        self.shard(&msg)
+            .send_timeout(Job::Fire(msg, tx), wait)
+            .ok()?;
         Some(rx)
     }
 

@@ -56,6 +56,8 @@ struct LoadState {
     /// Counters and kv stores by plugin name: they outlive versions (and removals).
     counts: BTreeMap<String, Arc<Mutex<PluginCounts>>>,
     kv: BTreeMap<String, Arc<KvStore>>,
+    /// After shutdown: the plugins that were running, for the final stats.
+    stopped: Vec<Arc<PluginShared>>,
     errors: Vec<String>,
     loads: u64,
     compiled: u64,
@@ -148,7 +150,9 @@ impl serde::Serialize for FireOutcome {
         let (outcome, message) = match &self.outcome {
             Some(CallOutcome::Ok) => ("ok", None),
             Some(CallOutcome::Error(m)) => ("error", Some(m.clone())),
-            Some(CallOutcome::Trap(m)) | Some(CallOutcome::Instantiate(m)) => ("trap", Some(m.clone())),
+            Some(CallOutcome::Trap(m)) | Some(CallOutcome::Instantiate(m)) => {
+                ("trap", Some(m.clone()))
+            }
             Some(CallOutcome::Timeout) => ("timed_out", None),
             Some(CallOutcome::OutOfFuel) => ("out_of_fuel", None),
             Some(CallOutcome::Suspended) => ("suspended", None),
@@ -160,7 +164,10 @@ impl serde::Serialize for FireOutcome {
         st.serialize_field("event", &self.event)?;
         st.serialize_field("outcome", outcome)?;
         st.serialize_field("message", &message)?;
-        st.serialize_field("duration_ms", &((self.duration.as_secs_f64() * 1e6).round() / 1e3))?;
+        st.serialize_field(
+            "duration_ms",
+            &((self.duration.as_secs_f64() * 1e6).round() / 1e3),
+        )?;
         st.end()
     }
 }
@@ -221,7 +228,10 @@ impl WasmSink {
         let need = sizing_for(&manifests);
         let mut all = false;
         if !manifests.is_empty()
-            && st.engine.as_ref().is_none_or(|(e, _)| !e.sizing().covers(&need))
+            && st
+                .engine
+                .as_ref()
+                .is_none_or(|(e, _)| !e.sizing().covers(&need))
         {
             // Headroom so that adding a plugin or two does not rebuild the engine.
             let sizing = Sizing {
@@ -303,7 +313,9 @@ impl WasmSink {
         self.live.store(Arc::new(live));
         self.interest.set(mask);
         st.versions = next;
-        st.loads += 1;
+        if st.loads == 0 || !report.started.is_empty() || !report.removed.is_empty() {
+            st.loads += 1;
+        }
         st.errors = report.errors.clone();
         for name in &report.started {
             tracing::info!(plugin = %name, "plugin loaded");
@@ -344,7 +356,14 @@ impl WasmSink {
             abort: self.abort.clone(),
         });
         let label = m.file.clone();
-        let shared = Arc::new(PluginShared::new(m, ctx, pre, export, counts, engine.clone()));
+        let shared = Arc::new(PluginShared::new(
+            m,
+            ctx,
+            pre,
+            export,
+            counts,
+            engine.clone(),
+        ));
         // A probe: a component whose memory or tables cannot fit its limits fails here, at
         // load, with the reason, instead of at its first event.
         shared
@@ -370,7 +389,12 @@ impl WasmSink {
             .map(|p| {
                 let timeout_ms = p.shared.manifest.resources.max_execution_time_ms;
                 let wait = Duration::from_millis(timeout_ms) + Duration::from_secs(1);
-                (p.shared.name.to_string(), timeout_ms, wait, p.submit_fire(msg.clone(), wait))
+                (
+                    p.shared.name.to_string(),
+                    timeout_ms,
+                    wait,
+                    p.submit_fire(msg.clone(), wait),
+                )
             })
             .collect();
         pending
@@ -411,21 +435,33 @@ impl WasmSink {
     pub fn stats(&self) -> PluginsStats {
         let st = self.state();
         let now = Instant::now();
-        let plugins = st
+        let running = st
             .versions
-            .iter()
-            .map(|(name, (_, p))| {
-                let sh = &p.shared;
+            .values()
+            .map(|(_, p)| (&p.shared, p.queued(), false));
+        let stopped = st.stopped.iter().map(|sh| (sh, 0, true));
+        let plugins = running
+            .chain(stopped)
+            .map(|(sh, queued, stopped)| {
                 let m = &sh.manifest;
-                let until = sh.breaker.lock().unwrap_or_else(|e| e.into_inner()).suspended(now);
+                let until = sh
+                    .breaker
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .suspended(now);
                 PluginStats {
-                    name: name.clone(),
+                    name: m.name.clone(),
                     version: m.version.clone(),
                     events: m.patterns.clone(),
                     pool_size: u64::from(m.resources.pool_size.max(1)),
-                    state: if until.is_some() { "suspended" } else { "running" }.into(),
+                    state: match (stopped, until) {
+                        (true, _) => "stopped",
+                        (false, Some(_)) => "suspended",
+                        (false, None) => "running",
+                    }
+                    .into(),
                     suspended_for_ms: until.map(|u| (u - now).as_millis() as u64),
-                    queued: p.queued() as u64,
+                    queued: queued as u64,
                     kv_bytes: sh.ctx.kv.bytes(),
                     counts: sh.counts().clone(),
                 }
@@ -477,10 +513,7 @@ fn prepare(
 /// Pool size the manifests need: every pooled instance, as many again for replacements during a
 /// reload, two for probes; the largest memory.
 fn sizing_for(manifests: &[Manifest]) -> Sizing {
-    let pooled: u32 = manifests
-        .iter()
-        .map(|m| m.resources.pool_size.max(1))
-        .sum();
+    let pooled: u32 = manifests.iter().map(|m| m.resources.pool_size.max(1)).sum();
     Sizing {
         instances: pooled * 2 + manifests.len() as u32 + 2,
         max_memory: manifests
@@ -540,11 +573,18 @@ impl Sink for WasmSink {
     fn shutdown(&self, deadline: Instant) {
         {
             let mut st = self.state();
+            // Keep what the stats need; dropping the plugins closes their queues.
+            st.stopped = st
+                .versions
+                .values()
+                .map(|(_, p)| p.shared.clone())
+                .collect();
             st.versions.clear();
             self.live.store(Arc::new(Vec::new()));
             self.interest.set(EventMask::NONE);
         }
-        let threads = std::mem::take(&mut *self.executors.lock().unwrap_or_else(|e| e.into_inner()));
+        let threads =
+            std::mem::take(&mut *self.executors.lock().unwrap_or_else(|e| e.into_inner()));
         while Instant::now() < deadline && threads.iter().any(|t| !t.is_finished()) {
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -553,6 +593,9 @@ impl Sink for WasmSink {
             let _ = t.join();
         }
         self.flusher.stop();
+        if let Some((engine, _)) = self.state().engine.take() {
+            engine.stop_ticker();
+        }
     }
 }
 

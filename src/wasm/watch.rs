@@ -76,7 +76,13 @@ fn inotify(
 ) -> Option<notify::RecommendedWatcher> {
     let prefix = plugins.to_path_buf();
     let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        use notify::event::{AccessKind, AccessMode, EventKind};
         let relevant = match &res {
+            // Reading a file (our own reload reads every manifest and component) is not a
+            // change; a close after writing is.
+            Ok(ev) if matches!(ev.kind, EventKind::Access(a) if a != AccessKind::Close(AccessMode::Write)) => {
+                false
+            }
             Ok(ev) => ev.paths.iter().any(|p| p.starts_with(&prefix)),
             Err(_) => true,
         };

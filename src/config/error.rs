@@ -233,7 +233,11 @@ impl<'a> Lines<'a> {
         }
         let line = self.starts.partition_point(|&s| s <= pos);
         let start = self.starts[line - 1];
-        let col = self.text[start..pos].chars().count() + 1;
+        let mut col = self.text[start..pos].chars().count() + 1;
+        // A leading byte order mark is not a column (editors do not show it).
+        if line == 1 && col > 1 && self.text.starts_with('\u{feff}') {
+            col -= 1;
+        }
         (line, col)
     }
 }

@@ -343,11 +343,11 @@ mod tests {
     #[test]
     fn round_trip_and_cap() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = KvStore::open(dir.path(), "p", 20);
+        let kv = KvStore::open(dir.path(), "p", 25);
         kv.set("count", b"41".to_vec()).unwrap();
         kv.set("count", b"42".to_vec()).unwrap();
         kv.set("count.tool_call", b"1".to_vec()).unwrap();
-        assert_eq!(kv.bytes(), 7 + 15);
+        assert_eq!(kv.bytes(), 7 + 16);
         assert!(
             kv.set("other", b"x".to_vec())
                 .unwrap_err()
@@ -358,7 +358,7 @@ mod tests {
         assert_eq!(kv.list_keys("count"), ["count", "count.tool_call"]);
         assert_eq!(kv.list_keys("count."), ["count.tool_call"]);
         kv.flush().unwrap();
-        let again = KvStore::open(dir.path(), "p", 20);
+        let again = KvStore::open(dir.path(), "p", 25);
         assert_eq!(again.get("count").as_deref(), Some(&b"42"[..]));
         assert!(again.delete("count"));
         assert!(!again.delete("count"));

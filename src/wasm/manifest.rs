@@ -57,7 +57,7 @@
 //! [`MAX_MANIFEST_BYTES`], and must be UTF-8. The `.wasm` file must exist as a regular file
 //! inside the plugin directory, also once symbolic links are resolved; it is not compiled here.
 
-use crate::config::{ConfigError, ConfigErrors, normalize_event_key};
+use crate::config::{ConfigError, ConfigErrors, Lines, normalize_event_key, quote};
 use crate::event::{EventKind, EventMask};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -1365,33 +1365,6 @@ fn normalize(p: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-/// `s` in double quotes, escaped like a JSON string, cut at 64 characters with `…`: always one
-/// line (the same rules as hooks.json's messages).
-fn quote(s: &str) -> String {
-    const MAX: usize = 64;
-    let mut out = String::with_capacity(s.len().min(MAX) + 2);
-    out.push('"');
-    for (n, c) in s.chars().enumerate() {
-        if n == MAX {
-            out.push('…');
-            break;
-        }
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// Makes a text safe to print on one line (control characters escaped).
 fn one_line(s: &str) -> String {
     if s.chars()
@@ -1412,40 +1385,6 @@ fn one_line(s: &str) -> String {
         out
     } else {
         s.to_string()
-    }
-}
-
-/// Byte offsets → 1-based line and character column (a leading byte order mark is not
-/// counted, as editors do not show it).
-struct Lines<'a> {
-    text: &'a str,
-    starts: Vec<usize>,
-}
-
-impl<'a> Lines<'a> {
-    fn new(text: &'a str) -> Lines<'a> {
-        let mut starts = vec![0];
-        starts.extend(
-            text.bytes()
-                .enumerate()
-                .filter(|&(_, b)| b == b'\n')
-                .map(|(i, _)| i + 1),
-        );
-        Lines { text, starts }
-    }
-
-    fn locate(&self, pos: usize) -> (usize, usize) {
-        let mut pos = pos.min(self.text.len());
-        while !self.text.is_char_boundary(pos) {
-            pos -= 1;
-        }
-        let line = self.starts.partition_point(|&s| s <= pos);
-        let start = self.starts[line - 1];
-        let mut col = self.text[start..pos].chars().count() + 1;
-        if line == 1 && col > 1 && self.text.starts_with('\u{feff}') {
-            col -= 1;
-        }
-        (line, col)
     }
 }
 

@@ -56,6 +56,8 @@ struct LoadState {
     /// Counters and kv stores by plugin name: they outlive versions (and removals).
     counts: BTreeMap<String, Arc<Mutex<PluginCounts>>>,
     kv: BTreeMap<String, Arc<KvStore>>,
+    /// What the current (or, after shutdown, the last) engine's pool holds.
+    sizing: Option<Sizing>,
     /// After shutdown: the plugins that were running, for the final stats.
     stopped: Vec<Arc<PluginShared>>,
     errors: Vec<String>,
@@ -243,6 +245,7 @@ impl WasmSink {
                 Ok((Arc::new(e), Arc::new(l)))
             }) {
                 Ok(pair) => {
+                    st.sizing = Some(pair.0.sizing());
                     st.engine = Some(pair);
                     all = true;
                 }
@@ -467,7 +470,7 @@ impl WasmSink {
                 }
             })
             .collect();
-        let sizing = st.engine.as_ref().map(|(e, _)| e.sizing());
+        let sizing = st.sizing;
         PluginsStats {
             plugins,
             errors: st.errors.clone(),

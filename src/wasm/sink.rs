@@ -56,6 +56,8 @@ struct LoadState {
     /// Counters and kv stores by plugin name: they outlive versions (and removals).
     counts: BTreeMap<String, Arc<Mutex<PluginCounts>>>,
     kv: BTreeMap<String, Arc<KvStore>>,
+    /// Shut down: nothing loads any more.
+    closed: bool,
     /// What the current (or, after shutdown, the last) engine's pool holds.
     sizing: Option<Sizing>,
     /// After shutdown: the plugins that were running, for the final stats.
@@ -220,7 +222,7 @@ impl WasmSink {
     /// Rescans the plugins directory and applies what changed (see the module doc).
     pub fn reload(&self) -> LoadReport {
         let mut st = self.state();
-        if self.abort.load(Ordering::Relaxed) {
+        if st.closed {
             return LoadReport::default();
         }
         let mut report = LoadReport::default();
@@ -576,6 +578,7 @@ impl Sink for WasmSink {
     fn shutdown(&self, deadline: Instant) {
         {
             let mut st = self.state();
+            st.closed = true;
             // Keep what the stats need; dropping the plugins closes their queues.
             st.stopped = st
                 .versions

@@ -884,6 +884,70 @@ fn fire_runs_every_matching_plugin_once_even_when_suspended() {
             .to_string()
             .starts_with("plugin bad turn_complete: error: guest error: as requested (")
     );
+    // A plugin that traps is suspended after three faults; fire runs it all the same.
+    misbehave(ws.path(), "boom", "trap", "", "");
+    assert!(sink.reload().started == ["boom"]);
+    for n in 1..=4 {
+        let out = sink.fire(EventKind::TurnComplete, &msg);
+        let boom = out.iter().find(|o| o.plugin == "boom").unwrap();
+        assert!(
+            matches!(&boom.outcome, Some(CallOutcome::Trap(m)) if m.contains("unreachable")),
+            "fire {n}: {boom}"
+        );
+    }
+    let st = sink.stats();
+    let boom = st.plugins.iter().find(|p| p.name == "boom").unwrap();
+    assert_eq!(boom.state, "suspended");
+    assert_eq!(boom.counts.traps, 4);
     prx_hooks::Sink::shutdown(&sink, Instant::now() + Duration::from_secs(2));
-    assert_eq!(kv_count(ws.path(), "audit-hook", "count"), 1);
+    assert_eq!(kv_count(ws.path(), "audit-hook", "count"), 5);
+}
+
+#[test]
+fn a_suspended_plugin_resumes_by_itself_and_backs_off_exponentially() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(ws.path(), "flaky", "trap", "", "only = \"tool_call\"");
+    let h = hooks(ws.path());
+    let em = h.emitter("a", "s");
+    let tool_call = Event::ToolCall {
+        tool: "t",
+        success: true,
+        output: "",
+    };
+    for _ in 0..3 {
+        em.emit(tool_call);
+    }
+    wait_for(10, "the first suspension", || {
+        plugin(&h, "flaky").state == "suspended"
+    });
+    let first = plugin(&h, "flaky").suspended_for_ms.unwrap();
+    assert!(first <= 1000, "{first}");
+    // It resumes by itself after the backoff: the next event runs (a good one here)…
+    wait_for(10, "the resumption", || {
+        plugin(&h, "flaky").state == "running"
+    });
+    em.emit(Event::TurnComplete);
+    wait_for(10, "a call after the suspension", || {
+        plugin(&h, "flaky").counts.ok == 1
+    });
+    assert_eq!(plugin(&h, "flaky").counts.dropped_suspended, 0);
+    // …and a success resets the breaker: it takes three faults again, then 1 s again.
+    em.emit(tool_call);
+    em.emit(tool_call);
+    wait_for(10, "two traps", || plugin(&h, "flaky").counts.traps == 5);
+    assert_eq!(plugin(&h, "flaky").state, "running");
+    em.emit(tool_call);
+    wait_for(10, "the second suspension", || {
+        plugin(&h, "flaky").counts.suspensions == 2
+    });
+    // A fault right after a suspension ends doubles the next one.
+    wait_for(10, "the resumption", || {
+        plugin(&h, "flaky").state == "running"
+    });
+    em.emit(tool_call);
+    wait_for(10, "the third suspension", || {
+        plugin(&h, "flaky").counts.suspensions == 3
+    });
+    let third = plugin(&h, "flaky").suspended_for_ms.unwrap();
+    assert!((1000..=2000).contains(&third), "{third}");
 }

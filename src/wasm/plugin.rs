@@ -537,7 +537,7 @@ fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
             None => break,
             Some(Ok(Job::Event(msg))) => {
                 let kind = msg.event().map_or("", |k| k.name());
-                let outcome = shared.run(&mut slot, kind, &msg, false);
+                let outcome = guarded(shared, &mut slot, kind, &msg, false);
                 let mut c = shared.counts();
                 c.in_flight -= 1;
                 match outcome {
@@ -558,16 +558,44 @@ fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
                     Some(k) => k.name(),
                     None => msg.topic(),
                 };
-                let outcome = shared.run(&mut slot, name, &msg, true);
+                let outcome = guarded(shared, &mut slot, name, &msg, true);
                 let _ = reply.send(outcome);
             }
             Some(Err(msg)) => {
                 shared.counts().topic_messages += 1;
                 let topic = msg.topic().to_string();
-                shared.run(&mut slot, &topic, &msg, false);
+                guarded(shared, &mut slot, &topic, &msg, false);
             }
         }
     }
     // Subscriptions die with the instance; kv is flushed by the sink at shutdown.
     drop(slot);
+}
+
+/// [`PluginShared::run`], with a panic on the host side (a bug, not the guest's doing: guest
+/// faults are traps) contained: it is counted and logged as a trap, the instance is thrown away,
+/// and the executor goes on — a dead executor would silently turn every later event into a
+/// queue-full drop.
+fn guarded(
+    shared: &PluginShared,
+    slot: &mut Option<Instance>,
+    event: &str,
+    msg: &Message,
+    force: bool,
+) -> CallOutcome {
+    let run = std::panic::AssertUnwindSafe(|| shared.run(slot, event, msg, force));
+    match std::panic::catch_unwind(run) {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            *slot = None;
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            let outcome = CallOutcome::Trap(format!("host panic: {}", one_line(&what)));
+            shared.after(&outcome, Instant::now());
+            outcome
+        }
+    }
 }

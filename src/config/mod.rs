@@ -4,12 +4,14 @@
 //! [`HookTable`] (errors as `FILE:LINE:COL: JSON.PATH: reason`) → the new table is swapped in
 //! with `ArcSwap`. An invalid file is reported and the last good table stays active.
 
+pub mod edit;
 mod error;
 mod load;
 pub mod model;
 mod spanned;
 mod watch;
 
+pub use edit::{ETag, EditError, Hook, HooksEditor, Listing, Removed, Written};
 pub use error::{ConfigError, ConfigErrors};
 pub(crate) use error::{Lines, quote};
 pub use load::{

@@ -1,0 +1,1209 @@
+//! Editing `<workspace>/hooks.json` safely: what the HTTP API (DESIGN.md §6) sits on.
+//!
+//! # Model
+//!
+//! A [`HooksEditor`] owns no copy of the configuration: every call reads the file again. The
+//! file is read with the same strict reader the loader uses (so the order of event keys, of
+//! hooks and of each hook's fields is kept exactly as written — serde_json's `Map` is not used
+//! for the document, it would sort keys without its `preserve_order` feature), mutated, written
+//! back pretty-printed (two-space indentation; hand formatting and whitespace are not kept, the
+//! content and order are), and validated by the real loader ([`parse`] with the real file
+//! label) before it is written, so the API accepts exactly what the loader accepts, with the
+//! same messages. Top-level fields the editor does not touch (`enabled`, `timeout_ms`,
+//! `env_passthrough`) are kept as written, and event keys are kept as written too (`LLM-Response`
+//! stays `LLM-Response`; a hook created for `llm_response` joins that array; a new event gets its
+//! normalized name as key). An absent file is the empty document `{"hooks": {}}`. An event
+//! array emptied by a delete or a move stays in the file (`"error": []`); a leading byte order
+//! mark is not written back.
+//!
+//! A hook, as the API sees it, is a flat JSON object: the fields written in the file (a field
+//! written as `null` means "not given" to the loader and is left out) plus `"event"` (the
+//! normalized name) and `"id"`. Values inherited from the top level (the file's `timeout_ms`)
+//! are not added. The flat objects are serde_json `Value`s: without serde_json's
+//! `preserve_order` feature (this crate does not enable it) their keys come out sorted; the
+//! file itself keeps its order. Each hook has a strong ETag (a hash of its flat JSON with
+//! sorted keys, so writes to other hooks do not change it), and the list has one (a hash of
+//! the file's bytes): quoted 128-bit FNV-1a hex, the same on every build.
+//!
+//! # Ids
+//!
+//! The loader gives a hook without an `id` a deterministic one derived from its event and
+//! content. The first write through the editor writes those ids into the file (every hook
+//! lacking one gets exactly the id readers already saw), so afterwards ids never shift when
+//! other hooks are added, removed or edited. Every later write does the same for hooks added
+//! by hand without an id. A created hook without an `id` gets the id the loader derives for it,
+//! written into the file.
+//!
+//! # Validation errors
+//!
+//! [`EditError::Invalid`] carries the loader's error line (`FILE:LINE:COL: JSON.PATH: reason`,
+//! positions in the document that was about to be written) and a path relative to the request
+//! body: `hooks.tool_call[3].args[2]` becomes `args[2]` when the hook being written is
+//! `hooks.tool_call[3]`, an unknown event key becomes `event`. Errors elsewhere in the file
+//! keep their document path. A few body-shape checks are the editor's own (`event` missing or
+//! not a string, an `id` that would change, a duplicate `id` on create); their `error` is the
+//! reason alone.
+//!
+//! # Concurrency and the race window
+//!
+//! Every call of one editor holds one mutex, so API writers are serialized and each builds on
+//! the previous one's file: no update is lost. Use one editor per workspace (two editors on the
+//! same file see each other's writes as hand edits).
+//!
+//! The editor remembers a hash of the file as it last read or wrote it. A mutation re-reads the
+//! file first; when it changed since (a hand edit, another program) and the caller did not
+//! prove, with an `If-Match` ETag that matches the file as it is now, that its view is current,
+//! the mutation is refused with [`EditError::Conflict`] (409) and the file is left as it is.
+//! The editor then knows the new file, so a retry (after the client re-reads) goes through.
+//! A stale `If-Match` is [`EditError::PreconditionFailed`] (412) whether or not the file was
+//! edited by hand.
+//!
+//! The new document is built from the bytes just re-read, so a hand edit made before that
+//! re-read is never overwritten. The remaining window is between that re-read and the
+//! `rename` that installs the new file (building, validating, writing and syncing the temporary
+//! file: typically well under a millisecond plus the fsync): a hand edit saved inside it is
+//! replaced by the API's write and is lost, silently. Closing it would need a lock that every
+//! editor of the file honours, which text editors do not. The hand edit is only lost if it was
+//! saved inside that window; one saved after the rename replaces the API's write (and the
+//! next API call answers 409).
+//!
+//! # Writes and going live
+//!
+//! Writes are atomic: a temporary file in the workspace (`.hooks.json.<pid>.<n>.tmp`), written,
+//! `fsync`ed, renamed over hooks.json, then the directory is `fsync`ed. The file's permission
+//! bits are kept (0644 for a new file); its owner is the writing process's (a symbolic link
+//! named hooks.json is replaced by a regular file). Every successful mutation returns the
+//! table the loader built from exactly the bytes written (`source` set, like [`super::load`]).
+//! To make it live before answering, a caller with a [`super::ConfigWatcher`] calls
+//! [`super::ConfigWatcher::reload_now`]: it reads the file (normally the bytes just written),
+//! swaps the table in and remembers those bytes, so the watcher's own event for the rename is
+//! then a no-op ([`super::Reload::Unchanged`]). Calling `ShellSink::set_table` with the returned
+//! table directly also works, but the watcher does not know those bytes and re-applies an
+//! equal table when its event arrives.
+
+use super::error::{ConfigErrors, Path as JPath, quote};
+use super::load::{HOOKS_FILE, file_label, normalize_event_key, parse, read_hooks_file};
+use super::model::HookTable;
+use super::spanned::{self, Node, Val};
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A strong ETag, quoted: `"0123…"` (32 hex digits).
+pub type ETag = String;
+
+/// One hook as the API shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hook {
+    pub id: String,
+    /// The normalized event name.
+    pub event: String,
+    /// The flat object: the fields written in the file plus `event` and `id`.
+    pub json: Value,
+    pub etag: ETag,
+}
+
+/// Every hook, in file order, and the ETag of the whole list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listing {
+    pub hooks: Vec<Hook>,
+    pub etag: ETag,
+}
+
+/// What a successful create, update or toggle did.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The hook as it is now in the file.
+    pub hook: Hook,
+    /// The new list ETag.
+    pub list_etag: ETag,
+    /// The table the loader built from the bytes written (make it live before answering).
+    pub table: Arc<HookTable>,
+}
+
+/// What a successful delete did.
+#[derive(Debug, Clone)]
+pub struct Removed {
+    pub list_etag: ETag,
+    pub table: Arc<HookTable>,
+}
+
+/// Why an edit was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EditError {
+    /// The request body has the wrong shape (not a JSON object, …): 400.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No hook has this id: 404.
+    #[error("no hook has the id {}", quote(.id))]
+    NotFound { id: String },
+    /// hooks.json changed on disk since the editor last read it and the caller's view was
+    /// based on the old file: 409. The file is left as it is.
+    #[error("{0}")]
+    Conflict(String),
+    /// `If-Match` names a version that is not the current one: 412.
+    #[error("{0}")]
+    PreconditionFailed(String),
+    /// The document the edit would produce does not validate: 422. `error` is the loader's
+    /// line (or the editor's own reason), `path` is relative to the request body (`args[2]`)
+    /// when the error is in the hook being written, else the document path.
+    #[error("{error}")]
+    Invalid { error: String, path: String },
+    /// The file on disk does not validate (a hand edit broke it): 409, fix the file first.
+    #[error("{error}")]
+    FileInvalid { error: String, path: String },
+    /// The file could not be read or written: 500.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl EditError {
+    /// The HTTP status this error maps to.
+    pub fn status(&self) -> u16 {
+        match self {
+            EditError::BadRequest(_) => 400,
+            EditError::NotFound { .. } => 404,
+            EditError::Conflict(_) | EditError::FileInvalid { .. } => 409,
+            EditError::PreconditionFailed(_) => 412,
+            EditError::Invalid { .. } => 422,
+            EditError::Io(_) => 500,
+        }
+    }
+
+    /// A stable machine-readable name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EditError::BadRequest(_) => "bad_request",
+            EditError::NotFound { .. } => "not_found",
+            EditError::Conflict(_) => "conflict",
+            EditError::PreconditionFailed(_) => "precondition_failed",
+            EditError::Invalid { .. } => "invalid",
+            EditError::FileInvalid { .. } => "file_invalid",
+            EditError::Io(_) => "io",
+        }
+    }
+
+    /// The JSON path the error points at (`""` when it has none).
+    pub fn path(&self) -> &str {
+        match self {
+            EditError::Invalid { path, .. } | EditError::FileInvalid { path, .. } => path,
+            _ => "",
+        }
+    }
+}
+
+/// Edits one workspace's hooks.json. Cheap to create; share one per workspace (`Arc`).
+#[derive(Debug)]
+pub struct HooksEditor {
+    workspace: PathBuf,
+    file: PathBuf,
+    label: String,
+    /// The hash of the file as last read or written (`None`: not read yet). Also the lock
+    /// that serializes every call.
+    seen: Mutex<Option<u128>>,
+}
+
+/// The file as read now.
+struct Current {
+    hash: u128,
+    doc: J,
+    table: HookTable,
+}
+
+impl HooksEditor {
+    pub fn new(workspace: &Path) -> HooksEditor {
+        HooksEditor {
+            workspace: workspace.to_path_buf(),
+            file: workspace.join(HOOKS_FILE),
+            label: file_label(workspace),
+            seen: Mutex::new(None),
+        }
+    }
+
+    /// The file this editor writes.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<u128>> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every hook, in file order.
+    pub fn list(&self) -> Result<Listing, EditError> {
+        let mut seen = self.lock();
+        let cur = self.read()?;
+        *seen = Some(cur.hash);
+        let hooks = flat_hooks(&cur)
+            .into_iter()
+            .map(|(_, h)| h)
+            .collect::<Vec<_>>();
+        Ok(Listing {
+            hooks,
+            etag: etag(cur.hash),
+        })
+    }
+
+    /// One hook.
+    pub fn get(&self, id: &str) -> Result<Hook, EditError> {
+        let mut seen = self.lock();
+        let cur = self.read()?;
+        *seen = Some(cur.hash);
+        flat_hooks(&cur)
+            .into_iter()
+            .map(|(_, h)| h)
+            .find(|h| h.id == id)
+            .ok_or_else(|| EditError::NotFound { id: id.to_string() })
+    }
+
+    /// Adds a hook: `body` is a flat object with `event` (required) and the action's fields;
+    /// an `id` may be given (valid and unique), else the loader's derived id is assigned and
+    /// written. The hook goes at the end of its event's array.
+    pub fn create(&self, body: Value) -> Result<Written, EditError> {
+        check_depth(&body)?;
+        let Value::Object(map) = body else {
+            return Err(EditError::BadRequest(format!(
+                "the hook must be a JSON object, found {}",
+                value_kind(&body)
+            )));
+        };
+        let mut seen = self.lock();
+        let mut cur = self.begin(&mut seen, None, None)?;
+        let event = body_event(map.get("event"))?;
+        if let Some(Value::String(id)) = map.get("id")
+            && cur.table.get(id).is_some()
+        {
+            return Err(EditError::Invalid {
+                error: format!("duplicate id {}: another hook already has it", quote(id)),
+                path: "id".into(),
+            });
+        }
+        let mut obj: Vec<(String, J)> = Vec::new();
+        for (k, v) in map {
+            if k == "event" || v.is_null() {
+                continue;
+            }
+            obj.push((k, J::from_value(v)));
+        }
+        let has_id = obj.iter().any(|(k, _)| k == "id");
+        materialize_ids(&mut cur);
+        let (key, index, new_key) = place(&mut cur.doc, &event, J::Obj(obj))?;
+        let loc = Loc {
+            key: key.clone(),
+            index,
+            new_key,
+        };
+        let mut table = self.validate(&cur.doc, &loc)?;
+        if !has_id {
+            // The id the loader derived for it, written so it never changes.
+            let id = table
+                .actions
+                .iter()
+                .find(|a| a.event.name() == normalize_event_key(&key) && a.index == index)
+                .map(|a| a.id.clone())
+                .ok_or_else(|| EditError::Io("the new hook vanished while validating".into()))?;
+            if let Some(J::Obj(m)) = node_mut(&mut cur.doc, &key, index) {
+                m.insert(0, ("id".into(), J::Str(id)));
+            }
+            table = self.validate(&cur.doc, &loc)?;
+        }
+        self.commit(&mut seen, &cur.doc, table, &key, index)
+    }
+
+    /// Applies an RFC 7396 merge patch to the hook's flat object. `id` cannot change; a new
+    /// `event` moves the hook to the end of that event's array, keeping its id.
+    pub fn update(
+        &self,
+        id: &str,
+        patch: Value,
+        if_match: Option<&str>,
+    ) -> Result<Written, EditError> {
+        check_depth(&patch)?;
+        let Value::Object(patch) = patch else {
+            return Err(EditError::BadRequest(format!(
+                "a merge patch must be a JSON object, found {}",
+                value_kind(&patch)
+            )));
+        };
+        let mut seen = self.lock();
+        let mut cur = self.begin(&mut seen, Some(id), if_match)?;
+        materialize_ids(&mut cur);
+        let (old_key, old_index, old_event) = locate(&cur, id)?;
+        if let Some(v) = patch.get("id")
+            && v.as_str() != Some(id)
+        {
+            return Err(EditError::Invalid {
+                error: format!("the id cannot change (it is {})", quote(id)),
+                path: "id".into(),
+            });
+        }
+        let new_event = match patch.get("event") {
+            None => old_event.clone(),
+            Some(v) => body_event(Some(v))?,
+        };
+        let Some(J::Obj(members)) = node_mut(&mut cur.doc, &old_key, old_index) else {
+            return Err(EditError::NotFound { id: id.to_string() });
+        };
+        for (k, v) in patch {
+            if k == "id" || k == "event" {
+                continue;
+            }
+            merge_member(members, k, v);
+        }
+        let (key, index, new_key) = if normalize_event_key(&new_event) == old_event {
+            (old_key, old_index, false)
+        } else {
+            let node = remove_node(&mut cur.doc, &old_key, old_index)
+                .ok_or_else(|| EditError::NotFound { id: id.to_string() })?;
+            place(&mut cur.doc, &new_event, node)?
+        };
+        let loc = Loc {
+            key: key.clone(),
+            index,
+            new_key,
+        };
+        let table = self.validate(&cur.doc, &loc)?;
+        self.commit(&mut seen, &cur.doc, table, &key, index)
+    }
+
+    /// Flips the hook's `enabled` (absent means true, so the first toggle disables it).
+    pub fn toggle(&self, id: &str, if_match: Option<&str>) -> Result<Written, EditError> {
+        let mut seen = self.lock();
+        let mut cur = self.begin(&mut seen, Some(id), if_match)?;
+        materialize_ids(&mut cur);
+        let (key, index, _) = locate(&cur, id)?;
+        let Some(J::Obj(members)) = node_mut(&mut cur.doc, &key, index) else {
+            return Err(EditError::NotFound { id: id.to_string() });
+        };
+        match members.iter_mut().find(|(k, _)| k == "enabled") {
+            Some((_, v)) => {
+                let now = !matches!(v, J::Bool(false));
+                *v = J::Bool(!now);
+            }
+            None => members.push(("enabled".into(), J::Bool(false))),
+        }
+        let loc = Loc {
+            key: key.clone(),
+            index,
+            new_key: false,
+        };
+        let table = self.validate(&cur.doc, &loc)?;
+        self.commit(&mut seen, &cur.doc, table, &key, index)
+    }
+
+    /// Removes the hook. The other hooks keep their ids (written into the file).
+    pub fn delete(&self, id: &str, if_match: Option<&str>) -> Result<Removed, EditError> {
+        let mut seen = self.lock();
+        let mut cur = self.begin(&mut seen, Some(id), if_match)?;
+        materialize_ids(&mut cur);
+        let (key, index, _) = locate(&cur, id)?;
+        remove_node(&mut cur.doc, &key, index)
+            .ok_or_else(|| EditError::NotFound { id: id.to_string() })?;
+        let table = self.validate(&cur.doc, &Loc::none())?;
+        let bytes = cur.doc.to_file_bytes();
+        self.write(&bytes)?;
+        let hash = fnv128(&bytes);
+        *seen = Some(hash);
+        Ok(Removed {
+            list_etag: etag(hash),
+            table: Arc::new(table),
+        })
+    }
+
+    /// Reads and parses the file as it is now.
+    fn read(&self) -> Result<Current, EditError> {
+        let bytes = read_hooks_file(&self.workspace)
+            .map_err(|e| EditError::Io(format!("{}: cannot read the file: {e}", self.label)))?;
+        let Some(bytes) = bytes else {
+            return Ok(Current {
+                hash: fnv128(b""),
+                doc: J::Obj(vec![("hooks".into(), J::Obj(Vec::new()))]),
+                table: super::load::empty_table(),
+            });
+        };
+        let hash = fnv128(&bytes);
+        let table = parse(&bytes, &self.label, &self.workspace).map_err(|errs| {
+            let first = errs.iter().next();
+            EditError::FileInvalid {
+                error: first.map_or_else(|| errs.to_string(), |e| e.to_string()),
+                path: first.map_or_else(|| "$".into(), |e| e.path.clone()),
+            }
+        })?;
+        let text = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
+        let text = std::str::from_utf8(text)
+            .map_err(|_| EditError::Io(format!("{}: not UTF-8", self.label)))?;
+        let doc = match spanned::parse(text).root {
+            Ok(node) => J::from_node(node),
+            Err(e) => {
+                return Err(EditError::FileInvalid {
+                    error: e.reason,
+                    path: e.path.to_string(),
+                });
+            }
+        };
+        Ok(Current { hash, doc, table })
+    }
+
+    /// The start of every mutation: re-read, then the conflict checks.
+    fn begin(
+        &self,
+        seen: &mut Option<u128>,
+        target: Option<&str>,
+        if_match: Option<&str>,
+    ) -> Result<Current, EditError> {
+        let cur = self.read()?;
+        let changed = seen.is_some_and(|h| h != cur.hash);
+        let list_etag = etag(cur.hash);
+        if let Some(id) = target {
+            let hook = flat_hooks(&cur)
+                .into_iter()
+                .map(|(_, h)| h)
+                .find(|h| h.id == id);
+            let Some(hook) = hook else {
+                return Err(EditError::NotFound { id: id.to_string() });
+            };
+            if let Some(header) = if_match {
+                if if_match_ok(header, &[&hook.etag, &list_etag]) {
+                    return Ok(cur);
+                }
+                return Err(EditError::PreconditionFailed(format!(
+                    "If-Match {} does not match the current version of hook {} ({}); read it \
+                     again",
+                    quote(header),
+                    quote(id),
+                    hook.etag
+                )));
+            }
+        } else if let Some(header) = if_match {
+            if if_match_ok(header, &[&list_etag]) {
+                return Ok(cur);
+            }
+            return Err(EditError::PreconditionFailed(format!(
+                "If-Match {} does not match the current list ({list_etag}); read it again",
+                quote(header)
+            )));
+        }
+        if changed {
+            *seen = Some(cur.hash);
+            return Err(EditError::Conflict(format!(
+                "{} was changed on disk since it was last read (a hand edit?); nothing was \
+                 written: read the hooks again and retry",
+                self.label
+            )));
+        }
+        Ok(cur)
+    }
+
+    /// Validates a document with the loader; errors are mapped to the request body.
+    fn validate(&self, doc: &J, loc: &Loc) -> Result<HookTable, EditError> {
+        let bytes = doc.to_file_bytes();
+        match parse(&bytes, &self.label, &self.workspace) {
+            Ok(mut table) => {
+                table.source = Some(self.file.clone());
+                Ok(table)
+            }
+            Err(errs) => Err(map_errors(&errs, loc)),
+        }
+    }
+
+    fn commit(
+        &self,
+        seen: &mut Option<u128>,
+        doc: &J,
+        table: HookTable,
+        key: &str,
+        index: usize,
+    ) -> Result<Written, EditError> {
+        let bytes = doc.to_file_bytes();
+        self.write(&bytes)?;
+        let hash = fnv128(&bytes);
+        *seen = Some(hash);
+        let event = normalize_event_key(key);
+        let action = table
+            .actions
+            .iter()
+            .find(|a| a.event.name() == event && a.index == index)
+            .cloned();
+        let node = doc_node(doc, key, index);
+        let (Some(action), Some(J::Obj(members))) = (action, node) else {
+            return Err(EditError::Io(
+                "the hook written cannot be found again".into(),
+            ));
+        };
+        let hook = flat(members, &event, &action.id);
+        Ok(Written {
+            hook,
+            list_etag: etag(hash),
+            table: Arc::new(table),
+        })
+    }
+
+    /// Temp file + write + fsync + rename + fsync of the directory; keeps the mode bits.
+    fn write(&self, bytes: &[u8]) -> Result<(), EditError> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let io = |what: &str, e: std::io::Error| {
+            EditError::Io(format!("{}: cannot {what}: {e}", self.label))
+        };
+        let mode = std::fs::metadata(&self.file)
+            .map(|m| m.permissions().mode() & 0o7777)
+            .unwrap_or(0o644);
+        let dir = match self.file.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let tmp = dir.join(format!(
+            ".{HOOKS_FILE}.{}.{}.tmp",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let result = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| io("create a temporary file", e))?;
+            f.write_all(bytes)
+                .map_err(|e| io("write the temporary file", e))?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(|e| io("set the file mode", e))?;
+            f.sync_all().map_err(|e| io("sync the temporary file", e))?;
+            drop(f);
+            std::fs::rename(&tmp, &self.file).map_err(|e| io("replace the file", e))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+            return result;
+        }
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io("sync the directory", e))
+    }
+}
+
+/// Where the hook being written sits in the new document.
+struct Loc {
+    key: String,
+    index: usize,
+    /// Whether the event key was added for it (an error on the key is about `event`).
+    new_key: bool,
+}
+
+impl Loc {
+    fn none() -> Loc {
+        Loc {
+            key: String::new(),
+            index: usize::MAX,
+            new_key: false,
+        }
+    }
+}
+
+/// The loader's first error about the hook being written (with its path made relative to the
+/// body), else its first error.
+fn map_errors(errs: &ConfigErrors, loc: &Loc) -> EditError {
+    let key_path = JPath::root().key("hooks").key(&loc.key).to_string();
+    let prefix = if loc.index == usize::MAX {
+        None
+    } else {
+        Some(
+            JPath::root()
+                .key("hooks")
+                .key(&loc.key)
+                .index(loc.index)
+                .to_string(),
+        )
+    };
+    if let Some(prefix) = &prefix {
+        for e in errs {
+            let rel = if e.path == *prefix {
+                Some("$".to_string())
+            } else if let Some(rest) = e.path.strip_prefix(prefix.as_str()) {
+                if let Some(r) = rest.strip_prefix('.') {
+                    Some(r.to_string())
+                } else if rest.starts_with('[') {
+                    Some(rest.to_string())
+                } else {
+                    None
+                }
+            } else if loc.new_key && e.path == key_path {
+                Some("event".to_string())
+            } else {
+                None
+            };
+            if let Some(path) = rel {
+                return EditError::Invalid {
+                    error: e.to_string(),
+                    path,
+                };
+            }
+        }
+    }
+    match errs.iter().next() {
+        Some(e) => EditError::Invalid {
+            error: e.to_string(),
+            path: e.path.clone(),
+        },
+        None => EditError::Invalid {
+            error: "invalid".into(),
+            path: "$".into(),
+        },
+    }
+}
+
+/// `event` from a body: required, a string.
+fn body_event(v: Option<&Value>) -> Result<String, EditError> {
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        None | Some(Value::Null) => Err(EditError::Invalid {
+            error: "\"event\" is required: the event the hook runs on, such as \"tool_call\""
+                .into(),
+            path: "event".into(),
+        }),
+        Some(other) => Err(EditError::Invalid {
+            error: format!("expected a string, found {}", value_kind(other)),
+            path: "event".into(),
+        }),
+    }
+}
+
+fn value_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Whether an `If-Match` header value matches one of the current ETags (`*` matches; weak
+/// tags never do: the comparison is strong).
+fn if_match_ok(header: &str, current: &[&str]) -> bool {
+    header
+        .split(',')
+        .map(str::trim)
+        .any(|t| t == "*" || (!t.starts_with("W/") && current.contains(&t)))
+}
+
+/// Every hook with its location (event key as written, index).
+fn flat_hooks(cur: &Current) -> Vec<((String, usize), Hook)> {
+    let mut out = Vec::with_capacity(cur.table.actions.len());
+    for a in &cur.table.actions {
+        let event = a.event.name();
+        let Some(key) = event_key(&cur.doc, event) else {
+            continue;
+        };
+        if let Some(J::Obj(members)) = doc_node(&cur.doc, &key, a.index) {
+            let hook = flat(members, event, &a.id);
+            out.push(((key, a.index), hook));
+        }
+    }
+    out
+}
+
+/// The flat API object of a hook.
+fn flat(members: &[(String, J)], event: &str, id: &str) -> Hook {
+    let mut map = serde_json::Map::new();
+    for (k, v) in members {
+        if matches!(v, J::Null) {
+            continue;
+        }
+        map.insert(k.clone(), v.to_value());
+    }
+    map.insert("event".into(), Value::String(event.to_string()));
+    map.insert("id".into(), Value::String(id.to_string()));
+    let json = Value::Object(map);
+    let mut canonical = String::new();
+    write_canonical(&json, &mut canonical);
+    let bytes = canonical.into_bytes();
+    Hook {
+        id: id.to_string(),
+        event: event.to_string(),
+        json,
+        etag: etag(fnv128(&bytes)),
+    }
+}
+
+/// Compact JSON with object keys sorted: the same text for the same hook whatever the order
+/// of its fields (and whether serde_json's `preserve_order` is on).
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Array(items) => {
+            out.push('[');
+            for (i, it) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(it, out);
+            }
+            out.push(']');
+        }
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_str_json(out, k);
+                out.push(':');
+                if let Some(v) = m.get(k) {
+                    write_canonical(v, out);
+                }
+            }
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Bodies nested deeper than this are refused (the file's reader stops at 127 levels, and
+/// the conversions here recurse).
+const MAX_BODY_DEPTH: usize = 64;
+
+fn too_deep(v: &Value, depth: usize) -> bool {
+    if depth > MAX_BODY_DEPTH {
+        return true;
+    }
+    match v {
+        Value::Array(items) => items.iter().any(|i| too_deep(i, depth + 1)),
+        Value::Object(m) => m.values().any(|i| too_deep(i, depth + 1)),
+        _ => false,
+    }
+}
+
+fn check_depth(v: &Value) -> Result<(), EditError> {
+    if too_deep(v, 0) {
+        return Err(EditError::BadRequest(format!(
+            "the body is nested more than {MAX_BODY_DEPTH} levels deep"
+        )));
+    }
+    Ok(())
+}
+
+/// (event key as written, index, normalized event name) of the hook with this id.
+fn locate(cur: &Current, id: &str) -> Result<(String, usize, String), EditError> {
+    let a = cur
+        .table
+        .get(id)
+        .ok_or_else(|| EditError::NotFound { id: id.to_string() })?;
+    let key = event_key(&cur.doc, a.event.name())
+        .ok_or_else(|| EditError::NotFound { id: id.to_string() })?;
+    Ok((key, a.index, a.event.name().to_string()))
+}
+
+/// Writes the id of every hook that lacks one (the loader's, so readers see no change).
+fn materialize_ids(cur: &mut Current) {
+    let missing: Vec<(&'static str, usize, String)> = cur
+        .table
+        .actions
+        .iter()
+        .filter(|a| !a.id_explicit)
+        .map(|a| (a.event.name(), a.index, a.id.clone()))
+        .collect();
+    for (event, index, id) in missing {
+        let Some(key) = event_key(&cur.doc, event) else {
+            continue;
+        };
+        if let Some(J::Obj(m)) = node_mut(&mut cur.doc, &key, index) {
+            m.retain(|(k, _)| k != "id");
+            m.insert(0, ("id".into(), J::Str(id)));
+        }
+    }
+}
+
+fn hooks_members(doc: &J) -> Option<&Vec<(String, J)>> {
+    let J::Obj(top) = doc else { return None };
+    match top.iter().find(|(k, _)| k == "hooks") {
+        Some((_, J::Obj(m))) => Some(m),
+        _ => None,
+    }
+}
+
+fn hooks_members_mut(doc: &mut J) -> Option<&mut Vec<(String, J)>> {
+    let J::Obj(top) = doc else { return None };
+    match top.iter_mut().find(|(k, _)| k == "hooks") {
+        Some((_, J::Obj(m))) => Some(m),
+        _ => None,
+    }
+}
+
+/// The key (as written) whose normalized form is `event`.
+fn event_key(doc: &J, event: &str) -> Option<String> {
+    hooks_members(doc)?
+        .iter()
+        .find(|(k, _)| normalize_event_key(k) == event)
+        .map(|(k, _)| k.clone())
+}
+
+fn doc_node<'a>(doc: &'a J, key: &str, index: usize) -> Option<&'a J> {
+    match hooks_members(doc)?.iter().find(|(k, _)| k == key)? {
+        (_, J::Arr(items)) => items.get(index),
+        _ => None,
+    }
+}
+
+fn node_mut<'a>(doc: &'a mut J, key: &str, index: usize) -> Option<&'a mut J> {
+    match hooks_members_mut(doc)?.iter_mut().find(|(k, _)| k == key)? {
+        (_, J::Arr(items)) => items.get_mut(index),
+        _ => None,
+    }
+}
+
+fn remove_node(doc: &mut J, key: &str, index: usize) -> Option<J> {
+    match hooks_members_mut(doc)?.iter_mut().find(|(k, _)| k == key)? {
+        (_, J::Arr(items)) if index < items.len() => Some(items.remove(index)),
+        _ => None,
+    }
+}
+
+/// Appends a hook to its event's array (the existing key whatever its spelling, else a new key
+/// with the normalized name). Returns (key, index, whether the key is new).
+fn place(doc: &mut J, event: &str, node: J) -> Result<(String, usize, bool), EditError> {
+    let norm = normalize_event_key(event);
+    if !matches!(doc, J::Obj(_)) {
+        *doc = J::Obj(Vec::new());
+    }
+    let J::Obj(top) = doc else {
+        return Err(EditError::Io(
+            "unreachable: the document is an object".into(),
+        ));
+    };
+    let pos = match top.iter().position(|(k, _)| k == "hooks") {
+        Some(p) => p,
+        None => {
+            top.push(("hooks".into(), J::Obj(Vec::new())));
+            top.len() - 1
+        }
+    };
+    if matches!(top[pos].1, J::Null) {
+        top[pos].1 = J::Obj(Vec::new());
+    }
+    let J::Obj(events) = &mut top[pos].1 else {
+        return Err(EditError::Io("\"hooks\" is not an object".into()));
+    };
+    match events
+        .iter_mut()
+        .find(|(k, _)| normalize_event_key(k) == norm)
+    {
+        Some((k, v)) => {
+            if matches!(v, J::Null) {
+                *v = J::Arr(Vec::new());
+            }
+            let J::Arr(items) = v else {
+                return Err(EditError::Io(format!("hooks.{k} is not an array")));
+            };
+            items.push(node);
+            Ok((k.clone(), items.len() - 1, false))
+        }
+        None => {
+            events.push((norm.clone(), J::Arr(vec![node])));
+            Ok((norm, 0, true))
+        }
+    }
+}
+
+/// RFC 7396 for one member of an object.
+fn merge_member(members: &mut Vec<(String, J)>, key: String, patch: Value) {
+    match patch {
+        Value::Null => members.retain(|(k, _)| *k != key),
+        Value::Object(p) => {
+            let slot = match members.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    members.push((key, J::Obj(Vec::new())));
+                    members.len() - 1
+                }
+            };
+            if !matches!(members[slot].1, J::Obj(_)) {
+                members[slot].1 = J::Obj(Vec::new());
+            }
+            if let J::Obj(inner) = &mut members[slot].1 {
+                for (k, v) in p {
+                    merge_member(inner, k, v);
+                }
+            }
+        }
+        other => {
+            let v = J::from_value_stripped(other);
+            match members.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, slot)) => *slot = v,
+                None => members.push((key, v)),
+            }
+        }
+    }
+}
+
+fn etag(hash: u128) -> ETag {
+    format!("\"{hash:032x}\"")
+}
+
+/// 128-bit FNV-1a: the same on every build and machine.
+fn fnv128(bytes: &[u8]) -> u128 {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+    let mut h = OFFSET;
+    for &b in bytes {
+        h ^= b as u128;
+        h = h.wrapping_mul(PRIME);
+    }
+    h
+}
+
+/// A JSON value that keeps object members in order (serde_json's map sorts them without the
+/// `preserve_order` feature) and numbers exactly as written.
+#[derive(Debug, Clone, PartialEq)]
+enum J {
+    Null,
+    Bool(bool),
+    Num(String),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+}
+
+impl J {
+    fn from_node(node: Node) -> J {
+        match node.val {
+            Val::Null => J::Null,
+            Val::Bool(b) => J::Bool(b),
+            Val::Num(n) => J::Num(n),
+            Val::Str(s) => J::Str(s),
+            Val::Arr(items) => J::Arr(items.into_iter().map(J::from_node).collect()),
+            Val::Obj(members) => J::Obj(
+                members
+                    .into_iter()
+                    .map(|m| (m.key, J::from_node(m.value)))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn from_value(v: Value) -> J {
+        match v {
+            Value::Null => J::Null,
+            Value::Bool(b) => J::Bool(b),
+            Value::Number(n) => J::Num(n.to_string()),
+            Value::String(s) => J::Str(s),
+            Value::Array(items) => J::Arr(items.into_iter().map(J::from_value).collect()),
+            Value::Object(m) => J::Obj(m.into_iter().map(|(k, v)| (k, J::from_value(v))).collect()),
+        }
+    }
+
+    /// A merge-patch value put in place: nulls inside objects are removed (RFC 7396).
+    fn from_value_stripped(v: Value) -> J {
+        match v {
+            Value::Object(m) => J::Obj(
+                m.into_iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k, J::from_value_stripped(v)))
+                    .collect(),
+            ),
+            other => J::from_value(other),
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        match self {
+            J::Null => Value::Null,
+            J::Bool(b) => Value::Bool(*b),
+            J::Num(n) => n
+                .parse::<serde_json::Number>()
+                .map(Value::Number)
+                .or_else(|_| n.parse::<f64>().map(|f| serde_json::json!(f)))
+                .unwrap_or(Value::Null),
+            J::Str(s) => Value::String(s.clone()),
+            J::Arr(items) => Value::Array(items.iter().map(J::to_value).collect()),
+            J::Obj(members) => Value::Object(
+                members
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_value()))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn is_scalar(&self) -> bool {
+        !matches!(self, J::Arr(_) | J::Obj(_))
+    }
+
+    /// The document as written to disk: two-space indentation, short arrays and objects of
+    /// scalars on one line, a final newline.
+    fn to_file_bytes(&self) -> Vec<u8> {
+        let mut out = String::new();
+        self.write_pretty(&mut out, 0);
+        out.push('\n');
+        out.into_bytes()
+    }
+
+    fn write_compact(&self, out: &mut String) {
+        match self {
+            J::Null => out.push_str("null"),
+            J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            J::Num(n) => out.push_str(n),
+            J::Str(s) => push_str_json(out, s),
+            J::Arr(items) => {
+                out.push('[');
+                for (i, it) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    it.write_compact(out);
+                }
+                out.push(']');
+            }
+            J::Obj(members) => {
+                out.push('{');
+                for (i, (k, v)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    push_str_json(out, k);
+                    out.push_str(": ");
+                    v.write_compact(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    fn write_pretty(&self, out: &mut String, depth: usize) {
+        const INLINE: usize = 72;
+        let inline = match self {
+            J::Arr(items) => items.iter().all(J::is_scalar),
+            J::Obj(members) => members.iter().all(|(_, v)| v.is_scalar()),
+            _ => true,
+        };
+        if inline {
+            let mut one = String::new();
+            self.write_compact(&mut one);
+            if self.is_scalar() || one.len() <= INLINE || self.is_empty() {
+                out.push_str(&one);
+                return;
+            }
+        }
+        let pad = |out: &mut String, d: usize| {
+            for _ in 0..d {
+                out.push_str("  ");
+            }
+        };
+        match self {
+            J::Arr(items) => {
+                out.push_str("[\n");
+                for (i, it) in items.iter().enumerate() {
+                    pad(out, depth + 1);
+                    it.write_pretty(out, depth + 1);
+                    if i + 1 < items.len() {
+                        out.push(',');
+                    }
+                    out.push('\n');
+                }
+                pad(out, depth);
+                out.push(']');
+            }
+            J::Obj(members) => {
+                out.push_str("{\n");
+                for (i, (k, v)) in members.iter().enumerate() {
+                    pad(out, depth + 1);
+                    push_str_json(out, k);
+                    out.push_str(": ");
+                    v.write_pretty(out, depth + 1);
+                    if i + 1 < members.len() {
+                        out.push(',');
+                    }
+                    out.push('\n');
+                }
+                pad(out, depth);
+                out.push('}');
+            }
+            _ => self.write_compact(out),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            J::Arr(a) => a.is_empty(),
+            J::Obj(m) => m.is_empty(),
+            _ => false,
+        }
+    }
+}
+
+fn push_str_json(out: &mut String, s: &str) {
+    match serde_json::to_string(s) {
+        Ok(q) => out.push_str(&q),
+        Err(_) => out.push_str("\"\""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pretty_printing_round_trips_and_keeps_order() {
+        let text = r#"{"z": 1, "a": {"y": [1, 2, {"k": "v\n\u0000"}], "b": []}, "n": -1.5e3}"#;
+        let doc = J::from_node(spanned::parse(text).root.unwrap());
+        let bytes = doc.to_file_bytes();
+        let again = J::from_node(
+            spanned::parse(std::str::from_utf8(&bytes).unwrap())
+                .root
+                .unwrap(),
+        );
+        assert_eq!(doc, again);
+        let s = String::from_utf8(bytes).unwrap();
+        assert!(s.find("\"z\"").unwrap() < s.find("\"a\"").unwrap(), "{s}");
+        assert!(s.contains("-1.5e3"), "{s}");
+    }
+
+    #[test]
+    fn if_match_is_strong_and_accepts_lists_and_star() {
+        let tags = ["\"ab\"", "\"cd\""];
+        assert!(if_match_ok("\"ab\"", &tags));
+        assert!(if_match_ok("\"x\", \"cd\"", &tags));
+        assert!(if_match_ok("*", &tags));
+        assert!(!if_match_ok("W/\"ab\"", &tags));
+        assert!(!if_match_ok("\"zz\"", &tags));
+        assert!(!if_match_ok("", &tags));
+    }
+
+    #[test]
+    fn merge_patch_follows_rfc_7396() {
+        let mut m = vec![
+            ("a".to_string(), J::Str("b".into())),
+            (
+                "c".to_string(),
+                J::Obj(vec![
+                    ("d".into(), J::Str("e".into())),
+                    ("f".into(), J::Str("g".into())),
+                ]),
+            ),
+        ];
+        let patch = serde_json::json!({"a": "z", "c": {"f": null, "h": {"x": null, "y": 1}}});
+        let serde_json::Value::Object(p) = patch else {
+            unreachable!()
+        };
+        for (k, v) in p {
+            merge_member(&mut m, k, v);
+        }
+        let v = J::Obj(m).to_value();
+        assert_eq!(
+            v,
+            serde_json::json!({"a": "z", "c": {"d": "e", "h": {"y": 1}}})
+        );
+    }
+
+    #[test]
+    fn etags_are_quoted_hex() {
+        let e = etag(fnv128(b"x"));
+        assert_eq!(e.len(), 34);
+        assert!(e.starts_with('"') && e.ends_with('"'));
+        assert_ne!(etag(fnv128(b"x")), etag(fnv128(b"y")));
+    }
+}

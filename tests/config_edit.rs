@@ -248,6 +248,12 @@ mod config {
             "{e}"
         );
 
+        let (e, p) = invalid(
+            ed.create(json!({"event": "error", "command": "/bin/true", "env": {"A=B": "x"}})),
+        );
+        assert_eq!(p, r#"env["A=B"]"#);
+        assert!(e.contains("is not a valid variable name"), "{e}");
+
         // The message is exactly what the loader says about the same file.
         let ids = ids_on_disk(ws.path());
         let (e, p) = invalid(ed.update(&ids[1], json!({"timeout_ms": 0}), None));
@@ -472,6 +478,59 @@ mod config {
                 "{arg} lost"
             );
         }
+    }
+
+    /// Odd bodies are answered with an error (or accepted), never a panic, and the file always
+    /// still loads.
+    #[test]
+    fn odd_bodies_never_break_the_file() {
+        let ws = workspace();
+        write(ws.path(), TWO);
+        let ed = HooksEditor::new(ws.path());
+        let id = ids_on_disk(ws.path())[0].clone();
+        let odd = [
+            json!({}),
+            json!({"event": ""}),
+            json!({"event": "tool_call"}),
+            json!({"event": "tool_call", "command": ""}),
+            json!({"event": "tool_call", "command": "/bin/true", "timeout_ms": 1e300}),
+            json!({"event": "tool_call", "command": "/bin/true", "timeout_ms": -1}),
+            json!({"event": "tool_call", "command": "/bin/true", "timeout_ms": 18446744073709551615u64}),
+            json!({"event": "tool_call", "command": "/bin/true", "max_concurrent": 0.5}),
+            json!({"event": "tool_call", "command": "/bin/true", "args": {"a": 1}}),
+            json!({"event": "tool_call", "command": "/bin/true", "env": [1]}),
+            json!({"event": "tool_call", "command": "/bin/true", "enabled": "yes"}),
+            json!({"event": "tool_call", "command": "/bin/true", "matcher": "/(/"}),
+            json!({"event": "tool_call", "command": "/bin/true", "cwd": "../.."}),
+            json!({"event": "tool_call", "command": "a\u{0}b"}),
+            json!({"event": "tool_call", "command": "/bin/true", "id": ""}),
+            json!({"event": "tool_call", "command": "/bin/true", "id": 7}),
+            json!({"event": "tool_call", "command": "/bin/true", "\u{2028}é\n": 1}),
+            json!({"event": "\u{0}", "command": "/bin/true"}),
+            json!({"event": "tool_call", "command": "/bin/true", "env": {"HOME": "/"}}),
+            json!({"event": "tool_call", "command": "/bin/true", "args": vec!["x"; 200]}),
+            json!({"event": "tool_call", "command": "/bin/true", "args": ["x".repeat(300_000)]}),
+        ];
+        for body in odd {
+            let before = read(ws.path());
+            match ed.create(body.clone()) {
+                Ok(_) => {}
+                Err(e) => {
+                    assert!(matches!(e.status(), 400 | 422), "{body}: {e}");
+                    assert!(!e.to_string().contains('\n'), "{e}");
+                    assert_eq!(read(ws.path()), before, "{body}");
+                }
+            }
+            loads(ws.path());
+            let mut patch = body.clone();
+            if let Some(m) = patch.as_object_mut() {
+                m.remove("event");
+            }
+            let _ = ed.update(&id, patch, None);
+            loads(ws.path());
+        }
+        // The first hook is still there, with its id.
+        ed.get(&id).unwrap();
     }
 
     #[test]

@@ -73,7 +73,7 @@
 //! `fsync`ed, renamed over hooks.json, then the directory is `fsync`ed. The file's permission
 //! bits are kept (0644 for a new file); its owner is the writing process's (a symbolic link
 //! named hooks.json is replaced by a regular file). Every successful mutation returns the
-//! table the loader built from exactly the bytes written (`source` set, like [`super::load`]).
+//! table the loader built from exactly the bytes written (`source` set, like [`super::load()`]).
 //! To make it live before answering, a caller with a [`super::ConfigWatcher`] calls
 //! [`super::ConfigWatcher::reload_now`]: it reads the file (normally the bytes just written),
 //! swaps the table in and remembers those bytes, so the watcher's own event for the rename is

@@ -138,16 +138,17 @@ fn lifecycle(poll: bool) {
         &h.file(),
         "{\"hooks\": {\"tool_call\": [\n  {\"command\": \"/bin/true\",}\n]}}",
     );
+    // An in-place write is a truncate and a write: on a starved machine the poller can read the
+    // empty file in between, which is (rightly) one more rejected load. So these steps wait for
+    // the error they cause rather than for an exact count.
     h.wait("the broken file rejected", |h| {
-        h.watcher.stats().reload_errors == 1
+        h.watcher
+            .stats()
+            .last_error
+            .is_some_and(|e| e.contains("hooks.json:2:27: hooks.tool_call[0]: trailing comma"))
     });
     let s = h.watcher.stats();
-    assert!(s.failing);
-    let err = s.last_error.unwrap();
-    assert!(
-        err.contains("hooks.json:2:27: hooks.tool_call[0]: trailing comma"),
-        "{err}"
-    );
+    assert!(s.failing && s.reload_errors >= 1);
     assert_eq!(
         h.version().as_deref(),
         Some("v3"),
@@ -160,21 +161,20 @@ fn lifecycle(poll: bool) {
         &h.file(),
         r#"{"hooks": {"tool_call": [{"command": "/bin/true", "args": ["v4"], "timeout_ms": 0}]}}"#,
     );
+    let errors = h.watcher.stats().reload_errors;
     h.wait("the bad field rejected", |h| {
-        h.watcher.stats().reload_errors == 2
+        h.watcher.stats().last_error.is_some_and(|e| {
+            e.contains("hooks.tool_call[0].timeout_ms: must be between 1 and 300000")
+        })
     });
-    let err = h.watcher.stats().last_error.unwrap();
-    assert!(
-        err.contains("hooks.tool_call[0].timeout_ms: must be between 1 and 300000"),
-        "{err}"
-    );
+    assert_eq!(h.watcher.stats().reload_errors, errors + 1);
     assert_eq!(h.version().as_deref(), Some("v3"));
 
     // Fixed: live again.
     write_in_place(&h.file(), &config("v5"));
     h.wait_version("v5");
     let s = h.watcher.stats();
-    assert!(!s.failing && s.reload_errors == 2);
+    assert!(!s.failing && s.reload_errors >= errors + 1);
     assert!(s.last_error.is_some(), "the last error text is kept");
 
     // Deleted: no hooks, with a warning.

@@ -318,6 +318,11 @@ impl WasmSink {
         self.live.store(Arc::new(live));
         self.interest.set(mask);
         st.versions = next;
+        if st.versions.is_empty() {
+            // No plugins left: let the engine (and its ticker) go once the last retiring
+            // executor lets go of it.
+            st.engine = None;
+        }
         if st.loads == 0 || !report.started.is_empty() || !report.removed.is_empty() {
             st.loads += 1;
         }

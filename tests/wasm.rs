@@ -447,7 +447,8 @@ fn a_trap_replaces_the_instance_and_repeated_traps_suspend_the_plugin() {
     });
     let p = plugin(&h, "trapper");
     assert_eq!(p.counts.suspensions, 1);
-    assert!(p.suspended_for_ms.is_some_and(|ms| ms <= 1000));
+    // (It may already have resumed on a slow machine; the backoff test checks the durations.)
+    assert!(p.suspended_for_ms.is_none_or(|ms| ms <= 1000));
     // Changing its files resumes it at once.
     let toml = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
     std::fs::write(
@@ -765,7 +766,11 @@ fn emit_never_blocks_while_a_plugin_loops_forever() {
     wait_for(30, "the pipeline to drain", || h.pending() == 0);
     let p = plugin(&h, "stuck");
     assert!(p.counts.dropped_queue_full > 0);
-    assert_eq!(p.counts.in_flight, prx_hooks::wasm::PLUGIN_QUEUE as u64 + 1);
+    // The queue is full; the executor holds one more job (running) unless, on a busy machine,
+    // the queue filled before the executor took the first one.
+    let q = prx_hooks::wasm::PLUGIN_QUEUE as u64;
+    assert!((q..=q + 1).contains(&p.counts.in_flight), "{:?}", p.counts);
+    assert_eq!(p.counts.sent, p.counts.in_flight + p.counts.dropped);
     assert!(queued > 0);
     // Shutdown interrupts the looping call at its deadline and counts what was queued.
     let t = Instant::now();

@@ -8,18 +8,22 @@
 //!   └─► ring (one per worker)     bounded, preallocated, lock-free; full → Dropped, counted
 //!         └─► worker              serialize the payload ONCE → Message (Arc'd bytes + metadata)
 //!               ├─► bus           every matching Subscription, bounded queue each
-//!               └─► shell hooks   per-hook bounded queue → the shell runner thread
-//!                                 (spawns, waits on pidfds, SIGKILLs groups on timeout)
+//!               ├─► shell hooks   per-hook bounded queue → the shell runner thread
+//!               │                 (spawns, waits on pidfds, SIGKILLs groups on timeout)
+//!               └─► WASM plugins  per-plugin bounded queues → executor threads → pooled
+//!                                 instances → on-event (fuel, deadline, memory cap)
 //!
 //! <workspace>/hooks.json ──watcher──► parse + validate ──► ShellSink::set_table (a bad file
 //!                                                          keeps the last good table)
+//! <workspace>/plugins/*/ ──watcher──► manifest + compile (cached) ──► WasmSink (a bad new
+//!                                                          version keeps the old one)
 //! ```
 //!
 //! Module map: [`event`] (the 8 events and their JSON), `ring` (the lock-free ring), `emitter`
 //! (the producer side), `pipeline` (workers and the [`Sink`] trait), [`bus`] (topics and
 //! subscriptions), [`stats`] (counters), [`config`] (hooks.json: model, validation, watcher),
-//! [`shell`] (running hooks), [`ndjson`] (the `run` input format). WASM plugins (feature
-//! `wasm`) plug in as one more sink. Every guarantee is written down in DESIGN.md §1.
+//! [`shell`] (running hooks), [`wasm`] (plugin manifests; with feature `wasm` the plugin host),
+//! [`ndjson`] (the `run` input format). Every guarantee is written down in DESIGN.md §1.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

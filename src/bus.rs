@@ -260,18 +260,13 @@ impl Pattern {
             pattern: pattern.into(),
             reason,
         };
-        if pattern == "*" {
-            return Ok(Pattern::All);
-        }
-        let (topic, prefix) = match pattern.strip_suffix(".*") {
-            Some(stem) => (stem, true),
-            None => (pattern, false),
-        };
-        check_topic(topic).map_err(bad)?;
-        Ok(if prefix {
-            Pattern::Prefix(format!("{topic}.").into())
-        } else {
-            Pattern::Exact(topic.into())
+        check_pattern(pattern).map_err(bad)?;
+        Ok(match pattern {
+            "*" => Pattern::All,
+            p => match p.strip_suffix(".*") {
+                Some(stem) => Pattern::Prefix(format!("{stem}.").into()),
+                None => Pattern::Exact(p.into()),
+            },
         })
     }
 
@@ -289,6 +284,20 @@ impl Pattern {
             .filter(|k| self.matches(k.topic()))
             .fold(EventMask::NONE, |m, k| m | k.mask())
     }
+}
+
+/// Checks a subscription pattern (`*`, a topic, or a topic followed by `.*`); the reason says
+/// what is wrong. plugin.toml's declared events follow the same rules.
+pub(crate) fn check_pattern(pattern: &str) -> Result<(), String> {
+    match pattern {
+        "*" => Ok(()),
+        p => check_topic(p.strip_suffix(".*").unwrap_or(p)),
+    }
+}
+
+/// The lifecycle events a pattern matches (none for an invalid one).
+pub(crate) fn pattern_lifecycle_mask(pattern: &str) -> EventMask {
+    Pattern::parse(pattern).map_or(EventMask::NONE, |p| p.lifecycle_mask())
 }
 
 /// Checks a concrete topic; the reason says what is wrong.

@@ -1078,7 +1078,7 @@ pub fn resolve_bare(name: &str) -> Result<PathBuf, String> {
 
 /// Resolves `.` and `..` lexically. `None` when `..` climbs above the start (for a relative
 /// path: out of the directory it is relative to).
-fn normalize(p: &Path) -> Option<PathBuf> {
+pub(crate) fn normalize(p: &Path) -> Option<PathBuf> {
     let mut out = PathBuf::new();
     let mut depth = 0usize;
     for c in p.components() {

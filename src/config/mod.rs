@@ -14,6 +14,7 @@ mod watch;
 pub use edit::{ETag, EditError, Hook, HooksEditor, Listing, Removed, Written};
 pub use error::{ConfigError, ConfigErrors};
 pub(crate) use error::{Lines, quote};
+pub(crate) use load::normalize;
 pub use load::{
     BLOCKED_ENV, HOOKS_FILE, MAX_ACTIONS, MAX_ARGS, MAX_ENV, MAX_FILE_BYTES, MAX_MAX_CONCURRENT,
     MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, SANITIZED_PATH, SHELL_METACHARACTERS, empty_table, file_label,

@@ -57,12 +57,13 @@
 //! [`MAX_MANIFEST_BYTES`], and must be UTF-8. The `.wasm` file must exist as a regular file
 //! inside the plugin directory, also once symbolic links are resolved; it is not compiled here.
 
-use crate::config::{ConfigError, ConfigErrors, Lines, normalize_event_key, quote};
+use crate::bus::check_pattern;
+use crate::config::{ConfigError, ConfigErrors, Lines, normalize, normalize_event_key, quote};
 use crate::event::{EventKind, EventMask};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Read;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use toml::Spanned;
 use toml::de::{DeString, DeTable, DeValue};
 
@@ -361,22 +362,7 @@ pub fn event_pattern(written: &str) -> Result<String, String> {
 
 /// The lifecycle events a normalized pattern (see [`event_pattern`]) matches.
 pub fn pattern_mask(pattern: &str) -> EventMask {
-    EventKind::ALL
-        .into_iter()
-        .filter(|k| pattern_matches(pattern, k.topic()))
-        .fold(EventMask::NONE, |m, k| m | k.mask())
-}
-
-/// Whether a bus pattern matches a topic: `*` everything, `p.*` every topic under `p.`, any
-/// other pattern exactly itself.
-fn pattern_matches(pattern: &str, topic: &str) -> bool {
-    if pattern == "*" {
-        return true;
-    }
-    match pattern.strip_suffix('*') {
-        Some(prefix) if prefix.ends_with('.') => topic.starts_with(prefix),
-        _ => pattern == topic,
-    }
+    crate::bus::pattern_lifecycle_mask(pattern)
 }
 
 /// An event name after [`normalize_event_key`], with PRX's `agent_stop` for `agent_end`.
@@ -385,37 +371,6 @@ fn lifecycle_event(norm: &str) -> Option<EventKind> {
         "agent_stop" => Some(EventKind::AgentEnd),
         n => EventKind::from_name(n),
     }
-}
-
-/// The bus's pattern rules (`src/bus.rs`): `*`, or a topic optionally followed by `.*`, where a
-/// topic is 1..=256 bytes of dot-separated, non-empty segments of `A-Z a-z 0-9 _ -`.
-fn check_pattern(pattern: &str) -> Result<(), String> {
-    if pattern == "*" {
-        return Ok(());
-    }
-    let topic = pattern.strip_suffix(".*").unwrap_or(pattern);
-    if topic.is_empty() {
-        return Err("it is empty".into());
-    }
-    let max = crate::bus::MAX_TOPIC_LEN;
-    if topic.len() > max {
-        return Err(format!(
-            "it is {} bytes long; the limit is {max}",
-            topic.len()
-        ));
-    }
-    for (n, segment) in topic.split('.').enumerate() {
-        if segment.is_empty() {
-            return Err(format!("segment {} is empty", n + 1));
-        }
-        if let Some(c) = segment
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
-        {
-            return Err(format!("character {c:?} is not allowed"));
-        }
-    }
-    Ok(())
 }
 
 /// Loads `<dir>/plugin.toml`: it must be a regular file (not a symbolic link) of at most
@@ -1339,30 +1294,6 @@ fn unknown_permission(name: &str) -> String {
             KNOWN_PERMISSIONS.join(", ")
         ),
     }
-}
-
-/// Resolves `.` and `..` lexically. `None` when `..` climbs above the start.
-fn normalize(p: &Path) -> Option<PathBuf> {
-    let mut out = PathBuf::new();
-    let mut depth = 0usize;
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if depth == 0 {
-                    return None;
-                }
-                out.pop();
-                depth -= 1;
-            }
-            Component::Normal(s) => {
-                out.push(s);
-                depth += 1;
-            }
-            Component::RootDir | Component::Prefix(_) => return None,
-        }
-    }
-    Some(out)
 }
 
 /// Makes a text safe to print on one line (control characters escaped).

@@ -15,20 +15,12 @@ use prx_hooks::{Emit, Event, EventKind, Hooks, Message, Subscription};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-// ---------------------------------------------------------------- helpers
+#[path = "support/plugins.rs"]
+mod plugins;
 
-/// A built guest component; fails with the build command when it is missing.
-fn guest(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/plugins/target/wasm32-wasip2/release")
-        .join(format!("{name}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: build the guest plugins first with `bash examples/build-plugins.sh`",
-        path.display()
-    );
-    path
-}
+use plugins::{audit_manifest, install, kv_count};
+
+// ---------------------------------------------------------------- helpers
 
 /// A manifest for plugin `name` declaring `events` (TOML array body), with `[resources]` and
 /// `[config]` lines appended.
@@ -39,15 +31,6 @@ fn manifest(name: &str, events: &str, resources: &str, config: &str) -> String {
          [permissions]\nrequired = [\"log\", \"config\", \"kv\", \"events\"]\n\n\
          [resources]\n{resources}\n\n[config]\n{config}\n"
     )
-}
-
-/// Installs `component` with `toml` as `<ws>/plugins/<name>/`.
-fn install(ws: &Path, name: &str, component: &str, toml: &str) -> PathBuf {
-    let dir = ws.join("plugins").join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(guest(component), dir.join("plugin.wasm")).unwrap();
-    std::fs::write(dir.join("plugin.toml"), toml).unwrap();
-    dir
 }
 
 fn misbehave(ws: &Path, name: &str, mode: &str, resources: &str, extra: &str) -> PathBuf {
@@ -137,43 +120,12 @@ fn every_event() -> Vec<Event<'static>> {
     ]
 }
 
-/// Reads one key of a plugin's kv file (format in src/wasm/kv.rs: `PRXKV1\n`, then
-/// length-prefixed keys and values).
-fn kv_file_get(ws: &Path, plugin: &str, key: &str) -> Option<Vec<u8>> {
-    let bytes = std::fs::read(ws.join(".prx-hooks/kv").join(plugin)).ok()?;
-    let mut rest = bytes.strip_prefix(b"PRXKV1\n").expect("kv magic");
-    let take = |rest: &mut &[u8]| {
-        let n = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
-        let v = rest[4..4 + n].to_vec();
-        *rest = &rest[4 + n..];
-        v
-    };
-    while !rest.is_empty() {
-        let k = take(&mut rest);
-        let v = take(&mut rest);
-        if k == key.as_bytes() {
-            return Some(v);
-        }
-    }
-    None
-}
-
-fn kv_count(ws: &Path, plugin: &str, key: &str) -> u64 {
-    kv_file_get(ws, plugin, key)
-        .map(|v| String::from_utf8(v).unwrap().parse().unwrap())
-        .unwrap_or(0)
-}
-
 // ---------------------------------------------------------------- the audit guest
 
 #[test]
 fn audit_guest_sees_every_event_with_the_exact_payload_and_kv_survives_a_restart() {
     let ws = tempfile::tempdir().unwrap();
-    let toml = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plugins/audit-hook/plugin.toml"),
-    )
-    .unwrap()
-    .replace("echo_topic = \"\"", "echo_topic = \"audit.seen\"");
+    let toml = audit_manifest().replace("echo_topic = \"\"", "echo_topic = \"audit.seen\"");
     install(ws.path(), "audit-hook", "audit_hook", &toml);
 
     let h = hooks(ws.path());
@@ -795,12 +747,9 @@ fn emit_never_blocks_while_a_plugin_loops_forever() {
 #[test]
 fn a_pool_keeps_each_emitters_events_in_order() {
     let ws = tempfile::tempdir().unwrap();
-    let toml = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plugins/audit-hook/plugin.toml"),
-    )
-    .unwrap()
-    .replace("echo_topic = \"\"", "echo_topic = \"audit.seen\"")
-    .replace("pool_size = 1", "pool_size = 3");
+    let toml = audit_manifest()
+        .replace("echo_topic = \"\"", "echo_topic = \"audit.seen\"")
+        .replace("pool_size = 1", "pool_size = 3");
     install(ws.path(), "audit-hook", "audit_hook", &toml);
     let h = hooks(ws.path());
     assert_eq!(plugin(&h, "audit-hook").pool_size, 3);

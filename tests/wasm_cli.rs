@@ -2,33 +2,23 @@
 //!
 //! The components come from `bash examples/build-plugins.sh` (see tests/wasm.rs).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+
+#[path = "support/plugins.rs"]
+mod plugins;
+
+use plugins::{audit_manifest, install, kv_get};
+
+/// A plugin's kv value as text.
+fn kv(ws: &Path, plugin: &str, key: &str) -> Option<String> {
+    kv_get(ws, plugin, key).map(|v| String::from_utf8(v).unwrap())
+}
 
 fn bin() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_prx-hooks"));
     cmd.env("RUST_LOG", "info");
     cmd
-}
-
-fn guest(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/plugins/target/wasm32-wasip2/release")
-        .join(format!("{name}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: build the guest plugins first with `bash examples/build-plugins.sh`",
-        path.display()
-    );
-    path
-}
-
-fn install(ws: &Path, name: &str, component: &str, toml: &str) -> PathBuf {
-    let dir = ws.join("plugins").join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(guest(component), dir.join("plugin.wasm")).unwrap();
-    std::fs::write(dir.join("plugin.toml"), toml).unwrap();
-    dir
 }
 
 fn manifest(name: &str, events: &str, config: &str) -> String {
@@ -39,11 +29,7 @@ fn manifest(name: &str, events: &str, config: &str) -> String {
 }
 
 fn audit(ws: &Path) {
-    let toml = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plugins/audit-hook/plugin.toml"),
-    )
-    .unwrap();
-    install(ws, "audit-hook", "audit_hook", &toml);
+    install(ws, "audit-hook", "audit_hook", &audit_manifest());
 }
 
 fn run(cmd: &mut Command) -> (i32, String, String) {
@@ -57,25 +43,6 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
         String::from_utf8(stdout).unwrap(),
         String::from_utf8_lossy(&stderr).into_owned(),
     )
-}
-
-/// A plugin's kv value as text (file format in src/wasm/kv.rs).
-fn kv(ws: &Path, plugin: &str, key: &str) -> Option<String> {
-    let bytes = std::fs::read(ws.join(".prx-hooks/kv").join(plugin)).ok()?;
-    let mut rest = bytes.strip_prefix(b"PRXKV1\n").expect("kv magic");
-    let take = |rest: &mut &[u8]| {
-        let n = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
-        let v = rest[4..4 + n].to_vec();
-        *rest = &rest[4 + n..];
-        v
-    };
-    while !rest.is_empty() {
-        let (k, v) = (take(&mut rest), take(&mut rest));
-        if k == key.as_bytes() {
-            return Some(String::from_utf8(v).unwrap());
-        }
-    }
-    None
 }
 
 #[test]

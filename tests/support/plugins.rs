@@ -1,0 +1,63 @@
+//! What the WASM test binaries share: the built guest components, installing a plugin into a
+//! workspace, and reading a plugin's kv file from disk (the persistence format of
+//! src/wasm/kv.rs, read independently of the code that writes it).
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::{Path, PathBuf};
+
+/// A built guest component; fails with the build command when it is missing.
+pub fn guest(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/plugins/target/wasm32-wasip2/release")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: build the guest plugins first with `bash examples/build-plugins.sh`",
+        path.display()
+    );
+    path
+}
+
+/// Installs `component` with `toml` as `<ws>/plugins/<name>/`.
+pub fn install(ws: &Path, name: &str, component: &str, toml: &str) -> PathBuf {
+    let dir = ws.join("plugins").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(guest(component), dir.join("plugin.wasm")).unwrap();
+    std::fs::write(dir.join("plugin.toml"), toml).unwrap();
+    dir
+}
+
+/// The audit-hook's own manifest, as users copy it.
+pub fn audit_manifest() -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plugins/audit-hook/plugin.toml"),
+    )
+    .unwrap()
+}
+
+/// One value of a plugin's kv file (`PRXKV1\n`, then length-prefixed keys and values).
+pub fn kv_get(ws: &Path, plugin: &str, key: &str) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(ws.join(".prx-hooks/kv").join(plugin)).ok()?;
+    let mut rest = bytes.strip_prefix(b"PRXKV1\n").expect("kv magic");
+    let take = |rest: &mut &[u8]| {
+        let n = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
+        let v = rest[4..4 + n].to_vec();
+        *rest = &rest[4 + n..];
+        v
+    };
+    while !rest.is_empty() {
+        let (k, v) = (take(&mut rest), take(&mut rest));
+        if k == key.as_bytes() {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// A kv value that the guests store as decimal text (0 when absent).
+pub fn kv_count(ws: &Path, plugin: &str, key: &str) -> u64 {
+    kv_get(ws, plugin, key)
+        .map(|v| String::from_utf8(v).unwrap().parse().unwrap())
+        .unwrap_or(0)
+}

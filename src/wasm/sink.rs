@@ -425,23 +425,6 @@ impl WasmSink {
             .collect()
     }
 
-    /// The loaded manifests, by name.
-    pub fn manifests(&self) -> Vec<Manifest> {
-        self.live
-            .load()
-            .iter()
-            .map(|p| p.shared.manifest.clone())
-            .collect()
-    }
-
-    /// Writes every kv store that changed (they are also written within a second of a change).
-    pub fn flush_kv(&self) {
-        let st = self.state();
-        for kv in st.kv.values() {
-            let _ = kv.flush();
-        }
-    }
-
     pub fn stats(&self) -> PluginsStats {
         let st = self.state();
         let now = Instant::now();
@@ -540,14 +523,10 @@ impl Sink for WasmSink {
     }
 
     fn deliver(&self, msg: &Message) {
-        let Some(kind) = msg.event() else { return };
-        for p in self.live.load().iter() {
-            if p.shared.manifest.events.contains(kind) {
-                p.offer_counted(msg);
-            }
-        }
+        self.deliver_batch(std::slice::from_ref(msg), EventMask::ALL);
     }
 
+    /// Loads the plugin set once per batch; each plugin takes the events it declared.
     fn deliver_batch(&self, msgs: &[Message], wanted: EventMask) {
         let live = self.live.load();
         for msg in msgs {

@@ -578,6 +578,11 @@ impl Bus {
         self.replace(list);
     }
 
+    /// Whether the bus was closed (by `Hooks::shutdown`).
+    pub fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
+    }
+
     /// Stops taking messages and disconnects every subscription (each can still read what is
     /// already in its queue, then gets `Closed`).
     pub(crate) fn close(&self) {

@@ -85,6 +85,25 @@ impl EventKind {
         }
     }
 
+    /// A small valid payload for this event: what `prx-hooks fire` and the HTTP test endpoint
+    /// send when the caller gives none.
+    pub const fn sample_payload(self) -> &'static str {
+        match self {
+            EventKind::AgentStart => r#"{"agent":"prx-hooks","session":"sample"}"#,
+            EventKind::AgentEnd => r#"{"success":true,"messages_count":1}"#,
+            EventKind::LlmRequest => {
+                r#"{"provider":"example","model":"example-model","messages_count":1}"#
+            }
+            EventKind::LlmResponse => {
+                r#"{"provider":"example","model":"example-model","duration_ms":1,"success":true}"#
+            }
+            EventKind::ToolCallStart => r#"{"tool":"shell","arguments":{"cmd":"true"}}"#,
+            EventKind::ToolCall => r#"{"tool":"shell","success":true,"output":""}"#,
+            EventKind::TurnComplete => "{}",
+            EventKind::Error => r#"{"component":"prx-hooks","message":"sample error"}"#,
+        }
+    }
+
     /// This event's bit in an [`EventMask`].
     pub const fn mask(self) -> EventMask {
         EventMask(1 << self as u8)

@@ -17,13 +17,17 @@
 //!                                                          keeps the last good table)
 //! <workspace>/plugins/*/ ──watcher──► manifest + compile (cached) ──► WasmSink (a bad new
 //!                                                          version keeps the old one)
+//! HTTP API ──► HooksEditor (validate like the loader, atomic write) ──► apply_hooks_file
+//!                                                          (live before the response)
 //! ```
 //!
 //! Module map: [`event`] (the 8 events and their JSON), `ring` (the lock-free ring), `emitter`
 //! (the producer side), `pipeline` (workers and the [`Sink`] trait), [`bus`] (topics and
 //! subscriptions), [`stats`] (counters), [`config`] (hooks.json: model, validation, watcher),
 //! [`shell`] (running hooks), [`wasm`] (plugin manifests; with feature `wasm` the plugin host),
-//! [`ndjson`] (the `run` input format). Every guarantee is written down in DESIGN.md §1.
+//! [`ndjson`] (the `run` input format), `http` (with feature `http`: the management API over
+//! [`config::HooksEditor`], run history and stats). Every guarantee is written down in
+//! DESIGN.md §1.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -42,6 +46,8 @@ pub mod bus;
 pub mod config;
 mod emitter;
 pub mod event;
+#[cfg(feature = "http")]
+pub mod http;
 mod json;
 pub mod ndjson;
 mod pipeline;
@@ -351,6 +357,7 @@ impl HooksBuilder {
                 Some(watcher) => ConfigState::Live(watcher),
                 None => ConfigState::Absent,
             }),
+            editor: std::sync::OnceLock::new(),
             producers,
             next_ring: AtomicUsize::new(0),
             workspace: self.workspace,
@@ -373,6 +380,8 @@ pub struct Hooks {
     plugin_watcher: std::sync::Mutex<Option<wasm::PluginWatcher>>,
     /// The hooks.json watcher while running; its last stats and table after shutdown.
     config: std::sync::Mutex<ConfigState>,
+    /// The one hooks.json editor of this workspace (made on first use).
+    editor: std::sync::OnceLock<config::HooksEditor>,
     producers: Arc<Producers>,
     next_ring: AtomicUsize,
     workspace: Option<PathBuf>,
@@ -465,6 +474,33 @@ impl Hooks {
             ConfigState::Stopped(_, table) => table.clone(),
             ConfigState::Absent => Arc::new(config::empty_table()),
         }
+    }
+
+    /// The editor of this workspace's hooks.json (what the HTTP API writes through); `None`
+    /// without a workspace. There is one per `Hooks`, so every writer in the process is
+    /// serialized by it. After a successful edit call [`Hooks::apply_hooks_file`] to make the
+    /// written file live at once.
+    pub fn editor(&self) -> Option<&config::HooksEditor> {
+        let ws = self.workspace.as_deref()?;
+        Some(self.editor.get_or_init(|| config::HooksEditor::new(ws)))
+    }
+
+    /// Loads hooks.json now if it changed since the active table was read (the watcher would,
+    /// a debounce later): when this returns, the file's table is live. `None` without a
+    /// workspace or after shutdown.
+    pub fn apply_hooks_file(&self) -> Option<config::Reload> {
+        match &*self.config.lock().unwrap_or_else(|e| e.into_inner()) {
+            ConfigState::Live(watcher) => Some(watcher.reload_if_changed()),
+            _ => None,
+        }
+    }
+
+    /// Whether [`Hooks::shutdown`] has begun.
+    pub fn is_shut_down(&self) -> bool {
+        matches!(
+            &*self.config.lock().unwrap_or_else(|e| e.into_inner()),
+            ConfigState::Stopped(..)
+        ) || self.bus.is_closed()
     }
 
     /// Re-reads hooks.json and rescans the plugins now (what `prx-hooks run` does on SIGHUP).

@@ -147,6 +147,21 @@ pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
     build(kind, parsed.agent, parsed.session, payload)
 }
 
+/// Parses a payload alone (the `payload` member of a line), for an event of `kind`: what
+/// `prx-hooks fire --payload` and the HTTP test endpoint accept. Columns count from the start of
+/// `text`.
+pub fn parse_payload(
+    kind: EventKind,
+    text: &str,
+    agent: &str,
+    session: &str,
+) -> Result<Record, LineError> {
+    expect_object(text, 0, "payload: ")?;
+    let p: Payload<'_> = serde_json::from_str(text).map_err(|e| serde_error(&e, 0, "payload: "))?;
+    check_fields(kind, &p, text, 0)?;
+    build(kind, agent.to_string(), session.to_string(), p)
+}
+
 /// Rejects anything but an object up front, so the error names JSON types rather than our
 /// internal structs.
 fn expect_object(text: &str, base: usize, prefix: &str) -> Result<(), LineError> {

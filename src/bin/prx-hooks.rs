@@ -75,6 +75,14 @@ struct RunArgs {
     /// Write every bus message to stdout as one JSON object per line.
     #[arg(long)]
     print: bool,
+    /// Serve the HTTP API on ADDR (`127.0.0.1:7878`; a bare port binds 127.0.0.1) until
+    /// SIGINT/SIGTERM.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// The API token's file (mode 0600); else $PRX_HOOKS_TOKEN; else
+    /// <workspace>/.prx-hooks/token, generated when absent.
+    #[arg(long, value_name = "F", requires = "listen")]
+    token_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -142,6 +150,10 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     signals.thread_block()?;
 
     let hooks = Arc::new(Hooks::builder().workspace(&args.workspace).build()?);
+    let mut server = match &args.listen {
+        Some(addr) => Some(start_api(&hooks, &args, addr)?),
+        None => None,
+    };
     let printer = if args.print {
         Some(start_printer(&hooks)?)
     } else {
@@ -188,9 +200,19 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     }
     drop(done_tx);
 
-    match done_rx.recv() {
-        Ok(Finish::Signal(sig)) => tracing::info!("{sig}: draining and exiting"),
-        Ok(Finish::InputDone) | Err(_) => {}
+    // With the API, the end of the input is not the end: serve until a signal.
+    loop {
+        match done_rx.recv() {
+            Ok(Finish::Signal(sig)) => {
+                tracing::info!("{sig}: draining and exiting");
+                break;
+            }
+            Ok(Finish::InputDone) if server.is_some() => {}
+            Ok(Finish::InputDone) | Err(_) => break,
+        }
+    }
+    if let Some(server) = server.as_mut() {
+        server.shutdown(Duration::from_secs(2));
     }
     hooks.shutdown(Duration::from_secs(2));
     if let Some(printer) = printer {
@@ -199,6 +221,58 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     let report = serde_json::json!({ "input": &*input, "stats": hooks.stats() });
     eprintln!("{report}");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(feature = "http")]
+type ApiServer = prx_hooks::http::Server;
+#[cfg(not(feature = "http"))]
+struct ApiServer;
+#[cfg(not(feature = "http"))]
+impl ApiServer {
+    fn shutdown(&mut self, _: Duration) {}
+}
+
+/// Starts the HTTP API and says on stderr where it listens and where its token is.
+#[cfg(feature = "http")]
+fn start_api(hooks: &Arc<Hooks>, args: &RunArgs, addr: &str) -> Result<ApiServer, BoxError> {
+    use prx_hooks::http::{HttpOptions, Server, token};
+    let addr = listen_addr(addr)?;
+    let env = std::env::var(token::TOKEN_ENV).ok();
+    let (token, source) =
+        token::resolve(args.token_file.as_deref(), env.as_deref(), &args.workspace)?;
+    let server = Server::start(hooks.clone(), HttpOptions::new(token), addr)
+        .map_err(|e| format!("--listen {addr}: {e}"))?;
+    if !server.local_addr().ip().is_loopback() {
+        tracing::warn!(
+            "the API listens on {addr}, beyond this machine: anyone with the token can run commands"
+        );
+    }
+    eprintln!("prx-hooks: HTTP API on http://{}", server.local_addr());
+    eprintln!("prx-hooks: {source}");
+    Ok(server)
+}
+
+#[cfg(not(feature = "http"))]
+fn start_api(_: &Arc<Hooks>, _: &RunArgs, _: &str) -> Result<ApiServer, BoxError> {
+    Err("--listen: this prx-hooks was built without the `http` feature".into())
+}
+
+/// `127.0.0.1:7878`, `[::1]:7878`, `localhost:7878`, or a bare port (on 127.0.0.1).
+#[cfg(feature = "http")]
+fn listen_addr(addr: &str) -> Result<std::net::SocketAddr, BoxError> {
+    if let Ok(port) = addr.parse::<u16>() {
+        return Ok(([127, 0, 0, 1], port).into());
+    }
+    if let Some(port) = addr.strip_prefix("localhost:") {
+        let port = port
+            .parse::<u16>()
+            .map_err(|_| format!("--listen {addr:?}: bad port"))?;
+        return Ok(([127, 0, 0, 1], port).into());
+    }
+    addr.parse().map_err(|_| {
+        format!("--listen {addr:?}: expected IP:PORT (127.0.0.1:7878), localhost:PORT or PORT")
+            .into()
+    })
 }
 
 #[derive(Default, serde::Serialize)]
@@ -380,27 +454,6 @@ fn validate_plugins(workspace: &std::path::Path) -> bool {
     lines.is_empty()
 }
 
-/// The payload `fire` uses when none is given, per event.
-fn sample_payload(kind: EventKind) -> &'static str {
-    match kind {
-        EventKind::AgentStart => r#"{"agent":"prx-hooks","session":"fire"}"#,
-        EventKind::AgentEnd => r#"{"success":true,"messages_count":1}"#,
-        EventKind::LlmRequest => {
-            r#"{"provider":"example","model":"example-model","messages_count":1}"#
-        }
-        EventKind::LlmResponse => {
-            r#"{"provider":"example","model":"example-model","duration_ms":1,"success":true}"#
-        }
-        EventKind::ToolCallStart => r#"{"tool":"shell","arguments":{"cmd":"true"}}"#,
-        EventKind::ToolCall => r#"{"tool":"shell","success":true,"output":""}"#,
-        EventKind::TurnComplete => "{}",
-        EventKind::Error => {
-            r#"{"component":"prx-hooks","message":"sample error from prx-hooks fire"}"#
-        }
-        _ => "{}",
-    }
-}
-
 /// `fire`: exit 0 if every hook succeeded (or was skipped), 1 on any failure, 2 on a
 /// configuration or usage error.
 fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
@@ -414,7 +467,7 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
         )
         .into());
     };
-    let payload = args.payload.as_deref().unwrap_or(sample_payload(kind));
+    let payload = args.payload.as_deref().unwrap_or(kind.sample_payload());
     let line =
         format!(r#"{{"event":"{name}","agent":"prx-hooks","session":"fire","payload":{payload}}}"#);
     let record = ndjson::parse_line(line.as_bytes()).map_err(|e| format!("--payload: {e}"))?;

@@ -262,6 +262,12 @@ impl HooksEditor {
     /// an `id` may be given (valid and unique), else the loader's derived id is assigned and
     /// written. The hook goes at the end of its event's array.
     pub fn create(&self, body: Value) -> Result<Written, EditError> {
+        self.create_if(body, None)
+    }
+
+    /// [`create`](Self::create), refused with 412 unless `if_match` (when given) names the
+    /// current list ETag.
+    pub fn create_if(&self, body: Value, if_match: Option<&str>) -> Result<Written, EditError> {
         check_depth(&body)?;
         let Value::Object(map) = body else {
             return Err(EditError::BadRequest(format!(
@@ -270,7 +276,7 @@ impl HooksEditor {
             )));
         };
         let mut seen = self.lock();
-        let mut cur = self.begin(&mut seen, None, None)?;
+        let mut cur = self.begin(&mut seen, None, if_match)?;
         let event = body_event(map.get("event"))?;
         if let Some(Value::String(id)) = map.get("id")
             && cur.table.get(id).is_some()

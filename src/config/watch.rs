@@ -267,6 +267,14 @@ impl ConfigWatcher {
         self.shared.reload(true)
     }
 
+    /// Re-reads the file now, on the calling thread, and applies it only if its bytes differ
+    /// from the active table's (an API write, made live before the response). Returns when the
+    /// new table is live (or was rejected); the watcher's own event for the same bytes is then
+    /// [`Reload::Unchanged`].
+    pub fn reload_if_changed(&self) -> Reload {
+        self.shared.reload(false)
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> ConfigStats {
         let table = self.table();

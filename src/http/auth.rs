@@ -1,0 +1,64 @@
+//! Bearer-token authentication, and who is calling (for the audit warnings).
+
+use super::Api;
+use super::error::ApiError;
+use axum::extract::{ConnectInfo, Request};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Who made a request, as the warnings about command-running hooks name them: the peer
+/// address (when the server records it) and the User-Agent.
+#[derive(Clone, Debug)]
+pub(crate) struct Caller(pub String);
+
+/// Every route but `/healthz` needs `Authorization: Bearer <token>`.
+pub(crate) async fn require(
+    axum::extract::State(api): axum::extract::State<Arc<Api>>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if req.uri().path() != "/healthz" {
+        check(&api, &req)?;
+    }
+    let caller = describe(&req);
+    req.extensions_mut().insert(caller);
+    Ok(next.run(req).await)
+}
+
+fn check(api: &Api, req: &Request) -> Result<(), ApiError> {
+    let unauthorized = |msg: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg);
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return Err(unauthorized(
+            "missing Authorization header; send \"Authorization: Bearer <token>\" (the token \
+             `prx-hooks run` announced on stderr)",
+        ));
+    };
+    let value = value.as_bytes();
+    let token = value
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+        .map(|_| value[7..].trim_ascii());
+    match token {
+        None => Err(unauthorized(
+            "the Authorization header must use the Bearer scheme: \"Bearer <token>\"",
+        )),
+        Some(t) if api.opts.token.matches(t) => Ok(()),
+        Some(_) => Err(unauthorized("wrong token")),
+    }
+}
+
+fn describe(req: &Request) -> Caller {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "unknown peer".to_string(), |c| c.0.to_string());
+    let agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-");
+    Caller(format!("{peer} (user agent {agent:?})"))
+}

@@ -1,0 +1,301 @@
+//! `prx-hooks run --listen` as a real process: the token (generated, from a file, from the
+//! environment), the API beside NDJSON ingestion, the audit warning, and SIGTERM draining.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A running `prx-hooks run --listen`, its stderr collected line by line.
+struct Daemon {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Daemon {
+    fn start(ws: &Path, extra: &[&str], env_token: Option<&str>) -> Daemon {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_prx-hooks"));
+        cmd.args(["run", "--workspace"])
+            .arg(ws)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .env_remove("PRX_HOOKS_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(t) = env_token {
+            cmd.env("PRX_HOOKS_TOKEN", t);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Daemon {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stderr line containing `needle`; returns it.
+    fn wait_line(&mut self, needle: &str) -> String {
+        if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.contains(needle) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!(
+                    "no stderr line with {needle:?}; saw:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn base(&mut self) -> String {
+        let line = self.wait_line("HTTP API on ");
+        line.rsplit(' ').next().unwrap().to_string()
+    }
+
+    /// SIGTERM, then the exit status and the rest of stderr.
+    fn terminate(mut self) -> (i32, Vec<String>) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = self.child.wait().unwrap();
+        self.seen.extend(self.lines.iter());
+        (status.code().unwrap_or(-1), self.seen)
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+fn get(base: &str, path: &str, token: &str) -> (u16, Value) {
+    let mut r = agent()
+        .get(format!("{base}{path}"))
+        .header("authorization", format!("Bearer {token}"))
+        .call()
+        .unwrap();
+    let text = r.body_mut().read_to_string().unwrap();
+    (
+        r.status().as_u16(),
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn run_listen_generates_a_token_serves_the_api_beside_ndjson_and_drains_on_sigterm() {
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log");
+    let events = ws.path().join("events.ndjson");
+    std::fs::write(
+        &events,
+        r#"{"event":"agent_start","agent":"a","session":"s","payload":{"agent":"a","session":"s"}}
+"#,
+    )
+    .unwrap();
+    let events_arg = events.to_str().unwrap().to_string();
+    let mut d = Daemon::start(ws.path(), &["--events", &events_arg], None);
+    let base = d.base();
+    let announced = d.wait_line("API token generated into");
+    let token_file = ws.path().join(".prx-hooks/token");
+    assert!(
+        announced.contains(token_file.to_str().unwrap()),
+        "{announced}"
+    );
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert_eq!(token.len(), 64);
+
+    // The input ended, but with --listen the daemon keeps serving.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, stats) = get(&base, "/api/stats", &token);
+        assert_eq!(status, 200);
+        if stats["emitted"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the NDJSON event never arrived: {stats}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(get(&base, "/api/hooks", "wrong-token-0123456789").0, 401);
+
+    // A hook created over HTTP runs a real process for the next event, and the creation is
+    // logged at warn with who and what.
+    let script = format!("echo fired >> {}", log.display());
+    let body = json!({"id": "made-by-api", "event": "agent_end", "command": "/bin/sh", "args": ["-c", script]});
+    let mut r = agent()
+        .post(format!("{base}/api/hooks"))
+        .header("authorization", format!("Bearer {token}"))
+        .content_type("application/json")
+        .send(body.to_string())
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        201,
+        "{}",
+        r.body_mut().read_to_string().unwrap()
+    );
+    let warned = d.wait_line("created through the API by 127.0.0.1:");
+    assert!(
+        warned.contains("WARN") && warned.contains("made-by-api") && warned.contains("/bin/sh"),
+        "{warned}"
+    );
+    let mut r = agent()
+        .post(format!("{base}/api/hooks/made-by-api/test"))
+        .header("authorization", format!("Bearer {token}"))
+        .send_empty()
+        .unwrap();
+    let out: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(out["outcome"], "ok", "{out}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "fired\n");
+
+    let (code, rest) = d.terminate();
+    assert_eq!(code, 0, "{}", rest.join("\n"));
+    let report: Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    assert_eq!(report["stats"]["config"]["actions"], 1);
+
+    // A restart reuses the token file, so clients keep working.
+    let mut d = Daemon::start(ws.path(), &[], None);
+    let base = d.base();
+    assert!(
+        d.wait_line("API token read from")
+            .contains(".prx-hooks/token")
+    );
+    assert_eq!(get(&base, "/api/hooks/made-by-api", &token).0, 200);
+    assert_eq!(d.terminate().0, 0);
+}
+
+#[test]
+fn token_file_beats_the_environment_which_beats_the_workspace() {
+    let ws = tempfile::tempdir().unwrap();
+    let file = ws.path().join("my-token");
+    std::fs::write(&file, "token-from-the-file-000000\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let file_arg = file.to_str().unwrap().to_string();
+
+    let mut d = Daemon::start(
+        ws.path(),
+        &["--token-file", &file_arg],
+        Some("token-from-the-env-00000000"),
+    );
+    let base = d.base();
+    assert_eq!(
+        get(&base, "/api/hooks", "token-from-the-file-000000").0,
+        200
+    );
+    assert_eq!(
+        get(&base, "/api/hooks", "token-from-the-env-00000000").0,
+        401
+    );
+    assert_eq!(d.terminate().0, 0);
+
+    let mut d = Daemon::start(ws.path(), &[], Some("token-from-the-env-00000000"));
+    let base = d.base();
+    assert!(
+        d.wait_line("API token read from $PRX_HOOKS_TOKEN")
+            .contains("PRX_HOOKS_TOKEN")
+    );
+    assert_eq!(
+        get(&base, "/api/hooks", "token-from-the-env-00000000").0,
+        200
+    );
+    assert_eq!(d.terminate().0, 0);
+    assert!(
+        !ws.path().join(".prx-hooks/token").exists(),
+        "nothing generated"
+    );
+}
+
+#[test]
+fn bad_tokens_and_addresses_are_refused_before_serving() {
+    let ws = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_prx-hooks"));
+        cmd.args(["run", "--workspace"])
+            .arg(ws.path())
+            .args(args)
+            .env_remove("PRX_HOOKS_TOKEN");
+        if let Some(t) = env {
+            cmd.env("PRX_HOOKS_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--listen", "127.0.0.1:0"], Some("short"));
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("PRX_HOOKS_TOKEN") && err.contains("at least 16"),
+        "{err}"
+    );
+
+    let open = ws.path().join("open-token");
+    std::fs::write(&open, "0123456789abcdef0123\n").unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, err) = run(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            open.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("chmod 600"), "{err}");
+
+    let (code, err) = run(
+        &["--listen", "nowhere"],
+        Some("token-from-the-env-00000000"),
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("expected IP:PORT"), "{err}");
+
+    // A taken port.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, err) = run(&["--listen", &addr], Some("token-from-the-env-00000000"));
+    assert_eq!(code, Some(2));
+    assert!(err.contains(&addr) && err.contains("in use"), "{err}");
+
+    // --token-file needs --listen.
+    let (code, err) = run(&["--token-file", "x"], None);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--listen"), "{err}");
+}

@@ -789,7 +789,9 @@ fn fifty_concurrent_writers_all_persist() {
 }
 
 /// `name{labels} value` lines of an OpenMetrics text, checked for syntax.
-fn parse_metrics(text: &str) -> Vec<(String, Vec<(String, String)>, f64)> {
+type Sample = (String, Vec<(String, String)>, f64);
+
+fn parse_metrics(text: &str) -> Vec<Sample> {
     let mut out = Vec::new();
     assert!(text.ends_with("# EOF\n"), "no EOF marker");
     for line in text.lines() {

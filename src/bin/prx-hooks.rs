@@ -504,6 +504,7 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
     let msg = prx_hooks::shell::event_message(&record.event(), &record.agent, &record.session, 0);
     let outcomes = shell.run_matching(&msg);
     shell.shutdown(Instant::now() + Duration::from_secs(2));
+    #[allow(unused_mut)]
     let mut failed = outcomes.iter().any(|o| o.kind.is_failure());
     for outcome in &outcomes {
         if args.json {

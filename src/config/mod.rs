@@ -13,7 +13,9 @@ mod watch;
 
 pub use edit::{ETag, EditError, Hook, HooksEditor, Listing, Removed, Written};
 pub use error::{ConfigError, ConfigErrors};
-pub(crate) use error::{Lines, Path as JsonPath, quote};
+#[cfg(feature = "http")]
+pub(crate) use error::Path as JsonPath;
+pub(crate) use error::{Lines, quote};
 pub(crate) use load::normalize;
 pub use load::{
     BLOCKED_ENV, HOOKS_FILE, MAX_ACTIONS, MAX_ARGS, MAX_ENV, MAX_FILE_BYTES, MAX_MAX_CONCURRENT,

@@ -136,6 +136,10 @@ pub enum EditError {
     /// The request body has the wrong shape (not a JSON object, …): 400.
     #[error("{0}")]
     BadRequest(String),
+    /// The request body is not JSON (syntax, UTF-8): 400. `path` is where the reader was
+    /// (`args[1]`), `""` at the top.
+    #[error("{error}")]
+    Malformed { error: String, path: String },
     /// No hook has this id: 404.
     #[error("no hook has the id {}", quote(.id))]
     NotFound { id: String },
@@ -163,7 +167,7 @@ impl EditError {
     /// The HTTP status this error maps to.
     pub fn status(&self) -> u16 {
         match self {
-            EditError::BadRequest(_) => 400,
+            EditError::BadRequest(_) | EditError::Malformed { .. } => 400,
             EditError::NotFound { .. } => 404,
             EditError::Conflict(_) | EditError::FileInvalid { .. } => 409,
             EditError::PreconditionFailed(_) => 412,
@@ -176,6 +180,7 @@ impl EditError {
     pub fn kind(&self) -> &'static str {
         match self {
             EditError::BadRequest(_) => "bad_request",
+            EditError::Malformed { .. } => "bad_json",
             EditError::NotFound { .. } => "not_found",
             EditError::Conflict(_) => "conflict",
             EditError::PreconditionFailed(_) => "precondition_failed",
@@ -188,7 +193,9 @@ impl EditError {
     /// The JSON path the error points at (`""` when it has none).
     pub fn path(&self) -> &str {
         match self {
-            EditError::Invalid { path, .. } | EditError::FileInvalid { path, .. } => path,
+            EditError::Invalid { path, .. }
+            | EditError::FileInvalid { path, .. }
+            | EditError::Malformed { path, .. } => path,
             _ => "",
         }
     }
@@ -944,6 +951,51 @@ fn merge_member(members: &mut Vec<(String, J)>, key: String, patch: Value) {
             }
         }
     }
+}
+
+/// Reads a request body as JSON, strictly: UTF-8, RFC 8259 (what serde_json accepts), and no
+/// duplicate key (serde_json would keep the last one silently; the loader refuses them in the
+/// file, so the API refuses them in bodies). Errors give the line, column and path. `None` for
+/// an empty (or all-whitespace) body.
+pub fn parse_body(bytes: &[u8]) -> Result<Option<Value>, EditError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| EditError::Malformed {
+        error: format!(
+            "the body is not UTF-8: invalid byte at offset {}",
+            e.valid_up_to()
+        ),
+        path: String::new(),
+    })?;
+    let path_of = |p: &JPath| {
+        let p = p.to_string();
+        if p == "$" { String::new() } else { p }
+    };
+    let parsed = spanned::parse(text);
+    let lines = super::error::Lines::new(text);
+    if let Err(e) = parsed.root {
+        let (line, col) = lines.locate(e.pos);
+        return Err(EditError::Malformed {
+            error: format!("invalid JSON at line {line} column {col}: {}", e.reason),
+            path: path_of(&e.path),
+        });
+    }
+    if let Some(d) = parsed.duplicates.first() {
+        let (line, col) = lines.locate(d.pos);
+        return Err(EditError::Invalid {
+            error: format!(
+                "duplicate key at line {line} column {col}: every key may appear once in an object"
+            ),
+            path: path_of(&d.path),
+        });
+    }
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| EditError::Malformed {
+            error: format!("invalid JSON: {e}"),
+            path: String::new(),
+        })
 }
 
 fn etag(hash: u128) -> ETag {

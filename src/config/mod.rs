@@ -8,13 +8,11 @@ pub mod edit;
 mod error;
 mod load;
 pub mod model;
-pub(crate) mod spanned;
+mod spanned;
 mod watch;
 
-pub use edit::{ETag, EditError, Hook, HooksEditor, Listing, Removed, Written};
+pub use edit::{ETag, EditError, Hook, HooksEditor, Listing, Removed, Written, parse_body};
 pub use error::{ConfigError, ConfigErrors};
-#[cfg(feature = "http")]
-pub(crate) use error::Path as JsonPath;
 pub(crate) use error::{Lines, quote};
 pub(crate) use load::normalize;
 pub use load::{

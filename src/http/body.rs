@@ -1,12 +1,8 @@
-//! Reading request bodies: size limit, media type, UTF-8, strict JSON. Each failure becomes
-//! the API's JSON error (axum's extractors would answer in plain text).
-//!
-//! JSON is read twice: by the configuration's strict reader, which knows the line, column and
-//! path of a syntax error and reports duplicate keys (serde_json keeps the last one silently),
-//! then by serde_json into a `Value` (both accept exactly the same texts).
+//! Reading request bodies: size limit and media type here, then the editor's strict JSON
+//! reader ([`crate::config::parse_body`]: UTF-8, syntax with line/column/path, duplicate keys).
+//! Each failure becomes the API's JSON error (axum's extractors would answer in plain text).
 
 use super::error::ApiError;
-use crate::config::{Lines, spanned};
 use axum::body::{Body, HttpBody};
 use axum::http::{HeaderMap, StatusCode, header};
 use serde_json::Value;
@@ -29,33 +25,18 @@ pub(crate) async fn json(
         return Ok(None);
     }
     check_media_type(headers)?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        ApiError::bad_request(format!(
-            "the body is not UTF-8: invalid byte at offset {}",
-            e.utf8_error().valid_up_to()
-        ))
-    })?;
-    let parsed = spanned::parse(&text);
-    let lines = Lines::new(&text);
-    if let Err(e) = parsed.root {
-        let (line, col) = lines.locate(e.pos);
-        return Err(ApiError::bad_request(format!(
-            "invalid JSON at line {line} column {col}: {}",
-            e.reason
-        ))
-        .at(path_or_empty(&e.path)));
-    }
-    if let Some(d) = parsed.duplicates.first() {
-        let (line, col) = lines.locate(d.pos);
-        return Err(ApiError::invalid(format!(
-            "duplicate key at line {line} column {col}: every key may appear once in an object"
-        ))
-        .at(path_or_empty(&d.path)));
-    }
-    let value = serde_json::from_str(&text)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    let Some(value) = crate::config::parse_body(&bytes)? else {
+        return Ok(None);
+    };
+    let text = String::from_utf8(bytes)
+        .map_err(|_| ApiError::internal("a body read as JSON is not UTF-8"))?;
     Ok(Some(JsonBody { value, text }))
 }
+
+/// Of a body over the limit, up to this much more is read and thrown away before the 413 is
+/// sent, so that a client that writes its whole body before reading (most do) gets the 413
+/// instead of a broken pipe. Larger bodies are answered at once and the connection closed.
+const DRAIN_BYTES: u64 = 1 << 20;
 
 /// The body's bytes, refusing more than `limit` (413) whether or not a Content-Length says so.
 async fn read_limited(
@@ -75,6 +56,9 @@ async fn read_limited(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
+        if declared.is_some_and(|n| n <= limit as u64 + DRAIN_BYTES) {
+            drain(&mut body, DRAIN_BYTES + limit as u64).await;
+        }
         return Err(too_large());
     }
     let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
@@ -83,12 +67,24 @@ async fn read_limited(
             .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         if let Ok(data) = frame.into_data() {
             if buf.len() + data.len() > limit {
+                drain(&mut body, DRAIN_BYTES).await;
                 return Err(too_large());
             }
             buf.extend_from_slice(&data);
         }
     }
     Ok(buf)
+}
+
+/// Reads and discards at most about `max` more bytes of the body.
+async fn drain(body: &mut Body, max: u64) {
+    let mut seen = 0u64;
+    while seen <= max {
+        match std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+            Some(Ok(frame)) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
+            _ => return,
+        }
+    }
 }
 
 /// `application/json` or `application/<something>+json`, optionally with `charset=utf-8`.
@@ -123,9 +119,4 @@ fn check_media_type(headers: &HeaderMap) -> Result<(), ApiError> {
     } else {
         Err(unsupported(&format!("{value:?}")))
     }
-}
-
-fn path_or_empty(path: &crate::config::JsonPath) -> String {
-    let p = path.to_string();
-    if p == "$" { String::new() } else { p }
 }

@@ -131,6 +131,7 @@ pub struct Removed {
 }
 
 /// Why an edit was refused. Nothing was written.
+#[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EditError {
     /// The request body has the wrong shape (not a JSON object, …): 400.

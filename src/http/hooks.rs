@@ -9,7 +9,7 @@
 use super::auth::Caller;
 use super::body::{self, JsonBody};
 use super::error::ApiError;
-use super::{Api, ApiState};
+use super::{Api, ApiState, json};
 use crate::Hooks;
 use crate::config::{Hook, HooksEditor, Reload};
 use crate::shell::{Outcome, OutcomeKind};
@@ -20,7 +20,6 @@ use axum::extract::State;
 use axum::extract::rejection::PathRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -332,24 +331,4 @@ fn with_etag(mut resp: Response, etag: &str) -> Response {
         resp.headers_mut().insert(header::ETAG, v);
     }
     resp
-}
-
-/// A JSON response (a serialization failure is a 500, never a panic).
-pub(crate) fn json(status: StatusCode, body: &impl Serialize) -> Response {
-    match serde_json::to_vec(body) {
-        Ok(bytes) => (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            bytes,
-        )
-            .into_response(),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("response serialization failed: {e}"),
-        )
-            .into_response(),
-    }
 }

@@ -22,8 +22,11 @@ use prometheus_client::registry::Registry;
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub(crate) async fn render(State(api): ApiState) -> Response {
-    let text = exposition(&api.hooks.stats());
-    match text {
+    let stats = match super::status::snapshot(api).await {
+        Ok(stats) => stats,
+        Err(e) => return e.into_response(),
+    };
+    match exposition(&stats) {
         Ok(text) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE))],

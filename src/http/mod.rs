@@ -35,7 +35,10 @@ pub use token::{Token, TokenError, TokenSource};
 
 use crate::Hooks;
 use axum::Router;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
+use serde::Serialize;
 use std::sync::Arc;
 
 /// Largest request body accepted by default (DESIGN.md §6): 256 KiB.
@@ -98,4 +101,24 @@ pub fn router(hooks: Arc<Hooks>, opts: HttpOptions) -> Router {
             auth::require,
         ))
         .with_state(api)
+}
+
+/// A JSON response (a serialization failure is a 500, never a panic).
+pub(crate) fn json(status: StatusCode, body: &impl Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("response serialization failed: {e}"),
+        )
+            .into_response(),
+    }
 }

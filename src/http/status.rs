@@ -2,12 +2,16 @@
 //!
 //! [`Hooks::stats`]: crate::Hooks::stats
 
-use super::ApiState;
-use super::hooks::json;
+use super::error::ApiError;
+use super::json;
+use super::{Api, ApiState};
+use crate::Stats;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::response::Response;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// 200 `{"status":"ok"}` while running, 503 once shutdown has begun. No token needed.
 pub(crate) async fn healthz(State(api): ApiState) -> Response {
@@ -23,13 +27,28 @@ pub(crate) async fn healthz(State(api): ApiState) -> Response {
 
 /// The whole [`Stats`](crate::Stats) snapshot.
 pub(crate) async fn stats(State(api): ApiState) -> Response {
-    json(StatusCode::OK, &api.hooks.stats())
+    match snapshot(api).await {
+        Ok(stats) => json(StatusCode::OK, &stats),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `Hooks::stats()` on the blocking pool: it takes the backends' locks, and the plugin
+/// backend's is held while a plugin compiles.
+pub(crate) async fn snapshot(api: Arc<Api>) -> Result<Stats, ApiError> {
+    tokio::task::spawn_blocking(move || api.hooks.stats())
+        .await
+        .map_err(|e| ApiError::internal(format!("reading the stats failed: {e}")))
 }
 
 /// Loaded plugins (events, state, counters) and the last load's errors. `enabled` is false
 /// without a workspace or without the `wasm` feature.
 pub(crate) async fn plugins(State(api): ApiState) -> Response {
-    let body = match api.hooks.stats().plugins {
+    let stats = match snapshot(api).await {
+        Ok(stats) => stats,
+        Err(e) => return e.into_response(),
+    };
+    let body = match stats.plugins {
         Some(p) => {
             let mut v = serde_json::to_value(p).unwrap_or_else(|_| json!({}));
             if let Value::Object(m) = &mut v {

@@ -138,7 +138,7 @@ pub enum EditError {
     #[error("{0}")]
     BadRequest(String),
     /// The request body is not JSON (syntax, UTF-8): 400. `path` is where the reader was
-    /// (`args[1]`), `""` at the top.
+    /// (`args[1]`; `$` is the body itself), `""` when unknown.
     #[error("{error}")]
     Malformed { error: String, path: String },
     /// No hook has this id: 404.
@@ -191,7 +191,9 @@ impl EditError {
         }
     }
 
-    /// The JSON path the error points at (`""` when it has none).
+    /// The JSON path the error points at, relative to the body (`args[2]`; `$` is the body
+    /// as a whole), or in the file for [`EditError::FileInvalid`]; `""` when the error is not
+    /// about a place.
     pub fn path(&self) -> &str {
         match self {
             EditError::Invalid { path, .. }
@@ -969,17 +971,13 @@ pub fn parse_body(bytes: &[u8]) -> Result<Option<Value>, EditError> {
         ),
         path: String::new(),
     })?;
-    let path_of = |p: &JPath| {
-        let p = p.to_string();
-        if p == "$" { String::new() } else { p }
-    };
     let parsed = spanned::parse(text);
     let lines = super::error::Lines::new(text);
     if let Err(e) = parsed.root {
         let (line, col) = lines.locate(e.pos);
         return Err(EditError::Malformed {
             error: format!("invalid JSON at line {line} column {col}: {}", e.reason),
-            path: path_of(&e.path),
+            path: e.path.to_string(),
         });
     }
     if let Some(d) = parsed.duplicates.first() {
@@ -988,7 +986,7 @@ pub fn parse_body(bytes: &[u8]) -> Result<Option<Value>, EditError> {
             error: format!(
                 "duplicate key at line {line} column {col}: every key may appear once in an object"
             ),
-            path: path_of(&d.path),
+            path: d.path.to_string(),
         });
     }
     serde_json::from_str(text)

@@ -10,6 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ureq::http::Request;
 
+#[cfg(feature = "wasm")]
+#[path = "support/plugins.rs"]
+mod plugins;
+
 const TOKEN: &str = "test-token-0123456789abcdef";
 
 struct Api {
@@ -57,10 +61,20 @@ impl Api {
     }
 
     fn start_with(hooks_json: Option<&str>, opts: impl FnOnce(HttpOptions) -> HttpOptions) -> Api {
+        Api::start_prepared(hooks_json, opts, |_| {})
+    }
+
+    /// `prepare` fills the workspace before the hook system starts.
+    fn start_prepared(
+        hooks_json: Option<&str>,
+        opts: impl FnOnce(HttpOptions) -> HttpOptions,
+        prepare: impl FnOnce(&Path),
+    ) -> Api {
         let ws = tempfile::tempdir().unwrap();
         if let Some(text) = hooks_json {
             std::fs::write(ws.path().join("hooks.json"), text).unwrap();
         }
+        prepare(ws.path());
         let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
         let options = opts(HttpOptions::new(Token::new(TOKEN, "test").unwrap()));
         let server = Server::start(hooks.clone(), options, "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -969,6 +983,53 @@ fn plugins_and_stats_without_plugins() {
             .iter()
             .any(|x| x["name"] == "bus")
     );
+}
+
+/// A real plugin (the audit guest) through `/api/plugins` and `/metrics`.
+#[cfg(feature = "wasm")]
+#[test]
+fn plugins_are_listed_with_their_events_state_and_counters() {
+    let api = Api::start_prepared(
+        None,
+        |o| o,
+        |ws| {
+            plugins::install(ws, "audit-hook", "audit_hook", &plugins::audit_manifest());
+        },
+    );
+    let v = api.get("/api/plugins").json();
+    assert_eq!(v["enabled"], true);
+    assert_eq!(v["errors"], json!([]), "{v}");
+    let p = &v["plugins"][0];
+    assert_eq!(
+        (p["name"].as_str(), p["state"].as_str()),
+        (Some("audit-hook"), Some("running"))
+    );
+    assert_eq!(p["events"], json!(["prx.lifecycle.*"]));
+    for i in 0..3 {
+        tool_call(&api.hooks, &format!("p{i}"));
+    }
+    wait_for("three plugin calls", || {
+        api.get("/api/plugins").json()["plugins"][0]["ok"] == 3
+    });
+    let r = api.get("/metrics");
+    let samples = parse_metrics(&r.text);
+    let find = |name: &str, extra: Option<(&str, &str)>| {
+        samples
+            .iter()
+            .find(|(n, l, _)| {
+                n == name
+                    && l.iter().any(|(k, v)| k == "plugin" && v == "audit-hook")
+                    && extra.is_none_or(|(ek, ev)| l.iter().any(|(k, v)| k == ek && v == ev))
+            })
+            .unwrap_or_else(|| panic!("no {name} in\n{}", r.text))
+            .2
+    };
+    assert_eq!(
+        find("prx_hooks_plugin_calls_total", Some(("result", "ok"))),
+        3.0
+    );
+    assert_eq!(find("prx_hooks_plugin_sent_total", None), 3.0);
+    assert_eq!(find("prx_hooks_plugin_running", None), 1.0);
 }
 
 #[test]

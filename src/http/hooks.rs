@@ -11,7 +11,7 @@ use super::body::{self, JsonBody};
 use super::error::ApiError;
 use super::{Api, ApiState, json};
 use crate::Hooks;
-use crate::config::{Hook, HooksEditor, Reload};
+use crate::config::{EditError, Hook, HooksEditor, Reload, Written};
 use crate::shell::{Outcome, OutcomeKind};
 use axum::Extension;
 use axum::body::Body;
@@ -60,11 +60,8 @@ pub(crate) async fn create(
 ) -> Result<Response, ApiError> {
     let if_match = if_match(&headers)?;
     let body = required(body::json(&headers, body, api.opts.max_body_bytes).await?)?;
-    let hook = blocking(&api, move |hooks, ed| {
-        writable(hooks)?;
-        let written = ed.create_if(body.value, if_match.as_deref())?;
-        go_live(hooks);
-        Ok(written.hook)
+    let hook = write(&api, move |ed| {
+        ed.create_if(body.value, if_match.as_deref())
     })
     .await?;
     audit(&caller, "created", &hook);
@@ -85,11 +82,8 @@ pub(crate) async fn update(
     let id = hook_id(id)?;
     let if_match = if_match(&headers)?;
     let patch = required(body::json(&headers, body, api.opts.max_body_bytes).await?)?;
-    let hook = blocking(&api, move |hooks, ed| {
-        writable(hooks)?;
-        let written = ed.update(&id, patch.value, if_match.as_deref())?;
-        go_live(hooks);
-        Ok(written.hook)
+    let hook = write(&api, move |ed| {
+        ed.update(&id, patch.value, if_match.as_deref())
     })
     .await?;
     audit(&caller, "changed", &hook);
@@ -104,13 +98,7 @@ pub(crate) async fn toggle(
 ) -> Result<Response, ApiError> {
     let id = hook_id(id)?;
     let if_match = if_match(&headers)?;
-    let hook = blocking(&api, move |hooks, ed| {
-        writable(hooks)?;
-        let written = ed.toggle(&id, if_match.as_deref())?;
-        go_live(hooks);
-        Ok(written.hook)
-    })
-    .await?;
+    let hook = write(&api, move |ed| ed.toggle(&id, if_match.as_deref())).await?;
     let enabled = hook.json.get("enabled") != Some(&Value::Bool(false));
     audit(&caller, if enabled { "enabled" } else { "disabled" }, &hook);
     Ok(hook_response(StatusCode::OK, &hook))
@@ -195,6 +183,20 @@ fn run_json(o: &Outcome) -> Value {
         m.insert("timed_out".into(), timed_out.into());
     }
     v
+}
+
+/// A create, update or toggle: refused while shutting down, live before it returns.
+async fn write(
+    api: &Arc<Api>,
+    edit: impl FnOnce(&HooksEditor) -> Result<Written, EditError> + Send + 'static,
+) -> Result<Hook, ApiError> {
+    blocking(api, move |hooks, ed| {
+        writable(hooks)?;
+        let written = edit(ed)?;
+        go_live(hooks);
+        Ok(written.hook)
+    })
+    .await
 }
 
 /// Runs `f` with the editor on the blocking pool.

@@ -3,13 +3,16 @@
 //!
 //! A scrape builds a fresh registry from one `Hooks::stats()` snapshot, so the values of one
 //! scrape are as consistent with each other as the snapshot is, and nothing is kept between
-//! scrapes. The names are a stable contract (README.md lists them): prefix `prx_hooks_`,
-//! counters end in `_total`, labels `reason`, `sink`, `subscriber`, `pattern`, `hook`,
-//! `outcome`, `plugin`, `result`.
+//! scrapes. The metrics are the tables below: the names are a stable contract (README.md lists
+//! them): prefix `prx_hooks_`, counters end in `_total`, labels `reason`, `sink`, `subscriber`,
+//! `pattern`, `hook`, `outcome`, `plugin`, `result`.
 
 use super::ApiState;
+use super::error::ApiError;
 use crate::Stats;
-use crate::shell::HookCounts;
+use crate::config::ConfigStats;
+use crate::shell::{HookCounts, ShellStats};
+use crate::stats::{PluginStats, PluginsStats, SinkStats, SubscriberStats};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -33,48 +36,463 @@ pub(crate) async fn render(State(api): ApiState) -> Response {
             text,
         )
             .into_response(),
-        Err(e) => super::error::ApiError::internal(format!("rendering metrics failed: {e}"))
-            .into_response(),
+        Err(e) => ApiError::internal(format!("rendering metrics failed: {e}")).into_response(),
     }
 }
 
+/// The text for one snapshot.
+pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
+    let mut m = Metrics(Registry::with_prefix("prx_hooks"));
+    m.single(PIPELINE, s);
+    m.split(
+        "events_dropped",
+        "events refused by emit, by reason",
+        "reason",
+        DROPS,
+        &[(vec![], s)],
+    );
+    let sinks: Vec<_> = s
+        .sinks
+        .iter()
+        .map(|x| (label("sink", &x.name), x))
+        .collect();
+    m.per(SINK, &sinks);
+    let subs: Vec<_> = s
+        .subscribers
+        .iter()
+        .map(|x| {
+            (
+                vec![
+                    ("subscriber", x.id.to_string()),
+                    ("pattern", x.pattern.clone()),
+                ],
+                x,
+            )
+        })
+        .collect();
+    m.per(SUBSCRIBER, &subs);
+    if let Some(c) = &s.config {
+        m.single(CONFIG, c);
+    }
+    if let Some(shell) = &s.shell {
+        m.single(SHELL, shell);
+        let total = [(vec![], &shell.totals)];
+        m.split(
+            "shell_runs",
+            "shell hook runs, every hook, by outcome",
+            "outcome",
+            OUTCOMES,
+            &total,
+        );
+        let hooks: Vec<_> = shell
+            .hooks
+            .iter()
+            .map(|(id, c)| (label("hook", id), c))
+            .collect();
+        m.per(HOOK, &hooks);
+        m.split(
+            "shell_hook_runs",
+            "runs of one shell hook, by outcome",
+            "outcome",
+            OUTCOMES,
+            &hooks,
+        );
+    }
+    if let Some(p) = &s.plugins {
+        m.single(PLUGINS, p);
+        let plugins: Vec<_> = p
+            .plugins
+            .iter()
+            .map(|x| (label("plugin", &x.name), x))
+            .collect();
+        m.per(PLUGIN, &plugins);
+        m.split(
+            "plugin_dropped_reason",
+            "events a plugin never saw, by reason",
+            "reason",
+            PLUGIN_DROPS,
+            &plugins,
+        );
+        m.split(
+            "plugin_calls",
+            "on-event calls, by result",
+            "result",
+            CALLS,
+            &plugins,
+        );
+    }
+    let mut text = String::new();
+    encode(&mut text, &m.0)?;
+    Ok(text)
+}
+
+/// One metric family: its name (without the prefix and `_total`), help, type and value.
+struct Def<T> {
+    name: &'static str,
+    help: &'static str,
+    gauge: bool,
+    value: fn(&T) -> u64,
+}
+
+const fn counter<T>(name: &'static str, help: &'static str, value: fn(&T) -> u64) -> Def<T> {
+    Def {
+        name,
+        help,
+        gauge: false,
+        value,
+    }
+}
+
+const fn gauge<T>(name: &'static str, help: &'static str, value: fn(&T) -> u64) -> Def<T> {
+    Def {
+        name,
+        help,
+        gauge: true,
+        value,
+    }
+}
+
+/// The parts of one counter, told apart by a label (`reason`, `outcome`, `result`).
+type Parts<T> = &'static [(&'static str, fn(&T) -> u64)];
+
+const PIPELINE: &[Def<Stats>] = &[
+    counter("events_emitted", "calls to emit", |s| s.emitted),
+    counter("events_queued", "events accepted into the ring", |s| {
+        s.queued
+    }),
+    counter(
+        "events_dropped_bytes",
+        "bytes of every refused event",
+        |s| s.dropped_bytes,
+    ),
+    counter("events_skipped", "events nobody listened to", |s| s.skipped),
+    counter(
+        "events_processed",
+        "events the workers handed to the sinks",
+        |s| s.processed,
+    ),
+    counter("sink_panics", "panics caught inside a sink", |s| {
+        s.sink_panics
+    }),
+    gauge("ring_depth", "events in the rings now", |s| s.ring.depth),
+    gauge("ring_capacity", "ring slots, all rings", |s| {
+        s.ring.capacity
+    }),
+    gauge("ring_shards", "rings (one per worker)", |s| s.ring.shards),
+    gauge(
+        "ring_inline_bytes",
+        "bytes of the preallocated slot buffers",
+        |s| s.ring.inline_bytes,
+    ),
+    gauge(
+        "ring_budget_in_use_bytes",
+        "bytes of large events held now",
+        |s| s.ring.budget_in_use,
+    ),
+    gauge("ring_budget_bytes", "the large-event byte budget", |s| {
+        s.ring.budget
+    }),
+];
+
+const DROPS: Parts<Stats> = &[
+    ("ring_full", |s| s.dropped),
+    ("byte_budget", |s| s.dropped_budget),
+    ("oversize", |s| s.oversize),
+];
+
+const SINK: &[Def<SinkStats>] = &[
+    counter("sink_sent", "events given to a sink", |x| x.counts.sent),
+    counter("sink_delivered", "events a sink delivered", |x| {
+        x.counts.delivered
+    }),
+    counter("sink_dropped", "events a sink dropped", |x| {
+        x.counts.dropped
+    }),
+    counter("sink_failed", "events a sink failed to deliver", |x| {
+        x.counts.failed
+    }),
+    gauge("sink_in_flight", "events a sink holds now", |x| {
+        x.counts.in_flight
+    }),
+];
+
+const SUBSCRIBER: &[Def<SubscriberStats>] = &[
+    counter(
+        "subscriber_delivered",
+        "messages put into a subscription's queue",
+        |x| x.delivered,
+    ),
+    counter(
+        "subscriber_dropped",
+        "messages a subscription lost to a full queue",
+        |x| x.dropped,
+    ),
+    gauge(
+        "subscriber_queued",
+        "messages waiting in a subscription's queue",
+        |x| x.queued,
+    ),
+    gauge(
+        "subscriber_capacity",
+        "a subscription's queue capacity",
+        |x| x.capacity,
+    ),
+];
+
+const CONFIG: &[Def<ConfigStats>] = &[
+    counter(
+        "config_reloads",
+        "hooks.json tables that went live after the first",
+        |c| c.reloads,
+    ),
+    counter("config_reload_errors", "hooks.json loads rejected", |c| {
+        c.reload_errors
+    }),
+    counter(
+        "config_unchanged",
+        "hooks.json changes that left its bytes as they were",
+        |c| c.unchanged,
+    ),
+    gauge(
+        "config_loaded",
+        "1 if the active table was read from hooks.json",
+        |c| c.loaded as u64,
+    ),
+    gauge(
+        "config_failing",
+        "1 while hooks.json on disk is rejected",
+        |c| c.failing as u64,
+    ),
+    gauge("config_actions", "hooks in the active table", |c| {
+        c.actions as u64
+    }),
+    gauge(
+        "config_enabled",
+        "1 if the active table's global switch is on",
+        |c| c.enabled as u64,
+    ),
+    gauge(
+        "config_warnings",
+        "load-time warnings of the active table",
+        |c| c.warnings as u64,
+    ),
+];
+
+const SHELL: &[Def<ShellStats>] = &[
+    counter(
+        "shell_sent",
+        "runs the shell backend accepted, every hook",
+        |s| s.totals.sent,
+    ),
+    gauge("shell_running", "shell hook processes running now", |s| {
+        s.totals.running
+    }),
+    gauge("shell_queued", "shell hook runs waiting in queues", |s| {
+        s.totals.queued
+    }),
+    gauge(
+        "shell_direct_running",
+        "test and fire runs running now",
+        |s| s.direct_running,
+    ),
+];
+
+const HOOK: &[Def<HookCounts>] = &[
+    counter("shell_hook_sent", "runs one shell hook accepted", |c| {
+        c.sent
+    }),
+    gauge(
+        "shell_hook_running",
+        "processes of one shell hook running now",
+        |c| c.running,
+    ),
+    gauge("shell_hook_queued", "runs of one shell hook waiting", |c| {
+        c.queued
+    }),
+];
+
+const OUTCOMES: Parts<HookCounts> = &[
+    ("ok", |c| c.ok),
+    ("exit", |c| c.exit),
+    ("signal", |c| c.signal),
+    ("timed_out", |c| c.timed_out),
+    ("spawn_failed", |c| c.spawn_failed),
+    ("killed", |c| c.killed),
+    ("dropped", |c| c.dropped),
+    ("cancelled", |c| c.cancelled),
+    ("skipped", |c| c.skipped),
+];
+
+const PLUGINS: &[Def<PluginsStats>] = &[
+    counter(
+        "plugins_reloads",
+        "plugin loads that started or stopped a plugin",
+        |p| p.reloads,
+    ),
+    counter("plugins_compiled", "components compiled", |p| p.compiled),
+    counter(
+        "plugins_cache_hits",
+        "components loaded from the compile cache",
+        |p| p.cache_hits,
+    ),
+    gauge(
+        "plugins_load_errors",
+        "problems of the last plugin load",
+        |p| p.errors.len() as u64,
+    ),
+    gauge(
+        "plugins_pool_instances",
+        "instances the pooling allocator holds",
+        |p| p.pool_instances,
+    ),
+    gauge(
+        "plugins_pool_max_memory_bytes",
+        "the pool's largest linear memory",
+        |p| p.pool_max_memory_mb << 20,
+    ),
+];
+
+const PLUGIN: &[Def<PluginStats>] = &[
+    counter("plugin_sent", "lifecycle events given to a plugin", |x| {
+        x.counts.sent
+    }),
+    counter(
+        "plugin_delivered",
+        "events a plugin handled without error",
+        |x| x.counts.delivered,
+    ),
+    counter("plugin_dropped", "events a plugin never saw", |x| {
+        x.counts.dropped
+    }),
+    counter("plugin_failed", "events whose call failed", |x| {
+        x.counts.failed
+    }),
+    counter(
+        "plugin_topic_messages",
+        "calls for the plugin's own subscriptions",
+        |x| x.counts.topic_messages,
+    ),
+    counter("plugin_instances_created", "instances created", |x| {
+        x.counts.instances_created
+    }),
+    counter(
+        "plugin_instances_replaced",
+        "instances replaced after a fault",
+        |x| x.counts.instances_replaced,
+    ),
+    counter(
+        "plugin_suspensions",
+        "times the breaker suspended the plugin",
+        |x| x.counts.suspensions,
+    ),
+    gauge("plugin_in_flight", "events queued or being handled", |x| {
+        x.counts.in_flight
+    }),
+    gauge(
+        "plugin_queued",
+        "events waiting in the plugin's queues",
+        |x| x.queued,
+    ),
+    gauge("plugin_kv_bytes", "bytes in the plugin's kv store", |x| {
+        x.kv_bytes
+    }),
+    gauge("plugin_pool_size", "the plugin's instances", |x| {
+        x.pool_size
+    }),
+    gauge(
+        "plugin_running",
+        "1 if running (0: suspended or stopped)",
+        |x| (x.state == "running") as u64,
+    ),
+];
+
+const PLUGIN_DROPS: Parts<PluginStats> = &[
+    ("queue_full", |x| x.counts.dropped_queue_full),
+    ("suspended", |x| x.counts.dropped_suspended),
+    ("shutdown", |x| x.counts.dropped_shutdown),
+];
+
+const CALLS: Parts<PluginStats> = &[
+    ("ok", |x| x.counts.ok),
+    ("error", |x| x.counts.errors),
+    ("trap", |x| x.counts.traps),
+    ("timeout", |x| x.counts.timeouts),
+    ("out_of_fuel", |x| x.counts.out_of_fuel),
+];
+
 type Labels = Vec<(&'static str, String)>;
+
+fn label(key: &'static str, value: &str) -> Labels {
+    vec![(key, value.to_string())]
+}
 
 /// One scrape's registry.
 struct Metrics(Registry);
 
 impl Metrics {
-    fn counter(&mut self, name: &str, help: &str, value: u64) {
-        let c = Counter::<u64>::default();
-        c.inc_by(value);
-        self.0.register(name, help, c);
+    /// One unlabelled metric per definition.
+    fn single<T>(&mut self, defs: &[Def<T>], x: &T) {
+        for d in defs {
+            let v = (d.value)(x);
+            if d.gauge {
+                let g = Gauge::<i64>::default();
+                g.set(clamp(v));
+                self.0.register(d.name, d.help, g);
+            } else {
+                let c = Counter::<u64>::default();
+                c.inc_by(v);
+                self.0.register(d.name, d.help, c);
+            }
+        }
     }
 
-    fn gauge(&mut self, name: &str, help: &str, value: u64) {
-        let g = Gauge::<i64>::default();
-        g.set(clamp(value));
-        self.0.register(name, help, g);
+    /// One family per definition, one sample per item.
+    fn per<T>(&mut self, defs: &[Def<T>], items: &[(Labels, &T)]) {
+        for d in defs {
+            let samples = items.iter().map(|(l, x)| (l.clone(), (d.value)(x)));
+            self.family(d.name, d.help, d.gauge, samples);
+        }
     }
 
-    fn counters(
+    /// One counter family: for every item, one sample per part, the part named by `key`.
+    fn split<T>(
         &mut self,
         name: &str,
         help: &str,
-        samples: impl IntoIterator<Item = (Labels, u64)>,
+        key: &'static str,
+        parts: Parts<T>,
+        items: &[(Labels, &T)],
     ) {
-        let family = Family::<Labels, Counter<u64>>::default();
-        for (labels, v) in samples {
-            family.get_or_create(&escape(labels)).inc_by(v);
-        }
-        self.0.register(name, help, family);
+        let samples = items.iter().flat_map(|(labels, x)| {
+            parts.iter().map(move |(part, value)| {
+                let mut l = labels.clone();
+                l.push((key, part.to_string()));
+                (l, value(x))
+            })
+        });
+        self.family(name, help, false, samples);
     }
 
-    fn gauges(&mut self, name: &str, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
-        let family = Family::<Labels, Gauge<i64>>::default();
-        for (labels, v) in samples {
-            family.get_or_create(&escape(labels)).set(clamp(v));
+    fn family(
+        &mut self,
+        name: &str,
+        help: &str,
+        gauge: bool,
+        samples: impl Iterator<Item = (Labels, u64)>,
+    ) {
+        if gauge {
+            let family = Family::<Labels, Gauge<i64>>::default();
+            for (labels, v) in samples {
+                family.get_or_create(&escape(labels)).set(clamp(v));
+            }
+            self.0.register(name, help, family);
+        } else {
+            let family = Family::<Labels, Counter<u64>>::default();
+            for (labels, v) in samples {
+                family.get_or_create(&escape(labels)).inc_by(v);
+            }
+            self.0.register(name, help, family);
         }
-        self.0.register(name, help, family);
     }
 }
 
@@ -88,375 +506,36 @@ fn escape(labels: Labels) -> Labels {
     labels
         .into_iter()
         .map(|(k, v)| {
-            let v = if v.contains(['\\', '"', '\n']) {
-                v.replace('\\', "\\\\")
+            if v.contains(['\\', '"', '\n']) {
+                let v = v
+                    .replace('\\', "\\\\")
                     .replace('"', "\\\"")
-                    .replace('\n', "\\n")
+                    .replace('\n', "\\n");
+                (k, v)
             } else {
-                v
-            };
-            (k, v)
+                (k, v)
+            }
         })
         .collect()
 }
 
-/// The text for one snapshot.
-pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
-    let mut m = Metrics(Registry::with_prefix("prx_hooks"));
-    pipeline(&mut m, s);
-    if let Some(c) = &s.config {
-        m.counter(
-            "config_reloads",
-            "hooks.json tables that went live after the first",
-            c.reloads,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut s = Stats::default();
+        s.subscribers.push(SubscriberStats {
+            id: 7,
+            pattern: "a\"b\\c\nd".into(),
+            ..Default::default()
+        });
+        let text = exposition(&s).unwrap();
+        assert!(
+            text.contains(r#"prx_hooks_subscriber_queued{subscriber="7",pattern="a\"b\\c\nd"} 0"#),
+            "{text}"
         );
-        m.counter(
-            "config_reload_errors",
-            "hooks.json loads rejected",
-            c.reload_errors,
-        );
-        m.counter(
-            "config_unchanged",
-            "hooks.json changes that left its bytes as they were",
-            c.unchanged,
-        );
-        m.gauge(
-            "config_loaded",
-            "1 if the active table was read from hooks.json",
-            c.loaded as u64,
-        );
-        m.gauge(
-            "config_failing",
-            "1 while hooks.json on disk is rejected (an older table is active)",
-            c.failing as u64,
-        );
-        m.gauge(
-            "config_actions",
-            "hooks in the active table",
-            c.actions as u64,
-        );
-        m.gauge(
-            "config_enabled",
-            "1 if the active table's global switch is on",
-            c.enabled as u64,
-        );
-        m.gauge(
-            "config_warnings",
-            "load-time warnings of the active table",
-            c.warnings as u64,
-        );
+        assert!(text.ends_with("# EOF\n"));
     }
-    if let Some(shell) = &s.shell {
-        let hooks = || shell.hooks.iter();
-        m.counters(
-            "shell_runs",
-            "shell hook runs of every hook, by outcome",
-            outcomes(&shell.totals, vec![]),
-        );
-        m.counter(
-            "shell_sent",
-            "runs the shell backend accepted, every hook",
-            shell.totals.sent,
-        );
-        m.gauge(
-            "shell_running",
-            "shell hook processes running now",
-            shell.totals.running,
-        );
-        m.gauge(
-            "shell_queued",
-            "shell hook runs waiting in queues",
-            shell.totals.queued,
-        );
-        m.gauge(
-            "shell_direct_running",
-            "test and fire runs running now",
-            shell.direct_running,
-        );
-        m.counters(
-            "shell_hook_runs",
-            "runs of one shell hook, by outcome",
-            hooks().flat_map(|(id, c)| outcomes(c, vec![("hook", id.clone())])),
-        );
-        m.counters(
-            "shell_hook_sent",
-            "runs one shell hook accepted",
-            hooks().map(|(id, c)| (hook(id), c.sent)),
-        );
-        m.gauges(
-            "shell_hook_running",
-            "processes of one shell hook running now",
-            hooks().map(|(id, c)| (hook(id), c.running)),
-        );
-        m.gauges(
-            "shell_hook_queued",
-            "runs of one shell hook waiting",
-            hooks().map(|(id, c)| (hook(id), c.queued)),
-        );
-    }
-    if let Some(p) = &s.plugins {
-        plugins(&mut m, p);
-    }
-    let mut text = String::new();
-    encode(&mut text, &m.0)?;
-    Ok(text)
-}
-
-fn hook(id: &str) -> Labels {
-    vec![("hook", id.to_string())]
-}
-
-/// One sample per outcome of `c`, each with `labels` plus `outcome`.
-fn outcomes(c: &HookCounts, labels: Labels) -> Vec<(Labels, u64)> {
-    [
-        ("ok", c.ok),
-        ("exit", c.exit),
-        ("signal", c.signal),
-        ("timed_out", c.timed_out),
-        ("spawn_failed", c.spawn_failed),
-        ("killed", c.killed),
-        ("dropped", c.dropped),
-        ("cancelled", c.cancelled),
-        ("skipped", c.skipped),
-    ]
-    .into_iter()
-    .map(|(outcome, v)| {
-        let mut l = labels.clone();
-        l.push(("outcome", outcome.to_string()));
-        (l, v)
-    })
-    .collect()
-}
-
-/// Producers, ring, sinks and bus subscribers.
-fn pipeline(m: &mut Metrics, s: &Stats) {
-    m.counter("events_emitted", "calls to emit", s.emitted);
-    m.counter("events_queued", "events accepted into the ring", s.queued);
-    m.counters(
-        "events_dropped",
-        "events refused by emit, by reason",
-        [
-            ("ring_full", s.dropped),
-            ("byte_budget", s.dropped_budget),
-            ("oversize", s.oversize),
-        ]
-        .map(|(r, v)| (vec![("reason", r.to_string())], v)),
-    );
-    m.counter(
-        "events_dropped_bytes",
-        "bytes of every refused event",
-        s.dropped_bytes,
-    );
-    m.counter("events_skipped", "events nobody listened to", s.skipped);
-    m.counter(
-        "events_processed",
-        "events the workers handed to the sinks",
-        s.processed,
-    );
-    m.counter("sink_panics", "panics caught inside a sink", s.sink_panics);
-    m.gauge("ring_depth", "events in the rings now", s.ring.depth);
-    m.gauge("ring_capacity", "ring slots, all rings", s.ring.capacity);
-    m.gauge("ring_shards", "rings (one per worker)", s.ring.shards);
-    m.gauge(
-        "ring_inline_bytes",
-        "bytes of the preallocated slot buffers",
-        s.ring.inline_bytes,
-    );
-    m.gauge(
-        "ring_budget_in_use_bytes",
-        "bytes of large events held now",
-        s.ring.budget_in_use,
-    );
-    m.gauge(
-        "ring_budget_bytes",
-        "the large-event byte budget",
-        s.ring.budget,
-    );
-    let sink = |name: &str| vec![("sink", name.to_string())];
-    let sinks = || s.sinks.iter();
-    m.counters(
-        "sink_sent",
-        "events given to a sink",
-        sinks().map(|x| (sink(&x.name), x.counts.sent)),
-    );
-    m.counters(
-        "sink_delivered",
-        "events a sink delivered",
-        sinks().map(|x| (sink(&x.name), x.counts.delivered)),
-    );
-    m.counters(
-        "sink_dropped",
-        "events a sink dropped",
-        sinks().map(|x| (sink(&x.name), x.counts.dropped)),
-    );
-    m.counters(
-        "sink_failed",
-        "events a sink failed to deliver",
-        sinks().map(|x| (sink(&x.name), x.counts.failed)),
-    );
-    m.gauges(
-        "sink_in_flight",
-        "events a sink holds now",
-        sinks().map(|x| (sink(&x.name), x.counts.in_flight)),
-    );
-    let sub = |x: &crate::stats::SubscriberStats| {
-        vec![
-            ("subscriber", x.id.to_string()),
-            ("pattern", x.pattern.clone()),
-        ]
-    };
-    let subs = || s.subscribers.iter();
-    m.counters(
-        "subscriber_delivered",
-        "messages put into a subscription's queue",
-        subs().map(|x| (sub(x), x.delivered)),
-    );
-    m.counters(
-        "subscriber_dropped",
-        "messages a subscription lost to a full queue",
-        subs().map(|x| (sub(x), x.dropped)),
-    );
-    m.gauges(
-        "subscriber_queued",
-        "messages waiting in a subscription's queue",
-        subs().map(|x| (sub(x), x.queued)),
-    );
-    m.gauges(
-        "subscriber_capacity",
-        "a subscription's queue capacity",
-        subs().map(|x| (sub(x), x.capacity)),
-    );
-}
-
-fn plugins(m: &mut Metrics, p: &crate::stats::PluginsStats) {
-    m.counter(
-        "plugins_reloads",
-        "plugin loads that started or stopped a plugin",
-        p.reloads,
-    );
-    m.counter("plugins_compiled", "components compiled", p.compiled);
-    m.counter(
-        "plugins_cache_hits",
-        "components loaded from the compile cache",
-        p.cache_hits,
-    );
-    m.gauge(
-        "plugins_load_errors",
-        "problems of the last plugin load",
-        p.errors.len() as u64,
-    );
-    m.gauge(
-        "plugins_pool_instances",
-        "instances the pooling allocator holds",
-        p.pool_instances,
-    );
-    m.gauge(
-        "plugins_pool_max_memory_bytes",
-        "the pool's largest linear memory",
-        p.pool_max_memory_mb << 20,
-    );
-    let name = |x: &crate::stats::PluginStats| vec![("plugin", x.name.clone())];
-    let all = || p.plugins.iter();
-    let each = |f: fn(&crate::stats::PluginStats) -> u64| all().map(move |x| (name(x), f(x)));
-    m.counters(
-        "plugin_sent",
-        "lifecycle events given to a plugin",
-        each(|x| x.counts.sent),
-    );
-    m.counters(
-        "plugin_delivered",
-        "events a plugin handled without error",
-        each(|x| x.counts.delivered),
-    );
-    m.counters(
-        "plugin_dropped",
-        "events a plugin never saw",
-        each(|x| x.counts.dropped),
-    );
-    m.counters(
-        "plugin_failed",
-        "events whose call failed",
-        each(|x| x.counts.failed),
-    );
-    m.gauges(
-        "plugin_in_flight",
-        "events queued or being handled",
-        each(|x| x.counts.in_flight),
-    );
-    m.counters(
-        "plugin_dropped_reason",
-        "events a plugin never saw, by reason",
-        all().flat_map(|x| {
-            [
-                ("queue_full", x.counts.dropped_queue_full),
-                ("suspended", x.counts.dropped_suspended),
-                ("shutdown", x.counts.dropped_shutdown),
-            ]
-            .map(|(r, v)| {
-                (
-                    vec![("plugin", x.name.clone()), ("reason", r.to_string())],
-                    v,
-                )
-            })
-        }),
-    );
-    m.counters(
-        "plugin_calls",
-        "on-event calls, by result",
-        all().flat_map(|x| {
-            [
-                ("ok", x.counts.ok),
-                ("error", x.counts.errors),
-                ("trap", x.counts.traps),
-                ("timeout", x.counts.timeouts),
-                ("out_of_fuel", x.counts.out_of_fuel),
-            ]
-            .map(|(r, v)| {
-                (
-                    vec![("plugin", x.name.clone()), ("result", r.to_string())],
-                    v,
-                )
-            })
-        }),
-    );
-    m.counters(
-        "plugin_topic_messages",
-        "calls for the plugin's own subscriptions",
-        each(|x| x.counts.topic_messages),
-    );
-    m.counters(
-        "plugin_instances_created",
-        "instances created",
-        each(|x| x.counts.instances_created),
-    );
-    m.counters(
-        "plugin_instances_replaced",
-        "instances replaced after a fault",
-        each(|x| x.counts.instances_replaced),
-    );
-    m.counters(
-        "plugin_suspensions",
-        "times the breaker suspended the plugin",
-        each(|x| x.counts.suspensions),
-    );
-    m.gauges(
-        "plugin_queued",
-        "events waiting in the plugin's queues",
-        each(|x| x.queued),
-    );
-    m.gauges(
-        "plugin_kv_bytes",
-        "bytes in the plugin's kv store",
-        each(|x| x.kv_bytes),
-    );
-    m.gauges(
-        "plugin_pool_size",
-        "the plugin's instances",
-        each(|x| x.pool_size),
-    );
-    m.gauges(
-        "plugin_running",
-        "1 if the plugin is running (0: suspended or stopped)",
-        each(|x| (x.state == "running") as u64),
-    );
 }

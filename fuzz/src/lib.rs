@@ -6,8 +6,9 @@
 //! * serde_json (without `arbitrary_precision`) rejects numbers that overflow an `f64`, such as
 //!   `1e400` or a 400-digit integer, with "number out of range"; RFC 8259 allows them and so does
 //!   our validator. [`parse`] reports that case as [`Serde::OutOfRange`], and only after checking
-//!   that serde_json's non-converting reader (`IgnoredAny`) accepts the text, so a genuine syntax
-//!   error later in the text cannot hide behind the range error.
+//!   that serde_json's non-converting reader (`IgnoredAny`) accepts the text and that the text is
+//!   UTF-8 (`IgnoredAny` skips strings without checking it), so a genuine error later in the
+//!   text cannot hide behind the range error.
 //!
 //! Checked, and needing no exception (serde_json 1.0.154, see the unit tests below):
 //!
@@ -48,7 +49,10 @@ pub fn parse(src: &[u8]) -> Serde {
         Ok(v) => Serde::Ok(v),
         Err(e) => {
             let msg = e.to_string();
+            // `IgnoredAny` skips strings without checking their UTF-8, so that is checked here:
+            // a text both out of range and not UTF-8 is rejected for the UTF-8.
             if msg.contains("number out of range")
+                && std::str::from_utf8(src).is_ok()
                 && serde_json::from_slice::<IgnoredAny>(src).is_ok()
             {
                 Serde::OutOfRange
@@ -244,8 +248,10 @@ mod tests {
             assert!(matches!(parse(s.as_bytes()), Serde::OutOfRange), "{s}");
         }
         assert!(matches!(parse(b"1e-400"), Serde::Ok(_)));
-        // A syntax error after the big number is still an error.
+        // A syntax error after the big number is still an error, and so is invalid UTF-8 in a
+        // string (the fuzzer found the oracle calling that OutOfRange).
         assert!(matches!(parse(b"[1e400,]"), Serde::Rejected(_)));
+        assert!(matches!(parse(b"[1e400, \"x\x99\"]"), Serde::Rejected(_)));
     }
 
     #[test]

@@ -17,8 +17,10 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `addr` (port 0 picks a free port) and serves [`router`] on two runtime threads.
-    /// Binding happens before this returns, so a taken port is an error here.
+    /// Binds `addr` (port 0 picks a free port) and serves [`router`] on two runtime threads,
+    /// plus blocking-pool threads made on demand (at most 64) for file writes and test runs,
+    /// which can wait up to a hook's timeout. Binding happens before this returns, so a taken
+    /// port is an error here.
     pub fn start(
         hooks: Arc<Hooks>,
         opts: HttpOptions,
@@ -29,7 +31,7 @@ impl Server {
         let addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .max_blocking_threads(16)
+            .max_blocking_threads(64)
             .thread_name("prx-http")
             .enable_all()
             .build()?;

@@ -129,11 +129,7 @@ pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
     let payload = match parsed.payload {
         Some(raw) => {
             let base = raw.get().as_ptr() as usize - text.as_ptr() as usize;
-            expect_object(raw.get(), base, "payload: ")?;
-            let p: Payload<'_> =
-                serde_json::from_str(raw.get()).map_err(|e| serde_error(&e, base, "payload: "))?;
-            check_fields(kind, &p, raw.get(), base)?;
-            p
+            read_payload(kind, raw.get(), base)?
         }
         None if kind.fields().is_empty() => Payload::default(),
         None => {
@@ -156,10 +152,17 @@ pub fn parse_payload(
     agent: &str,
     session: &str,
 ) -> Result<Record, LineError> {
-    expect_object(text, 0, "payload: ")?;
-    let p: Payload<'_> = serde_json::from_str(text).map_err(|e| serde_error(&e, 0, "payload: "))?;
-    check_fields(kind, &p, text, 0)?;
+    let p = read_payload(kind, text, 0)?;
     build(kind, agent.to_string(), session.to_string(), p)
+}
+
+/// A payload object with exactly `kind`'s fields; `base` is its column offset in the line.
+fn read_payload(kind: EventKind, text: &str, base: usize) -> Result<Payload<'_>, LineError> {
+    expect_object(text, base, "payload: ")?;
+    let p: Payload<'_> =
+        serde_json::from_str(text).map_err(|e| serde_error(&e, base, "payload: "))?;
+    check_fields(kind, &p, text, base)?;
+    Ok(p)
 }
 
 /// Rejects anything but an object up front, so the error names JSON types rather than our

@@ -468,9 +468,8 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
         .into());
     };
     let payload = args.payload.as_deref().unwrap_or(kind.sample_payload());
-    let line =
-        format!(r#"{{"event":"{name}","agent":"prx-hooks","session":"fire","payload":{payload}}}"#);
-    let record = ndjson::parse_line(line.as_bytes()).map_err(|e| format!("--payload: {e}"))?;
+    let record = ndjson::parse_payload(kind, payload, "prx-hooks", "fire")
+        .map_err(|e| format!("--payload: {e}"))?;
     if !args.workspace.is_dir() {
         return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
     }

@@ -61,7 +61,7 @@ impl IntoResponse for ApiError {
             "path": self.path,
             "kind": self.kind,
         });
-        let mut resp = super::json(self.status, &body);
+        let mut resp = super::json_response(self.status, &body);
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -9,7 +9,7 @@
 use super::auth::Caller;
 use super::body::{self, JsonBody};
 use super::error::ApiError;
-use super::{Api, ApiState, json};
+use super::{Api, ApiState, json_response};
 use crate::Hooks;
 use crate::config::{EditError, Hook, HooksEditor, Reload, Written};
 use crate::shell::{Outcome, OutcomeKind};
@@ -34,7 +34,7 @@ pub(crate) async fn list(State(api): ApiState, headers: HeaderMap) -> Result<Res
     }
     let hooks: Vec<&Value> = listing.hooks.iter().map(|h| &h.json).collect();
     Ok(with_etag(
-        json(StatusCode::OK, &json!({ "hooks": hooks })),
+        json_response(StatusCode::OK, &json!({ "hooks": hooks })),
         &listing.etag,
     ))
 }
@@ -150,7 +150,7 @@ pub(crate) async fn test(
         Ok(shell.run_once(action, &msg))
     })
     .await?;
-    Ok(json(StatusCode::OK, &run_json(&outcome)))
+    Ok(json_response(StatusCode::OK, &run_json(&outcome)))
 }
 
 /// The hook's last outcomes, newest first: `?limit=N` keeps the N newest.
@@ -169,7 +169,10 @@ pub(crate) async fn runs(
     runs.reverse();
     runs.truncate(limit.unwrap_or(usize::MAX));
     let runs: Vec<Value> = runs.iter().map(run_json).collect();
-    Ok(json(StatusCode::OK, &json!({ "id": id, "runs": runs })))
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "id": id, "runs": runs }),
+    ))
 }
 
 /// A run as the API shows it: the outcome's fields plus `outcome` (the line `fire` prints),
@@ -321,7 +324,7 @@ fn audit(caller: &Caller, what: &str, hook: &Hook) {
 }
 
 fn hook_response(status: StatusCode, hook: &Hook) -> Response {
-    with_etag(json(status, &hook.json), &hook.etag)
+    with_etag(json_response(status, &hook.json), &hook.etag)
 }
 
 fn unchanged(etag: &str) -> Response {

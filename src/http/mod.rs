@@ -104,7 +104,7 @@ pub fn router(hooks: Arc<Hooks>, opts: HttpOptions) -> Router {
 }
 
 /// A JSON response (a serialization failure is a 500, never a panic).
-pub(crate) fn json(status: StatusCode, body: &impl Serialize) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
     match serde_json::to_vec(body) {
         Ok(bytes) => (
             status,

@@ -59,7 +59,9 @@ impl Server {
     }
 
     /// Stops accepting connections, lets open requests finish for at most `timeout`, then
-    /// closes everything. Idempotent.
+    /// closes everything. Idempotent. Safe to call (or to drop the server) from inside another
+    /// tokio runtime: the waiting happens on a short-lived thread of its own, where blocking
+    /// is allowed.
     pub fn shutdown(&mut self, timeout: Duration) {
         let Some(runtime) = self.runtime.take() else {
             return;
@@ -67,17 +69,22 @@ impl Server {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(done) = self.done.take() {
-            match runtime.block_on(async { tokio::time::timeout(timeout, done).await }) {
-                Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
-                Ok(Err(e)) => tracing::warn!("HTTP server task failed: {e}"),
-                Err(_) => tracing::warn!(
-                    "HTTP server: requests still open after {timeout:?}; closing them"
-                ),
-                Ok(Ok(Ok(()))) => {}
-            }
-        }
-        runtime.shutdown_timeout(timeout);
+        let done = self.done.take();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                if let Some(done) = done {
+                    match runtime.block_on(async { tokio::time::timeout(timeout, done).await }) {
+                        Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
+                        Ok(Err(e)) => tracing::warn!("HTTP server task failed: {e}"),
+                        Err(_) => tracing::warn!(
+                            "HTTP server: requests still open after {timeout:?}; closing them"
+                        ),
+                        Ok(Ok(Ok(()))) => {}
+                    }
+                }
+                runtime.shutdown_timeout(timeout);
+            });
+        });
     }
 }
 

@@ -3,7 +3,7 @@
 //! [`Hooks::stats`]: crate::Hooks::stats
 
 use super::error::ApiError;
-use super::json;
+use super::json_response;
 use super::{Api, ApiState};
 use crate::Stats;
 use axum::extract::State;
@@ -16,19 +16,19 @@ use std::sync::Arc;
 /// 200 `{"status":"ok"}` while running, 503 once shutdown has begun. No token needed.
 pub(crate) async fn healthz(State(api): ApiState) -> Response {
     if api.hooks.is_shut_down() {
-        json(
+        json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &json!({ "status": "shutting_down" }),
         )
     } else {
-        json(StatusCode::OK, &json!({ "status": "ok" }))
+        json_response(StatusCode::OK, &json!({ "status": "ok" }))
     }
 }
 
 /// The whole [`Stats`](crate::Stats) snapshot.
 pub(crate) async fn stats(State(api): ApiState) -> Response {
     match snapshot(api).await {
-        Ok(stats) => json(StatusCode::OK, &stats),
+        Ok(stats) => json_response(StatusCode::OK, &stats),
         Err(e) => e.into_response(),
     }
 }
@@ -58,5 +58,5 @@ pub(crate) async fn plugins(State(api): ApiState) -> Response {
         }
         None => json!({ "enabled": false, "plugins": [], "errors": [] }),
     };
-    json(StatusCode::OK, &body)
+    json_response(StatusCode::OK, &body)
 }

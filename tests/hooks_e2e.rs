@@ -13,29 +13,16 @@ fn save(ws: &Path, json: &str) {
     std::fs::rename(&tmp, ws.join("hooks.json")).unwrap();
 }
 
+#[path = "support/hooks.rs"]
+mod support;
+
+use support::{append_args, lines, wait_for};
+
 /// A hook that appends "<tag> <tool>" to `log` for every tool_call.
 fn appender(tag: &str, log: &Path) -> String {
-    let script = format!(
-        "read -r p; printf '%s %s\\n' {tag} \"$p\" >> {}",
-        log.display()
-    );
-    serde_json::json!({ "id": tag, "command": "/bin/sh", "args": ["-c", script], "stdin_json": true }).to_string()
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn lines(log: &Path) -> Vec<String> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
+    let args = append_args(tag, log);
+    serde_json::json!({ "id": tag, "command": "/bin/sh", "args": args, "stdin_json": true })
+        .to_string()
 }
 
 #[test]

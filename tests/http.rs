@@ -7,12 +7,17 @@ use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use ureq::http::Request;
 
 #[cfg(feature = "wasm")]
 #[path = "support/plugins.rs"]
 mod plugins;
+
+#[path = "support/hooks.rs"]
+mod support;
+
+use support::{append_args, lines, wait_for};
 
 const TOKEN: &str = "test-token-0123456789abcdef";
 
@@ -180,29 +185,10 @@ impl Api {
     }
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn lines(log: &Path) -> Vec<String> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 /// A hook that appends "<tag> <output>" to `log` for every tool_call, reading stdin.
 fn appender(tag: &str, log: &Path) -> Value {
-    let script = format!(
-        "read -r p; printf '%s %s\\n' {tag} \"$p\" >> {}",
-        log.display()
-    );
-    json!({"event": "tool_call", "command": "/bin/sh", "args": ["-c", script], "stdin_json": true})
+    let args = append_args(tag, log);
+    json!({"event": "tool_call", "command": "/bin/sh", "args": args, "stdin_json": true})
 }
 
 fn tool_call(hooks: &Hooks, output: &str) -> Emit {
@@ -959,11 +945,26 @@ fn metrics_parse_and_match_the_stats() {
     );
     assert_eq!(num(&sub_stats["delivered"]), 5.0);
     drop(sub);
-    // Every sample of a counter family is a `_total`.
-    for (name, _, v) in &samples {
-        assert!(*v >= 0.0, "{name} negative");
+    // Every sample of a counter family is a `_total`, and every sample belongs to a family
+    // declared with `# TYPE`.
+    let families: Vec<(&str, &str)> = r
+        .text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    assert!(families.contains(&("prx_hooks_events_emitted", "counter")));
+    for (name, _, _) in &samples {
+        let (_, kind) = families
+            .iter()
+            .find(|(f, _)| name == f || name.strip_suffix("_total") == Some(f))
+            .unwrap_or_else(|| panic!("{name} has no # TYPE line"));
+        assert_eq!(
+            *kind == "counter",
+            name.ends_with("_total"),
+            "{name} is a {kind}"
+        );
     }
-    assert!(r.text.contains("# TYPE prx_hooks_events_emitted counter"));
 }
 
 #[test]
@@ -1060,6 +1061,21 @@ fn a_hooks_system_without_a_workspace_answers_503_for_hooks() {
         .unwrap();
     let v: Value = serde_json::from_str(&s.body_mut().read_to_string().unwrap()).unwrap();
     assert_eq!(v["enabled"], false);
+}
+
+#[test]
+fn a_server_stops_cleanly_when_dropped_inside_an_async_host() {
+    let api = Api::start(Some(TWO));
+    let addr = api.server.local_addr();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // Blocking on (or dropping) a runtime inside another one panics unless done elsewhere.
+    rt.block_on(async move { drop(api) });
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "still listening after drop"
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! `emit()` on the producer thread (DESIGN.md §11), against the baselines named there.
+//! `emit()` on the producer thread (ARCHITECTURE.md § Performance targets), against the baselines named there.
 //!
 //! Group `emit`:
 //! * `nobody_listening`: no subscriber, the `Skipped` path (target ≤ 5 ns).
@@ -753,7 +753,7 @@ fn main() {
     print_time_ratio("emit/full_ring", "baseline/arrayqueue_full");
     print_time_ratio("emit/full_ring", "baseline/arrayqueue_full_u64");
     print_time_ratio("emit/nobody_listening", "baseline/relaxed_fetch_add");
-    println!("\nTARGETS (DESIGN.md §11; medians)");
+    println!("\nTARGETS (ARCHITECTURE.md § Performance targets; medians)");
     print_target("emit/nobody_listening", 5.0);
     print_target("emit/one_listener_sporadic", 50.0);
     print_target("emit/one_listener_parked_worker", 50.0);

@@ -1,5 +1,5 @@
 //! hooks.json hot reload: the time from a change to hooks.json until the new table is live
-//! (DESIGN target: ≤ 100 ms p99).
+//! (target (ARCHITECTURE.md § Performance targets): ≤ 100 ms p99).
 //!
 //! Each variant runs in its own temporary workspace (under `std::env::temp_dir()`) holding a
 //! valid hooks.json. One iteration = one save of a new, valid hooks.json (two shapes alternate,
@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-/// DESIGN: a hooks.json change is live within 100 ms (p99).
+/// ARCHITECTURE.md: a hooks.json change is live within 100 ms (p99).
 const TARGET: Duration = Duration::from_millis(100);
 /// Saves recorded per variant for the percentile table, at least.
 const MIN_SAMPLES: usize = 200;
@@ -209,7 +209,7 @@ impl Rig {
             Kind::Hooks => {
                 let hooks = Hooks::builder().workspace(&ws).build().expect("Hooks");
                 assert!(is_seq(&hooks.hook_table(), 0), "the initial table");
-                let kind = hooks.stats().config.map(|c| c.watcher);
+                let kind = hooks.stats().config().map(|c| c.watcher);
                 assert_eq!(
                     kind,
                     Some(WatcherKind::Inotify),
@@ -288,7 +288,7 @@ impl Rig {
     fn config_stats(&self) -> Option<prx_hooks::config::ConfigStats> {
         match &self.live {
             Live::Watcher { watcher, .. } => Some(watcher.stats()),
-            Live::Hooks(hooks) => hooks.stats().config,
+            Live::Hooks(hooks) => hooks.stats().config().cloned(),
         }
     }
 
@@ -433,7 +433,7 @@ fn main() {
         );
     }
     println!("  (* criterion's median of per-sample means)");
-    println!("\nTARGET (DESIGN: hooks.json change → live ≤ 100 ms p99)");
+    println!("\nTARGET (ARCHITECTURE.md: hooks.json change → live ≤ 100 ms p99)");
     for (name, v) in &results {
         let p99 = v[((v.len() - 1) as f64 * 0.99).round() as usize];
         let verdict = if p99 <= TARGET.as_nanos() as u64 {

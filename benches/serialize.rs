@@ -1,4 +1,4 @@
-//! Payload JSON per event (DESIGN.md §11: ≤ 150 ns per ~300 B event), against serde_json.
+//! Payload JSON per event (ARCHITECTURE.md § Performance targets: ≤ 150 ns per ~300 B event), against serde_json.
 //!
 //! Group `serialize`, each writing into a reused `Vec` (cleared, never shrunk):
 //! * `write_json/tool_call`, `write_json/tool_call_start`: `Event::write_json`, the one payload
@@ -167,7 +167,7 @@ fn main() {
         "serialize/write_json/tool_call_start",
         "serialize/serde_json_prevalidated/tool_call_start",
     );
-    println!("\nTARGETS (DESIGN.md §11; medians)");
+    println!("\nTARGETS (ARCHITECTURE.md § Performance targets; medians)");
     print_target("serialize/write_json/tool_call", 150.0);
     print_target("serialize/write_json/tool_call_start", 150.0);
     print_machine_note();

@@ -1,4 +1,4 @@
-//! Shell-hook spawn throughput (DESIGN.md §11: ≥ 90 % of a raw `Command::spawn` + `wait` loop
+//! Shell-hook spawn throughput (ARCHITECTURE.md § Performance targets: ≥ 90 % of a raw `Command::spawn` + `wait` loop
 //! measured in the same run, and ≥ 1,000 spawns/s per core).
 //!
 //! Group `spawn`, one iteration = one `/bin/true` process started and reaped:

@@ -1,4 +1,4 @@
-//! End-to-end events/s delivered to in-process subscribers (DESIGN.md §11: ≥ 2 M/s to one
+//! End-to-end events/s delivered to in-process subscribers (ARCHITECTURE.md § Performance targets: ≥ 2 M/s to one
 //! subscriber on 2 cores, zero drops; stretch 3 M/s), against serde_json + `std::sync::mpsc`.
 //!
 //! Group `throughput`:
@@ -247,7 +247,7 @@ fn main() {
             4.0 * r / 1e6
         );
     }
-    println!("\nTARGETS (DESIGN.md §11; medians)");
+    println!("\nTARGETS (ARCHITECTURE.md § Performance targets; medians)");
     if let Some(r) = events_per_s("throughput/to_1_subscriber") {
         let verdict = if r >= 3e6 {
             "met (stretch 3 M/s met too)".to_string()

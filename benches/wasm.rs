@@ -1,4 +1,4 @@
-//! WASM plugin calls (DESIGN.md §11: `on-event` on a reused instance, no-op guest, 300 B payload:
+//! WASM plugin calls (ARCHITECTURE.md § Performance targets: `on-event` on a reused instance, no-op guest, 300 B payload:
 //! ≤ 150 ns over a direct wasmtime typed call with the same `Config`, fuel on in both; ≥ 2 M
 //! calls/s per core).
 //!
@@ -170,7 +170,11 @@ fn main() {
     let hooks = Hooks::builder().workspace(ws.path()).build().unwrap();
     let em = hooks.emitter(AGENT, SESSION);
     const N: u64 = 300_000;
-    let ok = || hooks.stats().plugins.unwrap().plugins[0].counts.ok;
+    let ok = || {
+        hooks.stats().plugins().unwrap().clone().plugins[0]
+            .counts
+            .ok
+    };
     let t = Instant::now();
     let mut sent = 0;
     while sent < N {
@@ -188,7 +192,7 @@ fn main() {
         std::thread::sleep(Duration::from_micros(200));
     }
     let secs = t.elapsed().as_secs_f64();
-    let p = hooks.stats().plugins.unwrap().plugins[0].clone();
+    let p = hooks.stats().plugins().unwrap().clone().plugins[0].clone();
     println!(
         "pipeline → plugin        {:>9.2} M calls/s  ({N} events, {} dropped)",
         N as f64 / secs / 1e6,

@@ -26,6 +26,9 @@ pub const MAX_TOPIC_LEN: usize = 256;
 /// Topics under this prefix are the pipeline's own; `publish` refuses them.
 pub const LIFECYCLE_PREFIX: &str = "prx.lifecycle.";
 
+/// A recycled message keeps its text buffer only up to this capacity (see [`Message::reuse`]).
+const REUSE_KEEP: usize = 16 << 10;
+
 /// One message on the bus: a lifecycle event's payload with its metadata, or a custom
 /// publication. Cloning is cheap (one reference count); every subscriber and every sink shares
 /// the same bytes, serialized once.
@@ -89,9 +92,17 @@ impl Message {
     /// Rewrites this message in place (keeping its allocations) if nobody else holds it any
     /// more; `false` if someone does. Pipeline workers recycle delivered messages this way, so
     /// a steady flow allocates nothing and never frees memory across threads.
+    ///
+    /// A buffer grown past [`REUSE_KEEP`] by a large event is given back rather than kept: a
+    /// worker holds thousands of these messages, and one burst of large events must not pin
+    /// their size for good.
     pub(crate) fn reuse(&mut self, json: &str, agent: &str, session: &str, meta: Meta) -> bool {
         match Arc::get_mut(&mut self.0) {
             Some(inner) => {
+                let len = json.len() + agent.len() + session.len();
+                if inner.text.capacity() > REUSE_KEEP.max(len) {
+                    inner.text = String::with_capacity(len);
+                }
                 inner.set(json, agent, session, "", meta);
                 true
             }

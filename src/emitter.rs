@@ -3,22 +3,32 @@
 //! `emit` runs on the agent's own threads, so it does as little as possible and never waits:
 //!
 //! 1. one relaxed load of the interest mask — nobody listens: count it, return `Skipped`;
-//! 2. one `fetch_add` on this emitter's sequence counter (its own cache line);
-//! 3. claim a ring slot and copy the borrowed strings into the slot's preallocated buffer;
-//! 4. publish. A full ring is `Dropped` and counted; nothing is retried.
+//! 2. claim a ring slot (one CAS on the ring's tail) and copy the borrowed strings into the
+//!    slot's preallocated buffer;
+//! 3. publish (one release store). A full ring is `Dropped` and counted; a closed one (after
+//!    shutdown) is `Skipped` and counted; nothing is retried.
+//!
+//! Queued events need no counter of their own: every successful claim moves a ring's tail, so
+//! `queued` is the sum of the tails. Sequence numbers are not taken here either: the worker
+//! numbers each event when it pops it ([`SeqCell`]), because ring order *is* delivery order and
+//! a counter taken beside the claim could disagree with it when clones emit from several threads
+//! (ARCHITECTURE.md § Ordering).
 //!
 //! Events larger than the inline buffer take their bytes from a global budget and allocate
 //! (before claiming the slot, to keep the claim-to-publish window short); the worker frees them
 //! and returns the bytes to the budget. Events beyond `max_event_bytes` or beyond the budget are
-//! dropped and counted — never truncated.
+//! dropped and counted — never truncated. Only those large events allocate, take malloc's locks
+//! or can make a syscall (a large allocation may `mmap`); an event that fits inline does none
+//! of that.
 
 use crate::event::{Event, EventKind, Parts};
 use crate::pipeline::Interest;
-use crate::ring::Ring;
+use crate::ring::{PushError, Ring};
 use crate::stats::Stats;
 use crossbeam_utils::CachePadded;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 /// What `emit` did with an event. Informational: a hook never changes the agent's flow.
@@ -33,17 +43,86 @@ pub enum Emit {
     Skipped,
 }
 
+/// An emitter's next sequence number. Written only by the worker that consumes the emitter's
+/// ring (a plain load and store, no read-modify-write), when it pops one of its events: every
+/// clone of an emitter pushes into the same ring, so numbering at pop time follows ring order,
+/// which is delivery order.
+///
+/// Lifetime: slots point at it ([`EventSlot`] holds a raw pointer, so an `emit` costs no
+/// reference count). The emitter owns it; when the last clone drops, the cell goes to its
+/// [`Lane`]'s graveyard with the ring's tail at that moment, and the worker frees it only after
+/// reading past that tail, i.e. after the emitter's last event.
+#[derive(Debug, Default)]
+pub(crate) struct SeqCell(AtomicU64);
+
+impl SeqCell {
+    /// Takes the next number. Only the ring's consumer calls this.
+    fn take(&self) -> u64 {
+        let seq = self.0.load(Relaxed);
+        self.0.store(seq + 1, Relaxed);
+        seq
+    }
+}
+
+/// One worker's ring, and the sequence cells of emitters that were dropped while some of their
+/// events may still be in it.
+pub(crate) struct Lane {
+    pub(crate) ring: Arc<Ring<EventSlot>>,
+    graves: Mutex<Vec<(Arc<CachePadded<SeqCell>>, usize)>>,
+    has_graves: AtomicBool,
+}
+
+impl Lane {
+    pub(crate) fn new(ring: Arc<Ring<EventSlot>>) -> Lane {
+        Lane {
+            ring,
+            graves: Mutex::default(),
+            has_graves: AtomicBool::new(false),
+        }
+    }
+
+    fn bury(&self, cell: Arc<CachePadded<SeqCell>>) {
+        // Every claim the emitter made happened before its last clone dropped (the reference
+        // count's release/acquire orders them), so each of its positions is below this tail.
+        let tail = self.ring.claimed();
+        let mut graves = self.graves.lock().unwrap_or_else(|e| e.into_inner());
+        graves.push((cell, tail));
+        self.has_graves.store(true, Relaxed);
+    }
+
+    /// Frees the cells of dropped emitters whose events are all read (`head`: the consumer's
+    /// next position). Called by the ring's consumer; cheap when there is nothing to free.
+    pub(crate) fn collect(&self, head: usize) {
+        if !self.has_graves.load(Relaxed) {
+            return;
+        }
+        let mut graves = self.graves.lock().unwrap_or_else(|e| e.into_inner());
+        // `tail` not yet reached: tail - head, as a signed distance, is positive.
+        graves.retain(|(_, tail)| (tail.wrapping_sub(head) as isize) > 0);
+        if graves.is_empty() {
+            self.has_graves.store(false, Relaxed);
+        }
+    }
+}
+
 /// One ring slot: an event flattened to scalars plus its strings (agent, session, and up to two
 /// event fields) stored back to back.
 pub(crate) struct EventSlot {
     kind: EventKind,
     flag: bool,
     num: u64,
-    seq: u64,
+    /// The emitter's sequence cell; set by every `fill`, dereferenced only by `read`.
+    seq: Option<NonNull<CachePadded<SeqCell>>>,
     lens: [u32; 4],
     inline: Box<[u8]>,
     heap: Option<Box<[u8]>>,
 }
+
+// SAFETY: the only non-Send field is `seq`, a pointer to a `SeqCell` — an atomic, so `Sync` — that
+// the emitter keeps alive until the consumer has read every slot it filled (see `SeqCell`). Slots
+// move between the producer that fills them and the consumer that reads them under the ring's
+// stamp protocol, which orders the pointer's write before its read.
+unsafe impl Send for EventSlot {}
 
 impl EventSlot {
     /// A slot with `inline` bytes of preallocated, touched buffer.
@@ -52,7 +131,7 @@ impl EventSlot {
             kind: EventKind::TurnComplete,
             flag: false,
             num: 0,
-            seq: 0,
+            seq: None,
             lens: [0; 4],
             // Non-zero fill so the pages are really written now, not on the first emit.
             inline: vec![0xA5; inline].into_boxed_slice(),
@@ -60,11 +139,20 @@ impl EventSlot {
         }
     }
 
-    fn fill(&mut self, p: &Parts<'_>, strs: [&str; 4], seq: u64, heap: &mut Option<Box<[u8]>>) {
+    /// Writes an event into the slot. Runs inside the ring's claim, so it must not unwind: it
+    /// only copies into buffers already sized for `strs` (`inline` was checked by the caller,
+    /// `heap` was allocated for exactly these strings).
+    fn fill(
+        &mut self,
+        p: &Parts<'_>,
+        strs: [&str; 4],
+        seq: NonNull<CachePadded<SeqCell>>,
+        heap: &mut Option<Box<[u8]>>,
+    ) {
         self.kind = p.kind;
         self.flag = p.flag;
         self.num = p.num[0];
-        self.seq = seq;
+        self.seq = Some(seq);
         self.lens = strs.map(|s| s.len() as u32);
         match heap.take() {
             Some(buf) => self.heap = Some(buf),
@@ -72,12 +160,27 @@ impl EventSlot {
         }
     }
 
-    /// Rebuilds the event from the slot and hands it to `f` with (agent, session, seq). Frees a
-    /// large event's buffer afterwards and returns how many budget bytes it held.
+    /// Frees a large event's buffer without reading the event (shutdown past its deadline);
+    /// returns the budget bytes it held.
+    pub(crate) fn discard(&mut self) -> usize {
+        self.heap.take().map_or(0, |h| h.len())
+    }
+
+    /// Numbers the event (its emitter's next sequence number), rebuilds it from the slot and
+    /// hands it to `f` with (agent, session, seq). Frees a large event's buffer afterwards and
+    /// returns how many budget bytes it held. Only the ring's consumer may call this.
     pub(crate) fn read<R>(
         &mut self,
         f: impl FnOnce(Event<'_>, &str, &str, u64) -> R,
     ) -> (R, usize) {
+        // SAFETY: `fill` set the pointer from a live emitter's cell, and the cell outlives
+        // every slot its emitter filled until the consumer (us) has read them (`Lane::collect`
+        // frees it only once `head` is past the emitter's last position, and this slot's
+        // position is below that). Reading happens only on the consumer thread.
+        let seq = match self.seq {
+            Some(cell) => unsafe { cell.as_ref() }.take(),
+            None => 0,
+        };
         let heap = self.heap.take();
         let bytes: &[u8] = heap.as_deref().unwrap_or(&self.inline);
         let mut strs = [""; 4];
@@ -95,7 +198,7 @@ impl EventSlot {
             num: [self.num],
             flag: self.flag,
         };
-        let out = f(Event::from_parts(parts), strs[0], strs[1], self.seq);
+        let out = f(Event::from_parts(parts), strs[0], strs[1], seq);
         (out, heap.map_or(0, |h| h.len()))
     }
 }
@@ -109,10 +212,9 @@ fn copy_into(buf: &mut [u8], strs: [&str; 4]) {
 }
 
 /// Counters written by one emitter (and its clones) on `emit`: one cache line of its own.
+/// Queued events are not counted here: the rings' tails count them.
 #[derive(Default)]
 pub(crate) struct EmitterCounters {
-    /// Events queued (each took the next sequence number).
-    seq: AtomicU64,
     skipped: AtomicU64,
     dropped: AtomicU64,
     dropped_budget: AtomicU64,
@@ -122,7 +224,6 @@ pub(crate) struct EmitterCounters {
 
 impl EmitterCounters {
     fn add_to(&self, t: &mut Totals) {
-        t.seq += self.seq.load(Relaxed);
         t.skipped += self.skipped.load(Relaxed);
         t.dropped += self.dropped.load(Relaxed);
         t.dropped_budget += self.dropped_budget.load(Relaxed);
@@ -133,7 +234,6 @@ impl EmitterCounters {
 
 #[derive(Default, Clone, Copy)]
 struct Totals {
-    seq: u64,
     skipped: u64,
     dropped: u64,
     dropped_budget: u64,
@@ -177,13 +277,16 @@ impl Producers {
         }
     }
 
+    /// Takes `bytes` from the byte budget if they fit. A CAS loop, not add-then-undo: a
+    /// reservation that fails never shows in `budget_in_use`, so it cannot make a concurrent
+    /// one that fits fail too.
     fn reserve(&self, bytes: usize) -> bool {
-        let prev = self.budget_in_use.fetch_add(bytes, Relaxed);
-        if prev + bytes > self.budget {
-            self.budget_in_use.fetch_sub(bytes, Relaxed);
-            return false;
-        }
-        true
+        self.budget_in_use
+            .fetch_update(Relaxed, Relaxed, |used| {
+                used.checked_add(bytes)
+                    .filter(|&total| total <= self.budget)
+            })
+            .is_ok()
     }
 
     pub(crate) fn release(&self, bytes: usize) {
@@ -192,14 +295,14 @@ impl Producers {
         }
     }
 
-    /// Fills the producer-side fields of `stats`.
-    pub(crate) fn fill_stats(&self, stats: &mut Stats) {
+    /// Fills the producer-side fields of `stats`; `queued` is the rings' claims (their tails).
+    pub(crate) fn fill_stats(&self, stats: &mut Stats, queued: u64) {
         let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let mut t = reg.retired;
         reg.live.values().for_each(|c| c.add_to(&mut t));
         drop(reg);
-        stats.emitted = t.seq + t.dropped + t.skipped + t.dropped_budget + t.oversize;
-        stats.queued = t.seq;
+        stats.emitted = queued + t.dropped + t.skipped + t.dropped_budget + t.oversize;
+        stats.queued = queued;
         stats.dropped = t.dropped;
         stats.dropped_budget = t.dropped_budget;
         stats.oversize = t.oversize;
@@ -216,9 +319,9 @@ impl Producers {
 
 /// A handle agents emit events through, bound to one (agent, session) pair.
 ///
-/// `Clone + Send + Sync` and cheap to clone; clones share the sequence counter. Events from one
+/// `Clone + Send + Sync` and cheap to clone; clones share the sequence numbers. Events from one
 /// emitter reach every subscriber in the order their `emit` calls claimed ring slots (for one
-/// thread: program order).
+/// thread: program order), and `seq` counts up by one in that order, clones included.
 #[derive(Clone)]
 pub struct Emitter(Arc<EmitterInner>);
 
@@ -230,13 +333,16 @@ struct EmitterInner {
     agent: Box<str>,
     session: Box<str>,
     ring: Arc<Ring<EventSlot>>,
+    /// Numbered by the ring's worker; handed to the lane's graveyard on drop.
+    seq: Arc<CachePadded<SeqCell>>,
+    lane: Arc<Lane>,
     producers: Arc<Producers>,
 }
 
 impl Emitter {
     pub(crate) fn new(
         producers: Arc<Producers>,
-        ring: Arc<Ring<EventSlot>>,
+        lane: Arc<Lane>,
         agent: &str,
         session: &str,
     ) -> Emitter {
@@ -254,7 +360,9 @@ impl Emitter {
             id,
             agent: agent.into(),
             session: session.into(),
-            ring,
+            ring: lane.ring.clone(),
+            seq: Arc::default(),
+            lane,
             producers,
         }))
     }
@@ -286,17 +394,17 @@ impl Emitter {
                 None => return Emit::Dropped,
             };
         }
-        // The sequence number is taken only once a slot is ours: a dropped event costs no RMW
-        // for it, and `seq` counts exactly the queued events.
-        let seq = &e.counters.seq;
-        match e
-            .ring
-            .push(|slot| slot.fill(&p, strs, seq.fetch_add(1, Relaxed), &mut heap))
-        {
+        let seq = NonNull::from(&*e.seq);
+        match e.ring.push(|slot| slot.fill(&p, strs, seq, &mut heap)) {
             Ok(()) => Emit::Queued,
-            Err(_full) => {
+            Err(refused) => {
                 if heap.is_some() {
                     e.producers.release(total);
+                }
+                if refused == PushError::Closed {
+                    // Shut down after our interest check: nobody will deliver it.
+                    e.counters.skipped.fetch_add(1, Relaxed);
+                    return Emit::Skipped;
                 }
                 e.counters.dropped.fetch_add(1, Relaxed);
                 e.counters.dropped_bytes.fetch_add(total as u64, Relaxed);
@@ -340,6 +448,8 @@ impl Emitter {
 
 impl Drop for EmitterInner {
     fn drop(&mut self) {
+        // The lane keeps the cell until the worker has read this emitter's last event.
+        self.lane.bury(self.seq.clone());
         let mut reg = self
             .producers
             .registry
@@ -358,5 +468,219 @@ impl std::fmt::Debug for Emitter {
             .field("agent", &self.agent())
             .field("session", &self.session())
             .finish()
+    }
+}
+
+/// The emitter and its slots on their own, with a tiny ring and the test thread as consumer:
+/// small enough for Miri, which checks the raw `SeqCell` pointers, the unchecked UTF-8 and the
+/// slot handover for undefined behaviour and leaks (`.ci/run` runs `emitter::` under Miri).
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::event::EventMask;
+    use crate::ring::Consumer;
+
+    fn setup(
+        slots: usize,
+        inline: usize,
+        budget: usize,
+    ) -> (Arc<Producers>, Arc<Lane>, Consumer<EventSlot>) {
+        let interest = Interest::new(1);
+        interest.handle(0).set(EventMask::ALL);
+        let producers = Arc::new(Producers::new(interest, inline, 1 << 20, budget));
+        let (ring, consumer) = Ring::new(slots, || EventSlot::new(inline));
+        (producers, Arc::new(Lane::new(ring)), consumer)
+    }
+
+    /// Pops one event as the worker does: (tool or component, seq, budget bytes released).
+    fn pop(rx: &mut Consumer<EventSlot>) -> Option<(String, String, u64, usize)> {
+        rx.pop(|slot| {
+            slot.read(|event, agent, _session, seq| {
+                let field = match event {
+                    Event::ToolCall { tool, .. } => tool.to_string(),
+                    Event::Error { message, .. } => message.to_string(),
+                    other => format!("{:?}", other.kind()),
+                };
+                (agent.to_string(), field, seq)
+            })
+        })
+        .map(|((agent, field, seq), bytes)| (agent, field, seq, bytes))
+    }
+
+    #[test]
+    fn inline_and_large_events_round_trip_numbered_in_ring_order() {
+        let (producers, lane, mut rx) = setup(4, 16, 1 << 10);
+        let em = Emitter::new(producers.clone(), lane.clone(), "agent", "s");
+        let big = "x".repeat(100);
+        assert_eq!(
+            em.emit(Event::ToolCall {
+                tool: "t",
+                success: true,
+                output: "o"
+            }),
+            Emit::Queued
+        );
+        assert_eq!(
+            em.emit(Event::Error {
+                component: "c",
+                message: &big
+            }),
+            Emit::Queued
+        );
+        assert_eq!(producers.budget_in_use.load(Relaxed), 5 + 1 + 1 + 100);
+        assert_eq!(pop(&mut rx), Some(("agent".into(), "t".into(), 0, 0)));
+        let (_, message, seq, bytes) = pop(&mut rx).unwrap();
+        assert_eq!((message, seq, bytes), (big, 1, 107));
+        producers.release(bytes);
+        assert_eq!(producers.budget_in_use.load(Relaxed), 0);
+        assert_eq!(pop(&mut rx), None);
+    }
+
+    #[test]
+    fn a_dropped_emitter_keeps_its_cell_until_its_last_event_is_read() {
+        let (producers, lane, mut rx) = setup(4, 64, 1 << 10);
+        let em = Emitter::new(producers.clone(), lane.clone(), "gone", "s");
+        let clone = em.clone();
+        for _ in 0..3 {
+            assert_eq!(clone.emit(Event::TurnComplete), Emit::Queued);
+        }
+        drop(em);
+        drop(clone); // the last clone: its cell goes to the graveyard, its events stay
+        assert!(lane.has_graves.load(Relaxed));
+        // The consumer reads through the buried cell (Miri: no use after free) ...
+        for want in 0..3 {
+            assert_eq!(pop(&mut rx).map(|e| e.2), Some(want));
+            lane.collect(rx.head());
+        }
+        // ... and the cell is freed once its last event is read (Miri: no leak).
+        assert!(!lane.has_graves.load(Relaxed));
+        assert!(lane.graves.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_cell_is_not_freed_while_an_older_emitters_events_are_still_ahead() {
+        let (producers, lane, mut rx) = setup(8, 64, 1 << 10);
+        let first = Emitter::new(producers.clone(), lane.clone(), "first", "s");
+        let second = Emitter::new(producers.clone(), lane.clone(), "second", "s");
+        first.emit(Event::TurnComplete);
+        second.emit(Event::TurnComplete);
+        second.emit(Event::TurnComplete);
+        drop(second);
+        lane.collect(rx.head()); // nothing read yet: the cell must stay
+        assert_eq!(lane.graves.lock().unwrap().len(), 1);
+        assert_eq!(pop(&mut rx).map(|e| (e.0, e.2)), Some(("first".into(), 0)));
+        lane.collect(rx.head());
+        assert_eq!(lane.graves.lock().unwrap().len(), 1);
+        assert_eq!(pop(&mut rx).map(|e| (e.0, e.2)), Some(("second".into(), 0)));
+        assert_eq!(pop(&mut rx).map(|e| (e.0, e.2)), Some(("second".into(), 1)));
+        lane.collect(rx.head());
+        assert!(lane.graves.lock().unwrap().is_empty());
+        drop(first);
+    }
+
+    #[test]
+    fn clones_on_two_threads_are_numbered_in_delivery_order() {
+        let per = if cfg!(miri) { 20 } else { 20_000 };
+        let (producers, lane, mut rx) = setup(4, 64, 1 << 10);
+        let em = Emitter::new(producers, lane, "a", "s");
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let em = em.clone();
+                std::thread::spawn(move || {
+                    let tool = if t == 0 { "zero" } else { "one" };
+                    let mut sent = 0;
+                    while sent < per {
+                        if em.emit(Event::ToolCall {
+                            tool,
+                            success: true,
+                            output: "",
+                        }) == Emit::Queued
+                        {
+                            sent += 1;
+                        } else {
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut next = 0;
+        while next < 2 * per {
+            match pop(&mut rx) {
+                Some((_, _, seq, _)) => {
+                    assert_eq!(seq, next, "numbered out of delivery order");
+                    next += 1;
+                }
+                None => std::thread::yield_now(),
+            }
+        }
+        threads.into_iter().for_each(|t| t.join().unwrap());
+    }
+
+    #[test]
+    fn a_closed_ring_skips_and_counts_and_frees_a_large_events_budget() {
+        let (producers, lane, _rx) = setup(4, 8, 1 << 10);
+        let em = Emitter::new(producers.clone(), lane.clone(), "agent", "s");
+        lane.ring.close();
+        assert_eq!(em.emit(Event::TurnComplete), Emit::Skipped);
+        assert_eq!(
+            em.emit(Event::Error {
+                component: "c",
+                message: "large enough"
+            }),
+            Emit::Skipped
+        );
+        assert_eq!(producers.budget_in_use.load(Relaxed), 0);
+        let mut stats = Stats::default();
+        producers.fill_stats(&mut stats, lane.ring.claimed() as u64);
+        assert_eq!((stats.emitted, stats.skipped, stats.queued), (2, 2, 0));
+    }
+}
+
+/// loom: the real emitter's `seq` assignment with two clones racing on one ring, and the
+/// consumer numbering at pop time, in every interleaving.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::event::EventMask;
+
+    #[test]
+    fn clones_racing_get_seq_in_delivery_order() {
+        loom::model(|| {
+            let interest = Interest::new(1);
+            interest.handle(0).set(EventMask::ALL);
+            let producers = Arc::new(Producers::new(interest, 32, 1 << 10, 1 << 10));
+            let (ring, mut rx) = Ring::new(4, || EventSlot::new(32));
+            let lane = Arc::new(Lane::new(ring));
+            let em = Emitter::new(producers, lane.clone(), "a", "s");
+            let threads: Vec<_> = ["x", "y"]
+                .into_iter()
+                .map(|tool| {
+                    let em = em.clone();
+                    loom::thread::spawn(move || {
+                        for _ in 0..2 {
+                            assert_eq!(
+                                em.emit(Event::ToolCall {
+                                    tool,
+                                    success: true,
+                                    output: ""
+                                }),
+                                Emit::Queued
+                            );
+                        }
+                    })
+                })
+                .collect();
+            drop(em);
+            let mut seqs = Vec::new();
+            let mut read = |rx: &mut crate::ring::Consumer<EventSlot>, seqs: &mut Vec<u64>| {
+                while let Some(((), _)) = rx.pop(|slot| slot.read(|_, _, _, seq| seqs.push(seq))) {}
+            };
+            read(&mut rx, &mut seqs);
+            threads.into_iter().for_each(|t| t.join().unwrap());
+            read(&mut rx, &mut seqs);
+            lane.collect(rx.head());
+            assert_eq!(seqs, [0, 1, 2, 3], "seq must follow delivery order");
+        });
     }
 }

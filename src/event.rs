@@ -2,7 +2,7 @@
 //!
 //! An [`Event`] borrows its strings from the caller: `emit` copies them into a ring slot and the
 //! worker writes the payload JSON exactly once ([`Event::write_json`]), which every sink then
-//! shares. The payload fields are PRX's, exactly (DESIGN.md §2); metadata (agent, session, seq,
+//! shares. The payload fields are PRX's, exactly (ARCHITECTURE.md § Events); metadata (agent, session, seq,
 //! timestamp) travels beside the payload, never inside it.
 
 use crate::json;

@@ -1,7 +1,7 @@
 //! Small, allocation-free JSON primitives for the hot path.
 //!
 //! Every payload is written by hand into a reused buffer (see [`crate::event`]): that is faster
-//! than any serializer we measured (DESIGN.md §11) and lets us embed `tool_call_start.arguments`
+//! than any serializer we measured (ARCHITECTURE.md § Performance targets) and lets us embed `tool_call_start.arguments`
 //! verbatim. Two things live here:
 //!
 //! * [`write_str`]: a JSON string literal, escaped per RFC 8259 — `"` and `\` escaped, control

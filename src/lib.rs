@@ -27,7 +27,7 @@
 //! [`shell`] (running hooks), [`wasm`] (plugin manifests; with feature `wasm` the plugin host),
 //! [`ndjson`] (the `run` input format), `http` (with feature `http`: the management API over
 //! [`config::HooksEditor`], run history and stats). Every guarantee is written down in
-//! DESIGN.md §1.
+//! ARCHITECTURE.md § Data flow.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -60,7 +60,7 @@ pub mod wasm;
 pub use bus::{Bus, BusError, Message, Subscription};
 pub use emitter::{Emit, Emitter};
 pub use event::{Event, EventKind, EventMask};
-pub use pipeline::{InterestHandle, Sink};
+pub use pipeline::{InterestHandle, SHUTDOWN_SLACK, Sink};
 pub use stats::Stats;
 
 use bus::Bus as BusSink;
@@ -397,9 +397,9 @@ impl Hooks {
     /// robin; an emitter and its clones always use the same one (that is what keeps their
     /// events in order).
     pub fn emitter(&self, agent: &str, session: &str) -> Emitter {
-        let rings = self.pipeline.rings();
-        let ring = rings[self.next_ring.fetch_add(1, Ordering::Relaxed) % rings.len()].clone();
-        Emitter::new(self.producers.clone(), ring, agent, session)
+        let lanes = self.pipeline.lanes();
+        let lane = lanes[self.next_ring.fetch_add(1, Ordering::Relaxed) % lanes.len()].clone();
+        Emitter::new(self.producers.clone(), lane, agent, session)
     }
 
     /// The in-process event bus.
@@ -414,24 +414,27 @@ impl Hooks {
     /// Events in the rings that the workers have not processed yet (cheap: two loads per ring).
     /// A producer that must not lose events, such as a file replay, can pace itself on it.
     pub fn pending(&self) -> usize {
-        self.pipeline.rings().iter().map(|r| r.len()).sum()
+        self.pipeline.rings().map(|r| r.len()).sum()
     }
 
     /// Ring slots, all rings together.
     pub fn capacity(&self) -> usize {
-        self.pipeline.rings().iter().map(|r| r.capacity()).sum()
+        self.pipeline.rings().map(|r| r.capacity()).sum()
     }
 
     /// A snapshot of every counter.
     pub fn stats(&self) -> Stats {
         let mut stats = Stats::default();
-        self.producers.fill_stats(&mut stats);
+        // Read the consumer side first: a counter read later can only be larger, so
+        // `processed + dropped_shutdown <= queued` holds in every snapshot.
         stats.processed = self.pipeline.processed();
+        stats.dropped_shutdown = self.pipeline.dropped_shutdown();
+        stats.ring.depth = self.pipeline.rings().map(|r| r.len() as u64).sum();
+        let queued = self.pipeline.rings().map(|r| r.claimed() as u64).sum();
+        self.producers.fill_stats(&mut stats, queued);
         stats.sink_panics = self.pipeline.sink_panics();
-        let rings = self.pipeline.rings();
-        stats.ring.shards = rings.len() as u64;
-        stats.ring.depth = rings.iter().map(|r| r.len() as u64).sum();
-        stats.ring.capacity = rings.iter().map(|r| r.capacity() as u64).sum();
+        stats.ring.shards = self.pipeline.lanes().len() as u64;
+        stats.ring.capacity = self.pipeline.rings().map(|r| r.capacity() as u64).sum();
         stats.ring.inline_bytes = stats.ring.capacity * self.producers.inline_bytes() as u64;
         stats.sinks = self
             .pipeline
@@ -443,16 +446,19 @@ impl Hooks {
             })
             .collect();
         stats.subscribers = self.bus.subscribers();
-        stats.config = match &*self.config.lock().unwrap_or_else(|e| e.into_inner()) {
+        // The backends' sections, in the order the JSON has always had them.
+        let config = match &*self.config.lock().unwrap_or_else(|e| e.into_inner()) {
             ConfigState::Live(watcher) => Some(watcher.stats()),
             ConfigState::Stopped(stats, _) => Some(stats.clone()),
             ConfigState::Absent => None,
         };
-        stats.shell = self.shell.as_ref().map(|s| s.stats());
+        stats.set_section(config::CONFIG_SECTION, config);
+        stats.set_section(shell::SHELL_SECTION, self.shell.as_ref().map(|s| s.stats()));
         #[cfg(feature = "wasm")]
-        {
-            stats.plugins = self.plugins.as_ref().map(|p| p.stats());
-        }
+        let plugins = self.plugins.as_ref().map(|p| p.stats());
+        #[cfg(not(feature = "wasm"))]
+        let plugins: Option<wasm::PluginsStats> = None;
+        stats.set_section(wasm::STATS_SECTION, plugins);
         stats
     }
 
@@ -497,10 +503,12 @@ impl Hooks {
 
     /// Whether [`Hooks::shutdown`] has begun.
     pub fn is_shut_down(&self) -> bool {
-        matches!(
-            &*self.config.lock().unwrap_or_else(|e| e.into_inner()),
-            ConfigState::Stopped(..)
-        ) || self.bus.is_closed()
+        self.pipeline.rings().any(|r| r.is_closed())
+            || matches!(
+                &*self.config.lock().unwrap_or_else(|e| e.into_inner()),
+                ConfigState::Stopped(..)
+            )
+            || self.bus.is_closed()
     }
 
     /// Re-reads hooks.json and rescans the plugins now (what `prx-hooks run` does on SIGHUP).

@@ -12,9 +12,25 @@
 //! A worker only serializes and hands off. Sinks must not block in [`Sink::deliver`]: the bus
 //! does a `try_send` per subscriber, the shell and WASM backends enqueue onto their own threads.
 //! A panic inside a sink is caught, logged and counted against it; it never stops the worker.
+//!
+//! # Shutdown
+//!
+//! [`Pipeline::shutdown`] is the handshake of ARCHITECTURE.md § Shutdown:
+//!
+//! 1. close intake: the interest mask goes to zero (later `emit`s are `Skipped` on their first
+//!    load) and every ring is closed (an `emit` that passed the interest check before that fails
+//!    its claim and is `Skipped` too — see `ring` § Closing);
+//! 2. each worker drains its ring up to the tail the close returned, waiting for claims still
+//!    being written, and looks at the deadline before every event; what the deadline leaves is
+//!    counted as `dropped_shutdown`, never kept;
+//! 3. every sink's [`Sink::shutdown`] runs, all at once on threads of their own, with the same
+//!    absolute deadline.
+//!
+//! After `shutdown` returns, every `emit` that returned `Queued` was handed to the sinks or
+//! counted in `dropped_shutdown`: `queued == processed + dropped_shutdown`.
 
 use crate::bus::{Message, Meta};
-use crate::emitter::{EventSlot, Producers};
+use crate::emitter::{EventSlot, Lane, Producers};
 use crate::event::{EventKind, EventMask};
 use crate::ring::{Consumer, Ring};
 use crate::stats::SinkCounts;
@@ -48,12 +64,31 @@ pub trait Sink: Send + Sync {
     /// This sink's counters; `sent = delivered + dropped + failed + in_flight` must hold.
     fn counts(&self) -> SinkCounts;
 
-    /// Finishes queued work, stopping what still runs at `deadline`. Called once, after the
-    /// workers have stopped.
+    /// Finishes queued work, stopping what still runs at `deadline` — the contract every sink
+    /// keeps (ARCHITECTURE.md § Shutdown):
+    ///
+    /// * It is called once, after the workers have stopped: no `deliver` follows it. Every
+    ///   sink's `shutdown` runs at the same time as the others', on a thread of its own, with
+    ///   the same absolute deadline.
+    /// * Until the deadline the sink finishes what it can. At the deadline it stops everything
+    ///   still running (processes killed and reaped, guest calls interrupted), counts each job
+    ///   still queued as dropped (reason `shutdown`) and each job stopped while running as
+    ///   failed, removes its temporary files and joins its threads.
+    /// * It returns by `deadline + SHUTDOWN_SLACK` whatever its hooks or guests do (ignore
+    ///   SIGTERM, hold pipes open, loop, sleep in a host call), and keeps no thread or child
+    ///   alive afterwards.
+    /// * Afterwards [`Sink::counts`] has `in_flight == 0`, so `sent == delivered + dropped +
+    ///   failed`.
     fn shutdown(&self, deadline: Instant) {
         let _ = deadline;
     }
 }
+
+/// How far past its deadline a sink's [`Sink::shutdown`] (and so [`Hooks::shutdown`]) may
+/// return: killing and reaping what is left, joining threads, removing files.
+///
+/// [`Hooks::shutdown`]: crate::Hooks::shutdown
+pub const SHUTDOWN_SLACK: Duration = Duration::from_millis(250);
 
 /// Which events anyone listens to. `emit` reads `combined` (one relaxed load); each sink owns
 /// one part and updates it through its [`InterestHandle`] when its configuration changes.
@@ -124,17 +159,20 @@ pub(crate) struct WorkerConfig {
 }
 
 struct Control {
+    /// Set (release) after `deadline`, once every ring is closed.
     stop: AtomicBool,
     deadline: Mutex<Option<Instant>>,
     /// Events each worker has processed; written only by that worker.
     processed: Box<[CachePadded<AtomicU64>]>,
+    /// Queued events the shutdown deadline left unprocessed.
+    dropped_shutdown: AtomicU64,
     /// Panics caught inside `Sink::deliver`.
     sink_panics: AtomicU64,
 }
 
 /// The rings, their workers and the sinks they feed.
 pub(crate) struct Pipeline {
-    rings: Vec<Arc<Ring<EventSlot>>>,
+    lanes: Vec<Arc<Lane>>,
     sinks: Arc<[Arc<dyn Sink>]>,
     producers: Arc<Producers>,
     control: Arc<Control>,
@@ -158,22 +196,25 @@ impl Pipeline {
             processed: (0..workers)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
+            dropped_shutdown: AtomicU64::new(0),
             sink_panics: AtomicU64::new(0),
         });
-        let mut rings = Vec::with_capacity(workers);
+        let mut lanes = Vec::with_capacity(workers);
         let mut handles = Vec::with_capacity(workers);
         for index in 0..workers {
             let inline = producers.inline_bytes();
             let (ring, consumer) = Ring::new(slots_per_ring, || EventSlot::new(inline));
-            rings.push(ring);
+            let lane = Arc::new(Lane::new(ring));
+            lanes.push(lane.clone());
             let worker = Worker {
                 index,
+                lane,
                 consumer,
                 sinks: sinks.clone(),
                 producers: producers.clone(),
                 control: control.clone(),
                 config,
-                scratch: Vec::with_capacity(4096),
+                scratch: Vec::with_capacity(SCRATCH_INITIAL),
                 recycle: std::collections::VecDeque::with_capacity(1024),
                 batch: Vec::with_capacity(BATCH),
             };
@@ -184,6 +225,11 @@ impl Pipeline {
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     // Stop the ones already running before reporting.
+                    *control.deadline.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(Instant::now());
+                    for lane in &lanes {
+                        lane.ring.close();
+                    }
                     control.stop.store(true, Ordering::Release);
                     handles.into_iter().for_each(|h| {
                         h.thread().unpark();
@@ -194,7 +240,7 @@ impl Pipeline {
             }
         }
         Ok(Pipeline {
-            rings,
+            lanes,
             sinks,
             producers,
             control,
@@ -202,8 +248,12 @@ impl Pipeline {
         })
     }
 
-    pub(crate) fn rings(&self) -> &[Arc<Ring<EventSlot>>] {
-        &self.rings
+    pub(crate) fn lanes(&self) -> &[Arc<Lane>] {
+        &self.lanes
+    }
+
+    pub(crate) fn rings(&self) -> impl Iterator<Item = &Ring<EventSlot>> {
+        self.lanes.iter().map(|l| &*l.ring)
     }
 
     pub(crate) fn sinks(&self) -> &[Arc<dyn Sink>] {
@@ -222,9 +272,13 @@ impl Pipeline {
         self.control.sink_panics.load(Ordering::Relaxed)
     }
 
-    /// Drains the rings until they are empty or `timeout` has passed, stops the workers, then
-    /// shuts the sinks down with what is left of the deadline. Idempotent; a concurrent second
-    /// call waits for the first to finish.
+    pub(crate) fn dropped_shutdown(&self) -> u64 {
+        self.control.dropped_shutdown.load(Ordering::Relaxed)
+    }
+
+    /// The shutdown handshake (module docs § Shutdown): closes intake, lets the workers drain
+    /// until `timeout` has passed, then shuts every sink down at once with the same deadline.
+    /// Idempotent; a concurrent second call waits for the first to finish.
     pub(crate) fn shutdown(&self, timeout: Duration) {
         let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
         let Some(handles) = workers.take() else {
@@ -236,6 +290,12 @@ impl Pipeline {
             .deadline
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(deadline);
+        // 1. Intake: nothing claims a slot after this (ring § Closing).
+        self.producers.interest.close();
+        for lane in &self.lanes {
+            lane.ring.close();
+        }
+        // 2. The workers drain what was claimed, up to the deadline.
         self.control.stop.store(true, Ordering::Release);
         for h in handles {
             h.thread().unpark();
@@ -243,15 +303,25 @@ impl Pipeline {
                 tracing::error!("a pipeline worker panicked outside a sink");
             }
         }
-        self.producers.interest.close();
-        for sink in self.sinks.iter() {
-            sink.shutdown(deadline);
-        }
+        // 3. The sinks, all at once: one sink using its whole deadline must not leave the
+        // others none.
+        std::thread::scope(|scope| {
+            for sink in self.sinks.iter() {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("prx-hooks-stop-{}", sink.name()))
+                    .spawn_scoped(scope, || sink.shutdown(deadline));
+                if spawned.is_err() {
+                    // No thread to be had: do it here, in turn.
+                    sink.shutdown(deadline);
+                }
+            }
+        });
     }
 }
 
 struct Worker {
     index: usize,
+    lane: Arc<Lane>,
     consumer: Consumer<EventSlot>,
     sinks: Arc<[Arc<dyn Sink>]>,
     producers: Arc<Producers>,
@@ -272,6 +342,12 @@ pub const BATCH: usize = 64;
 /// Lagging further costs allocations, never correctness.
 const RECYCLE: usize = 16_384;
 
+/// The worker's serialization buffer starts at this size and, after a batch that grew it past
+/// [`SCRATCH_KEEP`], goes back to it: one burst of large events costs a reallocation, not its
+/// memory for good.
+const SCRATCH_INITIAL: usize = 4096;
+const SCRATCH_KEEP: usize = 64 << 10;
+
 /// Empty polls spent spinning, then yielding, before the worker parks for one idle tick. Kept
 /// short (a few microseconds of spinning): on a small machine a spinning worker takes the core
 /// from the threads that would give it work; yielding hands the core over instead.
@@ -282,12 +358,13 @@ impl Worker {
     fn run(mut self) {
         let mut idle = 0u32;
         loop {
+            if self.control.stop.load(Ordering::Acquire) {
+                self.finish();
+                return;
+            }
             if self.drain_some() {
                 idle = 0;
                 continue;
-            }
-            if self.control.stop.load(Ordering::Acquire) && self.may_stop() {
-                return;
             }
             idle = idle.saturating_add(1);
             if idle <= SPIN_POLLS {
@@ -302,51 +379,105 @@ impl Worker {
         }
     }
 
-    /// Stopping: the ring is empty, or the deadline has passed.
-    fn may_stop(&self) -> bool {
-        let deadline = *self
-            .control
-            .deadline
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        self.consumer.ring().len() == 0 || deadline.is_none_or(|d| Instant::now() >= d)
-    }
-
     /// Processes up to a batch of events; whether there were any.
     fn drain_some(&mut self) -> bool {
         let mut kinds = EventMask::NONE;
         while self.batch.len() < BATCH {
             let (scratch, recycle) = (&mut self.scratch, &mut self.recycle);
-            let popped = self.consumer.pop(|slot| {
-                slot.read(|event, agent, session, seq| {
-                    scratch.clear();
-                    event.write_json(scratch);
-                    // The writer emits ASCII and copies of `&str` input only.
-                    let json = std::str::from_utf8(scratch).unwrap_or("{}");
-                    let meta = Meta {
-                        kind: Some(event.kind()),
-                        seq,
-                        timestamp: SystemTime::now(),
-                        depth: 0,
-                    };
-                    build_message(recycle, json, agent, session, meta)
-                })
-            });
-            let Some((msg, budget_bytes)) = popped else {
+            let Some((msg, budget_bytes)) =
+                self.consumer.pop(|slot| read_slot(slot, scratch, recycle))
+            else {
                 break;
             };
             self.producers.release(budget_bytes);
             kinds |= msg.event().map_or(EventMask::NONE, EventKind::mask);
             self.batch.push(msg);
         }
+        self.hand_over(kinds)
+    }
+
+    /// Shutdown (module docs § Shutdown): the ring is closed; drains it up to its final tail,
+    /// waiting for claims still being written and looking at the deadline before every event,
+    /// then counts what the deadline left as `dropped_shutdown`.
+    fn finish(&mut self) {
+        let deadline = self
+            .control
+            .deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(Instant::now);
+        // Already closed by `Pipeline::shutdown`; closing again returns the same final tail.
+        let end = self.lane.ring.close();
+        let mut late = false;
+        loop {
+            let head = self.consumer.head();
+            let left = end.wrapping_sub(head);
+            if left == 0 {
+                break;
+            }
+            let batch_end = head.wrapping_add(left.min(BATCH));
+            let mut kinds = EventMask::NONE;
+            let mut released = 0;
+            let (scratch, recycle, batch) = (&mut self.scratch, &mut self.recycle, &mut self.batch);
+            self.consumer.drain_closed(
+                batch_end,
+                |slot| {
+                    let (msg, budget_bytes) = read_slot(slot, scratch, recycle);
+                    released += budget_bytes;
+                    kinds |= msg.event().map_or(EventMask::NONE, EventKind::mask);
+                    batch.push(msg);
+                },
+                || {
+                    late = late || Instant::now() >= deadline;
+                    late
+                },
+            );
+            self.producers.release(released);
+            self.hand_over(kinds);
+            if late {
+                break;
+            }
+        }
+        if late {
+            self.abandon(end);
+        }
+        self.lane.collect(self.consumer.head());
+    }
+
+    /// Past the deadline: frees what is published without delivering it, and counts every
+    /// position left below `end` — published or still being written — as `dropped_shutdown`.
+    fn abandon(&mut self, end: usize) {
+        let first = self.consumer.head();
+        let mut released = 0;
+        while self.consumer.head() != end {
+            match self.consumer.pop(EventSlot::discard) {
+                Some(bytes) => released += bytes,
+                // Still being written: its producer gets `Queued`, and it is counted below
+                // with the rest.
+                None => break,
+            }
+        }
+        self.producers.release(released);
+        self.control
+            .dropped_shutdown
+            .fetch_add(end.wrapping_sub(first) as u64, Ordering::Relaxed);
+    }
+
+    /// Hands the batch to the sinks and counts it; whether there was anything.
+    fn hand_over(&mut self, kinds: EventMask) -> bool {
         let n = self.batch.len() as u64;
         if n == 0 {
             return false;
         }
         self.fan_out(kinds);
         self.batch.clear();
+        if self.scratch.capacity() > SCRATCH_KEEP {
+            // A burst of large events must not keep its memory for good.
+            self.scratch = Vec::with_capacity(SCRATCH_INITIAL);
+        }
         let processed = &self.control.processed[self.index];
         processed.store(processed.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        self.lane.collect(self.consumer.head());
         true
     }
 
@@ -367,6 +498,28 @@ impl Worker {
             }
         }
     }
+}
+
+/// Numbers, serializes and wraps the event in `slot` (see `build_message`); also returns the
+/// budget bytes the slot held.
+fn read_slot(
+    slot: &mut EventSlot,
+    scratch: &mut Vec<u8>,
+    recycle: &mut std::collections::VecDeque<Message>,
+) -> (Message, usize) {
+    slot.read(|event, agent, session, seq| {
+        scratch.clear();
+        event.write_json(scratch);
+        // The writer emits ASCII and copies of `&str` input only.
+        let json = std::str::from_utf8(scratch).unwrap_or("{}");
+        let meta = Meta {
+            kind: Some(event.kind()),
+            seq,
+            timestamp: SystemTime::now(),
+            depth: 0,
+        };
+        build_message(recycle, json, agent, session, meta)
+    })
 }
 
 /// A message for this event, reusing the oldest one this worker built if every other holder
@@ -396,4 +549,110 @@ fn build_message(
     let msg = Message::new(json, agent, session, "", meta);
     recycle.push_back(msg.clone());
     msg
+}
+
+/// The whole handshake on real threads with a tiny ring: small enough for Miri (`.ci/run` runs
+/// `pipeline::` under it), which checks the slot handover between producers, the worker's
+/// drain and the shutdown for data races and leaks.
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::bus::Bus;
+    use crate::emitter::Emitter;
+    use crate::event::Event;
+    use crate::{Emit, Stats};
+
+    #[test]
+    fn shutdown_racing_two_emitting_threads_strands_nothing() {
+        let per = if cfg!(miri) { 40 } else { 20_000 };
+        let interest = Interest::new(1);
+        let bus = Bus::new(interest.handle(0), 1 << 16, 1 << 10);
+        let producers = Arc::new(Producers::new(interest, 32, 1 << 10, 1 << 12));
+        let sub = bus.subscribe("*").unwrap();
+        let pipeline = Pipeline::start(
+            1,
+            8,
+            producers.clone(),
+            vec![Arc::new(bus.clone())],
+            WorkerConfig {
+                idle_tick: Duration::from_micros(100),
+            },
+        )
+        .unwrap();
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let em = Emitter::new(producers.clone(), pipeline.lanes()[0].clone(), "a", "s");
+                std::thread::spawn(move || {
+                    let big = "b".repeat(40); // above the 32 inline bytes: budget and heap
+                    let mut queued = 0u64;
+                    for i in 0..per {
+                        let event = if (i + t) % 3 == 0 {
+                            Event::Error {
+                                component: "c",
+                                message: &big,
+                            }
+                        } else {
+                            Event::TurnComplete
+                        };
+                        if em.emit(event) == Emit::Queued {
+                            queued += 1;
+                        }
+                    }
+                    queued
+                })
+            })
+            .collect();
+        std::thread::yield_now();
+        pipeline.shutdown(Duration::from_secs(10));
+        let queued: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        let claimed: u64 = pipeline.rings().map(|r| r.claimed() as u64).sum();
+        assert_eq!(claimed, queued);
+        assert_eq!(pipeline.processed() + pipeline.dropped_shutdown(), queued);
+        assert_eq!(
+            pipeline.dropped_shutdown(),
+            0,
+            "10 s is plenty for a few events"
+        );
+        assert_eq!(sub.try_iter().count() as u64, queued);
+        let mut stats = Stats::default();
+        producers.fill_stats(&mut stats, claimed);
+        assert_eq!(
+            stats.ring.budget_in_use, 0,
+            "every large event's bytes returned"
+        );
+    }
+
+    #[test]
+    fn past_the_deadline_what_is_left_is_counted_not_kept() {
+        let interest = Interest::new(1);
+        let bus = Bus::new(interest.handle(0), 1 << 16, 1 << 10);
+        let producers = Arc::new(Producers::new(interest, 32, 1 << 10, 1 << 12));
+        let _sub = bus.subscribe("*").unwrap();
+        let pipeline = Pipeline::start(
+            1,
+            16,
+            producers.clone(),
+            vec![Arc::new(bus)],
+            WorkerConfig {
+                idle_tick: Duration::from_micros(100),
+            },
+        )
+        .unwrap();
+        let em = Emitter::new(producers.clone(), pipeline.lanes()[0].clone(), "a", "s");
+        let mut queued = 0;
+        while queued < 16 && em.emit(Event::TurnComplete) == Emit::Queued {
+            queued += 1;
+        }
+        // A deadline already past: the worker may still be mid-batch, but whatever it has not
+        // handed over is counted.
+        pipeline.shutdown(Duration::ZERO);
+        assert_eq!(
+            pipeline.processed() + pipeline.dropped_shutdown(),
+            queued,
+            "processed {} + dropped_shutdown {} != queued {queued}",
+            pipeline.processed(),
+            pipeline.dropped_shutdown()
+        );
+        assert_eq!(em.emit(Event::TurnComplete), Emit::Skipped);
+    }
 }

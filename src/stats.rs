@@ -18,7 +18,9 @@
 //! and the identity above holds exactly even while events flow.
 
 use serde::Serialize;
-use std::sync::Mutex;
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Mutex};
 
 /// A point-in-time view of the whole pipeline. Serializes to JSON (it is what `prx-hooks run`
 /// prints at exit and what the HTTP API will serve).
@@ -41,6 +43,10 @@ pub struct Stats {
     pub skipped: u64,
     /// Events the workers have taken from the ring and handed to the sinks.
     pub processed: u64,
+    /// Queued events that shutdown's deadline left undelivered: still in a ring when the
+    /// deadline passed, counted here instead of being handed to the sinks. After shutdown,
+    /// `queued = processed + dropped_shutdown` (before it, the rest is `ring.depth`).
+    pub dropped_shutdown: u64,
     /// Panics caught inside a sink (each one is also logged).
     pub sink_panics: u64,
     pub ring: RingStats,
@@ -48,14 +54,95 @@ pub struct Stats {
     pub sinks: Vec<SinkStats>,
     /// One entry per live bus subscription.
     pub subscribers: Vec<SubscriberStats>,
-    /// hooks.json: reloads, errors (with the last error's text), the active table's size.
-    /// `None` without a workspace.
-    pub config: Option<crate::config::ConfigStats>,
-    /// Shell hooks, per hook id: outcomes, queue and running counts. `None` without a workspace.
-    pub shell: Option<crate::shell::ShellStats>,
-    /// WASM plugins: per plugin its state and call outcomes; load errors. `None` without a
-    /// workspace or without the `wasm` feature.
-    pub plugins: Option<PluginsStats>,
+    /// The backends' own sections (`config`, `shell`, `plugins`), serialized under their names
+    /// after the fields above and read back typed with [`Stats::section`] (or the backends'
+    /// accessors: `stats.shell()`, `stats.plugins()`, `stats.config()`). The core does not know
+    /// their types: arrows point into it, never out of it.
+    #[serde(flatten)]
+    sections: Sections,
+}
+
+impl Stats {
+    /// Adds (or replaces) a backend's section. `None` still writes the key (as `null`), so the
+    /// JSON keeps the same keys whether or not the backend runs.
+    pub fn set_section<T: Section>(&mut self, name: &'static str, section: Option<T>) {
+        let section = section.map(|s| Arc::new(s) as Arc<dyn Section>);
+        match self.sections.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = section,
+            None => self.sections.0.push((name, section)),
+        }
+    }
+
+    /// A backend's section, typed; `None` when it is absent or of another type.
+    pub fn section<T: Section>(&self, name: &str) -> Option<&T> {
+        let (_, section) = self.sections.0.iter().find(|(n, _)| *n == name)?;
+        let any: &dyn Any = section.as_deref()?;
+        any.downcast_ref()
+    }
+
+    /// The names of the sections present, in serialization order.
+    pub fn section_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.sections.0.iter().map(|(n, _)| *n)
+    }
+}
+
+/// A backend's part of [`Stats`]: any serializable, comparable snapshot type. Implemented for
+/// every type that qualifies; backends do not implement it by hand.
+pub trait Section: Any + fmt::Debug + Send + Sync {
+    /// The section as JSON (what `/api/stats` and `run`'s exit line show under its name).
+    fn to_json(&self) -> serde_json::Value;
+    /// Equality across the type erasure (snapshots compare equal when their sections do).
+    fn eq_section(&self, other: &dyn Section) -> bool;
+}
+
+impl<T: Serialize + PartialEq + fmt::Debug + Send + Sync + 'static> Section for T {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn eq_section(&self, other: &dyn Section) -> bool {
+        let other: &dyn Any = other;
+        other.downcast_ref::<T>() == Some(self)
+    }
+}
+
+/// The sections of a snapshot, in the order they were added.
+#[derive(Clone, Default)]
+struct Sections(Vec<(&'static str, Option<Arc<dyn Section>>)>);
+
+impl fmt::Debug for Sections {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(n, s)| (n, s)))
+            .finish()
+    }
+}
+
+impl PartialEq for Sections {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len()
+            && self.0.iter().zip(&other.0).all(|((na, a), (nb, b))| {
+                na == nb
+                    && match (a, b) {
+                        (Some(a), Some(b)) => a.eq_section(&**b),
+                        (None, None) => true,
+                        _ => false,
+                    }
+            })
+    }
+}
+
+impl Eq for Sections {}
+
+impl Serialize for Sections {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, section) in &self.0 {
+            map.serialize_entry(name, &section.as_ref().map(|s| s.to_json()))?;
+        }
+        map.end()
+    }
 }
 
 /// The ring(s) between `emit` and the workers.
@@ -131,81 +218,4 @@ impl SinkCounters {
     pub fn get(&self) -> SinkCounts {
         *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// The WASM plugin backend.
-#[non_exhaustive]
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PluginsStats {
-    /// Loaded plugins, by name.
-    pub plugins: Vec<PluginStats>,
-    /// Problems of the last load (`FILE:LINE:COL: key: reason`, or a compile error); a plugin
-    /// whose new version fails keeps its old version running.
-    pub errors: Vec<String>,
-    /// Loads after the first that started or stopped a plugin (a plugin directory was added,
-    /// changed or removed).
-    pub reloads: u64,
-    /// Components compiled, and loaded from the on-disk cache instead.
-    pub compiled: u64,
-    pub cache_hits: u64,
-    /// Component instances the engine's pooling allocator holds (0: no engine yet).
-    pub pool_instances: u64,
-    /// The pool's largest linear memory, MiB.
-    pub pool_max_memory_mb: u64,
-}
-
-/// One loaded plugin.
-#[non_exhaustive]
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PluginStats {
-    pub name: String,
-    pub version: String,
-    /// The declared event patterns (`prx.lifecycle.*`, …).
-    pub events: Vec<String>,
-    pub pool_size: u64,
-    /// `running`, `suspended` (after repeated faults) or `stopped` (after shutdown).
-    pub state: String,
-    /// Milliseconds until a suspended plugin runs again.
-    pub suspended_for_ms: Option<u64>,
-    /// Events waiting in its queues.
-    pub queued: u64,
-    /// Bytes in its kv store.
-    pub kv_bytes: u64,
-    #[serde(flatten)]
-    pub counts: PluginCounts,
-}
-
-/// One plugin's call counters. `sent = delivered + dropped + failed + in_flight` holds for the
-/// lifecycle events the pipeline gave it; `ok`, `errors`, `traps`, `timeouts` and `out_of_fuel`
-/// count every call (lifecycle events, subscribed topics and `fire`).
-#[non_exhaustive]
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PluginCounts {
-    pub sent: u64,
-    pub delivered: u64,
-    pub dropped: u64,
-    pub failed: u64,
-    pub in_flight: u64,
-    /// Of `dropped`: its queue was full.
-    pub dropped_queue_full: u64,
-    /// Of `dropped`: it was suspended.
-    pub dropped_suspended: u64,
-    /// Of `dropped`: still queued at the shutdown deadline.
-    pub dropped_shutdown: u64,
-    pub ok: u64,
-    /// The guest returned `Err(message)`.
-    pub errors: u64,
-    /// Traps (and instances that could not be created).
-    pub traps: u64,
-    pub timeouts: u64,
-    pub out_of_fuel: u64,
-    /// Calls for messages of its own `events.subscribe` subscriptions.
-    pub topic_messages: u64,
-    pub instances_created: u64,
-    /// Instances thrown away after a trap, timeout or out-of-fuel.
-    pub instances_replaced: u64,
-    /// Times the breaker suspended it.
-    pub suspensions: u64,
-    /// The most recent failure, as `prx-hooks fire` words it.
-    pub last_error: Option<String>,
 }

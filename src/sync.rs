@@ -27,3 +27,21 @@ impl<T> UnsafeCell<T> {
         f(self.0.get())
     }
 }
+
+/// A spin-wait hint (loom: a yield, so the model explores the other threads).
+#[inline]
+pub(crate) fn spin_loop() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+}
+
+/// Gives the core to another thread (loom: lets the model schedule another thread).
+#[inline]
+pub(crate) fn yield_now() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}

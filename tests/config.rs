@@ -1,4 +1,4 @@
-//! hooks.json loading and validation (DESIGN.md §4): one test per rule, each asserting that
+//! hooks.json loading and validation (ARCHITECTURE.md § Shell hooks): one test per rule, each asserting that
 //! the message names the file, line and column, the JSON path and the reason. Real files in
 //! temporary workspaces; nothing is mocked.
 

@@ -1,4 +1,4 @@
-//! Editing hooks.json through `config::HooksEditor` (DESIGN.md §4 and §6): real files in
+//! Editing hooks.json through `config::HooksEditor` (ARCHITECTURE.md § Shell hooks and § HTTP API): real files in
 //! temporary workspaces, every result checked against the real loader.
 
 // One module so that the `config::` filter of the CI command selects these tests too.

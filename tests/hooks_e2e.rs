@@ -77,7 +77,7 @@ fn hooks_follow_every_reload_and_a_broken_file_keeps_the_last_good_one() {
         wait_for("the error to be recorded", || {
             hooks
                 .stats()
-                .config
+                .config()
                 .is_some_and(|c| c.failing && c.last_error.is_some())
         });
         assert_eq!(hooks.hook_table().actions.len(), 2);
@@ -103,9 +103,9 @@ fn hooks_follow_every_reload_and_a_broken_file_keeps_the_last_good_one() {
     assert!(n4[0].starts_with("b "));
 
     let stats = hooks.stats();
-    let config = stats.config.unwrap();
+    let config = stats.config().unwrap().clone();
     assert!(config.reload_errors >= 2, "{config:?}");
-    let shell = stats.shell.unwrap();
+    let shell = stats.shell().unwrap().clone();
     assert_eq!(shell.totals.ok, 1 + 2 + 4 + 1);
     for sink in &stats.sinks {
         assert!(sink.counts.balanced(), "{sink:?}");
@@ -155,7 +155,7 @@ fn emit_never_blocks_while_every_hook_hangs() {
     // machine, so wait for both.)
     let deadline = Instant::now() + Duration::from_secs(30);
     let shell = loop {
-        let shell = hooks.stats().shell.unwrap();
+        let shell = hooks.stats().shell().unwrap().clone();
         if (shell.totals.dropped > 0 && shell.totals.running >= 1) || Instant::now() > deadline {
             break shell;
         }
@@ -171,7 +171,7 @@ fn emit_never_blocks_while_every_hook_hangs() {
         "shutdown hung on hanging hooks"
     );
     let stats = hooks.stats();
-    let shell = stats.shell.unwrap();
+    let shell = stats.shell().unwrap().clone();
     assert_eq!((shell.totals.running, shell.totals.queued), (0, 0));
     assert!(shell.totals.killed >= 1);
     assert!(

@@ -1,4 +1,4 @@
-//! The HTTP API (DESIGN.md §6) over real loopback TCP with a real HTTP client (ureq): a real
+//! The HTTP API (ARCHITECTURE.md § HTTP API) over real loopback TCP with a real HTTP client (ureq): a real
 //! `Hooks` on a temporary workspace, the real watcher, real hook processes.
 
 use prx_hooks::http::{HttpOptions, Server, Token};
@@ -851,7 +851,7 @@ fn metrics_parse_and_match_the_stats() {
     }
     wait_for("five runs", || lines(&log).len() == 5);
     wait_for("the runs to be counted", || {
-        api.hooks.stats().shell.unwrap().hooks[&id].ok == 5
+        api.hooks.stats().shell().unwrap().clone().hooks[&id].ok == 5
     });
     let r = api.get("/metrics");
     assert_eq!(r.status, 200);

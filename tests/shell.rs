@@ -1,4 +1,4 @@
-//! Shell hooks with real processes and real files (DESIGN.md §4, issue 3).
+//! Shell hooks with real processes and real files (ARCHITECTURE.md § Shell hooks, issue 3).
 //!
 //! Every payload channel is checked from inside a real child (`tests/fixtures/record.sh` writes
 //! what it received). The tests build their `HookTable`s directly, with absolute program paths,

@@ -1,4 +1,4 @@
-//! Leak checks for shell hooks: zombies, file descriptors, payload files (DESIGN.md §10).
+//! Leak checks for shell hooks: zombies, file descriptors, payload files (ARCHITECTURE.md § Testing).
 //!
 //! A dedicated test binary with ONE test that runs every case in sequence, so nothing else in
 //! the process spawns, opens or reaps while it counts. It points `TMPDIR` at a fresh directory

@@ -1,4 +1,4 @@
-//! WASM plugins with real components (DESIGN.md §5, issue 4).
+//! WASM plugins with real components (ARCHITECTURE.md § WASM plugins, issue 4).
 //!
 //! The components are built from the guest crates under `examples/plugins/` by
 //! `bash examples/build-plugins.sh` (`.ci/run` does it first). A test that needs one and does not
@@ -9,8 +9,8 @@
 
 #![cfg(feature = "wasm")]
 
-use prx_hooks::stats::{PluginStats, PluginsStats};
 use prx_hooks::wasm::CallOutcome;
+use prx_hooks::wasm::{PluginStats, PluginsStats};
 use prx_hooks::{Emit, Event, EventKind, Hooks, Message, Subscription};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -56,7 +56,10 @@ fn hooks(ws: &Path) -> Hooks {
 }
 
 fn plugins(h: &Hooks) -> PluginsStats {
-    h.stats().plugins.expect("a workspace has a plugin backend")
+    h.stats()
+        .plugins()
+        .cloned()
+        .expect("a workspace has a plugin backend")
 }
 
 fn plugin(h: &Hooks, name: &str) -> PluginStats {

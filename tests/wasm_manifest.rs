@@ -1,4 +1,4 @@
-//! plugin.toml loading and validation (DESIGN.md §5): the compat sample and PRX's documented
+//! plugin.toml loading and validation (ARCHITECTURE.md § WASM plugins): the compat sample and PRX's documented
 //! shape load; one test per rule, each asserting the exact message — file, line, column, key
 //! path and reason. Real files in temporary workspaces; nothing is mocked, no wasm is compiled
 //! (a few bytes stand in for the component).

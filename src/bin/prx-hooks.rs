@@ -1,6 +1,6 @@
 //! `prx-hooks`: run the hook pipeline over a workspace, or measure it.
 //!
-//! DESIGN.md §7 is the contract for flags and output: data (bus messages, bench results) goes
+//! README.md § `prx-hooks` command line is the contract for flags and output: data (bus messages, bench results) goes
 //! to stdout; logs, line errors and stats go to stderr.
 
 use clap::{Args, Parser, Subcommand};

@@ -1,4 +1,4 @@
-//! Editing `<workspace>/hooks.json` safely: what the HTTP API (DESIGN.md §6) sits on.
+//! Editing `<workspace>/hooks.json` safely: what the HTTP API (ARCHITECTURE.md § HTTP API) sits on.
 //!
 //! # Model
 //!

@@ -1,4 +1,4 @@
-//! Reading and validating `<workspace>/hooks.json` (DESIGN.md §4).
+//! Reading and validating `<workspace>/hooks.json` (ARCHITECTURE.md § Shell hooks).
 //!
 //! [`parse`] checks everything at once and reports every problem it finds, each as
 //! `FILE:LINE:COL: JSON.PATH: reason` pointing at the offending value (or key). What a spawn

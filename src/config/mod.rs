@@ -22,4 +22,5 @@ pub use load::{
     read_hooks_file, resolve_bare,
 };
 pub use model::{Action, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_MS, HookTable, Matcher};
+pub(crate) use watch::CONFIG_SECTION;
 pub use watch::{ConfigStats, ConfigWatcher, Reload, WatchOptions, WatcherKind};

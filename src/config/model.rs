@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Defaults of DESIGN.md §4 (the documented values; PRX's own code differs, see README).
+/// Defaults of ARCHITECTURE.md § Shell hooks (the documented values; PRX's own code differs, see README).
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_MAX_CONCURRENT: usize = 8;
 

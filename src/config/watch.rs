@@ -91,6 +91,17 @@ pub enum Reload {
     Rejected,
 }
 
+impl crate::stats::Stats {
+    /// The hooks.json watcher's section: reloads, errors (with the last error's text), the
+    /// active table's size. `None` without a workspace.
+    pub fn config(&self) -> Option<&ConfigStats> {
+        self.section(CONFIG_SECTION)
+    }
+}
+
+/// The key of the watcher's section in [`Stats`](crate::Stats) and in its JSON.
+pub(crate) const CONFIG_SECTION: &str = "config";
+
 /// The watcher's counters and state, for `Hooks::stats()` and `/api/stats`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConfigStats {

@@ -12,7 +12,8 @@ use super::error::ApiError;
 use crate::Stats;
 use crate::config::ConfigStats;
 use crate::shell::{HookCounts, ShellStats};
-use crate::stats::{PluginStats, PluginsStats, SinkStats, SubscriberStats};
+use crate::stats::{SinkStats, SubscriberStats};
+use crate::wasm::{PluginStats, PluginsStats};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -71,10 +72,10 @@ pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
         })
         .collect();
     m.per(SUBSCRIBER, &subs);
-    if let Some(c) = &s.config {
+    if let Some(c) = s.config() {
         m.single(CONFIG, c);
     }
-    if let Some(shell) = &s.shell {
+    if let Some(shell) = s.shell() {
         m.single(SHELL, shell);
         let total = [(vec![], &shell.totals)];
         m.split(
@@ -98,7 +99,7 @@ pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
             &hooks,
         );
     }
-    if let Some(p) = &s.plugins {
+    if let Some(p) = s.plugins() {
         m.single(PLUGINS, p);
         let plugins: Vec<_> = p
             .plugins

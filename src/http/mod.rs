@@ -1,4 +1,4 @@
-//! The HTTP management API (DESIGN.md §6): list, create, update, delete, toggle and test hooks,
+//! The HTTP management API (ARCHITECTURE.md § HTTP API): list, create, update, delete, toggle and test hooks,
 //! read their run history, and watch the whole pipeline (`/api/stats`, `/metrics`).
 //!
 //! Built on axum, behind the `http` feature. The core library stays free of async runtimes:
@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Every error is JSON, `{"error": "...", "path": "...", "kind": "..."}`, with the status codes
-//! of DESIGN.md §6: 400 bad JSON, 401 no or wrong token, 404, 405, 409 hand edit, 412 stale
+//! of ARCHITECTURE.md § HTTP API: 400 bad JSON, 401 no or wrong token, 404, 405, 409 hand edit, 412 stale
 //! `If-Match`, 413 body over [`HttpOptions::max_body_bytes`], 415 not JSON, 422 validation (the
 //! loader's own message, `path` relative to the body), 503 no workspace or shutting down. axum's
 //! plain-text rejections never reach a client: bodies, paths and queries are read by this
@@ -41,7 +41,7 @@ use axum::routing::{get, patch, post};
 use serde::Serialize;
 use std::sync::Arc;
 
-/// Largest request body accepted by default (DESIGN.md §6): 256 KiB.
+/// Largest request body accepted by default (ARCHITECTURE.md § HTTP API): 256 KiB.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// How the API is served.

@@ -48,7 +48,7 @@ pub(crate) async fn plugins(State(api): ApiState) -> Response {
         Ok(stats) => stats,
         Err(e) => return e.into_response(),
     };
-    let body = match stats.plugins {
+    let body = match stats.plugins() {
         Some(p) => {
             let mut v = serde_json::to_value(p).unwrap_or_else(|_| json!({}));
             if let Value::Object(m) = &mut v {

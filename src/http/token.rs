@@ -1,4 +1,4 @@
-//! The API token: where it comes from (DESIGN.md §6) and how it is compared.
+//! The API token: where it comes from (ARCHITECTURE.md § HTTP API) and how it is compared.
 //!
 //! Precedence: `--token-file F` (the file's first line), else the `PRX_HOOKS_TOKEN` environment
 //! variable, else `<workspace>/.prx-hooks/token`: reused when it exists (so clients keep working

@@ -1,4 +1,4 @@
-//! The environment of a hook process (DESIGN.md §4): cleared, then a small allowlist from the
+//! The environment of a hook process (ARCHITECTURE.md § Shell hooks): cleared, then a small allowlist from the
 //! parent, the sanitized `PATH`, the `ZERO_HOOK_*` variables, then the action's own `env`.
 //!
 //! The parent's share is decided once per table (`parent_env`, when the table is set), not per

@@ -1,4 +1,4 @@
-//! Shell hooks: running the actions of `hooks.json` as processes (DESIGN.md §4).
+//! Shell hooks: running the actions of `hooks.json` as processes (ARCHITECTURE.md § Shell hooks).
 //!
 //! ```text
 //! pipeline worker ── deliver(msg) ──► per-hook bounded queue (256)        one lock per event;
@@ -39,6 +39,7 @@ mod reactor;
 mod spawn;
 
 pub use env::SANITIZED_PATH;
+pub(crate) use outcome::SHELL_SECTION;
 pub use outcome::{HookCounts, Outcome, OutcomeKind, ShellStats};
 pub use payload::{MAX_ENV_PAYLOAD, event_message, message_from_json};
 pub use reactor::STDERR_TAIL;

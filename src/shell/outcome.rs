@@ -72,7 +72,7 @@ impl fmt::Display for OutcomeKind {
 
 /// One hook run: what happened, how long it took, the end of its stderr.
 ///
-/// `Display` is the line `prx-hooks fire` prints (DESIGN.md §7):
+/// `Display` is the line `prx-hooks fire` prints (README.md § `prx-hooks` command line):
 /// `hook audit tool_call: exit 3 (12.4 ms); stderr: "no such file"`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Outcome {
@@ -220,6 +220,17 @@ impl HookCounts {
         }
     }
 }
+
+impl crate::stats::Stats {
+    /// The shell backend's section: per hook id its outcomes, queue and running counts.
+    /// `None` without a workspace.
+    pub fn shell(&self) -> Option<&ShellStats> {
+        self.section(SHELL_SECTION)
+    }
+}
+
+/// The key of the shell backend's section in [`Stats`](crate::Stats) and in its JSON.
+pub(crate) const SHELL_SECTION: &str = "shell";
 
 /// A snapshot of the shell backend's counters ([`ShellSink::stats`](super::ShellSink::stats)).
 #[non_exhaustive]

@@ -19,7 +19,7 @@ use std::time::{Instant, SystemTime};
 
 /// Optional resource limits for hook processes (`setrlimit`, soft = hard = the value). Applied
 /// between fork and exec, so configuring any of them moves spawning off std's posix_spawn path
-/// onto fork+exec — slower in a large parent (DESIGN.md §11). Unset fields are left alone.
+/// onto fork+exec — slower in a large parent (ARCHITECTURE.md § Performance targets). Unset fields are left alone.
 /// Lowering a hard limit is always allowed; raising one above the parent's needs privileges,
 /// and a refused limit fails the spawn (counted as `spawn_failed`, never run unlimited).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! `<workspace>/plugins/<name>/plugin.toml`: the WASM plugin manifest (DESIGN.md §5).
+//! `<workspace>/plugins/<name>/plugin.toml`: the WASM plugin manifest (ARCHITECTURE.md § WASM plugins).
 //!
 //! Every subdirectory of `<workspace>/plugins/` is one plugin (names starting with `.` are
 //! ignored); its `plugin.toml` says what the plugin is, which `.wasm` component to run, which

@@ -15,9 +15,13 @@
 //! wasmtime engine, epoch ticker, compile cache), `host` (what guests may call: prx:host and a
 //! locked-down WASI), `kv` (the per-plugin store), `plugin` (instances, executors, outcomes,
 //! the breaker), `sink` ([`WasmSink`]: loading, reloading, delivering, stats), `watch` (the
-//! plugins directory watcher). DESIGN.md §5 is the contract.
+//! plugins directory watcher). ARCHITECTURE.md § WASM plugins is the contract.
 
 pub mod manifest;
+mod stats;
+
+pub(crate) use stats::SECTION as STATS_SECTION;
+pub use stats::{PluginCounts, PluginStats, PluginsStats};
 
 #[cfg(feature = "wasm")]
 mod engine;

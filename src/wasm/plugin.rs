@@ -23,7 +23,7 @@ use super::engine::{WasmEngine, one_line};
 use super::host::{HostState, Interrupted, PluginCtx};
 use super::manifest::Manifest;
 use crate::bus::Message;
-use crate::stats::PluginCounts;
+use crate::wasm::PluginCounts;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};

@@ -1,0 +1,94 @@
+//! The plugin backend's section of [`Stats`]: what `hooks.stats().plugins()` returns and what
+//! `/api/stats` shows under `plugins`. Built without the `wasm` feature too (the section is then
+//! always `None`), so the JSON keeps the same keys in every build.
+
+use crate::stats::Stats;
+use serde::Serialize;
+
+impl Stats {
+    /// The WASM plugin backend's section: per plugin its state and call outcomes; load
+    /// errors. `None` without a workspace or without the `wasm` feature.
+    pub fn plugins(&self) -> Option<&PluginsStats> {
+        self.section(SECTION)
+    }
+}
+
+/// The key of this section in [`Stats`] and in its JSON.
+pub(crate) const SECTION: &str = "plugins";
+
+/// The WASM plugin backend.
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PluginsStats {
+    /// Loaded plugins, by name.
+    pub plugins: Vec<PluginStats>,
+    /// Problems of the last load (`FILE:LINE:COL: key: reason`, or a compile error); a plugin
+    /// whose new version fails keeps its old version running.
+    pub errors: Vec<String>,
+    /// Loads after the first that started or stopped a plugin (a plugin directory was added,
+    /// changed or removed).
+    pub reloads: u64,
+    /// Components compiled, and loaded from the on-disk cache instead.
+    pub compiled: u64,
+    pub cache_hits: u64,
+    /// Component instances the engine's pooling allocator holds (0: no engine yet).
+    pub pool_instances: u64,
+    /// The pool's largest linear memory, MiB.
+    pub pool_max_memory_mb: u64,
+}
+
+/// One loaded plugin.
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PluginStats {
+    pub name: String,
+    pub version: String,
+    /// The declared event patterns (`prx.lifecycle.*`, …).
+    pub events: Vec<String>,
+    pub pool_size: u64,
+    /// `running`, `suspended` (after repeated faults) or `stopped` (after shutdown).
+    pub state: String,
+    /// Milliseconds until a suspended plugin runs again.
+    pub suspended_for_ms: Option<u64>,
+    /// Events waiting in its queues.
+    pub queued: u64,
+    /// Bytes in its kv store.
+    pub kv_bytes: u64,
+    #[serde(flatten)]
+    pub counts: PluginCounts,
+}
+
+/// One plugin's call counters. `sent = delivered + dropped + failed + in_flight` holds for the
+/// lifecycle events the pipeline gave it; `ok`, `errors`, `traps`, `timeouts` and `out_of_fuel`
+/// count every call (lifecycle events, subscribed topics and `fire`).
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PluginCounts {
+    pub sent: u64,
+    pub delivered: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    pub in_flight: u64,
+    /// Of `dropped`: its queue was full.
+    pub dropped_queue_full: u64,
+    /// Of `dropped`: it was suspended.
+    pub dropped_suspended: u64,
+    /// Of `dropped`: still queued at the shutdown deadline.
+    pub dropped_shutdown: u64,
+    pub ok: u64,
+    /// The guest returned `Err(message)`.
+    pub errors: u64,
+    /// Traps (and instances that could not be created).
+    pub traps: u64,
+    pub timeouts: u64,
+    pub out_of_fuel: u64,
+    /// Calls for messages of its own `events.subscribe` subscriptions.
+    pub topic_messages: u64,
+    pub instances_created: u64,
+    /// Instances thrown away after a trap, timeout or out-of-fuel.
+    pub instances_replaced: u64,
+    /// Times the breaker suspended it.
+    pub suspensions: u64,
+    /// The most recent failure, as `prx-hooks fire` words it.
+    pub last_error: Option<String>,
+}

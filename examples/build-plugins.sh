@@ -19,7 +19,7 @@ cp examples/plugins/audit-hook/plugin.toml examples/workspace/plugins/audit-hook
 cp "$out/audit_hook.wasm" examples/workspace/plugins/audit-hook/plugin.wasm
 
 echo "built components:"
-for name in audit_hook misbehave wrong_world bare_names; do
+for name in audit_hook misbehave wrong_world bare_names tool_plugin; do
     echo "  $PWD/$out/$name.wasm"
 done
 echo "installed: $PWD/examples/workspace/plugins/audit-hook/plugin.wasm"

@@ -16,6 +16,15 @@
 //! | `escape`      | tries files, env and network; `Ok` only if everything is denied             |
 //! | `stdio`       | one line to stdout and one to stderr                                         |
 //! | `config`      | publishes all config pairs as a JSON object to `misbehave.config`             |
+//! | `sleep`       | `std::thread::sleep(sleep_ms)` (default an hour): blocks in `wasi:io/poll`    |
+//! | `flaky`       | alternates: the 1st, 3rd, 5th… call traps, the others succeed (count in kv `flaky`) |
+//! | `logflood`    | `count` (default: until stopped) `log` lines of `size` bytes (default 100), each also to stderr |
+//! | `kvfill`      | sets `count` keys `k<n>` with empty values, from kv `next` on (refused → `Err`) |
+//! | `count`       | adds 1 to the decimal kv value `n` (a get then a set)                          |
+//! | `publish`     | publishes `payload` (default `not json`) to `topic` (default `misbehave.out`) |
+//!
+//! `start = "sleep" | "loop" | "trap"` in `[config]` misbehaves at instantiation instead, in a
+//! constructor that runs while the component starts (before any `on-event`).
 //!
 //! With `only = "<event>"` in `[config]` the mode applies to that event only; every other event
 //! returns `Ok(())` (so a test can check that the call after a fault works). `escape` connects to
@@ -46,6 +55,12 @@ enum Mode {
     Escape,
     Stdio,
     Config,
+    Sleep,
+    Flaky,
+    LogFlood,
+    KvFill,
+    Count,
+    Publish,
     Unknown(String),
 }
 
@@ -66,6 +81,12 @@ fn mode() -> &'static Mode {
         Some("escape") => Mode::Escape,
         Some("stdio") => Mode::Stdio,
         Some("config") => Mode::Config,
+        Some("sleep") => Mode::Sleep,
+        Some("flaky") => Mode::Flaky,
+        Some("logflood") => Mode::LogFlood,
+        Some("kvfill") => Mode::KvFill,
+        Some("count") => Mode::Count,
+        Some("publish") => Mode::Publish,
         Some(other) => Mode::Unknown(format!("misbehave: unknown mode {}", json_string(other))),
         None => Mode::Unknown("misbehave: config key `mode` is missing".into()),
     })
@@ -106,10 +127,73 @@ impl Guest for Misbehave {
                     .collect();
                 events::publish("misbehave.config", &format!("{{{}}}", pairs.join(",")))
             }
+            Mode::Sleep => {
+                std::thread::sleep(std::time::Duration::from_millis(number("sleep_ms", 3_600_000)));
+                Ok(())
+            }
+            Mode::Flaky => {
+                // The count lives in kv: a trap replaces the instance (and its statics).
+                let n = kv_number("flaky");
+                kv::set("flaky", (n + 1).to_string().as_bytes())?;
+                if n % 2 == 0 {
+                    core::arch::wasm32::unreachable()
+                }
+                Ok(())
+            }
+            Mode::LogFlood => {
+                let line = "x".repeat(number("size", 100) as usize);
+                for _ in 0..number("count", u64::MAX) {
+                    prx::host::log::log(prx::host::log::Level::Info, &line);
+                    eprintln!("{line}");
+                }
+                Ok(())
+            }
+            Mode::KvFill => {
+                let from = kv_number("next");
+                for n in from..from + number("count", 1000) {
+                    kv::set(&format!("k{n}"), &[])?;
+                }
+                Ok(())
+            }
+            Mode::Count => kv::set("n", (kv_number("n") + 1).to_string().as_bytes()),
+            Mode::Publish => events::publish(
+                &config::get("topic").unwrap_or_else(|| "misbehave.out".into()),
+                &config::get("payload").unwrap_or_else(|| "not json".into()),
+            ),
             Mode::Unknown(message) => Err(message.clone()),
         }
     }
 }
+
+/// A decimal `[config]` value, or `default`.
+fn number(key: &str, default: u64) -> u64 {
+    config::get(key)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A decimal kv value (0 when absent).
+fn kv_number(key: &str) -> u64 {
+    kv::get(key)
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `start = "…"`: runs while the component is instantiated (wit-component calls the module's
+/// `_initialize`, which runs the constructors), before any export.
+extern "C" fn at_start() {
+    match config::get("start").as_deref() {
+        Some("sleep") => std::thread::sleep(std::time::Duration::from_secs(3600)),
+        Some("loop") => spin(),
+        Some("trap") => core::arch::wasm32::unreachable(),
+        _ => {}
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static AT_START: extern "C" fn() = at_start;
 
 fn spin() -> ! {
     let mut i = 0u64;

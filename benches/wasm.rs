@@ -5,9 +5,14 @@
 //! The guest is `examples/plugins/misbehave` in mode `noop` (build it with
 //! `bash examples/build-plugins.sh`). Groups:
 //! * `wasm_call/direct_typed_call` (baseline): the component instantiated with the same engine
-//!   `Config` and linker, `TypedFunc::call` in a loop, fuel set once (high), nothing else.
+//!   `Config`, WASI linked with its synchronous bindings (what the host did before it moved to
+//!   `call_async`), `TypedFunc::call` in a loop, fuel set once (high), nothing else.
+//! * `wasm_call/direct_async_call`: the same with the host's linker (async WASI) and
+//!   `call_async`, polled by the executor's driver: what async costs by itself.
 //! * `wasm_call/on_event`: the executor's per-call path on a reused instance: breaker check,
-//!   fuel refill, deadline, the call, outcome classification and counters.
+//!   fuel refill, deadline, the driven async call, outcome classification and counters.
+//! * `wasm_reservation/{small,4gib}`: `on_event` with memories reserved at the plugin's 64 MiB
+//!   limit (explicit bounds checks) and at 4 GiB (bounds checks elided by guard pages).
 //! * `wasm_instance/replace`: a fresh instance from the `InstancePre` (the pooling allocator),
 //!   what replacing a trapped or timed-out instance costs.
 //! * `wasm_cold_start/{compile,cached}`: engine + compile (or load from the on-disk cache) +
@@ -56,8 +61,11 @@ fn main() {
     let _ = process_start();
     let ws = tempfile::tempdir().expect("tempdir");
     let dir = noop_plugin(ws.path());
-    let cache = ws.path().join(".prx-hooks/cache");
-    std::fs::create_dir_all(&cache).unwrap();
+    let cache = __bench::cache(
+        &ws.path().join("cache/prx-hooks/wasm"),
+        &ws.path().join("state/prx-hooks/cache.key"),
+    )
+    .expect("a compile cache");
     let msg = prx_hooks::shell::event_message(
         &Event::ToolCallStart {
             tool: "shell",
@@ -70,13 +78,17 @@ fn main() {
     let payload = msg.json_str().to_string();
     assert!((290..=330).contains(&payload.len()), "{}", payload.len());
 
-    let (mut loaded, _) = __bench::load(&dir, Some(&cache)).expect("load the noop plugin");
+    let (mut loaded, _) = __bench::load(&dir, Some(&cache), 0).expect("load the noop plugin");
+    let (mut wide, _) = __bench::load(&dir, Some(&cache), 4096).expect("load with 4 GiB slots");
     assert!(
         loaded.call("tool_call_start", &msg),
         "the noop guest failed"
     );
     let mut direct = loaded.direct();
     assert!(direct.call("tool_call_start", &payload));
+    let mut direct_async = loaded.direct_async();
+    assert!(direct_async.call("tool_call_start", &payload));
+    assert!(wide.call("tool_call_start", &msg));
 
     let mut c = Criterion::default()
         .sample_size(30)
@@ -89,9 +101,19 @@ fn main() {
         g.bench_function("direct_typed_call", |b| {
             b.iter(|| direct.call("tool_call_start", &payload))
         });
+        g.bench_function("direct_async_call", |b| {
+            b.iter(|| direct_async.call("tool_call_start", &payload))
+        });
         g.bench_function("on_event", |b| {
             b.iter(|| loaded.call("tool_call_start", &msg))
         });
+        g.finish();
+    }
+    {
+        let mut g = c.benchmark_group("wasm_reservation");
+        g.throughput(Throughput::Elements(1));
+        g.bench_function("small", |b| b.iter(|| loaded.call("tool_call_start", &msg)));
+        g.bench_function("4gib", |b| b.iter(|| wide.call("tool_call_start", &msg)));
         g.finish();
     }
     {
@@ -110,7 +132,7 @@ fn main() {
                 (0..iters)
                     .map(|_| {
                         let t = Instant::now();
-                        let (l, _) = __bench::load(&dir, None).unwrap();
+                        let (l, _) = __bench::load(&dir, None, 0).unwrap();
                         let d = t.elapsed();
                         drop(l);
                         d
@@ -123,7 +145,7 @@ fn main() {
                 (0..iters)
                     .map(|_| {
                         let t = Instant::now();
-                        let (l, compiled) = __bench::load(&dir, Some(&cache)).unwrap();
+                        let (l, compiled) = __bench::load(&dir, Some(&cache), 0).unwrap();
                         let d = t.elapsed();
                         assert_eq!(compiled, prx_hooks::wasm::Compiled::Cached);
                         drop(l);
@@ -141,6 +163,8 @@ fn main() {
 
     println!("\nRATIOS");
     print_time_ratio("wasm_call/on_event", "wasm_call/direct_typed_call");
+    print_time_ratio("wasm_call/direct_async_call", "wasm_call/direct_typed_call");
+    print_time_ratio("wasm_reservation/small", "wasm_reservation/4gib");
     print_time_ratio("wasm_cold_start/cached", "wasm_cold_start/compile");
     if let (Some(ours), Some(base)) = (
         median_ns("wasm_call/on_event"),
@@ -167,6 +191,7 @@ fn main() {
     // End to end: emit → worker → plugin queue → executor thread → on-event, paced so that the
     // plugin's queue never overflows.
     drop(loaded);
+    drop(wide);
     let hooks = Hooks::builder().workspace(ws.path()).build().unwrap();
     let em = hooks.emitter(AGENT, SESSION);
     const N: u64 = 300_000;

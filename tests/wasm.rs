@@ -664,34 +664,36 @@ fn plugins_are_added_replaced_and_removed_without_a_restart() {
 }
 
 #[test]
-fn an_in_flight_call_finishes_on_the_old_instance_during_a_reload() {
+fn a_reload_interrupts_the_old_versions_call_and_the_new_version_runs() {
     let ws = tempfile::tempdir().unwrap();
     let dir = misbehave(
         ws.path(),
         "slow",
         "loop",
-        "max_execution_time_ms = 1_500\nmax_fuel = 1_000_000_000_000_000",
+        "max_execution_time_ms = 600_000\nmax_fuel = 1_000_000_000_000_000_000",
         "",
     );
     let h = hooks(ws.path());
     h.emitter("a", "s").emit(Event::TurnComplete);
-    std::thread::sleep(Duration::from_millis(100));
+    wait_for(10, "the call to start", || {
+        plugin(&h, "slow").counts.instances_created >= 2
+    });
     let toml = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
     std::fs::write(
         dir.join("plugin.toml"),
         toml.replace("mode = \"loop\"", "mode = \"noop\""),
     )
     .unwrap();
-    // The new version is live while the old call still runs…
     wait_for(10, "the new version", || plugins(&h).reloads >= 1);
+    // The old version's call is stopped at once (not after its 10-minute limit)…
+    wait_for(10, "the old call's interruption", || {
+        plugin(&h, "slow").counts.failed == 1
+    });
+    assert_eq!(plugin(&h, "slow").counts.timeouts, 0);
+    // …and the new version takes the next event.
     h.emitter("a", "s2").emit(Event::TurnComplete);
     wait_for(10, "a call on the new version", || {
         plugin(&h, "slow").counts.ok == 1
-    });
-    assert_eq!(plugin(&h, "slow").counts.timeouts, 0);
-    // …and the old call ends by its own deadline, counted.
-    wait_for(10, "the old call's timeout", || {
-        plugin(&h, "slow").counts.timeouts == 1
     });
 }
 
@@ -888,23 +890,451 @@ fn a_suspended_plugin_resumes_by_itself_and_backs_off_exponentially() {
         plugin(&h, "flaky").counts.ok == 1
     });
     assert_eq!(plugin(&h, "flaky").counts.dropped_suspended, 0);
-    // …and a success resets the breaker: it takes three faults again, then 1 s again.
-    em.emit(tool_call);
-    em.emit(tool_call);
-    wait_for(10, "two traps", || plugin(&h, "flaky").counts.traps == 5);
-    assert_eq!(plugin(&h, "flaky").state, "running");
+    // …but one success does not clear its record: on probation, one fault suspends it again,
+    // for twice as long.
     em.emit(tool_call);
     wait_for(10, "the second suspension", || {
         plugin(&h, "flaky").counts.suspensions == 2
     });
-    // A fault right after a suspension ends doubles the next one.
+    let second = plugin(&h, "flaky").suspended_for_ms.unwrap();
+    assert!((1000..=2000).contains(&second), "{second}");
+    // Ten successes in a row after it clear the record: three faults again, then 1 s again.
     wait_for(10, "the resumption", || {
         plugin(&h, "flaky").state == "running"
     });
+    for _ in 0..10 {
+        em.emit(Event::TurnComplete);
+    }
+    wait_for(10, "ten calls", || plugin(&h, "flaky").counts.ok == 11);
+    em.emit(tool_call);
+    em.emit(tool_call);
+    wait_for(10, "two traps", || plugin(&h, "flaky").counts.traps == 6);
+    assert_eq!(plugin(&h, "flaky").state, "running");
     em.emit(tool_call);
     wait_for(10, "the third suspension", || {
         plugin(&h, "flaky").counts.suspensions == 3
     });
     let third = plugin(&h, "flaky").suspended_for_ms.unwrap();
-    assert!((1000..=2000).contains(&third), "{third}");
+    assert!(third <= 1000, "{third}");
+}
+
+// ---------------------------------------------------------------- hostile guests (issue 13)
+
+/// Runs `f` on a thread; panics if it has not returned within `secs` (the thread is left to
+/// finish: the point is that a hang fails the test instead of hanging it).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what} did not return within {secs} s"))
+}
+
+#[test]
+fn a_guest_sleeping_in_a_host_call_times_out_at_its_deadline() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(
+        ws.path(),
+        "sleeper",
+        "sleep",
+        "max_execution_time_ms = 200",
+        "only = \"tool_call\"",
+    );
+    let h = hooks(ws.path());
+    let em = h.emitter("a", "s");
+    let t = Instant::now();
+    em.emit(Event::ToolCall {
+        tool: "t",
+        success: true,
+        output: "",
+    });
+    wait_for(20, "the sleeping call's timeout", || {
+        plugin(&h, "sleeper").counts.timeouts == 1
+    });
+    assert!(
+        t.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    // The instance was replaced; the next call works.
+    em.emit(Event::TurnComplete);
+    wait_for(10, "the next call", || plugin(&h, "sleeper").counts.ok == 1);
+    assert_eq!(plugin(&h, "sleeper").counts.instances_replaced, 1);
+}
+
+#[test]
+fn a_short_sleep_in_a_guest_completes() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(ws.path(), "napper", "sleep", "", "sleep_ms = \"50\"");
+    let h = hooks(ws.path());
+    h.emitter("a", "s").emit(Event::TurnComplete);
+    wait_for(20, "the call", || plugin(&h, "napper").counts.ok == 1);
+}
+
+#[test]
+fn shutdown_keeps_its_deadline_while_a_guest_sleeps_in_a_host_call() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(
+        ws.path(),
+        "sleeper",
+        "sleep",
+        "max_execution_time_ms = 3_600_000\npool_size = 2",
+        "",
+    );
+    let h = std::sync::Arc::new(hooks(ws.path()));
+    for s in ["s1", "s2", "s3", "s4"] {
+        h.emitter("a", s).emit(Event::TurnComplete);
+    }
+    wait_for(10, "a call in progress", || {
+        plugin(&h, "sleeper").counts.instances_created >= 2
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let h2 = h.clone();
+    let took = within(30, "shutdown", move || {
+        let t = Instant::now();
+        h2.shutdown(Duration::from_millis(300));
+        t.elapsed()
+    });
+    // The contract: deadline + 250 ms; generous slack on a loaded machine.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let p = plugin(&h, "sleeper");
+    assert_eq!(p.counts.in_flight, 0, "{:?}", p.counts);
+    assert_eq!(
+        p.counts.sent,
+        p.counts.delivered + p.counts.dropped + p.counts.failed,
+        "{:?}",
+        p.counts
+    );
+    assert!(p.counts.failed >= 1, "{:?}", p.counts);
+}
+
+#[test]
+fn start_code_runs_under_the_plugins_limits_at_load() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(ws.path(), "trapstart", "noop", "", "start = \"trap\"");
+    misbehave(
+        ws.path(),
+        "sleepstart",
+        "noop",
+        "max_execution_time_ms = 300",
+        "start = \"sleep\"",
+    );
+    misbehave(
+        ws.path(),
+        "loopstart",
+        "noop",
+        "max_execution_time_ms = 300\nmax_fuel = 1_000_000_000_000_000",
+        "start = \"loop\"",
+    );
+    misbehave(ws.path(), "fine", "noop", "", "");
+    let ws_path = ws.path().to_path_buf();
+    let h = within(60, "loading", move || hooks(&ws_path));
+    let st = plugins(&h);
+    let err = |name: &str| {
+        st.errors
+            .iter()
+            .find(|e| e.contains(&format!("/{name}/")))
+            .unwrap_or_else(|| panic!("no error for {name}: {:?}", st.errors))
+            .clone()
+    };
+    assert!(
+        err("trapstart").contains("cannot instantiate"),
+        "{}",
+        err("trapstart")
+    );
+    assert!(
+        err("sleepstart").contains("timed out after 300 ms"),
+        "{}",
+        err("sleepstart")
+    );
+    assert!(
+        err("loopstart").contains("timed out after 300 ms"),
+        "{}",
+        err("loopstart")
+    );
+    assert_eq!(st.plugins.len(), 1, "{:?}", st.plugins);
+}
+
+#[test]
+fn a_slow_probe_blocks_neither_stats_nor_shutdown() {
+    let ws = tempfile::tempdir().unwrap();
+    let h = std::sync::Arc::new(hooks(ws.path()));
+    // Its start code sleeps for an hour, and its limit lets it.
+    misbehave(
+        ws.path(),
+        "slowstart",
+        "noop",
+        "max_execution_time_ms = 3_600_000",
+        "start = \"sleep\"",
+    );
+    // The watcher's reload is now inside the probe.
+    std::thread::sleep(Duration::from_millis(1500));
+    let h2 = h.clone();
+    within(10, "stats during a probe", move || h2.stats());
+    let h2 = h.clone();
+    let took = within(30, "shutdown during a probe", move || {
+        let t = Instant::now();
+        h2.shutdown(Duration::from_millis(300));
+        t.elapsed()
+    });
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn removing_a_plugin_stops_its_running_call_and_drops_its_queue() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = misbehave(
+        ws.path(),
+        "stuck",
+        "loop",
+        "max_execution_time_ms = 600_000\nmax_fuel = 1_000_000_000_000_000_000",
+        "",
+    );
+    let h = hooks(ws.path());
+    let em = h.emitter("a", "s");
+    for _ in 0..5 {
+        em.emit(Event::TurnComplete);
+    }
+    wait_for(10, "the queue", || {
+        plugin(&h, "stuck").counts.in_flight == 5
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+    wait_for(10, "the removal", || plugins(&h).plugins.is_empty());
+    // Its counters are the sink's: the running call is interrupted, the queue dropped.
+    wait_for(10, "the sink's counts to settle", || {
+        let c = h
+            .stats()
+            .sinks
+            .into_iter()
+            .find(|s| s.name == "wasm")
+            .unwrap()
+            .counts;
+        c.in_flight == 0 && c.failed == 1 && c.dropped == 4
+    });
+}
+
+#[test]
+fn replacing_a_plugin_interrupts_the_old_version_and_frees_its_instances() {
+    let ws = tempfile::tempdir().unwrap();
+    let looping =
+        "max_execution_time_ms = 600_000\nmax_fuel = 1_000_000_000_000_000_000\npool_size = 4";
+    let dir = misbehave(ws.path(), "stuck", "loop", looping, "");
+    install(
+        ws.path(),
+        "innocent",
+        "audit_hook",
+        &manifest("innocent", "\"turn_complete\"", "", ""),
+    );
+    let h = hooks(ws.path());
+    let toml = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
+    // Every reload starts a new version whose four instances loop; each old version must let
+    // go of its instances, or the pool runs dry and the innocent plugin cannot instantiate.
+    for round in 0..6 {
+        for s in 0..16 {
+            h.emitter("a", &format!("s{s}")).emit(Event::AgentStart {
+                agent: "a",
+                session: "s",
+            });
+        }
+        std::fs::write(
+            dir.join("plugin.toml"),
+            format!("{toml}\n# round {round}\n"),
+        )
+        .unwrap();
+        wait_for(10, "the reload", || plugins(&h).reloads > round);
+    }
+    let em = h.emitter("b", "b");
+    for _ in 0..5 {
+        em.emit(Event::TurnComplete);
+    }
+    wait_for(20, "the innocent plugin's calls", || {
+        plugin(&h, "innocent").counts.ok == 5
+    });
+    let innocent = plugin(&h, "innocent");
+    assert_eq!(innocent.counts.traps, 0, "{:?}", innocent.counts);
+    assert_eq!(innocent.counts.suspensions, 0, "{:?}", innocent.counts);
+    let stuck = plugin(&h, "stuck");
+    assert!(
+        stuck.counts.failed + stuck.counts.dropped_reload > 0,
+        "{:?}",
+        stuck.counts
+    );
+    assert_eq!(stuck.counts.timeouts, 0, "{:?}", stuck.counts);
+}
+
+#[test]
+fn alternating_faults_and_successes_suspend_the_plugin() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(ws.path(), "flaky", "flaky", "", "");
+    let h = hooks(ws.path());
+    let em = h.emitter("a", "s");
+    for _ in 0..12 {
+        em.emit(Event::TurnComplete);
+    }
+    wait_for(20, "the calls", || {
+        let c = plugin(&h, "flaky").counts;
+        c.in_flight == 0
+    });
+    let p = plugin(&h, "flaky");
+    assert!(p.counts.traps >= 4 && p.counts.ok >= 4, "{:?}", p.counts);
+    assert_eq!(p.counts.suspensions, 1, "{:?}", p.counts);
+}
+
+#[test]
+fn concurrent_faults_during_a_suspension_do_not_lengthen_it() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(
+        ws.path(),
+        "slowfail",
+        "loop",
+        "max_execution_time_ms = 400\nmax_fuel = 1_000_000_000_000_000\npool_size = 4",
+        "",
+    );
+    let h = hooks(ws.path());
+    // Enough emitters that every one of the four instances runs a call at once.
+    for s in 0..32 {
+        h.emitter("a", &format!("s{s}")).emit(Event::TurnComplete);
+    }
+    wait_for(20, "the timeouts", || {
+        plugin(&h, "slowfail").counts.timeouts >= 4
+    });
+    wait_for(20, "the rest", || {
+        plugin(&h, "slowfail").counts.in_flight == 0
+    });
+    let p = plugin(&h, "slowfail");
+    assert_eq!(p.counts.suspensions, 1, "{:?}", p.counts);
+}
+
+#[test]
+fn a_forced_fire_does_not_lift_a_suspension() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(ws.path(), "boom", "trap", "", "only = \"turn_complete\"");
+    let sink = prx_hooks::wasm::WasmSink::standalone(ws.path().to_path_buf()).unwrap();
+    let turn = prx_hooks::shell::event_message(&Event::TurnComplete, "a", "s", 0);
+    for _ in 0..3 {
+        sink.fire(EventKind::TurnComplete, &turn);
+    }
+    let state = |sink: &prx_hooks::wasm::WasmSink| sink.stats().plugins[0].state.clone();
+    assert_eq!(state(&sink), "suspended");
+    let start = prx_hooks::shell::event_message(
+        &Event::AgentStart {
+            agent: "a",
+            session: "s",
+        },
+        "a",
+        "s",
+        0,
+    );
+    let out = sink.fire(EventKind::AgentStart, &start);
+    assert_eq!(out[0].outcome, Some(CallOutcome::Ok));
+    assert_eq!(state(&sink), "suspended");
+    prx_hooks::Sink::shutdown(&sink, Instant::now() + Duration::from_secs(2));
+}
+
+#[test]
+fn hot_reload_works_with_a_relative_workspace() {
+    let ws = tempfile::tempdir_in(".").unwrap();
+    let rel = ws
+        .path()
+        .strip_prefix(std::env::current_dir().unwrap())
+        .unwrap_or(ws.path());
+    let rel = Path::new(".").join(rel.file_name().unwrap());
+    assert!(rel.is_relative());
+    let h = hooks(&rel);
+    install(
+        ws.path(),
+        "late",
+        "audit_hook",
+        &manifest("late", "\"turn_complete\"", "", ""),
+    );
+    wait_for(10, "the new plugin", || {
+        plugins(&h).plugins.iter().any(|p| p.name == "late")
+    });
+    std::fs::write(
+        ws.path().join("plugins/late/plugin.toml"),
+        manifest("late", "\"turn_complete\", \"tool_call\"", "", ""),
+    )
+    .unwrap();
+    wait_for(10, "the edit", || plugin(&h, "late").events.len() == 2);
+}
+
+#[test]
+fn a_replaced_plugins_directory_is_watched_again() {
+    let ws = tempfile::tempdir().unwrap();
+    install(
+        ws.path(),
+        "first",
+        "audit_hook",
+        &manifest("first", "\"turn_complete\"", "", ""),
+    );
+    let h = hooks(ws.path());
+    assert_eq!(plugins(&h).plugins.len(), 1);
+    // Replaced by rename.
+    let staging = ws.path().join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::rename(ws.path().join("plugins"), ws.path().join("old")).unwrap();
+    install(
+        &staging,
+        "second",
+        "audit_hook",
+        &manifest("second", "\"turn_complete\"", "", ""),
+    );
+    std::fs::rename(staging.join("plugins"), ws.path().join("plugins")).unwrap();
+    wait_for(10, "the renamed-in directory", || {
+        let p = plugins(&h).plugins;
+        p.len() == 1 && p[0].name == "second"
+    });
+    // A change inside the new directory is seen.
+    install(
+        ws.path(),
+        "third",
+        "audit_hook",
+        &manifest("third", "\"turn_complete\"", "", ""),
+    );
+    wait_for(10, "a plugin added to it", || {
+        plugins(&h).plugins.len() == 2
+    });
+    // Deleted and created again.
+    std::fs::remove_dir_all(ws.path().join("plugins")).unwrap();
+    wait_for(10, "the deletion", || plugins(&h).plugins.is_empty());
+    install(
+        ws.path(),
+        "fourth",
+        "audit_hook",
+        &manifest("fourth", "\"turn_complete\"", "", ""),
+    );
+    wait_for(10, "the recreated directory", || {
+        plugins(&h).plugins.len() == 1
+    });
+    install(
+        ws.path(),
+        "fifth",
+        "audit_hook",
+        &manifest("fifth", "\"turn_complete\"", "", ""),
+    );
+    wait_for(10, "a plugin added to it", || {
+        plugins(&h).plugins.len() == 2
+    });
+}
+
+#[test]
+fn a_payload_that_is_not_json_is_published_as_a_json_string() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(
+        ws.path(),
+        "pub",
+        "publish",
+        "",
+        "topic = \"prx.out\"\npayload = \"plain \\\"text\\\"\"",
+    );
+    let h = hooks(ws.path());
+    let sub = h.bus().subscribe("prx.out").unwrap();
+    h.emitter("a", "s").emit(Event::TurnComplete);
+    let msg = recv(&sub);
+    assert_eq!(msg.json_str(), r#""plain \"text\"""#);
+    // JSON stays as it is.
+    let v: serde_json::Value = serde_json::from_str(msg.json_str()).unwrap();
+    assert_eq!(v, "plain \"text\"");
+    wait_for(10, "the call", || plugin(&h, "pub").counts.ok == 1);
 }

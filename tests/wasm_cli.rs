@@ -15,10 +15,36 @@ fn kv(ws: &Path, plugin: &str, key: &str) -> Option<String> {
     kv_get(ws, plugin, key).map(|v| String::from_utf8(v).unwrap())
 }
 
+/// The binary, with `HOME` in a directory of this test binary's own (the compile cache lives
+/// under `$HOME/.cache`, its key under `$HOME/.local/state`) and no XDG overrides.
 fn bin() -> Command {
+    let home = std::env::temp_dir().join(format!("prx-hooks-wasm-cli-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    bin_home(&home)
+}
+
+fn bin_home(home: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_prx-hooks"));
-    cmd.env("RUST_LOG", "info");
+    cmd.env("RUST_LOG", "info")
+        .env("HOME", home)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("XDG_STATE_HOME");
     cmd
+}
+
+/// The compile cache entries under `home`.
+fn cache_entries(home: &Path) -> Vec<std::path::PathBuf> {
+    let dir = home.join(".cache/prx-hooks/wasm");
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
 }
 
 fn manifest(name: &str, events: &str, config: &str) -> String {
@@ -48,9 +74,10 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
 #[test]
 fn fire_runs_plugins_and_consecutive_fires_share_kv() {
     let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
     audit(ws.path());
     for n in 1..=2 {
-        let (code, out, err) = run(bin()
+        let (code, out, err) = run(bin_home(home.path())
             .args(["fire", "tool_call", "--workspace"])
             .arg(ws.path()));
         assert_eq!(code, 0, "{out}{err}");
@@ -66,11 +93,9 @@ fn fire_runs_plugins_and_consecutive_fires_share_kv() {
             Some(&*n.to_string())
         );
     }
-    // The second run loaded the compiled component from the cache.
-    let cache: Vec<_> = std::fs::read_dir(ws.path().join(".prx-hooks/cache"))
-        .unwrap()
-        .collect();
-    assert_eq!(cache.len(), 1);
+    // The compiled component is cached in the user's cache, never in the workspace.
+    assert_eq!(cache_entries(home.path()).len(), 1);
+    assert!(!ws.path().join(".prx-hooks/cache").exists());
 }
 
 #[test]
@@ -134,7 +159,7 @@ fn fire_reports_guest_errors_traps_and_json() {
 }
 
 #[test]
-fn fire_with_a_broken_plugin_is_a_configuration_error() {
+fn fire_reports_a_broken_plugin_and_runs_the_others() {
     let ws = tempfile::tempdir().unwrap();
     audit(ws.path());
     install(
@@ -146,12 +171,274 @@ fn fire_with_a_broken_plugin_is_a_configuration_error() {
     let (code, out, err) = run(bin()
         .args(["fire", "tool_call", "--workspace"])
         .arg(ws.path()));
-    assert_eq!(code, 2, "{out}{err}");
-    assert!(out.is_empty());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.starts_with("plugin audit-hook tool_call: ok ("),
+        "{out}"
+    );
     assert!(
         err.contains("plugins/broken/plugin.toml:1:1: plugin: missing \"version\" (required)"),
         "{err}"
     );
+}
+
+#[test]
+fn fire_on_a_prx_plugins_folder_runs_the_hooks_and_reports_the_rest() {
+    let ws = tempfile::tempdir().unwrap();
+    audit(ws.path());
+    // A tool plugin, with its own PRX manifest (no hook capability).
+    let tool = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plugins/tool-plugin/plugin.toml"),
+    )
+    .unwrap();
+    install(ws.path(), "tool-plugin", "tool_plugin", &tool);
+    // A tool component whose manifest says hook: skipped by what it exports.
+    install(
+        ws.path(),
+        "tool-as-hook",
+        "tool_plugin",
+        &manifest("tool-as-hook", "\"*\"", ""),
+    );
+    // Keys PRX ignores, and a name that is not the folder's.
+    install(
+        ws.path(),
+        "extra-keys",
+        "audit_hook",
+        &format!(
+            "http_allowlist = [\"https://example.com\"]\n{}",
+            manifest("audit", "\"tool_call\"", "").replace(
+                "version = \"0.1.0\"",
+                "version = \"0.1.0\"\ncapability = \"hook\""
+            )
+        ),
+    );
+    // A folder without a manifest, and a broken plugin.
+    std::fs::create_dir_all(ws.path().join("plugins/assets")).unwrap();
+    install(
+        ws.path(),
+        "broken",
+        "audit_hook",
+        "[plugin]\nname = \"broken\"\n",
+    );
+    let (code, out, err) = run(bin()
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 1, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].starts_with("plugin audit-hook tool_call: ok ("),
+        "{out}"
+    );
+    // The folder's name is the plugin's name (it keys kv).
+    assert!(
+        lines[1].starts_with("plugin extra-keys tool_call: ok ("),
+        "{out}"
+    );
+    assert_eq!(kv(ws.path(), "extra-keys", "count").as_deref(), Some("1"));
+    for expected in [
+        "plugin tool-plugin: a tool plugin, not a hook: skipped",
+        "plugin tool-as-hook: its component exports prx:plugin/tool-exports@0.1.0",
+        "unknown key \"http_allowlist\"",
+        "unknown key \"capability\"",
+        "the name \"audit\" differs from the plugin's directory name \"extra-keys\"",
+        "plugins/assets/plugin.toml:1:1: $: no plugin.toml",
+        "plugins/broken/plugin.toml:1:1: plugin: missing \"version\"",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+    // validate: the broken plugin is the only error; the rest are warnings and notes.
+    let (code, out, err) = run(bin().args(["validate", "--workspace"]).arg(ws.path()));
+    assert_eq!(code, 1, "{out}{err}");
+    let errors: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.starts_with("warning: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "{out}");
+    assert!(errors[0].contains("plugins/broken/plugin.toml"), "{out}");
+    assert!(err.contains("note: plugin tool-plugin"), "{err}");
+}
+
+#[test]
+fn a_swapped_or_tampered_cache_entry_is_never_run() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    audit(ws.path());
+    let fire = || {
+        run(bin_home(home.path())
+            .args(["fire", "tool_call", "--workspace"])
+            .arg(ws.path()))
+    };
+    assert_eq!(fire().0, 0);
+    let audit_entry = cache_entries(home.path()).pop().expect("an entry");
+    install(
+        ws.path(),
+        "bad",
+        "misbehave",
+        &manifest("bad", "\"*\"", "mode = \"err\""),
+    );
+    assert_eq!(fire().0, 1);
+    let entries = cache_entries(home.path());
+    let bad_entry = entries.iter().find(|p| **p != audit_entry).unwrap();
+    // The misbehaving plugin's compiled code copied over the audit hook's entry.
+    std::fs::copy(bad_entry, &audit_entry).unwrap();
+    let (code, out, err) = fire();
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("plugin audit-hook tool_call: ok ("), "{out}");
+    assert!(err.contains("compile cache entry refused"), "{err}");
+    // Truncated in place: refused too, recompiled, nothing crashes.
+    let len = std::fs::metadata(&audit_entry).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&audit_entry)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let (_, out, err) = fire();
+    assert!(
+        out.contains("plugin audit-hook tool_call: ok ("),
+        "{out}{err}"
+    );
+    assert_eq!(kv(ws.path(), "audit-hook", "count").as_deref(), Some("4"));
+}
+
+#[test]
+fn a_cache_directory_in_the_workspace_is_never_read_or_written() {
+    let ws = tempfile::tempdir().unwrap();
+    audit(ws.path());
+    install(
+        ws.path(),
+        "bad",
+        "misbehave",
+        &manifest("bad", "\"*\"", "mode = \"err\""),
+    );
+    // Whatever sits in the workspace's state directory (it was the cache), even a symbolic
+    // link to elsewhere, is not looked at.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join(".prx-hooks")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), ws.path().join(".prx-hooks/cache")).unwrap();
+    let (code, out, err) = run(bin()
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    // validate never writes a cache at all.
+    let home = tempfile::tempdir().unwrap();
+    let (code, out, err) = run(bin_home(home.path())
+        .args(["validate", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(cache_entries(home.path()).is_empty());
+    assert!(!home.path().join(".cache").exists());
+}
+
+#[test]
+fn without_a_usable_home_plugins_run_uncached() {
+    let ws = tempfile::tempdir().unwrap();
+    audit(ws.path());
+    let (code, out, err) = run(bin()
+        .env_remove("HOME")
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("plugin audit-hook tool_call: ok ("),
+        "{out}"
+    );
+    assert!(err.contains("no compile cache"), "{err}");
+}
+
+#[test]
+fn plugins_load_under_an_address_space_limit() {
+    let ws = tempfile::tempdir().unwrap();
+    audit(ws.path());
+    install(
+        ws.path(),
+        "big",
+        "misbehave",
+        &format!(
+            "{}\n[resources]\nmax_memory_mb = 256\npool_size = 4\n",
+            manifest("big", "\"*\"", "mode = \"noop\"")
+        ),
+    );
+    // 8 GiB of address space: wasmtime's default reservations (4 GiB per memory slot) need
+    // terabytes for this pool.
+    let mut cmd = Command::new("prlimit");
+    cmd.arg(format!("--as={}", 8u64 << 30))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path())
+        .env(
+            "HOME",
+            std::env::temp_dir().join(format!("prx-hooks-wasm-cli-home-{}", std::process::id())),
+        )
+        .env("RUST_LOG", "info");
+    std::fs::create_dir_all(
+        std::env::temp_dir().join(format!("prx-hooks-wasm-cli-home-{}", std::process::id())),
+    )
+    .unwrap();
+    let (code, out, err) = run(&mut cmd);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.lines().count(), 2, "{out}");
+}
+
+/// Runs `cmd` with stdout read and stderr piped but never read; kills it after `secs`.
+fn run_with_stderr_blocked(cmd: &mut Command, secs: u64) -> Option<i32> {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_log_flood_is_rate_limited_and_a_blocked_stderr_does_not_hang_fire() {
+    let ws = tempfile::tempdir().unwrap();
+    install(
+        ws.path(),
+        "flood",
+        "misbehave",
+        &format!(
+            "{}\n[resources]\nmax_execution_time_ms = 3000\nmax_fuel = 1_000_000_000_000\n",
+            manifest(
+                "flood",
+                "\"*\"",
+                "mode = \"logflood\"\ncount = \"20000\"\nsize = \"200\""
+            )
+        ),
+    );
+    let (code, out, err) = run(bin()
+        .args(["fire", "turn_complete", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 0, "{out}{err}");
+    let guest_lines = err.lines().filter(|l| l.contains("xxxxxxxx")).count();
+    assert!(
+        guest_lines <= 1000,
+        "{guest_lines} guest lines reached stderr"
+    );
+    assert!(err.contains("log line(s) dropped"), "{err}");
+    // Nobody reads stderr: 40 000 lines of 200 bytes fill the pipe many times over.
+    let code = run_with_stderr_blocked(
+        bin()
+            .args(["fire", "turn_complete", "--workspace"])
+            .arg(ws.path()),
+        60,
+    );
+    assert_eq!(code, Some(0), "fire hung on a full stderr pipe");
 }
 
 #[test]

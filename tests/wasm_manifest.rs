@@ -62,6 +62,18 @@ fn errs_of(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The warnings of a manifest `text` for plugin `p`, which must be accepted, with the label
+/// replaced by `F`.
+fn warns_of(text: &str) -> Vec<String> {
+    let (_ws, dir) = plugin("p", text);
+    let prefix = label(&dir);
+    load_ok(&dir)
+        .warnings
+        .iter()
+        .map(|w| format!("F{}", &w.to_string()[prefix.len()..]))
+        .collect()
+}
+
 /// `[plugin]` for `p` (lines 1-3), then `rest` from line 4.
 fn with(rest: &str) -> String {
     format!("[plugin]\nname = \"p\"\nversion = \"0.1.0\"\n{rest}")
@@ -495,13 +507,17 @@ fn missing_plugin_table() {
 }
 
 #[test]
-fn name_must_equal_the_directory_name() {
+fn a_name_that_differs_from_the_directory_is_a_warning_and_the_directory_names_it() {
     let (_ws, dir) = plugin("audit", &with(HOOK));
+    let m = load_ok(&dir);
+    assert_eq!(m.name, "audit");
+    assert_eq!(m.declared_name.as_deref(), Some("p"));
+    let lines: Vec<String> = m.warnings.iter().map(|w| w.to_string()).collect();
     assert_eq!(
-        errors(&dir),
+        lines,
         [format!(
-            "{}:2:8: plugin.name: the name \"p\" does not match the plugin's directory name \
-             \"audit\"; a plugin's name must equal its directory's name (rename one of them)",
+            "{}:2:8: plugin.name: the name \"p\" differs from the plugin's directory name \
+             \"audit\"; the directory's name is used (it keys kv, stats and metric labels)",
             label(&dir)
         )]
     );
@@ -810,13 +826,18 @@ fn unknown_keys_are_errors_with_did_you_mean() {
             "F:8:1: resources.max_memroy_mb: unknown key \"max_memroy_mb\"; did you mean \"max_memory_mb\"?"
         ]
     );
+    // At the top level and in [plugin], PRX ignores unknown keys: warnings, with the hint.
     assert_eq!(
-        errs_of(&with("wasmm = \"plugin.wasm\"\n")),
-        ["F:4:1: plugin.wasmm: unknown key \"wasmm\"; did you mean \"wasm\"?"]
+        warns_of(&with(&format!("wasmm = \"plugin.wasm\"\n{HOOK}"))),
+        [
+            "F:4:1: plugin.wasmm: unknown key \"wasmm\"; did you mean \"wasm\"? (ignored, as PRX does)"
+        ]
     );
     assert_eq!(
-        errs_of(&with("[permision]\nrequired = []\n")),
-        ["F:4:2: permision: unknown key \"permision\"; did you mean \"permissions\"?"]
+        warns_of(&with(&format!("{HOOK}[permision]\nrequired = []\n"))),
+        [
+            "F:8:2: permision: unknown key \"permision\"; did you mean \"permissions\"? (ignored, as PRX does)"
+        ]
     );
     assert_eq!(
         errs_of(&with("[permissions]\nrequried = [\"kv\"]\n")),
@@ -845,15 +866,17 @@ fn unknown_keys_are_errors_with_did_you_mean() {
         ]
     );
     assert_eq!(
-        errs_of(&with(&format!("{HOOK}[http_allowlist]\n"))),
+        warns_of(&with(&format!("{HOOK}[http_allowlist]\n"))),
         [
-            "F:7:2: http_allowlist: unknown key \"http_allowlist\"; \"http_allowlist\" belongs in [permissions]"
+            "F:7:2: http_allowlist: unknown key \"http_allowlist\"; \"http_allowlist\" belongs in \
+             [permissions] (ignored, as PRX does)"
         ]
     );
     assert_eq!(
-        errs_of(&with("pool_size = 2\n")),
+        warns_of(&with(&format!("pool_size = 2\n{HOOK}"))),
         [
-            "F:4:1: plugin.pool_size: unknown key \"pool_size\"; \"pool_size\" belongs in [resources]"
+            "F:4:1: plugin.pool_size: unknown key \"pool_size\"; \"pool_size\" belongs in \
+             [resources] (ignored, as PRX does)"
         ]
     );
 }
@@ -1151,18 +1174,34 @@ fn scan_loads_every_plugin_in_name_order() {
     let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
     assert_eq!(
         lines,
-        [
-            format!(
-                "{}:1:1: plugin: missing \"version\" (required): the plugin's version, such as \"0.1.0\"",
-                label(&w.join("plugins/broken"))
-            ),
-            format!(
-                "{}:1:1: $: no plugin.toml: every directory in plugins/ is a plugin and needs one \
-                 (directories whose name starts with '.' are ignored)",
-                label(&w.join("plugins/empty"))
-            ),
-        ]
+        [format!(
+            "{}:1:1: plugin: missing \"version\" (required): the plugin's version, such as \"0.1.0\"",
+            label(&w.join("plugins/broken"))
+        ),]
     );
+    // A directory without plugin.toml is skipped with a warning (PRX does not require one).
+    let scan = manifest::scan_all(w);
+    let warnings: Vec<String> = scan.warnings.iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        warnings,
+        [format!(
+            "{}:1:1: $: no plugin.toml: the directory is skipped (a plugin needs one to say which \
+             events it takes)",
+            label(&w.join("plugins/empty"))
+        )]
+    );
+    // A plugin without a hook capability (a PRX tool) is skipped, said with its kind.
+    add_plugin(
+        w,
+        "tool",
+        "[plugin]\nname = \"tool\"\nversion = \"1\"\n[[capabilities]]\ntype = \"tool\"\n",
+    );
+    let scan = manifest::scan_all(w);
+    assert_eq!(
+        scan.skipped,
+        [("tool".to_string(), "a tool plugin, not a hook".to_string())]
+    );
+    assert_eq!(scan.manifests.len(), 3);
 }
 
 #[test]

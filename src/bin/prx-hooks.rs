@@ -426,32 +426,60 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
     }
 }
 
-/// Checks every plugin (manifest, compile, `on-event` and its type, linking); prints each
-/// problem on stdout and a summary on stderr. Whether all are fine.
+/// Checks every plugin (manifest, compile, `on-event` and its type, linking, a probe
+/// instantiation); prints each problem on stdout (warnings prefixed `warning: `), plugins that
+/// are not hooks as notes on stderr, and a summary on stderr. Whether there were no errors.
 fn validate_plugins(workspace: &std::path::Path) -> bool {
-    let (manifests, _errors) = prx_hooks::wasm::manifest::scan(workspace);
+    let scan = prx_hooks::wasm::manifest::scan_all(workspace);
     #[cfg(feature = "wasm")]
     let lines = prx_hooks::wasm::check_workspace(workspace);
     #[cfg(not(feature = "wasm"))]
-    let lines: Vec<String> = _errors.iter().map(|e| e.to_string()).collect();
+    let lines: Vec<String> = scan.errors.iter().map(|e| e.to_string()).collect();
+    let warnings: Vec<String> = scan
+        .warnings
+        .iter()
+        .chain(scan.manifests.iter().flat_map(|m| &m.warnings))
+        .map(|w| w.to_string())
+        .collect();
     for line in &lines {
         println!("{line}");
     }
+    for w in &warnings {
+        println!("warning: {w}");
+    }
+    for (name, why) in &scan.skipped {
+        eprintln!("note: plugin {name}: {why}; skipped (not ours to run)");
+    }
     let dir = workspace.join(prx_hooks::wasm::manifest::PLUGINS_DIR);
-    if manifests.is_empty() && lines.is_empty() {
+    if scan.manifests.is_empty() && lines.is_empty() {
         eprintln!("{}: no plugins", dir.display());
     } else if lines.is_empty() {
-        let names: Vec<&str> = manifests.iter().map(|m| m.name.as_str()).collect();
+        let names: Vec<&str> = scan.manifests.iter().map(|m| m.name.as_str()).collect();
         eprintln!(
-            "{}: ok: {} plugin(s): {}",
+            "{}: ok: {} plugin(s): {}, {} warning(s)",
             dir.display(),
             names.len(),
-            names.join(", ")
+            names.join(", "),
+            warnings.len()
         );
     } else {
         eprintln!("{}: {} error(s)", dir.display(), lines.len());
     }
     lines.is_empty()
+}
+
+/// `fire`'s plugin side: loads the workspace's plugins once; each plugin that fails to load
+/// is reported on stderr and the others run (the caller exits 1 when any failed).
+#[cfg(feature = "wasm")]
+fn fire_load_plugins(
+    workspace: &std::path::Path,
+) -> Result<(prx_hooks::wasm::WasmSink, bool), BoxError> {
+    let sink = prx_hooks::wasm::WasmSink::standalone(workspace.to_path_buf())?;
+    let errors = sink.errors();
+    for error in &errors {
+        eprintln!("{error}");
+    }
+    Ok((sink, !errors.is_empty()))
 }
 
 /// `fire`: exit 0 if every hook succeeded (or was skipped), 1 on any failure, 2 on a
@@ -486,18 +514,7 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
         tracing::warn!("{warning}");
     }
     #[cfg(feature = "wasm")]
-    let plugins = {
-        let sink = prx_hooks::wasm::WasmSink::standalone(args.workspace.clone())?;
-        let errors = sink.errors();
-        if !errors.is_empty() {
-            for error in &errors {
-                eprintln!("{error}");
-            }
-            sink.shutdown(Instant::now());
-            return Ok(ExitCode::from(2));
-        }
-        sink
-    };
+    let (plugins, plugins_failed) = fire_load_plugins(&args.workspace)?;
     let shell = prx_hooks::shell::ShellSink::standalone(args.workspace.clone(), Default::default());
     shell.set_table(Arc::new(table));
     let msg = prx_hooks::shell::event_message(&record.event(), &record.agent, &record.session, 0);
@@ -526,7 +543,7 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
                 println!("{outcome}");
             }
         }
-        failed |= fired.iter().any(|o| !o.is_ok());
+        failed |= plugins_failed || fired.iter().any(|o| !o.is_ok());
         ran += fired.len();
     }
     if ran == 0 {

@@ -1,26 +1,30 @@
-//! The wasmtime `Engine`: its configuration, the epoch ticker, and compiling components through
-//! the on-disk cache.
+//! The wasmtime `Engine`: its configuration, the epoch ticker, the timer runtime, and compiling
+//! components through the authenticated cache ([`super::cache`]).
 //!
 //! One engine serves every plugin of a workspace. It is created only when plugins exist, with:
 //! the component model; fuel (refilled before every call, so `max_fuel` bounds one call, not the
 //! plugin's life); epoch interruption, advanced every [`TICK`] by a ticker thread, which is how a
-//! call that runs past `max_execution_time_ms` (or past the shutdown deadline) is stopped;
-//! `concurrency_support(false)` (we never run guests concurrently inside one store, and the
-//! per-call bookkeeping it saves is more than half the cost of a small call); and the pooling
-//! allocator sized for the plugins present ([`Sizing`]) — its default reserves slots for 1,000
-//! memories of 4 GiB each, terabytes of address space per engine. When a reload brings more
-//! instances or a larger memory than the pool was sized for, the sink builds a new engine.
+//! call that runs past `max_execution_time_ms` (or past the shutdown deadline) is stopped while it
+//! runs guest code; `concurrency_support(false)` (we never run guests concurrently inside one
+//! store); and the pooling allocator sized for the plugins present ([`Sizing`]).
 //!
-//! Compiled components are cached under `<workspace>/.prx-hooks/cache/` as
-//! `<sha256 of the .wasm and of the engine's compatibility hash>.cwasm`, so `fire`, `validate`
-//! and restarts load in milliseconds instead of compiling. An entry that fails to load (another
-//! wasmtime version, a truncated file) is recompiled and replaced.
+//! Calls are made with `call_async` (see [`super::drive`]): a guest blocked in a WASI host call
+//! (`wasi:io/poll` on a clock, which is how `std::thread::sleep` waits) is a suspended future, and
+//! the executor drops it at the call's deadline or at shutdown; epochs alone cannot reach a guest
+//! that is inside the host (wasmtime's `Config::epoch_interruption` docs say so). WASI's clocks are
+//! tokio timers: each engine owns a one-thread tokio runtime that drives them
+//! ("prx-hooks-wasm-timer"); executors enter its context and poll their calls themselves.
+//!
+//! Address space (ARCHITECTURE.md § WASM plugins): each linear memory slot reserves
+//! [`reservation`] bytes (the largest `max_memory_mb` rounded up to a power of two, at least
+//! 1 MiB) plus a [`GUARD`]; wasmtime's default is 4 GiB + 32 MiB per slot, which put 164 GiB of
+//! reservations behind one 64 MiB plugin. A reservation below 4 GiB makes the compiled code check
+//! bounds explicitly, and it is part of the compiled code's compatibility hash: a plugin with a
+//! larger limit that crosses a power of two rebuilds the engine and recompiles every plugin once.
 
-use sha2::{Digest, Sha256};
-use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use super::cache::CompileCache;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use wasmtime::component::Component;
@@ -33,31 +37,39 @@ pub const TICK: Duration = Duration::from_millis(5);
 /// has one memory and a few core instances (the program and the shims `wit-component` adds).
 const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 const MEMORIES_PER_COMPONENT: u32 = 4;
+/// Memory slots the pool holds per component instance (a component may use up to
+/// [`MEMORIES_PER_COMPONENT`], most use one).
+const MEMORY_SLOTS_PER_INSTANCE: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 16;
 
 /// What the pooling allocator must hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sizing {
     /// Component instances alive at once (pooled instances, their replacements during a reload,
-    /// and one for checking a component's exports).
+    /// and probes).
     pub instances: u32,
     /// The largest linear memory any plugin may grow to, in bytes.
     pub max_memory: u64,
 }
 
 impl Sizing {
-    /// Whether an engine sized `self` can hold what `need` asks.
+    /// Whether an engine sized `self` can hold what `need` asks without recompiling: enough
+    /// instances, and memories that fit the same reservation.
     pub fn covers(&self, need: &Sizing) -> bool {
-        self.instances >= need.instances && self.max_memory >= need.max_memory
+        self.instances >= need.instances
+            && self.max_memory >= need.max_memory
+            && reservation(self.max_memory) == reservation(need.max_memory)
     }
 }
 
-/// The engine and its ticker thread.
+/// The engine, its ticker thread and its timer runtime.
 pub struct WasmEngine {
     engine: Engine,
     sizing: Sizing,
     stop: Arc<AtomicBool>,
-    ticker: Option<JoinHandle<()>>,
+    ticker: Mutex<Option<JoinHandle<()>>>,
+    timers: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
 }
 
 /// Whether a component came from the cache.
@@ -69,8 +81,20 @@ pub enum Compiled {
 
 impl WasmEngine {
     pub fn new(sizing: Sizing) -> Result<WasmEngine, String> {
-        let engine = Engine::new(&config(sizing))
-            .map_err(|e| format!("cannot create the wasm engine: {e:#}"))?;
+        let engine = Engine::new(&config(sizing)).map_err(|e| {
+            format!(
+                "cannot create the wasm engine: {}",
+                one_line(&format!("{e:#}"))
+            )
+        })?;
+        let timers = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(1)
+            .thread_name("prx-hooks-wasm-timer")
+            .enable_time()
+            .enable_io()
+            .build()
+            .map_err(|e| format!("cannot start the wasm timer thread: {e}"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (e, s) = (engine.clone(), stop.clone());
         let ticker = std::thread::Builder::new()
@@ -86,7 +110,9 @@ impl WasmEngine {
             engine,
             sizing,
             stop,
-            ticker: Some(ticker),
+            ticker: Mutex::new(Some(ticker)),
+            handle: timers.handle().clone(),
+            timers: Mutex::new(Some(timers)),
         })
     }
 
@@ -98,40 +124,39 @@ impl WasmEngine {
         self.sizing
     }
 
-    /// Compiles `wasm` (the file's bytes), through the cache in `cache_dir` when given.
+    /// The timer runtime's handle: guest code runs inside its context (WASI clocks are tokio
+    /// timers).
+    pub fn timers(&self) -> tokio::runtime::Handle {
+        self.handle.clone()
+    }
+
+    /// Compiles `wasm` (the file's bytes), through `cache` when given: an authenticated entry is
+    /// loaded instead of compiling, and a fresh compile is stored.
     pub fn compile(
         &self,
         wasm: &[u8],
-        cache_dir: Option<&Path>,
+        cache: Option<&CompileCache>,
     ) -> Result<(Component, Compiled), String> {
-        let Some(dir) = cache_dir else {
+        let Some(cache) = cache else {
             return self.compile_fresh(wasm).map(|c| (c, Compiled::Fresh));
         };
-        let entry = dir.join(format!("{}.cwasm", self.cache_key(wasm)));
-        if entry.exists() {
-            // SAFETY: `deserialize_file` trusts the file to be a component this wasmtime
-            // compiled: it maps it and runs its code. The cache directory is ours, inside the
-            // workspace (whoever can write there can replace plugins and hooks.json anyway); the
-            // entry was written whole (temp file + rename) by `compile` below, its name binds it
-            // to these exact .wasm bytes and this engine's compatibility hash, and wasmtime
-            // itself checks the header (version, target, tunables) and refuses a mismatch.
-            match unsafe { Component::deserialize_file(&self.engine, &entry) } {
-                Ok(c) => {
-                    touch(&entry);
-                    return Ok((c, Compiled::Cached));
-                }
-                Err(e) => {
-                    tracing::debug!(file = %entry.display(), "cache entry unusable ({e}); recompiling")
-                }
+        let name = cache.entry_name(wasm, self.engine.precompile_compatibility_hash());
+        if let Some(bytes) = cache.load(&name) {
+            // SAFETY: `deserialize` runs the bytes as native code. They are in memory (not a
+            // mapping another process could change), and `CompileCache::load` returned them only
+            // after checking their HMAC under this user's secret key over the entry's name (the
+            // .wasm's SHA-256 and this engine's compatibility hash) and contents: they are what
+            // `Component::serialize` produced in this process or another one of this user with
+            // the same wasmtime and configuration. wasmtime also checks the header (version,
+            // target, tunables) and refuses a mismatch.
+            match unsafe { Component::deserialize(&self.engine, &bytes) } {
+                Ok(c) => return Ok((c, Compiled::Cached)),
+                Err(e) => tracing::debug!(entry = %name, "cache entry unusable ({e}); recompiling"),
             }
         }
         let component = self.compile_fresh(wasm)?;
         match component.serialize() {
-            Ok(bytes) => {
-                if let Err(e) = super::kv::write_atomically(&entry, &bytes) {
-                    tracing::debug!(file = %entry.display(), "cannot write the compile cache: {e}");
-                }
-            }
+            Ok(bytes) => cache.store(&name, &bytes),
             Err(e) => tracing::debug!("cannot serialize a compiled component: {e}"),
         }
         Ok((component, Compiled::Fresh))
@@ -141,39 +166,44 @@ impl WasmEngine {
         Component::new(&self.engine, wasm).map_err(|e| one_line(&format!("{e:#}")))
     }
 
-    /// sha256 of the component's bytes and of everything about this engine that decides
-    /// whether compiled code is compatible (wasmtime version, target, tunables, features).
-    fn cache_key(&self, wasm: &[u8]) -> String {
-        struct ShaHasher(Sha256);
-        impl Hasher for ShaHasher {
-            fn write(&mut self, bytes: &[u8]) {
-                self.0.update(bytes);
-            }
-            fn finish(&self) -> u64 {
-                0
-            }
-        }
-        let mut h = ShaHasher(Sha256::new());
-        h.write(wasm);
-        self.engine.precompile_compatibility_hash().hash(&mut h);
-        h.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
-    }
-}
-
-impl WasmEngine {
-    /// Stops the epoch ticker (at shutdown; a call still running would never time out).
-    pub fn stop_ticker(&self) {
+    /// Stops and joins the epoch ticker and the timer runtime's thread (at shutdown, once no
+    /// guest runs). Idempotent; dropping the engine does it too.
+    pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+        // Nothing is spawned on it; its one thread parks on the timer driver and exits now.
+        if let Some(rt) = self.timers.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            rt.shutdown_timeout(Duration::from_millis(100));
+        }
     }
 }
 
 impl Drop for WasmEngine {
     fn drop(&mut self) {
-        self.stop_ticker();
-        if let Some(t) = self.ticker.take() {
-            let _ = t.join();
-        }
+        self.stop();
     }
+}
+
+/// The guard region after each linear memory slot.
+pub const GUARD: u64 = 64 << 10;
+/// A fiber stack for `call_async` (wasm stack plus host frames).
+pub const ASYNC_STACK: usize = 1 << 20;
+/// The wasm part of it.
+const WASM_STACK: usize = 512 << 10;
+
+/// Bytes reserved per linear memory slot for memories of up to `max_memory` bytes.
+pub fn reservation(max_memory: u64) -> u64 {
+    max_memory.max(1 << 20).next_power_of_two()
+}
+
+/// Address space one pooled component instance reserves: its memory slots (reservation, guard
+/// and the guard before it) and its fiber stack with its guard page.
+pub fn address_space_per_instance(max_memory: u64) -> u64 {
+    u64::from(MEMORY_SLOTS_PER_INSTANCE) * (reservation(max_memory) + 2 * GUARD)
+        + ASYNC_STACK as u64
+        + 4096
 }
 
 /// The engine configuration. Benches build their baseline from this same function.
@@ -183,10 +213,11 @@ pub fn config(sizing: Sizing) -> Config {
     pool.total_component_instances(instances)
         .total_core_instances(instances * CORE_INSTANCES_PER_COMPONENT)
         .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-        .total_memories(instances * MEMORIES_PER_COMPONENT)
+        .total_memories(instances * MEMORY_SLOTS_PER_INSTANCE)
         .max_memories_per_component(MEMORIES_PER_COMPONENT)
         .total_tables(instances * TABLES_PER_COMPONENT)
         .max_tables_per_component(TABLES_PER_COMPONENT)
+        .total_stacks(instances)
         .max_memory_size(sizing.max_memory as usize);
     let mut config = Config::new();
     config
@@ -194,38 +225,13 @@ pub fn config(sizing: Sizing) -> Config {
         .consume_fuel(true)
         .epoch_interruption(true)
         .concurrency_support(false)
+        .memory_reservation(reservation(sizing.max_memory))
+        .memory_guard_size(GUARD)
+        .memory_reservation_for_growth(0)
+        .max_wasm_stack(WASM_STACK)
+        .async_stack_size(ASYNC_STACK)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     config
-}
-
-/// Marks a cache entry as used (for pruning).
-fn touch(path: &Path) {
-    if let Ok(f) = std::fs::File::options().append(true).open(path) {
-        let _ = f.set_modified(std::time::SystemTime::now());
-    }
-}
-
-/// Removes cache entries not used for `max_age` and not in `keep`.
-pub fn prune_cache(dir: &Path, keep: &[PathBuf], max_age: Duration) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let now = std::time::SystemTime::now();
-    for e in entries.flatten() {
-        let path = e.path();
-        if path.extension().is_none_or(|x| x != "cwasm") || keep.contains(&path) {
-            continue;
-        }
-        let old = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| now.duration_since(t).ok())
-            .is_some_and(|age| age > max_age);
-        if old {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
 }
 
 /// A multi-line wasmtime error as one line (`a: b: c`).

@@ -3,8 +3,14 @@
 //! Every host interface is registered twice, as `prx:host/log@0.1.0` and as `prx:host/log`, so a
 //! guest built from a versioned or an unversioned copy of the WIT links. WASI p2 is linked with
 //! nothing to reach: no preopened directories, no environment, no arguments, no network (socket
-//! address checks deny everything, name lookup is off), stdin empty; stdout and stderr go to
-//! `tracing` line by line, tagged with the plugin's name. Clocks and random are available.
+//! address checks deny everything, name lookup is off), stdin empty; stdout and stderr go to the
+//! plugin's bounded log ([`super::log`]) line by line. Clocks and random are available (random
+//! at most [`MAX_RANDOM`] bytes a call). WASI is linked with its async bindings: a guest waiting
+//! in `wasi:io/poll` suspends its call's future, which the executor drops at the deadline.
+//!
+//! Memory ([`InstanceLimits`]): `max_memory_mb` caps the instance as a whole — every linear
+//! memory of the component together — and what the host copies out for it (a `kv.get` value
+//! larger than what is left of the cap is refused with a trap rather than allocated).
 //!
 //! Each instance's [`HostState`] knows its plugin ([`PluginCtx`]: name, config, kv store, whether
 //! it holds the `events` permission, the bus) and the message it is handling, whose depth is what
@@ -14,13 +20,14 @@
 //! with it, and only it can cancel them.
 
 use super::kv::{KvFlusher, KvStore};
-use crate::bus::{Bus, Message, Subscription};
+use super::log::PluginLog;
+use crate::bus::{Bus, BusError, Message, Subscription};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use wasmtime::component::{ComponentType, Lift, Linker, ResourceTable};
-use wasmtime::{StoreContextMut, StoreLimits};
+use wasmtime::{ResourceLimiter, StoreContextMut};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -29,8 +36,17 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 const HOST_VERSION: &str = "0.1.0";
 /// Subscriptions one instance may hold.
 pub const MAX_SUBSCRIPTIONS: usize = 64;
-/// Longest line of guest stdout/stderr passed to tracing (longer ones are split).
-const MAX_LINE: usize = 4096;
+/// Longest line of guest stdout/stderr passed to the log (longer ones are split).
+const MAX_LINE: usize = super::log::MAX_LINE;
+/// Largest `wasi:random` request (wasmtime-wasi's default is 64 MiB, allocated on the host).
+pub const MAX_RANDOM: u64 = 1 << 20;
+/// Core instances, tables and memories one instance may create (the pool's per-component
+/// limits are the hard ones; these are the store's).
+const MAX_INSTANCES: usize = 64;
+const MAX_TABLES: usize = 64;
+const MAX_MEMORIES: usize = 8;
+/// Elements of all tables of an instance together.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 
 /// Everything about a plugin that its host functions need, shared by its instances.
 pub struct PluginCtx {
@@ -43,6 +59,24 @@ pub struct PluginCtx {
     pub bus: Bus,
     /// Set at the shutdown deadline: the running call is interrupted at the next tick.
     pub abort: Arc<AtomicBool>,
+    /// Set when this version of the plugin is replaced or removed: its running call is
+    /// interrupted and its queue dropped.
+    pub stop: AtomicBool,
+    /// Where its log lines go (shared by the plugin's versions).
+    pub log: Arc<PluginLog>,
+}
+
+impl PluginCtx {
+    /// Whether calls must stop now (shutdown, or this version retired).
+    pub fn stopping(&self) -> Option<Interrupted> {
+        if self.abort.load(Ordering::Relaxed) {
+            Some(Interrupted::Shutdown)
+        } else if self.stop.load(Ordering::Relaxed) {
+            Some(Interrupted::Replaced)
+        } else {
+            None
+        }
+    }
 }
 
 /// Why the host interrupted a call (the error the epoch callback raises).
@@ -52,6 +86,77 @@ pub enum Interrupted {
     Timeout,
     #[error("interrupted by shutdown")]
     Shutdown,
+    #[error("interrupted: the plugin was replaced or removed")]
+    Replaced,
+}
+
+/// The store's resource limiter: one memory cap for the whole instance.
+#[derive(Debug)]
+pub struct InstanceLimits {
+    /// `max_memory_mb`, in bytes.
+    pub cap: usize,
+    /// Bytes of all linear memories together.
+    pub memory: usize,
+    /// Elements of all tables together.
+    pub table_elements: usize,
+}
+
+impl InstanceLimits {
+    pub fn new(cap: usize) -> InstanceLimits {
+        InstanceLimits {
+            cap,
+            memory: 0,
+            table_elements: 0,
+        }
+    }
+
+    /// What is left of the cap.
+    pub fn headroom(&self) -> usize {
+        self.cap.saturating_sub(self.memory)
+    }
+}
+
+impl ResourceLimiter for InstanceLimits {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let total = (self.memory - current.min(self.memory)).saturating_add(desired);
+        if total > self.cap || maximum.is_some_and(|m| desired > m) {
+            return Ok(false);
+        }
+        self.memory = total;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let total =
+            (self.table_elements - current.min(self.table_elements)).saturating_add(desired);
+        if total > MAX_TABLE_ELEMENTS || maximum.is_some_and(|m| desired > m) {
+            return Ok(false);
+        }
+        self.table_elements = total;
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
 }
 
 /// The data of one instance's `Store`.
@@ -65,7 +170,7 @@ pub struct HostState {
     pub subs: Vec<Subscription>,
     pub sub_tx: flume::Sender<Message>,
     pub sub_rx: flume::Receiver<Message>,
-    pub limits: StoreLimits,
+    pub limits: InstanceLimits,
     wasi: WasiCtx,
     table: ResourceTable,
 }
@@ -73,19 +178,20 @@ pub struct HostState {
 impl HostState {
     pub fn new(
         ctx: Arc<PluginCtx>,
-        limits: StoreLimits,
+        limits: InstanceLimits,
         sub_tx: flume::Sender<Message>,
         sub_rx: flume::Receiver<Message>,
     ) -> HostState {
         let mut wasi = wasmtime_wasi::WasiCtxBuilder::new();
         wasi.stdout(GuestOutput {
-            plugin: ctx.name.clone(),
+            log: ctx.log.clone(),
             stream: "stdout",
         })
         .stderr(GuestOutput {
-            plugin: ctx.name.clone(),
+            log: ctx.log.clone(),
             stream: "stderr",
         })
+        .max_random_size(MAX_RANDOM)
         .allow_ip_name_lookup(false)
         .allow_tcp(false)
         .allow_udp(false);
@@ -104,8 +210,8 @@ impl HostState {
 
     /// The epoch callback's verdict: go on for another tick, or stop the call.
     pub fn check_deadline(&self) -> Result<(), Interrupted> {
-        if self.ctx.abort.load(Ordering::Relaxed) {
-            Err(Interrupted::Shutdown)
+        if let Some(why) = self.ctx.stopping() {
+            Err(why)
         } else if Instant::now() >= self.deadline {
             Err(Interrupted::Timeout)
         } else {
@@ -144,35 +250,49 @@ enum Level {
 type Cx<'a> = StoreContextMut<'a, HostState>;
 type R<T> = wasmtime::Result<T>;
 
-/// A linker with WASI p2 and the host interfaces under both names.
+/// A linker with WASI p2 (its async bindings: calls must be `call_async`) and the host
+/// interfaces under both names.
 pub fn linker(engine: &wasmtime::Engine) -> R<Linker<HostState>> {
     let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    add_host(&mut linker)?;
+    Ok(linker)
+}
+
+/// The same with WASI's synchronous bindings (what the host used before; benches compare).
+pub fn linker_sync(engine: &wasmtime::Engine) -> R<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    add_host(&mut linker)?;
+    Ok(linker)
+}
+
+fn add_host(linker: &mut Linker<HostState>) -> R<()> {
     for version in [Some(HOST_VERSION), None] {
         let name = |iface: &str| match version {
             Some(v) => format!("prx:host/{iface}@{v}"),
             None => format!("prx:host/{iface}"),
         };
-        add_log(&mut linker, &name("log"))?;
-        add_config(&mut linker, &name("config"))?;
-        add_kv(&mut linker, &name("kv"))?;
-        add_events(&mut linker, &name("events"))?;
+        add_log(linker, &name("log"))?;
+        add_config(linker, &name("config"))?;
+        add_kv(linker, &name("kv"))?;
+        add_events(linker, &name("events"))?;
     }
-    Ok(linker)
+    Ok(())
 }
 
 fn add_log(linker: &mut Linker<HostState>, name: &str) -> R<()> {
     let mut i = linker.instance(name)?;
     i.func_wrap("log", |cx: Cx<'_>, (level, msg): (Level, String)| {
-        let plugin = &*cx.data().ctx.name;
-        let msg = super::engine::one_line(&msg);
-        match level {
-            Level::Trace => tracing::trace!(target: "prx_hooks::plugin", plugin, "{msg}"),
-            Level::Debug => tracing::debug!(target: "prx_hooks::plugin", plugin, "{msg}"),
-            Level::Info => tracing::info!(target: "prx_hooks::plugin", plugin, "{msg}"),
-            Level::Warn => tracing::warn!(target: "prx_hooks::plugin", plugin, "{msg}"),
-            Level::Error => tracing::error!(target: "prx_hooks::plugin", plugin, "{msg}"),
-        }
+        use super::log::Level as L;
+        let level = match level {
+            Level::Trace => L::Trace,
+            Level::Debug => L::Debug,
+            Level::Info => L::Info,
+            Level::Warn => L::Warn,
+            Level::Error => L::Error,
+        };
+        cx.data().ctx.log.line(level, "log", msg.as_bytes());
         Ok(())
     })
 }
@@ -197,7 +317,15 @@ fn add_config(linker: &mut Linker<HostState>, name: &str) -> R<()> {
 fn add_kv(linker: &mut Linker<HostState>, name: &str) -> R<()> {
     let mut i = linker.instance(name)?;
     i.func_wrap("get", |cx: Cx<'_>, (key,): (String,)| {
-        Ok((cx.data().ctx.kv.get(&key),))
+        let st = cx.data();
+        let headroom = st.limits.headroom();
+        match st.ctx.kv.get_within(&key, headroom) {
+            Ok(v) => Ok((v,)),
+            Err(len) => Err(wasmtime::format_err!(
+                "kv.get: the value of {key:?} is {len} bytes, more than the {headroom} bytes left \
+                 of the instance's max_memory_mb"
+            )),
+        }
     })?;
     i.func_wrap("set", |cx: Cx<'_>, (key, value): (String, Vec<u8>)| {
         let ctx = &cx.data().ctx;
@@ -209,11 +337,11 @@ fn add_kv(linker: &mut Linker<HostState>, name: &str) -> R<()> {
     })?;
     i.func_wrap("delete", |cx: Cx<'_>, (key,): (String,)| {
         let ctx = &cx.data().ctx;
-        let existed = ctx.kv.delete(&key);
-        if existed {
+        let r = ctx.kv.delete(&key);
+        if r == Ok(true) {
             ctx.flusher.touch();
         }
-        Ok((Ok::<bool, String>(existed),))
+        Ok((r,))
     })?;
     i.func_wrap("list-keys", |cx: Cx<'_>, (prefix,): (String,)| {
         Ok((cx.data().ctx.kv.list_keys(&prefix),))
@@ -226,15 +354,25 @@ fn add_events(linker: &mut Linker<HostState>, name: &str) -> R<()> {
         "publish",
         |cx: Cx<'_>, (topic, payload): (String, String)| {
             let st = cx.data();
+            let depth = st.depth.saturating_add(1);
+            let bus = &st.ctx.bus;
             let r = permitted(st, "publish").and_then(|()| {
-                st.ctx
-                    .bus
-                    .publish_at_depth(&topic, payload.as_bytes(), st.depth.saturating_add(1))
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
+                match bus.publish_at_depth(&topic, payload.as_bytes(), depth) {
+                    // PRX takes any text: what is not JSON travels as a JSON string.
+                    Err(BusError::InvalidJson { .. }) => {
+                        let quoted = serde_json::to_string(&payload).map_err(|e| e.to_string())?;
+                        bus.publish_at_depth(&topic, quoted.as_bytes(), depth)
+                    }
+                    other => other,
+                }
+                .map(|_| ())
+                .map_err(|e| e.to_string())
             });
             if let Err(e) = &r {
-                tracing::debug!(plugin = %st.ctx.name, "events.publish refused: {e}");
+                let line = format!("events.publish refused: {e}");
+                st.ctx
+                    .log
+                    .line(super::log::Level::Debug, "host", line.as_bytes());
             }
             Ok((r,))
         },
@@ -254,7 +392,6 @@ fn add_events(linker: &mut Linker<HostState>, name: &str) -> R<()> {
                 .map_err(|e| e.to_string())?;
             let id = sub.id();
             st.subs.push(sub);
-            tracing::debug!(plugin = %st.ctx.name, pattern, id, "subscribed");
             Ok(id)
         });
         Ok((r,))
@@ -287,9 +424,9 @@ fn permitted(st: &HostState, what: &str) -> Result<(), String> {
     }
 }
 
-/// A guest's stdout or stderr: each line becomes a `tracing` event.
+/// A guest's stdout or stderr: each line goes to the plugin's bounded log.
 struct GuestOutput {
-    plugin: Arc<str>,
+    log: Arc<PluginLog>,
     stream: &'static str,
 }
 
@@ -302,7 +439,7 @@ impl IsTerminal for GuestOutput {
 impl StdoutStream for GuestOutput {
     fn p2_stream(&self) -> Box<dyn OutputStream> {
         Box::new(LineLogger {
-            plugin: self.plugin.clone(),
+            log: self.log.clone(),
             stream: self.stream,
             line: Vec::new(),
         })
@@ -310,7 +447,7 @@ impl StdoutStream for GuestOutput {
 
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
         Box::new(LineLogger {
-            plugin: self.plugin.clone(),
+            log: self.log.clone(),
             stream: self.stream,
             line: Vec::new(),
         })
@@ -318,7 +455,7 @@ impl StdoutStream for GuestOutput {
 }
 
 struct LineLogger {
-    plugin: Arc<str>,
+    log: Arc<PluginLog>,
     stream: &'static str,
     line: Vec<u8>,
 }
@@ -337,9 +474,8 @@ impl LineLogger {
     }
 
     fn emit(&mut self) {
-        let text = String::from_utf8_lossy(&self.line);
-        let text = text.trim_end_matches('\r');
-        tracing::info!(target: "prx_hooks::plugin", plugin = %self.plugin, stream = self.stream, "{text}");
+        self.log
+            .line(super::log::Level::Info, self.stream, &self.line);
         self.line.clear();
     }
 }
@@ -394,5 +530,26 @@ impl tokio::io::AsyncWrite for LineLogger {
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_cap_holds_for_all_memories_of_an_instance_together() {
+        let mut l = InstanceLimits::new(10 << 20);
+        // Two memories created with 4 MiB each: both fit.
+        assert!(l.memory_growing(0, 4 << 20, None).unwrap());
+        assert!(l.memory_growing(0, 4 << 20, None).unwrap());
+        assert_eq!(l.headroom(), 2 << 20);
+        // Growing the first by 3 MiB would pass the cap for the instance (11 MiB).
+        assert!(!l.memory_growing(4 << 20, 7 << 20, None).unwrap());
+        // By 2 MiB it fits exactly; then nothing more does, in either memory.
+        assert!(l.memory_growing(4 << 20, 6 << 20, None).unwrap());
+        assert!(!l.memory_growing(4 << 20, (4 << 20) + 65536, None).unwrap());
+        assert!(!l.memory_growing(0, 65536, None).unwrap());
+        assert_eq!(l.headroom(), 0);
     }
 }

@@ -2,86 +2,318 @@
 //!
 //! Each plugin has one [`KvStore`], shared by all its pooled instances and kept across instance
 //! replacement and reloads (it belongs to the plugin's name, not to a component). It lives in
-//! memory and is written to `<workspace>/.prx-hooks/kv/<plugin>` by the [`KvFlusher`] thread at
-//! most [`FLUSH_DELAY`] after a change, and once more at shutdown, so a count kept in kv survives
-//! a restart and one `prx-hooks fire` sees what the previous one stored. The directory is outside
-//! `plugins/`, so writing it never wakes the plugin watcher.
+//! memory and in `<workspace>/.prx-hooks/kv/<plugin>`, an append-only log: every `set` and
+//! `delete` appends one record, under an exclusive lock (`<plugin>.lock`, flock) held only for
+//! that append. Before appending, and before every read, the store catches up with records
+//! other processes appended since it last looked, so `prx-hooks run` and a `prx-hooks fire`
+//! next to it share one store without losing each other's writes (per key, the last append
+//! wins; a get-then-set in two processes can still interleave, as it can between two pooled
+//! instances). The log is fsynced by the [`KvFlusher`] thread at most [`FLUSH_DELAY`] after a
+//! change and at shutdown, and compacted (rewritten as one record per live entry, to a temporary
+//! file renamed over it, under the lock) when it grows past twice its live size; a process that
+//! still has the old file open notices the new inode and reloads.
 //!
-//! The file format is small and self-checking: the magic line `PRXKV1\n`, then per entry the key
-//! length (u32 LE), the key (UTF-8), the value length (u32 LE) and the value; a file that does not
-//! parse is renamed aside (`<plugin>.corrupt`) and the store starts empty, with a warning. Writes
-//! go to a temporary file that is fsynced and renamed over the old one: a crash leaves the old or
-//! the new file, never half of one.
+//! Format: the magic line `PRXKV2\n`, then records `op (1 = set, 2 = delete) · key length (u32
+//! LE) · value length (u32 LE) · key · value · CRC-32 of all of that`. A record cut short or
+//! failing its CRC ends what is read: a reader stops there, and the next writer (holding the
+//! lock, so no append is in progress) truncates it away — a crash mid-append loses that record
+//! only. A file that does not start with the magic is moved aside (`<plugin>.corrupt`) with a
+//! warning and the store starts empty; a `PRXKV1` file (the former snapshot format) is
+//! converted. Temporary files a crash left are removed whenever the lock is taken at open.
 //!
-//! The size cap (`max_kv_storage_mb`) counts key and value bytes; a `set` that would pass it is
-//! refused with an error the guest sees. With `pool_size` > 1, two instances may interleave a
-//! get-then-set (each call is atomic, a sequence of calls is not).
+//! The size cap (`max_kv_storage_mb`) counts each entry's key and value bytes plus
+//! [`ENTRY_OVERHEAD`] (what an entry costs in memory besides its bytes), so a store of empty
+//! values stays within its cap in memory too; a `set` that would pass it is refused with an
+//! error the guest sees.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long after a change the store is written (the promise is "durable within 1 s").
+/// How long after a change the log is fsynced (the promise is "durable within 1 s").
 pub const FLUSH_DELAY: Duration = Duration::from_millis(200);
 /// The longest key the store accepts.
 pub const MAX_KEY_BYTES: usize = 4096;
+/// The longest value the store accepts.
+pub const MAX_VALUE_BYTES: usize = 64 << 20;
+/// What each entry counts against the cap besides its key and value bytes: its share of the
+/// map's nodes and the allocations behind its key and value (measured: ~120 bytes).
+pub const ENTRY_OVERHEAD: u64 = 128;
+/// How long a write waits for another process's lock before it fails.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 
-const MAGIC: &[u8] = b"PRXKV1\n";
+const MAGIC: &[u8] = b"PRXKV2\n";
+const MAGIC_V1: &[u8] = b"PRXKV1\n";
+const SET: u8 = 1;
+const DELETE: u8 = 2;
+/// op, key length, value length.
+const HEADER: usize = 9;
+const CRC: usize = 4;
 
 /// One plugin's store.
 pub struct KvStore {
-    path: PathBuf,
     plugin: String,
     inner: Mutex<Inner>,
-    /// Held across a whole flush, so two flushes cannot land an older snapshot last.
-    writing: Mutex<()>,
 }
 
 struct Inner {
-    map: BTreeMap<String, Vec<u8>>,
+    map: BTreeMap<Box<str>, Box<[u8]>>,
     bytes: u64,
     cap: u64,
-    /// Changed since the last write to disk.
+    /// `None`: in memory only (`validate`, or the file could not be opened).
+    log: Option<Log>,
+}
+
+/// The open log file.
+struct Log {
+    path: PathBuf,
+    lock: File,
+    file: File,
+    /// Identity of `file` (a compaction by another process replaces the path's inode).
+    ino: (u64, u64),
+    /// How far `file` has been read (and applied).
+    offset: u64,
+    /// Bytes of records that are still live (what a compaction would write).
+    live: u64,
+    /// Appended since the last fsync.
     dirty: bool,
 }
 
-impl KvStore {
-    /// Opens (or starts) the store of `plugin` under `dir` with a cap of `cap` bytes.
-    pub fn open(dir: &Path, plugin: &str, cap: u64) -> KvStore {
-        let path = dir.join(plugin);
-        let map = match std::fs::read(&path) {
-            Ok(bytes) => decode(&bytes).unwrap_or_else(|| {
-                let aside = dir.join(format!("{plugin}.corrupt"));
-                tracing::warn!(plugin, file = %path.display(),
-                    "kv file is corrupt; moved to {} and starting empty", aside.display());
-                let _ = std::fs::rename(&path, &aside);
-                BTreeMap::new()
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => {
-                tracing::warn!(plugin, file = %path.display(), "cannot read kv file: {e}; starting empty");
-                BTreeMap::new()
-            }
+fn entry_size(key: &str, value: &[u8]) -> u64 {
+    (key.len() + value.len()) as u64 + ENTRY_OVERHEAD
+}
+
+fn record_len(key: &str, value: &[u8]) -> u64 {
+    (HEADER + key.len() + value.len() + CRC) as u64
+}
+
+fn encode(out: &mut Vec<u8>, op: u8, key: &str, value: &[u8]) {
+    let start = out.len();
+    out.push(op);
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(value);
+    let crc = crc32fast::hash(&out[start..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// One decoded record.
+struct Record<'a> {
+    op: u8,
+    key: &'a str,
+    value: &'a [u8],
+}
+
+/// Decodes the complete, valid records at the start of `buf`; returns them and how many bytes
+/// they span (the rest is a record cut short or a bad one).
+fn decode(buf: &[u8]) -> (Vec<Record<'_>>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(head) = buf.get(at..at + HEADER) {
+        let op = head[0];
+        let klen = u32::from_le_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
+        let vlen = u32::from_le_bytes(head[5..9].try_into().expect("4 bytes")) as usize;
+        if !(op == SET || op == DELETE) || klen > MAX_KEY_BYTES || vlen > MAX_VALUE_BYTES {
+            break;
+        }
+        let end = at + HEADER + klen + vlen;
+        let Some(crc) = buf.get(end..end + CRC) else {
+            break;
         };
-        let bytes = map.iter().map(|(k, v)| entry_size(k, v)).sum();
+        if crc32fast::hash(&buf[at..end]).to_le_bytes() != crc {
+            break;
+        }
+        let Ok(key) = std::str::from_utf8(&buf[at + HEADER..at + HEADER + klen]) else {
+            break;
+        };
+        out.push(Record {
+            op,
+            key,
+            value: &buf[at + HEADER + klen..end],
+        });
+        at = end + CRC;
+    }
+    (out, at)
+}
+
+/// The former format: a snapshot of length-prefixed keys and values.
+fn decode_v1(mut bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    let take = |bytes: &mut &[u8]| -> Option<Vec<u8>> {
+        let (len, rest) = bytes.split_first_chunk::<4>()?;
+        let len = u32::from_le_bytes(*len) as usize;
+        let (value, rest) = rest.split_at_checked(len)?;
+        *bytes = rest;
+        Some(value.to_vec())
+    };
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let key = String::from_utf8(take(&mut bytes)?).ok()?;
+        out.push((key, take(&mut bytes)?));
+    }
+    Some(out)
+}
+
+impl Inner {
+    fn apply(&mut self, op: u8, key: &str, value: &[u8]) {
+        if let Some(old) = self.map.remove(key) {
+            self.bytes -= entry_size(key, &old);
+            if let Some(log) = &mut self.log {
+                log.live = log.live.saturating_sub(record_len(key, &old));
+            }
+        }
+        if op == SET {
+            self.bytes += entry_size(key, value);
+            if let Some(log) = &mut self.log {
+                log.live += record_len(key, value);
+            }
+            self.map.insert(key.into(), value.into());
+        }
+    }
+
+    /// Empties the map and reads `log`'s file from its start.
+    fn reload(&mut self) -> io::Result<()> {
+        self.map.clear();
+        self.bytes = 0;
+        if let Some(log) = &mut self.log {
+            log.offset = MAGIC.len() as u64;
+            log.live = 0;
+        }
+        self.catch_up(false)
+    }
+
+    /// Applies what other processes appended since the last look. Without the lock, a record
+    /// cut short or bad is left for later; with it (`locked`), it is truncated away (nobody can
+    /// be appending).
+    fn catch_up(&mut self, locked: bool) -> io::Result<()> {
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        let md = std::fs::metadata(&log.path)?;
+        if (md.dev(), md.ino()) != log.ino {
+            // Compacted (or replaced) by another process: start over from the new file.
+            log.file = open_log(&log.path)?;
+            let fmd = log.file.metadata()?;
+            log.ino = (fmd.dev(), fmd.ino());
+            return self.reload();
+        }
+        if md.len() == log.offset {
+            return Ok(());
+        }
+        let mut buf = vec![0; md.len().saturating_sub(log.offset) as usize];
+        let n = read_at_most(&log.file, &mut buf, log.offset)?;
+        buf.truncate(n);
+        let (records, used) = decode(&buf);
+        let start = log.offset;
+        let tail_bad = used < buf.len();
+        for r in &records {
+            let (op, key, value) = (r.op, r.key.to_string(), r.value.to_vec());
+            self.apply(op, &key, &value);
+        }
+        let log = self.log.as_mut().expect("checked above");
+        log.offset = start + used as u64;
+        if tail_bad && locked {
+            log.file.set_len(log.offset)?;
+        }
+        Ok(())
+    }
+}
+
+fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+fn open_log(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Takes the exclusive lock on `lock`, waiting up to [`LOCK_WAIT`].
+fn lock(lock: &File) -> io::Result<()> {
+    let until = Instant::now() + LOCK_WAIT;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "another process holds the store's lock",
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+}
+
+impl KvStore {
+    /// Opens (or starts) the store of `plugin` under `dir` with a cap of `cap` bytes. A store
+    /// that cannot be opened works in memory only, with a warning.
+    pub fn open(dir: &Path, plugin: &str, cap: u64) -> KvStore {
+        let mut inner = Inner {
+            map: BTreeMap::new(),
+            bytes: 0,
+            cap,
+            log: None,
+        };
+        if let Err(e) = open_into(&mut inner, dir, plugin) {
+            tracing::warn!(plugin, dir = %dir.display(),
+                "cannot open the kv store: {e}; it is kept in memory only");
+            inner.log = None;
+            inner.map.clear();
+            inner.bytes = 0;
+        }
         KvStore {
-            path,
             plugin: plugin.to_string(),
+            inner: Mutex::new(inner),
+        }
+    }
+
+    /// A store that is never written to disk (`validate`'s probes).
+    pub fn in_memory(cap: u64) -> KvStore {
+        KvStore {
+            plugin: String::new(),
             inner: Mutex::new(Inner {
-                map,
-                bytes,
+                map: BTreeMap::new(),
+                bytes: 0,
                 cap,
-                dirty: false,
+                log: None,
             }),
-            writing: Mutex::new(()),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The store, caught up with other processes' writes (a failure to read them is logged;
+    /// what is known is used).
+    fn fresh(&self) -> std::sync::MutexGuard<'_, Inner> {
+        let mut inner = self.lock();
+        if let Err(e) = inner.catch_up(false) {
+            tracing::debug!(plugin = %self.plugin, "kv: cannot read other processes' writes: {e}");
+        }
+        inner
     }
 
     /// A new cap (the manifest changed). Existing entries stay even when over it; sets that grow
@@ -90,11 +322,22 @@ impl KvStore {
         self.lock().cap = cap;
     }
 
+    #[cfg(test)]
     pub fn get(&self, key: &str) -> Option<Vec<u8>> {
-        self.lock().map.get(key).cloned()
+        self.fresh().map.get(key).map(|v| v.to_vec())
     }
 
-    /// Stores `value` under `key`; refuses keys over [`MAX_KEY_BYTES`] and growth past the cap.
+    /// `get`, refusing (with the value's length) a value longer than `max` bytes instead of
+    /// copying it.
+    pub fn get_within(&self, key: &str, max: usize) -> Result<Option<Vec<u8>>, usize> {
+        match self.fresh().map.get(key) {
+            Some(v) if v.len() > max => Err(v.len()),
+            v => Ok(v.map(|v| v.to_vec())),
+        }
+    }
+
+    /// Stores `value` under `key`; refuses keys over [`MAX_KEY_BYTES`], values over
+    /// [`MAX_VALUE_BYTES`] and growth past the cap.
     pub fn set(&self, key: &str, value: Vec<u8>) -> Result<(), String> {
         if key.len() > MAX_KEY_BYTES {
             return Err(format!(
@@ -102,102 +345,228 @@ impl KvStore {
                 key.len()
             ));
         }
-        let mut inner = self.lock();
-        let old = inner.map.get(key).map_or(0, |v| entry_size(key, v));
-        let new = entry_size(key, &value);
-        let total = inner.bytes - old + new;
-        if new > old && total > inner.cap {
+        if value.len() > MAX_VALUE_BYTES {
             return Err(format!(
-                "kv: storage limit of {} bytes reached ({} in use; max_kv_storage_mb in plugin.toml raises it)",
-                inner.cap, inner.bytes
+                "kv: value is {} bytes; the limit is {MAX_VALUE_BYTES}",
+                value.len()
             ));
         }
-        inner.bytes = total;
-        inner.map.insert(key.to_string(), value);
-        inner.dirty = true;
-        Ok(())
+        self.write(SET, key, &value)
     }
 
     /// Removes `key`; whether it was there.
-    pub fn delete(&self, key: &str) -> bool {
+    pub fn delete(&self, key: &str) -> Result<bool, String> {
+        let mut existed = false;
+        self.write_with(DELETE, key, &[], |inner| {
+            existed = inner.map.contains_key(key);
+            existed
+        })?;
+        Ok(existed)
+    }
+
+    fn write(&self, op: u8, key: &str, value: &[u8]) -> Result<(), String> {
+        self.write_with(op, key, value, |_| true)
+    }
+
+    /// Catches up and appends one record under the file lock, then applies it; `wanted` (seeing
+    /// the caught-up store) says whether anything needs writing.
+    fn write_with(
+        &self,
+        op: u8,
+        key: &str,
+        value: &[u8],
+        wanted: impl FnOnce(&Inner) -> bool,
+    ) -> Result<(), String> {
         let mut inner = self.lock();
-        match inner.map.remove(key) {
-            Some(v) => {
-                inner.bytes -= entry_size(key, &v);
-                inner.dirty = true;
-                true
+        let locked = match &inner.log {
+            Some(log) => {
+                lock(&log.lock).map_err(|e| format!("kv: {e}"))?;
+                Some(log.lock.try_clone().map_err(|e| format!("kv: {e}"))?)
             }
-            None => false,
+            None => None,
+        };
+        let result = (|| {
+            inner
+                .catch_up(true)
+                .map_err(|e| format!("kv: cannot read the store: {e}"))?;
+            if !wanted(&inner) {
+                return Ok(());
+            }
+            if op == SET {
+                let old = inner.map.get(key).map_or(0, |v| entry_size(key, v));
+                let new = entry_size(key, value);
+                if new > old && inner.bytes - old + new > inner.cap {
+                    return Err(format!(
+                        "kv: storage limit of {} bytes reached ({} in use, each entry counting                          {ENTRY_OVERHEAD} bytes besides its key and value; max_kv_storage_mb in                          plugin.toml raises it)",
+                        inner.cap, inner.bytes
+                    ));
+                }
+            }
+            if let Some(log) = &mut inner.log {
+                let mut rec = Vec::with_capacity(record_len(key, value) as usize);
+                encode(&mut rec, op, key, value);
+                log.file
+                    .write_all(&rec)
+                    .map_err(|e| format!("kv: cannot write the store: {e}"))?;
+                log.offset += rec.len() as u64;
+                log.dirty = true;
+            }
+            inner.apply(op, key, value);
+            if let Err(e) = inner.compact_if_large() {
+                tracing::warn!(plugin = %self.plugin, "kv: cannot compact the store: {e}");
+            }
+            Ok(())
+        })();
+        if let Some(l) = locked {
+            let _ = l.unlock();
         }
+        result
     }
 
     /// Keys starting with `prefix`, sorted.
     pub fn list_keys(&self, prefix: &str) -> Vec<String> {
-        self.lock()
+        self.fresh()
             .map
-            .range(prefix.to_string()..)
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
             .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.to_string())
             .collect()
     }
 
-    /// Key and value bytes stored.
+    /// Bytes the store counts against its cap (keys, values and per-entry overhead).
     pub fn bytes(&self) -> u64 {
         self.lock().bytes
     }
 
-    /// Writes the store if it changed since the last write. The lock is held only to copy the
-    /// entries out, never across file I/O.
+    /// Makes what was appended durable (fsync), if anything was.
     pub fn flush(&self) -> io::Result<()> {
-        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let snapshot = {
-            let mut inner = self.lock();
-            if !inner.dirty {
-                return Ok(());
-            }
-            inner.dirty = false;
-            encode(&inner.map)
+        let mut inner = self.lock();
+        let Some(log) = &mut inner.log else {
+            return Ok(());
         };
-        let result = write_atomically(&self.path, &snapshot);
-        if let Err(e) = &result {
-            self.lock().dirty = true;
-            tracing::warn!(plugin = %self.plugin, file = %self.path.display(), "cannot write kv: {e}");
+        if !log.dirty {
+            return Ok(());
         }
-        result
+        log.dirty = false;
+        let r = log.file.sync_data();
+        if let Err(e) = &r {
+            log.dirty = true;
+            tracing::warn!(plugin = %self.plugin, file = %log.path.display(), "cannot write kv: {e}");
+        }
+        r
     }
 }
 
-fn entry_size(key: &str, value: &[u8]) -> u64 {
-    (key.len() + value.len()) as u64
-}
-
-fn encode(map: &BTreeMap<String, Vec<u8>>) -> Vec<u8> {
-    let mut out = MAGIC.to_vec();
-    for (k, v) in map {
-        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-        out.extend_from_slice(k.as_bytes());
-        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-        out.extend_from_slice(v);
+impl Inner {
+    /// Rewrites the log as one record per live entry when it is more than twice that (and
+    /// more than 64 KiB). Called with the file lock held.
+    fn compact_if_large(&mut self) -> io::Result<()> {
+        let Some(log) = &self.log else {
+            return Ok(());
+        };
+        if log.offset < (64 << 10) || log.offset < 2 * (log.live + MAGIC.len() as u64) {
+            return Ok(());
+        }
+        let mut out = Vec::with_capacity((log.live + MAGIC.len() as u64) as usize);
+        out.extend_from_slice(MAGIC);
+        for (k, v) in &self.map {
+            encode(&mut out, SET, k, v);
+        }
+        let path = log.path.clone();
+        write_atomically(&path, &out)?;
+        let log = self.log.as_mut().expect("checked above");
+        log.file = open_log(&path)?;
+        let md = log.file.metadata()?;
+        log.ino = (md.dev(), md.ino());
+        log.offset = md.len();
+        log.live = out.len() as u64 - MAGIC.len() as u64;
+        log.dirty = false;
+        Ok(())
     }
-    out
 }
 
-fn decode(mut bytes: &[u8]) -> Option<BTreeMap<String, Vec<u8>>> {
-    bytes = bytes.strip_prefix(MAGIC)?;
-    let mut map = BTreeMap::new();
-    let take = |bytes: &mut &[u8]| -> Option<Vec<u8>> {
-        let (len, rest) = bytes.split_first_chunk::<4>()?;
-        let len = u32::from_le_bytes(*len) as usize;
-        let (value, rest) = rest.split_at_checked(len)?;
-        *bytes = rest;
-        Some(value.to_vec())
+/// Opens the log of `plugin` under `dir` into `inner`: takes the lock, removes temporary files
+/// a crash left, converts or sets aside what is not a PRXKV2 log, and reads it.
+fn open_into(inner: &mut Inner, dir: &Path, plugin: &str) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let path = dir.join(plugin);
+    let lock_file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(dir.join(format!("{plugin}.lock")))?;
+    lock(&lock_file)?;
+    let result = (|| {
+        prune_temp_files(dir, plugin);
+        let mut file = open_log(&path)?;
+        let mut head = Vec::new();
+        (&file).take(MAGIC.len() as u64).read_to_end(&mut head)?;
+        if head.is_empty() {
+            file.write_all(MAGIC)?;
+        } else if head == MAGIC_V1 {
+            let mut all = Vec::new();
+            file.seek(SeekFrom::Start(0))?;
+            file.read_to_end(&mut all)?;
+            let entries = decode_v1(&all[MAGIC_V1.len()..]);
+            let mut out = MAGIC.to_vec();
+            for (k, v) in entries.iter().flatten() {
+                encode(&mut out, SET, k, v);
+            }
+            if entries.is_none() {
+                set_aside(dir, plugin, &path);
+            }
+            write_atomically(&path, &out)?;
+            file = open_log(&path)?;
+        } else if head != MAGIC {
+            set_aside(dir, plugin, &path);
+            write_atomically(&path, MAGIC)?;
+            file = open_log(&path)?;
+        }
+        let md = file.metadata()?;
+        inner.log = Some(Log {
+            path: path.clone(),
+            lock: lock_file.try_clone()?,
+            file,
+            ino: (md.dev(), md.ino()),
+            offset: MAGIC.len() as u64,
+            live: 0,
+            dirty: false,
+        });
+        inner.catch_up(true)
+    })();
+    let _ = lock_file.unlock();
+    result
+}
+
+fn set_aside(dir: &Path, plugin: &str, path: &Path) {
+    let aside = dir.join(format!("{plugin}.corrupt"));
+    tracing::warn!(plugin, file = %path.display(),
+        "kv file is corrupt; copied to {} and starting empty", aside.display());
+    let _ = std::fs::copy(path, &aside);
+}
+
+/// Removes `.<plugin>.*.tmp` files (a compaction or conversion a crash interrupted). Called
+/// with the lock held, so none of them is being written.
+fn prune_temp_files(dir: &Path, plugin: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
     };
-    while !bytes.is_empty() {
-        let key = String::from_utf8(take(&mut bytes)?).ok()?;
-        let value = take(&mut bytes)?;
-        map.insert(key, value);
+    let prefix = format!(".{plugin}.");
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
-    Some(map)
 }
 
 /// Temp file in the same directory, fsync, rename, fsync the directory.
@@ -212,7 +581,6 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 fn tempfile_in(dir: &Path, path: &Path) -> io::Result<(PathBuf, std::fs::File)> {
-    use std::os::unix::fs::OpenOptionsExt;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     for n in 0u32.. {
         let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
@@ -343,11 +711,12 @@ mod tests {
     #[test]
     fn round_trip_and_cap() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = KvStore::open(dir.path(), "p", 25);
+        let cap = 2 * ENTRY_OVERHEAD + 25;
+        let kv = KvStore::open(dir.path(), "p", cap);
         kv.set("count", b"41".to_vec()).unwrap();
         kv.set("count", b"42".to_vec()).unwrap();
         kv.set("count.tool_call", b"1".to_vec()).unwrap();
-        assert_eq!(kv.bytes(), 7 + 16);
+        assert_eq!(kv.bytes(), 7 + 16 + 2 * ENTRY_OVERHEAD);
         assert!(
             kv.set("other", b"x".to_vec())
                 .unwrap_err()
@@ -358,36 +727,112 @@ mod tests {
         assert_eq!(kv.list_keys("count"), ["count", "count.tool_call"]);
         assert_eq!(kv.list_keys("count."), ["count.tool_call"]);
         kv.flush().unwrap();
-        let again = KvStore::open(dir.path(), "p", 25);
+        let again = KvStore::open(dir.path(), "p", cap);
         assert_eq!(again.get("count").as_deref(), Some(&b"42"[..]));
-        assert!(again.delete("count"));
-        assert!(!again.delete("count"));
-        assert_eq!(again.bytes(), 15);
+        assert_eq!(again.delete("count"), Ok(true));
+        assert_eq!(again.delete("count"), Ok(false));
+        assert_eq!(again.bytes(), 15 + ENTRY_OVERHEAD);
     }
 
     #[test]
-    fn corrupt_file_is_moved_aside() {
+    fn empty_values_count_their_overhead() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("p"), b"PRXKV1\n\xff\xff\xff\xff").unwrap();
-        let kv = KvStore::open(dir.path(), "p", 100);
-        assert_eq!(kv.list_keys(""), Vec::<String>::new());
-        assert!(dir.path().join("p.corrupt").exists());
+        let kv = KvStore::open(dir.path(), "p", 100 * (ENTRY_OVERHEAD + 8));
+        let stored = (0..1000)
+            .take_while(|n| kv.set(&format!("k{n:07}"), Vec::new()).is_ok())
+            .count();
+        assert_eq!(stored, 100);
     }
 
     #[test]
-    fn flusher_writes_within_the_delay() {
+    fn two_stores_on_one_file_lose_no_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = KvStore::open(dir.path(), "p", u64::MAX);
+        let b = KvStore::open(dir.path(), "p", u64::MAX);
+        for n in 0..50 {
+            a.set(&format!("a{n}"), b"x".to_vec()).unwrap();
+            b.set(&format!("b{n}"), b"y".to_vec()).unwrap();
+        }
+        // Each sees the other's writes at once, and a fresh open sees all of them.
+        assert_eq!(a.get("b49").as_deref(), Some(&b"y"[..]));
+        assert_eq!(b.get("a0").as_deref(), Some(&b"x"[..]));
+        assert_eq!(
+            KvStore::open(dir.path(), "p", u64::MAX).list_keys("").len(),
+            100
+        );
+    }
+
+    #[test]
+    fn compaction_keeps_the_file_small_and_other_handles_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = KvStore::open(dir.path(), "p", u64::MAX);
+        let b = KvStore::open(dir.path(), "p", u64::MAX);
+        let value = vec![7u8; 1000];
+        for n in 0..2000 {
+            a.set("hot", value.clone()).unwrap();
+            if n % 100 == 0 {
+                b.set(&format!("b{n}"), b"y".to_vec()).unwrap();
+            }
+        }
+        let len = std::fs::metadata(dir.path().join("p")).unwrap().len();
+        assert!(len < 200_000, "{len}");
+        assert_eq!(b.get("hot").as_deref(), Some(&value[..]));
+        assert_eq!(a.list_keys("b").len(), 20);
+    }
+
+    #[test]
+    fn a_torn_tail_is_ignored_and_then_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = KvStore::open(dir.path(), "p", u64::MAX);
+        kv.set("k", b"v".to_vec()).unwrap();
+        drop(kv);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("p"))
+            .unwrap();
+        f.write_all(&[SET, 200, 0, 0, 0, 1]).unwrap();
+        std::fs::write(dir.path().join(".p.999.0.tmp"), b"left by a crash").unwrap();
+        let kv = KvStore::open(dir.path(), "p", u64::MAX);
+        assert_eq!(kv.get("k").as_deref(), Some(&b"v"[..]));
+        assert!(!dir.path().join(".p.999.0.tmp").exists());
+        kv.set("k2", b"v2".to_vec()).unwrap();
+        let again = KvStore::open(dir.path(), "p", u64::MAX);
+        assert_eq!(again.get("k2").as_deref(), Some(&b"v2"[..]));
+    }
+
+    #[test]
+    fn the_former_format_is_converted_and_garbage_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v1 = MAGIC_V1.to_vec();
+        for (k, v) in [("a", "1"), ("b", "22")] {
+            v1.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            v1.extend_from_slice(k.as_bytes());
+            v1.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            v1.extend_from_slice(v.as_bytes());
+        }
+        std::fs::write(dir.path().join("p"), &v1).unwrap();
+        let kv = KvStore::open(dir.path(), "p", u64::MAX);
+        assert_eq!(kv.get("b").as_deref(), Some(&b"22"[..]));
+        std::fs::write(dir.path().join("q"), b"garbage").unwrap();
+        let kv = KvStore::open(dir.path(), "q", u64::MAX);
+        assert!(kv.list_keys("").is_empty());
+        assert!(dir.path().join("q.corrupt").exists());
+    }
+
+    #[test]
+    fn flusher_syncs_within_the_delay() {
         let dir = tempfile::tempdir().unwrap();
         let flusher = KvFlusher::start().unwrap();
-        let kv = Arc::new(KvStore::open(dir.path(), "p", 100));
+        let kv = Arc::new(KvStore::open(dir.path(), "p", 1 << 20));
         flusher.register(&kv);
         kv.set("k", b"v".to_vec()).unwrap();
         flusher.touch();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !dir.path().join("p").exists() {
-            assert!(Instant::now() < deadline, "kv was not flushed");
+        while kv.lock().log.as_ref().unwrap().dirty {
+            assert!(Instant::now() < deadline, "kv was not synced");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let again = KvStore::open(dir.path(), "p", 100);
+        let again = KvStore::open(dir.path(), "p", 1 << 20);
         assert_eq!(again.get("k").as_deref(), Some(&b"v"[..]));
     }
 }

@@ -198,6 +198,24 @@ pub struct Manifest {
     /// `[config]`: strings as written; integers as decimal text (`1_000` → `1000`), floats,
     /// booleans and date-times as their TOML text.
     pub config: BTreeMap<String, String>,
+    /// The text this was parsed from (what the host fingerprints: the file is not read twice).
+    #[serde(skip)]
+    pub source: String,
+    /// `[plugin] name` as written, when it differs from the directory's name (which is the
+    /// plugin's name here, as it keys kv, stats and metric labels).
+    pub declared_name: Option<String>,
+    /// What was accepted but deserves a look: unknown keys at the top level and in `[plugin]`
+    /// (PRX ignores them), a name that differs from the directory's. Same format as errors.
+    #[serde(skip)]
+    pub warnings: Vec<ConfigError>,
+}
+
+impl Manifest {
+    /// Whether it declares a `hook` capability (what this host runs); other plugins (tools,
+    /// middleware, …) are skipped.
+    pub fn is_hook(&self) -> bool {
+        self.capabilities.iter().any(Capability::is_hook)
+    }
 }
 
 fn serialize_mask<S: serde::Serializer>(mask: &EventMask, s: S) -> Result<S::Ok, S::Error> {
@@ -271,6 +289,13 @@ impl Default for Resources {
     fn default() -> Resources {
         Resources::DEFAULT
     }
+}
+
+fn invalid_name(name: &str) -> String {
+    format!(
+        "{} is not a valid plugin name: 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ -",
+        quote(name)
+    )
 }
 
 /// `[A-Za-z0-9_-]{1,64}`.
@@ -466,41 +491,55 @@ fn no_manifest_reason() -> String {
     )
 }
 
+/// What [`scan_all`] found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Hook plugins whose manifest loaded (with their own warnings inside).
+    pub manifests: Vec<Manifest>,
+    /// Plugins that are not hooks (tools, middleware, …: no `hook` capability), by name with
+    /// the reason; not ours to run.
+    pub skipped: Vec<(String, String)>,
+    /// Directories without a plugin.toml (skipped, as PRX would not load them as hooks).
+    pub warnings: Vec<ConfigError>,
+    /// Every failing manifest's errors, in directory order.
+    pub errors: Vec<ConfigError>,
+}
+
 /// Loads every plugin under `<workspace>/plugins/`: each subdirectory, in name order, except
 /// those whose name starts with `.` (files there are ignored). A missing `plugins/` directory
 /// means no plugins. The manifests that load are returned even when others fail; the errors
-/// are every failing manifest's, in the same order.
+/// are every failing manifest's, in the same order. Directories without a plugin.toml and
+/// plugins without a hook capability are left out (see [`scan_all`], which says so).
 pub fn scan(workspace: &Path) -> (Vec<Manifest>, Vec<ConfigError>) {
+    let s = scan_all(workspace);
+    (s.manifests, s.errors)
+}
+
+/// [`scan`], with what was skipped and why.
+pub fn scan_all(workspace: &Path) -> Scan {
     let plugins = workspace.join(PLUGINS_DIR);
+    let dir_error = |e: std::io::Error| ConfigError {
+        file: one_line(&plugins.display().to_string()),
+        line: 1,
+        col: 1,
+        path: "$".into(),
+        reason: one_line(&format!("cannot read the plugins directory: {e}")),
+    };
+    let mut out = Scan::default();
     let entries = match std::fs::read_dir(&plugins) {
         Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (Vec::new(), Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return out,
         Err(e) => {
-            return (
-                Vec::new(),
-                vec![ConfigError {
-                    file: one_line(&plugins.display().to_string()),
-                    line: 1,
-                    col: 1,
-                    path: "$".into(),
-                    reason: one_line(&format!("cannot read the plugins directory: {e}")),
-                }],
-            );
+            out.errors.push(dir_error(e));
+            return out;
         }
     };
     let mut names: Vec<OsString> = Vec::new();
-    let mut errors = Vec::new();
     for entry in entries {
         let entry = match entry {
             Ok(e) => e,
             Err(e) => {
-                errors.push(ConfigError {
-                    file: one_line(&plugins.display().to_string()),
-                    line: 1,
-                    col: 1,
-                    path: "$".into(),
-                    reason: one_line(&format!("cannot read the plugins directory: {e}")),
-                });
+                out.errors.push(dir_error(e));
                 break;
             }
         };
@@ -514,14 +553,38 @@ pub fn scan(workspace: &Path) -> (Vec<Manifest>, Vec<ConfigError>) {
         }
     }
     names.sort();
-    let mut manifests = Vec::with_capacity(names.len());
     for name in names {
-        match load(&plugins.join(&name)) {
-            Ok(m) => manifests.push(m),
-            Err(errs) => errors.extend(errs),
+        let dir = plugins.join(&name);
+        if std::fs::symlink_metadata(dir.join(MANIFEST_FILE))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            out.warnings.push(ConfigError {
+                file: file_label(&dir),
+                line: 1,
+                col: 1,
+                path: "$".into(),
+                reason: format!(
+                    "no {MANIFEST_FILE}: the directory is skipped (a plugin needs one to say \
+                     which events it takes)"
+                ),
+            });
+            continue;
+        }
+        match load(&dir) {
+            Ok(m) if !m.is_hook() => {
+                let kinds: Vec<&str> = m.capabilities.iter().map(|c| c.kind.as_str()).collect();
+                let reason = if kinds.is_empty() {
+                    "declares no capability".to_string()
+                } else {
+                    format!("a {} plugin, not a hook", kinds.join("/"))
+                };
+                out.skipped.push((m.name, reason));
+            }
+            Ok(m) => out.manifests.push(m),
+            Err(errs) => out.errors.extend(errs),
         }
     }
-    (manifests, errors)
+    out
 }
 
 /// Parses and checks the text of a plugin.toml. `file_label` names the file in messages; `dir`
@@ -560,9 +623,11 @@ pub fn parse(text: &str, file_label: &str, dir: &Path) -> Result<Manifest, Confi
         text,
         dir,
         errs: Vec::new(),
+        warns: Vec::new(),
     };
-    let manifest = c.document(root.get_ref(), &label);
+    let mut manifest = c.document(root.get_ref(), &label);
     if c.errs.is_empty() {
+        manifest.warnings = finish(&label, text, c.warns).0;
         Ok(manifest)
     } else {
         Err(finish(&label, text, c.errs))
@@ -631,6 +696,7 @@ struct Check<'t> {
     text: &'t str,
     dir: &'t Path,
     errs: Vec<Raw>,
+    warns: Vec<Raw>,
 }
 
 impl Check<'_> {
@@ -720,6 +786,17 @@ impl Check<'_> {
         out
     }
 
+    /// An unknown key where PRX ignores them (the top level, `[plugin]`): a warning.
+    fn unknown_key_warning(&mut self, key: &Key<'_>, parent: &str, known: &[&str]) {
+        let before = self.errs.len();
+        self.unknown_key(key, parent, known);
+        let mut w = self.errs.split_off(before);
+        if let Some(w) = w.first_mut() {
+            w.reason.push_str(" (ignored, as PRX does)");
+        }
+        self.warns.extend(w);
+    }
+
     fn unknown_key(&mut self, key: &Key<'_>, parent: &str, known: &[&str]) {
         let k: &str = key.get_ref();
         let mut reason = format!("unknown key {}", quote(k));
@@ -752,6 +829,9 @@ impl Check<'_> {
             permissions: Permissions::default(),
             resources: Resources::DEFAULT,
             config: BTreeMap::new(),
+            source: self.text.to_string(),
+            declared_name: None,
+            warnings: Vec::new(),
         };
         let mut has_plugin = false;
         for (key, v) in root.iter() {
@@ -780,7 +860,7 @@ impl Check<'_> {
                         m.config = self.config(t, &path);
                     }
                 }
-                _ => self.unknown_key(key, "", TOP_KEYS),
+                _ => self.unknown_key_warning(key, "", TOP_KEYS),
             }
         }
         if !has_plugin {
@@ -824,13 +904,17 @@ impl Check<'_> {
                 "api_version" => {
                     self.string(v, &p);
                 }
-                _ => self.unknown_key(key, path, PLUGIN_KEYS),
+                _ => self.unknown_key_warning(key, path, PLUGIN_KEYS),
             }
         }
         let has = |k: &str| t.iter().any(|(key, _)| &**key.get_ref() == k);
         match name {
-            Some((n, pos, p)) if self.name(n, pos, &p) => m.name = n.to_string(),
-            Some(_) => {}
+            Some((n, pos, p)) => {
+                if let Some(named) = self.name(n, pos, &p) {
+                    m.declared_name = (named != n).then(|| n.to_string());
+                    m.name = named;
+                }
+            }
             None if !has("name") => self.err(
                 header,
                 path,
@@ -872,36 +956,42 @@ impl Check<'_> {
         }
     }
 
-    /// Checks the name; reports and returns false when it is not usable.
-    fn name(&mut self, name: &str, pos: usize, path: &str) -> bool {
-        if !is_valid_name(name) {
-            self.err(
-                pos,
-                path,
-                format!(
-                    "{} is not a valid plugin name: 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ -",
-                    quote(name)
-                ),
-            );
-            return false;
-        }
+    /// The plugin's name: its directory's name (which keys kv, stats and labels), or the
+    /// written one when the directory has none (`.`). A written name that differs from the
+    /// directory's, or is not a valid name, is a warning then (PRX requires neither); a directory
+    /// name that is not a valid name is an error.
+    fn name(&mut self, name: &str, pos: usize, path: &str) -> Option<String> {
         let Some(dir_name) = self.dir.file_name() else {
-            return true;
+            if !is_valid_name(name) {
+                self.err(pos, path, invalid_name(name));
+                return None;
+            }
+            return Some(name.to_string());
         };
-        if dir_name.to_str() != Some(name) {
+        let Some(dir_name) = dir_name.to_str().filter(|d| is_valid_name(d)) else {
             self.err(
                 pos,
                 path,
                 format!(
-                    "the name {} does not match the plugin's directory name {}; a plugin's \
-                     name must equal its directory's name (rename one of them)",
-                    quote(name),
+                    "the plugin's directory name {} is not a valid plugin name (1 to                      {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ -); rename the directory",
                     quote(&dir_name.to_string_lossy())
                 ),
             );
-            return false;
+            return None;
+        };
+        if dir_name != name {
+            self.warns.push(Raw {
+                pos,
+                path: path.to_string(),
+                reason: format!(
+                    "the name {} differs from the plugin's directory name {}; the directory's \
+                     name is used (it keys kv, stats and metric labels)",
+                    quote(name),
+                    quote(dir_name)
+                ),
+            });
         }
-        true
+        Some(dir_name.to_string())
     }
 
     /// `[plugin] wasm`: relative, inside the directory (lexically and through symbolic links),

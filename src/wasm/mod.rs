@@ -12,10 +12,12 @@
 //!
 //! Modules: [`manifest`] (plugin.toml: format, validation, errors; built without the `wasm`
 //! feature too, so manifests can be checked and fuzzed without wasmtime), `engine` (the
-//! wasmtime engine, epoch ticker, compile cache), `host` (what guests may call: prx:host and a
-//! locked-down WASI), `kv` (the per-plugin store), `plugin` (instances, executors, outcomes,
-//! the breaker), `sink` ([`WasmSink`]: loading, reloading, delivering, stats), `watch` (the
-//! plugins directory watcher). ARCHITECTURE.md § WASM plugins is the contract.
+//! wasmtime engine, epoch ticker, timers, address-space sizing), `cache` (the authenticated
+//! per-user compile cache), `drive` (running a call's future to its deadline), `host` (what
+//! guests may call: prx:host and a locked-down WASI; the per-instance memory cap), `log`
+//! (bounded plugin logging), `kv` (the per-plugin store), `plugin` (instances, executors,
+//! outcomes, the breaker), `sink` ([`WasmSink`]: loading, reloading, delivering, stats), `watch`
+//! (the plugins directory watcher). ARCHITECTURE.md § WASM plugins is the contract.
 
 pub mod manifest;
 mod stats;
@@ -24,11 +26,17 @@ pub(crate) use stats::SECTION as STATS_SECTION;
 pub use stats::{PluginCounts, PluginStats, PluginsStats};
 
 #[cfg(feature = "wasm")]
+mod cache;
+#[cfg(feature = "wasm")]
+mod drive;
+#[cfg(feature = "wasm")]
 mod engine;
 #[cfg(feature = "wasm")]
 mod host;
 #[cfg(feature = "wasm")]
 mod kv;
+#[cfg(feature = "wasm")]
+mod log;
 #[cfg(feature = "wasm")]
 mod plugin;
 #[cfg(feature = "wasm")]
@@ -37,7 +45,9 @@ mod sink;
 mod watch;
 
 #[cfg(feature = "wasm")]
-pub use engine::{Compiled, Sizing, TICK, WasmEngine};
+pub use cache::CompileCache;
+#[cfg(feature = "wasm")]
+pub use engine::{Compiled, Sizing, TICK, WasmEngine, address_space_per_instance};
 #[cfg(feature = "wasm")]
 pub use kv::FLUSH_DELAY;
 #[cfg(feature = "wasm")]
@@ -52,23 +62,28 @@ pub const PLUGIN_QUEUE: usize = 1024;
 
 /// Checks every plugin of a workspace the way loading does — manifest, compile, the `on-event`
 /// export and its type, linking against the host, a probe instantiation — without starting
-/// anything. One line per problem. Used by `prx-hooks validate`.
+/// anything, without the compile cache and without writing anything. One line per problem
+/// (plugins that are not hooks are no problem: see [`manifest::scan_all`]). Used by
+/// `prx-hooks validate`.
 #[cfg(feature = "wasm")]
 pub fn check_workspace(workspace: &std::path::Path) -> Vec<String> {
     let (manifests, errors) = manifest::scan(workspace);
     let mut out: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-    out.extend(sink::check(workspace, &manifests));
+    out.extend(sink::check(&manifests));
     out
 }
 
-/// Internals for `benches/wasm.rs`: one plugin's per-call path, and the direct wasmtime call it
-/// is compared with. Not part of the API.
+/// Internals for `benches/wasm.rs`: one plugin's per-call path, and the direct wasmtime calls
+/// it is compared with. Not part of the API.
 #[cfg(feature = "wasm")]
 #[doc(hidden)]
 pub mod __bench {
+    use super::cache::CompileCache;
+    use super::drive::{Driven, drive};
     use super::engine::{Compiled, WasmEngine};
-    use super::host::{HostState, PluginCtx, linker};
+    use super::host::{HostState, InstanceLimits, PluginCtx, linker, linker_sync};
     use super::kv::{KvFlusher, KvStore};
+    use super::log::Logger;
     use super::plugin::{Instance, PluginShared, find_export};
     use crate::bus::{Bus, Message};
     use std::path::Path;
@@ -84,14 +99,20 @@ pub mod __bench {
         slot: Option<Instance>,
         component: Component,
         engine: Arc<WasmEngine>,
+        _logger: Logger,
     }
 
-    /// Loads the plugin in `dir` (its plugin.toml and component), compiling through `cache`.
-    pub fn load(dir: &Path, cache: Option<&Path>) -> Result<(Loaded, Compiled), String> {
+    /// Loads the plugin in `dir` (its plugin.toml and component) with memories reserved for
+    /// `reserve_mb` (at least its own limit), compiling through `cache`.
+    pub fn load(
+        dir: &Path,
+        cache: Option<&CompileCache>,
+        reserve_mb: u64,
+    ) -> Result<(Loaded, Compiled), String> {
         let m = super::manifest::load(dir).map_err(|e| e.to_string())?;
         let engine = Arc::new(WasmEngine::new(super::engine::Sizing {
             instances: 8,
-            max_memory: m.resources.max_memory_mb << 20,
+            max_memory: (m.resources.max_memory_mb.max(reserve_mb)) << 20,
         })?);
         let linker = linker(engine.engine()).map_err(|e| e.to_string())?;
         let bytes = std::fs::read(&m.wasm).map_err(|e| e.to_string())?;
@@ -101,23 +122,24 @@ pub mod __bench {
             .instantiate_pre(&component)
             .map_err(|e| e.to_string())?;
         let interest = crate::pipeline::Interest::new(1);
-        let kv_dir =
-            std::env::temp_dir().join(format!("prx-hooks-bench-kv-{}", std::process::id()));
+        let logger = Logger::start().map_err(|e| e.to_string())?;
         let ctx = Arc::new(PluginCtx {
             name: m.name.as_str().into(),
             config: m.config.clone(),
-            kv: Arc::new(KvStore::open(&kv_dir, &m.name, u64::MAX)),
+            kv: Arc::new(KvStore::in_memory(u64::MAX)),
             flusher: Arc::new(KvFlusher::start().map_err(|e| e.to_string())?),
             events_allowed: m.permissions.events,
             bus: Bus::new(interest.handle(0), 1024, 1 << 20),
             abort: Arc::new(AtomicBool::new(false)),
+            stop: AtomicBool::new(false),
+            log: Arc::new(logger.plugin(m.name.as_str().into())),
         });
         let shared = Arc::new(PluginShared::new(
             m,
             ctx,
             pre,
             export,
-            Arc::default(),
+            Default::default(),
             engine.clone(),
         ));
         let loaded = Loaded {
@@ -125,14 +147,17 @@ pub mod __bench {
             slot: None,
             component,
             engine,
+            _logger: logger,
         };
         Ok((loaded, compiled))
     }
 
     impl Loaded {
         /// One `on-event` through the executor's per-call path (breaker, fuel refill,
-        /// deadline, call, classification, counters). Whether it returned `Ok`.
+        /// deadline, the driven async call, classification, counters). Whether it returned `Ok`.
         pub fn call(&mut self, event: &str, msg: &Message) -> bool {
+            let timers = self.engine.timers();
+            let _rt = timers.enter();
             self.shared.run(&mut self.slot, event, msg, false).is_ok()
         }
 
@@ -145,16 +170,26 @@ pub mod __bench {
             d
         }
 
-        /// The baseline: the same component, engine `Config` and linker, called through a
-        /// plain wasmtime `TypedFunc` with fuel on (set once, high) and nothing else.
-        pub fn direct(&self) -> Direct {
-            let linker = linker(self.engine.engine()).expect("linker");
+        fn store(&self) -> Store<HostState> {
             let (tx, rx) = flume::bounded(1);
-            let limits = wasmtime::StoreLimitsBuilder::new().build();
-            let state = HostState::new(self.shared.ctx.clone(), limits, tx, rx);
+            let state = HostState::new(
+                self.shared.ctx.clone(),
+                InstanceLimits::new(usize::MAX),
+                tx,
+                rx,
+            );
             let mut store = Store::new(self.engine.engine(), state);
             store.set_fuel(u64::MAX / 2).expect("fuel");
             store.set_epoch_deadline(u64::MAX / 2);
+            store
+        }
+
+        /// The old baseline: the same component and engine `Config`, WASI linked with its
+        /// synchronous bindings, called through a plain `TypedFunc::call` with fuel on (set
+        /// once, high) and nothing else.
+        pub fn direct(&self) -> Direct {
+            let linker = linker_sync(self.engine.engine()).expect("linker");
+            let mut store = self.store();
             let instance = linker
                 .instantiate(&mut store, &self.component)
                 .expect("instantiate");
@@ -164,12 +199,40 @@ pub mod __bench {
                 .expect("typed func");
             Direct { store, func }
         }
+
+        /// The same with the host's linker (async WASI) and `call_async`, polled on this thread
+        /// by the executor's driver: what async costs by itself.
+        pub fn direct_async(&self) -> DirectAsync {
+            let linker = linker(self.engine.engine()).expect("linker");
+            let mut store = self.store();
+            let timers = self.engine.timers();
+            let _rt = timers.enter();
+            let instance = match drive(
+                linker.instantiate_async(&mut store, &self.component),
+                Instant::now() + Duration::from_secs(60),
+                || false,
+            ) {
+                Driven::Done(i) => i.expect("instantiate"),
+                _ => panic!("instantiation did not finish"),
+            };
+            let export = find_export(&self.component, self.engine.engine()).expect("export");
+            let func = instance
+                .get_typed_func::<(&str, &str), (Result<(), String>,)>(&mut store, export)
+                .expect("typed func");
+            DirectAsync {
+                store,
+                func,
+                timers,
+            }
+        }
     }
 
-    /// A direct typed call (the baseline).
+    type OnEvent = TypedFunc<(&'static str, &'static str), (Result<(), String>,)>;
+
+    /// A direct synchronous typed call (the old baseline).
     pub struct Direct {
         store: Store<HostState>,
-        func: TypedFunc<(&'static str, &'static str), (Result<(), String>,)>,
+        func: OnEvent,
     }
 
     impl Direct {
@@ -179,5 +242,32 @@ pub mod __bench {
                 Ok((Ok(()),))
             )
         }
+    }
+
+    /// A direct `call_async`, driven (the async baseline).
+    pub struct DirectAsync {
+        store: Store<HostState>,
+        func: OnEvent,
+        timers: tokio::runtime::Handle,
+    }
+
+    impl DirectAsync {
+        pub fn call(&mut self, event: &str, payload: &str) -> bool {
+            let _rt = self.timers.enter();
+            let far = Instant::now() + Duration::from_secs(60);
+            matches!(
+                drive(
+                    self.func.call_async(&mut self.store, (event, payload)),
+                    far,
+                    || false
+                ),
+                Driven::Done(Ok((Ok(()),)))
+            )
+        }
+    }
+
+    /// Opens a compile cache at explicit places (benches measure a cold start from it).
+    pub fn cache(dir: &Path, key: &Path) -> Result<CompileCache, String> {
+        CompileCache::open(dir, key)
     }
 }

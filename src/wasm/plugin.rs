@@ -12,15 +12,23 @@
 //! at every epoch tick, see [`engine::TICK`](super::engine::TICK)), calls `on-event`, and counts
 //! the outcome. A trap, a timeout or running out of fuel throws the instance away (its memory
 //! may be inconsistent); the next call instantiates a fresh one from the `InstancePre` (a few
-//! microseconds with the pooling allocator). Three such faults in a row suspend the plugin for
-//! 1 s, then 2 s, 4 s, … up to 5 min ([`Breaker`]); events that arrive meanwhile are dropped and
-//! counted. A guest `Err(string)` is a failed call but not a fault.
+//! microseconds with the pooling allocator). The call itself is a `call_async` future driven by
+//! [`drive`](super::drive): a guest waiting inside a host call ends at its deadline too. Faults
+//! feed the [`Breaker`], which suspends the plugin (1 s, then 2 s, 4 s, … up to 5 min); events
+//! that arrive meanwhile are dropped and counted. A guest `Err(string)` is a failed call but not
+//! a fault.
+//!
+//! A version that is replaced or removed is stopped at once (its `PluginCtx::stop`): the running
+//! call is interrupted (counted failed), what is queued is dropped (`dropped_reload`), and its
+//! executors exit and free their pool slots.
 //!
 //! The instance also receives the messages of the subscriptions it made through
 //! `events.subscribe` (a second queue per shard), with the full topic as the event name.
 
+use super::drive::{Driven, drive};
 use super::engine::{WasmEngine, one_line};
-use super::host::{HostState, Interrupted, PluginCtx};
+use super::host::{HostState, InstanceLimits, Interrupted, PluginCtx};
+use super::log::Level;
 use super::manifest::Manifest;
 use crate::bus::Message;
 use crate::wasm::PluginCounts;
@@ -28,15 +36,22 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wasmtime::component::{ComponentExportIndex, InstancePre, TypedFunc};
-use wasmtime::{Store, StoreLimitsBuilder, Trap, UpdateDeadline};
+use wasmtime::{Store, Trap, UpdateDeadline};
 
 /// The export every plugin provides, under the versioned and the bare interface name.
 pub const EXPORT_INTERFACES: [&str; 2] =
     ["prx:plugin/hook-exports@0.1.0", "prx:plugin/hook-exports"];
 pub const EXPORT_FUNC: &str = "on-event";
 
-/// Faults in a row that suspend a plugin, and the first and longest suspension.
+/// Faults in a row that suspend a plugin.
 const FAULTS_TO_SUSPEND: u32 = 3;
+/// Or: this many faults among the last [`WINDOW`] calls.
+const WINDOW_FAULTS: u32 = 5;
+const WINDOW: u32 = 10;
+/// Successes in a row after a suspension that clear the plugin's record (the next suspension
+/// is 1 s again).
+const PROBATION: u32 = 10;
+/// The first and the longest suspension.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -58,8 +73,16 @@ pub enum CallOutcome {
     Instantiate(String),
     /// The plugin is suspended after repeated faults; the event was dropped.
     Suspended,
-    /// Stopped by shutdown before or while running.
+    /// No instance could be had from the pool (every slot busy): the call did not run. Not
+    /// the plugin's fault.
+    Busy(String),
+    /// Not run: stopped by shutdown, or the plugin was replaced or removed.
     Aborted,
+    /// Stopped while running by shutdown (`shutdown: true`) or because the plugin was replaced
+    /// or removed; the instance was replaced.
+    Interrupted {
+        shutdown: bool,
+    },
 }
 
 impl CallOutcome {
@@ -84,7 +107,12 @@ impl CallOutcome {
             CallOutcome::OutOfFuel => "trap: out of fuel (max_fuel in plugin.toml)".into(),
             CallOutcome::Instantiate(m) => format!("trap: cannot instantiate: {m}"),
             CallOutcome::Suspended => "suspended after repeated faults".into(),
-            CallOutcome::Aborted => "aborted by shutdown".into(),
+            CallOutcome::Busy(m) => format!("not run: no free instance ({m})"),
+            CallOutcome::Aborted => "not run: stopped by shutdown or reload".into(),
+            CallOutcome::Interrupted { shutdown: true } => "interrupted by shutdown".into(),
+            CallOutcome::Interrupted { shutdown: false } => {
+                "interrupted: the plugin was replaced or removed".into()
+            }
         }
     }
 
@@ -93,39 +121,118 @@ impl CallOutcome {
     }
 }
 
-/// The circuit breaker: counts faults in a row and suspends with exponential backoff.
+/// The circuit breaker. It suspends a plugin after [`FAULTS_TO_SUSPEND`] faults in a row, or
+/// [`WINDOW_FAULTS`] faults among its last [`WINDOW`] calls (so alternating faults and successes
+/// cannot keep it running); the n-th suspension in a row lasts 1 s × 2ⁿ⁻¹, at most 5 min. After
+/// a suspension the plugin is on probation: one fault suspends it again (twice as long), and
+/// [`PROBATION`] successes in a row clear its record. Only calls that started while it was not
+/// suspended count: calls that were already running when it tripped (other pool instances) or
+/// that a `fire` forced during a suspension neither trip it again nor reset it.
 #[derive(Debug, Default)]
 pub struct Breaker {
     faults_in_row: u32,
-    suspensions: u32,
+    /// The last [`WINDOW`] outcomes, newest in bit 0 (1 = fault), and how many there are.
+    window: u32,
+    window_len: u32,
+    /// Suspensions since the record was last cleared.
+    level: u32,
+    /// When the current (or last) suspension began and ends.
+    since: Option<Instant>,
     until: Option<Instant>,
+    /// After a suspension: successes in a row so far.
+    probation: Option<u32>,
 }
 
 impl Breaker {
-    /// Whether calls are suspended at `now`. After the suspension ends the next call runs; a
-    /// fault then suspends again, twice as long.
+    /// Whether calls are suspended at `now`, and until when.
     pub fn suspended(&self, now: Instant) -> Option<Instant> {
         self.until.filter(|&u| now < u)
     }
 
-    fn record(&mut self, fault: bool, now: Instant) -> Option<Duration> {
+    /// Records the outcome of a call that started at `started`; returns the suspension it
+    /// starts, if any.
+    fn record(&mut self, fault: bool, started: Instant, now: Instant) -> Option<Duration> {
+        if self.since.is_some_and(|s| started < s) || self.until.is_some_and(|u| started < u) {
+            return None;
+        }
+        self.window = ((self.window << 1) | u32::from(fault)) & ((1 << WINDOW) - 1);
+        self.window_len = (self.window_len + 1).min(WINDOW);
         if !fault {
             self.faults_in_row = 0;
-            self.suspensions = 0;
-            self.until = None;
+            if let Some(n) = &mut self.probation {
+                *n += 1;
+                if *n >= PROBATION {
+                    *self = Breaker::default();
+                }
+            }
             return None;
         }
         self.faults_in_row += 1;
-        let resumed = self.until.take().is_some();
-        if self.faults_in_row < FAULTS_TO_SUSPEND && !resumed {
+        let trip = self.probation.is_some()
+            || self.faults_in_row >= FAULTS_TO_SUSPEND
+            || self.window.count_ones() >= WINDOW_FAULTS;
+        if !trip {
             return None;
         }
         let backoff = FIRST_BACKOFF
-            .saturating_mul(1 << self.suspensions.min(16))
+            .saturating_mul(1 << self.level.min(16))
             .min(MAX_BACKOFF);
-        self.suspensions += 1;
+        self.level += 1;
+        self.since = Some(now);
         self.until = Some(now + backoff);
+        self.probation = Some(0);
+        self.faults_in_row = 0;
+        self.window = 0;
+        self.window_len = 0;
         Some(backoff)
+    }
+}
+
+#[cfg(test)]
+mod breaker_tests {
+    use super::*;
+
+    #[test]
+    fn alternating_faults_and_successes_trip_it() {
+        let mut b = Breaker::default();
+        let t = Instant::now();
+        let mut tripped = None;
+        for n in 0..WINDOW {
+            let at = t + Duration::from_millis(u64::from(n));
+            if let Some(d) = b.record(n % 2 == 0, at, at) {
+                tripped = Some((n, d));
+                break;
+            }
+        }
+        assert_eq!(tripped, Some((8, FIRST_BACKOFF)));
+    }
+
+    #[test]
+    fn faults_of_calls_that_started_before_the_trip_do_not_escalate() {
+        let mut b = Breaker::default();
+        let t = Instant::now();
+        let ms = |n| t + Duration::from_millis(n);
+        assert_eq!(b.record(true, ms(0), ms(10)), None);
+        assert_eq!(b.record(true, ms(0), ms(11)), None);
+        assert_eq!(b.record(true, ms(0), ms(12)), Some(FIRST_BACKOFF));
+        // Three more instances were running since t: their faults land during the suspension.
+        for n in 13..16 {
+            assert_eq!(b.record(true, ms(0), ms(n)), None);
+        }
+        // A call forced during the suspension succeeds: it does not clear the record.
+        assert_eq!(b.record(false, ms(500), ms(501)), None);
+        assert!(b.suspended(ms(600)).is_some());
+        // After it: on probation, one fault suspends again, twice as long.
+        assert_eq!(b.record(true, ms(1100), ms(1101)), Some(2 * FIRST_BACKOFF));
+        // Ten successes in a row after that clear the record.
+        for n in 0..PROBATION {
+            let at = ms(3200 + u64::from(n));
+            assert_eq!(b.record(false, at, at), None);
+        }
+        let at = ms(4000);
+        assert_eq!(b.record(true, at, at), None);
+        assert_eq!(b.record(true, at, at), None);
+        assert_eq!(b.record(true, at, at), Some(FIRST_BACKOFF));
     }
 }
 
@@ -137,9 +244,10 @@ pub struct PluginShared {
     pre: InstancePre<HostState>,
     on_event: ComponentExportIndex,
     pub counts: Arc<Mutex<PluginCounts>>,
-    pub breaker: Mutex<Breaker>,
-    /// Keeps the engine (and its ticker) alive as long as an instance of this plugin may run.
-    _engine: Arc<WasmEngine>,
+    pub breaker: Arc<Mutex<Breaker>>,
+    /// Keeps the engine (its ticker and timers) alive as long as an instance of this plugin
+    /// may run.
+    engine: Arc<WasmEngine>,
 }
 
 /// A job for an executor.
@@ -236,12 +344,13 @@ fn describe_type(t: &wasmtime::component::types::Type) -> String {
 }
 
 impl PluginShared {
+    /// `counts` and `breaker` belong to the plugin's name and outlive its versions.
     pub fn new(
         manifest: Manifest,
         ctx: Arc<PluginCtx>,
         pre: InstancePre<HostState>,
         on_event: ComponentExportIndex,
-        counts: Arc<Mutex<PluginCounts>>,
+        (counts, breaker): (Arc<Mutex<PluginCounts>>, Arc<Mutex<Breaker>>),
         engine: Arc<WasmEngine>,
     ) -> PluginShared {
         PluginShared {
@@ -251,9 +360,19 @@ impl PluginShared {
             pre,
             on_event,
             counts,
-            breaker: Mutex::default(),
-            _engine: engine,
+            breaker,
+            engine,
         }
+    }
+
+    /// Stops the engine's threads (after shutdown).
+    pub fn engine_stop(&self) {
+        self.engine.stop();
+    }
+
+    /// Logs a host line about this plugin (rate-limited with its own lines).
+    fn log(&self, level: Level, text: &str) {
+        self.ctx.log.line(level, "host", text.as_bytes());
     }
 
     pub fn counts(&self) -> std::sync::MutexGuard<'_, PluginCounts> {
@@ -264,15 +383,11 @@ impl PluginShared {
         self.breaker.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A fresh instance, ready to call.
-    pub fn instantiate(&self) -> Result<Instance, String> {
+    /// A fresh instance, ready to call. Instantiation runs the component's start code: it gets
+    /// the same limits as a call (fuel, memory, deadline, shutdown and retirement).
+    pub fn instantiate(&self) -> Result<Instance, CallOutcome> {
         let res = &self.manifest.resources;
-        let limits = StoreLimitsBuilder::new()
-            .memory_size((res.max_memory_mb << 20) as usize)
-            .instances(64)
-            .tables(64)
-            .memories(8)
-            .build();
+        let limits = InstanceLimits::new((res.max_memory_mb << 20) as usize);
         let (sub_tx, sub_rx) = flume::bounded(self.queue_per_shard());
         let state = HostState::new(self.ctx.clone(), limits, sub_tx, sub_rx);
         let mut store = Store::new(self.pre.engine(), state);
@@ -281,22 +396,40 @@ impl PluginShared {
             Ok(()) => Ok(UpdateDeadline::Continue(1)),
             Err(why) => Err(why.into()),
         });
-        // Instantiation runs the component's start code: it gets the same budget as a call.
         store
             .set_fuel(res.max_fuel)
-            .map_err(|e| one_line(&format!("{e:#}")))?;
-        store.data_mut().deadline =
-            Instant::now() + Duration::from_millis(res.max_execution_time_ms);
+            .map_err(|e| CallOutcome::Instantiate(one_line(&format!("{e:#}"))))?;
+        let deadline = Instant::now() + Duration::from_millis(res.max_execution_time_ms);
+        store.data_mut().deadline = deadline;
         store.set_epoch_deadline(1);
-        let instance = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| one_line(&format!("{e:#}")))?;
+        let timers = self.engine.timers();
+        let _rt = timers.enter();
+        let ctx = self.ctx.clone();
+        let instance = match drive(self.pre.instantiate_async(&mut store), deadline, || {
+            ctx.stopping().is_some()
+        }) {
+            Driven::Done(Ok(i)) => i,
+            Driven::Done(Err(e)) if is_pool_exhausted(&e) => {
+                return Err(CallOutcome::Busy(one_line(&format!("{e:#}"))));
+            }
+            Driven::Done(Err(e)) => {
+                return Err(match classify(e) {
+                    CallOutcome::Trap(m) => CallOutcome::Instantiate(m),
+                    other => other,
+                });
+            }
+            Driven::Deadline => return Err(CallOutcome::Timeout),
+            Driven::Stopped => return Err(interrupted(&ctx)),
+        };
         let func = instance
             .get_typed_func::<(&str, &str), (Result<(), String>,)>(&mut store, self.on_event)
-            .map_err(|e| one_line(&format!("{e:#}")))?;
+            .map_err(|e| CallOutcome::Instantiate(one_line(&format!("{e:#}"))))?;
         self.counts().instances_created += 1;
-        Ok(Instance { store, func })
+        Ok(Instance {
+            store,
+            func,
+            ctx: self.ctx.clone(),
+        })
     }
 
     fn queue_per_shard(&self) -> usize {
@@ -313,7 +446,7 @@ impl PluginShared {
         msg: &Message,
         force: bool,
     ) -> CallOutcome {
-        if self.ctx.abort.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.ctx.stopping().is_some() {
             return CallOutcome::Aborted;
         }
         let now = Instant::now();
@@ -323,8 +456,7 @@ impl PluginShared {
         if slot.is_none() {
             match self.instantiate() {
                 Ok(i) => *slot = Some(i),
-                Err(e) => {
-                    let outcome = CallOutcome::Instantiate(e);
+                Err(outcome) => {
                     self.after(&outcome, now);
                     return outcome;
                 }
@@ -342,7 +474,7 @@ impl PluginShared {
             CallOutcome::Trap(_)
                 | CallOutcome::Timeout
                 | CallOutcome::OutOfFuel
-                | CallOutcome::Aborted
+                | CallOutcome::Interrupted { .. }
         ) {
             *slot = None;
             self.counts().instances_replaced += 1;
@@ -353,8 +485,14 @@ impl PluginShared {
 
     /// Counts and logs an outcome; feeds the breaker.
     fn after(&self, outcome: &CallOutcome, started: Instant) {
-        let name = &*self.name;
         let timeout = self.manifest.resources.max_execution_time_ms;
+        let quiet = matches!(
+            outcome,
+            CallOutcome::Ok
+                | CallOutcome::Suspended
+                | CallOutcome::Aborted
+                | CallOutcome::Interrupted { .. }
+        );
         {
             let mut c = self.counts();
             match outcome {
@@ -363,36 +501,42 @@ impl PluginShared {
                 CallOutcome::Trap(_) | CallOutcome::Instantiate(_) => c.traps += 1,
                 CallOutcome::Timeout => c.timeouts += 1,
                 CallOutcome::OutOfFuel => c.out_of_fuel += 1,
-                CallOutcome::Suspended | CallOutcome::Aborted => {}
+                CallOutcome::Busy(_) => c.busy += 1,
+                CallOutcome::Suspended | CallOutcome::Aborted | CallOutcome::Interrupted { .. } => {
+                }
             }
-            if !matches!(
-                outcome,
-                CallOutcome::Ok | CallOutcome::Suspended | CallOutcome::Aborted
-            ) {
+            if !quiet {
                 c.last_error = Some(outcome.describe(timeout));
             }
         }
         match outcome {
-            CallOutcome::Ok | CallOutcome::Suspended | CallOutcome::Aborted => {}
+            _ if quiet => {}
             CallOutcome::Error(m) => {
-                tracing::warn!(plugin = name, "on-event returned an error: {m}")
+                self.log(Level::Warn, &format!("on-event returned an error: {m}"))
             }
-            other => tracing::warn!(
-                plugin = name,
-                "on-event {}; instance replaced",
-                other.describe(timeout)
+            CallOutcome::Busy(m) => self.log(
+                Level::Warn,
+                &format!("on-event not run: no free instance in the pool ({m})"),
+            ),
+            other => self.log(
+                Level::Warn,
+                &format!("on-event {}; instance replaced", other.describe(timeout)),
             ),
         }
-        if matches!(outcome, CallOutcome::Suspended | CallOutcome::Aborted) {
+        if (quiet && !outcome.is_ok()) || matches!(outcome, CallOutcome::Busy(_)) {
             return;
         }
-        let suspended = self.breaker().record(outcome.is_fault(), started);
+        let suspended = self
+            .breaker()
+            .record(outcome.is_fault(), started, Instant::now());
         if let Some(backoff) = suspended {
             self.counts().suspensions += 1;
-            tracing::warn!(
-                plugin = name,
-                "suspended for {} after repeated faults; it resumes by itself, or at once when its files change",
-                humantime::format_duration(backoff)
+            self.log(
+                Level::Warn,
+                &format!(
+                    "suspended for {} after repeated faults; it resumes by itself, or at once when its files change",
+                    humantime::format_duration(backoff)
+                ),
             );
         }
     }
@@ -402,6 +546,7 @@ impl PluginShared {
 pub struct Instance {
     store: Store<HostState>,
     func: OnEvent,
+    ctx: Arc<PluginCtx>,
 }
 
 impl Instance {
@@ -420,19 +565,38 @@ impl Instance {
         st.deadline = deadline;
         st.depth = msg.depth();
         self.store.set_epoch_deadline(1);
-        match self.func.call(&mut self.store, (event, msg.json_str())) {
-            Ok((Ok(()),)) => CallOutcome::Ok,
-            Ok((Err(m),)) => CallOutcome::Error(one_line(&m)),
-            Err(e) => classify(e),
+        let ctx = &self.ctx;
+        let call = self
+            .func
+            .call_async(&mut self.store, (event, msg.json_str()));
+        match drive(call, deadline, || ctx.stopping().is_some()) {
+            Driven::Done(Ok((Ok(()),))) => CallOutcome::Ok,
+            Driven::Done(Ok((Err(m),))) => CallOutcome::Error(one_line(&m)),
+            Driven::Done(Err(e)) => classify(e),
+            Driven::Deadline => CallOutcome::Timeout,
+            Driven::Stopped => interrupted(ctx),
         }
     }
+}
+
+fn interrupted(ctx: &PluginCtx) -> CallOutcome {
+    CallOutcome::Interrupted {
+        shutdown: ctx.stopping() == Some(Interrupted::Shutdown),
+    }
+}
+
+fn is_pool_exhausted(e: &wasmtime::Error) -> bool {
+    e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+        .is_some()
+        || format!("{e:#}").contains("maximum concurrent limit")
 }
 
 fn classify(e: wasmtime::Error) -> CallOutcome {
     if let Some(why) = e.downcast_ref::<Interrupted>() {
         return match why {
             Interrupted::Timeout => CallOutcome::Timeout,
-            Interrupted::Shutdown => CallOutcome::Aborted,
+            Interrupted::Shutdown => CallOutcome::Interrupted { shutdown: true },
+            Interrupted::Replaced => CallOutcome::Interrupted { shutdown: false },
         };
     }
     match e.downcast_ref::<Trap>() {
@@ -519,10 +683,19 @@ fn emitter_hash(msg: &Message) -> usize {
     h.finish() as usize
 }
 
-/// An executor: takes jobs in order and runs them on its instance.
+/// An executor: takes jobs in order and runs them on its instance. Once its version is
+/// stopped it runs nothing more: it drops (and counts) what is still queued until the queue's
+/// senders are gone, then exits.
 fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
+    // Guest code waits on the engine's timers (WASI clocks are tokio timers).
+    let timers = shared.engine.timers();
+    let _rt = timers.enter();
     let mut slot: Option<Instance> = None;
     loop {
+        if slot.is_some() && shared.ctx.stopping().is_some() {
+            // Its subscriptions go with it.
+            slot = None;
+        }
         let job = match &slot {
             Some(inst) if !inst.store.data().subs.is_empty() => {
                 let subs = inst.store.data().sub_rx.clone();
@@ -548,7 +721,11 @@ fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
                     }
                     CallOutcome::Aborted => {
                         c.dropped += 1;
-                        c.dropped_shutdown += 1;
+                        if shared.ctx.stopping() == Some(Interrupted::Shutdown) {
+                            c.dropped_shutdown += 1;
+                        } else {
+                            c.dropped_reload += 1;
+                        }
                     }
                     _ => c.failed += 1,
                 }
@@ -562,9 +739,11 @@ fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
                 let _ = reply.send(outcome);
             }
             Some(Err(msg)) => {
-                shared.counts().topic_messages += 1;
-                let topic = msg.topic().to_string();
-                guarded(shared, &mut slot, &topic, &msg, false);
+                if shared.ctx.stopping().is_none() {
+                    shared.counts().topic_messages += 1;
+                    let topic = msg.topic().to_string();
+                    guarded(shared, &mut slot, &topic, &msg, false);
+                }
             }
         }
     }

@@ -1,23 +1,29 @@
 //! [`WasmSink`]: the plugins of a workspace as one pipeline sink, and loading/reloading them.
 //!
-//! A load scans `<workspace>/plugins/*/plugin.toml`, compares each plugin with the version
-//! running (the manifest's bytes and the `.wasm` file's identity), and builds only what changed:
-//! compile through the cache (in parallel, with rayon), find and type-check `on-event`, link
-//! (`InstancePre`), instantiate once as a probe, start the executors. Then the new set of
-//! plugins is swapped in at once (`ArcSwap`; workers read it without locking) and the interest
-//! mask updated. A plugin whose new version fails to load keeps its old version running; a
-//! removed directory stops its plugin. Replaced and removed plugins finish what is queued, each
-//! in-flight call on its old instance, then their executors exit.
+//! A load scans `<workspace>/plugins/*/plugin.toml`, reads each component once (opened, checked
+//! to be a regular file inside its plugin directory through the descriptor actually read), and
+//! compares each plugin with the version running by the SHA-256 of the manifest text it parsed
+//! and of the component bytes it read. Only what changed is built: compile through the
+//! authenticated per-user cache (in parallel, with rayon), find and type-check `on-event`, link
+//! (`InstancePre`), instantiate once as a probe under the plugin's own limits. None of that holds
+//! the lock `stats()` and shutdown take; loads are serialized by a lock of their own. Then the new
+//! set of plugins is swapped in at once (`ArcSwap`; workers read it without locking), the
+//! interest mask updated, and every replaced or removed version stopped: its running call is
+//! interrupted and its queue dropped (counted `dropped_reload`). A plugin whose new version fails
+//! to load keeps its old version running.
 //!
 //! The engine is created by the first load that finds a plugin, sized for what it found; a
-//! later load that needs more pooled instances or a larger memory builds a new engine and moves
-//! every plugin to it (the compile cache makes that a matter of milliseconds).
+//! later load that needs more pooled instances or a memory reservation of another size builds a
+//! new engine and moves every plugin to it (the compile cache makes that a matter of
+//! milliseconds, except when the reservation changed, which recompiles).
 
+use super::cache::CompileCache;
 use super::engine::{Compiled, Sizing, WasmEngine, one_line};
 use super::host::{HostState, PluginCtx, linker};
 use super::kv::{KvFlusher, KvStore};
+use super::log::{Logger, PluginLog};
 use super::manifest::{self, Manifest};
-use super::plugin::{CallOutcome, Plugin, PluginShared, find_export};
+use super::plugin::{Breaker, CallOutcome, Plugin, PluginShared, find_export};
 use crate::bus::{Bus, Message};
 use crate::event::{EventKind, EventMask};
 use crate::pipeline::{InterestHandle, Sink};
@@ -26,14 +32,14 @@ use crate::wasm::{PluginCounts, PluginStats, PluginsStats};
 use arc_swap::ArcSwap;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wasmtime::component::Linker;
 
-/// Where compiled components and kv stores live, under the workspace.
+/// Where kv stores live, under the workspace (compiled components are in the user's cache).
 pub const STATE_DIR: &str = ".prx-hooks";
 
 /// The plugin backend.
@@ -43,7 +49,12 @@ pub struct WasmSink {
     interest: InterestHandle,
     abort: Arc<AtomicBool>,
     flusher: Arc<KvFlusher>,
+    logger: Logger,
+    /// The user's compile cache; `None` when it cannot be used (said once at start).
+    cache: Option<CompileCache>,
     live: ArcSwap<Vec<Arc<Plugin>>>,
+    /// Serializes loads (the watcher, SIGHUP, `reload()`); never held by stats or shutdown.
+    loading: Mutex<()>,
     load: Mutex<LoadState>,
     /// Executor threads of every plugin version ever started (joined at shutdown).
     executors: Mutex<Vec<JoinHandle<()>>>,
@@ -54,9 +65,14 @@ struct LoadState {
     engine: Option<(Arc<WasmEngine>, Arc<Linker<HostState>>)>,
     /// The running version of each plugin and what it was built from.
     versions: BTreeMap<String, (Fingerprint, Arc<Plugin>)>,
-    /// Counters and kv stores by plugin name: they outlive versions (and removals).
+    /// Counters, breakers, logs and kv stores by plugin name: they outlive versions (and
+    /// removals).
     counts: BTreeMap<String, Arc<Mutex<PluginCounts>>>,
+    breakers: BTreeMap<String, Arc<Mutex<Breaker>>>,
+    logs: BTreeMap<String, Arc<PluginLog>>,
     kv: BTreeMap<String, Arc<KvStore>>,
+    /// Versions being built by the load in progress (shutdown stops their probes).
+    building: Vec<Arc<PluginCtx>>,
     /// Shut down: nothing loads any more.
     closed: bool,
     /// What the current (or, after shutdown, the last) engine's pool holds.
@@ -64,37 +80,65 @@ struct LoadState {
     /// After shutdown: the plugins that were running, for the final stats.
     stopped: Vec<Arc<PluginShared>>,
     errors: Vec<String>,
+    warnings: Vec<String>,
+    skipped: Vec<String>,
     loads: u64,
     compiled: u64,
     cache_hits: u64,
 }
 
-/// What a plugin version was built from: the manifest's bytes and the component file's
-/// identity (device, inode, size, modification and change times).
+/// What a plugin version was built from: SHA-256 of the manifest text parsed and of the
+/// component bytes read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Fingerprint {
-    manifest: Vec<u8>,
-    wasm: Option<(u64, u64, u64, i64, i64, i64, i64)>,
+    manifest: [u8; 32],
+    wasm: [u8; 32],
 }
 
-impl Fingerprint {
-    fn of(m: &Manifest) -> Fingerprint {
-        use std::os::unix::fs::MetadataExt;
-        let manifest = std::fs::read(m.dir.join(manifest::MANIFEST_FILE)).unwrap_or_default();
-        let wasm = std::fs::metadata(&m.wasm).ok().map(|md| {
-            (
-                md.dev(),
-                md.ino(),
-                md.size(),
-                md.mtime(),
-                md.mtime_nsec(),
-                md.ctime(),
-                md.ctime_nsec(),
-            )
-        });
-        Fingerprint { manifest, wasm }
-    }
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).into()
 }
+
+/// Reads the component of `m` once, refusing anything that is not a regular file inside the
+/// plugin's directory — checked on the descriptor read (its path in /proc/self/fd), so a file
+/// swapped for a symbolic link after the manifest was checked is caught.
+fn read_component(m: &Manifest) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let label = m.wasm.display();
+    let dir = std::fs::canonicalize(&m.dir)
+        .map_err(|e| format!("{label}: cannot resolve the plugin directory: {e}"))?;
+    let file = std::fs::File::open(&m.wasm).map_err(|e| format!("{label}: cannot read: {e}"))?;
+    let md = file
+        .metadata()
+        .map_err(|e| format!("{label}: cannot read: {e}"))?;
+    if !md.is_file() {
+        return Err(format!("{label}: not a regular file"));
+    }
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|e| format!("{label}: cannot resolve the file read: {e}"))?;
+    if !real.starts_with(&dir) {
+        return Err(format!(
+            "{label}: leads outside the plugin directory (to {}); the component must be inside it",
+            real.display()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    file.take(MAX_COMPONENT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{label}: cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_COMPONENT_BYTES {
+        return Err(format!(
+            "{label}: larger than {} MiB (the limit)",
+            MAX_COMPONENT_BYTES >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Largest component file read.
+const MAX_COMPONENT_BYTES: u64 = 256 << 20;
 
 /// What one load did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -103,6 +147,11 @@ pub struct LoadReport {
     pub started: Vec<String>,
     /// Plugins stopped because their directory went away.
     pub removed: Vec<String>,
+    /// Plugins that are not hooks (`name: why`): not ours to run, left alone.
+    pub skipped: Vec<String>,
+    /// Accepted with a warning (unknown keys PRX ignores, a name that differs from the
+    /// directory's, a directory without plugin.toml), one line each.
+    pub warnings: Vec<String>,
     /// Every problem, one line each.
     pub errors: Vec<String>,
 }
@@ -161,7 +210,9 @@ impl serde::Serialize for FireOutcome {
             Some(CallOutcome::Timeout) => ("timed_out", None),
             Some(CallOutcome::OutOfFuel) => ("out_of_fuel", None),
             Some(CallOutcome::Suspended) => ("suspended", None),
+            Some(CallOutcome::Busy(m)) => ("busy", Some(m.clone())),
             Some(CallOutcome::Aborted) => ("aborted", None),
+            Some(CallOutcome::Interrupted { .. }) => ("interrupted", None),
             None => ("no_answer", None),
         };
         let mut st = s.serialize_struct("FireOutcome", 5)?;
@@ -179,11 +230,31 @@ impl serde::Serialize for FireOutcome {
 
 impl WasmSink {
     /// Creates the sink and loads the workspace's plugins (the first load happens here, so the
-    /// plugins are live before any event is emitted).
+    /// plugins are live before any event is emitted). Compiled components are cached in the
+    /// user's cache when it is usable.
     pub fn new(
         workspace: PathBuf,
         bus: Bus,
         interest: InterestHandle,
+    ) -> std::io::Result<WasmSink> {
+        let cache = match CompileCache::open_default() {
+            Ok(c) => Some(c),
+            Err(why) => {
+                tracing::info!(
+                    "plugins: no compile cache ({why}); components are compiled at every start"
+                );
+                None
+            }
+        };
+        WasmSink::with_cache(workspace, bus, interest, cache)
+    }
+
+    /// [`new`](WasmSink::new) with the compile cache given (`None`: compile every time).
+    pub fn with_cache(
+        workspace: PathBuf,
+        bus: Bus,
+        interest: InterestHandle,
+        cache: Option<CompileCache>,
     ) -> std::io::Result<WasmSink> {
         let sink = WasmSink {
             workspace,
@@ -191,7 +262,10 @@ impl WasmSink {
             interest,
             abort: Arc::new(AtomicBool::new(false)),
             flusher: Arc::new(KvFlusher::start()?),
+            logger: Logger::start()?,
+            cache,
             live: ArcSwap::from_pointee(Vec::new()),
+            loading: Mutex::default(),
             load: Mutex::default(),
             executors: Mutex::default(),
         };
@@ -220,24 +294,81 @@ impl WasmSink {
         self.workspace.join(STATE_DIR).join(sub)
     }
 
+    /// Stops the probes of a load in progress (they end as interrupted). Used when the watcher
+    /// stops at shutdown, so that joining it does not wait for a guest's start code.
+    pub(crate) fn cancel_loads(&self) {
+        for ctx in &self.state().building {
+            ctx.stop.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Rescans the plugins directory and applies what changed (see the module doc).
     pub fn reload(&self) -> LoadReport {
-        let mut st = self.state();
-        if st.closed {
-            return LoadReport::default();
-        }
+        let _serial = self.loading.lock().unwrap_or_else(|e| e.into_inner());
         let mut report = LoadReport::default();
-        let (manifests, errors) = manifest::scan(&self.workspace);
-        report.errors.extend(errors.iter().map(|e| e.to_string()));
+        let scan = manifest::scan_all(&self.workspace);
+        report
+            .errors
+            .extend(scan.errors.iter().map(|e| e.to_string()));
+        report
+            .warnings
+            .extend(scan.warnings.iter().map(|e| e.to_string()));
+        for m in &scan.manifests {
+            report
+                .warnings
+                .extend(m.warnings.iter().map(|e| e.to_string()));
+        }
+        report
+            .skipped
+            .extend(scan.skipped.iter().map(|(n, why)| format!("{n}: {why}")));
+        let manifests = scan.manifests;
 
-        let need = sizing_for(&manifests);
-        let mut all = false;
-        if !manifests.is_empty()
-            && st
-                .engine
-                .as_ref()
-                .is_none_or(|(e, _)| !e.sizing().covers(&need))
-        {
+        // Read every component once; what is read is what gets fingerprinted and compiled.
+        let mut read = Vec::with_capacity(manifests.len());
+        for m in manifests {
+            match read_component(&m) {
+                Ok(bytes) => {
+                    let fp = Fingerprint {
+                        manifest: sha256(m.source.as_bytes()),
+                        wasm: sha256(&bytes),
+                    };
+                    read.push((m, fp, bytes));
+                }
+                Err(e) => report.errors.push(e),
+            }
+        }
+        let need = sizing_for(read.iter().map(|(m, _, _)| m));
+
+        // Under the lock: what to keep, what to build, and the handles new versions share.
+        let (engine, all, mut next, to_build) = {
+            let mut st = self.state();
+            if st.closed {
+                return LoadReport::default();
+            }
+            let engine = st.engine.clone();
+            let all = !read.is_empty()
+                && engine
+                    .as_ref()
+                    .is_none_or(|(e, _)| !e.sizing().covers(&need));
+            let mut next: BTreeMap<String, (Fingerprint, Arc<Plugin>)> = BTreeMap::new();
+            let mut to_build = Vec::new();
+            for (m, fp, bytes) in read {
+                match st.versions.get(&m.name) {
+                    Some((old, p)) if !all && *old == fp => {
+                        next.insert(m.name.clone(), (fp, p.clone()));
+                    }
+                    _ => {
+                        let ctx = self.context(&mut st, &m);
+                        st.building.push(ctx.clone());
+                        to_build.push((m, fp, bytes, ctx));
+                    }
+                }
+            }
+            (engine, all, next, to_build)
+        };
+
+        // Outside the lock: a new engine if needed, then compile, link and probe.
+        let engine = if all {
             // Headroom so that adding a plugin or two does not rebuild the engine.
             let sizing = Sizing {
                 instances: need.instances.max(8) + need.instances / 2,
@@ -247,62 +378,71 @@ impl WasmSink {
                 let l = linker(e.engine()).map_err(|x| format!("cannot link the host: {x:#}"))?;
                 Ok((Arc::new(e), Arc::new(l)))
             }) {
-                Ok(pair) => {
-                    st.sizing = Some(pair.0.sizing());
-                    st.engine = Some(pair);
-                    all = true;
+                Ok(pair) => Some(pair),
+                Err(e) => {
+                    report.errors.push(e);
+                    None
                 }
-                Err(e) => report.errors.push(e),
             }
-        }
-
-        let mut next: BTreeMap<String, (Fingerprint, Arc<Plugin>)> = BTreeMap::new();
-        let mut to_build = Vec::new();
-        for m in manifests {
-            let fp = Fingerprint::of(&m);
-            match st.versions.get(&m.name) {
-                Some((old, p)) if !all && *old == fp => {
-                    next.insert(m.name.clone(), (fp, p.clone()));
-                }
-                _ => to_build.push((m, fp)),
-            }
-        }
-
-        if let Some((engine, linker)) = st.engine.clone() {
-            let cache = self.state_dir("cache");
-            let cache = std::fs::create_dir_all(&cache).is_ok().then_some(cache);
-            let built: Vec<_> = to_build
+        } else {
+            engine
+        };
+        let built: Vec<_> = match &engine {
+            Some((engine, linker)) => to_build
                 .into_par_iter()
-                .map(|(m, fp)| {
-                    let r = prepare(&engine, &linker, &m, cache.as_deref());
+                .map(|(m, fp, bytes, ctx)| {
+                    let r = self.build(engine, linker, &m, &bytes, ctx);
                     (m, fp, r)
                 })
-                .collect();
-            for (m, fp, r) in built {
-                let name = m.name.clone();
-                match r.and_then(|(pre, export, compiled)| {
-                    if compiled == Compiled::Cached {
-                        st.cache_hits += 1;
-                    } else {
-                        st.compiled += 1;
-                    }
-                    self.start_plugin(&mut st, m, pre, export, &engine)
-                }) {
-                    Ok(plugin) => {
-                        report.started.push(name.clone());
-                        next.insert(name, (fp, plugin));
-                    }
-                    Err(e) => {
-                        report.errors.push(e);
-                        if let Some(old) = st.versions.get(&name) {
-                            tracing::warn!(plugin = %name, "the new version failed to load; the previous one keeps running");
-                            next.insert(name, old.clone());
-                        }
+                .collect(),
+            None => Vec::new(),
+        };
+
+        let mut st = self.state();
+        st.building.clear();
+        if st.closed {
+            return LoadReport::default();
+        }
+        if all && engine.is_some() {
+            st.sizing = engine.as_ref().map(|(e, _)| e.sizing());
+            st.engine = engine;
+        }
+        for (m, fp, r) in built {
+            let name = m.name.clone();
+            let r = match r {
+                Err(Prepared::NotHook(why)) => {
+                    report.skipped.push(format!("{name}: {why}"));
+                    continue;
+                }
+                Err(Prepared::Failed(e)) => Err(e),
+                Ok(x) => Ok(x),
+            };
+            let started = r.and_then(|(shared, compiled)| {
+                if compiled == Compiled::Cached {
+                    st.cache_hits += 1;
+                } else {
+                    st.compiled += 1;
+                }
+                let (plugin, threads) = Plugin::start(shared)
+                    .map_err(|e| format!("{}: cannot start executor: {e}", m.file))?;
+                self.executors
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(threads);
+                Ok(Arc::new(plugin))
+            });
+            match started {
+                Ok(plugin) => {
+                    report.started.push(name.clone());
+                    next.insert(name, (fp, plugin));
+                }
+                Err(e) => {
+                    report.errors.push(e);
+                    if let Some(old) = st.versions.get(&name) {
+                        tracing::warn!(plugin = %name, "the new version failed to load; the previous one keeps running");
+                        next.insert(name, old.clone());
                     }
                 }
-            }
-            if let Some(dir) = &cache {
-                super::engine::prune_cache(dir, &[], Duration::from_secs(7 * 24 * 3600));
             }
         }
 
@@ -318,9 +458,15 @@ impl WasmSink {
             .fold(EventMask::NONE, |m, p| m.union(p.shared.manifest.events));
         self.live.store(Arc::new(live));
         self.interest.set(mask);
+        // Stop every version that is no longer live (replaced or removed).
+        for (name, (_, old)) in &st.versions {
+            if next.get(name).is_none_or(|(_, p)| !Arc::ptr_eq(p, old)) {
+                old.shared.ctx.stop.store(true, Ordering::Relaxed);
+            }
+        }
         st.versions = next;
         if st.versions.is_empty() {
-            // No plugins left: let the engine (and its ticker) go once the last retiring
+            // No plugins left: let the engine (its ticker and timers) go once the last retiring
             // executor lets go of it.
             st.engine = None;
         }
@@ -328,6 +474,22 @@ impl WasmSink {
             st.loads += 1;
         }
         st.errors = report.errors.clone();
+        // Said once: when they first appear (or change), not at every reload.
+        let new_skips = st.skipped != report.skipped;
+        let new_warnings = st.warnings != report.warnings;
+        st.warnings = report.warnings.clone();
+        st.skipped = report.skipped.clone();
+        drop(st);
+        if new_skips {
+            for line in &report.skipped {
+                tracing::info!("plugin {line}: skipped (not ours to run)");
+            }
+        }
+        if new_warnings {
+            for line in &report.warnings {
+                tracing::warn!("plugin: {line}");
+            }
+        }
         for name in &report.started {
             tracing::info!(plugin = %name, "plugin loaded");
         }
@@ -337,14 +499,9 @@ impl WasmSink {
         report
     }
 
-    fn start_plugin(
-        &self,
-        st: &mut LoadState,
-        m: Manifest,
-        pre: wasmtime::component::InstancePre<HostState>,
-        export: wasmtime::component::ComponentExportIndex,
-        engine: &Arc<WasmEngine>,
-    ) -> Result<Arc<Plugin>, String> {
+    /// The context of a new version of `m`: its kv store, counters and log are the plugin's
+    /// (shared with its other versions), its stop flag its own.
+    fn context(&self, st: &mut LoadState, m: &Manifest) -> Arc<PluginCtx> {
         let cap = m.resources.max_kv_storage_mb << 20;
         let kv = st
             .kv
@@ -356,8 +513,12 @@ impl WasmSink {
             })
             .clone();
         kv.set_cap(cap);
-        let counts = st.counts.entry(m.name.clone()).or_default().clone();
-        let ctx = Arc::new(PluginCtx {
+        let log = st
+            .logs
+            .entry(m.name.clone())
+            .or_insert_with(|| Arc::new(self.logger.plugin(m.name.as_str().into())))
+            .clone();
+        Arc::new(PluginCtx {
             name: m.name.as_str().into(),
             config: m.config.clone(),
             kv,
@@ -365,28 +526,38 @@ impl WasmSink {
             events_allowed: m.permissions.events,
             bus: self.bus.clone(),
             abort: self.abort.clone(),
-        });
-        let label = m.file.clone();
+            stop: AtomicBool::new(false),
+            log,
+        })
+    }
+
+    /// Compiles, links and probes one plugin version (no executors yet).
+    fn build(
+        &self,
+        engine: &Arc<WasmEngine>,
+        linker: &Linker<HostState>,
+        m: &Manifest,
+        bytes: &[u8],
+        ctx: Arc<PluginCtx>,
+    ) -> Result<(Arc<PluginShared>, Compiled), Prepared> {
+        let (pre, export, compiled) = prepare(engine, linker, m, bytes, self.cache.as_ref())?;
+        let handles = {
+            let mut st = self.state();
+            (
+                st.counts.entry(m.name.clone()).or_default().clone(),
+                st.breakers.entry(m.name.clone()).or_default().clone(),
+            )
+        };
         let shared = Arc::new(PluginShared::new(
-            m,
+            m.clone(),
             ctx,
             pre,
             export,
-            counts,
+            handles,
             engine.clone(),
         ));
-        // A probe: a component whose memory or tables cannot fit its limits fails here, at
-        // load, with the reason, instead of at its first event.
-        shared
-            .instantiate()
-            .map_err(|e| format!("{label}: cannot instantiate: {e}"))?;
-        let (plugin, threads) =
-            Plugin::start(shared).map_err(|e| format!("{label}: cannot start executor: {e}"))?;
-        self.executors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(threads);
-        Ok(Arc::new(plugin))
+        probe(&shared, &m.file).map_err(Prepared::Failed)?;
+        Ok((shared, compiled))
     }
 
     /// Runs `msg` once on every plugin that declared `kind` (even suspended ones), in parallel,
@@ -443,6 +614,8 @@ impl WasmSink {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .suspended(now);
+                let mut counts = sh.counts().clone();
+                counts.log_dropped = sh.ctx.log.dropped();
                 PluginStats {
                     name: m.name.clone(),
                     version: m.version.clone(),
@@ -457,7 +630,7 @@ impl WasmSink {
                     suspended_for_ms: until.map(|u| (u - now).as_millis() as u64),
                     queued: queued as u64,
                     kv_bytes: sh.ctx.kv.bytes(),
-                    counts: sh.counts().clone(),
+                    counts,
                 }
             })
             .collect();
@@ -470,48 +643,94 @@ impl WasmSink {
             cache_hits: st.cache_hits,
             pool_instances: sizing.map_or(0, |s| u64::from(s.instances)),
             pool_max_memory_mb: sizing.map_or(0, |s| s.max_memory >> 20),
+            address_space_per_instance_mb: sizing.map_or(0, |s| {
+                super::engine::address_space_per_instance(s.max_memory) >> 20
+            }),
+            cache: self.cache.is_some(),
+            warnings: st.warnings.clone(),
+            skipped: st.skipped.clone(),
         }
     }
 }
 
-/// Compiles (through the cache), checks the export and links one plugin.
+/// The load-time probe: one instantiation under the plugin's limits. A component whose start
+/// code traps, loops, sleeps past `max_execution_time_ms`, or whose memory or tables cannot fit
+/// its limits fails here, at load, with the reason, instead of at its first event.
+fn probe(shared: &PluginShared, label: &str) -> Result<(), String> {
+    match shared.instantiate() {
+        Ok(_) => Ok(()),
+        Err(o) => Err(format!(
+            "{label}: cannot instantiate: {}",
+            match &o {
+                CallOutcome::Instantiate(m) => m.clone(),
+                other => other.describe(shared.manifest.resources.max_execution_time_ms),
+            }
+        )),
+    }
+}
+
+/// Why a plugin was not prepared.
+enum Prepared {
+    /// Its component is not a hook (it exports another of PRX's worlds): skipped.
+    NotHook(String),
+    Failed(String),
+}
+
+/// Compiles (through the cache when given), checks the export and links one plugin.
 fn prepare(
     engine: &WasmEngine,
     linker: &Linker<HostState>,
     m: &Manifest,
-    cache: Option<&Path>,
+    bytes: &[u8],
+    cache: Option<&CompileCache>,
 ) -> Result<
     (
         wasmtime::component::InstancePre<HostState>,
         wasmtime::component::ComponentExportIndex,
         Compiled,
     ),
-    String,
+    Prepared,
 > {
     let wasm_label = m.wasm.display();
-    let bytes = std::fs::read(&m.wasm).map_err(|e| format!("{wasm_label}: cannot read: {e}"))?;
     let (component, compiled) = engine
-        .compile(&bytes, cache)
-        .map_err(|e| format!("{wasm_label}: not a valid component: {e}"))?;
-    let export =
-        find_export(&component, engine.engine()).map_err(|e| format!("{wasm_label}: {e}"))?;
+        .compile(bytes, cache)
+        .map_err(|e| Prepared::Failed(format!("{wasm_label}: not a valid component: {e}")))?;
+    let export = find_export(&component, engine.engine()).map_err(|e| {
+        let other: Vec<String> = component
+            .component_type()
+            .exports(engine.engine())
+            .map(|(n, _)| n.to_string())
+            .filter(|n| n.starts_with("prx:plugin/") && !n.starts_with("prx:plugin/hook-exports"))
+            .collect();
+        if other.is_empty() {
+            Prepared::Failed(format!("{wasm_label}: {e}"))
+        } else {
+            Prepared::NotHook(format!(
+                "its component exports {} (another PRX world), not hook-exports",
+                other.join(", ")
+            ))
+        }
+    })?;
     let pre = linker.instantiate_pre(&component).map_err(|e| {
-        format!(
+        Prepared::Failed(format!(
             "{wasm_label}: cannot link: {} (plugins may import prx:host/{{log,config,kv,events}} and WASI p2 only)",
             one_line(&format!("{e:#}"))
-        )
+        ))
     })?;
     Ok((pre, export, compiled))
 }
 
 /// Pool size the manifests need: every pooled instance, as many again for replacements during a
 /// reload, two for probes; the largest memory.
-fn sizing_for(manifests: &[Manifest]) -> Sizing {
-    let pooled: u32 = manifests.iter().map(|m| m.resources.pool_size.max(1)).sum();
+fn sizing_for<'a>(manifests: impl Iterator<Item = &'a Manifest> + Clone) -> Sizing {
+    let pooled: u32 = manifests
+        .clone()
+        .map(|m| m.resources.pool_size.max(1))
+        .sum();
+    let n = manifests.clone().count() as u32;
     Sizing {
-        instances: pooled * 2 + manifests.len() as u32 + 2,
+        instances: pooled * 2 + n + 2,
         max_memory: manifests
-            .iter()
             .map(|m| m.resources.max_memory_mb << 20)
             .max()
             .unwrap_or(1 << 20),
@@ -558,12 +777,16 @@ impl Sink for WasmSink {
     }
 
     /// Closes every queue, lets the executors finish until `deadline`, then interrupts what
-    /// still runs (the epoch callback sees the abort flag within a tick) and counts what is
-    /// left as dropped; flushes every kv store.
+    /// still runs (the epoch callback, or the call's driver, sees the abort flag within a tick)
+    /// and counts what is left as dropped; flushes every kv store; stops the engine's threads.
+    /// Returns by `deadline` plus a few ticks whatever the guests do.
     fn shutdown(&self, deadline: Instant) {
         {
             let mut st = self.state();
             st.closed = true;
+            for ctx in &st.building {
+                ctx.stop.store(true, Ordering::Relaxed);
+            }
             // Keep what the stats need; dropping the plugins closes their queues.
             st.stopped = st
                 .versions
@@ -580,57 +803,89 @@ impl Sink for WasmSink {
             std::thread::sleep(Duration::from_millis(2));
         }
         self.abort.store(true, Ordering::Relaxed);
+        // Every call now ends within a tick (running guest code) or a driver slice (waiting in
+        // a host call); the slack covers a loaded machine.
+        let hard = deadline + crate::pipeline::SHUTDOWN_SLACK / 2;
+        while Instant::now() < hard && threads.iter().any(|t| !t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut stuck = 0;
         for t in threads {
-            let _ = t.join();
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                stuck += 1;
+            }
+        }
+        if stuck > 0 {
+            tracing::warn!("plugins: {stuck} executor(s) did not stop by the shutdown deadline");
         }
         self.flusher.stop();
-        if let Some((engine, _)) = self.state().engine.take() {
-            engine.stop_ticker();
+        self.logger.shutdown(hard);
+        let engine = self.state().engine.take();
+        if let Some((engine, _)) = engine {
+            engine.stop();
+        }
+        for sh in &self.state().stopped {
+            sh.engine_stop();
         }
     }
 }
 
-/// `validate`'s check of loaded manifests: everything a load does short of starting executors.
-pub(crate) fn check(workspace: &Path, manifests: &[Manifest]) -> Vec<String> {
+/// `validate`'s check of loaded manifests: everything a load does short of starting executors,
+/// without the compile cache (an untrusted checkout never gets native code deserialized, and
+/// nothing is written) and with kv stores that live in memory only.
+pub(crate) fn check(manifests: &[Manifest]) -> Vec<String> {
     if manifests.is_empty() {
         return Vec::new();
     }
-    let setup = WasmEngine::new(sizing_for(manifests)).and_then(|e| {
+    let setup = WasmEngine::new(sizing_for(manifests.iter())).and_then(|e| {
         let l = linker(e.engine()).map_err(|x| format!("cannot link the host: {x:#}"))?;
         let f = KvFlusher::start().map_err(|x| format!("cannot start: {x}"))?;
-        Ok((Arc::new(e), l, Arc::new(f)))
+        let g = Logger::start().map_err(|x| format!("cannot start: {x}"))?;
+        Ok((Arc::new(e), l, Arc::new(f), g))
     });
-    let (engine, linker, flusher) = match setup {
+    let (engine, linker, flusher, logger) = match setup {
         Ok(s) => s,
         Err(e) => return vec![e],
     };
-    let cache = workspace.join(STATE_DIR).join("cache");
-    let cache = std::fs::create_dir_all(&cache).is_ok().then_some(cache);
     let interest = crate::pipeline::Interest::new(1);
     let bus = Bus::new(interest.handle(0), 1, 1);
-    let kv_dir = workspace.join(STATE_DIR).join("kv");
-    manifests
+    let errors = manifests
         .par_iter()
         .filter_map(|m| {
-            let (pre, export, _) = match prepare(&engine, &linker, m, cache.as_deref()) {
-                Ok(p) => p,
+            let bytes = match read_component(m) {
+                Ok(b) => b,
                 Err(e) => return Some(e),
+            };
+            let (pre, export, _) = match prepare(&engine, &linker, m, &bytes, None) {
+                Ok(p) => p,
+                Err(Prepared::NotHook(_)) => return None,
+                Err(Prepared::Failed(e)) => return Some(e),
             };
             let ctx = Arc::new(PluginCtx {
                 name: m.name.as_str().into(),
                 config: m.config.clone(),
-                kv: Arc::new(KvStore::open(&kv_dir, &m.name, u64::MAX)),
+                kv: Arc::new(KvStore::in_memory(m.resources.max_kv_storage_mb << 20)),
                 flusher: flusher.clone(),
                 events_allowed: m.permissions.events,
                 bus: bus.clone(),
                 abort: Arc::new(AtomicBool::new(false)),
+                stop: AtomicBool::new(false),
+                log: Arc::new(logger.plugin(m.name.as_str().into())),
             });
-            let counts = Arc::default();
-            let shared = PluginShared::new(m.clone(), ctx, pre, export, counts, engine.clone());
-            shared
-                .instantiate()
-                .err()
-                .map(|e| format!("{}: cannot instantiate: {e}", m.file))
+            let shared = PluginShared::new(
+                m.clone(),
+                ctx,
+                pre,
+                export,
+                Default::default(),
+                engine.clone(),
+            );
+            probe(&shared, &m.file).err()
         })
-        .collect()
+        .collect();
+    logger.shutdown(Instant::now() + Duration::from_secs(1));
+    engine.stop();
+    errors
 }

@@ -35,6 +35,16 @@ pub struct PluginsStats {
     pub pool_instances: u64,
     /// The pool's largest linear memory, MiB.
     pub pool_max_memory_mb: u64,
+    /// Address space each pooled instance reserves (memory slots with their reservation and
+    /// guards, and a fiber stack), MiB; `pool_instances` times this is the engine's total.
+    pub address_space_per_instance_mb: u64,
+    /// Whether compiled components are cached (the user's cache directory is usable).
+    pub cache: bool,
+    /// Warnings of the last load (unknown keys PRX ignores, a name that differs from its
+    /// directory's, a directory without plugin.toml).
+    pub warnings: Vec<String>,
+    /// Plugins that are not hooks (`name: why`), left alone.
+    pub skipped: Vec<String>,
 }
 
 /// One loaded plugin.
@@ -75,6 +85,8 @@ pub struct PluginCounts {
     pub dropped_suspended: u64,
     /// Of `dropped`: still queued at the shutdown deadline.
     pub dropped_shutdown: u64,
+    /// Of `dropped`: still queued when its version was replaced or removed.
+    pub dropped_reload: u64,
     pub ok: u64,
     /// The guest returned `Err(message)`.
     pub errors: u64,
@@ -89,6 +101,11 @@ pub struct PluginCounts {
     pub instances_replaced: u64,
     /// Times the breaker suspended it.
     pub suspensions: u64,
+    /// Calls not run because the engine's pool had no free instance (not counted as faults).
+    pub busy: u64,
+    /// Log lines (its `log` calls, stdout, stderr and the host's lines about it) dropped by
+    /// the rate limit or a full log queue.
+    pub log_dropped: u64,
     /// The most recent failure, as `prx-hooks fire` words it.
     pub last_error: Option<String>,
 }

@@ -8,8 +8,15 @@
 //! polls instead: every [`POLL_INTERVAL`] it compares a listing of `plugins/` (each entry's
 //! inode, size, and modification and change times, three levels deep) with the previous one.
 //!
-//! State the host writes (`.prx-hooks/cache`, `.prx-hooks/kv`) is outside `plugins/`, so it
-//! never wakes the watcher.
+//! Paths: notify reports absolute paths, so the workspace is made absolute (and canonical) before
+//! anything is compared — with a relative workspace (`--workspace .`, the default) no event ever
+//! matched before. A `plugins/` directory that is replaced (renamed over, or deleted and created
+//! again) is a new inode: the workspace's own watch sees the change, and before each reload the
+//! watcher compares the directory's identity with the one it watches and watches the new one.
+//!
+//! State the host writes (`.prx-hooks/kv`) is outside `plugins/`, so it never wakes the watcher.
+//! Dropping the watcher first cancels a load in progress (its probes), so that stopping never
+//! waits for a guest's start code.
 
 use super::manifest::PLUGINS_DIR;
 use super::sink::WasmSink;
@@ -27,6 +34,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 pub struct PluginWatcher {
     tx: mpsc::Sender<Msg>,
     thread: Option<JoinHandle<()>>,
+    sink: Weak<WasmSink>,
 }
 
 enum Msg {
@@ -42,18 +50,23 @@ impl PluginWatcher {
         poll: bool,
     ) -> std::io::Result<PluginWatcher> {
         let (tx, rx) = mpsc::channel();
+        let workspace = std::fs::canonicalize(&workspace)
+            .or_else(|_| std::path::absolute(&workspace))
+            .unwrap_or(workspace);
         let plugins = workspace.join(PLUGINS_DIR);
         let watcher = if poll {
             None
         } else {
             inotify(&workspace, &plugins, tx.clone())
         };
+        let weak = sink.clone();
         let thread = std::thread::Builder::new()
             .name("prx-hooks-plugins".into())
-            .spawn(move || run(&plugins, watcher, &rx, &sink, debounce))?;
+            .spawn(move || run(&plugins, watcher, &rx, &weak, debounce))?;
         Ok(PluginWatcher {
             tx,
             thread: Some(thread),
+            sink,
         })
     }
 }
@@ -61,6 +74,9 @@ impl PluginWatcher {
 impl Drop for PluginWatcher {
     fn drop(&mut self) {
         let _ = self.tx.send(Msg::Stop);
+        if let Some(sink) = self.sink.upgrade() {
+            sink.cancel_loads();
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -93,9 +109,6 @@ fn inotify(
     .map_err(|e| tracing::warn!("plugins: cannot watch with inotify ({e}); polling instead"))
     .ok()?;
     w.watch(workspace, RecursiveMode::NonRecursive).ok()?;
-    if plugins.is_dir() {
-        w.watch(plugins, RecursiveMode::Recursive).ok()?;
-    }
     Some(w)
 }
 
@@ -108,8 +121,11 @@ fn run(
 ) {
     let polling = watcher.is_none();
     let mut listing = list(plugins);
-    // A recursive watch on plugins/ exists only once the directory does.
-    let mut watching_plugins = plugins.is_dir();
+    // The plugins/ directory the recursive watch is on (device, inode), if any.
+    let mut watched = None;
+    if let Some(w) = watcher.as_mut() {
+        watched = rewatch(w, plugins, None);
+    }
     let mut dirty_since: Option<Instant> = None;
     loop {
         let wait = match dirty_since {
@@ -137,17 +153,38 @@ fn run(
             continue;
         }
         dirty_since = None;
-        if let Some(w) = watcher.as_mut()
-            && !watching_plugins
-            && plugins.is_dir()
-        {
-            watching_plugins = w.watch(plugins, RecursiveMode::Recursive).is_ok();
+        if let Some(w) = watcher.as_mut() {
+            watched = rewatch(w, plugins, watched);
         }
         let Some(sink) = sink.upgrade() else { return };
         let report = sink.reload();
         for e in &report.errors {
             tracing::warn!("plugin: {e}");
         }
+    }
+}
+
+/// Watches `plugins/` recursively when it exists and is not the directory already watched
+/// (it was created, or replaced by another one); returns the identity now watched.
+fn rewatch(
+    w: &mut notify::RecommendedWatcher,
+    plugins: &Path,
+    watched: Option<(u64, u64)>,
+) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let now = std::fs::metadata(plugins)
+        .ok()
+        .filter(|m| m.is_dir())
+        .map(|m| (m.dev(), m.ino()));
+    if now == watched {
+        return watched;
+    }
+    if watched.is_some() {
+        let _ = w.unwatch(plugins);
+    }
+    match now {
+        Some(_) if w.watch(plugins, RecursiveMode::Recursive).is_ok() => now,
+        _ => None,
     }
 }
 

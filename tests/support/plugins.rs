@@ -36,23 +36,27 @@ pub fn audit_manifest() -> String {
     .unwrap()
 }
 
-/// One value of a plugin's kv file (`PRXKV1\n`, then length-prefixed keys and values).
+/// One value of a plugin's kv file, read independently of the code that writes it: the magic
+/// `PRXKV2\n`, then records `op (1 set, 2 delete) · key length u32 LE · value length u32 LE ·
+/// key · value · CRC-32`; the last record of a key wins. A record cut short ends the file.
 pub fn kv_get(ws: &Path, plugin: &str, key: &str) -> Option<Vec<u8>> {
     let bytes = std::fs::read(ws.join(".prx-hooks/kv").join(plugin)).ok()?;
-    let mut rest = bytes.strip_prefix(b"PRXKV1\n").expect("kv magic");
-    let take = |rest: &mut &[u8]| {
-        let n = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
-        let v = rest[4..4 + n].to_vec();
-        *rest = &rest[4 + n..];
-        v
-    };
-    while !rest.is_empty() {
-        let (k, v) = (take(&mut rest), take(&mut rest));
-        if k == key.as_bytes() {
-            return Some(v);
+    let mut rest = bytes.strip_prefix(b"PRXKV2\n").expect("kv magic");
+    let mut value = None;
+    while rest.len() >= 9 {
+        let op = rest[0];
+        let klen = u32::from_le_bytes(rest[1..5].try_into().unwrap()) as usize;
+        let vlen = u32::from_le_bytes(rest[5..9].try_into().unwrap()) as usize;
+        if rest.len() < 9 + klen + vlen + 4 {
+            break;
         }
+        let k = &rest[9..9 + klen];
+        if k == key.as_bytes() {
+            value = (op == 1).then(|| rest[9 + klen..9 + klen + vlen].to_vec());
+        }
+        rest = &rest[9 + klen + vlen + 4..];
     }
-    None
+    value
 }
 
 /// A kv value that the guests store as decimal text (0 when absent).

@@ -19,7 +19,7 @@
 //! | `sleep`       | `std::thread::sleep(sleep_ms)` (default an hour): blocks in `wasi:io/poll`    |
 //! | `flaky`       | alternates: the 1st, 3rd, 5th… call traps, the others succeed (count in kv `flaky`) |
 //! | `logflood`    | `count` (default: until stopped) `log` lines of `size` bytes (default 100), each also to stderr |
-//! | `kvfill`      | sets `count` keys `k<n>` with empty values, from kv `next` on (refused → `Err`) |
+//! | `kvfill`      | sets `count` keys `<prefix><n>` (default prefix `k`) with empty values, from kv `next.<prefix>` on (refused → `Err`) |
 //! | `count`       | adds 1 to the decimal kv value `n` (a get then a set)                          |
 //! | `publish`     | publishes `payload` (default `not json`) to `topic` (default `misbehave.out`) |
 //!
@@ -149,11 +149,14 @@ impl Guest for Misbehave {
                 Ok(())
             }
             Mode::KvFill => {
-                let from = kv_number("next");
-                for n in from..from + number("count", 1000) {
-                    kv::set(&format!("k{n}"), &[])?;
+                let prefix = config::get("prefix").unwrap_or_else(|| "k".into());
+                let next = format!("next.{prefix}");
+                let from = kv_number(&next);
+                let count = number("count", 1000);
+                for n in from..from + count {
+                    kv::set(&format!("{prefix}{n}"), &[])?;
                 }
-                Ok(())
+                kv::set(&next, (from + count).to_string().as_bytes())
             }
             Mode::Count => kv::set("n", (kv_number("n") + 1).to_string().as_bytes()),
             Mode::Publish => events::publish(

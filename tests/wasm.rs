@@ -269,7 +269,15 @@ fn declared_patterns_select_the_events() {
     assert_eq!(kv_count(ws.path(), "tables", "count.agent_start"), 1);
     assert_eq!(kv_count(ws.path(), "tables", "count.error"), 1);
     assert_eq!(kv_count(ws.path(), "exact", "count.tool_call"), 1);
-    assert_eq!(plugin(&h, "other").counts.sent, 0);
+    // A plugin without a hook capability is not loaded at all: skipped, and said why.
+    assert!(
+        plugins(&h)
+            .skipped
+            .iter()
+            .any(|s| s.starts_with("other: a tool plugin")),
+        "{:?}",
+        plugins(&h).skipped
+    );
 }
 
 // ---------------------------------------------------------------- limits
@@ -1174,7 +1182,7 @@ fn alternating_faults_and_successes_suspend_the_plugin() {
     }
     wait_for(20, "the calls", || {
         let c = plugin(&h, "flaky").counts;
-        c.in_flight == 0
+        c.sent == 12 && c.in_flight == 0
     });
     let p = plugin(&h, "flaky");
     assert!(p.counts.traps >= 4 && p.counts.ok >= 4, "{:?}", p.counts);
@@ -1337,4 +1345,38 @@ fn a_payload_that_is_not_json_is_published_as_a_json_string() {
     let v: serde_json::Value = serde_json::from_str(msg.json_str()).unwrap();
     assert_eq!(v, "plain \"text\"");
     wait_for(10, "the call", || plugin(&h, "pub").counts.ok == 1);
+}
+
+#[test]
+fn kv_entries_count_their_overhead_against_the_cap() {
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(
+        ws.path(),
+        "filler",
+        "kvfill",
+        "max_kv_storage_mb = 1\nmax_fuel = 1_000_000_000_000",
+        "count = \"2000000\"",
+    );
+    let h = hooks(ws.path());
+    h.emitter("a", "s").emit(Event::TurnComplete);
+    wait_for(60, "the refusal", || {
+        plugin(&h, "filler").counts.errors == 1
+    });
+    let p = plugin(&h, "filler");
+    assert!(
+        p.counts
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("storage limit"),
+        "{:?}",
+        p.counts
+    );
+    assert!(p.kv_bytes <= 1 << 20, "{}", p.kv_bytes);
+    // Empty values under a 1 MiB cap: a few thousand entries, not the hundreds of thousands
+    // that counting only key bytes let in.
+    let file = std::fs::metadata(ws.path().join(".prx-hooks/kv/filler"))
+        .unwrap()
+        .len();
+    assert!(file < 512 << 10, "{file} bytes on disk");
 }

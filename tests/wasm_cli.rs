@@ -264,40 +264,63 @@ fn a_swapped_or_tampered_cache_entry_is_never_run() {
     let ws = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
     audit(ws.path());
-    let fire = || {
-        run(bin_home(home.path())
-            .args(["fire", "tool_call", "--workspace"])
-            .arg(ws.path()))
-    };
-    assert_eq!(fire().0, 0);
-    let audit_entry = cache_entries(home.path()).pop().expect("an entry");
     install(
         ws.path(),
         "bad",
         "misbehave",
         &manifest("bad", "\"*\"", "mode = \"err\""),
     );
-    assert_eq!(fire().0, 1);
+    let fire = || {
+        run(bin_home(home.path())
+            .args(["fire", "tool_call", "--workspace"])
+            .arg(ws.path()))
+    };
+    let check = |(code, out, err): (i32, String, String)| {
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(
+            out.contains("plugin audit-hook tool_call: ok ("),
+            "{out}{err}"
+        );
+        assert!(
+            out.contains("plugin bad tool_call: error: guest error"),
+            "{out}{err}"
+        );
+        err
+    };
+    check(fire());
     let entries = cache_entries(home.path());
-    let bad_entry = entries.iter().find(|p| **p != audit_entry).unwrap();
-    // The misbehaving plugin's compiled code copied over the audit hook's entry.
-    std::fs::copy(bad_entry, &audit_entry).unwrap();
-    let (code, out, err) = fire();
-    assert_eq!(code, 1, "{out}{err}");
-    assert!(out.contains("plugin audit-hook tool_call: ok ("), "{out}");
-    assert!(err.contains("compile cache entry refused"), "{err}");
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    // Each plugin's compiled code copied over the other's entry: both refused, recompiled.
+    let (a, b) = (
+        std::fs::read(&entries[0]).unwrap(),
+        std::fs::read(&entries[1]).unwrap(),
+    );
+    std::fs::write(&entries[0], &b).unwrap();
+    std::fs::write(&entries[1], &a).unwrap();
+    let err = check(fire());
+    assert_eq!(
+        err.matches("compile cache entry refused").count(),
+        2,
+        "{err}"
+    );
+    // Rewritten by that run: accepted again.
+    let err = check(fire());
+    assert!(!err.contains("refused"), "{err}");
     // Truncated in place: refused too, recompiled, nothing crashes.
-    let len = std::fs::metadata(&audit_entry).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&audit_entry)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
-    let (_, out, err) = fire();
-    assert!(
-        out.contains("plugin audit-hook tool_call: ok ("),
-        "{out}{err}"
+    for e in &entries {
+        let len = std::fs::metadata(e).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(e)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+    }
+    let err = check(fire());
+    assert_eq!(
+        err.matches("compile cache entry refused").count(),
+        2,
+        "{err}"
     );
     assert_eq!(kv(ws.path(), "audit-hook", "count").as_deref(), Some("4"));
 }
@@ -361,10 +384,10 @@ fn plugins_load_under_an_address_space_limit() {
             manifest("big", "\"*\"", "mode = \"noop\"")
         ),
     );
-    // 8 GiB of address space: wasmtime's default reservations (4 GiB per memory slot) need
-    // terabytes for this pool.
+    // 16 GiB of address space: wasmtime's default reservations (4 GiB per memory slot, four
+    // slots per instance) need hundreds of GiB for this pool.
     let mut cmd = Command::new("prlimit");
-    cmd.arg(format!("--as={}", 8u64 << 30))
+    cmd.arg(format!("--as={}", 16u64 << 30))
         .arg("--")
         .arg(env!("CARGO_BIN_EXE_prx-hooks"))
         .args(["fire", "tool_call", "--workspace"])

@@ -37,9 +37,9 @@ pub const TICK: Duration = Duration::from_millis(5);
 /// has one memory and a few core instances (the program and the shims `wit-component` adds).
 const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 const MEMORIES_PER_COMPONENT: u32 = 4;
-/// Memory slots the pool holds per component instance (a component may use up to
-/// [`MEMORIES_PER_COMPONENT`], most use one).
-const MEMORY_SLOTS_PER_INSTANCE: u32 = 2;
+/// Memory slots the pool holds per two component instances (a component may use up to
+/// [`MEMORIES_PER_COMPONENT`]; most use one).
+const MEMORY_SLOTS_PER_TWO_INSTANCES: u32 = 3;
 const TABLES_PER_COMPONENT: u32 = 16;
 
 /// What the pooling allocator must hold.
@@ -201,7 +201,7 @@ pub fn reservation(max_memory: u64) -> u64 {
 /// Address space one pooled component instance reserves: its memory slots (reservation, guard
 /// and the guard before it) and its fiber stack with its guard page.
 pub fn address_space_per_instance(max_memory: u64) -> u64 {
-    u64::from(MEMORY_SLOTS_PER_INSTANCE) * (reservation(max_memory) + 2 * GUARD)
+    u64::from(MEMORY_SLOTS_PER_TWO_INSTANCES) * (reservation(max_memory) + 2 * GUARD) / 2
         + ASYNC_STACK as u64
         + 4096
 }
@@ -213,7 +213,7 @@ pub fn config(sizing: Sizing) -> Config {
     pool.total_component_instances(instances)
         .total_core_instances(instances * CORE_INSTANCES_PER_COMPONENT)
         .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-        .total_memories(instances * MEMORY_SLOTS_PER_INSTANCE)
+        .total_memories((instances * MEMORY_SLOTS_PER_TWO_INSTANCES).div_ceil(2))
         .max_memories_per_component(MEMORIES_PER_COMPONENT)
         .total_tables(instances * TABLES_PER_COMPONENT)
         .max_tables_per_component(TABLES_PER_COMPONENT)

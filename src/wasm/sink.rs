@@ -371,7 +371,7 @@ impl WasmSink {
         let engine = if all {
             // Headroom so that adding a plugin or two does not rebuild the engine.
             let sizing = Sizing {
-                instances: need.instances.max(8) + need.instances / 2,
+                instances: need.instances.max(6) + need.instances / 2,
                 max_memory: need.max_memory,
             };
             match WasmEngine::new(sizing).and_then(|e| {
@@ -720,8 +720,9 @@ fn prepare(
     Ok((pre, export, compiled))
 }
 
-/// Pool size the manifests need: every pooled instance, as many again for replacements during a
-/// reload, two for probes; the largest memory.
+/// Pool size the manifests need: every pooled instance, one probe per plugin, two spare (a
+/// replaced version frees its instances as soon as its call is interrupted); the largest
+/// memory.
 fn sizing_for<'a>(manifests: impl Iterator<Item = &'a Manifest> + Clone) -> Sizing {
     let pooled: u32 = manifests
         .clone()
@@ -729,7 +730,7 @@ fn sizing_for<'a>(manifests: impl Iterator<Item = &'a Manifest> + Clone) -> Sizi
         .sum();
     let n = manifests.clone().count() as u32;
     Sizing {
-        instances: pooled * 2 + n + 2,
+        instances: pooled + n + 2,
         max_memory: manifests
             .map(|m| m.resources.max_memory_mb << 20)
             .max()

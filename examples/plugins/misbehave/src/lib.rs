@@ -23,8 +23,8 @@
 //! | `count`       | adds 1 to the decimal kv value `n` (a get then a set)                          |
 //! | `publish`     | publishes `payload` (default `not json`) to `topic` (default `misbehave.out`) |
 //!
-//! `start = "sleep" | "loop" | "trap"` in `[config]` misbehaves at instantiation instead, in a
-//! constructor that runs while the component starts (before any `on-event`).
+//! `start = "sleep" | "loop" | "trap"` in `[config]` misbehaves at instantiation instead, in the
+//! module's `_initialize` (which the component runs as it starts, before any `on-event`).
 //!
 //! With `only = "<event>"` in `[config]` the mode applies to that event only; every other event
 //! returns `Ok(())` (so a test can check that the call after a fault works). `escape` connects to
@@ -183,9 +183,10 @@ fn kv_number(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// `start = "…"`: runs while the component is instantiated (wit-component calls the module's
-/// `_initialize`, which runs the constructors), before any export.
-extern "C" fn at_start() {
+/// `start = "…"`: runs while the component is instantiated, before any export: wit-component
+/// makes a core module's `_initialize` export the component's start function.
+#[unsafe(export_name = "_initialize")]
+pub extern "C" fn at_start() {
     match config::get("start").as_deref() {
         Some("sleep") => std::thread::sleep(std::time::Duration::from_secs(3600)),
         Some("loop") => spin(),
@@ -194,9 +195,6 @@ extern "C" fn at_start() {
     }
 }
 
-#[used]
-#[unsafe(link_section = ".init_array")]
-static AT_START: extern "C" fn() = at_start;
 
 fn spin() -> ! {
     let mut i = 0u64;

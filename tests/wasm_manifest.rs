@@ -841,7 +841,7 @@ fn unknown_keys_are_errors_with_did_you_mean() {
     assert_eq!(
         warns_of(&with(&format!("{HOOK}[permision]\nrequired = []\n"))),
         [
-            "F:8:2: permision: unknown key \"permision\"; did you mean \"permissions\"? (ignored, as PRX does)"
+            "F:7:2: permision: unknown key \"permision\"; did you mean \"permissions\"? (ignored, as PRX does)"
         ]
     );
     assert_eq!(

@@ -188,54 +188,6 @@ impl Breaker {
     }
 }
 
-#[cfg(test)]
-mod breaker_tests {
-    use super::*;
-
-    #[test]
-    fn alternating_faults_and_successes_trip_it() {
-        let mut b = Breaker::default();
-        let t = Instant::now();
-        let mut tripped = None;
-        for n in 0..WINDOW {
-            let at = t + Duration::from_millis(u64::from(n));
-            if let Some(d) = b.record(n % 2 == 0, at, at) {
-                tripped = Some((n, d));
-                break;
-            }
-        }
-        assert_eq!(tripped, Some((8, FIRST_BACKOFF)));
-    }
-
-    #[test]
-    fn faults_of_calls_that_started_before_the_trip_do_not_escalate() {
-        let mut b = Breaker::default();
-        let t = Instant::now();
-        let ms = |n| t + Duration::from_millis(n);
-        assert_eq!(b.record(true, ms(0), ms(10)), None);
-        assert_eq!(b.record(true, ms(0), ms(11)), None);
-        assert_eq!(b.record(true, ms(0), ms(12)), Some(FIRST_BACKOFF));
-        // Three more instances were running since t: their faults land during the suspension.
-        for n in 13..16 {
-            assert_eq!(b.record(true, ms(0), ms(n)), None);
-        }
-        // A call forced during the suspension succeeds: it does not clear the record.
-        assert_eq!(b.record(false, ms(500), ms(501)), None);
-        assert!(b.suspended(ms(600)).is_some());
-        // After it: on probation, one fault suspends again, twice as long.
-        assert_eq!(b.record(true, ms(1100), ms(1101)), Some(2 * FIRST_BACKOFF));
-        // Ten successes in a row after that clear the record.
-        for n in 0..PROBATION {
-            let at = ms(3200 + u64::from(n));
-            assert_eq!(b.record(false, at, at), None);
-        }
-        let at = ms(4000);
-        assert_eq!(b.record(true, at, at), None);
-        assert_eq!(b.record(true, at, at), None);
-        assert_eq!(b.record(true, at, at), Some(FIRST_BACKOFF));
-    }
-}
-
 /// What the executors of one plugin share.
 pub struct PluginShared {
     pub name: Arc<str>,
@@ -776,5 +728,53 @@ fn guarded(
             shared.after(&outcome, Instant::now());
             outcome
         }
+    }
+}
+
+#[cfg(test)]
+mod breaker_tests {
+    use super::*;
+
+    #[test]
+    fn alternating_faults_and_successes_trip_it() {
+        let mut b = Breaker::default();
+        let t = Instant::now();
+        let mut tripped = None;
+        for n in 0..WINDOW {
+            let at = t + Duration::from_millis(u64::from(n));
+            if let Some(d) = b.record(n % 2 == 0, at, at) {
+                tripped = Some((n, d));
+                break;
+            }
+        }
+        assert_eq!(tripped, Some((8, FIRST_BACKOFF)));
+    }
+
+    #[test]
+    fn faults_of_calls_that_started_before_the_trip_do_not_escalate() {
+        let mut b = Breaker::default();
+        let t = Instant::now();
+        let ms = |n| t + Duration::from_millis(n);
+        assert_eq!(b.record(true, ms(0), ms(10)), None);
+        assert_eq!(b.record(true, ms(0), ms(11)), None);
+        assert_eq!(b.record(true, ms(0), ms(12)), Some(FIRST_BACKOFF));
+        // Three more instances were running since t: their faults land during the suspension.
+        for n in 13..16 {
+            assert_eq!(b.record(true, ms(0), ms(n)), None);
+        }
+        // A call forced during the suspension succeeds: it does not clear the record.
+        assert_eq!(b.record(false, ms(500), ms(501)), None);
+        assert!(b.suspended(ms(600)).is_some());
+        // After it: on probation, one fault suspends again, twice as long.
+        assert_eq!(b.record(true, ms(1100), ms(1101)), Some(2 * FIRST_BACKOFF));
+        // Ten successes in a row after that clear the record.
+        for n in 0..PROBATION {
+            let at = ms(3200 + u64::from(n));
+            assert_eq!(b.record(false, at, at), None);
+        }
+        let at = ms(4000);
+        assert_eq!(b.record(true, at, at), None);
+        assert_eq!(b.record(true, at, at), None);
+        assert_eq!(b.record(true, at, at), Some(FIRST_BACKOFF));
     }
 }

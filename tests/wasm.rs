@@ -1375,8 +1375,8 @@ fn kv_entries_count_their_overhead_against_the_cap() {
     assert!(p.kv_bytes <= 1 << 20, "{}", p.kv_bytes);
     // Empty values under a 1 MiB cap: a few thousand entries, not the hundreds of thousands
     // that counting only key bytes let in.
-    let file = std::fs::metadata(ws.path().join(".prx-hooks/kv/filler"))
-        .unwrap()
-        .len();
+    let path = ws.path().join(".prx-hooks/kv/filler");
+    wait_for(10, "the kv file", || path.exists());
+    let file = std::fs::metadata(&path).unwrap().len();
     assert!(file < 512 << 10, "{file} bytes on disk");
 }

@@ -6,7 +6,7 @@
 //!   with LINE and COL ≥ 1 and LINE within the file, a non-empty path and reason, at most
 //!   `MAX_ERRORS` + 1 of them;
 //! * `Ok`: every invariant the plugin host relies on holds — the name is valid and the
-//!   directory's, the version non-empty, the component a regular file inside the plugin
+//!   directory's (a different written name is only a warning; warnings have the errors' shape), the version non-empty, the component a regular file inside the plugin
 //!   directory (also once symbolic links are resolved), every resource in range, every pattern
 //!   already normalized (normalizing it again changes nothing), without repeats, equal to the hook
 //!   capabilities' patterns, `events` their lifecycle mask, permissions known and `events`
@@ -73,7 +73,18 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!e.path.is_empty() && !e.reason.is_empty(), "{line}");
             }
         }
-        Ok(m) => check(&m, dir, canon),
+        Ok(m) => {
+            // Warnings (unknown keys PRX ignores, a name other than the directory's) have the
+            // errors' shape.
+            let lines = text.split('\n').count();
+            for w in &m.warnings {
+                let line = w.to_string();
+                assert_one_line(&line, &text);
+                assert!(line.starts_with(LABEL), "{line}");
+                assert!(w.line >= 1 && w.col >= 1 && w.line <= lines, "{line}");
+            }
+            check(&m, dir, canon)
+        }
     }
 });
 

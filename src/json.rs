@@ -1,12 +1,9 @@
-//! Small, allocation-free JSON primitives for the hot path.
+//! JSON text that agents hand us, checked and embedded as is: the hot path's validator.
 //!
-//! Every payload is written by hand into a reused buffer (see [`crate::event`]): that is faster
-//! than any serializer we measured (ARCHITECTURE.md § Performance targets) and lets us embed `tool_call_start.arguments`
-//! verbatim. Two things live here:
+//! Payloads are written by simd-json ([`crate::event`]), but two parts of them are JSON *text*
+//! that must reach hooks byte-exact — `tool_call_start.arguments` and extra fields
+//! ([`crate::Extras`]) — and no serializer embeds text it has not parsed. So this module has:
 //!
-//! * [`write_str`]: a JSON string literal, escaped per RFC 8259 — `"` and `\` escaped, control
-//!   characters as `\n`-style or `\u00XX` escapes, everything else (non-ASCII included) copied as
-//!   UTF-8, which JSON allows.
 //! * [`append_compact`]: a strict validator that copies a JSON text without its insignificant
 //!   whitespace. Strict means RFC 8259 to the letter, including paired UTF-16 surrogates in `\u`
 //!   escapes — serde_json's "ignore" path accepts a lone `\ud800`, which a strict reader of our
@@ -17,7 +14,8 @@
 /// this much, so whatever we embed, serde_json can read back.
 pub const MAX_DEPTH: u32 = 127;
 
-/// For each byte: 0 = copy as is; otherwise the character after the backslash (`u` = `\u00XX`).
+/// For each byte: 0 = plain; otherwise a byte a JSON string may not hold raw (below 0x20, `"`,
+/// `\`), which the string scanner stops at.
 static ESCAPE: [u8; 256] = {
     let mut t = [0u8; 256];
     let mut i = 0;
@@ -34,34 +32,6 @@ static ESCAPE: [u8; 256] = {
     t[b'\\' as usize] = b'\\';
     t
 };
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// Appends `s` as a JSON string literal (quotes included).
-pub fn write_str(out: &mut Vec<u8>, s: &str) {
-    out.reserve(s.len() + 2);
-    out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut i = 0;
-    loop {
-        let j = next_special(bytes, i);
-        out.extend_from_slice(&bytes[i..j]);
-        let Some(&b) = bytes.get(j) else { break };
-        write_escape(out, b, ESCAPE[b as usize]);
-        i = j + 1;
-    }
-    out.push(b'"');
-}
-
-fn write_escape(out: &mut Vec<u8>, b: u8, esc: u8) {
-    if esc == b'u' {
-        out.extend_from_slice(b"\\u00");
-        out.push(HEX[(b >> 4) as usize]);
-        out.push(HEX[(b & 0xf) as usize]);
-    } else {
-        out.extend_from_slice(&[b'\\', esc]);
-    }
-}
 
 /// The index of the first byte at or after `from` that a JSON string must escape (below 0x20,
 /// `"` or `\`), or `bytes.len()`. Eight bytes at a time: [`specials8`] flags them, and its
@@ -93,16 +63,6 @@ fn specials8(w: u64) -> u64 {
     control | has_zero(w ^ (ONES * b'"' as u64)) | has_zero(w ^ (ONES * b'\\' as u64))
 }
 
-/// Appends an unsigned integer in decimal.
-pub fn write_u64(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-}
-
-/// Appends `true` or `false`.
-pub fn write_bool(out: &mut Vec<u8>, b: bool) {
-    out.extend_from_slice(if b { b"true" } else { b"false" });
-}
-
 /// What [`append_compact`] accepts at the top level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Top {
@@ -122,35 +82,82 @@ pub fn append_compact(out: &mut Vec<u8>, src: &[u8], top: Top) -> bool {
 /// [`append_compact`] with a tighter nesting limit, for text that will itself be embedded:
 /// each enclosing object costs one level of serde_json's budget.
 pub fn append_compact_within(out: &mut Vec<u8>, src: &[u8], top: Top, max_depth: u32) -> bool {
+    let start = out.len();
+    let ok = run(src, top, max_depth, Some(out), None).is_ok();
+    if !ok {
+        out.truncate(start);
+    }
+    ok
+}
+
+/// Why [`check_object`] refused a text: the byte offset where reading stopped, and the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub at: usize,
+    pub reason: String,
+}
+
+/// Checks that `src` is one JSON object by the same strict rules, nested at most `max_depth`
+/// deep, and hands each of its top-level keys (unescaped) to `key`, which may refuse it. Copies
+/// nothing and allocates nothing unless a key has an escape in it.
+pub fn check_object(
+    src: &[u8],
+    max_depth: u32,
+    key: &mut dyn FnMut(&str) -> Result<(), String>,
+) -> Result<(), Refused> {
+    run(src, Top::Object, max_depth, None, Some(key))
+}
+
+/// The visitor of an object's top-level keys ([`check_object`]).
+type KeyVisitor<'k> = &'k mut (dyn FnMut(&str) -> Result<(), String> + 'k);
+
+fn run<'a, 'k>(
+    src: &'a [u8],
+    top: Top,
+    max_depth: u32,
+    out: Option<&'a mut Vec<u8>>,
+    keys: Option<KeyVisitor<'k>>,
+) -> Result<(), Refused> {
     // Checking UTF-8 once up front (std's validator is fast on ASCII) lets the string scanner
     // skip eight plain bytes at a time instead of decoding characters.
-    if std::str::from_utf8(src).is_err() {
-        return false;
+    if let Err(e) = std::str::from_utf8(src) {
+        return Err(Refused {
+            at: e.valid_up_to(),
+            reason: "not UTF-8".into(),
+        });
     }
-    let start = out.len();
     let mut cx = Compactor {
         src,
         i: 0,
         out,
         max_depth,
         copied: 0,
+        keys,
+        refused: None,
     };
     cx.skip_ws();
     let ok = match (top, cx.peek()) {
         (Top::Object, Some(b'{')) | (Top::Any, Some(_)) => {
             cx.value(0) && {
                 cx.skip_ws();
-                cx.i == src.len()
+                cx.i == src.len() || cx.fail("more text after the JSON value")
             }
         }
-        _ => false,
+        (Top::Object, Some(_)) => cx.fail("expected a JSON object"),
+        (_, None) => cx.fail("empty"),
     };
-    if ok {
-        cx.out.extend_from_slice(&src[cx.copied..]);
-    } else {
-        out.truncate(start);
+    if !ok {
+        let at = cx.i.min(src.len());
+        let reason = cx
+            .refused
+            .take()
+            .unwrap_or_else(|| "invalid JSON".to_string());
+        return Err(Refused { at, reason });
     }
-    ok
+    if let Some(out) = cx.out {
+        out.extend_from_slice(&src[cx.copied..]);
+    }
+    Ok(())
 }
 
 /// Whether `src` is one valid JSON text (any value), by the same strict rules.
@@ -163,15 +170,20 @@ pub fn is_valid(src: &[u8]) -> bool {
 /// Validates by recursive descent. Output is produced by copying the input between whitespace
 /// runs: `src[copied..]` is what has not been copied yet, and only skipping whitespace flushes,
 /// so already-compact input is copied with one `memcpy` at the end.
-struct Compactor<'a> {
+struct Compactor<'a, 'k> {
     src: &'a [u8],
     i: usize,
-    out: &'a mut Vec<u8>,
+    /// Where the compact copy goes; `None` only checks.
+    out: Option<&'a mut Vec<u8>>,
     max_depth: u32,
     copied: usize,
+    /// Gets each top-level key of the object ([`check_object`]).
+    keys: Option<KeyVisitor<'k>>,
+    /// Why reading stopped, when something more precise than "invalid JSON" is known.
+    refused: Option<String>,
 }
 
-impl Compactor<'_> {
+impl Compactor<'_, '_> {
     fn peek(&self) -> Option<u8> {
         self.src.get(self.i).copied()
     }
@@ -182,8 +194,39 @@ impl Compactor<'_> {
             self.i += 1;
         }
         if self.i > from {
-            self.out.extend_from_slice(&self.src[self.copied..from]);
+            if let Some(out) = self.out.as_deref_mut() {
+                out.extend_from_slice(&self.src[self.copied..from]);
+            }
             self.copied = self.i;
+        }
+    }
+
+    /// Records why reading stops here; always `false`, to return directly.
+    fn fail(&mut self, reason: &str) -> bool {
+        self.refused.get_or_insert_with(|| reason.to_string());
+        false
+    }
+
+    /// Hands the key `src[start..end]` (quotes included) to the key visitor.
+    fn visit_key(&mut self, start: usize, end: usize) -> bool {
+        let Some(visit) = self.keys.as_deref_mut() else {
+            return true;
+        };
+        let raw = &self.src[start + 1..end - 1];
+        let verdict = if raw.contains(&b'\\') {
+            // Rare: decode the escapes (already validated) to compare what the key means.
+            let key: String = serde_json::from_slice(&self.src[start..end]).unwrap_or_default();
+            visit(&key)
+        } else {
+            // The whole input is UTF-8 and the quotes around the key are ASCII.
+            visit(std::str::from_utf8(raw).unwrap_or_default())
+        };
+        match verdict {
+            Ok(()) => true,
+            Err(reason) => {
+                self.i = start;
+                self.fail(&reason)
+            }
         }
     }
 
@@ -210,7 +253,7 @@ impl Compactor<'_> {
 
     fn object(&mut self, depth: u32) -> bool {
         if depth > self.max_depth {
-            return false;
+            return self.fail("nested too deep");
         }
         self.eat(b'{');
         self.skip_ws();
@@ -219,7 +262,11 @@ impl Compactor<'_> {
         }
         loop {
             self.skip_ws();
+            let start = self.i;
             if self.peek() != Some(b'"') || !self.string() {
+                return self.fail("expected a string key");
+            }
+            if depth == 1 && !self.visit_key(start, self.i) {
                 return false;
             }
             self.skip_ws();
@@ -238,7 +285,7 @@ impl Compactor<'_> {
 
     fn array(&mut self, depth: u32) -> bool {
         if depth > self.max_depth {
-            return false;
+            return self.fail("nested too deep");
         }
         self.eat(b'[');
         self.skip_ws();
@@ -383,21 +430,6 @@ mod tests {
     }
 
     #[test]
-    fn escapes_every_control_character_and_round_trips() {
-        let all: String = (0u8..0x80).map(char::from).chain("é中😀".chars()).collect();
-        let mut out = Vec::new();
-        write_str(&mut out, &all);
-        let text = std::str::from_utf8(&out).unwrap();
-        assert!(
-            text.bytes().all(|b| b >= 0x20),
-            "raw control byte in {text:?}"
-        );
-        assert_eq!(serde_json::from_str::<String>(text).unwrap(), all);
-        assert!(text.contains(r#"\""#) && text.contains(r"\\") && text.contains(r"\u001f"));
-        assert!(text.contains(r"\n") && text.contains(r"\t") && text.contains("中😀"));
-    }
-
-    #[test]
     fn the_word_scan_finds_the_first_special_byte_exactly() {
         let bytes = [0u8, 0x1f, b'"', b'\\', 0x20, b'!', 0x7f, 0x80, 0xff, b'a'];
         // Every placement of two bytes from the list in a word of filler, also filler that
@@ -417,14 +449,14 @@ mod tests {
                 }
             }
         }
-        // Every string length around the word boundary, with the special byte anywhere.
+        // Every string length around the word boundary, with the special byte anywhere: the
+        // scanner must stop at the escaped quote, not before or after it.
         for len in 0..20 {
             for pos in 0..len {
                 let mut s = "x".repeat(len);
                 s.replace_range(pos..pos + 1, "\"");
-                let mut out = Vec::new();
-                write_str(&mut out, &s);
-                assert_eq!(serde_json::from_slice::<String>(&out).unwrap(), s);
+                let literal = serde_json::to_string(&s).unwrap();
+                assert_eq!(compact(&literal, Top::Any).as_deref(), Some(&*literal));
             }
         }
     }
@@ -473,6 +505,50 @@ mod tests {
             assert_eq!(compact(bad, Top::Object), None, "accepted {bad:?}");
         }
         assert!(compact("{\"a\":\"\\ud83d\\ude00\"}", Top::Object).is_some());
+    }
+
+    #[test]
+    fn check_object_visits_top_level_keys_unescaped_and_says_where_it_stopped() {
+        let mut keys = Vec::new();
+        let mut visit = |k: &str| {
+            keys.push(k.to_string());
+            if k == "stop" {
+                Err("no stop".to_string())
+            } else {
+                Ok(())
+            }
+        };
+        let src = br#" {"a": {"nested": 1}, "t\u006fol": [1], "b": "x"} "#;
+        assert_eq!(check_object(src, MAX_DEPTH, &mut visit), Ok(()));
+        assert_eq!(
+            keys,
+            ["a", "tool", "b"],
+            "nested keys are not visited; escapes decoded"
+        );
+        let refused = check_object(br#"{"ok":1,"stop":2}"#, MAX_DEPTH, &mut |k: &str| {
+            if k == "stop" {
+                Err("no stop".into())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
+        assert_eq!((refused.at, refused.reason.as_str()), (8, "no stop"));
+        let err = |src: &[u8]| check_object(src, MAX_DEPTH, &mut |_: &str| Ok(())).unwrap_err();
+        assert_eq!(err(b"[1]").reason, "expected a JSON object");
+        assert_eq!(err(b"").reason, "empty");
+        assert_eq!(err(b"{} x").reason, "more text after the JSON value");
+        assert_eq!(err(b"{1:2}").reason, "expected a string key");
+        assert_eq!(err(b"{\"a\":\"\xff\"}").reason, "not UTF-8");
+        assert_eq!(err(b"{\"a\":\"\xff\"}").at, 6);
+        assert_eq!(err(br#"{"a":tru}"#).reason, "invalid JSON");
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(3), "]".repeat(3));
+        assert_eq!(
+            check_object(deep.as_bytes(), 3, &mut |_: &str| Ok(()))
+                .unwrap_err()
+                .reason,
+            "nested too deep"
+        );
     }
 
     #[test]

@@ -161,27 +161,21 @@ impl Message {
     /// --print` writes: `{"topic","event","agent","session","seq","timestamp","payload"}`, with
     /// `event` null for custom topics.
     pub fn write_envelope(&self, out: &mut Vec<u8>) {
-        #[derive(serde::Serialize)]
-        struct Envelope<'a> {
-            topic: &'a str,
-            event: Option<&'static str>,
-            agent: &'a str,
-            session: &'a str,
-            seq: u64,
-            timestamp: &'a str,
+        out.extend_from_slice(b"{\"topic\":");
+        json::write_str(out, self.topic());
+        out.extend_from_slice(b",\"event\":");
+        match self.event() {
+            Some(kind) => json::write_str(out, kind.name()),
+            None => out.extend_from_slice(b"null"),
         }
-        let timestamp = self.timestamp_rfc3339();
-        let head = Envelope {
-            topic: self.topic(),
-            event: self.event().map(EventKind::name),
-            agent: self.agent(),
-            session: self.session(),
-            seq: self.seq(),
-            timestamp: &timestamp,
-        };
-        // simd-json writes the metadata; the payload is already JSON and goes in as it is.
-        let _ = simd_json::serde::to_writer(&mut *out, &head);
-        out.pop(); // `}`
+        out.extend_from_slice(b",\"agent\":");
+        json::write_str(out, self.agent());
+        out.extend_from_slice(b",\"session\":");
+        json::write_str(out, self.session());
+        out.extend_from_slice(b",\"seq\":");
+        json::write_u64(out, self.seq());
+        out.extend_from_slice(b",\"timestamp\":");
+        json::write_str(out, &self.timestamp_rfc3339());
         out.extend_from_slice(b",\"payload\":");
         out.extend_from_slice(self.json());
         out.push(b'}');

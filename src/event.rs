@@ -5,11 +5,13 @@
 //! shares. The payload fields are PRX's, exactly (ARCHITECTURE.md § Events); metadata (agent,
 //! session, seq, timestamp) travels beside the payload, never inside it.
 //!
-//! Payloads are written by simd-json's serde serializer (the design's choice, measured in
-//! `benches/serialize.rs`), except two things no serializer does for us: `arguments` of
-//! `tool_call_start` and [`Extras`] are JSON *text* that is validated and embedded as is (minus
-//! insignificant whitespace) by our own strict compactor (`json`), so their bytes reach hooks
-//! exactly as the agent wrote them.
+//! Payloads are written field by field into a reused buffer: keys and punctuation are ours
+//! (constant), strings go through `json::write_str` — simd-json's SIMD escaper for strings of
+//! 32 bytes or more, a word-at-a-time scan below that — and `arguments` of `tool_call_start`
+//! and [`Extras`] are JSON *text*, validated and embedded as is (minus insignificant whitespace)
+//! by our strict compactor, so their bytes reach hooks exactly as the agent wrote them. simd-json's
+//! serde serializer as a whole was measured too and lost to this on every event kind
+//! (`benches/serialize.rs`; ARCHITECTURE.md § Events).
 
 use crate::json;
 use serde::Serialize;
@@ -430,93 +432,69 @@ impl<'a> Event<'a> {
     /// must have accepted `extras` for this event's kind).
     pub(crate) fn write_payload(&self, out: &mut Vec<u8>, extras: &str, omitted: u8) {
         let start = out.len();
-        let has = |i: u8| omitted & (1 << i) == 0;
-        let m = omitted;
+        let mut w = ObjectWriter {
+            out,
+            first: true,
+            omitted,
+            index: 0,
+        };
         match *self {
-            Event::AgentStart { agent, session } => put(
-                out,
-                &AgentStartJ {
-                    agent: opt(m, 0, agent),
-                    session: opt(m, 1, session),
-                },
-            ),
+            Event::AgentStart { agent, session } => {
+                w.str("agent", agent);
+                w.str("session", session);
+            }
             Event::AgentEnd {
                 success,
                 messages_count,
-            } => put(
-                out,
-                &AgentEndJ {
-                    success: opt(m, 0, success),
-                    messages_count: opt(m, 1, messages_count),
-                },
-            ),
+            } => {
+                w.bool("success", success);
+                w.u64("messages_count", messages_count);
+            }
             Event::LlmRequest {
                 provider,
                 model,
                 messages_count,
-            } => put(
-                out,
-                &LlmRequestJ {
-                    provider: opt(m, 0, provider),
-                    model: opt(m, 1, model),
-                    messages_count: opt(m, 2, messages_count),
-                },
-            ),
+            } => {
+                w.str("provider", provider);
+                w.str("model", model);
+                w.u64("messages_count", messages_count);
+            }
             Event::LlmResponse {
                 provider,
                 model,
                 duration_ms,
                 success,
-            } => put(
-                out,
-                &LlmResponseJ {
-                    provider: opt(m, 0, provider),
-                    model: opt(m, 1, model),
-                    duration_ms: opt(m, 2, duration_ms),
-                    success: opt(m, 3, success),
-                },
-            ),
+            } => {
+                w.str("provider", provider);
+                w.str("model", model);
+                w.u64("duration_ms", duration_ms);
+                w.bool("success", success);
+            }
             Event::ToolCallStart { tool, arguments } => {
-                // `arguments` is JSON text, embedded as is when it is an object: written by
-                // hand around simd-json's string writer.
-                out.push(b'{');
-                if has(0) {
-                    out.extend_from_slice(b"\"tool\":");
-                    put(out, tool);
-                }
-                if has(1) {
-                    if has(0) {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(b"\"arguments\":");
+                w.str("tool", tool);
+                if w.key("arguments") {
                     let (src, top) = (arguments.as_bytes(), json::Top::Object);
-                    if !json::append_compact_within(out, src, top, ARGUMENTS_MAX_DEPTH) {
-                        put(out, arguments);
+                    if !json::append_compact_within(w.out, src, top, ARGUMENTS_MAX_DEPTH) {
+                        json::write_str(w.out, arguments);
                     }
                 }
-                out.push(b'}');
             }
             Event::ToolCall {
                 tool,
                 success,
                 output,
-            } => put(
-                out,
-                &ToolCallJ {
-                    tool: opt(m, 0, tool),
-                    success: opt(m, 1, success),
-                    output: opt(m, 2, output),
-                },
-            ),
-            Event::TurnComplete => out.extend_from_slice(b"{}"),
-            Event::Error { component, message } => put(
-                out,
-                &ErrorJ {
-                    component: opt(m, 0, component),
-                    message: opt(m, 1, message),
-                },
-            ),
+            } => {
+                w.str("tool", tool);
+                w.bool("success", success);
+                w.str("output", output);
+            }
+            Event::TurnComplete => {}
+            Event::Error { component, message } => {
+                w.str("component", component);
+                w.str("message", message);
+            }
         }
+        w.finish();
         if !extras.is_empty() {
             append_extras(out, start, extras);
         }
@@ -526,15 +504,9 @@ impl<'a> Event<'a> {
     pub fn to_json(&self) -> String {
         let mut out = Vec::with_capacity(128);
         self.write_json(&mut out);
-        // simd-json writes UTF-8 (copies of `&str` input and ASCII), as does the compactor.
+        // The writers emit ASCII punctuation, digits and copies of `&str` input only.
         String::from_utf8(out).expect("payload JSON is UTF-8")
     }
-}
-
-/// Writes `value` as JSON with simd-json's serde serializer. Writing into a `Vec` cannot fail,
-/// and none of the payload types can make a serializer fail.
-fn put<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
-    let _ = simd_json::serde::to_writer(&mut *out, value);
 }
 
 /// Merges the members of the JSON object `extras` into the object that ends `out` (it starts at
@@ -571,74 +543,58 @@ fn append_extras(out: &mut Vec<u8>, start: usize, extras: &str) {
     }
 }
 
-/// `Some(v)` unless documented field `i` is omitted (bit `i` of `omitted`).
-fn opt<T>(omitted: u8, i: u8, v: T) -> Option<T> {
-    (omitted & (1 << i) == 0).then_some(v)
-}
-
-// The payload shapes, field for field and in order (README's table). A `None` is an omitted
-// field (lenient input), never written.
-
-#[derive(Serialize)]
-struct AgentStartJ<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    agent: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    session: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct AgentEndJ {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    success: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    messages_count: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct LlmRequestJ<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    provider: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    model: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    messages_count: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct LlmResponseJ<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    provider: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    model: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    duration_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    success: Option<bool>,
-}
-
-#[derive(Serialize)]
-struct ToolCallJ<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    success: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    output: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct ErrorJ<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    component: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<&'a str>,
-}
-
 /// `arguments` objects nested deeper than this are passed on as a string: the payload object and
 /// the `--print` envelope around it take two more levels, and serde_json's default reader stops
 /// at 127 levels. Every payload we write stays readable.
 pub const ARGUMENTS_MAX_DEPTH: u32 = json::MAX_DEPTH - 2;
+
+/// Writes one payload object, field by field in README's order. Field `index` (counted in
+/// calls to `key`) is skipped when its bit is set in `omitted` (lenient input).
+struct ObjectWriter<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+    omitted: u8,
+    index: u8,
+}
+
+impl ObjectWriter<'_> {
+    /// Writes `"key":` unless this field is omitted; whether the value should follow.
+    #[inline]
+    fn key(&mut self, key: &str) -> bool {
+        let i = self.index;
+        self.index += 1;
+        if self.omitted & (1 << i) != 0 {
+            return false;
+        }
+        self.out.push(if self.first { b'{' } else { b',' });
+        self.first = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes()); // keys are ours: plain ASCII
+        self.out.extend_from_slice(b"\":");
+        true
+    }
+    fn str(&mut self, key: &str, v: &str) {
+        if self.key(key) {
+            json::write_str(self.out, v);
+        }
+    }
+    fn u64(&mut self, key: &str, v: u64) {
+        if self.key(key) {
+            json::write_u64(self.out, v);
+        }
+    }
+    fn bool(&mut self, key: &str, v: bool) {
+        if self.key(key) {
+            json::write_bool(self.out, v);
+        }
+    }
+    fn finish(self) {
+        if self.first {
+            self.out.push(b'{');
+        }
+        self.out.push(b'}');
+    }
+}
 
 /// An event flattened to plain data: the ring stores these fields, not the enum.
 #[derive(Clone, Copy, Debug)]

@@ -21,7 +21,7 @@
 //! or can make a syscall (a large allocation may `mmap`); an event that fits inline does none
 //! of that.
 
-use crate::event::{Event, EventKind, Parts};
+use crate::event::{Event, EventKind, Extras, ExtrasError, Parts};
 use crate::pipeline::Interest;
 use crate::ring::{PushError, Ring};
 use crate::stats::Stats;
@@ -126,17 +126,30 @@ impl Lane {
     }
 }
 
-/// One ring slot: an event flattened to scalars plus its strings (agent, session, and up to two
-/// event fields) stored back to back.
+/// One ring slot: an event flattened to scalars plus its strings (agent, session, up to two
+/// event fields and the extra fields' JSON text) stored back to back.
 pub(crate) struct EventSlot {
     kind: EventKind,
     flag: bool,
+    /// Documented fields left out of the payload (`Extras::check`'s bits).
+    omitted: u8,
     num: u64,
     /// The emitter's sequence cell; set by every `fill`, dereferenced only by `read`.
     seq: Option<NonNull<CachePadded<SeqCell>>>,
-    lens: [u32; 4],
+    lens: [u32; 5],
     inline: Box<[u8]>,
     heap: Option<Box<[u8]>>,
+}
+
+/// An event as the worker reads it back from a slot.
+pub(crate) struct SlotEvent<'a> {
+    pub event: Event<'a>,
+    pub agent: &'a str,
+    pub session: &'a str,
+    pub seq: u64,
+    /// Extra fields' JSON text (empty for none), already checked.
+    pub extras: &'a str,
+    pub omitted: u8,
 }
 
 // SAFETY: the only non-Send field is `seq`, a pointer to a `SeqCell` — an atomic, so `Sync` — that
@@ -151,9 +164,10 @@ impl EventSlot {
         EventSlot {
             kind: EventKind::TurnComplete,
             flag: false,
+            omitted: 0,
             num: 0,
             seq: None,
-            lens: [0; 4],
+            lens: [0; 5],
             // Non-zero fill so the pages are really written now, not on the first emit.
             inline: vec![0xA5; inline].into_boxed_slice(),
             heap: None,
@@ -166,12 +180,14 @@ impl EventSlot {
     fn fill(
         &mut self,
         p: &Parts<'_>,
-        strs: [&str; 4],
+        strs: [&str; 5],
+        omitted: u8,
         seq: NonNull<CachePadded<SeqCell>>,
         heap: &mut Option<Box<[u8]>>,
     ) {
         self.kind = p.kind;
         self.flag = p.flag;
+        self.omitted = omitted;
         self.num = p.num[0];
         self.seq = Some(seq);
         self.lens = strs.map(|s| s.len() as u32);
@@ -190,10 +206,7 @@ impl EventSlot {
     /// Numbers the event (its emitter's next sequence number), rebuilds it from the slot and
     /// hands it to `f` with (agent, session, seq). Frees a large event's buffer afterwards and
     /// returns how many budget bytes it held. Only the ring's consumer may call this.
-    pub(crate) fn read<R>(
-        &mut self,
-        f: impl FnOnce(Event<'_>, &str, &str, u64) -> R,
-    ) -> (R, usize) {
+    pub(crate) fn read<R>(&mut self, f: impl FnOnce(SlotEvent<'_>) -> R) -> (R, usize) {
         // SAFETY: `fill` set the pointer from a live emitter's cell, and the cell outlives
         // every slot its emitter filled until the consumer (us) has read them (`Lane::collect`
         // frees it only once `head` is past the emitter's last position, and this slot's
@@ -204,7 +217,7 @@ impl EventSlot {
         };
         let heap = self.heap.take();
         let bytes: &[u8] = heap.as_deref().unwrap_or(&self.inline);
-        let mut strs = [""; 4];
+        let mut strs = [""; 5];
         let mut at = 0;
         for (s, &len) in strs.iter_mut().zip(&self.lens) {
             let end = at + len as usize;
@@ -219,12 +232,19 @@ impl EventSlot {
             num: [self.num],
             flag: self.flag,
         };
-        let out = f(Event::from_parts(parts), strs[0], strs[1], seq);
+        let out = f(SlotEvent {
+            event: Event::from_parts(parts),
+            agent: strs[0],
+            session: strs[1],
+            seq,
+            extras: strs[4],
+            omitted: self.omitted,
+        });
         (out, heap.map_or(0, |h| h.len()))
     }
 }
 
-fn copy_into(buf: &mut [u8], strs: [&str; 4]) {
+fn copy_into(buf: &mut [u8], strs: [&str; 5]) {
     let mut at = 0;
     for s in strs {
         buf[at..at + s.len()].copy_from_slice(s.as_bytes());
@@ -237,6 +257,8 @@ fn copy_into(buf: &mut [u8], strs: [&str; 4]) {
 #[derive(Default)]
 pub(crate) struct EmitterCounters {
     skipped: AtomicU64,
+    /// `emit_with_extras` calls refused for their extras (not emits: the caller got an error).
+    refused_extras: AtomicU64,
     dropped: AtomicU64,
     dropped_budget: AtomicU64,
     oversize: AtomicU64,
@@ -246,6 +268,7 @@ pub(crate) struct EmitterCounters {
 impl EmitterCounters {
     fn add_to(&self, t: &mut Totals) {
         t.skipped += self.skipped.load(Relaxed);
+        t.refused_extras += self.refused_extras.load(Relaxed);
         t.dropped += self.dropped.load(Relaxed);
         t.dropped_budget += self.dropped_budget.load(Relaxed);
         t.oversize += self.oversize.load(Relaxed);
@@ -256,6 +279,7 @@ impl EmitterCounters {
 #[derive(Default, Clone, Copy)]
 struct Totals {
     skipped: u64,
+    refused_extras: u64,
     dropped: u64,
     dropped_budget: u64,
     oversize: u64,
@@ -329,6 +353,7 @@ impl Producers {
         stats.oversize = t.oversize;
         stats.dropped_bytes = t.dropped_bytes;
         stats.skipped = t.skipped;
+        stats.refused_extras = t.refused_extras;
         stats.ring.budget = self.budget as u64;
         stats.ring.budget_in_use = self.budget_in_use.load(Relaxed) as u64;
     }
@@ -399,14 +424,42 @@ impl Emitter {
             e.counters.skipped.fetch_add(1, Relaxed);
             return Emit::Skipped;
         }
-        self.enqueue(event)
+        self.enqueue(event, "", 0)
+    }
+
+    /// [`emit`](Emitter::emit) with what agents really send beside the documented fields:
+    /// extra payload fields, written after the documented ones byte-exact, and documented
+    /// fields left out (lenient input). See [`Extras`].
+    ///
+    /// The extras are checked first, on this thread (one pass over their text): refused ones
+    /// are an `Err` — nothing is emitted, and the refusal is counted in
+    /// `Stats::refused_extras`. Accepted ones count against `inline_bytes` and the byte budget
+    /// like any field. Plain `emit` is unaffected.
+    pub fn emit_with_extras(
+        &self,
+        event: Event<'_>,
+        extras: &Extras<'_>,
+    ) -> Result<Emit, ExtrasError> {
+        let e = &*self.0;
+        let omitted = match extras.check(event.kind()) {
+            Ok(omitted) => omitted,
+            Err(err) => {
+                e.counters.refused_extras.fetch_add(1, Relaxed);
+                return Err(err);
+            }
+        };
+        if !e.interest.wants(event.kind()) {
+            e.counters.skipped.fetch_add(1, Relaxed);
+            return Ok(Emit::Skipped);
+        }
+        Ok(self.enqueue(event, extras.json(), omitted))
     }
 
     #[inline(never)]
-    fn enqueue(&self, event: Event<'_>) -> Emit {
+    fn enqueue(&self, event: Event<'_>, extras: &str, omitted: u8) -> Emit {
         let e = &*self.0;
         let p = event.parts();
-        let strs = [&*e.agent, &*e.session, p.strs[0], p.strs[1]];
+        let strs = [&*e.agent, &*e.session, p.strs[0], p.strs[1], extras];
         let total: usize = strs.iter().map(|s| s.len()).sum();
         let mut heap = None;
         if total > e.producers.inline {
@@ -416,7 +469,10 @@ impl Emitter {
             };
         }
         let seq = NonNull::from(&*e.seq);
-        match e.ring.push(|slot| slot.fill(&p, strs, seq, &mut heap)) {
+        match e
+            .ring
+            .push(|slot| slot.fill(&p, strs, omitted, seq, &mut heap))
+        {
             Ok(()) => Emit::Queued,
             Err(refused) => {
                 if heap.is_some() {
@@ -437,7 +493,7 @@ impl Emitter {
     /// The slow path for events above the inline size: check the limits, reserve budget,
     /// allocate and fill the buffer. `None` means dropped (and counted).
     #[cold]
-    fn take_large(&self, strs: [&str; 4], total: usize) -> Option<Box<[u8]>> {
+    fn take_large(&self, strs: [&str; 5], total: usize) -> Option<Box<[u8]>> {
         let e = &*self.0;
         let counter = if total > e.producers.max_event_bytes {
             &e.counters.oversize
@@ -516,13 +572,13 @@ mod tests {
     /// Pops one event as the worker does: (tool or component, seq, budget bytes released).
     fn pop(rx: &mut Consumer<EventSlot>) -> Option<(String, String, u64, usize)> {
         rx.pop(|slot| {
-            slot.read(|event, agent, _session, seq| {
-                let field = match event {
+            slot.read(|r| {
+                let field = match r.event {
                     Event::ToolCall { tool, .. } => tool.to_string(),
                     Event::Error { message, .. } => message.to_string(),
                     other => format!("{:?}", other.kind()),
                 };
-                (agent.to_string(), field, seq)
+                (r.agent.to_string(), field, r.seq)
             })
         })
         .map(|((agent, field, seq), bytes)| (agent, field, seq, bytes))
@@ -701,7 +757,7 @@ mod loom_tests {
             drop(em);
             let mut seqs = Vec::new();
             let mut read = |rx: &mut crate::ring::Consumer<EventSlot>, seqs: &mut Vec<u64>| {
-                while let Some(((), _)) = rx.pop(|slot| slot.read(|_, _, _, seq| seqs.push(seq))) {}
+                while let Some(((), _)) = rx.pop(|slot| slot.read(|r| seqs.push(r.seq))) {}
             };
             read(&mut rx, &mut seqs);
             threads.into_iter().for_each(|t| t.join().unwrap());

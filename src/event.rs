@@ -2,8 +2,16 @@
 //!
 //! An [`Event`] borrows its strings from the caller: `emit` copies them into a ring slot and the
 //! worker writes the payload JSON exactly once ([`Event::write_json`]), which every sink then
-//! shares. The payload fields are PRX's, exactly (ARCHITECTURE.md § Events); metadata (agent, session, seq,
-//! timestamp) travels beside the payload, never inside it.
+//! shares. The payload fields are PRX's, exactly (ARCHITECTURE.md § Events); metadata (agent,
+//! session, seq, timestamp) travels beside the payload, never inside it.
+//!
+//! Payloads are written field by field into a reused buffer: keys and punctuation are ours
+//! (constant), strings go through `json::write_str` — simd-json's SIMD escaper for strings of
+//! 32 bytes or more, a word-at-a-time scan below that — and `arguments` of `tool_call_start`
+//! and [`Extras`] are JSON *text*, validated and embedded as is (minus insignificant whitespace)
+//! by our strict compactor, so their bytes reach hooks exactly as the agent wrote them. simd-json's
+//! serde serializer as a whole was measured too and lost to this on every event kind
+//! (`benches/serialize.rs`; ARCHITECTURE.md § Events).
 
 use crate::json;
 use serde::Serialize;
@@ -147,6 +155,119 @@ impl std::ops::BitOr for EventMask {
 impl std::ops::BitOrAssign for EventMask {
     fn bitor_assign(&mut self, rhs: EventMask) {
         *self = self.union(rhs);
+    }
+}
+
+/// What an agent sends beyond an [`Event`]'s documented fields (ARCHITECTURE.md § Events):
+///
+/// * **extra fields**: a JSON object whose members are written into the payload after the
+///   documented fields, byte-exact (minus insignificant whitespace). PRX's own runtime adds
+///   such fields (`agent_start` `{provider, model}`, `agent_end` `{duration_ms, tokens_used}`, …).
+///   A member may not repeat a documented field or another member.
+/// * **omitted fields**: documented fields the agent did not send (lenient input): they are
+///   left out of the payload instead of being written with a made-up value.
+///
+/// Used with [`Emitter::emit_with_extras`](crate::Emitter::emit_with_extras); plain `emit` has
+/// none of this and stays as fast as before.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extras<'a> {
+    fields: &'a str,
+    omit: &'a [&'a str],
+}
+
+impl<'a> Extras<'a> {
+    /// No extra fields, nothing omitted.
+    pub const NONE: Extras<'static> = Extras {
+        fields: "",
+        omit: &[],
+    };
+
+    /// Extra fields: `json_object` is JSON text of one object (`{"model":"m","tokens":3}`).
+    pub const fn fields(json_object: &'a str) -> Extras<'a> {
+        Extras {
+            fields: json_object,
+            omit: &[],
+        }
+    }
+
+    /// Leaves these documented fields out of the payload (names as in README's table).
+    pub const fn omit(self, fields: &'a [&'a str]) -> Extras<'a> {
+        Extras {
+            fields: self.fields,
+            omit: fields,
+        }
+    }
+
+    /// The extra fields' JSON text as given (empty for none).
+    pub fn json(&self) -> &'a str {
+        self.fields
+    }
+
+    /// Checks these extras against `kind` and returns the omitted fields as a bit per
+    /// documented field (bit `i` = `kind.fields()[i]`). Strict: the extra fields must be one
+    /// JSON object (RFC 8259, nested at most [`EXTRAS_MAX_DEPTH`] deep) whose members repeat
+    /// neither a documented field nor each other, and every omitted name must be a documented
+    /// field of `kind`.
+    pub fn check(&self, kind: EventKind) -> Result<u8, ExtrasError> {
+        let documented = kind.fields();
+        let mut omitted = 0u8;
+        for &name in self.omit {
+            match documented.iter().position(|f| *f == name) {
+                Some(i) => omitted |= 1 << i,
+                None => {
+                    return Err(ExtrasError::NotAField {
+                        event: kind,
+                        field: name.to_string(),
+                    });
+                }
+            }
+        }
+        if self.fields.is_empty() {
+            return Ok(omitted);
+        }
+        // Members are few: a linear scan over the ones seen beats hashing them.
+        let mut seen: Vec<String> = Vec::new();
+        let mut key = |k: &str| {
+            if documented.contains(&k) {
+                return Err(format!(
+                    "member \"{k}\" repeats a documented field of {kind}"
+                ));
+            }
+            if seen.iter().any(|s| s == k) {
+                return Err(format!("member \"{k}\" appears twice"));
+            }
+            seen.push(k.to_string());
+            Ok(())
+        };
+        json::check_object(self.fields.as_bytes(), EXTRAS_MAX_DEPTH, &mut key)
+            .map(|()| omitted)
+            .map_err(|r| ExtrasError::Invalid {
+                at: r.at,
+                reason: r.reason,
+            })
+    }
+}
+
+/// Extra fields nest at most this deep: their object's members sit at the payload's own level,
+/// and the `--print` envelope adds one more, within serde_json's 127.
+pub const EXTRAS_MAX_DEPTH: u32 = json::MAX_DEPTH - 1;
+
+/// Why [`Extras`] were refused. Nothing was emitted.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExtrasError {
+    /// The extra fields are not one valid JSON object, or a member is not allowed.
+    #[error("extra fields, at byte {at}: {reason}")]
+    Invalid { at: usize, reason: String },
+    /// An omitted name is not a documented field of the event.
+    #[error("cannot omit \"{field}\": {event} has no such field (its fields: {})", fields_list(*.event))]
+    NotAField { event: EventKind, field: String },
+}
+
+fn fields_list(kind: EventKind) -> String {
+    match kind.fields() {
+        [] => "none".to_string(),
+        f => f.join(", "),
     }
 }
 
@@ -300,9 +421,23 @@ impl<'a> Event<'a> {
 
     /// Appends the payload object to `out`: `{"tool":"shell","success":true,"output":"…"}`.
     ///
-    /// This is the only place payload JSON is produced; the pipeline calls it once per event.
+    /// This is how payload JSON is produced; the pipeline calls it (through
+    /// [`Event::write_payload`]) once per event.
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        let mut w = ObjectWriter { out, first: true };
+        self.write_payload(out, "", 0);
+    }
+
+    /// Appends the payload object with extra fields after the documented ones and the
+    /// documented fields whose bit is set in `omitted` left out (see [`Extras::check`], which
+    /// must have accepted `extras` for this event's kind).
+    pub(crate) fn write_payload(&self, out: &mut Vec<u8>, extras: &str, omitted: u8) {
+        let start = out.len();
+        let mut w = ObjectWriter {
+            out,
+            first: true,
+            omitted,
+            index: 0,
+        };
         match *self {
             Event::AgentStart { agent, session } => {
                 w.str("agent", agent);
@@ -337,10 +472,11 @@ impl<'a> Event<'a> {
             }
             Event::ToolCallStart { tool, arguments } => {
                 w.str("tool", tool);
-                w.key("arguments");
-                let (src, top) = (arguments.as_bytes(), json::Top::Object);
-                if !json::append_compact_within(w.out, src, top, ARGUMENTS_MAX_DEPTH) {
-                    json::write_str(w.out, arguments);
+                if w.key("arguments") {
+                    let (src, top) = (arguments.as_bytes(), json::Top::Object);
+                    if !json::append_compact_within(w.out, src, top, ARGUMENTS_MAX_DEPTH) {
+                        json::write_str(w.out, arguments);
+                    }
                 }
             }
             Event::ToolCall {
@@ -359,14 +495,51 @@ impl<'a> Event<'a> {
             }
         }
         w.finish();
+        if !extras.is_empty() {
+            append_extras(out, start, extras);
+        }
     }
 
     /// The payload as a `String` (allocates; for tests and tools, not the hot path).
     pub fn to_json(&self) -> String {
         let mut out = Vec::with_capacity(128);
         self.write_json(&mut out);
-        // The writer only emits ASCII punctuation, digits and copies of `&str` input.
+        // The writers emit ASCII punctuation, digits and copies of `&str` input only.
         String::from_utf8(out).expect("payload JSON is UTF-8")
+    }
+}
+
+/// Merges the members of the JSON object `extras` into the object that ends `out` (it starts at
+/// `start`): `{"a":1}` + `{"b":2}` → `{"a":1,"b":2}`, whitespace removed. `extras` was checked
+/// when it was emitted ([`Extras::check`]); should it not compact after all, the payload is
+/// left with its documented fields only.
+fn append_extras(out: &mut Vec<u8>, start: usize, extras: &str) {
+    let documented_empty = out.len() - start == 2; // `{}`
+    let restore = out.len();
+    if documented_empty {
+        out.truncate(start);
+    } else {
+        out.pop(); // the closing brace: the extras' own one closes the payload
+    }
+    let at = out.len();
+    let top = json::Top::Object;
+    if !json::append_compact_within(out, extras.as_bytes(), top, EXTRAS_MAX_DEPTH) {
+        out.truncate(start);
+        out.resize(restore, b'}');
+        if documented_empty {
+            out[start..restore].copy_from_slice(b"{}");
+        }
+        return;
+    }
+    if documented_empty {
+        return; // the extras' object is the payload
+    }
+    if out.len() - at == 2 {
+        // `{}`: nothing to add; close the documented object again.
+        out.truncate(at);
+        out.push(b'}');
+    } else {
+        out[at] = b','; // `{"a":1` + `,"b":2}`
     }
 }
 
@@ -375,39 +548,45 @@ impl<'a> Event<'a> {
 /// at 127 levels. Every payload we write stays readable.
 pub const ARGUMENTS_MAX_DEPTH: u32 = json::MAX_DEPTH - 2;
 
-/// An event flattened to plain data: the ring stores these fields, not the enum.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Parts<'a> {
-    pub kind: EventKind,
-    pub strs: [&'a str; 2],
-    pub num: [u64; 1],
-    pub flag: bool,
-}
-
+/// Writes one payload object, field by field in README's order. Field `index` (counted in
+/// calls to `key`) is skipped when its bit is set in `omitted` (lenient input).
 struct ObjectWriter<'a> {
     out: &'a mut Vec<u8>,
     first: bool,
+    omitted: u8,
+    index: u8,
 }
 
 impl ObjectWriter<'_> {
-    fn key(&mut self, key: &str) {
+    /// Writes `"key":` unless this field is omitted; whether the value should follow.
+    #[inline]
+    fn key(&mut self, key: &str) -> bool {
+        let i = self.index;
+        self.index += 1;
+        if self.omitted & (1 << i) != 0 {
+            return false;
+        }
         self.out.push(if self.first { b'{' } else { b',' });
         self.first = false;
         self.out.push(b'"');
         self.out.extend_from_slice(key.as_bytes()); // keys are ours: plain ASCII
         self.out.extend_from_slice(b"\":");
+        true
     }
     fn str(&mut self, key: &str, v: &str) {
-        self.key(key);
-        json::write_str(self.out, v);
+        if self.key(key) {
+            json::write_str(self.out, v);
+        }
     }
     fn u64(&mut self, key: &str, v: u64) {
-        self.key(key);
-        json::write_u64(self.out, v);
+        if self.key(key) {
+            json::write_u64(self.out, v);
+        }
     }
     fn bool(&mut self, key: &str, v: bool) {
-        self.key(key);
-        json::write_bool(self.out, v);
+        if self.key(key) {
+            json::write_bool(self.out, v);
+        }
     }
     fn finish(self) {
         if self.first {
@@ -415,6 +594,15 @@ impl ObjectWriter<'_> {
         }
         self.out.push(b'}');
     }
+}
+
+/// An event flattened to plain data: the ring stores these fields, not the enum.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Parts<'a> {
+    pub kind: EventKind,
+    pub strs: [&'a str; 2],
+    pub num: [u64; 1],
+    pub flag: bool,
 }
 
 #[cfg(test)]
@@ -555,5 +743,160 @@ mod tests {
             assert_eq!(EventKind::ALL[k as usize], k);
         }
         assert_eq!(EventKind::from_name("Tool_Call"), None);
+    }
+
+    /// The payload bytes are what the hand-written writer produced before simd-json replaced
+    /// it, which is what serde_json writes: every control character, quote and backslash
+    /// escaped the same way (`\u001f`, lowercase hex), nothing else escaped, UTF-8 copied.
+    #[test]
+    fn simd_json_writes_byte_for_byte_what_serde_json_writes() {
+        #[derive(Serialize)]
+        struct Tc<'a> {
+            tool: &'a str,
+            success: bool,
+            output: &'a str,
+        }
+        let all: String = (0u8..0x80)
+            .map(char::from)
+            .chain("é中😀\u{7f}\u{2028}".chars())
+            .collect();
+        for len in [0, 1, 7, 8, 9, 31, 32, 33, all.len()] {
+            let s: String = all.chars().take(len).collect();
+            let ours = Event::ToolCall {
+                tool: &s,
+                success: len % 2 == 0,
+                output: &s,
+            }
+            .to_json();
+            let theirs = serde_json::to_string(&Tc {
+                tool: &s,
+                success: len % 2 == 0,
+                output: &s,
+            })
+            .unwrap();
+            assert_eq!(ours, theirs);
+        }
+        let ours = Event::LlmResponse {
+            provider: "p",
+            model: "m",
+            duration_ms: u64::MAX,
+            success: false,
+        }
+        .to_json();
+        assert_eq!(
+            ours,
+            format!(
+                r#"{{"provider":"p","model":"m","duration_ms":{},"success":false}}"#,
+                u64::MAX
+            )
+        );
+    }
+
+    fn payload(ev: Event<'_>, extras: &Extras<'_>) -> String {
+        let omitted = extras.check(ev.kind()).unwrap();
+        let mut out = Vec::new();
+        ev.write_payload(&mut out, extras.json(), omitted);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn extras_follow_the_documented_fields_byte_exact() {
+        let tc = Event::ToolCall {
+            tool: "t",
+            success: true,
+            output: "o",
+        };
+        let x = Extras::fields(r#" { "n" : 1e2, "z": {"b":-0, "a": [1.50, "s t"]} } "#);
+        assert_eq!(
+            payload(tc, &x),
+            r#"{"tool":"t","success":true,"output":"o","n":1e2,"z":{"b":-0,"a":[1.50,"s t"]}}"#
+        );
+        assert_eq!(
+            payload(tc, &Extras::fields("{}")),
+            r#"{"tool":"t","success":true,"output":"o"}"#
+        );
+        assert_eq!(
+            payload(Event::TurnComplete, &x),
+            r#"{"n":1e2,"z":{"b":-0,"a":[1.50,"s t"]}}"#
+        );
+        assert_eq!(payload(Event::TurnComplete, &Extras::fields(" {} ")), "{}");
+        let args = Event::ToolCallStart {
+            tool: "t",
+            arguments: r#"{"a": 1}"#,
+        };
+        assert_eq!(
+            payload(args, &Extras::fields(r#"{"x":true}"#)),
+            r#"{"tool":"t","arguments":{"a":1},"x":true}"#
+        );
+    }
+
+    #[test]
+    fn omitted_fields_are_left_out() {
+        let end = Event::AgentEnd {
+            success: false,
+            messages_count: 0,
+        };
+        let x = Extras::fields(r#"{"duration_ms":12,"tokens_used":300}"#)
+            .omit(&["success", "messages_count"]);
+        assert_eq!(payload(end, &x), r#"{"duration_ms":12,"tokens_used":300}"#);
+        assert_eq!(
+            payload(end, &Extras::NONE.omit(&["success", "messages_count"])),
+            "{}"
+        );
+        let args = Event::ToolCallStart {
+            tool: "t",
+            arguments: "{}",
+        };
+        assert_eq!(
+            payload(args, &Extras::NONE.omit(&["tool"])),
+            r#"{"arguments":{}}"#
+        );
+        assert_eq!(
+            payload(args, &Extras::NONE.omit(&["arguments"])),
+            r#"{"tool":"t"}"#
+        );
+        let tc = Event::ToolCall {
+            tool: "t",
+            success: true,
+            output: "o",
+        };
+        assert_eq!(
+            payload(tc, &Extras::NONE.omit(&["success"])),
+            r#"{"tool":"t","output":"o"}"#
+        );
+    }
+
+    #[test]
+    fn extras_that_do_not_fit_are_refused_with_a_reason() {
+        let kind = EventKind::ToolCall;
+        let err = |x: Extras<'_>| x.check(kind).unwrap_err().to_string();
+        assert_eq!(
+            err(Extras::fields(r#"{"tool":"x"}"#)),
+            r#"extra fields, at byte 1: member "tool" repeats a documented field of tool_call"#
+        );
+        assert_eq!(
+            err(Extras::fields(r#"{"t\u006fol":"x"}"#)),
+            r#"extra fields, at byte 1: member "tool" repeats a documented field of tool_call"#
+        );
+        assert_eq!(
+            err(Extras::fields(r#"{"a":1,"a":2}"#)),
+            r#"extra fields, at byte 7: member "a" appears twice"#
+        );
+        assert_eq!(
+            err(Extras::fields("[1]")),
+            "extra fields, at byte 0: expected a JSON object"
+        );
+        assert_eq!(
+            err(Extras::fields(r#"{"a":}"#)),
+            "extra fields, at byte 5: invalid JSON"
+        );
+        assert_eq!(
+            err(Extras::NONE.omit(&["tokens"])),
+            r#"cannot omit "tokens": tool_call has no such field (its fields: tool, success, output)"#
+        );
+        assert_eq!(
+            Extras::NONE.omit(&["output", "tool"]).check(kind),
+            Ok(0b101)
+        );
     }
 }

@@ -59,7 +59,7 @@ pub mod wasm;
 
 pub use bus::{Bus, BusError, Message, Subscription};
 pub use emitter::{Emit, Emitter};
-pub use event::{Event, EventKind, EventMask};
+pub use event::{Event, EventKind, EventMask, Extras, ExtrasError};
 pub use pipeline::{InterestHandle, SHUTDOWN_SLACK, Sink};
 pub use stats::Stats;
 

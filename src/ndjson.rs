@@ -4,21 +4,52 @@
 //! {"event":"tool_call","agent":"a","session":"s","payload":{"tool":"shell","success":true,"output":"ok"}}
 //! ```
 //!
-//! The parser is strict, because a typo in a field name silently producing an empty payload is
-//! worse than an error: unknown events, unknown fields, missing fields and wrong types are all
-//! rejected with a reason that names the field, says what was expected, and gives the column.
-//! `payload` may be left out only for `turn_complete`. `tool_call_start.arguments` may be an
-//! object (embedded as is) or a string holding JSON text (embedded if it is an object, passed
-//! on as a string otherwise); any other JSON value is passed on as its text.
+//! The envelope is strict (`event`, `agent`, `session`, `payload`; anything else is a typo worth
+//! an error). The payload takes what agents really send (ARCHITECTURE.md § Events):
 //!
-//! serde_json does the parsing: it borrows `arguments` as raw text (so member order and number
-//! spelling survive untouched) and knows columns for its errors.
+//! * each documented field of the event, type-checked: a wrong type is an error naming the field
+//!   (`payload.success: expected a boolean, found "yes"`);
+//! * any other member is an **extra field**, kept byte-exact and delivered after the documented
+//!   ones (PRX's runtime adds `provider`/`model` to `agent_start`, `tokens_used` to `agent_end`…);
+//! * a missing documented field is an error naming it (with "did you mean" when an extra field
+//!   looks like a misspelling of it), except `agent`/`session` of `agent_start`, which the
+//!   envelope provides; with [`ParseOptions::lenient`] it is accepted and left out of the
+//!   payload instead ([`Record::omitted`]).
+//!
+//! `payload` may be left out only for `turn_complete` (or, lenient, when every field may be
+//! missing). `tool_call_start.arguments` may be an object (embedded as is) or a string holding
+//! JSON text (embedded if it is an object, passed on as a string otherwise); any other JSON value
+//! is passed on as its text.
+//!
+//! Errors read `COLUMN: PATH: REASON` (the caller puts `FILE:LINE:` in front). serde_json reads
+//! the line: it borrows member values as raw text (so extra fields, member order and number
+//! spelling survive untouched) and knows positions. simd-json would parse faster but has no raw
+//! values (it re-spells numbers: `1e2` → `100.0`) and no columns, and this parser already runs
+//! well above the 1 M lines/s the input needs (benches/serialize.rs, `ndjson/` group).
 
-use crate::event::{Event, EventKind, Parts};
-use serde::Deserialize;
+use crate::event::{Event, EventKind, Extras, Parts};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::fmt;
 
-/// One parsed line: the emitter identity and the event.
+/// How strict [`parse_line_with`] is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParseOptions {
+    /// Accept events whose payload lacks documented fields: the fields are left out of the
+    /// payload hooks see (`prx-hooks run --lenient`).
+    pub lenient: bool,
+}
+
+impl ParseOptions {
+    /// Missing documented fields are accepted and left out of the payload.
+    pub fn lenient() -> ParseOptions {
+        ParseOptions { lenient: true }
+    }
+}
+
+/// One parsed line: the emitter identity, the event, and what came beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub agent: String,
@@ -27,6 +58,9 @@ pub struct Record {
     strs: [String; 2],
     num: u64,
     flag: bool,
+    /// The extra members as one JSON object's text (`""` for none).
+    extras: String,
+    omitted: Vec<&'static str>,
 }
 
 impl Record {
@@ -34,7 +68,7 @@ impl Record {
         self.kind
     }
 
-    /// The event, borrowing from the record.
+    /// The event's documented fields, borrowing from the record.
     pub fn event(&self) -> Event<'_> {
         Event::from_parts(Parts {
             kind: self.kind,
@@ -43,265 +77,448 @@ impl Record {
             flag: self.flag,
         })
     }
+
+    /// Extra fields and omitted documented fields, for
+    /// [`Emitter::emit_with_extras`](crate::Emitter::emit_with_extras).
+    pub fn extras(&self) -> Extras<'_> {
+        Extras::fields(&self.extras).omit(&self.omitted)
+    }
+
+    /// Whether the line carried anything beyond the documented fields (or lacked one).
+    pub fn has_extras(&self) -> bool {
+        !self.extras.is_empty() || !self.omitted.is_empty()
+    }
+
+    /// Documented fields the payload lacked (lenient parsing only).
+    pub fn omitted(&self) -> &[&'static str] {
+        &self.omitted
+    }
+
+    /// The payload JSON hooks will see: documented fields, then the extra ones.
+    pub fn payload_json(&self) -> String {
+        let omitted = self.extras().check(self.kind).unwrap_or(0);
+        let mut out = Vec::with_capacity(64 + self.extras.len());
+        self.event().write_payload(&mut out, &self.extras, omitted);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Bytes this event holds in a ring slot (agent, session, fields, extras): what
+    /// `max_event_bytes` is compared with.
+    pub fn byte_len(&self) -> usize {
+        self.agent.len()
+            + self.session.len()
+            + self.strs.iter().map(String::len).sum::<usize>()
+            + self.extras.len()
+    }
 }
 
-/// Why a line was rejected. The message is meant to follow `FILE:LINE: ` and is always one
-/// line: names quoted from the input have their control characters escaped.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct LineError(String);
+/// Why a line was rejected: the column (1-based, in bytes of the line), the JSON path of the offending member (`payload.success`; empty for the line as a whole) and
+/// the reason. Displays as `COLUMN: PATH: REASON`, to follow `FILE:LINE:`; always one line
+/// (control characters quoted from the input are escaped).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineError {
+    column: usize,
+    path: String,
+    reason: String,
+    text: String,
+}
 
 impl LineError {
-    fn new(message: String) -> LineError {
-        if !message.chars().any(char::is_control) {
-            return LineError(message);
+    fn new(column: usize, path: &str, reason: String) -> LineError {
+        let reason = one_line(reason);
+        let path = one_line(path.to_string());
+        let text = if path.is_empty() {
+            format!("{column}: {reason}")
+        } else {
+            format!("{column}: {path}: {reason}")
+        };
+        LineError {
+            column,
+            path,
+            reason,
+            text,
         }
-        LineError(
-            message
-                .chars()
-                .map(|c| {
-                    if c.is_control() {
-                        c.escape_debug().to_string()
-                    } else {
-                        c.into()
-                    }
-                })
-                .collect(),
-        )
     }
 
+    /// The whole message, `COLUMN: PATH: REASON`.
     pub fn message(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// 1-based byte column in the line.
+    pub fn column(&self) -> usize {
+        self.column
+    }
+
+    /// `payload.success`, `event`, … (empty when the error is about the line as a whole).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn reason(&self) -> &str {
+        &self.reason
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Line<'a> {
-    event: String,
-    agent: String,
-    session: String,
-    #[serde(borrow, default)]
-    payload: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct Payload<'a> {
-    #[serde(default)]
-    agent: Option<String>,
-    #[serde(default)]
-    session: Option<String>,
-    #[serde(default)]
-    success: Option<bool>,
-    #[serde(default)]
-    messages_count: Option<u64>,
-    #[serde(default)]
-    provider: Option<String>,
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    duration_ms: Option<u64>,
-    #[serde(default)]
-    tool: Option<String>,
-    #[serde(borrow, default)]
-    arguments: Option<&'a RawValue>,
-    #[serde(default)]
-    output: Option<String>,
-    #[serde(default)]
-    component: Option<String>,
-    #[serde(default)]
-    message: Option<String>,
-}
-
-/// Parses one line (without its newline). Blank lines are the caller's business.
-pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
-    let text = std::str::from_utf8(line).map_err(|e| {
-        LineError::new(format!(
-            "invalid UTF-8 at byte {} (column {})",
-            e.valid_up_to(),
-            e.valid_up_to() + 1
-        ))
-    })?;
-    expect_object(text, 0, "")?;
-    let parsed: Line<'_> = serde_json::from_str(text).map_err(|e| serde_error(&e, 0, ""))?;
-    let kind = EventKind::from_name(&parsed.event).ok_or_else(|| unknown_event(&parsed.event))?;
-    let payload = match parsed.payload {
-        Some(raw) => {
-            let base = raw.get().as_ptr() as usize - text.as_ptr() as usize;
-            read_payload(kind, raw.get(), base)?
-        }
-        None if kind.fields().is_empty() => Payload::default(),
-        None => {
-            return Err(LineError::new(format!(
-                "missing field `payload` (a {} event needs {})",
-                kind.name(),
-                kind.fields().join(", ")
-            )));
-        }
-    };
-    build(kind, parsed.agent, parsed.session, payload)
-}
-
-/// Parses a payload alone (the `payload` member of a line), for an event of `kind`: what
-/// `prx-hooks fire --payload` and the HTTP test endpoint accept. Columns count from the start of
-/// `text`.
-pub fn parse_payload(
-    kind: EventKind,
-    text: &str,
-    agent: &str,
-    session: &str,
-) -> Result<Record, LineError> {
-    let p = read_payload(kind, text, 0)?;
-    build(kind, agent.to_string(), session.to_string(), p)
-}
-
-/// A payload object with exactly `kind`'s fields; `base` is its column offset in the line.
-fn read_payload(kind: EventKind, text: &str, base: usize) -> Result<Payload<'_>, LineError> {
-    expect_object(text, base, "payload: ")?;
-    let p: Payload<'_> =
-        serde_json::from_str(text).map_err(|e| serde_error(&e, base, "payload: "))?;
-    check_fields(kind, &p, text, base)?;
-    Ok(p)
-}
-
-/// Rejects anything but an object up front, so the error names JSON types rather than our
-/// internal structs.
-fn expect_object(text: &str, base: usize, prefix: &str) -> Result<(), LineError> {
-    if text.trim_start().starts_with('{') {
-        return Ok(());
+impl fmt::Display for LineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
     }
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| serde_error(&e, base, prefix))?;
-    let found = match value {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    };
-    Err(LineError::new(format!(
-        "{prefix}expected a JSON object, found {found} (column {})",
-        base + 1
-    )))
 }
 
-/// Turns serde_json's "... at line 1 column N" into "... (column N)", shifted by `base` when
-/// the text was a slice of the line.
-fn serde_error(e: &serde_json::Error, base: usize, prefix: &str) -> LineError {
+impl std::error::Error for LineError {}
+
+fn one_line(s: String) -> String {
+    if !s.chars().any(char::is_control) {
+        return s;
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.into()
+            }
+        })
+        .collect()
+}
+
+/// A JSON object's members in order, values as raw text.
+struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4));
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    members.push((key, value));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Reads `text` (which starts at column `base + 1` of the line) as an object's members.
+fn members<'a>(text: &'a str, base: usize, path: &str) -> Result<Members<'a>, LineError> {
+    let trimmed = text.trim_start();
+    if !trimmed.starts_with('{') {
+        let at = base + text.len() - trimmed.len() + 1;
+        let found = match serde_json::from_str::<&RawValue>(text) {
+            Ok(raw) => describe(raw.get()),
+            Err(e) => return Err(serde_error(&e, base, path)),
+        };
+        return Err(LineError::new(
+            at,
+            path,
+            format!("expected a JSON object, found {found}"),
+        ));
+    }
+    serde_json::from_str(text).map_err(|e| serde_error(&e, base, path))
+}
+
+/// serde_json's "... at line 1 column N" as our `COLUMN: PATH: REASON`.
+fn serde_error(e: &serde_json::Error, base: usize, path: &str) -> LineError {
     let msg = e.to_string();
     let msg = msg.split(" at line ").next().unwrap_or(&msg);
     let what = match e.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof => "not JSON: ",
         _ => "",
     };
-    LineError::new(format!(
-        "{prefix}{what}{msg} (column {})",
-        base + e.column()
-    ))
+    LineError::new(base + e.column(), path, format!("{what}{msg}"))
 }
 
-fn unknown_event(name: &str) -> LineError {
-    let names: Vec<_> = EventKind::ALL.iter().map(|k| k.name()).collect();
-    let hint = crate::suggest(name, &names)
-        .map(|s| format!("; did you mean \"{s}\"?"))
-        .unwrap_or_else(|| format!("; expected one of {}", names.join(", ")));
-    LineError::new(format!("unknown event \"{name}\"{hint}"))
+/// What a raw JSON value is, for "expected X, found Y": `a string "yes"`, `a number -1.5`, …
+fn describe(raw: &str) -> String {
+    let shown = |s: &str| {
+        let mut chars = s.chars();
+        let head: String = chars.by_ref().take(40).collect();
+        if chars.next().is_some() {
+            format!("{head}…")
+        } else {
+            head
+        }
+    };
+    match raw.as_bytes().first() {
+        Some(b'"') => format!("a string {}", shown(raw)),
+        Some(b't' | b'f') => format!("a boolean {raw}"),
+        Some(b'n') => "null".to_string(),
+        Some(b'[') => "an array".to_string(),
+        Some(b'{') => "an object".to_string(),
+        _ => format!("a number {}", shown(raw)),
+    }
 }
 
-/// Every field of the event present, and no field of another event.
-fn check_fields(kind: EventKind, p: &Payload<'_>, raw: &str, base: usize) -> Result<(), LineError> {
-    let present = [
-        ("agent", p.agent.is_some()),
-        ("session", p.session.is_some()),
-        ("success", p.success.is_some()),
-        ("messages_count", p.messages_count.is_some()),
-        ("provider", p.provider.is_some()),
-        ("model", p.model.is_some()),
-        ("duration_ms", p.duration_ms.is_some()),
-        ("tool", p.tool.is_some()),
-        ("arguments", p.arguments.is_some()),
-        ("output", p.output.is_some()),
-        ("component", p.component.is_some()),
-        ("message", p.message.is_some()),
-    ];
-    let wanted = kind.fields();
-    for (name, is) in present {
-        if is && !wanted.contains(&name) {
-            let column = raw
-                .find(&format!("\"{name}\""))
-                .map_or(base + 1, |at| base + at + 1);
-            return Err(LineError::new(format!(
-                "payload: field `{name}` does not belong to a {} event (it has {}) (column {column})",
-                kind.name(),
-                if wanted.is_empty() {
-                    "no fields".to_string()
-                } else {
-                    wanted.join(", ")
-                },
-            )));
+/// Column (1-based) of `raw` inside `text`, which starts at column `base + 1`.
+fn column_of(raw: &RawValue, text: &str, base: usize) -> usize {
+    base + (raw.get().as_ptr() as usize).saturating_sub(text.as_ptr() as usize) + 1
+}
+
+fn field_str(raw: &RawValue, at: usize, path: &str) -> Result<String, LineError> {
+    match raw.get().as_bytes().first() {
+        Some(b'"') => serde_json::from_str(raw.get())
+            .map_err(|e| LineError::new(at, path, format!("invalid string: {e}"))),
+        _ => Err(LineError::new(
+            at,
+            path,
+            format!("expected a string, found {}", describe(raw.get())),
+        )),
+    }
+}
+
+fn field_bool(raw: &RawValue, at: usize, path: &str) -> Result<bool, LineError> {
+    match raw.get() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(LineError::new(
+            at,
+            path,
+            format!("expected a boolean, found {}", describe(other)),
+        )),
+    }
+}
+
+fn field_u64(raw: &RawValue, at: usize, path: &str) -> Result<u64, LineError> {
+    raw.get().parse::<u64>().map_err(|_| {
+        LineError::new(
+            at,
+            path,
+            format!(
+                "expected a whole number from 0 to {}, found {}",
+                u64::MAX,
+                describe(raw.get())
+            ),
+        )
+    })
+}
+
+/// Parses one line (without its newline), strictly. Blank lines are the caller's business.
+pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
+    parse_line_with(line, ParseOptions::default())
+}
+
+/// Parses one line (without its newline) with `options`.
+pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, LineError> {
+    let text = std::str::from_utf8(line).map_err(|e| {
+        LineError::new(
+            e.valid_up_to() + 1,
+            "",
+            format!("invalid UTF-8 at byte {}", e.valid_up_to()),
+        )
+    })?;
+    let envelope = members(text, 0, "")?;
+    let (mut event, mut agent, mut session, mut payload) = (None, None, None, None);
+    for (key, raw) in &envelope.0 {
+        let at = column_of(raw, text, 0);
+        let slot = match &**key {
+            "event" => &mut event,
+            "agent" => &mut agent,
+            "session" => &mut session,
+            "payload" => {
+                if payload.replace(*raw).is_some() {
+                    return Err(LineError::new(at, "payload", "appears twice".into()));
+                }
+                continue;
+            }
+            other => {
+                let hint = crate::suggest(other, &["event", "agent", "session", "payload"])
+                    .map(|s| format!("; did you mean \"{s}\"?"))
+                    .unwrap_or_else(|| {
+                        "; a line has event, agent, session and payload (extra event fields go \
+                         inside payload)"
+                            .to_string()
+                    });
+                let at = text.find(&format!("\"{other}\"")).map_or(at, |i| i + 1);
+                return Err(LineError::new(at, other, format!("unknown member{hint}")));
+            }
+        };
+        if slot.replace((field_str(raw, at, key)?, at)).is_some() {
+            return Err(LineError::new(at, key, "appears twice".into()));
         }
     }
-    for name in wanted {
-        if !present.iter().any(|(n, is)| n == name && *is) {
-            return Err(LineError::new(format!(
-                "payload: missing field `{name}` (a {} event needs {})",
-                kind.name(),
-                wanted.join(", ")
-            )));
+    let missing = |name: &str| {
+        LineError::new(
+            1,
+            name,
+            "missing (a line needs event, agent and session)".into(),
+        )
+    };
+    let (event, at) = event.ok_or_else(|| missing("event"))?;
+    let (agent, _) = agent.ok_or_else(|| missing("agent"))?;
+    let (session, _) = session.ok_or_else(|| missing("session"))?;
+    let kind = EventKind::from_name(&event).ok_or_else(|| unknown_event(&event, at))?;
+    match payload {
+        Some(raw) => {
+            let base = column_of(raw, text, 0) - 1;
+            read_payload(kind, raw.get(), base, agent, session, options)
+        }
+        None => {
+            let fields = kind.fields();
+            if !fields.is_empty() && !options.lenient && kind != EventKind::AgentStart {
+                return Err(LineError::new(
+                    text.len().max(1),
+                    "payload",
+                    format!("missing (a {kind} event needs {})", fields.join(", ")),
+                ));
+            }
+            read_payload(kind, "{}", 0, agent, session, options)
         }
     }
-    Ok(())
 }
 
-/// Assembles the record; fields were checked by `check_fields`.
-fn build(
+/// Parses a payload alone (the `payload` member of a line), strictly, for an event of `kind`:
+/// what `prx-hooks fire --payload` and the HTTP test endpoint accept. Columns count from the
+/// start of `text`.
+pub fn parse_payload(
     kind: EventKind,
+    text: &str,
+    agent: &str,
+    session: &str,
+) -> Result<Record, LineError> {
+    parse_payload_with(kind, text, agent, session, ParseOptions::default())
+}
+
+/// [`parse_payload`] with `options`.
+pub fn parse_payload_with(
+    kind: EventKind,
+    text: &str,
+    agent: &str,
+    session: &str,
+    options: ParseOptions,
+) -> Result<Record, LineError> {
+    read_payload(
+        kind,
+        text,
+        0,
+        agent.to_string(),
+        session.to_string(),
+        options,
+    )
+}
+
+/// Reads a payload object for `kind`; `base` is its column offset in the line.
+fn read_payload(
+    kind: EventKind,
+    text: &str,
+    base: usize,
     agent: String,
     session: String,
-    p: Payload<'_>,
+    options: ParseOptions,
 ) -> Result<Record, LineError> {
-    let s = |v: Option<String>| v.unwrap_or_default();
-    let (strs, num, flag) = match kind {
-        EventKind::AgentStart => ([s(p.agent), s(p.session)], 0, false),
-        EventKind::AgentEnd => (
-            Default::default(),
-            p.messages_count.unwrap_or(0),
-            p.success.unwrap_or(false),
-        ),
-        EventKind::LlmRequest => (
-            [s(p.provider), s(p.model)],
-            p.messages_count.unwrap_or(0),
-            false,
-        ),
-        EventKind::LlmResponse => (
-            [s(p.provider), s(p.model)],
-            p.duration_ms.unwrap_or(0),
-            p.success.unwrap_or(false),
-        ),
-        EventKind::ToolCallStart => ([s(p.tool), arguments_text(p.arguments)?], 0, false),
-        EventKind::ToolCall => ([s(p.tool), s(p.output)], 0, p.success.unwrap_or(false)),
-        EventKind::TurnComplete => (Default::default(), 0, false),
-        EventKind::Error => ([s(p.component), s(p.message)], 0, false),
-    };
+    let members = members(text, base, "payload")?;
+    let fields = kind.fields();
+    let mut strs: [Option<String>; 2] = [None, None];
+    let (mut num, mut flag): (Option<u64>, Option<bool>) = (None, None);
+    let mut present = 0u8;
+    let mut extras = String::new();
+    let mut extra_names: Vec<&str> = Vec::new();
+    for (key, raw) in &members.0 {
+        let at = column_of(raw, text, base);
+        let path = format!("payload.{key}");
+        let Some(index) = fields.iter().position(|f| *f == key.as_ref()) else {
+            if extra_names.contains(&key.as_ref()) {
+                return Err(LineError::new(at, &path, "appears twice".into()));
+            }
+            extra_names.push(key);
+            extras.push(if extras.is_empty() { '{' } else { ',' });
+            // The name re-quoted (JSON-equal; byte-equal unless it held escapes), the value
+            // byte-exact.
+            extras.push_str(&serde_json::to_string(key.as_ref()).unwrap_or_default());
+            extras.push(':');
+            extras.push_str(raw.get());
+            continue;
+        };
+        if present & (1 << index) != 0 {
+            return Err(LineError::new(at, &path, "appears twice".into()));
+        }
+        present |= 1 << index;
+        match fields[index] {
+            "success" => flag = Some(field_bool(raw, at, &path)?),
+            "messages_count" | "duration_ms" => num = Some(field_u64(raw, at, &path)?),
+            "arguments" => strs[1] = Some(arguments_text(raw, at, &path)?),
+            // Every other documented field is one of the event's (at most two) strings.
+            name => strs[string_slot(kind, name)] = Some(field_str(raw, at, &path)?),
+        }
+    }
+    if !extras.is_empty() {
+        extras.push('}');
+    }
+    let mut omitted = Vec::new();
+    for (index, &field) in fields.iter().enumerate() {
+        if present & (1 << index) != 0 {
+            continue;
+        }
+        // agent_start's own fields: the envelope's, when the payload does not repeat them.
+        if kind == EventKind::AgentStart {
+            strs[index] = Some(if index == 0 {
+                agent.clone()
+            } else {
+                session.clone()
+            });
+            continue;
+        }
+        if options.lenient {
+            omitted.push(field);
+            continue;
+        }
+        let hint = crate::suggest(field, &extra_names)
+            .map(|s| format!("; did you mean to write \"{field}\" instead of \"{s}\"?"))
+            .unwrap_or_default();
+        return Err(LineError::new(
+            base + 1,
+            &format!("payload.{field}"),
+            format!("missing (a {kind} event needs {}){hint}", fields.join(", ")),
+        ));
+    }
+    let [a, b] = strs;
     Ok(Record {
         agent,
         session,
         kind,
-        strs,
-        num,
-        flag,
+        strs: [a.unwrap_or_default(), b.unwrap_or_default()],
+        num: num.unwrap_or(0),
+        flag: flag.unwrap_or(false),
+        extras,
+        omitted,
     })
+}
+
+/// Which of `kind`'s (up to two) string slots its documented string field `name` goes in.
+fn string_slot(kind: EventKind, name: &str) -> usize {
+    let strings: &[&str] = match kind {
+        EventKind::AgentStart => &["agent", "session"],
+        EventKind::LlmRequest | EventKind::LlmResponse => &["provider", "model"],
+        EventKind::ToolCallStart => &["tool", "arguments"],
+        EventKind::ToolCall => &["tool", "output"],
+        EventKind::Error => &["component", "message"],
+        EventKind::AgentEnd | EventKind::TurnComplete => &[],
+    };
+    strings.iter().position(|s| *s == name).unwrap_or(0)
+}
+
+fn unknown_event(name: &str, at: usize) -> LineError {
+    let names: Vec<_> = EventKind::ALL.iter().map(|k| k.name()).collect();
+    let hint = crate::suggest(name, &names)
+        .map(|s| format!("; did you mean \"{s}\"?"))
+        .unwrap_or_else(|| format!("; expected one of {}", names.join(", ")));
+    LineError::new(at, "event", format!("unknown event \"{name}\"{hint}"))
 }
 
 /// `arguments` as the JSON text the event carries: a string's contents, or any other value's
 /// own text.
-fn arguments_text(raw: Option<&RawValue>) -> Result<String, LineError> {
-    let raw = raw.map_or("{}", RawValue::get);
+fn arguments_text(raw: &RawValue, at: usize, path: &str) -> Result<String, LineError> {
+    let raw = raw.get();
     if raw.starts_with('"') {
         serde_json::from_str::<String>(raw)
-            .map_err(|e| LineError::new(format!("payload: field `arguments`: {e}")))
+            .map_err(|e| LineError::new(at, path, format!("invalid string: {e}")))
     } else {
         Ok(raw.to_string())
     }
@@ -336,6 +553,7 @@ mod tests {
                 (r.kind(), r.agent.as_str(), r.session.as_str()),
                 (kind, "a", "s")
             );
+            assert!(!r.has_extras());
             let payload: serde_json::Value = serde_json::from_str(line).unwrap();
             let want = payload
                 .get("payload")
@@ -343,6 +561,7 @@ mod tests {
                 .unwrap_or(serde_json::json!({}));
             let got: serde_json::Value = serde_json::from_str(&r.event().to_json()).unwrap();
             assert_eq!(got, want, "{line}");
+            assert_eq!(r.payload_json(), r.event().to_json());
         }
     }
 
@@ -360,62 +579,106 @@ mod tests {
     }
 
     #[test]
-    fn bad_lines_say_what_is_wrong() {
+    fn unknown_payload_members_are_extras_kept_byte_exact_after_the_documented_fields() {
+        // PRX's runtime: agent_start with provider/model and no agent/session.
+        let r = parse_line(br#"{"event":"agent_start","agent":"a","session":"s","payload":{"provider":"openai","model":"gpt-x"}}"#).unwrap();
+        assert_eq!(
+            r.payload_json(),
+            r#"{"agent":"a","session":"s","provider":"openai","model":"gpt-x"}"#
+        );
+        // Numbers keep their spelling, nested values their order; whitespace goes.
+        let r = parse_line(br#"{"event":"llm_response","agent":"a","session":"s","payload":{"provider":"p","error_message": null, "model":"m","duration_ms":5,"success":false,"cost":1e2,"z":{"b": -0, "a":[1.50]}}}"#).unwrap();
+        assert_eq!(
+            r.payload_json(),
+            r#"{"provider":"p","model":"m","duration_ms":5,"success":false,"error_message":null,"cost":1e2,"z":{"b":-0,"a":[1.50]}}"#
+        );
+        assert_eq!(
+            r.extras().json(),
+            r#"{"error_message":null,"cost":1e2,"z":{"b": -0, "a":[1.50]}}"#
+        );
+        // turn_complete: extras are the whole payload.
+        let r = parse_line(br#"{"event":"turn_complete","agent":"a","session":"s","payload":{"mode":"chat","response_chars":12}}"#).unwrap();
+        assert_eq!(r.payload_json(), r#"{"mode":"chat","response_chars":12}"#);
+    }
+
+    #[test]
+    fn lenient_accepts_missing_documented_fields_and_leaves_them_out() {
+        // PRX's agent_end: {duration_ms, tokens_used}, no success/messages_count.
+        let line = br#"{"event":"agent_end","agent":"a","session":"s","payload":{"duration_ms":12,"tokens_used":300}}"#;
+        assert!(parse_line(line).is_err());
+        let r = parse_line_with(line, ParseOptions::lenient()).unwrap();
+        assert_eq!(r.omitted(), ["success", "messages_count"]);
+        assert_eq!(r.payload_json(), r#"{"duration_ms":12,"tokens_used":300}"#);
+        let r = parse_line_with(
+            br#"{"event":"error","agent":"a","session":"s"}"#,
+            ParseOptions::lenient(),
+        )
+        .unwrap();
+        assert_eq!(r.payload_json(), "{}");
+    }
+
+    #[test]
+    fn bad_lines_say_where_what_and_why() {
         let cases = [
-            ("not json", "not JSON: expected ident"),
-            ("[1]", "expected a JSON object, found an array (column 1)"),
+            ("not json", "2: not JSON: expected ident"),
+            ("[1]", "1: expected a JSON object, found an array"),
             (
                 r#"{"event":"tool_cal","agent":"a","session":"s"}"#,
-                "did you mean \"tool_call\"",
+                r#"10: event: unknown event "tool_cal"; did you mean "tool_call"?"#,
             ),
             (
                 r#"{"event":"bogus","agent":"a","session":"s"}"#,
                 "expected one of agent_start",
             ),
-            (r#"{"agent":"a","session":"s"}"#, "missing field `event`"),
-            (
-                r#"{"event":"error","session":"s"}"#,
-                "missing field `agent`",
-            ),
+            (r#"{"agent":"a","session":"s"}"#, "1: event: missing"),
+            (r#"{"event":"error","session":"s"}"#, "1: agent: missing"),
             (
                 r#"{"event":"error","agent":1,"session":"s"}"#,
-                "invalid type: integer `1`, expected a string (column 26)",
+                "26: agent: expected a string, found a number 1",
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s","extra":1}"#,
-                "unknown field `extra`",
+                "44: extra: unknown member",
+            ),
+            (
+                r#"{"event":"error","agent":"a","sesion":"s","payload":{}}"#,
+                r#"did you mean "session"?"#,
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s"}"#,
-                "missing field `payload`",
+                "payload: missing (a error event needs component, message)",
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s","payload":{"component":"c"}}"#,
-                "payload: missing field `message`",
-            ),
-            (
-                r#"{"event":"error","agent":"a","session":"s","payload":{"component":"c","message":"m","tool":"t"}}"#,
-                "field `tool` does not belong to a error event",
+                "54: payload.message: missing (a error event needs component, message)",
             ),
             (
                 r#"{"event":"agent_end","agent":"a","session":"s","payload":{"success":"yes","messages_count":1}}"#,
-                "payload: invalid type: string \"yes\", expected a boolean (column 73)",
+                r#"69: payload.success: expected a boolean, found a string "yes""#,
             ),
             (
                 r#"{"event":"agent_end","agent":"a","session":"s","payload":{"success":true,"messages_count":-1}}"#,
-                "expected u64",
+                "payload.messages_count: expected a whole number from 0 to 18446744073709551615, found a number -1",
             ),
             (
                 r#"{"event":"agent_end","agent":"a","session":"s","payload":{"success":true,"messages_count":1.5}}"#,
-                "expected u64",
+                "found a number 1.5",
+            ),
+            (
+                r#"{"event":"agent_end","agent":"a","session":"s","payload":{"sucess":true,"messages_count":1}}"#,
+                r#"payload.success: missing (a agent_end event needs success, messages_count); did you mean to write "success" instead of "sucess"?"#,
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s","payload":[]}"#,
-                "payload: expected a JSON object, found an array (column 54)",
+                "54: payload: expected a JSON object, found an array",
             ),
             (
-                r#"{"event":"error","agent":"a","session":"s","payload":{"bogus":1}}"#,
-                "payload: unknown field `bogus`",
+                r#"{"event":"error","agent":"a","session":"s","payload":{"component":"c","component":"d","message":"m"}}"#,
+                "payload.component: appears twice",
+            ),
+            (
+                r#"{"event":"error","agent":"a","session":"s","payload":{"x":1,"x":2,"component":"c","message":"m"}}"#,
+                "payload.x: appears twice",
             ),
             (r#"{"event":"error""#, "not JSON: EOF while parsing"),
         ];
@@ -424,11 +687,8 @@ mod tests {
             assert!(got.contains(want), "{line}\n  got:  {got}\n  want: {want}");
         }
         assert_eq!(
-            parse_line(b"{\"event\":\"\xff\"}")
-                .unwrap_err()
-                .message()
-                .to_string(),
-            "invalid UTF-8 at byte 10 (column 11)"
+            parse_line(b"{\"event\":\"\xff\"}").unwrap_err().message(),
+            "11: invalid UTF-8 at byte 10"
         );
     }
 }

@@ -508,18 +508,18 @@ fn read_slot(
     scratch: &mut Vec<u8>,
     recycle: &mut std::collections::VecDeque<Message>,
 ) -> (Message, usize) {
-    slot.read(|event, agent, session, seq| {
+    slot.read(|r| {
         scratch.clear();
-        event.write_json(scratch);
-        // The writer emits ASCII and copies of `&str` input only.
+        r.event.write_payload(scratch, r.extras, r.omitted);
+        // The writers emit UTF-8 only (ASCII and copies of `&str` input).
         let json = std::str::from_utf8(scratch).unwrap_or("{}");
         let meta = Meta {
-            kind: Some(event.kind()),
-            seq,
+            kind: Some(r.event.kind()),
+            seq: r.seq,
             timestamp: SystemTime::now(),
             depth: 0,
         };
-        build_message(recycle, json, agent, session, meta)
+        build_message(recycle, json, r.agent, r.session, meta)
     })
 }
 

@@ -41,6 +41,9 @@ pub struct Stats {
     pub dropped_bytes: u64,
     /// Events nobody listened to: not copied, not queued (`Emit::Skipped`).
     pub skipped: u64,
+    /// `emit_with_extras` calls refused for their extra fields (an `Err` to the caller; not
+    /// emits, so outside the identity above).
+    pub refused_extras: u64,
     /// Events the workers have taken from the ring and handed to the sinks.
     pub processed: u64,
     /// Queued events that shutdown's deadline left undelivered: still in a ring when the

@@ -78,14 +78,20 @@ fn every_kind_of_bad_line_is_reported_and_nothing_after_it_is_lost() {
             4,
             "unknown event \"tool_calls\"; did you mean \"tool_call\"?",
         ),
-        (6, "payload: missing field `message`"),
-        (8, "payload: invalid type: integer `1`, expected a boolean"),
+        (
+            6,
+            "payload.message: missing (a error event needs component, message)",
+        ),
+        (
+            8,
+            "69: payload.success: expected a boolean, found a number 1",
+        ),
         (10, "invalid UTF-8 at byte 26"),
         (12, "expected a JSON object, found an array"),
-        (14, "unknown field `x`"),
+        (14, "x: unknown member"),
     ];
     for (number, reason) in expect {
-        let prefix = format!("{name}:{number}: ");
+        let prefix = format!("{name}:{number}:");
         let found = stderr.lines().find(|l| l.starts_with(&prefix));
         assert!(
             found.is_some_and(|l| l.contains(reason)),
@@ -183,7 +189,7 @@ fn print_writes_one_envelope_per_message_on_stdout_only() {
         "{ts}"
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("-:5: not JSON"), "{stderr}");
+    assert!(stderr.contains("-:5:1: not JSON"), "{stderr}");
 }
 
 fn mkfifo(path: &Path) {

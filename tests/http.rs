@@ -703,7 +703,7 @@ fn the_test_endpoint_runs_once_and_reports_failures_with_200() {
             Some(&json!({"tool": "git"})),
         )
         .error(422);
-    assert!(e.contains("missing field `success`"), "{e}");
+    assert!(e.contains("payload.success: missing"), "{e}");
 
     // A failing hook: 200 with the failure, its exit status and stderr tail.
     let failing = api.create(json!({

@@ -307,3 +307,68 @@ fn builder_rejects_bad_options_with_a_reason() {
     let file = tempfile::NamedTempFile::new().unwrap();
     assert!(err(Hooks::builder().workspace(file.path())).contains("is not a directory"));
 }
+
+#[test]
+fn extras_reach_subscribers_after_the_documented_fields_and_count_against_the_budgets() {
+    use prx_hooks::Extras;
+    let hooks = Hooks::builder()
+        .inline_bytes(64)
+        .max_event_bytes(1000)
+        .build()
+        .unwrap();
+    let sub = hooks.bus().subscribe("*").unwrap();
+    let em = hooks.emitter("a", "s");
+    // PRX's runtime shapes: agent_start with provider/model, agent_end without its fields.
+    let start = Extras::fields(r#"{"provider":"openai","model":"gpt-x"}"#);
+    let r = em.emit_with_extras(
+        Event::AgentStart {
+            agent: "a",
+            session: "s",
+        },
+        &start,
+    );
+    assert_eq!(r, Ok(Emit::Queued));
+    let end = Extras::fields(r#"{"duration_ms":12,"tokens_used":300}"#)
+        .omit(&["success", "messages_count"]);
+    let r = em.emit_with_extras(
+        Event::AgentEnd {
+            success: false,
+            messages_count: 0,
+        },
+        &end,
+    );
+    assert_eq!(r, Ok(Emit::Queued));
+    let got: Vec<String> = (0..2)
+        .map(|_| {
+            sub.recv_timeout(Duration::from_secs(10))
+                .unwrap()
+                .json_str()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            r#"{"agent":"a","session":"s","provider":"openai","model":"gpt-x"}"#,
+            r#"{"duration_ms":12,"tokens_used":300}"#
+        ]
+    );
+    // Extras count against max_event_bytes (1000) like any field: 990 bytes of them drop it.
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(990));
+    let r = em.emit_with_extras(Event::TurnComplete, &Extras::fields(&big));
+    assert_eq!(r, Ok(Emit::Dropped));
+    // Refused extras are an error to the caller, counted, and never emitted.
+    let bad = em.emit_with_extras(Event::TurnComplete, &Extras::fields(r#"{"a":1,"a":2}"#));
+    assert!(
+        bad.unwrap_err()
+            .to_string()
+            .contains(r#"member "a" appears twice"#)
+    );
+    hooks.shutdown(Duration::from_secs(5));
+    let stats = hooks.stats();
+    assert_eq!(
+        (stats.queued, stats.oversize, stats.refused_extras),
+        (2, 1, 1)
+    );
+    assert_balanced(&stats, 3);
+}

@@ -318,7 +318,7 @@ fn ingest(
             Ok(record) => record,
             Err(e) => {
                 input.bad_lines.fetch_add(1, Ordering::Relaxed);
-                eprintln!("{name}:{number}: {e}");
+                eprintln!("{name}:{number}:{e}");
                 continue;
             }
         };
@@ -329,7 +329,21 @@ fn ingest(
         let emitter = emitters
             .entry(key)
             .or_insert_with(|| hooks.emitter(&record.agent, &record.session));
-        if emitter.emit(record.event()) != Emit::Dropped {
+        let emitted = if record.has_extras() {
+            // Checked by the parser already; an error here would be a parser bug, reported
+            // like a bad line rather than lost.
+            match emitter.emit_with_extras(record.event(), &record.extras()) {
+                Ok(emitted) => emitted,
+                Err(e) => {
+                    input.bad_lines.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("{name}:{number}: {e}");
+                    continue;
+                }
+            }
+        } else {
+            emitter.emit(record.event())
+        };
+        if emitted != Emit::Dropped {
             input.events.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -517,7 +531,13 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
     let (plugins, plugins_failed) = fire_load_plugins(&args.workspace)?;
     let shell = prx_hooks::shell::ShellSink::standalone(args.workspace.clone(), Default::default());
     shell.set_table(Arc::new(table));
-    let msg = prx_hooks::shell::event_message(&record.event(), &record.agent, &record.session, 0);
+    let msg = prx_hooks::shell::message_from_json(
+        kind,
+        &record.payload_json(),
+        &record.agent,
+        &record.session,
+        0,
+    );
     let outcomes = shell.run_matching(&msg);
     shell.shutdown(Instant::now() + Duration::from_secs(2));
     #[allow(unused_mut)]

@@ -145,7 +145,13 @@ pub(crate) async fn test(
             .map_or(action.event.sample_payload(), |p: &JsonBody| &p.text);
         let record = crate::ndjson::parse_payload(action.event, text, TEST_AGENT, TEST_SESSION)
             .map_err(|e| ApiError::invalid(e.message()))?;
-        let msg = crate::shell::event_message(&record.event(), TEST_AGENT, TEST_SESSION, 0);
+        let msg = crate::shell::message_from_json(
+            action.event,
+            &record.payload_json(),
+            TEST_AGENT,
+            TEST_SESSION,
+            0,
+        );
         tracing::info!(hook = %id, "test run through the API by {}", caller.0);
         Ok(shell.run_once(action, &msg))
     })

@@ -81,6 +81,14 @@ const NO_WAKE_TICK: Duration = Duration::from_millis(2);
 /// deadlines again.
 const SPAWN_BATCH: usize = 8;
 
+/// Descriptors one running hook holds (its pidfd, our ends of its stderr and stdin pipes),
+/// plus one for the payload file its event may hold open while it is written.
+const FDS_PER_RUNNING: usize = 4;
+
+/// Descriptors spawns in progress hold for a moment (pipe pairs, /dev/null, the exec-error
+/// pipe, a few spawns at once) and the runner's own (eventfd, cgroup.procs).
+const FDS_SPAWNING: usize = 32;
+
 /// Limits of the shell backend. `Default` gives the documented defaults.
 #[derive(Clone, Debug)]
 pub struct ShellLimits {
@@ -156,6 +164,8 @@ struct RunnerLink {
     wake: Option<OwnedFd>,
     kill_all: AtomicBool,
     exit: AtomicBool,
+    /// A [`OnceRun`] was dropped before its outcome: kill the cancelled ones.
+    cancel: AtomicBool,
 }
 
 #[derive(Default)]
@@ -177,6 +187,118 @@ enum Origin {
         reply: flume::Sender<(usize, Outcome)>,
         index: usize,
     },
+    /// From `try_run_once`: kept in history, handed to the [`OnceRun`] (killed if it is
+    /// dropped first).
+    Once {
+        id: String,
+        event: crate::event::EventKind,
+        run: Arc<EventRun>,
+        slot: Arc<OnceSlot>,
+    },
+}
+
+/// Why [`ShellSink::try_run_once`] did not start a run: every slot it may use is taken.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Busy {
+    #[error(
+        "hook {} already runs {limit} process(es), its max_concurrent; try again when one finishes",
+        crate::config::quote(.id)
+    )]
+    Hook { id: String, limit: usize },
+    #[error(
+        "{limit} hook processes are running, the backend's max_running; try again when one finishes"
+    )]
+    Backend { limit: usize },
+}
+
+impl Busy {
+    /// When to try again (for `Retry-After`): a second (a slot frees when a run finishes, which
+    /// its timeout bounds).
+    pub fn retry_after_secs(&self) -> u64 {
+        1
+    }
+}
+
+/// A run started by [`ShellSink::try_run_once`]: a future of its outcome, which needs no
+/// thread to wait on (the runner wakes it). Dropping it before the outcome kills the run's
+/// process group; the runner reaps it and its history records `killed`.
+pub struct OnceRun {
+    slot: Arc<OnceSlot>,
+    /// Where to ask for the kill (`None`: finished before it started).
+    shared: Option<Arc<Shared>>,
+    done: bool,
+}
+
+#[derive(Default)]
+struct OnceSlot {
+    state: Mutex<(Option<Outcome>, Option<std::task::Waker>)>,
+    cancelled: AtomicBool,
+}
+
+impl OnceSlot {
+    fn complete(&self, o: Outcome) {
+        let waker = {
+            let mut st = lock(&self.state);
+            st.0 = Some(o);
+            st.1.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl OnceRun {
+    fn finished(o: Outcome) -> OnceRun {
+        let slot = OnceSlot::default();
+        lock(&slot.state).0 = Some(o);
+        OnceRun {
+            slot: Arc::new(slot),
+            shared: None,
+            done: false,
+        }
+    }
+}
+
+impl std::future::Future for OnceRun {
+    type Output = Outcome;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Outcome> {
+        let taken = {
+            let mut st = lock(&self.slot.state);
+            match st.0.take() {
+                Some(o) => Some(o),
+                None => {
+                    st.1 = Some(cx.waker().clone());
+                    None
+                }
+            }
+        };
+        match taken {
+            Some(o) => {
+                self.done = true;
+                std::task::Poll::Ready(o)
+            }
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl Drop for OnceRun {
+    fn drop(&mut self) {
+        if self.done || lock(&self.slot.state).0.is_some() {
+            return;
+        }
+        if let Some(sh) = &self.shared {
+            self.slot.cancelled.store(true, Ordering::Release);
+            sh.runner.cancel.store(true, Ordering::Release);
+            sh.runner.wake();
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -220,6 +342,7 @@ impl ShellSink {
                     wake,
                     kill_all: AtomicBool::new(false),
                     exit: AtomicBool::new(false),
+                    cancel: AtomicBool::new(false),
                 },
             }),
             threads: Mutex::new(Threads::default()),
@@ -302,6 +425,89 @@ impl ShellSink {
             .expect("one outcome per action")
     }
 
+    /// Starts `action` once for `msg` now — even if it is disabled — if a slot is free: fewer
+    /// than its `max_concurrent` processes of it run (pipeline and direct runs together) and
+    /// fewer than [`ShellLimits::max_running`] overall; otherwise [`Busy`]. With
+    /// `honour_matcher`, a payload whose tool the hook's matcher does not match is not run
+    /// (the outcome is `skipped`, at once). The outcome goes into the hook's history, not into
+    /// the counters. For the HTTP test endpoint: it writes the payload file and spawns on the
+    /// calling thread, then returns; await the [`OnceRun`] (dropping it kills the run).
+    pub fn try_run_once(
+        &self,
+        action: &Action,
+        msg: &Message,
+        honour_matcher: bool,
+    ) -> Result<OnceRun, Busy> {
+        if honour_matcher {
+            let tool = payload::payload_tool(msg.json_str());
+            if matcher_refuses(action, tool.as_deref()) {
+                let matcher = action
+                    .matcher
+                    .as_ref()
+                    .map_or_else(String::new, |m| m.source());
+                let reason = format!(
+                    "matcher {} does not match the tool {}",
+                    crate::config::quote(&matcher),
+                    tool.as_deref()
+                        .map_or_else(|| "(none)".to_string(), crate::config::quote)
+                );
+                let kind = OutcomeKind::Skipped { reason };
+                return Ok(OnceRun::finished(Outcome::not_run(
+                    &action.id,
+                    action.event,
+                    kind,
+                )));
+            }
+        }
+        let started = self.ensure_started();
+        lock(&self.shared.sched).try_start_direct(
+            &action.id,
+            action.max_concurrent,
+            self.shared.max_running,
+        )?;
+        let prepared = self.shared.table.load_full();
+        let run = Arc::new(EventRun::new(
+            msg.clone(),
+            prepared.base_env.clone(),
+            self.shared.tmp_dir.clone(),
+        ));
+        match started.and_then(|()| spawn::spawn(action, &run, &self.shared.opts)) {
+            Ok(sp) => {
+                let slot = Arc::new(OnceSlot::default());
+                let origin = Origin::Once {
+                    id: action.id.clone(),
+                    event: action.event,
+                    run,
+                    slot: slot.clone(),
+                };
+                self.shared
+                    .to_runner(Proc::new(sp, action.timeout, msg.clone(), origin));
+                Ok(OnceRun {
+                    slot,
+                    shared: Some(self.shared.clone()),
+                    done: false,
+                })
+            }
+            Err(reason) => {
+                drop(run);
+                let kind = OutcomeKind::SpawnFailed { reason };
+                let o = Outcome::not_run(&action.id, action.event, kind);
+                tracing::warn!("{o}");
+                let mut s = lock(&self.shared.sched);
+                s.record_direct(o.clone(), self.shared.history);
+                notify_drained(&self.shared, &s);
+                Ok(OnceRun::finished(o))
+            }
+        }
+    }
+
+    /// File descriptors this backend may hold at once with every hook process running
+    /// ([`ShellLimits::max_running`]): what a server sharing the process's RLIMIT_NOFILE must
+    /// leave free so that hooks keep spawning.
+    pub fn fds_at_limits(&self) -> usize {
+        self.shared.max_running * FDS_PER_RUNNING + FDS_SPAWNING
+    }
+
     /// Runs every hook of `msg`'s event in the current table once, concurrently, and waits for
     /// all of them; disabled hooks and hooks whose matcher does not match come back as
     /// [`OutcomeKind::Skipped`]. Outcomes in table order. This is `prx-hooks fire`.
@@ -364,7 +570,7 @@ impl ShellSink {
             };
             match spawned {
                 Ok(sp) => {
-                    lock(&self.shared.sched).direct_running += 1;
+                    lock(&self.shared.sched).start_direct(&a.id);
                     let origin = Origin::Direct {
                         id: a.id.clone(),
                         event: a.event,
@@ -380,7 +586,7 @@ impl ShellSink {
                     let o = Outcome::not_run(&a.id, a.event, OutcomeKind::SpawnFailed { reason });
                     tracing::warn!("{o}");
                     let mut s = lock(&self.shared.sched);
-                    s.direct_running += 1;
+                    s.start_direct(&a.id);
                     s.record_direct(o.clone(), self.shared.history);
                     results[i] = Some(o);
                 }
@@ -468,13 +674,19 @@ fn skip_reason(table: &HookTable, action: &Action, tool: Option<&str>) -> Option
         Some("hooks disabled")
     } else if !action.enabled {
         Some("disabled")
-    } else if let Some(m) = &action.matcher
-        && !tool.is_some_and(|t| m.matches(t))
-    {
+    } else if matcher_refuses(action, tool) {
         Some("matcher")
     } else {
         None
     }
+}
+
+/// Whether `action`'s matcher keeps it from running for a payload naming `tool`.
+fn matcher_refuses(action: &Action, tool: Option<&str>) -> bool {
+    action
+        .matcher
+        .as_ref()
+        .is_some_and(|m| !tool.is_some_and(|t| m.matches(t)))
 }
 
 impl Sink for ShellSink {
@@ -633,6 +845,11 @@ fn runner_main(sh: Arc<Shared>) {
                 reactor.add(p);
             }
         }
+        if link.cancel.swap(false, Ordering::AcqRel) {
+            reactor.kill_where(|o| {
+                matches!(o, Origin::Once { slot, .. } if slot.cancelled.load(Ordering::Acquire))
+            });
+        }
         if link.kill_all.load(Ordering::Acquire) {
             reactor.kill_all();
             let since = *killing_since.get_or_insert_with(Instant::now);
@@ -729,6 +946,24 @@ fn report(sh: &Shared, f: Finished<Origin>) {
                 notify_drained(sh, &s);
             }
             let _ = reply.send((index, o));
+        }
+        Origin::Once {
+            id,
+            event,
+            run,
+            slot,
+        } => {
+            let o = outcome(&id, event);
+            drop(run);
+            if o.kind.is_failure() && !slot.cancelled.load(Ordering::Acquire) {
+                tracing::warn!("{o}");
+            }
+            {
+                let mut s = lock(&sh.sched);
+                s.record_direct(o.clone(), sh.history);
+                notify_drained(sh, &s);
+            }
+            slot.complete(o);
         }
     }
 }

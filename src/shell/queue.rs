@@ -28,6 +28,9 @@ pub(crate) struct HookState {
     pub(crate) runs: VecDeque<Outcome>,
     /// In the current table (hooks removed by a reload are forgotten once idle).
     pub(crate) in_table: bool,
+    /// Direct runs (`run_once`, test runs) of this hook running now: they count in its
+    /// `max_concurrent` like pipeline runs (but not in its counters).
+    pub(crate) direct: u64,
 }
 
 /// Everything the lock protects.
@@ -90,15 +93,15 @@ impl Sched {
     }
 
     /// Takes the oldest job whose hook is under its `max_concurrent`, if fewer than
-    /// `max_running` pipeline processes run; it moves from queued to running.
+    /// `max_running` processes run (direct runs included); it moves from queued to running.
     pub(crate) fn pick(&mut self, max_running: usize) -> Option<Job> {
-        if self.stop_spawning || self.totals.running >= max_running as u64 {
+        if self.stop_spawning || self.totals.running + self.direct_running >= max_running as u64 {
             return None;
         }
         let mut best: Option<(&str, u64)> = None;
         for (id, h) in &self.hooks {
             if let Some(front) = h.queue.front()
-                && h.counts.running < front.action.max_concurrent.max(1) as u64
+                && h.counts.running + h.direct < front.action.max_concurrent.max(1) as u64
                 && best.is_none_or(|(_, s)| front.seq < s)
             {
                 best = Some((id, front.seq));
@@ -122,10 +125,39 @@ impl Sched {
         push_run(h, outcome, history);
     }
 
+    /// A direct run of hook `id` starts (unconditionally: `run_once`, `fire`).
+    pub(crate) fn start_direct(&mut self, id: &str) {
+        self.direct_running += 1;
+        self.hook(id).direct += 1;
+    }
+
+    /// A direct run of hook `id` starts if the hook is under `max_concurrent` and fewer than
+    /// `max_running` processes run (test runs through the API).
+    pub(crate) fn try_start_direct(
+        &mut self,
+        id: &str,
+        max_concurrent: usize,
+        max_running: usize,
+    ) -> Result<(), super::Busy> {
+        if self.totals.running + self.direct_running >= max_running as u64 {
+            return Err(super::Busy::Backend { limit: max_running });
+        }
+        let h = self.hook(id);
+        if h.counts.running + h.direct >= max_concurrent.max(1) as u64 {
+            return Err(super::Busy::Hook {
+                id: id.to_string(),
+                limit: max_concurrent.max(1),
+            });
+        }
+        self.start_direct(id);
+        Ok(())
+    }
+
     /// Keeps the outcome of a direct run (`run_once`) in the hook's history (not counted).
     pub(crate) fn record_direct(&mut self, outcome: Outcome, history: usize) {
         self.direct_running -= 1;
         let h = self.hook(&outcome.id);
+        h.direct = h.direct.saturating_sub(1);
         push_run(h, outcome, history);
     }
 
@@ -154,7 +186,7 @@ impl Sched {
             self.hook(&id).in_table = true;
         }
         self.hooks
-            .retain(|_, h| h.in_table || h.counts.running + h.counts.queued > 0);
+            .retain(|_, h| h.in_table || h.counts.running + h.counts.queued + h.direct > 0);
     }
 
     pub(crate) fn in_flight(&self) -> u64 {

@@ -1167,6 +1167,22 @@ fn exchange(addr: std::net::SocketAddr, request: &[u8], wait: Duration) -> (u16,
     (status, text, closed)
 }
 
+/// A host application's own server: `app` under plain `axum::serve` on loopback.
+fn serve_with_axum(app: axum::Router) -> (tokio::runtime::Runtime, std::net::SocketAddr) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (rt, addr)
+}
+
 /// The JSON body of a raw response.
 fn raw_json(text: &str) -> Value {
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
@@ -1463,22 +1479,7 @@ fn urls_carry_the_prefix_when_the_router_is_nested() {
         "/prx",
         prx_hooks::http::router(hooks, HttpOptions::new(Token::new(TOKEN, "t").unwrap())),
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .await
-    });
+    let (_rt, addr) = serve_with_axum(app);
     let body = json!({"id": "n", "event": "error", "command": "/bin/true"}).to_string();
     let head = format!(
         "POST /prx/api/hooks HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
@@ -1823,4 +1824,109 @@ fn the_test_route_honours_the_matcher_unless_told_to_ignore_it() {
     let r = api.call("POST", &format!("/api/hooks/{id}/test"), Some(&bash));
     assert_eq!(r.json()["outcome"], "ok", "{}", r.text);
     assert_eq!(lines(&log).len(), 2);
+}
+
+#[test]
+fn a_client_that_reads_no_response_is_disconnected_after_the_idle_timeout() {
+    let api = Api::start_with(Some(TWO), |o| o.idle_timeout(Duration::from_secs(1)));
+    let addr = api.server.local_addr();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    // Thousands of pipelined scrapes, never reading: the responses fill both socket buffers.
+    let one =
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n");
+    std::thread::spawn(move || {
+        for _ in 0..5000 {
+            if writer.write_all(one.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    wait_for("the stalled connection to be dropped", || {
+        api.server.stats().write_timeouts >= 1
+    });
+    // The server closed it: reading drains what was sent, then ends.
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    assert_eq!(api.server.stats().open, 0, "{:?}", api.server.stats());
+    // And the API still answers.
+    assert_eq!(api.get("/api/hooks").status, 200);
+}
+
+#[test]
+fn a_host_application_turns_the_host_check_on_for_its_own_names() {
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
+    let opts = HttpOptions::new(Token::new(TOKEN, "t").unwrap()).allow_hosts(["app.example"]);
+    let app = prx_hooks::http::router(hooks, opts);
+    let (_rt, addr) = serve_with_axum(app);
+    let ask = |host: &str| {
+        let head = format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        exchange(addr, head.as_bytes(), Duration::from_secs(30)).0
+    };
+    assert_eq!(ask("app.example"), 200);
+    assert_eq!(ask(&format!("APP.example:{}", addr.port())), 200);
+    assert_eq!(ask(&addr.to_string()), 200);
+    assert_eq!(ask("evil.example"), 403);
+}
+
+#[test]
+fn a_unix_socket_server_is_private_replaces_a_stale_socket_and_cleans_up() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
+    let opts = || HttpOptions::new(Token::new(TOKEN, "t").unwrap());
+    let path = ws.path().join("api.sock");
+    // A dead server's socket is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let server = Server::start_unix(hooks.clone(), opts(), &path).unwrap();
+    assert_eq!(
+        server.listen().to_string(),
+        format!("unix:{}", path.display())
+    );
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let ask = |target: &str| {
+        let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(
+            s,
+            "GET {target} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(ask("/api/hooks").starts_with("HTTP/1.1 200"));
+    // Any Host is fine over a unix socket (no browser reaches it); Origin is still checked.
+    let stats = ask("/api/stats");
+    assert!(stats.contains("\"listen\":\"unix:"), "{stats}");
+    // A live socket is not taken over; another file is not clobbered.
+    let e = Server::start_unix(hooks.clone(), opts(), &path)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    let file = ws.path().join("not-a-socket");
+    std::fs::write(&file, "x").unwrap();
+    let e = Server::start_unix(hooks.clone(), opts(), &file)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+    drop(server);
+    assert!(!path.exists(), "the socket is removed at shutdown");
+    // Nothing but the files we made is left in the directory (no temporary socket).
+    let mut names: Vec<_> = std::fs::read_dir(ws.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["not-a-socket"]);
 }

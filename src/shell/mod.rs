@@ -197,6 +197,13 @@ enum Origin {
     },
 }
 
+impl Origin {
+    /// A test run whose [`OnceRun`] was dropped before its outcome.
+    fn cancelled(&self) -> bool {
+        matches!(self, Origin::Once { slot, .. } if slot.cancelled.load(Ordering::Acquire))
+    }
+}
+
 /// Why [`ShellSink::try_run_once`] did not start a run: every slot it may use is taken.
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -820,6 +827,7 @@ fn runner_main(sh: Arc<Shared>) {
     let mut reactor: Reactor<Origin> = Reactor::default();
     let mut done = Vec::new();
     let mut killing_since: Option<Instant> = None;
+    let mut cancelled = false;
     loop {
         // Start everything that may start now; between batches, reap without waiting so that
         // finished hooks free their slots.
@@ -842,13 +850,14 @@ fn runner_main(sh: Arc<Shared>) {
                 return;
             }
             for p in inbox.procs.drain(..) {
+                // A run cancelled while it waited here: its flag was consumed by a turn that
+                // could not find it yet.
+                cancelled |= p.tag.cancelled();
                 reactor.add(p);
             }
         }
-        if link.cancel.swap(false, Ordering::AcqRel) {
-            reactor.kill_where(|o| {
-                matches!(o, Origin::Once { slot, .. } if slot.cancelled.load(Ordering::Acquire))
-            });
+        if link.cancel.swap(false, Ordering::AcqRel) | std::mem::take(&mut cancelled) {
+            reactor.kill_where(Origin::cancelled);
         }
         if link.kill_all.load(Ordering::Acquire) {
             reactor.kill_all();

@@ -311,7 +311,8 @@ mod tests {
         assert_eq!(l.locate(99), (4, 2));
         // Out of order: the same answers as from scratch.
         assert_eq!(l.locate(7), (2, 4));
-        assert_eq!(l.locate(5), (2, 3));
+        assert_eq!(l.locate(6), (2, 3));
+        assert_eq!(l.locate(5), (2, 2)); // inside "é": its start
         assert_eq!(l.locate(1), (1, 2));
         let bom = Lines::new("\u{feff}ab");
         assert_eq!(

@@ -19,7 +19,8 @@
 //!
 //! The cap leaves file descriptors for the hooks: by default it is RLIMIT_NOFILE (soft) minus
 //! the descriptors open when the server starts, minus what the shell backend needs with every
-//! hook running ([`ShellSink::fds_at_limits`]), minus a reserve of [`FD_RESERVE`], at most
+//! hook running ([`ShellSink::fds_at_limits`], which grows with the table, so the cap is
+//! computed again at every accept), minus a reserve of [`FD_RESERVE`], at most
 //! [`MAX_AUTO_CONNECTIONS`]. The library never changes RLIMIT_NOFILE (`prx-hooks run` raises
 //! its soft limit to the hard one before starting the server).
 //!
@@ -164,7 +165,6 @@ enum Listener {
 struct Limits {
     header: Duration,
     idle: Duration,
-    cap: u64,
 }
 
 impl Server {
@@ -233,16 +233,15 @@ impl Server {
                 }
             }
         };
-        let cap = connection_cap(&hooks, opts.max_connections);
+        let cap = Cap::measure(hooks.clone(), opts.max_connections);
         let conns = Arc::new(ConnCounters {
             listen: listen.to_string(),
-            max: AtomicU64::new(cap as u64),
+            max: AtomicU64::new(cap.now()),
             ..ConnCounters::default()
         });
         let limits = Limits {
             header: opts.header_timeout,
             idle: opts.idle_timeout,
-            cap: cap as u64,
         };
         let app = build(
             hooks,
@@ -253,7 +252,14 @@ impl Server {
             },
         );
         let (stop, stopped) = watch::channel(false);
-        let done = runtime.spawn(accept_loop(listener, app, limits, conns.clone(), stopped));
+        let done = runtime.spawn(accept_loop(
+            listener,
+            app,
+            limits,
+            cap,
+            conns.clone(),
+            stopped,
+        ));
         Ok(Server {
             listen,
             conns,
@@ -329,41 +335,68 @@ impl Drop for Server {
     }
 }
 
-/// The cap: what was asked (lowered to the descriptor budget), else the budget (at most
-/// [`MAX_AUTO_CONNECTIONS`]).
-fn connection_cap(hooks: &Hooks, asked: Option<usize>) -> usize {
-    let (soft, open, hooks_need) = fd_figures(hooks);
-    let budget = soft.saturating_sub(open + hooks_need + FD_RESERVE);
-    if budget < MIN_CONNECTIONS {
-        tracing::warn!(
-            "RLIMIT_NOFILE is {soft}: with {open} descriptors open and {hooks_need} kept for \
-             the hooks, the API gets {MIN_CONNECTIONS} connections at most (raise it with \
-             `ulimit -n`)"
-        );
-    }
-    let budget = budget.max(MIN_CONNECTIONS);
-    match asked {
-        Some(n) if n > budget => {
-            tracing::warn!(
-                "max_connections {n} lowered to {budget}: RLIMIT_NOFILE is {soft}, {open} \
-                 descriptors are open and the hooks need {hooks_need} at their limits"
-            );
-            budget
-        }
-        Some(n) => n,
-        None => budget.min(MAX_AUTO_CONNECTIONS),
-    }
+/// The connection cap, computed at every accept: the hooks' need grows with the table (one
+/// reserved process slot per hook), and a reload may add hooks after the server started.
+struct Cap {
+    hooks: Arc<Hooks>,
+    /// The soft RLIMIT_NOFILE when the server started (the library never changes it).
+    soft: usize,
+    /// Descriptors open when the server started, before any connection.
+    base: usize,
+    asked: Option<usize>,
 }
 
-/// (soft RLIMIT_NOFILE, descriptors open now, what the shell backend needs at its limits).
-fn fd_figures(hooks: &Hooks) -> (usize, usize, usize) {
-    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .map_or(1024, |(soft, _)| {
-            usize::try_from(soft).unwrap_or(usize::MAX)
-        });
-    let open = std::fs::read_dir("/proc/self/fd").map_or(FD_RESERVE, |d| d.count());
-    let hooks_need = hooks.shell().map_or(0, |s| s.fds_at_limits());
-    (soft, open, hooks_need)
+impl Cap {
+    /// Takes the figures that do not change, and says once if the budget is too small or
+    /// lowers what was asked.
+    fn measure(hooks: Arc<Hooks>, asked: Option<usize>) -> Cap {
+        let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_or(1024, |(soft, _)| {
+                usize::try_from(soft).unwrap_or(usize::MAX)
+            });
+        let base = std::fs::read_dir("/proc/self/fd").map_or(FD_RESERVE, |d| d.count());
+        let cap = Cap {
+            hooks,
+            soft,
+            base,
+            asked,
+        };
+        let (budget, need) = cap.budget();
+        if budget <= MIN_CONNECTIONS {
+            tracing::warn!(
+                "RLIMIT_NOFILE is {soft}: with {base} descriptors open and {need} kept for the \
+                 hooks, the API gets {MIN_CONNECTIONS} connections at most (raise it with \
+                 `ulimit -n`)"
+            );
+        }
+        if let Some(n) = asked
+            && n > budget
+        {
+            tracing::warn!(
+                "max_connections {n} lowered to {budget}: RLIMIT_NOFILE is {soft}, {base} \
+                 descriptors are open and the hooks need {need} at their limits"
+            );
+        }
+        cap
+    }
+
+    /// (descriptors the API may use for connections now, what the hooks need now).
+    fn budget(&self) -> (usize, usize) {
+        let need = self.hooks.shell().map_or(0, |s| s.fds_at_limits());
+        let budget = self.soft.saturating_sub(self.base + need + FD_RESERVE);
+        (budget.max(MIN_CONNECTIONS), need)
+    }
+
+    /// The cap in force now: what was asked (lowered to the budget), else the budget (at most
+    /// [`MAX_AUTO_CONNECTIONS`]).
+    fn now(&self) -> u64 {
+        let (budget, _) = self.budget();
+        let cap = match self.asked {
+            Some(n) => n.min(budget),
+            None => budget.min(MAX_AUTO_CONNECTIONS),
+        };
+        cap as u64
+    }
 }
 
 /// Binds a unix socket at `path` with mode 0600, never reachable at `path` with a looser one.
@@ -450,6 +483,7 @@ async fn accept_loop(
     listener: Listener,
     app: Router,
     limits: Limits,
+    cap: Cap,
     conns: Arc<ConnCounters>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -477,13 +511,14 @@ async fn accept_loop(
             }
         };
         conns.accepted.fetch_add(1, Ordering::Relaxed);
-        if conns.open.load(Ordering::Relaxed) >= limits.cap {
+        let max = cap.now();
+        conns.max.store(max, Ordering::Relaxed);
+        if conns.open.load(Ordering::Relaxed) >= max {
             conns.refused.fetch_add(1, Ordering::Relaxed);
             over_cap.note(|n| {
                 tracing::warn!(
-                    "HTTP API: {} connections open, the cap; closed {n} more at once (clients \
-                     that send no request are closed after {:?})",
-                    limits.cap,
+                    "HTTP API: {max} connections open, the cap; closed {n} more at once \
+                     (clients that send no request are closed after {:?})",
                     limits.header
                 )
             });

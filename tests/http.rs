@@ -135,6 +135,12 @@ impl Api {
         }
     }
 
+    /// A JSON body sent exactly as written.
+    fn send(&self, method: &str, path: &str, body: &str) -> Resp {
+        let json = [("content-type", "application/json")];
+        self.raw(method, path, Some(TOKEN), &json, body.as_bytes())
+    }
+
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Resp {
         self.call_if(method, path, body, None)
     }
@@ -308,6 +314,12 @@ fn list_get_create_update_toggle_delete() {
         api.hooks.hook_table().get(&id).is_some(),
         "live before the response"
     );
+    // A write's response is the hook plus the loader's warnings about it.
+    let mut hook = hook;
+    assert_eq!(
+        hook.as_object_mut().unwrap().remove("warnings"),
+        Some(json!([]))
+    );
     assert_eq!(api.get(&format!("/api/hooks/{id}")).json(), hook);
 
     // PUT: a merge patch; null removes a field; moving to another event keeps the id.
@@ -320,7 +332,7 @@ fn list_get_create_update_toggle_delete() {
     let moved = put.json();
     assert_eq!(
         moved,
-        json!({"id": id, "event": "agent_end", "command": "/bin/echo", "args": ["y", "z"]})
+        json!({"id": id, "event": "agent_end", "command": "/bin/echo", "args": ["y", "z"], "warnings": []})
     );
     let live = api.hooks.hook_table();
     let action = live.get(&id).unwrap();
@@ -471,17 +483,7 @@ fn etags_if_match_and_hand_edits() {
     );
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json()["command"], "/bin/echo", "the hand edit survives");
-
-    // A hand edit that breaks the file: writes get 409 with the loader's error; reads too.
-    std::fs::write(
-        api.ws().join("hooks.json"),
-        "{\"hooks\": {\"tool_call\": [}",
-    )
-    .unwrap();
-    let (e, _) = api
-        .call("PATCH", "/api/hooks/start/toggle", None)
-        .error(409);
-    assert!(e.contains("hooks.json"), "{e}");
+    // (A hand edit that breaks the file: errors_about_a_body_… and a_broken_hooks_json_….)
 }
 
 #[test]
@@ -530,7 +532,10 @@ fn bad_bodies_get_the_right_status_and_message() {
     let invalid = |body: Value| api.call("POST", "/api/hooks", Some(&body)).error(422);
     let (e, p) = invalid(json!({"event": "error", "command": "/bin/true", "timeout_ms": "5s"}));
     assert_eq!(p, "timeout_ms");
-    assert!(e.contains("hooks.json:"), "the loader's line: {e}");
+    assert!(
+        e.starts_with("body:1:") && e.contains(": timeout_ms: "),
+        "the body's place: {e}"
+    );
     let (e, p) = invalid(json!({"event": "error", "command": "/bin/true", "comand": "x"}));
     assert_eq!(p, "comand");
     assert!(e.contains("unknown") && e.contains("command"), "{e}");
@@ -590,8 +595,9 @@ fn chunked_post(api: &Api, path: &str, body: &[u8]) -> String {
     let mut s = std::net::TcpStream::connect(api.server.local_addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
-         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        api.server.local_addr()
     );
     s.write_all(head.as_bytes()).unwrap();
     for chunk in body.chunks(16 * 1024) {
@@ -939,13 +945,30 @@ fn metrics_parse_and_match_the_stats() {
     );
     assert_eq!(value("prx_hooks_config_actions", &[]), 1.0);
     let sub_stats = &stats["subscribers"][0];
-    let sub_id = sub_stats["id"].to_string();
     assert_eq!(
         value(
             "prx_hooks_subscriber_delivered_total",
-            &[("subscriber", &sub_id), ("pattern", "prx.lifecycle.*")]
+            &[("pattern", "prx.lifecycle.*")]
         ),
         num(&sub_stats["delivered"])
+    );
+    assert_eq!(
+        value(
+            "prx_hooks_shell_hook_executions_total",
+            &[("hook", &id), ("outcome", "ok")]
+        ),
+        5.0
+    );
+    // The server's own counters: this test's connections, no timeouts.
+    let http = &stats["http"];
+    assert!(num(&http["accepted"]) >= 1.0, "{http}");
+    assert_eq!(
+        value("prx_hooks_http_connections_refused_total", &[]),
+        num(&http["refused_over_cap"])
+    );
+    assert_eq!(
+        value("prx_hooks_http_timeouts_total", &[("phase", "header")]),
+        0.0
     );
     assert_eq!(num(&sub_stats["delivered"]), 5.0);
     drop(sub);
@@ -1121,4 +1144,793 @@ fn a_hand_edit_still_goes_live_through_the_watcher() {
         api.hooks.hook_table().get("by-hand").is_some()
     });
     assert_eq!(api.ids(), ["by-hand"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile clients and standard HTTP (issue 12). Raw sockets where a client library would hide
+// what is on the wire.
+
+/// Sends `request` (head and body as written) on a fresh connection and reads until the server
+/// closes it or `wait` passes: (status, raw response, whether the server closed the connection).
+fn exchange(addr: std::net::SocketAddr, request: &[u8], wait: Duration) -> (u16, String, bool) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
+    let _ = s.write_all(request);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text, closed)
+}
+
+/// A host application's own server: `app` under plain `axum::serve` on loopback.
+fn serve_with_axum(app: axum::Router) -> (tokio::runtime::Runtime, std::net::SocketAddr) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (rt, addr)
+}
+
+/// The JSON body of a raw response.
+fn raw_json(text: &str) -> Value {
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
+}
+
+#[test]
+fn half_sent_heads_idle_connections_and_stalled_bodies_are_closed_within_seconds() {
+    let api = Api::start(Some(TWO));
+    let addr = api.server.local_addr();
+    // Generous: the defaults are seconds; a server without timeouts never closes these.
+    let wait = Duration::from_secs(75);
+    let half = std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let (_, _, closed) = exchange(addr, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n", wait);
+        (closed, started.elapsed())
+    });
+    let idle = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(wait)).unwrap();
+        write!(s, "GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+        let started = std::time::Instant::now();
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        let closed = loop {
+            match s.read(&mut buf) {
+                Ok(0) => break true,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+                Err(_) => break false,
+            }
+        };
+        assert!(
+            String::from_utf8_lossy(&all).starts_with("HTTP/1.1 200"),
+            "the request itself was answered"
+        );
+        (closed, started.elapsed())
+    });
+    let stalled_body = {
+        let head = format!(
+            "POST /api/hooks HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
+             Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"event\""
+        );
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let (status, text, closed) = exchange(addr, head.as_bytes(), wait);
+            assert!(status == 0 || status == 408, "{text}");
+            (closed, started.elapsed())
+        })
+    };
+    for (what, t) in [
+        ("a half-sent head", half),
+        ("an idle keep-alive connection", idle),
+        ("a stalled body", stalled_body),
+    ] {
+        let (closed, took) = t.join().unwrap();
+        assert!(closed, "{what} was still open after {took:?}");
+    }
+    // Nothing of the stalled body reached the file.
+    assert_eq!(api.ids().len(), 2);
+}
+
+#[test]
+fn test_runs_count_in_the_hooks_max_concurrent_and_are_refused_with_429_beyond() {
+    let api = Arc::new(Api::start(None));
+    let log = api.ws().join("log");
+    let script = format!("echo start >> {0}; sleep 2; echo end >> {0}", log.display());
+    let hook = api.create(json!({
+        "event": "error", "command": "/bin/sh", "args": ["-c", script],
+        "max_concurrent": 1, "timeout_ms": 30000
+    }));
+    let id = hook["id"].as_str().unwrap().to_string();
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (api, id) = (api.clone(), id.clone());
+            std::thread::spawn(move || {
+                let r = api.call("POST", &format!("/api/hooks/{id}/test"), None);
+                (
+                    r.status,
+                    r.header("retry-after").map(str::to_string),
+                    r.text,
+                )
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let ran = results.iter().filter(|r| r.0 == 200).count();
+    let refused: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
+    assert!(ran >= 1, "{results:?}");
+    assert_eq!(ran + refused.len(), 8, "{results:?}");
+    for r in &refused {
+        let after: u64 = r.1.as_deref().expect("Retry-After").parse().unwrap();
+        assert!(after >= 1, "{r:?}");
+        assert_eq!(raw_json_body(&r.2)["kind"], "too_many_requests", "{r:?}");
+    }
+    // Never two at once: every start is followed by its end before the next start.
+    let lines = lines(&log);
+    assert_eq!(lines.len(), 2 * ran, "{lines:?}");
+    for pair in lines.chunks(2) {
+        assert_eq!(pair, ["start", "end"], "overlapping runs: {lines:?}");
+    }
+}
+
+fn raw_json_body(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
+}
+
+#[test]
+fn reads_and_edits_answer_while_test_runs_hold_every_slot() {
+    let api = Arc::new(Api::start(Some(TWO)));
+    let hook = api.create(json!({
+        "event": "error", "command": "/bin/sleep", "args": ["40"],
+        "max_concurrent": 100, "timeout_ms": 60000
+    }));
+    let id = hook["id"].as_str().unwrap().to_string();
+    let runs: Vec<_> = (0..70)
+        .map(|_| {
+            let (api, id) = (api.clone(), id.clone());
+            std::thread::spawn(move || {
+                api.call("POST", &format!("/api/hooks/{id}/test"), None)
+                    .status
+            })
+        })
+        .collect();
+    wait_for("the test runs to start", || {
+        api.hooks
+            .stats()
+            .shell()
+            .is_some_and(|s| s.direct_running >= 60)
+    });
+    // Liveness with slack: the runs take 40 s; reads and writes must not wait for them.
+    let started = std::time::Instant::now();
+    assert_eq!(api.get("/api/hooks").status, 200);
+    assert_eq!(api.get("/api/stats").status, 200);
+    api.create(json!({"event": "error", "command": "/bin/true"}));
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "reads and a write took {took:?}"
+    );
+    let statuses: Vec<u16> = runs.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+}
+
+#[test]
+fn a_test_run_stops_when_its_client_disconnects() {
+    let api = Api::start(None);
+    let pidfile = api.ws().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let hook = api.create(json!({
+        "event": "error", "command": "/bin/sh", "args": ["-c", script], "timeout_ms": 120000
+    }));
+    let id = hook["id"].as_str().unwrap();
+    let mut s = std::net::TcpStream::connect(api.server.local_addr()).unwrap();
+    write!(
+        s,
+        "POST /api/hooks/{id}/test HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Length: 0\r\n\r\n",
+        api.server.local_addr()
+    )
+    .unwrap();
+    wait_for("the test run to start", || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|p| p.trim().parse::<i32>().is_ok())
+    });
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    drop(s);
+    wait_for("the test run's process to be stopped", || {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
+    });
+    wait_for("the run in the history", || {
+        api.get(&format!("/api/hooks/{id}/runs")).json()["runs"][0]["kind"] == "killed"
+    });
+}
+
+#[test]
+fn a_new_hooks_json_is_private_and_an_existing_one_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let api = Api::start(None);
+    api.create(json!({"event": "error", "command": "/bin/true", "env": {"API_KEY": "secret"}}));
+    let path = api.ws().join("hooks.json");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode, 0o600,
+        "a new hooks.json holding env values is {mode:o}"
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let list = api.get("/api/hooks").etag();
+    let r = api.call_if(
+        "POST",
+        "/api/hooks",
+        Some(&json!({"event": "error", "command": "/bin/echo"})),
+        Some(&list),
+    );
+    assert_eq!(r.status, 201, "{}", r.text);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640, "an existing file keeps its mode");
+}
+
+#[test]
+fn ids_a_url_path_would_normalize_are_refused() {
+    let api = Api::start(Some(TWO));
+    for id in [".", ".."] {
+        let (e, p) = api
+            .call(
+                "POST",
+                "/api/hooks",
+                Some(&json!({"id": id, "event": "error", "command": "/bin/true"})),
+            )
+            .error(422);
+        assert_eq!(p, "id", "{e}");
+        assert!(e.contains("URL"), "{e}");
+    }
+    assert_eq!(api.ids().len(), 2);
+}
+
+#[test]
+fn a_hand_edit_makes_every_blind_write_conflict_until_one_proves_a_current_view() {
+    let api = Api::start(Some(TWO));
+    let path = api.ws().join("hooks.json");
+    api.create(json!({"id": "mine", "event": "error", "command": "/bin/true"}));
+    let edited = std::fs::read_to_string(&path).unwrap().replace(
+        "\"id\": \"start\", \"command\": \"/bin/true\"",
+        "\"id\": \"start\", \"command\": \"/bin/echo\"",
+    );
+    assert_ne!(edited, std::fs::read_to_string(&path).unwrap());
+    std::fs::write(&path, &edited).unwrap();
+    // Another client's read (even a 404) does not vouch for this client's view.
+    api.get("/api/hooks/nope");
+    api.get("/api/hooks");
+    for _ in 0..2 {
+        let (e, _) = api
+            .call("PUT", "/api/hooks/mine", Some(&json!({"args": ["blind"]})))
+            .error(409);
+        assert!(e.contains("changed on disk"), "{e}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), edited);
+    }
+    // A current If-Match proves it: the write goes through, and so do blind writes after it.
+    let tag = api.get("/api/hooks/mine").etag();
+    let r = api.call_if(
+        "PUT",
+        "/api/hooks/mine",
+        Some(&json!({"args": ["seen"]})),
+        Some(&tag),
+    );
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = api.call("PUT", "/api/hooks/mine", Some(&json!({"args": ["blind"]})));
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .contains("/bin/echo")
+    );
+}
+
+#[test]
+fn repeated_if_match_lines_are_one_list() {
+    let api = Api::start(Some(TWO));
+    let tag = api.get("/api/hooks/start").etag();
+    let stale = "\"00000000000000000000000000000000\"";
+    let body = json!({"args": ["x"]}).to_string();
+    let put = || {
+        let headers = [
+            ("content-type", "application/json"),
+            ("if-match", stale),
+            ("if-match", tag.as_str()),
+        ];
+        api.raw(
+            "PUT",
+            "/api/hooks/start",
+            Some(TOKEN),
+            &headers,
+            body.as_bytes(),
+        )
+    };
+    // The current ETag is on the second line: the write goes through.
+    let r = put();
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Both are stale now.
+    let r = put();
+    assert_eq!(r.status, 412, "{}", r.text);
+}
+
+#[test]
+fn urls_carry_the_prefix_when_the_router_is_nested() {
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
+    let app = axum::Router::new().nest(
+        "/prx",
+        prx_hooks::http::router(hooks, HttpOptions::new(Token::new(TOKEN, "t").unwrap())),
+    );
+    let (_rt, addr) = serve_with_axum(app);
+    let body = json!({"id": "n", "event": "error", "command": "/bin/true"}).to_string();
+    let head = format!(
+        "POST /prx/api/hooks HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, text, _) = exchange(addr, head.as_bytes(), Duration::from_secs(30));
+    assert_eq!(status, 201, "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("location: /prx/api/hooks/n\r\n"),
+        "{text}"
+    );
+    let head = format!(
+        "GET /prx/api/nope HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    );
+    let (status, text, _) = exchange(addr, head.as_bytes(), Duration::from_secs(30));
+    assert_eq!(status, 404, "{text}");
+    let e = raw_json(&text)["error"].as_str().unwrap().to_string();
+    assert!(e.contains("/prx/api/hooks"), "{e}");
+    assert!(!e.contains(" /api/hooks"), "{e}");
+}
+
+#[test]
+fn foreign_hosts_and_cross_origin_requests_are_refused_before_auth() {
+    let api = Api::start(Some(TWO));
+    let addr = api.server.local_addr();
+    let auth = format!("Bearer {TOKEN}");
+    let ask = |host: &str, extra: &[(&str, &str)]| {
+        let mut head = format!("GET /api/hooks HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+        for (k, v) in extra {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        exchange(addr, head.as_bytes(), Duration::from_secs(30))
+    };
+    // DNS rebinding: a foreign name that resolves to us. Refused with or without a token.
+    for extra in [&[("Authorization", auth.as_str())][..], &[][..]] {
+        let (status, text, _) = ask(&format!("evil.example:{}", addr.port()), extra);
+        assert_eq!(status, 403, "{text}");
+        assert_eq!(raw_json(&text)["kind"], "forbidden_host", "{text}");
+    }
+    // A browser page of another origin.
+    let (status, text, _) = ask(
+        &addr.to_string(),
+        &[("Authorization", &auth), ("Origin", "http://evil.example")],
+    );
+    assert_eq!(status, 403, "{text}");
+    assert_eq!(raw_json(&text)["kind"], "forbidden_origin", "{text}");
+    // The bound address, localhost, and a same-origin browser request are served.
+    let same = format!("http://{addr}");
+    for (host, extra) in [
+        (addr.to_string(), vec![("Authorization", auth.as_str())]),
+        (
+            format!("localhost:{}", addr.port()),
+            vec![("Authorization", auth.as_str())],
+        ),
+        (
+            addr.to_string(),
+            vec![("Authorization", auth.as_str()), ("Origin", same.as_str())],
+        ),
+    ] {
+        let (status, text, _) = ask(&host, &extra);
+        assert_eq!(status, 200, "{host}: {text}");
+    }
+}
+
+#[test]
+fn errors_about_a_body_point_into_the_body_and_never_show_server_paths() {
+    let api = Api::start(Some(TWO));
+    let ws = api.ws().display().to_string();
+    let body = r#"{"event": "tool_call", "command": "/bin/true", "timeout_ms": "5s"}"#;
+    let col = body.find("\"5s\"").unwrap() + 1;
+    let (e, p) = api.send("POST", "/api/hooks", body).error(422);
+    assert_eq!(p, "timeout_ms");
+    assert!(
+        e.contains(&format!("1:{col}")),
+        "the body's line:col ({col}): {e}"
+    );
+    assert!(
+        !e.contains("hooks.tool_call["),
+        "a path into the server's file: {e}"
+    );
+    assert!(!e.contains(&ws), "a server path: {e}");
+    // A merge patch: positions in the patch.
+    let patch = "{\n  \"args\": [\"a\", 3]\n}";
+    let (e, p) = api.send("PUT", "/api/hooks/start", patch).error(422);
+    assert_eq!(p, "args[1]");
+    assert!(e.contains("body:2:17: args[1]: "), "{e}");
+    assert!(!e.contains(&ws), "{e}");
+    // 409s name the file, not where it is.
+    std::fs::write(api.ws().join("hooks.json"), TWO.replace("\"a\"", "\"b\"")).unwrap();
+    let (e, _) = api
+        .call("PATCH", "/api/hooks/start/toggle", None)
+        .error(409);
+    assert!(!e.contains(&ws), "{e}");
+    std::fs::write(
+        api.ws().join("hooks.json"),
+        "{\"hooks\": {\"tool_call\": [}",
+    )
+    .unwrap();
+    let (e, _) = api
+        .call("PATCH", "/api/hooks/start/toggle", None)
+        .error(409);
+    assert!(e.contains("hooks.json"), "{e}");
+    assert!(!e.contains(&ws), "{e}");
+}
+
+#[test]
+fn token_files_are_written_whole_once_and_owned_by_us() {
+    use prx_hooks::http::token::{TOKEN_FILE, TokenSource, resolve};
+    use std::os::unix::fs::PermissionsExt;
+    // A crash left an empty token file: a new one is generated instead of refusing to start.
+    let ws = tempfile::tempdir().unwrap();
+    let path = ws.path().join(TOKEN_FILE);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, "").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (token, source) = resolve(None, None, ws.path()).expect("an empty file is regenerated");
+    assert_eq!(source, TokenSource::Generated(path.clone()));
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap().trim(),
+        token.as_str()
+    );
+    // Two servers starting at once in a fresh workspace agree on one token.
+    for _ in 0..20 {
+        let ws = tempfile::tempdir().unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let both: Vec<_> = (0..2)
+            .map(|_| {
+                let (dir, barrier) = (ws.path().to_path_buf(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    resolve(None, None, &dir).map(|(t, _)| t.as_str().to_string())
+                })
+            })
+            .collect();
+        let got: Vec<_> = both.into_iter().map(|t| t.join().unwrap()).collect();
+        let a = got[0].as_ref().expect("first");
+        let b = got[1].as_ref().expect("second");
+        assert_eq!(a, b);
+    }
+    // A token file owned by someone else is refused (root can hand it to nobody).
+    let ws = tempfile::tempdir().unwrap();
+    if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(ws.path()).unwrap()) == 0 {
+        let path = ws.path().join(TOKEN_FILE);
+        resolve(None, None, ws.path()).unwrap();
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let e = resolve(None, None, ws.path()).unwrap_err();
+        assert!(e.to_string().contains("owned by"), "{e}");
+    }
+}
+
+#[test]
+fn metrics_labels_are_bounded_and_the_new_series_exist() {
+    let api = Api::start(Some(TWO));
+    for _ in 0..5 {
+        drop(api.hooks.bus().subscribe("app.*").unwrap());
+    }
+    let _a = api.hooks.bus().subscribe("app.*").unwrap();
+    let _b = api.hooks.bus().subscribe("app.*").unwrap();
+    tool_call(&api.hooks, "x");
+    let text = api.get("/metrics").text;
+    let samples = parse_metrics(&text);
+    assert!(
+        samples
+            .iter()
+            .all(|(_, labels, _)| labels.iter().all(|(k, _)| k != "subscriber")),
+        "an id label: {text}"
+    );
+    let subs: Vec<_> = samples
+        .iter()
+        .filter(|(n, l, _)| n == "prx_hooks_subscribers" && l.iter().any(|(_, v)| v == "app.*"))
+        .collect();
+    assert_eq!(subs.len(), 1, "{text}");
+    assert_eq!(subs[0].2, 2.0);
+    for name in [
+        "prx_hooks_events_dropped_total{reason=\"shutdown\"}",
+        "prx_hooks_shell_executions_total{outcome=\"ok\"}",
+        "prx_hooks_shell_not_run_total{reason=\"skipped\"}",
+    ] {
+        assert!(text.contains(name), "{name} missing: {text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("# HELP prx_hooks_shell_runs ") && l.contains("DEPRECATED")),
+        "{text}"
+    );
+}
+
+#[test]
+fn patch_is_a_merge_patch_and_put_still_works() {
+    let api = Api::start(Some(TWO));
+    let patch = |ct: &str, body: &str| {
+        api.raw(
+            "PATCH",
+            "/api/hooks/start",
+            Some(TOKEN),
+            &[("content-type", ct)],
+            body.as_bytes(),
+        )
+    };
+    let r = patch(
+        "application/merge-patch+json",
+        r#"{"args": ["p"], "enabled": false}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json()["args"], json!(["p"]));
+    assert_eq!(r.json()["enabled"], false);
+    // The idempotent toggle: twice off stays off.
+    let r = patch("application/merge-patch+json", r#"{"enabled": false}"#);
+    assert_eq!(r.json()["enabled"], false, "{}", r.text);
+    assert!(!api.hooks.hook_table().get("start").unwrap().enabled);
+    // JSON Patch (RFC 6902) is another format: refused, with what to send.
+    let (e, _) = patch(
+        "application/json-patch+json",
+        r#"[{"op":"remove","path":"/args"}]"#,
+    )
+    .error(415);
+    assert!(e.contains("merge-patch"), "{e}");
+    // PUT keeps working as before.
+    let r = api.call("PUT", "/api/hooks/start", Some(&json!({"enabled": true})));
+    assert_eq!(
+        (r.status, r.json()["enabled"].clone()),
+        (200, json!(true)),
+        "{}",
+        r.text
+    );
+    // A method a route does not have: 405 naming the ones it has.
+    let r = api.raw("POST", "/api/hooks/start", Some(TOKEN), &[], b"");
+    assert_eq!(r.status, 405, "{}", r.text);
+    let allow = r.header("allow").unwrap_or_default().to_string();
+    assert!(
+        allow.contains("PATCH") && allow.contains("GET"),
+        "{allow:?}"
+    );
+}
+
+#[test]
+fn writes_return_the_loaders_warnings_and_round_trip() {
+    let api = Api::start(Some(TWO));
+    let r = api.call(
+        "POST",
+        "/api/hooks",
+        Some(&json!({"id": "w", "event": "error", "command": "no-such-command-prx-test"})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text);
+    let created = r.json();
+    let warnings = created["warnings"].as_array().expect("warnings");
+    assert_eq!(warnings.len(), 1, "{created}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .unwrap()
+            .contains("no-such-command-prx-test"),
+        "{created}"
+    );
+    // What a GET returns can be sent back as a merge patch unchanged.
+    let got = api.get("/api/hooks/w");
+    let r = api.call_if(
+        "PATCH",
+        "/api/hooks/w",
+        Some(&got.json()),
+        Some(&got.etag()),
+    );
+    let r = if r.status == 415 {
+        api.call_if("PUT", "/api/hooks/w", Some(&got.json()), Some(&got.etag()))
+    } else {
+        r
+    };
+    assert_eq!(r.status, 200, "{}", r.text);
+    // A write without warnings says so with an empty list.
+    let r = api.call("PUT", "/api/hooks/start", Some(&json!({"args": ["q"]})));
+    assert_eq!(r.json()["warnings"], json!([]), "{}", r.text);
+}
+
+#[test]
+fn a_broken_hooks_json_still_shows_the_live_table_read_only() {
+    let api = Api::start(Some(TWO));
+    api.create(json!({"id": "live", "event": "error", "command": "/bin/true"}));
+    std::fs::write(
+        api.ws().join("hooks.json"),
+        "{\"hooks\": {\"tool_call\": [}",
+    )
+    .unwrap();
+    wait_for("the watcher to reject the file", || {
+        api.hooks.stats().config().is_some_and(|c| c.failing)
+    });
+    let r = api.get("/api/hooks");
+    assert_eq!(r.status, 200, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["read_only"], true, "{v}");
+    assert!(
+        v["file_error"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("hooks.json"),
+        "{v}"
+    );
+    let ids: Vec<_> = v["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["id"].clone())
+        .collect();
+    assert!(
+        ids.contains(&json!("live")) && ids.contains(&json!("start")),
+        "{v}"
+    );
+    let one = api.get("/api/hooks/live");
+    assert_eq!(one.status, 200, "{}", one.text);
+    assert_eq!(one.json()["command"], "/bin/true");
+    // Writes still say what is wrong.
+    api.call("PATCH", "/api/hooks/live/toggle", None).error(409);
+}
+
+#[test]
+fn the_test_route_honours_the_matcher_unless_told_to_ignore_it() {
+    let api = Api::start(None);
+    let log = api.ws().join("log");
+    let mut hook = appender("m", &log);
+    hook["matcher"] = json!("Bash");
+    let id = api.create(hook)["id"].as_str().unwrap().to_string();
+    let other = json!({"tool": "Read", "success": true, "output": "o"});
+    let r = api.call("POST", &format!("/api/hooks/{id}/test"), Some(&other));
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json()["kind"], "skipped", "{}", r.text);
+    assert!(
+        r.json()["outcome"].as_str().unwrap().contains("matcher"),
+        "{}",
+        r.text
+    );
+    assert!(lines(&log).is_empty());
+    let r = api.call(
+        "POST",
+        &format!("/api/hooks/{id}/test?matcher=ignore"),
+        Some(&other),
+    );
+    assert_eq!(r.json()["outcome"], "ok", "{}", r.text);
+    assert_eq!(lines(&log).len(), 1);
+    let bash = json!({"tool": "Bash", "success": true, "output": "o"});
+    let r = api.call("POST", &format!("/api/hooks/{id}/test"), Some(&bash));
+    assert_eq!(r.json()["outcome"], "ok", "{}", r.text);
+    assert_eq!(lines(&log).len(), 2);
+}
+
+#[test]
+fn a_client_that_reads_no_response_is_disconnected_after_the_idle_timeout() {
+    let api = Api::start_with(Some(TWO), |o| o.idle_timeout(Duration::from_secs(1)));
+    let addr = api.server.local_addr();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    // Thousands of pipelined scrapes, never reading: the responses fill both socket buffers.
+    let one =
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n");
+    std::thread::spawn(move || {
+        for _ in 0..5000 {
+            if writer.write_all(one.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    wait_for("the stalled connection to be dropped", || {
+        api.server.stats().write_timeouts >= 1
+    });
+    // The server closed it: reading drains what was sent, then ends.
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    assert_eq!(api.server.stats().open, 0, "{:?}", api.server.stats());
+    // And the API still answers.
+    assert_eq!(api.get("/api/hooks").status, 200);
+}
+
+#[test]
+fn a_host_application_turns_the_host_check_on_for_its_own_names() {
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
+    let opts = HttpOptions::new(Token::new(TOKEN, "t").unwrap()).allow_hosts(["app.example"]);
+    let app = prx_hooks::http::router(hooks, opts);
+    let (_rt, addr) = serve_with_axum(app);
+    let ask = |host: &str| {
+        let head = format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        exchange(addr, head.as_bytes(), Duration::from_secs(30)).0
+    };
+    assert_eq!(ask("app.example"), 200);
+    assert_eq!(ask(&format!("APP.example:{}", addr.port())), 200);
+    assert_eq!(ask(&addr.to_string()), 200);
+    assert_eq!(ask("evil.example"), 403);
+}
+
+#[test]
+fn a_unix_socket_server_is_private_replaces_a_stale_socket_and_cleans_up() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
+    let opts = || HttpOptions::new(Token::new(TOKEN, "t").unwrap());
+    let path = ws.path().join("api.sock");
+    // A dead server's socket is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let server = Server::start_unix(hooks.clone(), opts(), &path).unwrap();
+    assert_eq!(
+        server.listen().to_string(),
+        format!("unix:{}", path.display())
+    );
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let ask = |target: &str| {
+        let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(
+            s,
+            "GET {target} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(ask("/api/hooks").starts_with("HTTP/1.1 200"));
+    // Any Host is fine over a unix socket (no browser reaches it); Origin is still checked.
+    let stats = ask("/api/stats");
+    assert!(stats.contains("\"listen\":\"unix:"), "{stats}");
+    // A live socket is not taken over; another file is not clobbered.
+    let e = Server::start_unix(hooks.clone(), opts(), &path)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    let file = ws.path().join("not-a-socket");
+    std::fs::write(&file, "x").unwrap();
+    let e = Server::start_unix(hooks.clone(), opts(), &file)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+    drop(server);
+    assert!(!path.exists(), "the socket is removed at shutdown");
+    // Nothing but the files we made is left in the directory (no temporary socket).
+    let mut names: Vec<_> = std::fs::read_dir(ws.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["not-a-socket"]);
 }

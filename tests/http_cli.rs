@@ -22,8 +22,13 @@ impl Daemon {
         cmd.args(["run", "--workspace"])
             .arg(ws)
             .args(["--listen", "127.0.0.1:0"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
+            .args(extra);
+        Daemon::spawn(cmd, env_token)
+    }
+
+    /// Runs `cmd` (a `prx-hooks run …`, possibly behind a wrapper) with stderr collected.
+    fn spawn(mut cmd: Command, env_token: Option<&str>) -> Daemon {
+        cmd.env("RUST_LOG", "warn")
             .env_remove("PRX_HOOKS_TOKEN")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -84,7 +89,17 @@ impl Daemon {
         .unwrap();
         let status = self.child.wait().unwrap();
         self.seen.extend(self.lines.iter());
-        (status.code().unwrap_or(-1), self.seen)
+        (status.code().unwrap_or(-1), std::mem::take(&mut self.seen))
+    }
+}
+
+impl Drop for Daemon {
+    /// A failed test does not leave its daemon behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -298,4 +313,213 @@ fn bad_tokens_and_addresses_are_refused_before_serving() {
     let (code, err) = run(&["--token-file", "x"], None);
     assert_eq!(code, Some(2));
     assert!(err.contains("--listen"), "{err}");
+}
+
+#[path = "support/hooks.rs"]
+mod support;
+
+const TOKEN: &str = "token-for-the-cli-tests-0000";
+
+/// One NDJSON tool_call line whose output is `tag`.
+fn tool_call_line(tag: &str) -> String {
+    format!(
+        "{{\"event\":\"tool_call\",\"agent\":\"a\",\"session\":\"s\",\"payload\":{{\"tool\":\"t\",\"success\":true,\"output\":\"{tag}\"}}}}\n"
+    )
+}
+
+/// The status of a GET, or `None` when the connection failed (refused, reset, timed out).
+fn try_status(base: &str, path: &str) -> Option<u16> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    agent
+        .get(format!("{base}{path}"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .call()
+        .ok()
+        .map(|r| r.status().as_u16())
+}
+
+#[test]
+fn a_flood_of_half_sent_requests_under_nofile_1024_leaves_hooks_running_and_the_api_serving() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    // This process holds the 1,100 client sockets: raise its own soft limit.
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    assert!(
+        hard >= 4096,
+        "the test needs room for 1,100 sockets (hard limit {hard})"
+    );
+
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log");
+    let hooks = json!({"hooks": {"tool_call": [{
+        "command": "/bin/sh", "args": support::append_args("ran", &log), "stdin_json": true
+    }]}});
+    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--nofile=1024", "--"])
+        .arg(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(["run", "--workspace"])
+        .arg(ws.path())
+        .args(["--listen", "127.0.0.1:0", "--events", "-"])
+        .stdin(Stdio::piped());
+    let mut d = Daemon::spawn(cmd, Some(TOKEN));
+    let mut events = d.child.stdin.take().unwrap();
+    let base = d.base();
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
+    events
+        .write_all(tool_call_line("before").as_bytes())
+        .unwrap();
+    support::wait_for("the hook before the flood", || {
+        support::lines(&log).iter().any(|l| l.contains("before"))
+    });
+
+    let flood_started = Instant::now();
+    let mut held = Vec::new();
+    for _ in 0..1100 {
+        if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            let _ = s.write_all(b"GET /api/hooks HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+            held.push(s);
+        }
+    }
+    // While the flood is held, hooks keep spawning.
+    events
+        .write_all(tool_call_line("during").as_bytes())
+        .unwrap();
+    support::wait_for("the hook during the flood", || {
+        support::lines(&log).iter().any(|l| l.contains("during"))
+    });
+    // After the header timeout the token holder is served again.
+    let deadline = flood_started + Duration::from_secs(90);
+    while try_status(&base, "/api/hooks") != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "the API still does not answer {:?} after the flood began",
+            flood_started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(try_status(&base, "/healthz"), Some(200));
+    // The cap left room for the hooks, refused the excess at once, and the header timeout
+    // closed the rest.
+    let (_, stats) = get(&base, "/api/stats", TOKEN);
+    let http = &stats["http"];
+    let cap = http["max_connections"].as_u64().unwrap();
+    assert!(cap + 256 < 1024, "no headroom for the hooks: {http}");
+    assert!(http["refused_over_cap"].as_u64().unwrap() > 0, "{http}");
+    assert!(http["header_timeouts"].as_u64().unwrap() > 0, "{http}");
+    eprintln!("after the flood: {http}");
+    // The server closes every one of the flood's connections (at once over the cap, after the
+    // header timeout otherwise).
+    let mut open: Vec<TcpStream> = held;
+    while !open.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{} flood connections still open after {:?}",
+            open.len(),
+            flood_started.elapsed()
+        );
+        open.retain_mut(|s| {
+            s.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 256];
+            match s.read(&mut buf) {
+                Ok(0) => false,
+                Ok(_) => true,
+                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    events
+        .write_all(tool_call_line("after").as_bytes())
+        .unwrap();
+    support::wait_for("the hook after the flood", || {
+        support::lines(&log).iter().any(|l| l.contains("after"))
+    });
+    let (code, rest) = d.terminate();
+    assert_eq!(code, 0, "{}", rest.join("\n"));
+    let report: Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    assert_eq!(report["stats"]["shell"]["totals"]["ok"], 3, "{report}");
+}
+
+/// A raw HTTP/1.1 request over a unix socket: (status, body).
+fn unix_get(path: &Path, target: &str, token: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+#[test]
+fn listen_on_a_private_unix_socket_and_say_where_beside_the_token() {
+    let ws = tempfile::tempdir().unwrap();
+    let sock = ws.path().join("api.sock");
+    let listen = format!("unix:{}", sock.display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_prx-hooks"));
+    cmd.args(["run", "--workspace"])
+        .arg(ws.path())
+        .args(["--listen", &listen]);
+    let mut d = Daemon::spawn(cmd, Some(TOKEN));
+    d.wait_line(&format!("HTTP API on {listen}"));
+    let meta = std::fs::symlink_metadata(&sock).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(unix_get(&sock, "/api/hooks", TOKEN).0, 200);
+    assert_eq!(
+        unix_get(&sock, "/api/hooks", "wrong-token-0123456789").0,
+        401
+    );
+    let address = ws.path().join(".prx-hooks/address");
+    assert_eq!(std::fs::read_to_string(&address).unwrap().trim(), listen);
+    assert_eq!(d.terminate().0, 0);
+    assert!(!sock.exists(), "the socket is removed at exit");
+    assert!(!address.exists(), "the address file is removed at exit");
+
+    // TCP: the address file holds the URL.
+    let mut d = Daemon::start(ws.path(), &[], Some(TOKEN));
+    let base = d.base();
+    assert_eq!(std::fs::read_to_string(&address).unwrap().trim(), base);
+    assert_eq!(d.terminate().0, 0);
+}
+
+#[test]
+fn allow_host_admits_the_names_given_and_no_others() {
+    use std::io::{Read, Write};
+    let ws = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(ws.path(), &["--allow-host", "prx.internal"], Some(TOKEN));
+    let base = d.base();
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
+    let ask = |host: &str| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(
+            s,
+            "GET /api/hooks HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.get(9..12)
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(ask(&format!("prx.internal:{}", addr.port())), 200);
+    assert_eq!(ask("PRX.internal"), 200);
+    assert_eq!(ask(&format!("localhost:{}", addr.port())), 200);
+    assert_eq!(ask(&format!("other.internal:{}", addr.port())), 403);
+    assert_eq!(d.terminate().0, 0);
 }

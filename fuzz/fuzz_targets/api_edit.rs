@@ -6,7 +6,11 @@
 //! * `parse_body` agrees with serde_json: what it accepts serde_json reads as the same value;
 //!   what serde_json reads it rejects only for a duplicate key;
 //! * a refused mutation leaves hooks.json byte for byte as it was; an accepted one leaves a
-//!   file the real loader accepts, holding the hook the editor returned, under its id.
+//!   file the real loader accepts, holding the hook the editor returned, under its id, and
+//!   its warnings are single lines;
+//! * `EditError::in_body` (what the API answers) keeps the status, kind and path, stays one
+//!   line, and places a validation error in the body (`body:LINE:COL: PATH: …`) whenever the
+//!   body has that path.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -73,15 +77,42 @@ fuzz_target!(|data: &[u8]| {
     let file = ws.join("hooks.json");
     std::fs::write(&file, BASE).unwrap();
     let editor = HooksEditor::new(ws);
+    let written = |w: config::Written| {
+        for warning in &w.warnings {
+            assert_one_line(warning, warning);
+        }
+        Some(w.hook)
+    };
     let result = match op % 4 {
-        0 => editor.create(value).map(|w| Some(w.hook)),
-        1 => editor.update("start", value, None).map(|w| Some(w.hook)),
-        2 => editor.toggle("start", None).map(|w| Some(w.hook)),
+        0 => editor.create(value).map(written),
+        1 => editor.update("start", value, None).map(written),
+        2 => editor.toggle("start", None).map(written),
         _ => editor.delete("start", None).map(|_| None),
     };
     match result {
         Err(e) => {
             check(&e);
+            let text = std::str::from_utf8(body).expect("parse_body accepted it");
+            let placed = e.clone().in_body(text);
+            check(&placed);
+            assert_eq!(
+                (placed.status(), placed.kind(), placed.path()),
+                (e.status(), e.kind(), e.path())
+            );
+            if let Some(rest) = placed.to_string().strip_prefix("body:") {
+                // body:LINE:COL: PATH: reason, with LINE and COL inside the body.
+                let mut parts = rest.splitn(3, ':');
+                let line: usize = parts.next().unwrap().parse().expect("a line number");
+                let col: usize = parts.next().unwrap().parse().expect("a column");
+                let tail = parts.next().unwrap();
+                let lines: Vec<&str> = text.split('\n').collect();
+                assert!(line >= 1 && line <= lines.len(), "{placed}");
+                assert!(col >= 1 && col <= lines[line - 1].chars().count() + 1, "{placed}");
+                assert!(
+                    tail.starts_with(&format!(" {}: ", e.path())),
+                    "{placed}"
+                );
+            }
             assert_eq!(
                 std::fs::read_to_string(&file).unwrap(),
                 BASE,

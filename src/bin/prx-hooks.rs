@@ -75,10 +75,15 @@ struct RunArgs {
     /// Write every bus message to stdout as one JSON object per line.
     #[arg(long)]
     print: bool,
-    /// Serve the HTTP API on ADDR (`127.0.0.1:7878`; a bare port binds 127.0.0.1) until
-    /// SIGINT/SIGTERM.
+    /// Serve the HTTP API on ADDR (`127.0.0.1:7878`; a bare port binds 127.0.0.1; `unix:PATH`
+    /// a unix socket, mode 0600) until SIGINT/SIGTERM. The address is written to
+    /// <workspace>/.prx-hooks/address.
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Another name the API answers to in `Host` (repeatable; besides loopback addresses, the
+    /// bound address and localhost); `*` turns the Host/Origin check off.
+    #[arg(long, value_name = "NAME", requires = "listen")]
+    allow_host: Vec<String>,
     /// The API token's file (mode 0600); else $PRX_HOOKS_TOKEN; else
     /// <workspace>/.prx-hooks/token, generated when absent.
     #[arg(long, value_name = "F", requires = "listen")]
@@ -213,6 +218,8 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     }
     if let Some(server) = server.as_mut() {
         server.shutdown(Duration::from_secs(2));
+        #[cfg(feature = "http")]
+        prx_hooks::http::token::remove_address(&args.workspace, &server.listen().to_string());
     }
     hooks.shutdown(Duration::from_secs(2));
     if let Some(printer) = printer {
@@ -232,46 +239,83 @@ impl ApiServer {
     fn shutdown(&mut self, _: Duration) {}
 }
 
-/// Starts the HTTP API and says on stderr where it listens and where its token is.
+/// Starts the HTTP API, writes its address beside the token, and says on stderr where it
+/// listens and where its token is.
 #[cfg(feature = "http")]
 fn start_api(hooks: &Arc<Hooks>, args: &RunArgs, addr: &str) -> Result<ApiServer, BoxError> {
     use prx_hooks::http::{HttpOptions, Server, token};
-    let addr = listen_addr(addr)?;
+    let listen = listen_addr(addr)?;
     let env = std::env::var(token::TOKEN_ENV).ok();
     let (token, source) =
         token::resolve(args.token_file.as_deref(), env.as_deref(), &args.workspace)?;
-    let server = Server::start(hooks.clone(), HttpOptions::new(token), addr)
-        .map_err(|e| format!("--listen {addr}: {e}"))?;
-    if !server.local_addr().ip().is_loopback() {
+    raise_nofile();
+    let opts = HttpOptions::new(token).allow_hosts(&args.allow_host);
+    let server = match &listen {
+        Listen::Tcp(addr) => Server::start(hooks.clone(), opts, *addr),
+        Listen::Unix(path) => Server::start_unix(hooks.clone(), opts, path),
+    }
+    .map_err(|e| format!("--listen {addr}: {e}"))?;
+    if let Listen::Tcp(addr) = listen
+        && !server.local_addr().ip().is_loopback()
+    {
         tracing::warn!(
             "the API listens on {addr}, beyond this machine: anyone with the token can run commands"
         );
     }
-    eprintln!("prx-hooks: HTTP API on http://{}", server.local_addr());
+    let address = server.listen().to_string();
+    let file = token::write_address(&args.workspace, &address)?;
+    eprintln!("prx-hooks: HTTP API on {address}");
+    eprintln!("prx-hooks: address written to {}", file.display());
     eprintln!("prx-hooks: {source}");
     Ok(server)
 }
+
+/// Raises the soft RLIMIT_NOFILE to the hard one: the API's connection cap is what is left
+/// of it after the hooks' needs (said once if it cannot be raised).
+#[cfg(feature = "http")]
+fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!("cannot raise the open-file limit from {soft} to {hard}: {e}");
+    }
+}
+
+#[cfg(feature = "http")]
+use prx_hooks::http::Listen;
 
 #[cfg(not(feature = "http"))]
 fn start_api(_: &Arc<Hooks>, _: &RunArgs, _: &str) -> Result<ApiServer, BoxError> {
     Err("--listen: this prx-hooks was built without the `http` feature".into())
 }
 
-/// `127.0.0.1:7878`, `[::1]:7878`, `localhost:7878`, or a bare port (on 127.0.0.1).
+/// `127.0.0.1:7878`, `[::1]:7878`, `localhost:7878`, a bare port (on 127.0.0.1), or
+/// `unix:PATH`.
 #[cfg(feature = "http")]
-fn listen_addr(addr: &str) -> Result<std::net::SocketAddr, BoxError> {
+fn listen_addr(addr: &str) -> Result<Listen, BoxError> {
+    if let Some(path) = addr.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(format!("--listen {addr:?}: expected unix:PATH").into());
+        }
+        return Ok(Listen::Unix(path.into()));
+    }
     if let Ok(port) = addr.parse::<u16>() {
-        return Ok(([127, 0, 0, 1], port).into());
+        return Ok(Listen::Tcp(([127, 0, 0, 1], port).into()));
     }
     if let Some(port) = addr.strip_prefix("localhost:") {
         let port = port
             .parse::<u16>()
             .map_err(|_| format!("--listen {addr:?}: bad port"))?;
-        return Ok(([127, 0, 0, 1], port).into());
+        return Ok(Listen::Tcp(([127, 0, 0, 1], port).into()));
     }
-    addr.parse().map_err(|_| {
-        format!("--listen {addr:?}: expected IP:PORT (127.0.0.1:7878), localhost:PORT or PORT")
-            .into()
+    addr.parse().map(Listen::Tcp).map_err(|_| {
+        format!(
+            "--listen {addr:?}: expected IP:PORT (127.0.0.1:7878), localhost:PORT, PORT or \
+             unix:PATH"
+        )
+        .into()
     })
 }
 

@@ -36,13 +36,18 @@
 //!
 //! # Validation errors
 //!
-//! [`EditError::Invalid`] carries the loader's error line (`FILE:LINE:COL: JSON.PATH: reason`,
-//! positions in the document that was about to be written) and a path relative to the request
-//! body: `hooks.tool_call[3].args[2]` becomes `args[2]` when the hook being written is
-//! `hooks.tool_call[3]`, an unknown event key becomes `event`. Errors elsewhere in the file
-//! keep their document path. A few body-shape checks are the editor's own (`event` missing or
-//! not a string, an `id` that would change, a duplicate `id` on create); their `error` is the
-//! reason alone.
+//! [`EditError::Invalid`] carries the loader's reason and a path relative to the request body:
+//! `hooks.tool_call[3].args[2]` becomes `args[2]` when the hook being written is
+//! `hooks.tool_call[3]`, an unknown event key becomes `event`; the error reads `args[2]:
+//! reason` (a position in the document that was about to be written would mean nothing to the
+//! client). [`EditError::in_body`] then places it in the body the client sent:
+//! `body:LINE:COL: args[2]: reason`. Errors elsewhere in the file keep the loader's line with
+//! its document path (`hooks.json:LINE:COL: hooks.error[0].timeout_ms: reason`). Messages name
+//! the file `hooks.json`, never where it is: they go to API clients. A few body-shape checks
+//! are the editor's own (`event` missing or not a string, an `id` that would change, a
+//! duplicate `id` or one a URL path would normalize away on create); their `error` is the
+//! reason alone. The loader's warnings about the hook written come back with it
+//! ([`Written::warnings`], `command: reason`).
 //!
 //! # Concurrency and the race window
 //!
@@ -50,11 +55,14 @@
 //! the previous one's file: no update is lost. Use one editor per workspace (two editors on the
 //! same file see each other's writes as hand edits).
 //!
-//! The editor remembers a hash of the file as it last read or wrote it. A mutation re-reads the
-//! file first; when it changed since (a hand edit, another program) and the caller did not
-//! prove, with an `If-Match` ETag that matches the file as it is now, that its view is current,
-//! the mutation is refused with [`EditError::Conflict`] (409) and the file is left as it is.
-//! The editor then knows the new file, so a retry (after the client re-reads) goes through.
+//! The editor remembers a hash of the file as it last wrote it (before its first write: as it
+//! was when the editor first looked at it, [`HooksEditor::baseline`]). A mutation re-reads the
+//! file first; when it differs (a hand edit, another program) and the caller did not prove,
+//! with an `If-Match` ETag that matches the file as it is now, that its view is current, the
+//! mutation is refused with [`EditError::Conflict`] (409) and the file is left as it is. Reads
+//! vouch for nobody (the API has one token and no client identity: another client's read says
+//! nothing about this one's view), and a 409 changes nothing, so every blind write is refused
+//! until a write with a current `If-Match` goes through; blind writes build on that one again.
 //! A stale `If-Match` is [`EditError::PreconditionFailed`] (412) whether or not the file was
 //! edited by hand.
 //!
@@ -71,8 +79,9 @@
 //!
 //! Writes are atomic: a temporary file in the workspace (`.hooks.json.<pid>.<n>.tmp`), written,
 //! `fsync`ed, renamed over hooks.json, then the directory is `fsync`ed. The file's permission
-//! bits are kept (0644 for a new file); its owner is the writing process's (a symbolic link
-//! named hooks.json is replaced by a regular file). Every successful mutation returns the
+//! bits are kept; a new file is 0600 whatever the umask (its hooks' `env` may hold secrets);
+//! its owner is the writing process's (a symbolic link named hooks.json is replaced by a
+//! regular file). Every successful mutation returns the
 //! table the loader built from exactly the bytes written (`source` set, like [`super::load()`]).
 //! To make it live before answering, a caller with a [`super::ConfigWatcher`] calls
 //! [`super::ConfigWatcher::reload_now`]: it reads the file (normally the bytes just written),
@@ -82,7 +91,7 @@
 //! equal table when its event arrives.
 
 use super::error::{ConfigErrors, Path as JPath, quote};
-use super::load::{HOOKS_FILE, file_label, normalize_event_key, parse, read_hooks_file};
+use super::load::{HOOKS_FILE, normalize_event_key, parse, read_hooks_file};
 use super::model::HookTable;
 use super::spanned::{self, Node, Val};
 use serde_json::Value;
@@ -121,6 +130,9 @@ pub struct Written {
     pub list_etag: ETag,
     /// The table the loader built from the bytes written (make it live before answering).
     pub table: Arc<HookTable>,
+    /// The loader's warnings about this hook (a bare command not found on the sanitized PATH,
+    /// …), each `PATH: reason` with the path relative to the hook (`command`, `$`).
+    pub warnings: Vec<String>,
 }
 
 /// What a successful delete did.
@@ -209,10 +221,13 @@ impl EditError {
 pub struct HooksEditor {
     workspace: PathBuf,
     file: PathBuf,
+    /// How messages name the file: `hooks.json`, never where it is (they go to API clients).
     label: String,
-    /// The hash of the file as last read or written (`None`: not read yet). Also the lock
-    /// that serializes every call.
-    seen: Mutex<Option<u128>>,
+    /// The hash of the file as this editor last wrote it, or as it was when the editor first
+    /// looked at it ([`HooksEditor::baseline`] or the first call); `None`: not yet. A mutation
+    /// without `If-Match` is refused while the file differs from it. Also the lock that
+    /// serializes every call.
+    written: Mutex<Option<u128>>,
 }
 
 /// The file as read now.
@@ -227,8 +242,8 @@ impl HooksEditor {
         HooksEditor {
             workspace: workspace.to_path_buf(),
             file: workspace.join(HOOKS_FILE),
-            label: file_label(workspace),
-            seen: Mutex::new(None),
+            label: HOOKS_FILE.to_string(),
+            written: Mutex::new(None),
         }
     }
 
@@ -238,14 +253,26 @@ impl HooksEditor {
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<u128>> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the file as it is now as the version blind writes may build on, unless the
+    /// editor already has one (the HTTP API calls this when it starts serving). A file that
+    /// cannot be read now leaves it to the first call.
+    pub fn baseline(&self) {
+        let mut written = self.lock();
+        if written.is_none()
+            && let Ok(bytes) = read_hooks_file(&self.workspace)
+        {
+            *written = Some(fnv128(bytes.as_deref().unwrap_or(b"")));
+        }
     }
 
     /// Every hook, in file order.
     pub fn list(&self) -> Result<Listing, EditError> {
         let mut seen = self.lock();
         let cur = self.read()?;
-        *seen = Some(cur.hash);
+        seen.get_or_insert(cur.hash);
         let hooks = flat_hooks(&cur)
             .into_iter()
             .map(|(_, h)| h)
@@ -260,7 +287,7 @@ impl HooksEditor {
     pub fn get(&self, id: &str) -> Result<Hook, EditError> {
         let mut seen = self.lock();
         let cur = self.read()?;
-        *seen = Some(cur.hash);
+        seen.get_or_insert(cur.hash);
         flat_hooks(&cur)
             .into_iter()
             .map(|(_, h)| h)
@@ -288,6 +315,18 @@ impl HooksEditor {
         let mut seen = self.lock();
         let mut cur = self.begin(&mut seen, None, if_match)?;
         let event = body_event(map.get("event"))?;
+        if let Some(Value::String(id)) = map.get("id")
+            && (id == "." || id == "..")
+        {
+            return Err(EditError::Invalid {
+                error: format!(
+                    "the id {} cannot be used: URL paths normalize it away (/api/hooks/{id} is \
+                     not this hook's URL); choose another",
+                    quote(id)
+                ),
+                path: "id".into(),
+            });
+        }
         if let Some(Value::String(id)) = map.get("id")
             && cur.table.get(id).is_some()
         {
@@ -471,6 +510,7 @@ impl HooksEditor {
     ) -> Result<Current, EditError> {
         let cur = self.read()?;
         let changed = seen.is_some_and(|h| h != cur.hash);
+        seen.get_or_insert(cur.hash);
         let list_etag = etag(cur.hash);
         if let Some(id) = target {
             let hook = flat_hooks(&cur)
@@ -502,10 +542,10 @@ impl HooksEditor {
             )));
         }
         if changed {
-            *seen = Some(cur.hash);
+            // Not remembered: every blind write is refused until one proves a current view.
             return Err(EditError::Conflict(format!(
-                "{} was changed on disk since it was last read (a hand edit?); nothing was \
-                 written: read the hooks again and retry",
+                "{} was changed on disk since the API last wrote it (a hand edit?); nothing was \
+                 written: read the hook (or the list) again and send its ETag in If-Match",
                 self.label
             )));
         }
@@ -549,10 +589,17 @@ impl HooksEditor {
             ));
         };
         let hook = flat(members, &event, &action.id);
+        let prefix = JPath::root().key("hooks").key(key).index(index).to_string();
+        let warnings = table
+            .warnings
+            .iter()
+            .filter_map(|w| relative_warning(w, &self.label, &prefix))
+            .collect();
         Ok(Written {
             hook,
             list_etag: etag(hash),
             table: Arc::new(table),
+            warnings,
         })
     }
 
@@ -563,9 +610,10 @@ impl HooksEditor {
         let io = |what: &str, e: std::io::Error| {
             EditError::Io(format!("{}: cannot {what}: {e}", self.label))
         };
+        // An existing file keeps its mode; a new one is private (it may hold `env` secrets).
         let mode = std::fs::metadata(&self.file)
             .map(|m| m.permissions().mode() & 0o7777)
-            .unwrap_or(0o644);
+            .unwrap_or(0o600);
         let dir = match self.file.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
@@ -618,41 +666,26 @@ impl Loc {
     }
 }
 
-/// The loader's first error about the hook being written (with its path made relative to the
-/// body), else its first error.
+/// The loader's first error about the hook being written (`PATH: reason`, the path made
+/// relative to the body, without a position in a document that was never written), else its
+/// first error as the loader words it (`hooks.json:LINE:COL: PATH: reason`).
 fn map_errors(errs: &ConfigErrors, loc: &Loc) -> EditError {
     let key_path = JPath::root().key("hooks").key(&loc.key).to_string();
-    let prefix = if loc.index == usize::MAX {
-        None
-    } else {
-        Some(
-            JPath::root()
-                .key("hooks")
-                .key(&loc.key)
-                .index(loc.index)
-                .to_string(),
-        )
-    };
-    if let Some(prefix) = &prefix {
+    if loc.index != usize::MAX {
+        let prefix = JPath::root()
+            .key("hooks")
+            .key(&loc.key)
+            .index(loc.index)
+            .to_string();
         for e in errs {
-            let rel = if e.path == *prefix {
-                Some("$".to_string())
-            } else if let Some(rest) = e.path.strip_prefix(prefix.as_str()) {
-                if let Some(r) = rest.strip_prefix('.') {
-                    Some(r.to_string())
-                } else if rest.starts_with('[') {
-                    Some(rest.to_string())
-                } else {
-                    None
-                }
-            } else if loc.new_key && e.path == key_path {
-                Some("event".to_string())
-            } else {
-                None
+            let rel = match relative_path(&e.path, &prefix) {
+                Some(rel) => Some(rel),
+                None if loc.new_key && e.path == key_path => Some("event".to_string()),
+                None => None,
             };
             if let Some(path) = rel {
                 return EditError::Invalid {
-                    error: e.to_string(),
+                    error: format!("{path}: {}", e.reason),
                     path,
                 };
             }
@@ -667,6 +700,87 @@ fn map_errors(errs: &ConfigErrors, loc: &Loc) -> EditError {
             error: "invalid".into(),
             path: "$".into(),
         },
+    }
+}
+
+/// `path` relative to the hook at `prefix` (`hooks.tool_call[3]`): `args[2]`, `$` for the
+/// hook itself; `None` when it is elsewhere.
+fn relative_path(path: &str, prefix: &str) -> Option<String> {
+    let rest = path.strip_prefix(prefix)?;
+    if rest.is_empty() {
+        Some("$".to_string())
+    } else if let Some(r) = rest.strip_prefix('.') {
+        Some(r.to_string())
+    } else if rest.starts_with('[') {
+        Some(rest.to_string())
+    } else {
+        None
+    }
+}
+
+/// A loader warning (`LABEL:LINE:COL: PATH: reason`) about the hook at `prefix`, as
+/// `PATH: reason` with the path relative to the hook; `None` for warnings about other hooks.
+fn relative_warning(warning: &str, label: &str, prefix: &str) -> Option<String> {
+    let rest = warning.strip_prefix(label)?.strip_prefix(':')?;
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+    let rest = rest.strip_prefix(':')?;
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+    let rest = rest.strip_prefix(": ")?;
+    let after = rest.strip_prefix(prefix)?;
+    let (tail, reason) = after.split_once(": ")?;
+    let rel = relative_path(&format!("{prefix}{tail}"), prefix)?;
+    Some(format!("{rel}: {reason}"))
+}
+
+/// Where `path` (as [`JPath`] displays it; `$` is the body) starts in a request body, as
+/// 1-based line and character column; `None` when the body has no such place (or is not
+/// JSON).
+fn locate_in_body(body: &str, path: &str) -> Option<(usize, usize)> {
+    fn walk(node: &Node, at: &mut JPath, target: &str) -> Option<usize> {
+        if at.to_string() == target {
+            return Some(node.pos);
+        }
+        match &node.val {
+            Val::Arr(items) => items.iter().enumerate().find_map(|(i, n)| {
+                at.push(super::error::Seg::Index(i));
+                let found = walk(n, at, target);
+                at.pop();
+                found
+            }),
+            Val::Obj(members) => members.iter().find_map(|m| {
+                at.push(super::error::Seg::Key(m.key.clone()));
+                let found = walk(&m.value, at, target);
+                at.pop();
+                found
+            }),
+            _ => None,
+        }
+    }
+    let root = spanned::parse(body).root.ok()?;
+    let pos = walk(&root, &mut JPath::root(), path)?;
+    Some(super::error::Lines::new(body).locate(pos))
+}
+
+impl EditError {
+    /// The error as the client who sent `body` should read it: a validation error about a
+    /// place in the body starts with that place, `body:LINE:COL: PATH: reason`. Other errors
+    /// are returned as they are.
+    pub fn in_body(self, body: &str) -> EditError {
+        match self {
+            EditError::Invalid { error, path } if !path.is_empty() => {
+                match locate_in_body(body, &path) {
+                    Some((line, col)) => {
+                        let error = match error.strip_prefix(&format!("{path}: ")) {
+                            Some(reason) => format!("body:{line}:{col}: {path}: {reason}"),
+                            None => format!("body:{line}:{col}: {path}: {error}"),
+                        };
+                        EditError::Invalid { error, path }
+                    }
+                    None => EditError::Invalid { error, path },
+                }
+            }
+            other => other,
+        }
     }
 }
 

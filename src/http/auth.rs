@@ -14,6 +14,10 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub(crate) struct Caller(pub String);
 
+/// A peer that has no socket address (a unix-socket client: `unix peer uid U pid P`).
+#[derive(Clone, Debug)]
+pub(crate) struct PeerName(pub String);
+
 /// Every route but `/healthz` needs `Authorization: Bearer <token>`.
 pub(crate) async fn require(
     axum::extract::State(api): axum::extract::State<Arc<Api>>,
@@ -51,10 +55,12 @@ fn check(api: &Api, req: &Request) -> Result<(), ApiError> {
 }
 
 fn describe(req: &Request) -> Caller {
-    let peer = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map_or_else(|| "unknown peer".to_string(), |c| c.0.to_string());
+    let ext = req.extensions();
+    let peer = match (ext.get::<PeerName>(), ext.get::<ConnectInfo<SocketAddr>>()) {
+        (Some(name), _) => name.0.clone(),
+        (None, Some(c)) => c.0.to_string(),
+        (None, None) => "unknown peer".to_string(),
+    };
     let agent = req
         .headers()
         .get(header::USER_AGENT)

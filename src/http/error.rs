@@ -1,5 +1,6 @@
 //! The API's one error shape: `{"error": "...", "path": "...", "kind": "..."}` with a status.
 
+use super::guard::Base;
 use crate::config::EditError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -12,6 +13,8 @@ pub(crate) struct ApiError {
     pub kind: &'static str,
     pub error: String,
     pub path: String,
+    /// `Retry-After` seconds (429).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -21,6 +24,7 @@ impl ApiError {
             kind,
             error: error.into(),
             path: String::new(),
+            retry_after: None,
         }
     }
 
@@ -43,6 +47,13 @@ impl ApiError {
 
     pub fn internal(error: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error)
+    }
+
+    /// 429 with `Retry-After`.
+    pub fn too_many(error: impl Into<String>, retry_after_secs: u64) -> ApiError {
+        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", error);
+        e.retry_after = Some(retry_after_secs.max(1));
+        e
     }
 }
 
@@ -68,33 +79,47 @@ impl IntoResponse for ApiError {
                 HeaderValue::from_static(r#"Bearer realm="prx-hooks""#),
             );
         }
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         resp
     }
 }
 
-/// Unknown paths.
-pub(crate) async fn not_found(uri: axum::http::Uri) -> ApiError {
+/// Unknown paths (the hint names the routes under the prefix the router is mounted at).
+pub(crate) async fn not_found(
+    uri: axum::http::Uri,
+    base: Option<axum::Extension<Base>>,
+) -> ApiError {
+    let base = base.map(|b| b.0).unwrap_or_default();
+    let routes = ["/api/hooks", "/api/plugins", "/api/stats", "/metrics"]
+        .map(|r| base.url(r))
+        .join(", ");
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
         format!(
-            "no route {}; the API is under /api/hooks, /api/plugins, /api/stats, /metrics and /healthz",
-            crate::config::quote(uri.path())
+            "no route {}; the API is under {routes} and {}",
+            crate::config::quote(&base.url(uri.path())),
+            base.url("/healthz")
         ),
     )
 }
 
-/// A known path with a method it does not have.
+/// A known path with a method it does not have (axum adds the `Allow` header).
 pub(crate) async fn method_not_allowed(
     method: axum::http::Method,
     uri: axum::http::Uri,
+    base: Option<axum::Extension<Base>>,
 ) -> ApiError {
+    let base = base.map(|b| b.0).unwrap_or_default();
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
         format!(
-            "{method} is not allowed on {}",
-            crate::config::quote(uri.path())
+            "{method} is not allowed on {}; the Allow header lists the methods it has",
+            crate::config::quote(&base.url(uri.path()))
         ),
     )
 }

@@ -1,24 +1,29 @@
 //! `/api/hooks…`: CRUD through the workspace's [`HooksEditor`], the test run and the run
 //! history.
 //!
-//! Editor calls read, validate, write and fsync files, and a test run waits for a process, so
-//! they run on tokio's blocking pool, never on an executor thread. A write is made live with
-//! [`Hooks::apply_hooks_file`] before the response is sent: a client that gets 201 can emit an
-//! event at once and the new hook sees it.
+//! Editor calls read, validate, write and fsync files, so they run on tokio's blocking pool,
+//! never on an executor thread. A test run waits on no thread at all: it takes a slot in the
+//! hook's limits ([`ShellSink::try_run_once`]; none free → 429), and its outcome is awaited;
+//! if the client goes away the future is dropped and the process group is killed. A write is
+//! made live with [`Hooks::apply_hooks_file`] before the response is sent: a client that gets
+//! 201 can emit an event at once and the new hook sees it.
+//!
+//! [`ShellSink::try_run_once`]: crate::shell::ShellSink::try_run_once
 
 use super::auth::Caller;
-use super::body::{self, JsonBody};
+use super::body::{self, JsonBody, Media};
 use super::error::ApiError;
-use super::{Api, ApiState, json_response};
+use super::guard::Base;
+use super::{Api, ApiState, json_response, live};
 use crate::Hooks;
 use crate::config::{EditError, Hook, HooksEditor, Reload, Written};
-use crate::shell::{Outcome, OutcomeKind};
+use crate::shell::{Busy, Outcome, OutcomeKind};
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::Path;
 use axum::extract::State;
 use axum::extract::rejection::PathRejection;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -27,8 +32,15 @@ use std::sync::Arc;
 const TEST_AGENT: &str = "prx-hooks";
 const TEST_SESSION: &str = "http-test";
 
+/// What `PATCH` on a hook takes (RFC 5789's `Accept-Patch`).
+const ACCEPT_PATCH: &str = "application/merge-patch+json";
+
 pub(crate) async fn list(State(api): ApiState, headers: HeaderMap) -> Result<Response, ApiError> {
-    let listing = blocking(&api, |_, ed| Ok(ed.list()?)).await?;
+    let listing = match blocking(&api, |_, ed| Ok(ed.list())).await? {
+        Ok(listing) => listing,
+        Err(e @ EditError::FileInvalid { .. }) => return Ok(live::list(&api.hooks, e)),
+        Err(e) => return Err(e.into()),
+    };
     if not_modified(&headers, &listing.etag) {
         return Ok(unchanged(&listing.etag));
     }
@@ -45,49 +57,72 @@ pub(crate) async fn get(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = hook_id(id)?;
-    let hook = blocking(&api, move |_, ed| Ok(ed.get(&id)?)).await?;
+    let wanted = id.clone();
+    let hook = match blocking(&api, move |_, ed| Ok(ed.get(&wanted))).await? {
+        Ok(hook) => hook,
+        Err(e @ EditError::FileInvalid { .. }) => return live::get(&api.hooks, &id, e),
+        Err(e) => return Err(e.into()),
+    };
     if not_modified(&headers, &hook.etag) {
         return Ok(unchanged(&hook.etag));
     }
-    Ok(hook_response(StatusCode::OK, &hook))
+    Ok(hook_response(StatusCode::OK, &hook, None))
 }
 
 pub(crate) async fn create(
     State(api): ApiState,
     Extension(caller): Extension<Caller>,
+    Extension(base): Extension<Base>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let if_match = if_match(&headers)?;
-    let body = required(body::json(&headers, body, api.opts.max_body_bytes).await?)?;
-    let hook = write(&api, move |ed| {
-        ed.create_if(body.value, if_match.as_deref())
+    let body = required(body::json(&api, &headers, body, Media::Json).await?)?;
+    let (text, value) = (body.text, without_response_fields(body.value));
+    let written = write(&api, text, move |ed| {
+        ed.create_if(value, if_match.as_deref())
     })
     .await?;
-    audit(&caller, "created", &hook);
-    let mut resp = hook_response(StatusCode::CREATED, &hook);
-    if let Ok(location) = HeaderValue::from_str(&format!("/api/hooks/{}", hook.id)) {
+    audit(&caller, "created", &written);
+    let mut resp = hook_response(StatusCode::CREATED, &written.hook, Some(&written.warnings));
+    if let Ok(location) =
+        HeaderValue::from_str(&base.url(&format!("/api/hooks/{}", written.hook.id)))
+    {
         resp.headers_mut().insert(header::LOCATION, location);
     }
     Ok(resp)
 }
 
+/// `PATCH`: an RFC 7396 merge patch (`application/merge-patch+json` or `application/json`).
+/// `PUT`: the same merge patch with any JSON media type, as it always was (deprecated in
+/// favour of `PATCH`; README.md).
 pub(crate) async fn update(
     State(api): ApiState,
     Extension(caller): Extension<Caller>,
+    method: Method,
     id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let media = if method == Method::PATCH {
+        Media::MergePatch
+    } else {
+        Media::Json
+    };
     let id = hook_id(id)?;
     let if_match = if_match(&headers)?;
-    let patch = required(body::json(&headers, body, api.opts.max_body_bytes).await?)?;
-    let hook = write(&api, move |ed| {
-        ed.update(&id, patch.value, if_match.as_deref())
+    let patch = required(body::json(&api, &headers, body, media).await?)?;
+    let (text, value) = (patch.text, without_response_fields(patch.value));
+    let written = write(&api, text, move |ed| {
+        ed.update(&id, value, if_match.as_deref())
     })
     .await?;
-    audit(&caller, "changed", &hook);
-    Ok(hook_response(StatusCode::OK, &hook))
+    audit(&caller, "changed", &written);
+    Ok(hook_response(
+        StatusCode::OK,
+        &written.hook,
+        Some(&written.warnings),
+    ))
 }
 
 pub(crate) async fn toggle(
@@ -98,10 +133,21 @@ pub(crate) async fn toggle(
 ) -> Result<Response, ApiError> {
     let id = hook_id(id)?;
     let if_match = if_match(&headers)?;
-    let hook = write(&api, move |ed| ed.toggle(&id, if_match.as_deref())).await?;
-    let enabled = hook.json.get("enabled") != Some(&Value::Bool(false));
-    audit(&caller, if enabled { "enabled" } else { "disabled" }, &hook);
-    Ok(hook_response(StatusCode::OK, &hook))
+    let written = write(&api, String::new(), move |ed| {
+        ed.toggle(&id, if_match.as_deref())
+    })
+    .await?;
+    let enabled = written.hook.json.get("enabled") != Some(&Value::Bool(false));
+    audit(
+        &caller,
+        if enabled { "enabled" } else { "disabled" },
+        &written,
+    );
+    Ok(hook_response(
+        StatusCode::OK,
+        &written.hook,
+        Some(&written.warnings),
+    ))
 }
 
 pub(crate) async fn delete(
@@ -125,37 +171,59 @@ pub(crate) async fn delete(
 }
 
 /// Runs the hook once now (even if disabled), with the body as the payload or the event's
-/// sample payload, and answers 200 with the outcome whatever it is.
+/// sample payload, and answers 200 with the outcome whatever it is. The hook's matcher is
+/// honoured (a payload whose tool it does not match is `skipped`) unless `?matcher=ignore`.
+/// The run counts in the hook's `max_concurrent` and the backend's `max_running`: with no slot
+/// free the answer is 429 with `Retry-After`. A client that disconnects stops the run.
 pub(crate) async fn test(
     State(api): ApiState,
     Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let id = hook_id(id)?;
-    let payload = body::json(&headers, body, api.opts.max_body_bytes).await?;
-    let outcome = blocking(&api, move |hooks, _| {
-        writable(hooks)?;
-        let shell = hooks.shell().ok_or_else(no_workspace)?;
-        let table = shell.table();
-        let action = table.get(&id).ok_or_else(|| not_live(&id))?;
-        let text = payload
-            .as_ref()
-            .map_or(action.event.sample_payload(), |p: &JsonBody| &p.text);
-        let record = crate::ndjson::parse_payload(action.event, text, TEST_AGENT, TEST_SESSION)
-            .map_err(|e| ApiError::invalid(e.message()))?;
-        let msg = crate::shell::message_from_json(
-            action.event,
-            &record.payload_json(),
-            TEST_AGENT,
-            TEST_SESSION,
-            0,
-        );
-        tracing::info!(hook = %id, "test run through the API by {}", caller.0);
-        Ok(shell.run_once(action, &msg))
-    })
-    .await?;
+    let honour_matcher = match query(&uri, &["matcher"])?.as_slice() {
+        [] => true,
+        [(_, v)] if v == "ignore" => false,
+        [(_, v)] if v == "honour" || v == "honor" => true,
+        [(_, v)] => {
+            return Err(ApiError::bad_request(format!(
+                "matcher must be ignore (or honour, the default), found {}",
+                crate::config::quote(v)
+            ))
+            .at("matcher"));
+        }
+        _ => return Err(ApiError::bad_request("matcher is given twice").at("matcher")),
+    };
+    let payload = body::json(&api, &headers, body, Media::Json).await?;
+    writable(&api.hooks)?;
+    let shell = api.hooks.shell().ok_or_else(no_workspace)?.clone();
+    let table = shell.table();
+    let action = table.get(&id).ok_or_else(|| not_live(&id))?.clone();
+    let text = payload
+        .as_ref()
+        .map_or(action.event.sample_payload(), |p: &JsonBody| &p.text);
+    let record = crate::ndjson::parse_payload(action.event, text, TEST_AGENT, TEST_SESSION)
+        .map_err(|e| ApiError::invalid(e.message()))?;
+    let msg = crate::shell::message_from_json(
+        action.event,
+        &record.payload_json(),
+        TEST_AGENT,
+        TEST_SESSION,
+        0,
+    );
+    // Writing the payload file and spawning are quick but blocking.
+    let started =
+        tokio::task::spawn_blocking(move || shell.try_run_once(&action, &msg, honour_matcher))
+            .await
+            .map_err(|e| ApiError::internal(format!("the test run's worker failed: {e}")))?;
+    let run = started
+        .map_err(|busy: Busy| ApiError::too_many(busy.to_string(), busy.retry_after_secs()))?;
+    tracing::info!(hook = %id, "test run through the API by {}", caller.0);
+    // Dropped with this future when the client disconnects: the run is then killed.
+    let outcome = run.await;
     Ok(json_response(StatusCode::OK, &run_json(&outcome)))
 }
 
@@ -166,7 +234,18 @@ pub(crate) async fn runs(
     uri: Uri,
 ) -> Result<Response, ApiError> {
     let id = hook_id(id)?;
-    let limit = query_limit(&uri)?;
+    let limit = match query(&uri, &["limit"])?.pop() {
+        None => None,
+        Some((_, value)) => Some(value.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(
+            || {
+                ApiError::bad_request(format!(
+                    "limit must be a positive integer, found {}",
+                    crate::config::quote(&value)
+                ))
+                .at("limit")
+            },
+        )?),
+    };
     let shell = api.hooks.shell().ok_or_else(no_workspace)?;
     let mut runs = shell.runs(&id);
     if runs.is_empty() && shell.table().get(&id).is_none() {
@@ -194,18 +273,24 @@ fn run_json(o: &Outcome) -> Value {
     v
 }
 
-/// A create, update or toggle: refused while shutting down, live before it returns.
+/// A create, update or toggle: refused while shutting down, live before it returns. Errors
+/// about the request body point into `body`; the loader's warnings are logged.
 async fn write(
     api: &Arc<Api>,
+    body: String,
     edit: impl FnOnce(&HooksEditor) -> Result<Written, EditError> + Send + 'static,
-) -> Result<Hook, ApiError> {
-    blocking(api, move |hooks, ed| {
+) -> Result<Written, ApiError> {
+    let written = blocking(api, move |hooks, ed| {
         writable(hooks)?;
-        let written = edit(ed)?;
+        let written = edit(ed).map_err(|e| e.in_body(&body))?;
         go_live(hooks);
-        Ok(written.hook)
+        Ok(written)
     })
-    .await
+    .await?;
+    for warning in &written.warnings {
+        tracing::warn!(hook = %written.hook.id, "hooks.json: {warning}");
+    }
+    Ok(written)
 }
 
 /// Runs `f` with the editor on the blocking pool.
@@ -263,14 +348,17 @@ fn required(body: Option<JsonBody>) -> Result<JsonBody, ApiError> {
     body.ok_or_else(|| ApiError::bad_request("the request body is empty; expected a JSON object"))
 }
 
+/// Every `If-Match` line, joined into one list (RFC 9110 § 5.3: repeated lines are one
+/// comma-separated list).
 fn if_match(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    match headers.get(header::IF_MATCH) {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .map(|s| Some(s.to_string()))
-            .map_err(|_| ApiError::bad_request("the If-Match header is not ASCII")),
+    let mut all: Vec<&str> = Vec::new();
+    for v in headers.get_all(header::IF_MATCH) {
+        all.push(
+            v.to_str()
+                .map_err(|_| ApiError::bad_request("the If-Match header is not ASCII"))?,
+        );
     }
+    Ok((!all.is_empty()).then(|| all.join(", ")))
 }
 
 /// `If-None-Match` names the current version (or is `*`).
@@ -284,8 +372,9 @@ fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
         .any(|t| t == "*" || t == etag)
 }
 
-fn query_limit(uri: &Uri) -> Result<Option<usize>, ApiError> {
-    let mut limit = None;
+/// The query's `key=value` pairs, each key one of `known` (400 otherwise).
+fn query(uri: &Uri, known: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    let mut out = Vec::new();
     for pair in uri
         .query()
         .unwrap_or("")
@@ -293,31 +382,34 @@ fn query_limit(uri: &Uri) -> Result<Option<usize>, ApiError> {
         .filter(|p| !p.is_empty())
     {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if key != "limit" {
+        if !known.contains(&key) {
             return Err(ApiError::bad_request(format!(
-                "unknown query parameter {}; expected limit",
-                crate::config::quote(key)
+                "unknown query parameter {}; expected {}",
+                crate::config::quote(key),
+                known.join(" or ")
             ))
             .at(key.to_string()));
         }
-        let n = value
-            .parse::<usize>()
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "limit must be a positive integer, found {}",
-                    crate::config::quote(value)
-                ))
-                .at("limit")
-            })?;
-        limit = Some(n);
+        out.push((key.to_string(), value.to_string()));
     }
-    Ok(limit)
+    Ok(out)
+}
+
+/// A body as a write takes it: what responses carry next to the hook's fields (`warnings`,
+/// and `read_only` / `file_error` while hooks.json does not load) is dropped, so a response
+/// can be sent back as it came.
+fn without_response_fields(mut body: Value) -> Value {
+    if let Value::Object(m) = &mut body {
+        for k in ["warnings", "read_only", "file_error"] {
+            m.remove(k);
+        }
+    }
+    body
 }
 
 /// Warns about every hook written through the API: each one runs a command.
-fn audit(caller: &Caller, what: &str, hook: &Hook) {
+fn audit(caller: &Caller, what: &str, written: &Written) {
+    let hook = &written.hook;
     let field = |k: &str| hook.json.get(k).map_or(Value::Null, Value::clone);
     tracing::warn!(
         hook = %hook.id,
@@ -329,8 +421,21 @@ fn audit(caller: &Caller, what: &str, hook: &Hook) {
     );
 }
 
-fn hook_response(status: StatusCode, hook: &Hook) -> Response {
-    with_etag(json_response(status, &hook.json), &hook.etag)
+/// The hook with its ETag; write responses add the loader's `warnings` about it.
+fn hook_response(status: StatusCode, hook: &Hook, warnings: Option<&[String]>) -> Response {
+    let mut resp = match warnings {
+        None => json_response(status, &hook.json),
+        Some(w) => {
+            let mut body = hook.json.clone();
+            if let Value::Object(m) = &mut body {
+                m.insert("warnings".into(), json!(w));
+            }
+            json_response(status, &body)
+        }
+    };
+    resp.headers_mut()
+        .insert("accept-patch", HeaderValue::from_static(ACCEPT_PATCH));
+    with_etag(resp, &hook.etag)
 }
 
 fn unchanged(etag: &str) -> Response {

@@ -4,11 +4,17 @@
 //! A scrape builds a fresh registry from one `Hooks::stats()` snapshot, so the values of one
 //! scrape are as consistent with each other as the snapshot is, and nothing is kept between
 //! scrapes. The metrics are the tables below: the names are a stable contract (README.md lists
-//! them): prefix `prx_hooks_`, counters end in `_total`, labels `reason`, `sink`, `subscriber`,
-//! `pattern`, `hook`, `outcome`, `plugin`, `result`.
+//! them): prefix `prx_hooks_`, counters end in `_total`, labels `reason`, `sink`, `pattern`,
+//! `hook`, `outcome`, `plugin`, `result`, `phase`.
+//!
+//! Every label is bounded by the configuration, never by time: subscriptions are summed per
+//! `pattern` (a numeric subscriber id grew forever over a long run), hooks and plugins are
+//! what the files define. Series that counted something twice or counted non-runs as runs are
+//! kept for dashboards that use them, marked `DEPRECATED` in their help text (and in
+//! README.md), beside the correct ones.
 
-use super::ApiState;
 use super::error::ApiError;
+use super::{ApiState, HttpStats};
 use crate::Stats;
 use crate::config::ConfigStats;
 use crate::shell::{HookCounts, ShellStats};
@@ -26,11 +32,12 @@ use prometheus_client::registry::Registry;
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub(crate) async fn render(State(api): ApiState) -> Response {
+    let http = api.conns.as_ref().map(|c| c.snapshot());
     let stats = match super::status::snapshot(api).await {
         Ok(stats) => stats,
         Err(e) => return e.into_response(),
     };
-    match exposition(&stats) {
+    match exposition(&stats, http.as_ref()) {
         Ok(text) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE))],
@@ -41,15 +48,15 @@ pub(crate) async fn render(State(api): ApiState) -> Response {
     }
 }
 
-/// The text for one snapshot.
-pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
+/// The text for one snapshot (`http`: the serving [`super::Server`]'s counters, if any).
+pub(crate) fn exposition(s: &Stats, http: Option<&HttpStats>) -> Result<String, std::fmt::Error> {
     let mut m = Metrics(Registry::with_prefix("prx_hooks"));
     m.single(PIPELINE, s);
     m.split(
         "events_dropped",
-        "events refused by emit, by reason",
+        "events refused by emit or left in a ring at shutdown, by reason",
         "reason",
-        DROPS,
+        &[DROPS],
         &[(vec![], s)],
     );
     let sinks: Vec<_> = s
@@ -58,20 +65,12 @@ pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
         .map(|x| (label("sink", &x.name), x))
         .collect();
     m.per(SINK, &sinks);
-    let subs: Vec<_> = s
-        .subscribers
+    let patterns = by_pattern(&s.subscribers);
+    let subs: Vec<_> = patterns
         .iter()
-        .map(|x| {
-            (
-                vec![
-                    ("subscriber", x.id.to_string()),
-                    ("pattern", x.pattern.clone()),
-                ],
-                x,
-            )
-        })
+        .map(|x| (label("pattern", &x.pattern), x))
         .collect();
-    m.per(SUBSCRIBER, &subs);
+    m.per(SUBSCRIPTIONS, &subs);
     if let Some(c) = s.config() {
         m.single(CONFIG, c);
     }
@@ -79,10 +78,25 @@ pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
         m.single(SHELL, shell);
         let total = [(vec![], &shell.totals)];
         m.split(
-            "shell_runs",
-            "shell hook runs, every hook, by outcome",
+            "shell_executions",
+            "shell hook processes started (or that failed to start), every hook, by outcome",
             "outcome",
-            OUTCOMES,
+            &[EXECUTIONS],
+            &total,
+        );
+        m.split(
+            "shell_not_run",
+            "shell hook runs that never started, every hook, by reason",
+            "reason",
+            &[NOT_RUN],
+            &total,
+        );
+        m.split(
+            "shell_runs",
+            "DEPRECATED: counts runs that never started too; use shell_executions and \
+             shell_not_run. Shell hook runs, every hook, by outcome",
+            "outcome",
+            &[EXECUTIONS, NOT_RUN],
             &total,
         );
         let hooks: Vec<_> = shell
@@ -92,10 +106,25 @@ pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
             .collect();
         m.per(HOOK, &hooks);
         m.split(
-            "shell_hook_runs",
-            "runs of one shell hook, by outcome",
+            "shell_hook_executions",
+            "processes of one shell hook started (or that failed to start), by outcome",
             "outcome",
-            OUTCOMES,
+            &[EXECUTIONS],
+            &hooks,
+        );
+        m.split(
+            "shell_hook_not_run",
+            "runs of one shell hook that never started, by reason",
+            "reason",
+            &[NOT_RUN],
+            &hooks,
+        );
+        m.split(
+            "shell_hook_runs",
+            "DEPRECATED: counts runs that never started too; use shell_hook_executions and \
+             shell_hook_not_run. Runs of one shell hook, by outcome",
+            "outcome",
+            &[EXECUTIONS, NOT_RUN],
             &hooks,
         );
     }
@@ -111,20 +140,65 @@ pub(crate) fn exposition(s: &Stats) -> Result<String, std::fmt::Error> {
             "plugin_dropped_reason",
             "events a plugin never saw, by reason",
             "reason",
-            PLUGIN_DROPS,
+            &[PLUGIN_DROPS],
             &plugins,
         );
         m.split(
             "plugin_calls",
             "on-event calls, by result",
             "result",
-            CALLS,
+            &[CALLS],
             &plugins,
+        );
+    }
+    if let Some(h) = http {
+        m.single(HTTP, h);
+        m.split(
+            "http_timeouts",
+            "connections or requests of the HTTP API ended by a timeout, by phase",
+            "phase",
+            &[TIMEOUTS],
+            &[(vec![], h)],
         );
     }
     let mut text = String::new();
     encode(&mut text, &m.0)?;
     Ok(text)
+}
+
+/// The subscriptions of one pattern, summed (the label set stays bounded however many
+/// subscriptions come and go).
+#[derive(Default)]
+struct PatternStats {
+    pattern: String,
+    subscriptions: u64,
+    delivered: u64,
+    dropped: u64,
+    queued: u64,
+    capacity: u64,
+}
+
+fn by_pattern(subs: &[SubscriberStats]) -> Vec<PatternStats> {
+    let mut out: Vec<PatternStats> = Vec::new();
+    for s in subs {
+        let i = match out.iter().position(|p| p.pattern == s.pattern) {
+            Some(i) => i,
+            None => {
+                out.push(PatternStats {
+                    pattern: s.pattern.clone(),
+                    ..PatternStats::default()
+                });
+                out.len() - 1
+            }
+        };
+        let p = &mut out[i];
+        p.subscriptions += 1;
+        p.delivered += s.delivered;
+        p.dropped += s.dropped;
+        p.queued += s.queued;
+        p.capacity += s.capacity;
+    }
+    out
 }
 
 /// One metric family: its name (without the prefix and `_total`), help, type and value.
@@ -220,25 +294,28 @@ const SINK: &[Def<SinkStats>] = &[
     }),
 ];
 
-const SUBSCRIBER: &[Def<SubscriberStats>] = &[
+const SUBSCRIPTIONS: &[Def<PatternStats>] = &[
+    gauge("subscribers", "live bus subscriptions of a pattern", |x| {
+        x.subscriptions
+    }),
     counter(
         "subscriber_delivered",
-        "messages put into a subscription's queue",
+        "messages put into the queues of a pattern's live subscriptions",
         |x| x.delivered,
     ),
     counter(
         "subscriber_dropped",
-        "messages a subscription lost to a full queue",
+        "messages a pattern's live subscriptions lost to a full queue",
         |x| x.dropped,
     ),
     gauge(
         "subscriber_queued",
-        "messages waiting in a subscription's queue",
+        "messages waiting in a pattern's subscription queues",
         |x| x.queued,
     ),
     gauge(
         "subscriber_capacity",
-        "a subscription's queue capacity",
+        "queue capacity of a pattern's subscriptions",
         |x| x.capacity,
     ),
 ];
@@ -315,16 +392,53 @@ const HOOK: &[Def<HookCounts>] = &[
     }),
 ];
 
-const OUTCOMES: Parts<HookCounts> = &[
+const EXECUTIONS: Parts<HookCounts> = &[
     ("ok", |c| c.ok),
     ("exit", |c| c.exit),
     ("signal", |c| c.signal),
     ("timed_out", |c| c.timed_out),
     ("spawn_failed", |c| c.spawn_failed),
     ("killed", |c| c.killed),
+];
+
+const NOT_RUN: Parts<HookCounts> = &[
     ("dropped", |c| c.dropped),
     ("cancelled", |c| c.cancelled),
     ("skipped", |c| c.skipped),
+];
+
+const HTTP: &[Def<HttpStats>] = &[
+    gauge(
+        "http_connections_open",
+        "HTTP API connections open now",
+        |h| h.open,
+    ),
+    gauge(
+        "http_connections_max",
+        "the HTTP API's connection cap",
+        |h| h.max_connections,
+    ),
+    counter(
+        "http_connections_accepted",
+        "HTTP API connections accepted",
+        |h| h.accepted,
+    ),
+    counter(
+        "http_connections_refused",
+        "HTTP API connections closed at once over the cap",
+        |h| h.refused_over_cap,
+    ),
+    counter(
+        "http_accept_errors",
+        "failed accepts (out of file descriptors, …)",
+        |h| h.accept_errors,
+    ),
+];
+
+const TIMEOUTS: Parts<HttpStats> = &[
+    ("header", |h| h.header_timeouts),
+    ("body", |h| h.body_timeouts),
+    ("write", |h| h.write_timeouts),
 ];
 
 const PLUGINS: &[Def<PluginsStats>] = &[
@@ -365,9 +479,11 @@ const PLUGIN: &[Def<PluginStats>] = &[
         "events a plugin handled without error",
         |x| x.counts.delivered,
     ),
-    counter("plugin_dropped", "events a plugin never saw", |x| {
-        x.counts.dropped
-    }),
+    counter(
+        "plugin_dropped",
+        "DEPRECATED: the sum of plugin_dropped_reason; events a plugin never saw",
+        |x| x.counts.dropped,
+    ),
     counter("plugin_failed", "events whose call failed", |x| {
         x.counts.failed
     }),
@@ -464,15 +580,18 @@ impl Metrics {
         name: &str,
         help: &str,
         key: &'static str,
-        parts: Parts<T>,
+        parts: &[Parts<T>],
         items: &[(Labels, &T)],
     ) {
         let samples = items.iter().flat_map(|(labels, x)| {
-            parts.iter().map(move |(part, value)| {
-                let mut l = labels.clone();
-                l.push((key, part.to_string()));
-                (l, value(x))
-            })
+            parts
+                .iter()
+                .flat_map(|p| p.iter())
+                .map(move |(part, value)| {
+                    let mut l = labels.clone();
+                    l.push((key, part.to_string()));
+                    (l, value(x))
+                })
         });
         self.family(name, help, false, samples);
     }
@@ -535,9 +654,9 @@ mod tests {
             pattern: "a\"b\\c\nd".into(),
             ..Default::default()
         });
-        let text = exposition(&s).unwrap();
+        let text = exposition(&s, None).unwrap();
         assert!(
-            text.contains(r#"prx_hooks_subscriber_queued{subscriber="7",pattern="a\"b\\c\nd"} 0"#),
+            text.contains(r#"prx_hooks_subscriber_queued{pattern="a\"b\\c\nd"} 0"#),
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));

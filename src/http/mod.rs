@@ -4,33 +4,42 @@
 //! Built on axum, behind the `http` feature. The core library stays free of async runtimes:
 //! [`router`] returns a plain `axum::Router` a host application mounts in its own server, and
 //! [`Server`] runs one on a small tokio runtime of its own for hosts (and `prx-hooks run
-//! --listen`) that have none.
+//! --listen`) that have none, over TCP or a unix socket, with the connection limits of
+//! [`server`](Server) (header and idle timeouts, a connection cap that leaves file descriptors
+//! for the hooks).
 //!
 //! ```text
-//! request ─► auth (bearer token; /healthz is open) ─► route
+//! connection ─► Server: cap, header-read timeout, write-stall timeout (hyper HTTP/1)
+//! request ─► guard (Host / Origin, before anything else) ─► auth (bearer token; /healthz is open) ─► route
 //!              ├─ /api/hooks…  ─► HooksEditor (spawn_blocking: file I/O, fsync)
 //!              │                   └─► Hooks::apply_hooks_file  (live before the response)
-//!              ├─ …/test, …/runs ─► ShellSink::run_once / run history
+//!              ├─ …/test        ─► ShellSink::start_once (a slot in the hook's limits or 429;
+//!              │                   awaited without a pool thread; killed if the client leaves)
+//!              ├─ …/runs        ─► run history
 //!              └─ /api/stats, /api/plugins, /metrics ─► Hooks::stats()
 //! ```
 //!
 //! Every error is JSON, `{"error": "...", "path": "...", "kind": "..."}`, with the status codes
-//! of ARCHITECTURE.md § HTTP API: 400 bad JSON, 401 no or wrong token, 404, 405, 409 hand edit, 412 stale
-//! `If-Match`, 413 body over [`HttpOptions::max_body_bytes`], 415 not JSON, 422 validation (the
-//! loader's own message, `path` relative to the body), 503 no workspace or shutting down. axum's
-//! plain-text rejections never reach a client: bodies, paths and queries are read by this
-//! module.
+//! of ARCHITECTURE.md § HTTP API: 400 bad JSON, 401 no or wrong token, 403 foreign Host or
+//! cross-origin request, 404, 405 (with `Allow`), 408 stalled body, 409 hand edit or broken
+//! file, 412 stale `If-Match`, 413 body over [`HttpOptions::max_body_bytes`], 415 not JSON,
+//! 422 validation (the loader's own reason; `path` and `LINE:COL` in the body), 429 the hook's
+//! limits are full (with `Retry-After`), 503 no workspace or shutting down. axum's plain-text
+//! rejections never reach a client: bodies, paths and queries are read by this module. (hyper
+//! itself answers requests it cannot parse, with an empty 400 or 431, before any of this runs.)
 
 mod auth;
 mod body;
 mod error;
+mod guard;
 mod hooks;
+mod live;
 mod metrics;
 mod server;
 mod status;
 pub mod token;
 
-pub use server::Server;
+pub use server::{HttpStats, Listen, Server};
 pub use token::{Token, TokenError, TokenSource};
 
 use crate::Hooks;
@@ -40,9 +49,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
 use serde::Serialize;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Largest request body accepted by default (ARCHITECTURE.md § HTTP API): 256 KiB.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// Default of [`HttpOptions::header_timeout`].
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default of [`HttpOptions::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How the API is served.
 #[non_exhaustive]
@@ -52,6 +68,36 @@ pub struct HttpOptions {
     pub token: Token,
     /// Larger bodies get 413 (default [`MAX_BODY_BYTES`]).
     pub max_body_bytes: usize,
+    /// [`Server`]: a request head must arrive whole within this, counted from the connection's
+    /// start or from the previous response on a kept-alive connection; otherwise the
+    /// connection is closed (default [`DEFAULT_HEADER_TIMEOUT`]). A host serving [`router`]
+    /// sets its own server's.
+    pub header_timeout: Duration,
+    /// A request body that sends nothing for this long gets 408 and its connection is closed;
+    /// with [`Server`], a client that reads nothing of a response for this long is
+    /// disconnected (default [`DEFAULT_IDLE_TIMEOUT`]).
+    pub idle_timeout: Duration,
+    /// [`Server`]: connections open at once; more are closed as soon as they are accepted.
+    /// `None` (the default): computed from RLIMIT_NOFILE minus the descriptors open at start
+    /// and what the hooks need at their limits ([`crate::shell::ShellSink::fds_at_limits`]),
+    /// at most [`server::MAX_AUTO_CONNECTIONS`](Server::MAX_AUTO_CONNECTIONS). A value larger
+    /// than that budget is lowered to it (with a warning): the hooks' descriptors come first.
+    pub max_connections: Option<usize>,
+    hosts: HostCheck,
+}
+
+/// Which `Host` names the API answers to (DNS-rebinding defence) and whether cross-origin
+/// browser requests are refused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum HostCheck {
+    /// On for [`Server`] (loopback addresses, the bound address, `localhost`), off for
+    /// [`router`].
+    #[default]
+    Default,
+    /// On, with these names as well.
+    Names(Vec<String>),
+    /// Off.
+    Off,
 }
 
 impl HttpOptions {
@@ -59,11 +105,66 @@ impl HttpOptions {
         HttpOptions {
             token,
             max_body_bytes: MAX_BODY_BYTES,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: None,
+            hosts: HostCheck::Default,
         }
     }
 
     pub fn max_body_bytes(mut self, bytes: usize) -> HttpOptions {
         self.max_body_bytes = bytes;
+        self
+    }
+
+    /// See [`HttpOptions::header_timeout`] (at least a millisecond).
+    pub fn header_timeout(mut self, timeout: Duration) -> HttpOptions {
+        self.header_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// See [`HttpOptions::idle_timeout`] (at least a millisecond).
+    pub fn idle_timeout(mut self, timeout: Duration) -> HttpOptions {
+        self.idle_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// See [`HttpOptions::max_connections`] (at least 1).
+    pub fn max_connections(mut self, n: usize) -> HttpOptions {
+        self.max_connections = Some(n.max(1));
+        self
+    }
+
+    /// Checks `Host` and `Origin` before anything else (403 otherwise): `Host` must be a
+    /// loopback address, the address [`Server`] is bound to, `localhost`, or one of `names`
+    /// (case-insensitive, any port); a request with an `Origin` header must come from the
+    /// origin it is sent to (`http://` + its `Host`). This is what keeps a web page in the
+    /// user's browser from reaching the API through DNS rebinding or a cross-site request.
+    /// [`Server`] checks by default; a host mounting [`router`] under names of its own turns
+    /// it on with this. The name `*` turns the check off.
+    pub fn allow_hosts<S: AsRef<str>>(mut self, names: impl IntoIterator<Item = S>) -> HttpOptions {
+        let mut list = match std::mem::take(&mut self.hosts) {
+            HostCheck::Names(list) => list,
+            _ => Vec::new(),
+        };
+        for n in names {
+            let n = n.as_ref().trim().trim_end_matches('.').to_ascii_lowercase();
+            if n == "*" {
+                self.hosts = HostCheck::Off;
+                return self;
+            }
+            if !n.is_empty() && !list.contains(&n) {
+                list.push(n);
+            }
+        }
+        self.hosts = HostCheck::Names(list);
+        self
+    }
+
+    /// Turns the `Host` / `Origin` check off, also for [`Server`] (for a server behind a
+    /// proxy that checks them itself).
+    pub fn allow_any_host(mut self) -> HttpOptions {
+        self.hosts = HostCheck::Off;
         self
     }
 }
@@ -72,21 +173,58 @@ impl HttpOptions {
 pub(crate) struct Api {
     pub hooks: Arc<Hooks>,
     pub opts: HttpOptions,
+    /// The Host / Origin policy (`None`: no check).
+    pub guard: Option<guard::Policy>,
+    /// Connection counters of the [`Server`] serving this router, if one does.
+    pub conns: Option<Arc<server::ConnCounters>>,
 }
 
 pub(crate) type ApiState = axum::extract::State<Arc<Api>>;
 
+/// How a router is served: by a host application, or by our [`Server`].
+pub(crate) enum Serving {
+    Hosted,
+    Own {
+        listen: Listen,
+        conns: Arc<server::ConnCounters>,
+    },
+}
+
 /// The API's routes, ready to serve or to mount (`Router::nest("/prx", router(..))`). Serve it
 /// with `into_make_service_with_connect_info::<SocketAddr>()` so that the warnings about
-/// command-running hooks name the client's address.
+/// command-running hooks name the client's address. The `Host` / `Origin` check is off unless
+/// [`HttpOptions::allow_hosts`] turns it on, and the connection limits are the host server's.
 pub fn router(hooks: Arc<Hooks>, opts: HttpOptions) -> Router {
-    let api = Arc::new(Api { hooks, opts });
+    build(hooks, opts, Serving::Hosted)
+}
+
+pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> Router {
+    let (guard, conns) = match serving {
+        Serving::Hosted => (guard::Policy::hosted(&opts.hosts), None),
+        Serving::Own { listen, conns } => {
+            (guard::Policy::served(&opts.hosts, &listen), Some(conns))
+        }
+    };
+    // The editor's view of hooks.json starts now: a hand edit made after this and before the
+    // API's first write makes blind writes conflict (409) like any later one.
+    if let Some(editor) = hooks.editor() {
+        editor.baseline();
+    }
+    let api = Arc::new(Api {
+        hooks,
+        opts,
+        guard,
+        conns,
+    });
     Router::new()
         .route("/healthz", get(status::healthz))
         .route("/api/hooks", get(hooks::list).post(hooks::create))
         .route(
             "/api/hooks/{id}",
-            get(hooks::get).put(hooks::update).delete(hooks::delete),
+            get(hooks::get)
+                .put(hooks::update)
+                .patch(hooks::update)
+                .delete(hooks::delete),
         )
         .route("/api/hooks/{id}/toggle", patch(hooks::toggle))
         .route("/api/hooks/{id}/test", post(hooks::test))
@@ -99,6 +237,11 @@ pub fn router(hooks: Arc<Hooks>, opts: HttpOptions) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             api.clone(),
             auth::require,
+        ))
+        // Outermost, so it runs first: no auth work for a foreign Host or Origin.
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            guard::check,
         ))
         .with_state(api)
 }

@@ -25,10 +25,18 @@ pub(crate) async fn healthz(State(api): ApiState) -> Response {
     }
 }
 
-/// The whole [`Stats`](crate::Stats) snapshot.
+/// The whole [`Stats`](crate::Stats) snapshot, plus `http` (the [`super::HttpStats`] of the
+/// serving [`super::Server`], when the API is served by one).
 pub(crate) async fn stats(State(api): ApiState) -> Response {
+    let http = api.conns.as_ref().map(|c| c.snapshot());
     match snapshot(api).await {
-        Ok(stats) => json_response(StatusCode::OK, &stats),
+        Ok(stats) => match (http, serde_json::to_value(&stats)) {
+            (Some(http), Ok(Value::Object(mut m))) => {
+                m.insert("http".into(), json!(http));
+                json_response(StatusCode::OK, &m)
+            }
+            _ => json_response(StatusCode::OK, &stats),
+        },
         Err(e) => e.into_response(),
     }
 }

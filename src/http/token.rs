@@ -1,14 +1,26 @@
-//! The API token: where it comes from (ARCHITECTURE.md § HTTP API) and how it is compared.
+//! The API token, and the address file beside it: where they come from (ARCHITECTURE.md §
+//! HTTP API), how they are written, how the token is compared.
 //!
 //! Precedence: `--token-file F` (the file's first line), else the `PRX_HOOKS_TOKEN` environment
 //! variable, else `<workspace>/.prx-hooks/token`: reused when it exists (so clients keep working
-//! across restarts), generated (32 random bytes, hex) with mode 0600 when it does not. A token
-//! file readable by group or others is refused: a token anyone on the machine can read protects
-//! nothing.
+//! across restarts), generated (32 random bytes, hex) with mode 0600 when it does not — or when
+//! it is empty (what a crash in the middle of an older, non-atomic write left behind).
+//!
+//! * A token file must be a regular file owned by this user (or root) and readable by nobody
+//!   else (no group or other bits): a token anyone on the machine can read, or replace,
+//!   protects nothing. It is checked on the open file, not on the path (no window between the
+//!   check and the read), and the workspace's token file is never followed through a symbolic
+//!   link (a `--token-file` may be one: mounted secrets are).
+//! * Generated files are written whole or not at all (a temporary file, fsync, rename, fsync
+//!   of the directory), under an exclusive lock on `.prx-hooks/` (mode 0700 when created), so
+//!   two servers starting at once in one workspace agree on one token.
+//! * `.prx-hooks/address` (same rules, mode 0600) says where a running `prx-hooks run
+//!   --listen` serves: `http://127.0.0.1:7878` or `unix:/path/to/socket`; removed at exit if
+//!   it still names that server.
 
 use std::fmt;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The environment variable read when no token file is given.
@@ -16,6 +28,12 @@ pub const TOKEN_ENV: &str = "PRX_HOOKS_TOKEN";
 
 /// Where the generated token lives, relative to the workspace.
 pub const TOKEN_FILE: &str = ".prx-hooks/token";
+
+/// Where a running server's address is written, relative to the workspace.
+pub const ADDRESS_FILE: &str = ".prx-hooks/address";
+
+/// Token and address files are at most this large.
+const MAX_FILE_BYTES: u64 = 4096;
 
 /// Shorter tokens are refused: they can be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -124,69 +142,175 @@ pub fn resolve(
     workspace: &Path,
 ) -> Result<(Token, TokenSource), TokenError> {
     if let Some(path) = token_file {
-        let token = read_token_file(path)?;
+        let text = read_private(path, Follow::Yes)?.unwrap_or_default();
+        let token = Token::new(first_line(&text), &path.display().to_string())?;
         return Ok((token, TokenSource::File(path.to_path_buf())));
     }
     if let Some(value) = env {
         return Ok((Token::new(value.trim(), TOKEN_ENV)?, TokenSource::Env));
     }
     let path = workspace.join(TOKEN_FILE);
-    if path.exists() {
-        let token = read_token_file(&path)?;
+    let _lock = lock_dir(&path)?;
+    if let Some(text) = read_private(&path, Follow::No)?
+        && !first_line(&text).is_empty()
+    {
+        let token = Token::new(first_line(&text), &path.display().to_string())?;
         return Ok((token, TokenSource::Workspace(path)));
     }
     let token = Token::generate()?;
-    write_private(&path, token.as_str())?;
+    write_private(&path, &format!("{}\n", token.as_str()))?;
     Ok((token, TokenSource::Generated(path)))
 }
 
-/// The file's first line, trimmed; the file must not be readable by group or others.
-fn read_token_file(path: &Path) -> Result<Token, TokenError> {
+/// Writes `<workspace>/.prx-hooks/address` (whole, mode 0600): where this server listens, as
+/// clients address it. Returns the file's path.
+pub fn write_address(workspace: &Path, address: &str) -> Result<PathBuf, TokenError> {
+    let path = workspace.join(ADDRESS_FILE);
+    let _lock = lock_dir(&path)?;
+    write_private(&path, &format!("{address}\n"))?;
+    Ok(path)
+}
+
+/// Removes the address file if it still names `address` (another server may have replaced
+/// it since).
+pub fn remove_address(workspace: &Path, address: &str) {
+    let path = workspace.join(ADDRESS_FILE);
+    let Ok(_lock) = lock_dir(&path) else { return };
+    if let Ok(Some(text)) = read_private(&path, Follow::No)
+        && first_line(&text) == address
+    {
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("").trim()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    Yes,
+    No,
+}
+
+/// The contents of a private file (`None`: it does not exist). Refused unless it is a regular
+/// file of at most 4 KiB, owned by this user or root, with no group or other permission bits.
+/// The checks are made on the opened file.
+fn read_private(path: &Path, follow: Follow) -> Result<Option<String>, TokenError> {
     let io = |reason: String| TokenError::Io {
         path: path.to_path_buf(),
         reason,
     };
-    let meta =
-        std::fs::metadata(path).map_err(|e| io(format!("cannot read the token file: {e}")))?;
+    let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY;
+    if follow == Follow::No {
+        flags |= nix::libc::O_NOFOLLOW;
+    }
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err(io(
+                "is a symbolic link; remove it (a token file is never followed through a link)"
+                    .into(),
+            ));
+        }
+        Err(e) => return Err(io(format!("cannot open the file: {e}"))),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| io(format!("cannot read the file: {e}")))?;
     if !meta.is_file() {
-        return Err(io("the token file is not a regular file".into()));
+        return Err(io("is not a regular file".into()));
+    }
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let me = unsafe { nix::libc::geteuid() };
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(io(format!(
+            "is owned by uid {}, not by this user (uid {me}); a file someone else owns can be \
+             replaced by them: create it yourself with mode 0600",
+            meta.uid()
+        )));
     }
     let mode = meta.permissions().mode();
     if mode & 0o077 != 0 {
         return Err(io(format!(
-            "the token file is readable by others (mode {:04o}); run `chmod 600 {}`",
+            "is readable by others (mode {:04o}); run `chmod 600 {}`",
             mode & 0o7777,
             path.display()
         )));
     }
-    if meta.len() > 4096 {
-        return Err(io("the token file is larger than 4 KiB".into()));
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(io("is larger than 4 KiB".into()));
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| io(format!("cannot read the token file: {e}")))?;
-    let line = text.lines().next().unwrap_or("").trim();
-    Token::new(line, &path.display().to_string())
+    let mut text = String::new();
+    (&mut file)
+        .take(MAX_FILE_BYTES)
+        .read_to_string(&mut text)
+        .map_err(|e| io(format!("cannot read the file: {e}")))?;
+    Ok(Some(text))
 }
 
-/// Creates `path` (and its directory) with mode 0600, holding `token` and a newline.
-fn write_private(path: &Path, token: &str) -> Result<(), TokenError> {
+/// An exclusive lock on the directory of `path` (created with mode 0700), held while the
+/// guard lives: generating and replacing the files is one step for every process.
+fn lock_dir(path: &Path) -> Result<std::fs::File, TokenError> {
     let io = |reason: String| TokenError::Io {
         path: path.to_path_buf(),
         reason,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| io(format!("cannot create the directory: {e}")))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io(format!("cannot create the directory: {e}")))?;
+    let handle =
+        std::fs::File::open(dir).map_err(|e| io(format!("cannot open the directory: {e}")))?;
+    handle
+        .lock()
+        .map_err(|e| io(format!("cannot lock the directory: {e}")))?;
+    Ok(handle)
+}
+
+/// Replaces `path` with `text` whole: a temporary file (mode 0600) in the same directory,
+/// written, fsynced, renamed over `path`, then the directory fsynced. A crash leaves the old
+/// file or the new one, never a partial one.
+fn write_private(path: &Path, text: &str) -> Result<(), TokenError> {
+    let io = |reason: String| TokenError::Io {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).map_err(|e| io(format!("no randomness: {e}")))?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(
+        ".{name}.{}.{:016x}.tmp",
+        std::process::id(),
+        u64::from_ne_bytes(nonce)
+    ));
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io(format!("cannot create a temporary file: {e}")))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io(format!("cannot write the file: {e}")))?;
+        std::fs::rename(&tmp, path).map_err(|e| io(format!("cannot put the file in place: {e}")))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return result;
     }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| io(format!("cannot create the token file: {e}")))?;
-    writeln!(file, "{token}")
-        .and_then(|_| file.sync_all())
-        .map_err(|e| io(format!("cannot write the token file: {e}")))
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(format!("cannot sync the directory: {e}")))
 }
 
 #[cfg(test)]
@@ -197,7 +321,7 @@ mod tests {
     fn precedence_file_then_env_then_workspace() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("tok");
-        write_private(&file, "from-the-file-0123456789").unwrap();
+        write_private(&file, "from-the-file-0123456789\n").unwrap();
         let (t, s) = resolve(Some(&file), Some("from-the-env-0123456789"), dir.path()).unwrap();
         assert_eq!(
             (t.as_str(), s),

@@ -36,6 +36,7 @@ mod outcome;
 mod payload;
 mod queue;
 mod reactor;
+pub mod runs;
 mod spawn;
 
 pub use env::SANITIZED_PATH;
@@ -43,6 +44,7 @@ pub(crate) use outcome::SHELL_SECTION;
 pub use outcome::{HookCounts, Outcome, OutcomeKind, ShellStats};
 pub use payload::{MAX_ENV_PAYLOAD, event_message, message_from_json};
 pub use reactor::STDERR_TAIL;
+pub use runs::{DEFAULT_RUN_QUEUE, RunFeedStats, RunSubscription};
 pub use spawn::Rlimits;
 
 use crate::bus::Message;
@@ -52,8 +54,9 @@ use crate::pipeline::{InterestHandle, Sink};
 use crate::stats::SinkCounts;
 use arc_swap::ArcSwap;
 use payload::EventRun;
-use queue::{Job, Sched};
+use queue::{DropReason, Job, Offer, Sched};
 use reactor::{Finished, Proc, Reactor};
+use runs::RunFeed;
 use spawn::SpawnOpts;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -80,6 +83,14 @@ const NO_WAKE_TICK: Duration = Duration::from_millis(2);
 /// Processes the runner starts in a row before it looks (without waiting) for exits and
 /// deadlines again.
 const SPAWN_BATCH: usize = 8;
+
+/// Descriptors one running hook holds (its pidfd, our ends of its stderr and stdin pipes),
+/// plus one for the payload file its event may hold open while it is written.
+const FDS_PER_RUNNING: usize = 4;
+
+/// Descriptors spawns in progress hold for a moment (pipe pairs, /dev/null, the exec-error
+/// pipe, a few spawns at once) and the runner's own (eventfd, cgroup.procs).
+const FDS_SPAWNING: usize = 32;
 
 /// Limits of the shell backend. `Default` gives the documented defaults.
 #[derive(Clone, Debug)]
@@ -147,6 +158,8 @@ struct Shared {
     /// Shutdown waits here for the queues and processes to drain.
     idle_cv: Condvar,
     runner: RunnerLink,
+    /// The finished-runs hook point.
+    feed: RunFeed,
 }
 
 /// How the runner thread is woken and handed processes started elsewhere (`run_once`).
@@ -156,6 +169,8 @@ struct RunnerLink {
     wake: Option<OwnedFd>,
     kill_all: AtomicBool,
     exit: AtomicBool,
+    /// A [`OnceRun`] was dropped before its outcome: kill the cancelled ones.
+    cancel: AtomicBool,
 }
 
 #[derive(Default)]
@@ -177,6 +192,125 @@ enum Origin {
         reply: flume::Sender<(usize, Outcome)>,
         index: usize,
     },
+    /// From `try_run_once`: kept in history, handed to the [`OnceRun`] (killed if it is
+    /// dropped first).
+    Once {
+        id: String,
+        event: crate::event::EventKind,
+        run: Arc<EventRun>,
+        slot: Arc<OnceSlot>,
+    },
+}
+
+impl Origin {
+    /// A test run whose [`OnceRun`] was dropped before its outcome.
+    fn cancelled(&self) -> bool {
+        matches!(self, Origin::Once { slot, .. } if slot.cancelled.load(Ordering::Acquire))
+    }
+}
+
+/// Why [`ShellSink::try_run_once`] did not start a run: every slot it may use is taken.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Busy {
+    #[error(
+        "hook {} already runs {limit} process(es), its max_concurrent; try again when one finishes",
+        crate::config::quote(.id)
+    )]
+    Hook { id: String, limit: usize },
+    #[error(
+        "{limit} hook processes are running, the backend's max_running; try again when one finishes"
+    )]
+    Backend { limit: usize },
+}
+
+impl Busy {
+    /// When to try again (for `Retry-After`): a second (a slot frees when a run finishes, which
+    /// its timeout bounds).
+    pub fn retry_after_secs(&self) -> u64 {
+        1
+    }
+}
+
+/// A run started by [`ShellSink::try_run_once`]: a future of its outcome, which needs no
+/// thread to wait on (the runner wakes it). Dropping it before the outcome kills the run's
+/// process group; the runner reaps it and its history records `killed`.
+pub struct OnceRun {
+    slot: Arc<OnceSlot>,
+    /// Where to ask for the kill (`None`: finished before it started).
+    shared: Option<Arc<Shared>>,
+    done: bool,
+}
+
+#[derive(Default)]
+struct OnceSlot {
+    state: Mutex<(Option<Outcome>, Option<std::task::Waker>)>,
+    cancelled: AtomicBool,
+}
+
+impl OnceSlot {
+    fn complete(&self, o: Outcome) {
+        let waker = {
+            let mut st = lock(&self.state);
+            st.0 = Some(o);
+            st.1.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl OnceRun {
+    fn finished(o: Outcome) -> OnceRun {
+        let slot = OnceSlot::default();
+        lock(&slot.state).0 = Some(o);
+        OnceRun {
+            slot: Arc::new(slot),
+            shared: None,
+            done: false,
+        }
+    }
+}
+
+impl std::future::Future for OnceRun {
+    type Output = Outcome;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Outcome> {
+        let taken = {
+            let mut st = lock(&self.slot.state);
+            match st.0.take() {
+                Some(o) => Some(o),
+                None => {
+                    st.1 = Some(cx.waker().clone());
+                    None
+                }
+            }
+        };
+        match taken {
+            Some(o) => {
+                self.done = true;
+                std::task::Poll::Ready(o)
+            }
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl Drop for OnceRun {
+    fn drop(&mut self) {
+        if self.done || lock(&self.slot.state).0.is_some() {
+            return;
+        }
+        if let Some(sh) = &self.shared {
+            self.slot.cancelled.store(true, Ordering::Release);
+            sh.runner.cancel.store(true, Ordering::Release);
+            sh.runner.wake();
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -220,7 +354,9 @@ impl ShellSink {
                     wake,
                     kill_all: AtomicBool::new(false),
                     exit: AtomicBool::new(false),
+                    cancel: AtomicBool::new(false),
                 },
+                feed: RunFeed::default(),
             }),
             threads: Mutex::new(Threads::default()),
         }
@@ -279,7 +415,19 @@ impl ShellSink {
                 .map(|(id, h)| (id.clone(), h.counts))
                 .collect(),
             direct_running: s.direct_running,
+            shared_running: s.shared_running,
+            run_feed: self.shared.feed.stats(),
         }
+    }
+
+    /// Subscribes to every run's outcome from now on (module [`runs`]): processes that
+    /// finished, spawns that failed, and runs that were skipped, dropped or cancelled, from the
+    /// pipeline and from `run_once`/`run_matching` alike. At most `capacity` outcomes wait
+    /// ([`DEFAULT_RUN_QUEUE`] is a good default); beyond that the subscription misses outcomes,
+    /// counted in [`RunSubscription::dropped`]. The runner never waits for a subscriber. Ends
+    /// (after what is queued) when the sink shuts down.
+    pub fn subscribe_runs(&self, capacity: usize) -> RunSubscription {
+        self.shared.feed.subscribe(capacity)
     }
 
     /// The last outcomes of hook `id` (at most [`ShellLimits::history`]), oldest first: runs
@@ -297,15 +445,119 @@ impl ShellSink {
     /// blocks the caller, so never call it on a pipeline worker or an async executor thread.
     /// The outcome goes into the hook's history, not into the counters.
     pub fn run_once(&self, action: &Action, msg: &Message) -> Outcome {
+        let opts = RunOptions {
+            ignore_matcher: true,
+        };
+        self.run_once_with(action, msg, &opts)
+    }
+
+    /// [`run_once`](Self::run_once) with options: unless `opts.ignore_matcher`, a hook whose
+    /// matcher does not match the payload's tool comes back [`OutcomeKind::Skipped`] (naming
+    /// the tool and the pattern) without running. A disabled hook still runs (this is a test).
+    pub fn run_once_with(&self, action: &Action, msg: &Message, opts: &RunOptions) -> Outcome {
+        if !opts.ignore_matcher && action.matcher.is_some() {
+            let tool = payload::payload_tool(msg.json_str());
+            if let Some(reason) = matcher_skip(action, tool.as_deref()) {
+                let mut o = Outcome::not_run(
+                    &action.id,
+                    action.event,
+                    OutcomeKind::Skipped { reason },
+                    Some(msg),
+                );
+                o.direct = true;
+                conclude(&self.shared, &o);
+                return o;
+            }
+        }
         self.run_direct(&[action], msg)
             .pop()
             .expect("one outcome per action")
+    }
+
+    /// Starts `action` once for `msg` now — even if it is disabled — if a slot is free: fewer
+    /// than its `max_concurrent` processes of it run (pipeline and direct runs together) and
+    /// fewer than [`ShellLimits::max_running`] overall; otherwise [`Busy`]. With
+    /// `honour_matcher`, a payload whose tool the hook's matcher does not match is not run
+    /// (the outcome is `skipped`, at once). The outcome goes into the hook's history, not into
+    /// the counters. For the HTTP test endpoint: it writes the payload file and spawns on the
+    /// calling thread, then returns; await the [`OnceRun`] (dropping it kills the run).
+    pub fn try_run_once(
+        &self,
+        action: &Action,
+        msg: &Message,
+        honour_matcher: bool,
+    ) -> Result<OnceRun, Busy> {
+        let not_run = |kind| {
+            let mut o = Outcome::not_run(&action.id, action.event, kind, Some(msg));
+            o.direct = true;
+            conclude(&self.shared, &o);
+            o
+        };
+        if honour_matcher && action.matcher.is_some() {
+            let tool = payload::payload_tool(msg.json_str());
+            if let Some(reason) = matcher_skip(action, tool.as_deref()) {
+                return Ok(OnceRun::finished(not_run(OutcomeKind::Skipped { reason })));
+            }
+        }
+        let started = self.ensure_started();
+        lock(&self.shared.sched).try_start_direct(
+            &action.id,
+            action.max_concurrent,
+            self.shared.max_running,
+        )?;
+        let prepared = self.shared.table.load_full();
+        let run = Arc::new(EventRun::new(
+            msg.clone(),
+            prepared.base_env.clone(),
+            self.shared.tmp_dir.clone(),
+        ));
+        match started.and_then(|()| spawn::spawn(action, &run, &self.shared.opts)) {
+            Ok(sp) => {
+                let slot = Arc::new(OnceSlot::default());
+                let origin = Origin::Once {
+                    id: action.id.clone(),
+                    event: action.event,
+                    run,
+                    slot: slot.clone(),
+                };
+                self.shared
+                    .to_runner(Proc::new(sp, action.timeout, msg.clone(), origin));
+                Ok(OnceRun {
+                    slot,
+                    shared: Some(self.shared.clone()),
+                    done: false,
+                })
+            }
+            Err(reason) => {
+                drop(run);
+                let o = not_run(OutcomeKind::SpawnFailed { reason });
+                let mut s = lock(&self.shared.sched);
+                s.record_direct(o.clone(), self.shared.history);
+                notify_drained(&self.shared, &s);
+                Ok(OnceRun::finished(o))
+            }
+        }
+    }
+
+    /// File descriptors this backend may hold at once with the current table at its limits —
+    /// [`ShellLimits::max_running`] shared slots plus one reserved slot per hook (module docs
+    /// of `queue`) — what a server sharing the process's RLIMIT_NOFILE must leave free so that
+    /// hooks keep spawning. It grows with the table: ask again after a reload.
+    pub fn fds_at_limits(&self) -> usize {
+        let hooks = self.shared.table.load().table.actions.len();
+        (self.shared.max_running + hooks) * FDS_PER_RUNNING + FDS_SPAWNING
     }
 
     /// Runs every hook of `msg`'s event in the current table once, concurrently, and waits for
     /// all of them; disabled hooks and hooks whose matcher does not match come back as
     /// [`OutcomeKind::Skipped`]. Outcomes in table order. This is `prx-hooks fire`.
     pub fn run_matching(&self, msg: &Message) -> Vec<Outcome> {
+        self.run_matching_with(msg, &RunOptions::default())
+    }
+
+    /// [`run_matching`](Self::run_matching) with options (`fire --ignore-matcher`: every
+    /// enabled hook of the event runs, whatever its matcher).
+    pub fn run_matching_with(&self, msg: &Message, opts: &RunOptions) -> Vec<Outcome> {
         let prepared = self.shared.table.load_full();
         let table = &prepared.table;
         let Some(kind) = msg.event() else {
@@ -315,14 +567,23 @@ impl ShellSink {
         let mut run = Vec::new();
         let mut slots: Vec<Result<usize, Outcome>> = Vec::new();
         for a in table.actions_for(kind) {
-            match skip_reason(table, a, tool.as_deref()) {
-                Some(reason) => slots.push(Err(Outcome::not_run(
-                    &a.id,
-                    a.event,
-                    OutcomeKind::Skipped {
-                        reason: reason.into(),
-                    },
-                ))),
+            let skip = match skip_reason(table, a) {
+                Some(why) => Some(why.to_string()),
+                None if opts.ignore_matcher => None,
+                None => matcher_skip(a, tool.as_deref()),
+            };
+            match skip {
+                Some(reason) => {
+                    let mut o = Outcome::not_run(
+                        &a.id,
+                        a.event,
+                        OutcomeKind::Skipped { reason },
+                        Some(msg),
+                    );
+                    o.direct = true;
+                    conclude(&self.shared, &o);
+                    slots.push(Err(o));
+                }
                 None => {
                     slots.push(Ok(run.len()));
                     run.push(&**a);
@@ -364,7 +625,7 @@ impl ShellSink {
             };
             match spawned {
                 Ok(sp) => {
-                    lock(&self.shared.sched).direct_running += 1;
+                    lock(&self.shared.sched).start_direct(&a.id);
                     let origin = Origin::Direct {
                         id: a.id.clone(),
                         event: a.event,
@@ -377,10 +638,16 @@ impl ShellSink {
                     pending += 1;
                 }
                 Err(reason) => {
-                    let o = Outcome::not_run(&a.id, a.event, OutcomeKind::SpawnFailed { reason });
-                    tracing::warn!("{o}");
+                    let mut o = Outcome::not_run(
+                        &a.id,
+                        a.event,
+                        OutcomeKind::SpawnFailed { reason },
+                        Some(msg),
+                    );
+                    o.direct = true;
+                    conclude(&self.shared, &o);
                     let mut s = lock(&self.shared.sched);
-                    s.direct_running += 1;
+                    s.start_direct(&a.id);
                     s.record_direct(o.clone(), self.shared.history);
                     results[i] = Some(o);
                 }
@@ -397,7 +664,11 @@ impl ShellSink {
             .into_iter()
             .zip(actions)
             .map(|(o, a)| {
-                o.unwrap_or_else(|| Outcome::not_run(&a.id, a.event, OutcomeKind::Killed))
+                o.unwrap_or_else(|| {
+                    let mut o = Outcome::not_run(&a.id, a.event, OutcomeKind::Killed, Some(msg));
+                    o.direct = true;
+                    o
+                })
             })
             .collect()
     }
@@ -431,7 +702,23 @@ impl ShellSink {
             s.stop_spawning = true;
             s.cancel_all()
         };
-        drop(cancelled);
+        if !cancelled.is_empty() {
+            tracing::warn!(
+                "{} queued hook run(s) cancelled at shutdown (never started)",
+                cancelled.len()
+            );
+        }
+        for job in cancelled {
+            let o = Outcome::not_run(
+                &job.action.id,
+                job.action.event,
+                OutcomeKind::Cancelled,
+                Some(&job.run.msg),
+            );
+            drop(job);
+            tracing::debug!("{}", o.headline());
+            sh.feed.publish(&o);
+        }
         sh.runner.kill_all.store(true, Ordering::Release);
         sh.runner.exit.store(true, Ordering::Release);
         sh.runner.wake();
@@ -440,6 +727,7 @@ impl ShellSink {
         {
             tracing::error!("the shell runner thread panicked");
         }
+        sh.feed.close();
     }
 
     fn ensure_started(&self) -> Result<(), String> {
@@ -462,19 +750,84 @@ impl ShellSink {
     }
 }
 
-/// Why `action` does not run for an event whose payload names `tool` (None: it runs).
-fn skip_reason(table: &HookTable, action: &Action, tool: Option<&str>) -> Option<&'static str> {
+/// Something `deliver` says after releasing the lock.
+enum Note {
+    Skipped,
+    Dropped(DropReason),
+    /// The first queue-full drop of a streak (said once, at warn).
+    StreakStart,
+    /// Queued again after this many queue-full drops.
+    Recovered(u64),
+}
+
+/// Options of [`ShellSink::run_matching_with`] and [`ShellSink::run_once_with`].
+#[non_exhaustive]
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Run hooks whatever their matcher (`prx-hooks fire --ignore-matcher`).
+    pub ignore_matcher: bool,
+}
+
+impl RunOptions {
+    /// Options that run hooks whatever their matcher (or not).
+    pub fn ignore_matcher(mut self, ignore: bool) -> Self {
+        self.ignore_matcher = ignore;
+        self
+    }
+}
+
+/// Why `action` does not run, matchers aside (None: it may run).
+fn skip_reason(table: &HookTable, action: &Action) -> Option<&'static str> {
     if !table.enabled {
         Some("hooks disabled")
     } else if !action.enabled {
         Some("disabled")
-    } else if let Some(m) = &action.matcher
-        && !tool.is_some_and(|t| m.matches(t))
-    {
-        Some("matcher")
     } else {
         None
     }
+}
+
+/// Whether `action`'s matcher keeps it from running for a payload naming `tool`, and why
+/// (naming the tool and the pattern).
+fn matcher_skip(action: &Action, tool: Option<&str>) -> Option<String> {
+    let m = action.matcher.as_ref()?;
+    match tool {
+        Some(t) if m.matches(t) => None,
+        Some(t) => Some(format!(
+            "matcher {} does not match tool {}",
+            crate::config::quote(&m.source()),
+            crate::config::quote(t)
+        )),
+        None => Some(format!(
+            "matcher {}: the payload names no tool",
+            crate::config::quote(&m.source())
+        )),
+    }
+}
+
+/// Where every outcome ends (module docs § Visibility): logged — failures at warn with their
+/// stderr tail, everything else at info with the tail at debug; dropped runs at debug (the
+/// first of a streak of queue-full drops is said at warn by `deliver`) — and offered to the
+/// run subscribers.
+fn conclude(sh: &Shared, o: &Outcome) {
+    if o.kind.is_failure() {
+        tracing::warn!("{o}");
+    } else if matches!(o.kind, OutcomeKind::Dropped { .. } | OutcomeKind::Cancelled) {
+        tracing::debug!("{}", o.headline());
+    } else {
+        tracing::info!("{}", o.headline());
+        let tail = o.stderr_tail.trim_end();
+        if !tail.is_empty() {
+            tracing::debug!("hook {} {} stderr: {:?}", o.id, o.event, tail);
+        }
+    }
+    sh.feed.publish(o);
+}
+
+/// Whether outcomes of runs that never happened are wanted (logged or subscribed to): only
+/// then are they built on the pipeline worker.
+fn wants_outcomes(sh: &Shared) -> bool {
+    sh.feed.active() || tracing::enabled!(tracing::Level::INFO)
 }
 
 impl Sink for ShellSink {
@@ -483,6 +836,8 @@ impl Sink for ShellSink {
     }
 
     /// Enqueues one job per enabled, matching hook of the event. One lock, no I/O, no spawn.
+    /// Runs that do not happen (skipped, dropped) become outcomes — logged and published —
+    /// only when someone wants them, and only after the lock is released.
     fn deliver(&self, msg: &Message) {
         let Some(kind) = msg.event() else { return };
         let prepared = self.shared.table.load();
@@ -498,12 +853,22 @@ impl Sink for ShellSink {
             None
         };
         let sh = &*self.shared;
+        let want = wants_outcomes(sh);
         let mut run: Option<Arc<EventRun>> = None;
         let mut queued = false;
+        // What to say once the lock is released.
+        let mut notes: Vec<(&Arc<Action>, Note)> = Vec::new();
         let mut s = lock(&sh.sched);
         for a in actions {
-            if skip_reason(table, a, tool.as_deref()).is_some() {
+            let skipped = skip_reason(table, a).is_some()
+                || a.matcher
+                    .as_ref()
+                    .is_some_and(|m| !tool.as_deref().is_some_and(|t| m.matches(t)));
+            if skipped {
                 s.skip(&a.id);
+                if want {
+                    notes.push((a, Note::Skipped));
+                }
                 continue;
             }
             let run = run.get_or_insert_with(|| {
@@ -513,7 +878,22 @@ impl Sink for ShellSink {
                     sh.tmp_dir.clone(),
                 ))
             });
-            queued |= s.offer(a, run, sh.queue_per_action);
+            match s.offer(a, run, sh.queue_per_action) {
+                Offer::Queued { after_drops } => {
+                    queued = true;
+                    if after_drops > 0 {
+                        notes.push((a, Note::Recovered(after_drops)));
+                    }
+                }
+                Offer::Dropped { why, first } => {
+                    if first {
+                        notes.push((a, Note::StreakStart));
+                    }
+                    if want {
+                        notes.push((a, Note::Dropped(why)));
+                    }
+                }
+            }
         }
         let wake = queued && std::mem::take(&mut s.runner_idle);
         // Let go of our reference while the runner cannot have taken any job yet: the last
@@ -522,6 +902,37 @@ impl Sink for ShellSink {
         drop(s);
         if wake {
             sh.runner.wake();
+        }
+        for (a, note) in notes {
+            let kind = match note {
+                Note::StreakStart => {
+                    tracing::warn!(
+                        "hook {}: its queue is full ({} runs waiting): dropping its events until \
+                         it drains (counted in stats as dropped_queue_full)",
+                        a.id,
+                        sh.queue_per_action
+                    );
+                    continue;
+                }
+                Note::Recovered(n) => {
+                    tracing::warn!(
+                        "hook {}: its queue has room again; {n} event(s) were dropped",
+                        a.id
+                    );
+                    continue;
+                }
+                Note::Skipped => {
+                    let reason = match skip_reason(table, a) {
+                        Some(why) => why.to_string(),
+                        None => matcher_skip(a, tool.as_deref()).unwrap_or_default(),
+                    };
+                    OutcomeKind::Skipped { reason }
+                }
+                Note::Dropped(why) => OutcomeKind::Dropped {
+                    reason: why.as_str().to_string(),
+                },
+            };
+            conclude(sh, &Outcome::not_run(&a.id, a.event, kind, Some(msg)));
         }
     }
 
@@ -582,9 +993,10 @@ fn start(sh: &Shared, job: Job, reactor: &mut Reactor<Origin>) {
                 &job.action.id,
                 job.action.event,
                 OutcomeKind::SpawnFailed { reason },
+                Some(&job.run.msg),
             );
-            tracing::warn!("{o}");
             drop(job);
+            conclude(sh, &o);
             let mut s = lock(&sh.sched);
             s.finish(o, sh.history);
             notify_drained(sh, &s);
@@ -608,6 +1020,7 @@ fn runner_main(sh: Arc<Shared>) {
     let mut reactor: Reactor<Origin> = Reactor::default();
     let mut done = Vec::new();
     let mut killing_since: Option<Instant> = None;
+    let mut cancelled = false;
     loop {
         // Start everything that may start now; between batches, reap without waiting so that
         // finished hooks free their slots.
@@ -630,8 +1043,14 @@ fn runner_main(sh: Arc<Shared>) {
                 return;
             }
             for p in inbox.procs.drain(..) {
+                // A run cancelled while it waited here: its flag was consumed by a turn that
+                // could not find it yet.
+                cancelled |= p.tag.cancelled();
                 reactor.add(p);
             }
+        }
+        if link.cancel.swap(false, Ordering::AcqRel) | std::mem::take(&mut cancelled) {
+            reactor.kill_where(Origin::cancelled);
         }
         if link.kill_all.load(Ordering::Acquire) {
             reactor.kill_all();
@@ -691,9 +1110,13 @@ fn report(sh: &Shared, f: Finished<Origin>) {
         stderr_tail,
         tag,
     } = f;
-    let outcome = |id: &str, event| Outcome {
+    let outcome = |id: &str, event, msg: &Message, direct| Outcome {
         id: id.to_string(),
         event,
+        seq: msg.seq(),
+        agent: msg.agent().to_string(),
+        session: msg.session().to_string(),
+        direct,
         kind,
         duration,
         stderr_tail,
@@ -702,11 +1125,9 @@ fn report(sh: &Shared, f: Finished<Origin>) {
     };
     match tag {
         Origin::Queue(job) => {
-            let o = outcome(&job.action.id, job.action.event);
+            let o = outcome(&job.action.id, job.action.event, &job.run.msg, false);
             drop(job);
-            if o.kind.is_failure() {
-                tracing::warn!("{o}");
-            }
+            conclude(sh, &o);
             let mut s = lock(&sh.sched);
             s.finish(o, sh.history);
             notify_drained(sh, &s);
@@ -718,17 +1139,31 @@ fn report(sh: &Shared, f: Finished<Origin>) {
             reply,
             index,
         } => {
-            let o = outcome(&id, event);
+            let o = outcome(&id, event, &run.msg, true);
             drop(run);
-            if o.kind.is_failure() {
-                tracing::warn!("{o}");
-            }
+            conclude(sh, &o);
             {
                 let mut s = lock(&sh.sched);
                 s.record_direct(o.clone(), sh.history);
                 notify_drained(sh, &s);
             }
             let _ = reply.send((index, o));
+        }
+        Origin::Once {
+            id,
+            event,
+            run,
+            slot,
+        } => {
+            let o = outcome(&id, event, &run.msg, true);
+            drop(run);
+            conclude(sh, &o);
+            {
+                let mut s = lock(&sh.sched);
+                s.record_direct(o.clone(), sh.history);
+                notify_drained(sh, &s);
+            }
+            slot.complete(o);
         }
     }
 }

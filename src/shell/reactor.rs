@@ -296,6 +296,15 @@ impl<T> Reactor<T> {
         }
     }
 
+    /// SIGKILL to the groups whose tag `cancelled` says so (a test run whose client left).
+    pub(crate) fn kill_where(&mut self, cancelled: impl Fn(&T) -> bool) {
+        for p in &mut self.procs {
+            if p.kill.is_none() && cancelled(&p.tag) {
+                p.kill(Kill::Shutdown);
+            }
+        }
+    }
+
     /// Takes every remaining process out, unreaped (see the reaper's last resort).
     pub(crate) fn take_all(&mut self) -> Vec<Proc<T>> {
         std::mem::take(&mut self.procs)

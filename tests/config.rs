@@ -748,7 +748,7 @@ fn matchers_are_globs_or_regexes_on_tool_events_only() {
     );
     assert!(matches!(&t.actions[0].matcher, Some(Matcher::Glob(g)) if g == "mcp__*"));
     let m = t.actions[1].matcher.as_ref().unwrap();
-    assert!(matches!(m, Matcher::Regex(_)));
+    assert!(matches!(m, Matcher::Anchored { .. }));
     assert!(m.matches("shell") && m.matches("bash") && !m.matches("zsh"));
     for event in [
         "agent_start",
@@ -776,9 +776,61 @@ fn invalid_regexes_are_errors() {
         "invalid regular expression: unclosed group",
     );
     one_error(
-        &tc(r#"{"command": "/bin/true", "matcher": ""}"#),
+        &tc(r#"{"command": "/bin/true", "matcher": "Edit|(Write"}"#),
         "hooks.tool_call[0].matcher",
-        "an empty matcher matches no tool",
+        "invalid regular expression: unclosed group",
+    );
+    one_error(
+        &tc(r#"{"command": "/bin/true", "matcher": "//"}"#),
+        "hooks.tool_call[0].matcher",
+        "an empty regular expression",
+    );
+}
+
+/// Issue 11 item 14: Claude Code's regex matchers (`Edit|Write`, `mcp__.*`) were read as globs
+/// and never matched. The rule: `/re/` or any matcher with one of `|().+[]^$\` is a regex
+/// matched against the whole tool name; name characters with `*`/`?` stay a glob; `*` or
+/// empty match every tool.
+#[test]
+fn claude_code_regex_matchers_match_whole_tool_names() {
+    let (_ws, t) = ok(r#"{"hooks": {"tool_call": [
+        {"id": "edit", "command": "/bin/true", "matcher": "Edit|Write"},
+        {"id": "mcp", "command": "/bin/true", "matcher": "mcp__.*"},
+        {"id": "glob", "command": "/bin/true", "matcher": "mcp__*"},
+        {"id": "one", "command": "/bin/true", "matcher": "Read?"},
+        {"id": "star", "command": "/bin/true", "matcher": "*"},
+        {"id": "empty", "command": "/bin/true", "matcher": ""},
+        {"id": "slashed", "command": "/bin/true", "matcher": "/Bash|Shell/"},
+        {"id": "notebook", "command": "/bin/true", "matcher": "Notebook.*Edit"}]}}"#);
+    let m = |id: &str, tool: &str| {
+        let a = t.get(id).unwrap();
+        a.matcher.as_ref().is_none_or(|m| m.matches(tool))
+    };
+    assert!(m("edit", "Edit") && m("edit", "Write"));
+    assert!(!m("edit", "MultiEdit") && !m("edit", "Edit2") && !m("edit", "edit"));
+    assert!(m("mcp", "mcp__github__create_issue") && !m("mcp", "my_mcp__x"));
+    assert!(m("glob", "mcp__github__x") && !m("glob", "xmcp__"));
+    assert!(m("one", "Reads") && !m("one", "Read"));
+    assert!(m("star", "anything") && m("star", ""));
+    assert!(
+        t.get("empty").unwrap().matcher.is_none(),
+        "empty: every tool"
+    );
+    assert!(m("empty", "anything"));
+    assert!(m("slashed", "Bash") && m("slashed", "Shell") && !m("slashed", "Bashful"));
+    assert!(m("notebook", "NotebookEdit") && !m("notebook", "NotebookRead"));
+    assert!(matches!(
+        t.get("glob").unwrap().matcher,
+        Some(Matcher::Glob(_))
+    ));
+    assert!(matches!(
+        t.get("edit").unwrap().matcher,
+        Some(Matcher::Anchored { .. })
+    ));
+    assert_eq!(
+        t.get("edit").unwrap().matcher.as_ref().unwrap().source(),
+        "Edit|Write",
+        "kept as written"
     );
 }
 

@@ -365,3 +365,223 @@ fn run_executes_hooks_and_reloads_on_sighup() {
     // SIGHUP reloaded (or found the poller had just done it) and did not end the run.
     assert!(stderr.contains("SIGHUP: hooks.json"), "{stderr}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 11: run's end-of-input drain (item 13), matchers in fire (item 14), logging (item 15)
+
+/// `run --events FILE` over `json`, with `extra` arguments; returns (status, stderr, elapsed).
+fn run_over(
+    ws: &Path,
+    json: &str,
+    events: &[&str],
+    extra: &[&str],
+) -> (std::process::ExitStatus, String, Duration) {
+    std::fs::write(ws.join("hooks.json"), json).unwrap();
+    let input = ws.join("events.ndjson");
+    std::fs::write(&input, events.join("\n") + "\n").unwrap();
+    let start = Instant::now();
+    // The defaults a user gets: no RUST_LOG.
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["run", "--workspace"])
+        .arg(ws)
+        .arg("--events")
+        .arg(&input)
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status, stderr, start.elapsed())
+}
+
+/// The exit report (the last stderr line).
+fn report(stderr: &str) -> serde_json::Value {
+    serde_json::from_str(stderr.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stderr}"))
+}
+
+const AGENT_END: &str = r#"{"event":"agent_end","agent":"a","session":"s","payload":{"success":true,"messages_count":3}}"#;
+
+/// Item 13: a 3 s `agent_end` notifier was killed at 2 s when the input ended ("killed at
+/// shutdown (2000.2 ms)") while `fire` ran it fine. At the end of the input, `run` waits for
+/// running hooks up to their own timeouts.
+#[test]
+fn run_lets_hooks_finish_under_their_own_timeouts_at_end_of_input() {
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log");
+    let json = serde_json::json!({"hooks": {"agent_end": [{
+        "id": "notify", "command": "/bin/sh", "timeout_ms": 20000,
+        "args": ["-c", format!("sleep 3; echo done >> {}", log.display())]
+    }]}})
+    .to_string();
+    let (status, stderr, took) = run_over(ws.path(), &json, &[AGENT_END], &[]);
+    assert!(status.success(), "{stderr}");
+    let r = report(&stderr);
+    let totals = &r["stats"]["shell"]["totals"];
+    assert_eq!(totals["ok"], 1, "{r}");
+    assert_eq!(totals["killed"], 0, "{r}");
+    assert_eq!(lines(&log), ["done"]);
+    assert!(took >= Duration::from_secs(3));
+}
+
+/// `--drain-timeout` caps that wait: a hook that would run for 60 s is killed once it passes.
+#[test]
+fn drain_timeout_caps_the_end_of_input_wait() {
+    let ws = tempfile::tempdir().unwrap();
+    let json = r#"{"hooks": {"agent_end": [{"id": "long", "command": "/bin/sleep",
+        "args": ["60"], "timeout_ms": 120000}]}}"#;
+    let (status, stderr, took) =
+        run_over(ws.path(), json, &[AGENT_END], &["--drain-timeout", "500ms"]);
+    assert!(status.success(), "{stderr}");
+    let totals = &report(&stderr)["stats"]["shell"]["totals"];
+    assert_eq!(totals["killed"], 1, "{stderr}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    // A bad value is a usage error naming the flag.
+    let out = bin()
+        .args(["run", "--drain-timeout", "soon"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--drain-timeout"));
+}
+
+/// SIGTERM during the end-of-input drain drains for 2 s instead; a second one kills at once.
+#[test]
+fn a_signal_shortens_the_drain_and_a_second_kills_at_once() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let ws = tempfile::tempdir().unwrap();
+    let json = r#"{"hooks": {"agent_end": [{"id": "long", "command": "/bin/sleep",
+        "args": ["60"], "timeout_ms": 120000}]}}"#;
+    std::fs::write(ws.path().join("hooks.json"), json).unwrap();
+    let input = ws.path().join("events.ndjson");
+    std::fs::write(&input, format!("{AGENT_END}\n")).unwrap();
+    for second in [false, true] {
+        let mut child = bin()
+            .env("RUST_LOG", "info")
+            .args(["run", "--workspace"])
+            .arg(ws.path())
+            .arg("--events")
+            .arg(&input)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        let stderr = child.stderr.take().unwrap();
+        let mut reader = std::io::BufReader::new(stderr);
+        let mut text = String::new();
+        // Wait until the drain has begun (the hook is running).
+        loop {
+            let mut line = String::new();
+            use std::io::BufRead;
+            assert!(reader.read_line(&mut line).unwrap() > 0, "{text}");
+            text.push_str(&line);
+            if line.contains("end of input: waiting") {
+                break;
+            }
+        }
+        kill(pid, Signal::SIGTERM).unwrap();
+        let first = Instant::now();
+        if second {
+            std::thread::sleep(Duration::from_millis(100));
+            kill(pid, Signal::SIGTERM).unwrap();
+        }
+        use std::io::Read;
+        reader.read_to_string(&mut text).unwrap();
+        assert!(child.wait().unwrap().success(), "{text}");
+        let took = first.elapsed();
+        let r = report(&text);
+        assert_eq!(r["stats"]["shell"]["totals"]["killed"], 1, "{text}");
+        if second {
+            assert!(
+                text.contains("again: killing every running hook now"),
+                "{text}"
+            );
+            assert!(
+                took < Duration::from_millis(1500),
+                "second signal: {took:?}"
+            );
+        } else {
+            assert!(took >= Duration::from_millis(1900), "one signal: {took:?}");
+            assert!(took < Duration::from_secs(20), "one signal: {took:?}");
+        }
+    }
+}
+
+/// Item 14: `fire` honours matchers (a skipped hook names the tool and the pattern) unless
+/// `--ignore-matcher`; Claude Code's `Edit|Write` matches.
+#[test]
+fn fire_honours_matchers_unless_told_to_ignore_them() {
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log");
+    let json = serde_json::json!({"hooks": {"tool_call": [{
+        "id": "edits", "command": "/bin/sh", "matcher": "Edit|Write",
+        "args": ["-c", format!("echo ran >> {}", log.display())]
+    }]}})
+    .to_string();
+    std::fs::write(ws.path().join("hooks.json"), json).unwrap();
+    let fire = |tool: &str, extra: &[&str]| {
+        let payload = format!(r#"{{"tool":"{tool}","success":true,"output":""}}"#);
+        let out = bin()
+            .args(["fire", "tool_call", "--workspace"])
+            .arg(ws.path())
+            .args(["--payload", &payload])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = fire("Bash", &[]);
+    assert_eq!(
+        out.trim(),
+        r#"hook edits tool_call: skipped (matcher "Edit|Write" does not match tool "Bash")"#
+    );
+    assert!(lines(&log).is_empty());
+    assert!(fire("Bash", &["--ignore-matcher"]).contains("hook edits tool_call: ok"));
+    assert!(fire("Write", &[]).contains("hook edits tool_call: ok"));
+    assert_eq!(lines(&log), ["ran", "ran"]);
+}
+
+/// Item 15: every run is logged at info (hook, event, outcome, duration or exit code), the
+/// stderr tail at debug (`-v`), nothing below warn with `-q`.
+#[test]
+fn run_logs_every_hook_run_and_v_q_set_how_much() {
+    let ws = tempfile::tempdir().unwrap();
+    let json = r#"{"hooks": {"tool_call": [
+        {"id": "fine", "command": "/bin/sh", "args": ["-c", "echo note-to-self >&2"]},
+        {"id": "fails", "command": "/bin/sh", "args": ["-c", "exit 3"]},
+        {"id": "edits", "command": "/bin/true", "matcher": "Edit|Write"}]}}"#;
+    let event = r#"{"event":"tool_call","agent":"a","session":"s","payload":{"tool":"Bash","success":true,"output":""}}"#;
+    let (status, stderr, _) = run_over(ws.path(), json, &[event], &[]);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("hook fine tool_call: ok ("), "{stderr}");
+    assert!(
+        stderr.contains("hook fails tool_call: exit 3 ("),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            r#"hook edits tool_call: skipped (matcher "Edit|Write" does not match tool "Bash")"#
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("note-to-self"),
+        "the tail is debug: {stderr}"
+    );
+
+    let (_, verbose, _) = run_over(ws.path(), json, &[event], &["-v"]);
+    assert!(
+        verbose.contains("hook fine tool_call stderr: \"note-to-self\""),
+        "{verbose}"
+    );
+    let (status, quiet, _) = run_over(ws.path(), json, &[event], &["-q"]);
+    assert!(status.success());
+    assert!(!quiet.contains("hook fine"), "{quiet}");
+    assert!(
+        quiet.contains("hook fails tool_call: exit 3"),
+        "failures still warn: {quiet}"
+    );
+    assert_eq!(report(&quiet)["stats"]["shell"]["totals"]["ok"], 1);
+}

@@ -27,6 +27,19 @@ use std::time::{Duration, Instant};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    verbosity: Verbosity,
+}
+
+/// `-v`/`-q`: how much is logged on stderr (README.md § Logging).
+#[derive(Args)]
+struct Verbosity {
+    /// Log more: -v adds debug (each hook's stderr tail), -vv trace. Overrides RUST_LOG.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Log less: -q warnings and errors only, -qq errors only. Overrides RUST_LOG.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "verbose")]
+    quiet: u8,
 }
 
 #[derive(Subcommand)]
@@ -55,6 +68,10 @@ struct FireArgs {
     /// One JSON object per outcome instead of text.
     #[arg(long)]
     json: bool,
+    /// Run every enabled hook of the event whatever its matcher (by default a hook whose
+    /// matcher does not match the payload's tool is skipped, as in `run`).
+    #[arg(long)]
+    ignore_matcher: bool,
 }
 
 #[derive(Args)]
@@ -88,6 +105,12 @@ struct RunArgs {
     /// <workspace>/.prx-hooks/token, generated when absent.
     #[arg(long, value_name = "F", requires = "listen")]
     token_file: Option<PathBuf>,
+    /// At the end of the input, wait at most this long for hooks still queued or running
+    /// (`30s`, `1500ms`, `2m`; a bare number is seconds) before killing them. Default: the
+    /// longest `timeout_ms` in hooks.json (plus 1 s), so every running hook gets its own
+    /// timeout. SIGINT/SIGTERM drain for 2 s instead; a second one kills at once.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    drain_timeout: Option<Duration>,
 }
 
 #[derive(Args)]
@@ -111,7 +134,7 @@ struct BenchArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(&cli.verbosity, &cli.command);
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench(args),
@@ -127,9 +150,40 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// The log filter: `-v`/`-q` when given, else `RUST_LOG`, else the command's default — info
+/// (every hook run is a line), except for `fire`, which prints each outcome on stdout anyway
+/// and logs warnings only.
+fn log_filter(v: &Verbosity, command: &Command) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::EnvFilter;
+    let level = match (v.verbose, v.quiet) {
+        (0, 0) => None,
+        (1, _) => Some("info,prx_hooks=debug"),
+        (_, 0) => Some("info,prx_hooks=trace"),
+        (_, 1) => Some("warn"),
+        (_, _) => Some("error"),
+    };
+    if let Some(level) = level {
+        return EnvFilter::new(level);
+    }
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(match command {
+            Command::Fire(_) => "warn",
+            _ => "info",
+        })
+    })
+}
+
+/// `30s`, `1500ms`, `2m`, `1h 30m` (humantime), or a bare number of seconds (`2.5`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    if let Ok(secs) = s.trim().parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"));
+    }
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{s:?}: {e} (write 30s, 1500ms, 2m or a number of seconds)"))
+}
+
+fn init_tracing(v: &Verbosity, command: &Command) {
+    let filter = log_filter(v, command);
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -171,10 +225,15 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
+            let mut stops = 0u32;
             while let Ok(sig) = signals.wait() {
                 if sig != Signal::SIGHUP {
+                    stops += 1;
+                    if stops >= 2 {
+                        second_signal(&reloader, sig);
+                    }
                     let _ = tx.send(Finish::Signal(sig));
-                    return;
+                    continue;
                 }
                 match reloader.reload() {
                     Some(outcome) => {
@@ -206,28 +265,108 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     drop(done_tx);
 
     // With the API, the end of the input is not the end: serve until a signal.
-    loop {
+    let finish = loop {
         match done_rx.recv() {
             Ok(Finish::Signal(sig)) => {
-                tracing::info!("{sig}: draining and exiting");
-                break;
+                tracing::info!("{sig}: draining for {SIGNAL_DRAIN:?} and exiting");
+                break Finish::Signal(sig);
             }
             Ok(Finish::InputDone) if server.is_some() => {}
-            Ok(Finish::InputDone) | Err(_) => break,
+            Ok(Finish::InputDone) | Err(_) => break Finish::InputDone,
         }
-    }
+    };
+    let deadline = match finish {
+        Finish::InputDone => drain_input_end(&hooks, args.drain_timeout, &done_rx),
+        Finish::Signal(_) => Instant::now() + SIGNAL_DRAIN,
+    };
     if let Some(server) = server.as_mut() {
         server.shutdown(Duration::from_secs(2));
         #[cfg(feature = "http")]
         prx_hooks::http::token::remove_address(&args.workspace, &server.listen().to_string());
     }
-    hooks.shutdown(Duration::from_secs(2));
+    hooks.shutdown(deadline.saturating_duration_since(Instant::now()));
     if let Some(printer) = printer {
         let _ = printer.join();
     }
     let report = serde_json::json!({ "input": &*input, "stats": hooks.stats() });
     eprintln!("{report}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long SIGINT/SIGTERM lets queued and running hooks finish.
+const SIGNAL_DRAIN: Duration = Duration::from_secs(2);
+
+/// Beyond the longest hook timeout, for the last timed-out hook to be reaped and counted as
+/// timed out (not as killed at shutdown).
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// A second SIGINT/SIGTERM: every hook is killed now instead of at the drain deadline.
+fn second_signal(hooks: &Hooks, sig: Signal) {
+    tracing::warn!("{sig} again: killing every running hook now");
+    if let Some(shell) = hooks.shell() {
+        shell.kill_now();
+    }
+}
+
+/// `run` at the end of its input: lets what was emitted run to its end — every hook under its
+/// own timeout — until the pipeline and every backend are idle, or the drain deadline
+/// (`--drain-timeout`, default the longest hook timeout + [`DRAIN_GRACE`]). A signal cuts it
+/// to [`SIGNAL_DRAIN`]. Returns the deadline to shut down with.
+fn drain_input_end(
+    hooks: &Hooks,
+    cap: Option<Duration>,
+    signals: &mpsc::Receiver<Finish>,
+) -> Instant {
+    let start = Instant::now();
+    let longest = hooks
+        .hook_table()
+        .actions
+        .iter()
+        .filter(|a| a.enabled)
+        .map(|a| a.timeout)
+        .max()
+        .unwrap_or_default();
+    let deadline = start + cap.unwrap_or(longest + DRAIN_GRACE);
+    let mut said = false;
+    loop {
+        if idle(hooks) {
+            return Instant::now();
+        }
+        if !said {
+            said = true;
+            tracing::info!(
+                "end of input: waiting up to {:?} for hooks still queued or running ({})",
+                deadline - start,
+                if cap.is_some() {
+                    "--drain-timeout"
+                } else {
+                    "their longest timeout; --drain-timeout changes it"
+                }
+            );
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            tracing::warn!(
+                "drain deadline reached after {:?}: killing what is still running",
+                now - start
+            );
+            return now;
+        }
+        match signals.recv_timeout((deadline - now).min(Duration::from_millis(10))) {
+            Ok(Finish::Signal(sig)) => {
+                tracing::info!("{sig}: draining for {SIGNAL_DRAIN:?} and exiting");
+                return Instant::now() + SIGNAL_DRAIN;
+            }
+            Ok(Finish::InputDone) | Err(_) => {}
+        }
+    }
+}
+
+/// Nothing queued in the rings or being delivered, and no backend with work in flight.
+fn idle(hooks: &Hooks) -> bool {
+    let stats = hooks.stats();
+    stats.processed + stats.dropped_shutdown >= stats.queued
+        && stats.sinks.iter().all(|s| s.counts.in_flight == 0)
 }
 
 #[cfg(feature = "http")]
@@ -582,7 +721,8 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
         &record.session,
         0,
     );
-    let outcomes = shell.run_matching(&msg);
+    let opts = prx_hooks::shell::RunOptions::default().ignore_matcher(args.ignore_matcher);
+    let outcomes = shell.run_matching_with(&msg, &opts);
     shell.shutdown(Instant::now() + Duration::from_secs(2));
     #[allow(unused_mut)]
     let mut failed = outcomes.iter().any(|o| o.kind.is_failure());

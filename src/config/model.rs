@@ -84,19 +84,72 @@ pub struct Action {
 }
 
 /// Which tool names a hook fires for.
+///
+/// hooks.json's rule ([`Matcher::parse`], README § Matchers, Claude Code's convention):
+///
+/// | written | is | matches |
+/// |---|---|---|
+/// | absent, `""` or `"*"` | — | every tool |
+/// | `"/re/"` | regex | `re` against the whole name (anchored) |
+/// | contains one of `\|().+[]^$` (`"Edit\|Write"`, `"mcp__.*"`) | regex | the whole name (anchored) |
+/// | anything else (`"mcp__*"`, `"Read?"`, `"Bash"`) | glob | the whole name, `*` any run, `?` one character |
+///
+/// Matching is case-sensitive. Regexes are the `regex` crate's (linear time, no backtracking:
+/// no pattern can make matching slow).
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub enum Matcher {
     /// `*` and `?` wildcards matching the whole name, case-sensitive (`mcp__*`).
     Glob(String),
-    /// `/regex/`, unanchored like a search unless the pattern anchors itself.
+    /// A regex as given, matching anywhere in the name unless it anchors itself (for tables
+    /// built in code; hooks.json's regexes load as [`Matcher::Anchored`]).
     Regex(regex::Regex),
+    /// A regex matched against the whole name, with the text it was written as
+    /// (`Edit|Write`, `/^mcp__.*$/`).
+    Anchored { source: String, regex: regex::Regex },
 }
 
+/// The characters that make a matcher a regex (besides `/…/`).
+pub const REGEX_CHARS: &[char] = &['|', '(', ')', '.', '+', '[', ']', '^', '$', '\\'];
+
 impl Matcher {
+    /// Reads a matcher as hooks.json writes it (the table above): `Ok(None)` for one that
+    /// matches every tool (`""`), `Err` with the reason for a regex that does not compile.
+    pub fn parse(src: &str) -> Result<Option<Matcher>, String> {
+        if src.is_empty() {
+            return Ok(None);
+        }
+        let slashed = src.len() >= 2 && src.starts_with('/') && src.ends_with('/');
+        if !slashed && !src.contains(REGEX_CHARS) {
+            return Ok(Some(Matcher::Glob(src.to_string())));
+        }
+        let pattern = if slashed { &src[1..src.len() - 1] } else { src };
+        if pattern.is_empty() {
+            return Err(
+                "an empty regular expression; leave \"matcher\" out (or write \"*\") to match \
+                 every tool"
+                    .into(),
+            );
+        }
+        regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+            .size_limit(1 << 20)
+            .nest_limit(64)
+            .build()
+            .map(|regex| {
+                Some(Matcher::Anchored {
+                    source: src.to_string(),
+                    regex,
+                })
+            })
+            .map_err(|e| format!("invalid regular expression: {}", regex_reason(&e)))
+    }
+
+    /// The matcher as written (`mcp__*`, `Edit|Write`, `/^sh/`).
     pub fn source(&self) -> String {
         match self {
             Matcher::Glob(g) => g.clone(),
             Matcher::Regex(r) => format!("/{}/", r.as_str()),
+            Matcher::Anchored { source, .. } => source.clone(),
         }
     }
 
@@ -104,8 +157,21 @@ impl Matcher {
         match self {
             Matcher::Glob(g) => glob_match(g.as_bytes(), tool.as_bytes()),
             Matcher::Regex(r) => r.is_match(tool),
+            Matcher::Anchored { regex, .. } => regex.is_match(tool),
         }
     }
+}
+
+/// regex's errors span several lines (the pattern, a caret, the message); keep the message.
+fn regex_reason(e: &regex::Error) -> String {
+    let text = e.to_string();
+    let reason = text
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("error: "))
+        .map(str::to_string)
+        .unwrap_or_else(|| text.lines().map(str::trim).collect::<Vec<_>>().join("; "));
+    super::error::one_line(&reason)
 }
 
 /// `*` (any run, possibly empty) and `?` (any one character) over the whole text. Iterative
@@ -159,6 +225,51 @@ mod tests {
         assert!(
             !m(&"*a".repeat(30), &"a".repeat(29)),
             "no exponential blow-up, and correct"
+        );
+    }
+
+    #[test]
+    fn the_rule_picks_glob_or_anchored_regex() {
+        let m = |p: &str| Matcher::parse(p).unwrap().unwrap();
+        assert!(matches!(m("mcp__*"), Matcher::Glob(_)));
+        assert!(matches!(m("Read?"), Matcher::Glob(_)));
+        assert!(matches!(m("*"), Matcher::Glob(_)));
+        assert!(Matcher::parse("").unwrap().is_none());
+        for (p, yes, no) in [
+            (
+                "Edit|Write",
+                &["Edit", "Write"][..],
+                &["MultiEdit", "Edit2", "Writer"][..],
+            ),
+            (
+                "mcp__.*",
+                &["mcp__github__x", "mcp__"],
+                &["xmcp__a", "mcp_"],
+            ),
+            ("/Bash/", &["Bash"], &["Bashful", "bash"]),
+            ("/^sh|bash$/", &["sh", "bash"], &["zsh", "shell"]),
+            ("(Read)", &["Read"], &["Reads"]),
+            ("a+", &["a", "aaa"], &["ab", ""]),
+        ] {
+            let mm = m(p);
+            assert!(matches!(mm, Matcher::Anchored { .. }), "{p}");
+            assert_eq!(mm.source(), p);
+            for y in yes {
+                assert!(mm.matches(y), "{p} must match {y}");
+            }
+            for n in no {
+                assert!(!mm.matches(n), "{p} must not match {n}");
+            }
+        }
+        assert!(
+            Matcher::parse("(abc")
+                .unwrap_err()
+                .contains("unclosed group")
+        );
+        assert!(
+            Matcher::parse("//")
+                .unwrap_err()
+                .contains("empty regular expression")
         );
     }
 

@@ -688,7 +688,7 @@ impl ShellSink {
         let cancelled = {
             let mut s = lock(&sh.sched);
             s.closing = true;
-            while threads.started && s.in_flight() + s.direct_running > 0 {
+            while threads.started && s.in_flight() + s.direct_running > 0 && !s.hurry {
                 let now = Instant::now();
                 if now >= deadline {
                     break;
@@ -728,6 +728,14 @@ impl ShellSink {
             tracing::error!("the shell runner thread panicked");
         }
         sh.feed.close();
+    }
+
+    /// Ends a shutdown's wait at once (or makes the next shutdown not wait): hooks still
+    /// running are killed and counted `killed`, queued ones `cancelled`, as at the deadline.
+    /// For a second SIGINT/SIGTERM while `prx-hooks run` drains. Does not block.
+    pub fn kill_now(&self) {
+        lock(&self.shared.sched).hurry = true;
+        self.shared.idle_cv.notify_all();
     }
 
     fn ensure_started(&self) -> Result<(), String> {

@@ -97,6 +97,8 @@ pub(crate) struct Sched {
     pub(crate) closing: bool,
     /// The shutdown deadline has passed: start nothing more.
     pub(crate) stop_spawning: bool,
+    /// [`ShellSink::kill_now`](super::ShellSink::kill_now): shutdown does not wait at all.
+    pub(crate) hurry: bool,
 }
 
 impl Sched {

@@ -48,6 +48,7 @@ fn true_hook(cwd: &Path, max_concurrent: usize) -> Arc<HookTable> {
         enabled: true,
         matcher: None,
         max_concurrent,
+        limits: Default::default(),
     };
     Arc::new(HookTable {
         enabled: true,
@@ -55,6 +56,7 @@ fn true_hook(cwd: &Path, max_concurrent: usize) -> Arc<HookTable> {
         actions: vec![Arc::new(action)],
         source: None,
         warnings: Vec::new(),
+        path: None,
     })
 }
 

@@ -243,4 +243,6 @@ pub struct ShellStats {
     pub hooks: BTreeMap<String, HookCounts>,
     /// Processes started by `run_once` / `run_matching` that have not finished yet.
     pub direct_running: u64,
+    /// Whether runs get cgroups (detected or configured at start), and if not why.
+    pub cgroup: super::CgroupStatus,
 }

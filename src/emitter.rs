@@ -68,8 +68,15 @@ impl SeqCell {
 /// events may still be in it.
 pub(crate) struct Lane {
     pub(crate) ring: Arc<Ring<EventSlot>>,
-    graves: Mutex<Vec<(Arc<CachePadded<SeqCell>>, usize)>>,
+    graves: Mutex<Graves>,
     has_graves: AtomicBool,
+}
+
+#[derive(Default)]
+struct Graves {
+    cells: Vec<(Arc<CachePadded<SeqCell>>, usize)>,
+    /// The worker has stopped for good: nobody will read a slot again, so a cell can go at once.
+    consumer_gone: bool,
 }
 
 impl Lane {
@@ -86,8 +93,10 @@ impl Lane {
         // count's release/acquire orders them), so each of its positions is below this tail.
         let tail = self.ring.claimed();
         let mut graves = self.graves.lock().unwrap_or_else(|e| e.into_inner());
-        graves.push((cell, tail));
-        self.has_graves.store(true, Relaxed);
+        if !graves.consumer_gone {
+            graves.cells.push((cell, tail));
+            self.has_graves.store(true, Relaxed);
+        }
     }
 
     /// Frees the cells of dropped emitters whose events are all read (`head`: the consumer's
@@ -98,10 +107,22 @@ impl Lane {
         }
         let mut graves = self.graves.lock().unwrap_or_else(|e| e.into_inner());
         // `tail` not yet reached: tail - head, as a signed distance, is positive.
-        graves.retain(|(_, tail)| (tail.wrapping_sub(head) as isize) > 0);
-        if graves.is_empty() {
+        graves
+            .cells
+            .retain(|(_, tail)| (tail.wrapping_sub(head) as isize) > 0);
+        if graves.cells.is_empty() {
             self.has_graves.store(false, Relaxed);
         }
+    }
+
+    /// The consumer has stopped for good (after shutdown): frees every buried cell, and every
+    /// later one as soon as its emitter drops. No slot is read after this, so no pointer to a
+    /// cell is dereferenced again.
+    pub(crate) fn consumer_gone(&self) {
+        let mut graves = self.graves.lock().unwrap_or_else(|e| e.into_inner());
+        graves.consumer_gone = true;
+        graves.cells.clear();
+        self.has_graves.store(false, Relaxed);
     }
 }
 
@@ -554,7 +575,7 @@ mod tests {
         }
         // ... and the cell is freed once its last event is read (Miri: no leak).
         assert!(!lane.has_graves.load(Relaxed));
-        assert!(lane.graves.lock().unwrap().is_empty());
+        assert!(lane.graves.lock().unwrap().cells.is_empty());
     }
 
     #[test]
@@ -567,14 +588,20 @@ mod tests {
         second.emit(Event::TurnComplete);
         drop(second);
         lane.collect(rx.head()); // nothing read yet: the cell must stay
-        assert_eq!(lane.graves.lock().unwrap().len(), 1);
+        assert_eq!(lane.graves.lock().unwrap().cells.len(), 1);
         assert_eq!(pop(&mut rx).map(|e| (e.0, e.2)), Some(("first".into(), 0)));
         lane.collect(rx.head());
-        assert_eq!(lane.graves.lock().unwrap().len(), 1);
+        assert_eq!(lane.graves.lock().unwrap().cells.len(), 1);
         assert_eq!(pop(&mut rx).map(|e| (e.0, e.2)), Some(("second".into(), 0)));
         assert_eq!(pop(&mut rx).map(|e| (e.0, e.2)), Some(("second".into(), 1)));
         lane.collect(rx.head());
-        assert!(lane.graves.lock().unwrap().is_empty());
+        assert!(lane.graves.lock().unwrap().cells.is_empty());
+        // After the consumer is gone, cells go at once: emitters made after shutdown leak none.
+        lane.consumer_gone();
+        let late = Emitter::new(producers.clone(), lane.clone(), "late", "s");
+        late.emit(Event::TurnComplete);
+        drop(late);
+        assert!(lane.graves.lock().unwrap().cells.is_empty());
         drop(first);
     }
 

@@ -441,7 +441,8 @@ impl Worker {
         if late {
             self.abandon(end);
         }
-        self.lane.collect(self.consumer.head());
+        // This worker reads no slot again.
+        self.lane.consumer_gone();
     }
 
     /// Past the deadline: frees what is published without delivering it, and counts every

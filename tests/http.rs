@@ -898,6 +898,10 @@ fn metrics_parse_and_match_the_stats() {
         num(&stats["oversize"])
     );
     assert_eq!(
+        value("prx_hooks_events_dropped_total", &[("reason", "shutdown")]),
+        num(&stats["dropped_shutdown"])
+    );
+    assert_eq!(
         value("prx_hooks_ring_capacity", &[]),
         num(&stats["ring"]["capacity"])
     );

@@ -199,6 +199,9 @@ const DROPS: Parts<Stats> = &[
     ("ring_full", |s| s.dropped),
     ("byte_budget", |s| s.dropped_budget),
     ("oversize", |s| s.oversize),
+    // Queued, but still in a ring when the shutdown deadline passed (ARCHITECTURE.md §
+    // Shutdown): unlike the reasons above these events were `Queued`, not refused.
+    ("shutdown", |s| s.dropped_shutdown),
 ];
 
 const SINK: &[Def<SinkStats>] = &[

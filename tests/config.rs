@@ -1298,3 +1298,122 @@ fn the_watcher_and_errors_can_be_shared_across_threads() {
     send_sync::<config::ConfigStats>();
     send_sync::<HookTable>();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Linear time and capped errors (issue 11 item 11)
+
+/// The parse of `text`, and how long it took.
+fn timed_errors(text: &str) -> (Vec<String>, Duration) {
+    let ws = workspace();
+    let start = std::time::Instant::now();
+    let r = parse_in(ws.path(), text);
+    let took = start.elapsed();
+    (r.expect_err("must be rejected").lines(), took)
+}
+
+/// Generous: linear parsing of 256 KiB takes milliseconds; the quadratic code took 1.6–1.9 s
+/// for the env object and far longer for the error flood. Liveness, not speed.
+const LINEAR_BOUND: Duration = Duration::from_secs(1);
+
+#[test]
+fn a_256_kib_env_object_parses_in_linear_time() {
+    let mut env = String::new();
+    let mut i = 0;
+    while env.len() < 256 * 1024 - 200 {
+        env.push_str(&format!("\"V{i}\":\"x\","));
+        i += 1;
+    }
+    env.pop();
+    let text = tc(&format!(r#"{{"command": "/bin/true", "env": {{{env}}}}}"#));
+    assert!(text.len() <= 256 * 1024);
+    let (errs, took) = timed_errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    check(
+        &errs[0],
+        "hooks.tool_call[0].env.V128",
+        "too many variables: at most 128",
+    );
+    assert!(took < LINEAR_BOUND, "{i} distinct keys took {took:?}");
+}
+
+#[test]
+fn a_256_kib_object_of_one_repeated_key_reports_capped_duplicates() {
+    let mut env = String::new();
+    let mut n = 0;
+    while env.len() < 256 * 1024 - 200 {
+        env.push_str("\"A\":\"x\",");
+        n += 1;
+    }
+    env.pop();
+    let text = tc(&format!(r#"{{"command": "/bin/true", "env": {{{env}}}}}"#));
+    let (errs, took) = timed_errors(&text);
+    assert_eq!(errs.len(), config::MAX_ERRORS + 1, "first N plus a count");
+    check(
+        &errs[0],
+        "hooks.tool_call[0].env.A",
+        "duplicate key (first at 1:",
+    );
+    let last = errs.last().unwrap();
+    check(
+        last,
+        "$",
+        &format!(
+            "and {} more errors (only the first {} are shown)",
+            n - 1 - config::MAX_ERRORS,
+            config::MAX_ERRORS
+        ),
+    );
+    assert!(took < LINEAR_BOUND, "{n} duplicate keys took {took:?}");
+}
+
+/// The issue's file: 256 KiB of `{}` hooks gave 87 k errors and 8.9 MB of text (logged on
+/// every rejected reload and kept in `last_error`).
+#[test]
+fn a_256_kib_file_of_empty_hooks_gives_the_first_errors_and_a_count() {
+    let n = (256 * 1024 - 40) / 3;
+    let items = vec!["{}"; n].join(",");
+    let text = format!("{{\"hooks\": {{\"tool_call\": [{items}]}}}}");
+    assert!(text.len() <= 256 * 1024);
+    let ws = workspace();
+    let start = std::time::Instant::now();
+    let errs = parse_in(ws.path(), &text).unwrap_err();
+    let took = start.elapsed();
+    let lines = errs.lines();
+    assert_eq!(lines.len(), config::MAX_ERRORS + 1, "first N plus a count");
+    check(&lines[0], "hooks.tool_call[0]", "missing \"command\"");
+    check(&lines[1], "hooks.tool_call[1]", "missing \"command\"");
+    // n hooks without a command, plus "too many hooks" at the 257th.
+    let total = n + 1;
+    check(
+        lines.last().unwrap(),
+        "$",
+        &format!(
+            "and {} more errors (only the first {} are shown)",
+            total - config::MAX_ERRORS,
+            config::MAX_ERRORS
+        ),
+    );
+    let text_size = errs.to_string().len();
+    assert!(text_size < 32 * 1024, "{text_size} bytes of error text");
+    assert!(took < LINEAR_BOUND, "{n} errors took {took:?}");
+}
+
+/// Many identical hooks (each fine, but too many): their derived ids are numbered without a
+/// rescan per hook.
+#[test]
+fn many_identical_hooks_are_rejected_in_linear_time() {
+    let one = r#"{"command":"/bin/true"}"#;
+    let n = (256 * 1024 - 40) / (one.len() + 1);
+    let text = format!(
+        "{{\"hooks\": {{\"tool_call\": [{}]}}}}",
+        vec![one; n].join(",")
+    );
+    let (errs, took) = timed_errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    check(
+        &errs[0],
+        "hooks.tool_call[256]",
+        "too many hooks: at most 256",
+    );
+    assert!(took < LINEAR_BOUND, "{n} hooks took {took:?}");
+}

@@ -371,3 +371,191 @@ fn stats_serialize() {
         assert!(json.contains(key), "{key} in {json}");
     }
 }
+
+/// `mkfifo(3)` at `path` (mode 0600).
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that lives across the call.
+    let rc = unsafe { nix::libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(
+        rc,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Runs `f` on a thread of its own and gives up waiting after `limit` (the thread is then
+/// left behind, wedged: the caller fails the test).
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// Issue 11 item 7: a FIFO swapped in for hooks.json (between the watcher's `stat` and its
+/// `open`) used to block the open forever: later valid files never went live, and SIGHUP
+/// (`reload_now`) and shutdown (dropping the watcher) hung. A swapper alternates a FIFO and a
+/// regular file under the name as fast as it can while reloads run from the watcher and from
+/// another thread; then a valid file must go live, and every call must return.
+fn a_fifo_swapped_in_never_wedges(poll: bool) {
+    let h = start(poll);
+    write_rename(&h.file(), &config("before"));
+    h.wait_version("before");
+    let Harness { ws, watcher, calls } = h;
+    let watcher = Arc::new(watcher);
+    let dir = ws.path().to_path_buf();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (dir, stop) = (dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (fifo, file, target) =
+                (dir.join("f.tmp"), dir.join("r.tmp"), dir.join("hooks.json"));
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                mkfifo(&fifo);
+                std::fs::rename(&fifo, &target).unwrap();
+                std::fs::write(&file, config("mid")).unwrap();
+                std::fs::rename(&file, &target).unwrap();
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    // SIGHUP-style reloads racing the swaps.
+    // (Detached: on a wedged watcher it never returns.)
+    {
+        let (w, stop) = (watcher.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                w.reload_now();
+            }
+        });
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 100, "the swapper only managed {swaps} swaps");
+    // Hooks.json is a regular file again; a new valid version must go live.
+    write_rename(&dir.join("hooks.json"), &config("after"));
+    let w = watcher.clone();
+    let live = within(Duration::from_secs(10), move || {
+        let start = Instant::now();
+        while version(&w.table()).as_deref() != Some("after") {
+            if start.elapsed() > SLACK * 2 {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    });
+    assert_eq!(
+        live,
+        Some(true),
+        "the valid file never went live: the watcher is wedged"
+    );
+    let w = watcher.clone();
+    assert!(
+        within(SLACK, move || w.reload_now()).is_some(),
+        "reload_now (SIGHUP) hangs"
+    );
+    let s = watcher.stats();
+    assert!(
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not a regular file")),
+        "a FIFO read is refused with a clear error: {s:?}"
+    );
+    // Shutdown: dropping the watcher returns.
+    let dropped = within(SLACK, move || {
+        // The reloader thread holds a clone until it sees `stop`; wait for it to let go.
+        let mut w = watcher;
+        loop {
+            match Arc::try_unwrap(w) {
+                Ok(inner) => return drop(inner),
+                Err(back) => w = back,
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    assert!(dropped.is_some(), "dropping the watcher (shutdown) hangs");
+    drop((calls, ws));
+}
+
+#[test]
+fn a_fifo_swapped_in_never_wedges_the_watcher_or_shutdown() {
+    a_fifo_swapped_in_never_wedges(false);
+}
+
+#[test]
+fn a_fifo_swapped_in_never_wedges_the_polling_watcher_or_shutdown() {
+    a_fifo_swapped_in_never_wedges(true);
+}
+
+/// A FIFO that is hooks.json from the start (no race needed): refused at once, by the loader
+/// and by the watcher, with the reason.
+#[test]
+fn a_fifo_at_start_is_refused_not_waited_on() {
+    let ws = tempfile::tempdir().unwrap();
+    mkfifo(&ws.path().join("hooks.json"));
+    let p = ws.path().to_path_buf();
+    let e = within(SLACK, move || prx_hooks::config::load(&p)).expect("load hangs on a FIFO");
+    assert!(e.unwrap_err().to_string().contains("not a regular file"));
+    let h = within(SLACK, move || start_in(ws, false)).expect("start hangs on a FIFO");
+    assert!(h.watcher.stats().failing);
+    write_rename(&h.file(), &config("ok"));
+    h.wait_version("ok");
+}
+
+/// Issue 11 item 9: hooks.json as a symbolic link (dotfiles managers do this). inotify on the
+/// workspace sees nothing when the target is edited in its own directory; the watcher must
+/// watch every directory along the link chain and follow the link when it is re-pointed.
+#[test]
+fn a_symlinked_hooks_json_is_reloaded_when_its_target_changes() {
+    let h = start(false);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mid = tempfile::tempdir().unwrap();
+    let real = elsewhere.path().join("real.json");
+    std::fs::write(&real, config("t1")).unwrap();
+    // ws/hooks.json -> mid/link.json -> elsewhere/real.json
+    std::os::unix::fs::symlink(&real, mid.path().join("link.json")).unwrap();
+    std::os::unix::fs::symlink(mid.path().join("link.json"), h.file()).unwrap();
+    h.wait_version("t1");
+    // Edited in place, in the target's directory.
+    write_in_place(&real, &config("t2"));
+    h.wait_version("t2");
+    // Replaced by rename in the target's directory (what editors do).
+    let tmp = elsewhere.path().join(".real.json.swp");
+    std::fs::write(&tmp, config("t3")).unwrap();
+    std::fs::rename(&tmp, &real).unwrap();
+    h.wait_version("t3");
+    // The middle link re-pointed at another file in another directory.
+    let other = tempfile::tempdir().unwrap();
+    let real2 = other.path().join("second.json");
+    std::fs::write(&real2, config("t4")).unwrap();
+    let tmp_link = mid.path().join(".link.tmp");
+    std::os::unix::fs::symlink(&real2, &tmp_link).unwrap();
+    std::fs::rename(&tmp_link, mid.path().join("link.json")).unwrap();
+    h.wait_version("t4");
+    // The new target is followed; the old one no longer matters.
+    write_in_place(&real2, &config("t5"));
+    h.wait_version("t5");
+    let reloads = h.watcher.stats().reloads;
+    write_in_place(&real, &config("stale"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(h.version().as_deref(), Some("t5"));
+    assert_eq!(
+        h.watcher.stats().reloads,
+        reloads,
+        "the old target is no longer watched"
+    );
+    // The link in the workspace replaced by a plain file: still watched as before.
+    std::fs::remove_file(h.file()).unwrap();
+    write_rename(&h.file(), &config("plain"));
+    h.wait_version("plain");
+    assert_eq!(h.watcher.kind(), WatcherKind::Inotify);
+}

@@ -855,7 +855,12 @@ fn disabled_hooks_and_matchers_are_skipped_not_sent() {
     let kinds: Vec<String> = outs.iter().map(|o| o.kind.to_string()).collect();
     assert_eq!(
         kinds,
-        ["skipped (disabled)", "skipped (matcher)", "ok", "ok"],
+        [
+            "skipped (disabled)",
+            "skipped (matcher \"mcp__*\" does not match tool \"shell\")",
+            "ok",
+            "ok"
+        ],
         "{outs:?}"
     );
     let table = sink.table();
@@ -963,7 +968,9 @@ fn counts_balance_at_every_moment() {
                 let st = sink.stats();
                 check_balanced(&st);
                 assert!(sink.counts().balanced());
-                assert!(st.totals.running <= 6, "global limit: {:?}", st.totals);
+                // max_running caps the shared slots; each hook has one of its own (issue 11).
+                assert!(st.shared_running <= 6, "global limit: {st:?}");
+                assert!(st.totals.running <= 6 + 3, "global limit: {:?}", st.totals);
                 looks += 1;
                 std::thread::yield_now();
             }

@@ -2,7 +2,8 @@
 //!
 //! * never panics, and is deterministic (a second parse gives the same ids or the same errors);
 //! * `Err`: every error is one line of the shape `hooks.json:LINE:COL: PATH: reason`, with
-//!   LINE and COL ≥ 1 and LINE within the file, a non-empty path and reason;
+//!   LINE and COL ≥ 1 and LINE within the file, a non-empty path and reason, and at most
+//!   `MAX_ERRORS` of them plus one line counting the rest;
 //! * `Ok`: serde_json reads the same text (the validator's own JSON reader accepts nothing
 //!   serde_json rejects), and the table agrees with serde_json's reading: one action per array
 //!   element, under the normalized event, with the same command, args and env; and every
@@ -61,6 +62,11 @@ fn ids(t: &HookTable) -> Vec<String> {
 
 fn check_errors(data: &[u8], errs: &config::ConfigErrors) {
     assert!(!errs.is_empty(), "Err with no error");
+    assert!(
+        errs.len() <= config::MAX_ERRORS + 1,
+        "{} error lines: at most MAX_ERRORS and a count",
+        errs.len()
+    );
     let lines = data.iter().filter(|&&b| b == b'\n').count() + 1;
     for e in errs {
         let text = e.to_string();

@@ -33,6 +33,10 @@ pub const MAX_ACTIONS: usize = 256;
 pub const MAX_ARGS: usize = 128;
 /// Most `env` entries of one action (and most `env_passthrough` names).
 pub const MAX_ENV: usize = 128;
+/// Most errors listed for one file; the rest are counted on one more line (`… and N more
+/// errors (only the first 100 are shown)`), so a hostile or broken file cannot produce
+/// megabytes of messages.
+pub const MAX_ERRORS: usize = 100;
 /// `timeout_ms` range.
 pub const MIN_TIMEOUT_MS: u64 = 1;
 pub const MAX_TIMEOUT_MS: u64 = 300_000;
@@ -115,31 +119,37 @@ pub fn file_label(workspace: &Path) -> String {
     }
 }
 
-/// Reads `<workspace>/hooks.json` for validation: `Ok(None)` when it does not exist. Reads at
-/// most [`MAX_FILE_BYTES`] + 4 bytes (enough for [`parse`] to report the file as too large),
-/// and refuses anything but a regular file (opening a FIFO would block).
+/// Reads `<workspace>/hooks.json`: `Ok(None)` when it does not exist. Reads at most
+/// [`MAX_FILE_BYTES`] + 4 bytes (enough for [`parse`] to report the file as too large), and
+/// refuses anything but a regular file.
+///
+/// The file is opened first, with `O_NONBLOCK` (and `O_NOCTTY`), and the opened descriptor is
+/// checked (`fstat`): a FIFO swapped in for hooks.json cannot block the open waiting for a
+/// writer, and a file swapped between a check by name and the open cannot slip through, since
+/// nothing is decided by name. Symbolic links are followed (a linked hooks.json is fine).
 pub fn read_hooks_file(workspace: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::OpenOptionsExt;
     let path = workspace.join(HOOKS_FILE);
-    let meta = match std::fs::metadata(&path) {
-        Ok(m) => m,
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(&path)
+    {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
+    let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "not a regular file",
         ));
     }
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let mut bytes = Vec::with_capacity((meta.len() as usize).min(MAX_FILE_BYTES + 4));
     // + 3 for a byte order mark, + 1 to see that the file is too large.
-    file.take(MAX_FILE_BYTES as u64 + 4)
-        .read_to_end(&mut bytes)?;
+    let cap = MAX_FILE_BYTES as u64 + 4;
+    let mut bytes = Vec::with_capacity(meta.len().min(cap) as usize);
+    file.take(cap).read_to_end(&mut bytes)?;
     Ok(Some(bytes))
 }
 
@@ -248,9 +258,19 @@ fn raw(pos: usize, path: JPath, reason: impl Into<String>) -> RawError {
     }
 }
 
-/// Raw errors → `ConfigErrors`, in file order.
+/// Raw errors → `ConfigErrors`, in file order: the first [`MAX_ERRORS`], then one line
+/// counting the rest (at the position of the first one left out). Linear in the number of
+/// errors and the size of the text.
 fn finish(label: &str, text: &str, mut errs: Vec<RawError>) -> ConfigErrors {
     errs.sort_by_key(|e| e.pos);
+    if errs.len() > MAX_ERRORS {
+        let more = errs.len() - MAX_ERRORS;
+        errs.truncate(MAX_ERRORS + 1);
+        let last = &mut errs[MAX_ERRORS];
+        last.path = JPath::root();
+        last.first = None;
+        last.reason = format!("… and {more} more errors (only the first {MAX_ERRORS} are shown)");
+    }
     let lines = Lines::new(text);
     ConfigErrors(
         errs.into_iter()
@@ -305,6 +325,8 @@ struct Validator {
     actions_seen: usize,
     /// `"path": "inherit"`: the filtered host PATH bare commands resolve against.
     path: Option<String>,
+    /// Bare command names already looked up in the table's PATH.
+    resolved: HashMap<String, Result<PathBuf, String>>,
 }
 
 impl Validator {
@@ -320,6 +342,7 @@ impl Validator {
             ws_canon,
             actions_seen: 0,
             path: None,
+            resolved: HashMap::new(),
         }
     }
 
@@ -780,7 +803,17 @@ impl Validator {
                 );
                 return None;
             }
-            let program = resolve_bare_in(cmd, self.path.as_deref().unwrap_or(SANITIZED_PATH));
+            // Resolved once per name and file: a file repeating one command thousands of
+            // times costs one PATH lookup, not thousands. (The table's "path" is read before
+            // any hook: top-level fields come first.)
+            let program = match self.resolved.get(cmd) {
+                Some(p) => p.clone(),
+                None => {
+                    let p = resolve_bare_in(cmd, self.path.as_deref().unwrap_or(SANITIZED_PATH));
+                    self.resolved.insert(cmd.to_string(), p.clone());
+                    p
+                }
+            };
             if let Err(why) = &program {
                 self.warn(pos, path, format!("{why}; the hook will fail to spawn"));
             }
@@ -1040,17 +1073,25 @@ impl Validator {
             }
         }
         let mut out = Vec::with_capacity(drafts.len());
+        // Per derived base id, the next suffix to try: identical hooks are numbered in one
+        // pass (`-2`, `-3`, …) instead of rescanning from `-2` for each.
+        let mut next_suffix: HashMap<String, usize> = HashMap::new();
         for d in drafts {
             let (id, id_explicit) = match d.explicit_id {
                 Some((id, _)) => (id, true),
                 None => {
                     let base = derived_id(&d);
-                    let mut id = base.clone();
-                    let mut n = 1;
+                    let n = next_suffix.entry(base.clone()).or_insert(1);
+                    let mut id = if *n == 1 {
+                        base.clone()
+                    } else {
+                        format!("{base}-{n}")
+                    };
                     while taken.contains_key(&id) {
-                        n += 1;
+                        *n += 1;
                         id = format!("{base}-{n}");
                     }
+                    *n += 1;
                     taken.insert(id.clone(), usize::MAX);
                     (id, false)
                 }

@@ -11,9 +11,14 @@
 //! read; duplicate keys do not stop it: they are collected and the first occurrence is kept.
 
 use super::error::{Path, Seg};
+use std::collections::HashMap;
 
 /// Containers nested deeper than this are refused (serde_json's default limit, too).
 pub const MAX_DEPTH: usize = 127;
+
+/// Objects with at least this many members get a hash index of their keys for the duplicate
+/// check (below it a scan is cheaper); the parse stays linear in the size of the text.
+const INDEX_FROM: usize = 16;
 
 /// A JSON value and the byte offset where it starts.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,6 +190,7 @@ impl Parser<'_> {
         }
         self.i += 1; // {
         let mut members: Vec<Member> = Vec::new();
+        let mut index: Option<HashMap<String, usize>> = None;
         self.skip_ws();
         if self.peek() == Some(b'}') {
             self.i += 1;
@@ -212,19 +218,38 @@ impl Parser<'_> {
             }
             self.i += 1;
             self.skip_ws();
-            self.path.push(Seg::Key(key.clone()));
+            self.path.push(Seg::Key(key));
             let value = self.value(depth)?;
-            self.path.pop();
-            if let Some(first) = members.iter().find(|m| m.key == key) {
+            let Some(Seg::Key(key)) = self.path.pop_seg() else {
+                unreachable!("the key pushed above")
+            };
+            let first = match &index {
+                Some(index) => index.get(key.as_str()).copied(),
+                None => members.iter().find(|m| m.key == key).map(|m| m.key_pos),
+            };
+            if let Some(first) = first {
                 let mut path = self.path.clone();
-                path.push(Seg::Key(key.clone()));
+                path.push(Seg::Key(key));
                 self.duplicates.push(RawError {
                     pos: key_pos,
                     path,
                     reason: "duplicate key".to_string(),
-                    first: Some(first.key_pos),
+                    first: Some(first),
                 });
             } else {
+                // Small objects are scanned; from INDEX_FROM members on, a hash index keeps
+                // the duplicate check O(1) per key (a 256 KiB object has ~20 k members).
+                if let Some(index) = &mut index {
+                    index.insert(key.clone(), key_pos);
+                } else if members.len() + 1 >= INDEX_FROM {
+                    let mut built: HashMap<String, usize> =
+                        HashMap::with_capacity(members.len() * 2 + 1);
+                    for m in &members {
+                        built.insert(m.key.clone(), m.key_pos);
+                    }
+                    built.insert(key.clone(), key_pos);
+                    index = Some(built);
+                }
                 members.push(Member {
                     key,
                     key_pos,

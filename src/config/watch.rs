@@ -19,6 +19,17 @@
 //! PollWatcher compares whole-second mtimes (two saves within a second look alike) unless it
 //! hashes every file of the directory on every poll.
 //!
+//! **A linked hooks.json** (`hooks.json -> ~/dotfiles/hooks.json`, possibly through several
+//! links) is followed: besides the workspace, every directory along the chain of links is
+//! watched, and the chain is re-read after every reload, so re-pointing a link moves the
+//! watches to the new target. A directory of the chain that cannot be watched makes the
+//! watcher poll the file's signature as well (the same `stat` as above).
+//!
+//! **Reading never blocks**: the file is opened with `O_NONBLOCK` and the opened descriptor
+//! checked (regular file, size cap) before anything is read ([`read_hooks_file`]), so a FIFO
+//! or device swapped in for hooks.json is refused at once and can neither wedge this thread
+//! nor, through it, SIGHUP reloads and shutdown (which joins this thread).
+//!
 //! Everything runs on one thread per watcher ("prx-hooks-config"); dropping the watcher stops
 //! and joins it.
 
@@ -256,6 +267,7 @@ impl ConfigWatcher {
                     debounce,
                     poll_interval,
                     signature,
+                    links: Links::default(),
                 }
                 .run()
             })?;
@@ -521,16 +533,64 @@ struct Worker {
     debounce: Duration,
     poll_interval: Duration,
     signature: Signature,
+    links: Links,
+}
+
+/// When hooks.json is a symbolic link: every file along the chain of links (each named in its
+/// parent directory as resolved, which is how inotify reports it) and the directories watched
+/// for them beside the workspace. A change to any of them can change what hooks.json reads.
+#[derive(Default)]
+struct Links {
+    files: Vec<PathBuf>,
+    dirs: Vec<PathBuf>,
+    /// A directory of the chain could not be watched (it does not exist, or the watch limit
+    /// is reached): the file's signature is polled as well until it can.
+    unwatched: bool,
+}
+
+/// Most links followed (the kernel's own limit, ELOOP, is 40).
+const MAX_LINKS: usize = 40;
+
+/// The chain of symbolic links from `file`: each target in turn, named through its parent
+/// directory resolved (`/real/dir/name`), up to the first path that is not a link.
+fn link_chain(file: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut cur = file.to_path_buf();
+    while out.len() < MAX_LINKS {
+        let Ok(target) = std::fs::read_link(&cur) else {
+            break;
+        };
+        let next = match cur.parent() {
+            Some(dir) if target.is_relative() => dir.join(target),
+            _ => target,
+        };
+        let next = match (next.parent(), next.file_name()) {
+            (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+                .map(|d| d.join(name))
+                .unwrap_or(next),
+            _ => next,
+        };
+        if out.contains(&next) {
+            break; // a loop: reading fails with ELOOP, and is reported as such
+        }
+        out.push(next.clone());
+        cur = next;
+    }
+    out
 }
 
 impl Worker {
     fn run(mut self) {
         let mut pending: Option<Burst> = None;
         let mut next_poll = Instant::now() + self.poll_interval;
+        if self.refresh_links() {
+            // A target changed between the initial load and the new watches: look again.
+            self.shared.reload(false);
+        }
         loop {
             let now = Instant::now();
             let mut wake = pending.map(|b| b.due);
-            if self.watcher.is_none() {
+            if self.polling() {
                 wake = Some(wake.map_or(next_poll, |w| w.min(next_poll)));
             }
             let msg = match wake {
@@ -546,7 +606,7 @@ impl Worker {
                 Err(RecvTimeoutError::Timeout) => {}
             }
             let now = Instant::now();
-            if self.watcher.is_none() && now >= next_poll {
+            if self.polling() && now >= next_poll {
                 next_poll = now + self.poll_interval;
                 let sig = file_signature(&self.shared.file);
                 if sig != self.signature {
@@ -557,10 +617,115 @@ impl Worker {
             if pending.is_some_and(|b| Instant::now() >= b.due) {
                 pending = None;
                 self.shared.reload(false);
+                // The links may lead elsewhere now: watch where they lead, and read once more
+                // in case the new target changed before its directory was watched.
+                if self.refresh_links() {
+                    self.shared.reload(false);
+                }
             }
         }
         // Dropping the notify watcher here stops its thread.
         drop(self.watcher.take());
+    }
+
+    /// Polling: no inotify at all, or a directory of the link chain that inotify cannot watch.
+    fn polling(&self) -> bool {
+        self.watcher.is_none() || self.links.unwatched
+    }
+
+    /// Whether an event about `p` concerns what hooks.json reads: hooks.json in the workspace,
+    /// or a file along its chain of links.
+    fn is_ours(&self, p: &Path) -> bool {
+        let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else {
+            return false;
+        };
+        let canon = self.shared.workspace_canon.as_deref();
+        let in_workspace = dir == self.shared.workspace || Some(dir) == canon;
+        if in_workspace && name == HOOKS_FILE {
+            return true;
+        }
+        if self.links.files.is_empty() {
+            return false;
+        }
+        if self.links.dirs.iter().any(|d| d == p) {
+            return true; // a directory of the chain itself was removed or moved
+        }
+        match (in_workspace, canon) {
+            (true, Some(canon)) => self.links.files.contains(&canon.join(name)),
+            _ => self.links.files.iter().any(|f| f == p),
+        }
+    }
+
+    /// Re-reads the chain of links from hooks.json and moves the extra inotify watches to the
+    /// directories it goes through now. Returns whether the chain changed.
+    fn refresh_links(&mut self) -> bool {
+        use notify::Watcher;
+        let Some(watcher) = self.watcher.as_mut() else {
+            return false;
+        };
+        let files = link_chain(&self.shared.file);
+        if files == self.links.files
+            && !self.links.unwatched
+            && self.links.dirs.iter().all(|d| d.is_dir())
+        {
+            return false;
+        }
+        let canon = self.shared.workspace_canon.as_deref();
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for f in &files {
+            if let Some(d) = f.parent()
+                && Some(d) != canon
+                && d != self.shared.workspace
+                && !dirs.iter().any(|x| x == d)
+            {
+                dirs.push(d.to_path_buf());
+            }
+        }
+        for old in &self.links.dirs {
+            if !dirs.contains(old) {
+                let _ = watcher.unwatch(old);
+            }
+        }
+        let mut unwatched = false;
+        let mut watched = Vec::with_capacity(dirs.len());
+        for d in dirs {
+            if self.links.dirs.contains(&d) && d.is_dir() {
+                watched.push(d);
+                continue;
+            }
+            match watcher.watch(&d, notify::RecursiveMode::NonRecursive) {
+                Ok(()) => watched.push(d),
+                Err(e) => {
+                    if !self.links.unwatched {
+                        tracing::warn!(
+                            "{}: cannot watch {} (on the link chain) with inotify ({e}); \
+                             polling the file every {} ms as well",
+                            self.shared.label,
+                            d.display(),
+                            self.poll_interval.as_millis()
+                        );
+                    }
+                    unwatched = true;
+                }
+            }
+        }
+        if unwatched && !self.links.unwatched {
+            self.signature = file_signature(&self.shared.file);
+        }
+        if !files.is_empty() {
+            tracing::debug!(
+                "{}: a symbolic link; watching {} director(ies) along its chain",
+                self.shared.label,
+                watched.len()
+            );
+        }
+        let changed = files != self.links.files;
+        self.links = Links {
+            files,
+            dirs: watched,
+            unwatched,
+        };
+        changed
     }
 
     /// Schedules the reload a signal asks for: `debounce` after the latest change (but no
@@ -617,7 +782,7 @@ impl Worker {
             self.signature = file_signature(&self.shared.file);
             return Signal::Changing;
         }
-        let is_ours = |p: &PathBuf| p.file_name().is_some_and(|n| n == HOOKS_FILE);
+        let is_ours = |p: &PathBuf| self.is_ours(p);
         let settled = match event.kind {
             EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
                 event.paths.first().is_some_and(is_ours)

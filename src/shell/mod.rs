@@ -41,6 +41,7 @@ mod outcome;
 mod payload;
 mod queue;
 mod reactor;
+pub mod runs;
 mod spawn;
 pub mod supervisor;
 mod tree;
@@ -51,6 +52,7 @@ pub(crate) use outcome::SHELL_SECTION;
 pub use outcome::{HookCounts, Outcome, OutcomeKind, ShellStats};
 pub use payload::{MAX_ENV_PAYLOAD, event_message, message_from_json};
 pub use reactor::STDERR_TAIL;
+pub use runs::{DEFAULT_RUN_QUEUE, RunFeedStats, RunSubscription};
 pub use spawn::Rlimits;
 
 use crate::bus::Message;
@@ -61,8 +63,9 @@ use crate::stats::SinkCounts;
 use arc_swap::ArcSwap;
 use cgroup::{CgroupLimits, Cgroups};
 use payload::{EventRun, PayloadDir};
-use queue::{Job, Sched};
+use queue::{DropReason, Job, Offer, Sched};
 use reactor::{Finished, Proc, Reactor};
+use runs::RunFeed;
 use spawn::SpawnOpts;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -175,6 +178,8 @@ struct Shared {
     /// Shutdown waits here for the queues and processes to drain.
     idle_cv: Condvar,
     runner: RunnerLink,
+    /// The finished-runs hook point.
+    feed: RunFeed,
 }
 
 /// How the runner thread is woken and handed processes started elsewhere (`run_once`).
@@ -218,13 +223,11 @@ enum Origin {
 impl Origin {
     /// A run that never started (spawn failed, cancelled): recorded like a finished one.
     fn not_run(self, sh: &Shared, action: &Action, kind: OutcomeKind) {
-        let o = Outcome::not_run(&action.id, action.event, kind);
-        if o.kind.is_failure() {
-            tracing::warn!("{o}");
-        }
         match self {
             Origin::Queue(job) => {
+                let o = Outcome::not_run(&action.id, action.event, kind, Some(&job.run.msg));
                 drop(job);
+                conclude(sh, &o);
                 let mut s = lock(&sh.sched);
                 s.finish(o, sh.history);
                 notify_drained(sh, &s);
@@ -232,7 +235,10 @@ impl Origin {
             Origin::Direct {
                 run, reply, index, ..
             } => {
+                let mut o = Outcome::not_run(&action.id, action.event, kind, Some(&run.msg));
+                o.direct = true;
                 drop(run);
+                conclude(sh, &o);
                 {
                     let mut s = lock(&sh.sched);
                     s.record_direct(o.clone(), sh.history);
@@ -299,6 +305,7 @@ impl ShellSink {
                     kill_all: AtomicBool::new(false),
                     exit: AtomicBool::new(false),
                 },
+                feed: RunFeed::default(),
             }),
             threads: Mutex::new(Threads::default()),
         }
@@ -371,7 +378,19 @@ impl ShellSink {
                 .collect(),
             direct_running: s.direct_running,
             cgroup: self.shared.cgroup_status.clone(),
+            shared_running: s.shared_running,
+            run_feed: self.shared.feed.stats(),
         }
+    }
+
+    /// Subscribes to every run's outcome from now on (module [`runs`]): processes that
+    /// finished, spawns that failed, and runs that were skipped, dropped or cancelled, from the
+    /// pipeline and from `run_once`/`run_matching` alike. At most `capacity` outcomes wait
+    /// ([`DEFAULT_RUN_QUEUE`] is a good default); beyond that the subscription misses outcomes,
+    /// counted in [`RunSubscription::dropped`]. The runner never waits for a subscriber. Ends
+    /// (after what is queued) when the sink shuts down.
+    pub fn subscribe_runs(&self, capacity: usize) -> RunSubscription {
+        self.shared.feed.subscribe(capacity)
     }
 
     /// The last outcomes of hook `id` (at most [`ShellLimits::history`]), oldest first: runs
@@ -389,6 +408,30 @@ impl ShellSink {
     /// blocks the caller, so never call it on a pipeline worker or an async executor thread.
     /// The outcome goes into the hook's history, not into the counters.
     pub fn run_once(&self, action: &Action, msg: &Message) -> Outcome {
+        let opts = RunOptions {
+            ignore_matcher: true,
+        };
+        self.run_once_with(action, msg, &opts)
+    }
+
+    /// [`run_once`](Self::run_once) with options: unless `opts.ignore_matcher`, a hook whose
+    /// matcher does not match the payload's tool comes back [`OutcomeKind::Skipped`] (naming
+    /// the tool and the pattern) without running. A disabled hook still runs (this is a test).
+    pub fn run_once_with(&self, action: &Action, msg: &Message, opts: &RunOptions) -> Outcome {
+        if !opts.ignore_matcher && action.matcher.is_some() {
+            let tool = payload::payload_tool(msg.json_str());
+            if let Some(reason) = matcher_skip(action, tool.as_deref()) {
+                let mut o = Outcome::not_run(
+                    &action.id,
+                    action.event,
+                    OutcomeKind::Skipped { reason },
+                    Some(msg),
+                );
+                o.direct = true;
+                conclude(&self.shared, &o);
+                return o;
+            }
+        }
         self.run_direct(&[action], msg)
             .pop()
             .expect("one outcome per action")
@@ -398,6 +441,12 @@ impl ShellSink {
     /// all of them; disabled hooks and hooks whose matcher does not match come back as
     /// [`OutcomeKind::Skipped`]. Outcomes in table order. This is `prx-hooks fire`.
     pub fn run_matching(&self, msg: &Message) -> Vec<Outcome> {
+        self.run_matching_with(msg, &RunOptions::default())
+    }
+
+    /// [`run_matching`](Self::run_matching) with options (`fire --ignore-matcher`: every
+    /// enabled hook of the event runs, whatever its matcher).
+    pub fn run_matching_with(&self, msg: &Message, opts: &RunOptions) -> Vec<Outcome> {
         let prepared = self.shared.table.load_full();
         let table = &prepared.table;
         let Some(kind) = msg.event() else {
@@ -407,14 +456,23 @@ impl ShellSink {
         let mut run = Vec::new();
         let mut slots: Vec<Result<usize, Outcome>> = Vec::new();
         for a in table.actions_for(kind) {
-            match skip_reason(table, a, tool.as_deref()) {
-                Some(reason) => slots.push(Err(Outcome::not_run(
-                    &a.id,
-                    a.event,
-                    OutcomeKind::Skipped {
-                        reason: reason.into(),
-                    },
-                ))),
+            let skip = match skip_reason(table, a) {
+                Some(why) => Some(why.to_string()),
+                None if opts.ignore_matcher => None,
+                None => matcher_skip(a, tool.as_deref()),
+            };
+            match skip {
+                Some(reason) => {
+                    let mut o = Outcome::not_run(
+                        &a.id,
+                        a.event,
+                        OutcomeKind::Skipped { reason },
+                        Some(msg),
+                    );
+                    o.direct = true;
+                    conclude(&self.shared, &o);
+                    slots.push(Err(o));
+                }
                 None => {
                     slots.push(Ok(run.len()));
                     run.push(&**a);
@@ -480,7 +538,11 @@ impl ShellSink {
             .into_iter()
             .zip(actions)
             .map(|(o, a)| {
-                o.unwrap_or_else(|| Outcome::not_run(&a.id, a.event, OutcomeKind::Killed))
+                o.unwrap_or_else(|| {
+                    let mut o = Outcome::not_run(&a.id, a.event, OutcomeKind::Killed, Some(msg));
+                    o.direct = true;
+                    o
+                })
             })
             .collect()
     }
@@ -514,7 +576,23 @@ impl ShellSink {
             s.stop_spawning = true;
             s.cancel_all()
         };
-        drop(cancelled);
+        if !cancelled.is_empty() {
+            tracing::warn!(
+                "{} queued hook run(s) cancelled at shutdown (never started)",
+                cancelled.len()
+            );
+        }
+        for job in cancelled {
+            let o = Outcome::not_run(
+                &job.action.id,
+                job.action.event,
+                OutcomeKind::Cancelled,
+                Some(&job.run.msg),
+            );
+            drop(job);
+            tracing::debug!("{}", o.headline());
+            sh.feed.publish(&o);
+        }
         sh.runner.kill_all.store(true, Ordering::Release);
         sh.runner.exit.store(true, Ordering::Release);
         sh.runner.wake();
@@ -523,6 +601,7 @@ impl ShellSink {
         {
             tracing::error!("the shell runner thread panicked");
         }
+        sh.feed.close();
         // Every run is over: its payload file is gone; the directory goes too, and whatever
         // is left in our cgroups is killed with them.
         sh.payload.close();
@@ -551,19 +630,84 @@ impl ShellSink {
     }
 }
 
-/// Why `action` does not run for an event whose payload names `tool` (None: it runs).
-fn skip_reason(table: &HookTable, action: &Action, tool: Option<&str>) -> Option<&'static str> {
+/// Something `deliver` says after releasing the lock.
+enum Note {
+    Skipped,
+    Dropped(DropReason),
+    /// The first queue-full drop of a streak (said once, at warn).
+    StreakStart,
+    /// Queued again after this many queue-full drops.
+    Recovered(u64),
+}
+
+/// Options of [`ShellSink::run_matching_with`] and [`ShellSink::run_once_with`].
+#[non_exhaustive]
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Run hooks whatever their matcher (`prx-hooks fire --ignore-matcher`).
+    pub ignore_matcher: bool,
+}
+
+impl RunOptions {
+    /// Options that run hooks whatever their matcher (or not).
+    pub fn ignore_matcher(mut self, ignore: bool) -> Self {
+        self.ignore_matcher = ignore;
+        self
+    }
+}
+
+/// Why `action` does not run, matchers aside (None: it may run).
+fn skip_reason(table: &HookTable, action: &Action) -> Option<&'static str> {
     if !table.enabled {
         Some("hooks disabled")
     } else if !action.enabled {
         Some("disabled")
-    } else if let Some(m) = &action.matcher
-        && !tool.is_some_and(|t| m.matches(t))
-    {
-        Some("matcher")
     } else {
         None
     }
+}
+
+/// Whether `action`'s matcher keeps it from running for a payload naming `tool`, and why
+/// (naming the tool and the pattern).
+fn matcher_skip(action: &Action, tool: Option<&str>) -> Option<String> {
+    let m = action.matcher.as_ref()?;
+    match tool {
+        Some(t) if m.matches(t) => None,
+        Some(t) => Some(format!(
+            "matcher {} does not match tool {}",
+            crate::config::quote(&m.source()),
+            crate::config::quote(t)
+        )),
+        None => Some(format!(
+            "matcher {}: the payload names no tool",
+            crate::config::quote(&m.source())
+        )),
+    }
+}
+
+/// Where every outcome ends (module docs § Visibility): logged — failures at warn with their
+/// stderr tail, everything else at info with the tail at debug; dropped runs at debug (the
+/// first of a streak of queue-full drops is said at warn by `deliver`) — and offered to the
+/// run subscribers.
+fn conclude(sh: &Shared, o: &Outcome) {
+    if o.kind.is_failure() {
+        tracing::warn!("{o}");
+    } else if matches!(o.kind, OutcomeKind::Dropped { .. } | OutcomeKind::Cancelled) {
+        tracing::debug!("{}", o.headline());
+    } else {
+        tracing::info!("{}", o.headline());
+        let tail = o.stderr_tail.trim_end();
+        if !tail.is_empty() {
+            tracing::debug!("hook {} {} stderr: {:?}", o.id, o.event, tail);
+        }
+    }
+    sh.feed.publish(o);
+}
+
+/// Whether outcomes of runs that never happened are wanted (logged or subscribed to): only
+/// then are they built on the pipeline worker.
+fn wants_outcomes(sh: &Shared) -> bool {
+    sh.feed.active() || tracing::enabled!(tracing::Level::INFO)
 }
 
 impl Sink for ShellSink {
@@ -572,6 +716,8 @@ impl Sink for ShellSink {
     }
 
     /// Enqueues one job per enabled, matching hook of the event. One lock, no I/O, no spawn.
+    /// Runs that do not happen (skipped, dropped) become outcomes — logged and published —
+    /// only when someone wants them, and only after the lock is released.
     fn deliver(&self, msg: &Message) {
         let Some(kind) = msg.event() else { return };
         let prepared = self.shared.table.load();
@@ -587,12 +733,22 @@ impl Sink for ShellSink {
             None
         };
         let sh = &*self.shared;
+        let want = wants_outcomes(sh);
         let mut run: Option<Arc<EventRun>> = None;
         let mut queued = false;
+        // What to say once the lock is released.
+        let mut notes: Vec<(&Arc<Action>, Note)> = Vec::new();
         let mut s = lock(&sh.sched);
         for a in actions {
-            if skip_reason(table, a, tool.as_deref()).is_some() {
+            let skipped = skip_reason(table, a).is_some()
+                || a.matcher
+                    .as_ref()
+                    .is_some_and(|m| !tool.as_deref().is_some_and(|t| m.matches(t)));
+            if skipped {
                 s.skip(&a.id);
+                if want {
+                    notes.push((a, Note::Skipped));
+                }
                 continue;
             }
             let run = run.get_or_insert_with(|| {
@@ -602,7 +758,22 @@ impl Sink for ShellSink {
                     sh.payload.clone(),
                 ))
             });
-            queued |= s.offer(a, run, sh.queue_per_action);
+            match s.offer(a, run, sh.queue_per_action) {
+                Offer::Queued { after_drops } => {
+                    queued = true;
+                    if after_drops > 0 {
+                        notes.push((a, Note::Recovered(after_drops)));
+                    }
+                }
+                Offer::Dropped { why, first } => {
+                    if first {
+                        notes.push((a, Note::StreakStart));
+                    }
+                    if want {
+                        notes.push((a, Note::Dropped(why)));
+                    }
+                }
+            }
         }
         let wake = queued && std::mem::take(&mut s.runner_idle);
         // Let go of our reference while the runner cannot have taken any job yet: the last
@@ -611,6 +782,37 @@ impl Sink for ShellSink {
         drop(s);
         if wake {
             sh.runner.wake();
+        }
+        for (a, note) in notes {
+            let kind = match note {
+                Note::StreakStart => {
+                    tracing::warn!(
+                        "hook {}: its queue is full ({} runs waiting): dropping its events until \
+                         it drains (counted in stats as dropped_queue_full)",
+                        a.id,
+                        sh.queue_per_action
+                    );
+                    continue;
+                }
+                Note::Recovered(n) => {
+                    tracing::warn!(
+                        "hook {}: its queue has room again; {n} event(s) were dropped",
+                        a.id
+                    );
+                    continue;
+                }
+                Note::Skipped => {
+                    let reason = match skip_reason(table, a) {
+                        Some(why) => why.to_string(),
+                        None => matcher_skip(a, tool.as_deref()).unwrap_or_default(),
+                    };
+                    OutcomeKind::Skipped { reason }
+                }
+                Note::Dropped(why) => OutcomeKind::Dropped {
+                    reason: why.as_str().to_string(),
+                },
+            };
+            conclude(sh, &Outcome::not_run(&a.id, a.event, kind, Some(msg)));
         }
     }
 
@@ -913,9 +1115,13 @@ fn report(sh: &Shared, f: Finished<Origin>) {
         stderr_tail,
         tag,
     } = f;
-    let outcome = |id: &str, event| Outcome {
+    let outcome = |id: &str, event, msg: &Message, direct| Outcome {
         id: id.to_string(),
         event,
+        seq: msg.seq(),
+        agent: msg.agent().to_string(),
+        session: msg.session().to_string(),
+        direct,
         kind,
         duration,
         stderr_tail,
@@ -924,11 +1130,9 @@ fn report(sh: &Shared, f: Finished<Origin>) {
     };
     match tag {
         Origin::Queue(job) => {
-            let o = outcome(&job.action.id, job.action.event);
+            let o = outcome(&job.action.id, job.action.event, &job.run.msg, false);
             drop(job);
-            if o.kind.is_failure() {
-                tracing::warn!("{o}");
-            }
+            conclude(sh, &o);
             let mut s = lock(&sh.sched);
             s.finish(o, sh.history);
             notify_drained(sh, &s);
@@ -940,11 +1144,9 @@ fn report(sh: &Shared, f: Finished<Origin>) {
             reply,
             index,
         } => {
-            let o = outcome(&id, event);
+            let o = outcome(&id, event, &run.msg, true);
             drop(run);
-            if o.kind.is_failure() {
-                tracing::warn!("{o}");
-            }
+            conclude(sh, &o);
             {
                 let mut s = lock(&sh.sched);
                 s.record_direct(o.clone(), sh.history);

@@ -27,8 +27,9 @@ pub enum OutcomeKind {
     Killed,
     /// Not run: the hook or the whole table is disabled, or its matcher did not match.
     Skipped { reason: String },
-    /// Not run: the hook's queue was full.
-    Dropped,
+    /// Not run: never queued — the hook's queue was full (`"queue full"`) or shutdown had
+    /// begun (`"shutdown"`).
+    Dropped { reason: String },
     /// Queued but not started when the shutdown deadline passed.
     Cancelled,
 }
@@ -64,7 +65,7 @@ impl fmt::Display for OutcomeKind {
             OutcomeKind::SpawnFailed { reason } => write!(f, "spawn failed: {reason}"),
             OutcomeKind::Killed => f.write_str("killed at shutdown"),
             OutcomeKind::Skipped { reason } => write!(f, "skipped ({reason})"),
-            OutcomeKind::Dropped => f.write_str("dropped (queue full)"),
+            OutcomeKind::Dropped { reason } => write!(f, "dropped ({reason})"),
             OutcomeKind::Cancelled => f.write_str("cancelled at shutdown"),
         }
     }
@@ -74,11 +75,20 @@ impl fmt::Display for OutcomeKind {
 ///
 /// `Display` is the line `prx-hooks fire` prints (README.md § `prx-hooks` command line):
 /// `hook audit tool_call: exit 3 (12.4 ms); stderr: "no such file"`.
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize)]
 pub struct Outcome {
     /// The hook's id.
     pub id: String,
     pub event: EventKind,
+    /// The event's sequence number (per emitter; `fire` uses 0).
+    pub seq: u64,
+    /// The agent and session that emitted the event.
+    pub agent: String,
+    pub session: String,
+    /// Run by `run_once` / `run_matching` (`prx-hooks fire`, the API's test route) rather
+    /// than for a pipeline event: kept in history and published, not counted.
+    pub direct: bool,
     #[serde(flatten)]
     pub kind: OutcomeKind,
     /// From spawn to reaping (zero when the process never started).
@@ -94,16 +104,36 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub(crate) fn not_run(id: &str, event: EventKind, kind: OutcomeKind) -> Outcome {
+    /// An outcome without a process, for the event `msg` (`None`: no event context).
+    pub(crate) fn not_run(
+        id: &str,
+        event: EventKind,
+        kind: OutcomeKind,
+        msg: Option<&crate::bus::Message>,
+    ) -> Outcome {
         Outcome {
             id: id.to_string(),
             event,
+            seq: msg.map_or(0, |m| m.seq()),
+            agent: msg.map(|m| m.agent().to_string()).unwrap_or_default(),
+            session: msg.map(|m| m.session().to_string()).unwrap_or_default(),
+            direct: false,
             kind,
             duration: Duration::ZERO,
             stderr_tail: String::new(),
             pid: None,
             started_at: SystemTime::now(),
         }
+    }
+
+    /// The first line of the `Display` form, without the stderr tail: `hook audit tool_call:
+    /// exit 3 (12.4 ms)` (what is logged at info; the tail goes to debug).
+    pub fn headline(&self) -> String {
+        let mut s = format!("hook {} {}: {}", self.id, self.event, self.kind);
+        if self.pid.is_some() {
+            s.push_str(&format!(" ({:.1} ms)", self.duration.as_secs_f64() * 1e3));
+        }
+        s
     }
 }
 
@@ -112,10 +142,7 @@ const DISPLAY_TAIL: usize = 512;
 
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "hook {} {}: {}", self.id, self.event, self.kind)?;
-        if self.pid.is_some() {
-            write!(f, " ({:.1} ms)", self.duration.as_secs_f64() * 1e3)?;
-        }
+        f.write_str(&self.headline())?;
         let tail = self.stderr_tail.trim_end();
         if !tail.is_empty() {
             let mut start = tail.len().saturating_sub(DISPLAY_TAIL);
@@ -162,8 +189,12 @@ pub struct HookCounts {
     pub spawn_failed: u64,
     /// Still running at the shutdown deadline; killed.
     pub killed: u64,
-    /// The hook's queue was full.
+    /// Never queued: `dropped_queue_full + dropped_shutdown`.
     pub dropped: u64,
+    /// Dropped because the hook's queue was full (`queue_per_action` jobs waiting).
+    pub dropped_queue_full: u64,
+    /// Dropped because the event arrived after shutdown began.
+    pub dropped_shutdown: u64,
     /// Still queued at the shutdown deadline; never started.
     pub cancelled: u64,
     /// Disabled (the hook or the table) or the matcher did not match. Not part of `sent`.
@@ -202,6 +233,15 @@ impl HookCounts {
         }
     }
 
+    /// Counts one dropped run.
+    pub(crate) fn drop(&mut self, why: super::queue::DropReason) {
+        self.dropped += 1;
+        match why {
+            super::queue::DropReason::QueueFull => self.dropped_queue_full += 1,
+            super::queue::DropReason::Shutdown => self.dropped_shutdown += 1,
+        }
+    }
+
     /// Counts one finished run.
     pub(crate) fn finish(&mut self, kind: &OutcomeKind) {
         self.running -= 1;
@@ -213,7 +253,7 @@ impl HookCounts {
             OutcomeKind::SpawnFailed { .. } => self.spawn_failed += 1,
             OutcomeKind::Killed => self.killed += 1,
             // Not outcomes of a process: counted where they happen, never here.
-            OutcomeKind::Skipped { .. } | OutcomeKind::Dropped | OutcomeKind::Cancelled => {
+            OutcomeKind::Skipped { .. } | OutcomeKind::Dropped { .. } | OutcomeKind::Cancelled => {
                 debug_assert!(false, "{kind} reported as a finished process");
                 self.running += 1;
             }
@@ -245,4 +285,9 @@ pub struct ShellStats {
     pub direct_running: u64,
     /// Whether runs get cgroups (detected or configured at start), and if not why.
     pub cgroup: super::CgroupStatus,
+    /// Shared slots in use: pipeline processes beyond each hook's first, capped by
+    /// `ShellLimits::max_running` (a hook's first process is its reserved slot).
+    pub shared_running: u64,
+    /// The finished-runs hook point ([`ShellSink::subscribe_runs`](super::ShellSink::subscribe_runs)).
+    pub run_feed: super::runs::RunFeedStats,
 }

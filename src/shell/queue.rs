@@ -2,6 +2,19 @@
 //! behind one small lock ([`Sched`]), so that every counter change is one step and a snapshot
 //! always satisfies `sent = finished + dropped + cancelled + running + queued`.
 //!
+//! **Scheduling** ([`Sched::pick`]): every hook with queued work is guaranteed one running
+//! process — its *reserved* slot, which the global cap does not count — so hooks that hold
+//! every shared slot for minutes (8 hooks sleeping 20 s, 8 processes each) cannot starve a fast
+//! one. `max_running` caps the *shared* slots: the processes a hook runs beyond its first (up
+//! to its `max_concurrent`). Invariants, under the lock:
+//!
+//! * `shared_running == Σ max(running − 1, 0)` over the hooks, and `shared_running ≤
+//!   max_running` (a hook's first process never counts, so at most `max_running + hooks with
+//!   work` processes run);
+//! * a hook whose queue is non-empty and that runs nothing is started before any shared slot
+//!   is handed out (oldest job first among such hooks);
+//! * shared slots go to the hook running the fewest processes, then to the oldest job.
+//!
 //! Who takes the lock: `deliver` once per event (for all of that event's hooks together), the
 //! runner once per job it starts and once per process it reaps, and readers of stats.
 //! Nobody does I/O, spawns, or frees a payload file while holding it.
@@ -11,6 +24,33 @@ use super::payload::EventRun;
 use crate::config::Action;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+
+/// What became of a job offered to a hook's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Offer {
+    /// Queued; `after_drops`: the queue-full drops of the streak this ends (0: none).
+    Queued { after_drops: u64 },
+    /// Dropped; `first`: the first queue-full drop since the hook last queued a job.
+    Dropped { why: DropReason, first: bool },
+}
+
+/// Why an event was dropped for a hook (each counted apart in [`HookCounts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DropReason {
+    /// The hook's queue held `queue_per_action` jobs.
+    QueueFull,
+    /// Delivered after shutdown began.
+    Shutdown,
+}
+
+impl DropReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue full",
+            DropReason::Shutdown => "shutdown",
+        }
+    }
+}
 
 /// One (event, hook) run waiting for, or holding, a process slot.
 pub(crate) struct Job {
@@ -28,6 +68,8 @@ pub(crate) struct HookState {
     pub(crate) runs: VecDeque<Outcome>,
     /// In the current table (hooks removed by a reload are forgotten once idle).
     pub(crate) in_table: bool,
+    /// Queue-full drops since the hook last queued a job (the streak said once).
+    pub(crate) drop_streak: u64,
 }
 
 /// Everything the lock protects.
@@ -37,6 +79,8 @@ pub(crate) struct Sched {
     pub(crate) totals: HookCounts,
     /// Processes started by `run_once` / `run_matching` and not yet reaped.
     pub(crate) direct_running: u64,
+    /// Pipeline processes beyond each hook's first: what `max_running` caps.
+    pub(crate) shared_running: u64,
     next_seq: u64,
     /// The runner found nothing to start and is about to sleep in `poll`: whoever queues a
     /// job clears this and wakes it (only then — a busy runner is not woken per event).
@@ -61,52 +105,83 @@ impl Sched {
         self.totals.skipped += 1;
     }
 
-    /// Offers one job to its hook's queue: `true` if queued, `false` if dropped. Either way it
-    /// is counted as sent.
-    pub(crate) fn offer(&mut self, action: &Arc<Action>, run: &Arc<EventRun>, cap: usize) -> bool {
+    /// Offers one job to its hook's queue. Either way it is counted as sent; a dropped job is
+    /// counted under its reason.
+    pub(crate) fn offer(&mut self, action: &Arc<Action>, run: &Arc<EventRun>, cap: usize) -> Offer {
         let seq = self.next_seq;
         let closing = self.closing;
         let h = self.hook(&action.id);
         h.counts.sent += 1;
-        let queued = !closing && h.queue.len() < cap;
-        if queued {
-            h.queue.push_back(Job {
-                action: action.clone(),
-                run: run.clone(),
-                seq,
-            });
-            h.counts.queued += 1;
+        let offer = if closing {
+            Offer::Dropped {
+                why: DropReason::Shutdown,
+                first: false,
+            }
+        } else if h.queue.len() >= cap {
+            h.drop_streak += 1;
+            Offer::Dropped {
+                why: DropReason::QueueFull,
+                first: h.drop_streak == 1,
+            }
         } else {
-            h.counts.dropped += 1;
+            Offer::Queued {
+                after_drops: std::mem::take(&mut h.drop_streak),
+            }
+        };
+        match offer {
+            Offer::Queued { .. } => {
+                h.queue.push_back(Job {
+                    action: action.clone(),
+                    run: run.clone(),
+                    seq,
+                });
+                h.counts.queued += 1;
+            }
+            Offer::Dropped { why, .. } => h.counts.drop(why),
         }
         self.totals.sent += 1;
-        if queued {
-            self.totals.queued += 1;
-            self.next_seq += 1;
-        } else {
-            self.totals.dropped += 1;
+        match offer {
+            Offer::Queued { .. } => {
+                self.totals.queued += 1;
+                self.next_seq += 1;
+            }
+            Offer::Dropped { why, .. } => self.totals.drop(why),
         }
-        queued
+        offer
     }
 
-    /// Takes the oldest job whose hook is under its `max_concurrent`, if fewer than
-    /// `max_running` pipeline processes run; it moves from queued to running.
+    /// Takes the next job to start, if one may start now (module docs § Scheduling): first a
+    /// hook with queued work and nothing running (its reserved slot, outside the cap), oldest
+    /// job first; else, while fewer than `max_running` shared slots are taken, the hook under
+    /// its `max_concurrent` that runs the fewest processes, oldest job first. The job moves
+    /// from queued to running.
     pub(crate) fn pick(&mut self, max_running: usize) -> Option<Job> {
-        if self.stop_spawning || self.totals.running >= max_running as u64 {
+        if self.stop_spawning || self.totals.queued == 0 {
             return None;
         }
-        let mut best: Option<(&str, u64)> = None;
+        let shared_free = self.shared_running < max_running as u64;
+        // (reserved?, running, seq): the smallest key wins; reserved sorts first.
+        let mut best: Option<(&str, (bool, u64, u64))> = None;
         for (id, h) in &self.hooks {
-            if let Some(front) = h.queue.front()
-                && h.counts.running < front.action.max_concurrent.max(1) as u64
-                && best.is_none_or(|(_, s)| front.seq < s)
-            {
-                best = Some((id, front.seq));
+            let Some(front) = h.queue.front() else {
+                continue;
+            };
+            let running = h.counts.running;
+            let reserved = running == 0;
+            if !reserved && (!shared_free || running >= front.action.max_concurrent.max(1) as u64) {
+                continue;
+            }
+            let key = (!reserved, running, front.seq);
+            if best.is_none_or(|(_, k)| key < k) {
+                best = Some((id, key));
             }
         }
         let id = best?.0.to_string();
         let h = self.hooks.get_mut(&id)?;
         let job = h.queue.pop_front()?;
+        if h.counts.running > 0 {
+            self.shared_running += 1;
+        }
         h.counts.queued -= 1;
         h.counts.running += 1;
         self.totals.queued -= 1;
@@ -118,8 +193,12 @@ impl Sched {
     pub(crate) fn finish(&mut self, outcome: Outcome, history: usize) {
         self.totals.finish(&outcome.kind);
         let h = self.hook(&outcome.id);
+        let was_shared = h.counts.running > 1;
         h.counts.finish(&outcome.kind);
         push_run(h, outcome, history);
+        if was_shared {
+            self.shared_running -= 1;
+        }
     }
 
     /// Keeps the outcome of a direct run (`run_once`) in the hook's history (not counted).

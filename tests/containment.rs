@@ -674,3 +674,145 @@ fn acceptance_no_leak_under_run_with_a_cgroup() {
     }
     acceptance("auto");
 }
+
+// ---------------------------------------------------------------- item 16: limits
+
+#[test]
+fn per_hook_limits_from_hooks_json_and_cli_defaults() {
+    let out = tempfile::tempdir().unwrap();
+    let probe = |name: &str| {
+        format!(
+            "echo $(ulimit -t) $(ulimit -n) $(ulimit -c) $(ulimit -f) > {}/{name}",
+            out.path().display()
+        )
+    };
+    let ws = Ws::new(serde_json::json!({ "hooks": { "turn_complete": [
+        { "id": "own", "command": "/bin/sh", "args": ["-c", probe("own")],
+          "limits": { "cpu_seconds": 7, "open_files": 77, "core_bytes": 4096,
+                      "file_size_bytes": 1048576 } },
+        { "id": "defaults", "command": "/bin/sh", "args": ["-c", probe("defaults")] },
+    ] } }));
+    let fire = bin()
+        .args([
+            "fire",
+            "turn_complete",
+            "--hook-limit",
+            "open_files=55",
+            "--workspace",
+        ])
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    assert!(fire.status.success(), "{fire:?}");
+    let read = |n: &str| std::fs::read_to_string(out.path().join(n)).unwrap();
+    // cpu, files, core (512-byte blocks in dash: 4096 B = 8), file size (1 MiB = 2048).
+    assert_eq!(read("own").trim(), "7 77 8 2048");
+    // The CLI's defaults: --hook-limit open_files=55, and core_bytes=0 unless told otherwise.
+    let d = read("defaults");
+    let d: Vec<&str> = d.split_whitespace().collect();
+    assert_eq!((d[1], d[2]), ("55", "0"), "{d:?}");
+
+    // A bad --hook-limit is refused before anything runs.
+    let bad = bin()
+        .args([
+            "fire",
+            "turn_complete",
+            "--hook-limit",
+            "address_space=1",
+            "--workspace",
+        ])
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown limit \"address_space\""));
+}
+
+#[test]
+fn limits_are_validated_like_everything_else() {
+    let ws = Ws::new(serde_json::json!({ "hooks": { "turn_complete": [
+        { "command": "/bin/true", "limits": { "cpu_seconds": 0 } },
+        { "command": "/bin/true", "limits": { "adress_space": 1 } },
+        { "command": "/bin/true", "limits": { "memory_bytes": 10 } },
+        { "command": "/bin/true", "limits": [1] },
+    ] } }));
+    let v = bin()
+        .args(["validate", "--workspace"])
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!(v.status.code(), Some(1), "{v:?}");
+    let text =
+        String::from_utf8_lossy(&v.stdout).into_owned() + &String::from_utf8_lossy(&v.stderr);
+    for want in [
+        "hooks.turn_complete[0].limits.cpu_seconds",
+        "hooks.turn_complete[1].limits.adress_space: unknown field",
+        "hooks.turn_complete[2].limits.memory_bytes",
+        "hooks.turn_complete[3].limits",
+    ] {
+        assert!(text.contains(want), "{want} missing in:\n{text}");
+    }
+}
+
+/// memory_bytes / processes need a cgroup with those controllers: without one the hook fails
+/// to spawn, saying why, and never runs unlimited.
+#[test]
+fn cgroup_only_limits_are_refused_where_they_cannot_hold() {
+    let out = tempfile::tempdir().unwrap();
+    let ran = out.path().join("ran");
+    let ws = Ws::new(one_hook(
+        "turn_complete",
+        serde_json::json!({ "command": "/bin/touch", "args": [ran],
+                            "limits": { "memory_bytes": 104857600, "processes": 16 } }),
+    ));
+    for cgroup in ["off", "auto"] {
+        let fire = bin()
+            .args(["fire", "turn_complete", "--cgroup", cgroup, "--workspace"])
+            .arg(ws.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&fire.stdout);
+        let enforced = cgroup == "auto"
+            && matches!(prx_hooks::shell::cgroup::detect(), Ok(dir)
+                if std::fs::read_to_string(dir.join("cgroup.controllers"))
+                    .is_ok_and(|c| c.contains("memory") && c.contains("pids")));
+        if enforced {
+            assert!(fire.status.success(), "{stdout}");
+            continue;
+        }
+        eprintln!("{cgroup}: {stdout}");
+        assert_eq!(fire.status.code(), Some(1), "{stdout}");
+        assert!(
+            stdout.contains("spawn failed") && stdout.contains("not run"),
+            "{stdout}"
+        );
+        assert!(!ran.exists(), "ran unlimited");
+    }
+}
+
+#[test]
+fn run_reports_the_cgroup_it_uses() {
+    let ws = Ws::new(one_hook("turn_complete", hook("/bin/true", &[], 5000)));
+    for (flag, want) in [("off", "off"), ("auto", "auto")] {
+        let (ok, stderr) = ws.run(&["--cgroup", flag]).finish();
+        assert!(ok, "{stderr}");
+        let report = Run::report(&stderr);
+        let state = &report["stats"]["shell"]["cgroup"]["state"];
+        let expected = match (want, no_cgroup()) {
+            ("off", _) => "off",
+            (_, None) => "active",
+            (_, Some(_)) => "unavailable",
+        };
+        assert_eq!(state, expected, "{report}");
+        assert_eq!(report["containment"]["subreaper"], true);
+    }
+}
+
+#[test]
+fn the_builder_can_harden_the_host() {
+    let hooks = prx_hooks::Hooks::builder().harden(true).build().unwrap();
+    assert!(prx_hooks::shell::supervisor::is_hardened());
+    drop(hooks);
+    // SAFETY: prctl with integer arguments (dumpable again: other tests read our /proc).
+    unsafe { nix::libc::prctl(nix::libc::PR_SET_DUMPABLE, 1 as nix::libc::c_ulong, 0, 0, 0) };
+}

@@ -1523,3 +1523,124 @@ fn a_timeout_kills_setsid_grandchildren_too() {
         panic!("the setsid grandchild survived the timeout: {found:?}");
     }
 }
+
+#[test]
+fn shutdown_kills_setsid_grandchildren_too() {
+    subreaper();
+    let e = Env::new();
+    let marker = format!("prx-setsid-shutdown-{}", std::process::id());
+    let escaper = sleeper(313, &marker);
+    let a = sh(
+        "escape",
+        EventKind::TurnComplete,
+        &format!("setsid {escaper} & {}", sleeper(101, &marker)),
+        e.ws(),
+    );
+    let sink = e.sink(e.limits());
+    sink.set_table(table(vec![a]));
+    sink.deliver(&turn(0));
+    let mut found = Vec::new();
+    wait_for("the setsid sleep", Duration::from_secs(5), || {
+        found = procs_exactly(&escaper);
+        !found.is_empty()
+    });
+    let t = Instant::now();
+    sink.shutdown(Instant::now() + Duration::from_millis(100));
+    assert!(t.elapsed() < Duration::from_millis(100) + prx_hooks::SHUTDOWN_SLACK * 4);
+    assert_eq!(sink.stats().totals.killed, 1);
+    if !all_die(&found) {
+        reap_orphans(&found);
+        panic!("the setsid grandchild survived shutdown: {found:?}");
+    }
+}
+
+/// Runs in a child copy of this binary (see the test below): a library host with one long
+/// hook, which writes its pid where the test can find it, then waits to be killed.
+#[test]
+fn library_host_probe() {
+    let Some(out) = std::env::var_os("PRX_SHELL_HOST_OUT") else {
+        return;
+    };
+    let out = PathBuf::from(out);
+    let a = sh(
+        "long",
+        EventKind::TurnComplete,
+        &format!("echo $$ > {}/leader; exec sleep 300", out.display()),
+        &out,
+    );
+    let sink = ShellSink::standalone(out.clone(), ShellLimits::default());
+    sink.set_table(table(vec![a]));
+    sink.deliver(&turn(0));
+    std::thread::sleep(Duration::from_secs(300));
+}
+
+#[test]
+fn a_library_host_killed_with_sigkill_takes_its_hook_leaders_along() {
+    subreaper();
+    let e = Env::new();
+    let out = e.dir("host");
+    let mut host = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["library_host_probe", "--exact", "--test-threads=1"])
+        .env("PRX_SHELL_HOST_OUT", &out)
+        .env("TMPDIR", e.tmp.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut leader = 0;
+    wait_for("the hook to start", Duration::from_secs(20), || {
+        leader = std::fs::read_to_string(out.join("leader"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        leader > 0 && alive(leader)
+    });
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let died = all_die(&[leader]);
+    if !died {
+        reap_orphans(&[leader]);
+    }
+    assert!(died, "the hook leader outlived its library host");
+}
+
+#[test]
+fn with_a_cgroup_what_an_exited_leader_left_dies_at_the_runs_deadline() {
+    subreaper();
+    let e = Env::new();
+    let limits = ShellLimits {
+        detect_cgroup: true,
+        ..e.limits()
+    };
+    let sink = e.sink(limits);
+    let status = sink.cgroup_status();
+    if !matches!(status, prx_hooks::shell::CgroupStatus::Active { .. }) {
+        eprintln!(
+            "NOT RUN with_a_cgroup_what_an_exited_leader_left_dies_at_the_runs_deadline: {status:?}"
+        );
+        return;
+    }
+    let marker = format!("prx-linger-{}", std::process::id());
+    let left = sleeper(314, &marker);
+    let mut a = sh(
+        "bg",
+        EventKind::TurnComplete,
+        &format!("setsid {left} & exit 0"),
+        e.ws(),
+    );
+    a.timeout = Duration::from_millis(1500);
+    let t = Instant::now();
+    let o = sink.run_once(&a, &turn(0));
+    assert_eq!(o.kind, OutcomeKind::Ok, "{o}");
+    assert!(o.duration < Duration::from_millis(1500), "{o}");
+    let found = procs_exactly(&left);
+    assert_eq!(found.len(), 1, "left running for now");
+    let died = all_die(&found);
+    if !died {
+        reap_orphans(&found);
+    }
+    assert!(died, "what the leader left outlived the run's deadline");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1400),
+        "killed before its deadline"
+    );
+}

@@ -556,6 +556,16 @@ impl ChildEnv {
         Ok(ChildEnv { vars })
     }
 
+    /// An environment of exactly `pairs` (benches).
+    pub(crate) fn from_pairs(pairs: &[(&str, &str)]) -> ChildEnv {
+        ChildEnv {
+            vars: pairs
+                .iter()
+                .map(|(k, v)| entry(k.as_bytes(), v.as_bytes()))
+                .collect(),
+        }
+    }
+
     /// The NULL-terminated array `execve` takes (valid while `self` lives).
     pub(crate) fn pointers(&self) -> Vec<*const std::ffi::c_char> {
         self.vars

@@ -75,6 +75,68 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The spawn path alone, for `benches/spawn.rs` (not an API: no queue, no payload, no
+/// reactor — exactly what each hook's process start costs, to compare with other ways of
+/// starting a process).
+#[doc(hidden)]
+pub mod bench {
+    use super::{env::ChildEnv, spawn};
+    use crate::config::Action;
+    use std::path::Path;
+
+    /// Starts `program` (no arguments) in `dir` the way every hook is started.
+    pub struct Spawner {
+        opts: spawn::SpawnOpts,
+        action: Action,
+        env: ChildEnv,
+    }
+
+    impl Spawner {
+        pub fn new(program: &Path, dir: &Path) -> std::io::Result<Spawner> {
+            Ok(Spawner {
+                opts: spawn::SpawnOpts::new(dir)?,
+                action: Action {
+                    id: "bench".into(),
+                    id_explicit: true,
+                    event: crate::EventKind::TurnComplete,
+                    index: 0,
+                    command: program.display().to_string(),
+                    program: Ok(program.to_path_buf()),
+                    args: Vec::new(),
+                    env: Vec::new(),
+                    cwd: dir.to_path_buf(),
+                    timeout: std::time::Duration::from_secs(30),
+                    timeout_explicit: true,
+                    stdin_json: false,
+                    enabled: true,
+                    matcher: None,
+                    max_concurrent: 1,
+                    limits: Default::default(),
+                },
+                env: ChildEnv::from_pairs(&[("PATH", super::SANITIZED_PATH)]),
+            })
+        }
+
+        /// Spawns, then waits for the exit (stderr pipe and pidfd included, as for a hook);
+        /// returns the raw wait status.
+        pub fn spawn_wait(&self) -> Result<i32, String> {
+            let req = spawn::Request {
+                env: &self.env,
+                rlimits: &[],
+                cgroup_procs: None,
+            };
+            let sp = spawn::spawn(&self.action, &req, &self.opts)?;
+            let mut status = 0;
+            // SAFETY: waitpid on the child just started.
+            let r = unsafe { nix::libc::waitpid(sp.pid as i32, &mut status, 0) };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error().to_string());
+            }
+            Ok(status)
+        }
+    }
+}
+
 /// Default of [`ShellLimits::max_running`].
 pub const DEFAULT_MAX_RUNNING: usize = 64;
 /// Default of [`ShellLimits::queue_per_action`].

@@ -35,6 +35,10 @@ pub const MAX_ENV_PAYLOAD: usize = 8192;
 /// The prefix of payload directories in `$TMPDIR`.
 pub(crate) const DIR_PREFIX: &str = "prx-hooks-";
 
+/// The prefix of a payload directory being set up (locked, then renamed to [`DIR_PREFIX`]…):
+/// a live host's directory is never seen under [`DIR_PREFIX`] without its lock held.
+const NEW_PREFIX: &str = ".prx-hooks-new-";
+
 /// A directory of ours with no `.lock` (its host died between `mkdir` and creating the lock)
 /// is taken for stale after this long.
 const UNLOCKED_STALE_AFTER: Duration = Duration::from_secs(3600);
@@ -127,12 +131,15 @@ impl Drop for PayloadDir {
     }
 }
 
-/// `mkdir <tmp>/prx-hooks-<random>` (0700; never an existing one) and its locked `.lock`.
+/// `<tmp>/prx-hooks-<random>` (0700; never an existing one) with its `.lock` held: made under a
+/// temporary name, locked, then renamed into place without replacing anything.
 fn create_private(tmp: &Path) -> std::io::Result<(PathBuf, File)> {
     let mut last = None;
     for _ in 0..16 {
-        let path = tmp.join(format!("{DIR_PREFIX}{:016x}", random_u64()?));
-        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+        let name = format!("{:016x}", random_u64()?);
+        let new = tmp.join(format!("{NEW_PREFIX}{name}"));
+        let path = tmp.join(format!("{DIR_PREFIX}{name}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&new) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 last = Some(e);
@@ -140,30 +147,69 @@ fn create_private(tmp: &Path) -> std::io::Result<(PathBuf, File)> {
             }
             Err(e) => return Err(e),
         }
-        // mkdir applied the umask: make sure of 0700 (never wider).
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
-        let lock = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(path.join(".lock"))?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { nix::libc::flock(lock.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) }
-            != 0
-        {
-            let e = std::io::Error::last_os_error();
-            let _ = std::fs::remove_dir_all(&path);
-            return Err(e);
+        let set_up = || -> std::io::Result<File> {
+            // mkdir applied the umask: make sure of 0700 (never wider).
+            std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o700))?;
+            let lock = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(new.join(".lock"))?;
+            // SAFETY: flock on a descriptor we own.
+            if unsafe {
+                nix::libc::flock(lock.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB)
+            } != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            rename_noreplace(&new, &path)?;
+            Ok(lock)
+        };
+        match set_up() {
+            Ok(lock) => return Ok((path, lock)),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&new);
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    last = Some(e);
+                    continue;
+                }
+                return Err(e);
+            }
         }
-        return Ok((path, lock));
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no free payload directory name")))
 }
 
+/// `rename(from, to)` failing with `AlreadyExists` rather than replacing `to`.
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from_raw_os_error(nix::libc::EINVAL))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: renameat2(2) with two valid C strings.
+    let r = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_renameat2,
+            nix::libc::AT_FDCWD,
+            from.as_ptr(),
+            nix::libc::AT_FDCWD,
+            to.as_ptr(),
+            nix::libc::RENAME_NOREPLACE,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Removes `prx-hooks-*` directories in `tmp` that are ours (owner, 0700, not a symlink) and
-/// whose host is gone: their `.lock` can be taken, or there is none and they are old. Every
-/// sink does this when it is created.
+/// whose host is gone: their `.lock` can be taken, or there is none and they are old (and
+/// `.prx-hooks-new-*` ones a host died setting up, once old). Every sink does this when it is
+/// created.
 pub(crate) fn remove_stale(tmp: &Path) {
     let Ok(entries) = std::fs::read_dir(tmp) else {
         return;
@@ -171,7 +217,9 @@ pub(crate) fn remove_stale(tmp: &Path) {
     let me = nix::unistd::geteuid().as_raw();
     for e in entries.flatten() {
         let name = e.file_name();
-        if !name.to_string_lossy().starts_with(DIR_PREFIX) {
+        let name = name.to_string_lossy();
+        let setting_up = name.starts_with(NEW_PREFIX);
+        if !name.starts_with(DIR_PREFIX) && !setting_up {
             continue;
         }
         let path = e.path();
@@ -181,20 +229,25 @@ pub(crate) fn remove_stale(tmp: &Path) {
         if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o777 != 0o700 {
             continue;
         }
-        let stale = match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(path.join(".lock"))
-        {
-            // SAFETY: flock on a descriptor we own (closed, and so unlocked, right after).
-            Ok(f) => unsafe {
-                nix::libc::flock(f.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) == 0
-            },
-            Err(_) => meta
-                .modified()
-                .ok()
-                .and_then(|m| m.elapsed().ok())
-                .is_some_and(|age| age > UNLOCKED_STALE_AFTER),
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age > UNLOCKED_STALE_AFTER);
+        let stale = if setting_up {
+            old
+        } else {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(path.join(".lock"))
+            {
+                // SAFETY: flock on a descriptor we own (closed, and so unlocked, right after).
+                Ok(f) => unsafe {
+                    nix::libc::flock(f.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) == 0
+                },
+                Err(_) => old,
+            }
         };
         if stale {
             match std::fs::remove_dir_all(&path) {

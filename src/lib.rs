@@ -90,6 +90,8 @@ pub enum BuildError {
     NotADirectory { path: PathBuf },
     #[error("could not start a worker thread: {0}")]
     Spawn(std::io::Error),
+    #[error("harden: prctl(PR_SET_DUMPABLE, 0): {0}")]
+    Harden(std::io::Error),
 }
 
 /// Configures and starts [`Hooks`]. Every option has a default (see README).
@@ -107,6 +109,7 @@ pub struct HooksBuilder {
     shutdown_timeout: Duration,
     reload_debounce: Duration,
     shell: shell::ShellLimits,
+    harden: bool,
 }
 
 impl Default for HooksBuilder {
@@ -124,6 +127,7 @@ impl Default for HooksBuilder {
             shutdown_timeout: Duration::from_secs(2),
             reload_debounce: Duration::from_millis(50),
             shell: shell::ShellLimits::default(),
+            harden: false,
         }
     }
 }
@@ -206,6 +210,15 @@ impl HooksBuilder {
         self
     }
 
+    /// Makes the whole host process non-dumpable when built ([`shell::supervisor::harden`]):
+    /// hooks, which run as the same user, can then no longer read its environment or memory
+    /// through `/proc`. Off by default: it also stops debuggers and core dumps of the host.
+    /// Only the host can ask for it (never hooks.json, which the HTTP API can write).
+    pub fn harden(mut self, on: bool) -> Self {
+        self.harden = on;
+        self
+    }
+
     fn check(&self) -> Result<(), BuildError> {
         let bad = |option, value: usize, reason| {
             Err(BuildError::InvalidOption {
@@ -266,6 +279,9 @@ impl HooksBuilder {
     /// Validates the options and starts the workers.
     pub fn build(self) -> Result<Hooks, BuildError> {
         self.check()?;
+        if self.harden {
+            shell::supervisor::harden().map_err(BuildError::Harden)?;
+        }
         // Interest parts: 0 the bus, 1 shell hooks, 2 WASM plugins.
         let interest = Interest::new(3);
         let bus = BusSink::new(

@@ -299,7 +299,7 @@ fn unknown_top_level_fields_are_errors_with_hints() {
     one_error(
         r#"{"zzzzzzzzzzzz": 1}"#,
         "zzzzzzzzzzzz",
-        "expected one of timeout_ms, enabled, env_passthrough, hooks",
+        "expected one of timeout_ms, enabled, env_passthrough, path, hooks",
     );
 }
 
@@ -371,9 +371,9 @@ fn env_passthrough_is_checked() {
         "may not pass through \"ld_preload\"",
     );
     one_error(
-        r#"{"env_passthrough": ["A", "HOME"]}"#,
+        r#"{"env_passthrough": ["A", "PATH"]}"#,
         "env_passthrough[1]",
-        "never reach hooks",
+        "hooks get the safe PATH",
     );
     one_error(
         r#"{"env_passthrough": ["ZERO_HOOK_PAYLOAD"]}"#,
@@ -1094,27 +1094,41 @@ fn absolute_commands_are_kept_as_written() {
 
 #[test]
 fn blocked_variables_may_not_be_set() {
-    for name in [
-        "LD_PRELOAD",
-        "ld_preload",
-        "LD_LIBRARY_PATH",
-        "DYLD_INSERT_LIBRARIES",
-        "DYLD_LIBRARY_PATH",
-        "PATH",
-        "Path",
-        "HOME",
-        "home",
+    // The whole policy, name by name, is in tests/env_policy.rs; here the message format.
+    for (name, why) in [
+        ("LD_PRELOAD", "LD_* variables control the dynamic loader"),
+        ("ld_preload", "LD_* variables control the dynamic loader"),
+        (
+            "LD_LIBRARY_PATH",
+            "LD_* variables control the dynamic loader",
+        ),
+        (
+            "DYLD_INSERT_LIBRARIES",
+            "DYLD_* variables control the macOS dynamic loader",
+        ),
+        (
+            "DYLD_LIBRARY_PATH",
+            "DYLD_* variables control the macOS dynamic loader",
+        ),
+        ("PATH", "hooks get the safe PATH"),
+        ("Path", "hooks get the safe PATH"),
     ] {
         one_error(
             &tc(&format!(
                 r#"{{"command": "/bin/true", "env": {{"{name}": "x"}}}}"#
             )),
             &format!("hooks.tool_call[0].env.{name}"),
-            &format!(
-                "may not set \"{name}\": LD_PRELOAD, LD_LIBRARY_PATH, DYLD_INSERT_LIBRARIES, DYLD_LIBRARY_PATH, PATH and HOME never reach hooks"
-            ),
+            &format!("may not set \"{name}\": {why}"),
         );
     }
+    // HOME may be set by the hook's author (hooks get the host's otherwise).
+    let (_ws, t) = ok(&tc(
+        r#"{"command": "/bin/true", "env": {"HOME": "/srv/x"}}"#,
+    ));
+    assert_eq!(
+        t.actions[0].env,
+        [("HOME".to_string(), "/srv/x".to_string())]
+    );
     for name in ["ZERO_HOOK_EVENT", "zero_hook_payload", "Zero_Hook_X"] {
         one_error(
             &tc(&format!(

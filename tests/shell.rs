@@ -21,6 +21,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant, SystemTime};
 
+#[path = "support/procs.rs"]
+mod procs;
+use procs::{alive, all_pids, proc_stat, procs_exactly};
+
 // ---------------------------------------------------------------- helpers
 
 fn fixture(name: &str) -> String {
@@ -52,6 +56,7 @@ fn action(id: &str, event: EventKind, program: &str, args: &[&str], cwd: &Path) 
         enabled: true,
         matcher: None,
         max_concurrent: 8,
+        limits: Default::default(),
     }
 }
 
@@ -66,6 +71,7 @@ fn table(actions: Vec<Action>) -> Arc<HookTable> {
         actions: actions.into_iter().map(Arc::new).collect(),
         source: None,
         warnings: Vec::new(),
+        path: None,
     })
 }
 
@@ -104,11 +110,22 @@ impl Env {
         d
     }
 
+    /// Payload files left in the payload directory, or in the sink's private directory inside
+    /// it (not counting that directory's `.lock`, which lives as long as the sink).
     fn tmp_files(&self) -> Vec<String> {
-        std::fs::read_dir(self.tmp.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect()
+        fn walk(dir: &Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).into_iter().flatten() {
+                let e = e.unwrap();
+                if e.file_type().unwrap().is_dir() {
+                    walk(&e.path(), out);
+                } else if e.file_name() != ".lock" {
+                    out.push(e.path().display().to_string());
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(self.tmp.path(), &mut out);
+        out
     }
 }
 
@@ -176,33 +193,11 @@ fn read(path: impl AsRef<Path>) -> String {
         .unwrap_or_else(|e| panic!("{}: {e}", path.as_ref().display()))
 }
 
-/// `/proc/<pid>/stat`: (state, ppid, pgrp).
-fn proc_stat(pid: i32) -> Option<(char, i32, i32)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let pgrp = f.next()?.parse().ok()?;
-    Some((state, ppid, pgrp))
-}
-
-fn all_pids() -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
 fn group_members(pgid: i32) -> Vec<i32> {
     all_pids()
         .into_iter()
         .filter(|&p| proc_stat(p).is_some_and(|(_, _, g)| g == pgid))
         .collect()
-}
-
-fn alive(pid: i32) -> bool {
-    proc_stat(pid).is_some_and(|(s, _, _)| s != 'Z' && s != 'X')
 }
 
 /// The pid of our child whose command line contains `marker`.
@@ -292,13 +287,13 @@ fn every_payload_channel_and_the_metadata_reach_the_child() {
     assert_eq!(read(out.join("payload")), json);
     assert_eq!(env["LEVEL"], "info");
     assert_eq!(env["PATH"], SANITIZED_PATH);
-    assert!(!env.contains_key("HOME"));
 
-    // The payload file: the whole JSON, 0600, in our TMPDIR, gone once the hook has exited.
+    // The payload file: the whole JSON, 0600, in the sink's private directory in our TMPDIR,
+    // gone once the hook has exited.
     assert_eq!(read(out.join("file")), json);
     assert_eq!(read(out.join("file_mode")).trim(), "600");
     let file = PathBuf::from(read(out.join("file_path")));
-    assert_eq!(file.parent().unwrap(), e.tmp.path());
+    assert_eq!(file.parent().unwrap().parent().unwrap(), e.tmp.path());
     assert_eq!(env["ZERO_HOOK_PAYLOAD_FILE"], file.to_str().unwrap());
     assert!(!file.exists(), "payload file left behind");
     assert!(e.tmp_files().is_empty());
@@ -411,6 +406,10 @@ fn env_probe() {
         ("PATH".into(), "/evil".into()),
         ("zero_hook_event".into(), "evil".into()),
         ("LD_PRELOAD".into(), "/evil.so".into()),
+        ("LD_AUDIT".into(), "/evil-audit.so".into()),
+        ("GCONV_PATH".into(), "/evil-gconv".into()),
+        // The author chooses the command: interpreter variables may be set in `env`.
+        ("BASH_ENV".into(), "/set-by-author".into()),
     ];
     let mut t = (*table(vec![a])).clone();
     t.env_passthrough = vec![
@@ -419,6 +418,9 @@ fn env_probe() {
         "LD_PRELOAD".into(),
         "PATH".into(),
         "NOT_SET_ANYWHERE".into(),
+        // Refused from the agent (a table built by hand bypasses the loader).
+        "PYTHONSTARTUP".into(),
+        "NLSPATH".into(),
     ];
     let sink = ShellSink::standalone(ws, ShellLimits::default());
     sink.set_table(Arc::new(t));
@@ -427,28 +429,16 @@ fn env_probe() {
     assert_eq!(st.hooks["probe"].ok, 1, "{:?}", sink.runs("probe"));
 }
 
-#[test]
-fn the_environment_is_sanitized() {
-    let e = Env::new();
-    let out = e.dir("probe");
+/// Runs `env_probe` in a child copy of this binary with `vars` as its whole environment and
+/// returns what the hook's environment was.
+fn probe_env(e: &Env, name: &str, vars: &[(&str, &str)]) -> HashMap<String, String> {
+    let out = e.dir(name);
     let probe = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["env_probe", "--exact", "--nocapture", "--test-threads=1"])
         .env_clear()
         .env("PRX_SHELL_PROBE_OUT", &out)
-        .env("PRX_TEST_SECRET", "hunter2")
-        .env("AWS_SECRET_ACCESS_KEY", "hunter3")
-        .env("LD_LIBRARY_PATH", "/nonexistent-prx-test")
-        .env("DYLD_INSERT_LIBRARIES", "/x.dylib")
-        .env("HOME", "/home/secret")
-        .env("PATH", "/opt/evil/bin:/usr/bin:/bin")
-        .env("LANG", "C.UTF-8")
-        .env("LC_TIME", "C")
-        .env("TZ", "UTC")
-        .env("TERM", "xterm")
-        .env("USER", "agent")
-        .env("LOGNAME", "agent")
         .env("TMPDIR", e.tmp.path())
-        .env("MY_PASS", "passed")
+        .envs(vars.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -458,11 +448,56 @@ fn the_environment_is_sanitized() {
         String::from_utf8_lossy(&probe.stdout),
         String::from_utf8_lossy(&probe.stderr)
     );
-    let env = read_env(&out);
+    let raw = std::fs::read(out.join("env")).unwrap();
+    for secret in [
+        "hunter2",
+        "hunter3",
+        "hunter4",
+        "/opt/evil",
+        "evil",
+        "/x.dylib",
+    ] {
+        assert!(
+            !String::from_utf8_lossy(&raw).contains(secret),
+            "{secret} leaked"
+        );
+    }
+    read_env(&out)
+}
+
+#[test]
+fn the_environment_is_sanitized() {
+    let e = Env::new();
+    let env = probe_env(
+        &e,
+        "probe",
+        &[
+            ("PRX_TEST_SECRET", "hunter2"),
+            ("AWS_SECRET_ACCESS_KEY", "hunter3"),
+            ("LC_GITHUB_TOKEN", "hunter4"),
+            ("LD_LIBRARY_PATH", "/nonexistent-prx-test"),
+            ("DYLD_INSERT_LIBRARIES", "/x.dylib"),
+            ("PYTHONSTARTUP", "/opt/evil/startup.py"),
+            ("NLSPATH", "/opt/evil/%N"),
+            ("HOME", "/home/agent"),
+            ("PATH", "/opt/evil/bin:/usr/bin:/bin"),
+            ("LANG", "C.UTF-8"),
+            ("LC_TIME", "C"),
+            ("LC_ALL", "C.UTF-8"),
+            ("TZ", "UTC"),
+            ("TERM", "xterm"),
+            ("USER", "agent"),
+            ("LOGNAME", "agent"),
+            ("MY_PASS", "passed"),
+        ],
+    );
     let mut names: Vec<&str> = env.keys().map(String::as_str).collect();
     names.sort();
     let expected = [
+        "BASH_ENV",
+        "HOME",
         "LANG",
+        "LC_ALL",
         "LC_TIME",
         "LEVEL",
         "LOGNAME",
@@ -498,13 +533,22 @@ fn the_environment_is_sanitized() {
     assert_eq!(env["MY_PASS"], "passed");
     assert_eq!(env["LANG"], "C.UTF-8");
     assert_eq!(env["LEVEL"], "info");
+    assert_eq!(env["BASH_ENV"], "/set-by-author");
+    assert_eq!(env["HOME"], "/home/agent", "the host's HOME");
+    assert_eq!(env["TMPDIR"], e.tmp.path().to_str().unwrap());
     assert_eq!(env["ZERO_HOOK_EVENT"], "tool_call");
-    let raw = std::fs::read(out.join("env")).unwrap();
-    for secret in ["hunter2", "hunter3", "/home/secret", "/opt/evil", "evil"] {
-        assert!(
-            !String::from_utf8_lossy(&raw).contains(secret),
-            "{secret} leaked"
-        );
+
+    // HOME that is not an absolute path (or unset): the passwd entry's.
+    let home = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .unwrap()
+        .dir;
+    for (name, vars) in [
+        ("relative", &[("HOME", "relative/home")][..]),
+        ("unset", &[][..]),
+    ] {
+        let env = probe_env(&e, name, vars);
+        assert_eq!(Path::new(&env["HOME"]), home, "{name}");
     }
 }
 
@@ -1217,4 +1261,386 @@ fn a_real_hooks_json_through_the_config_watcher() {
     assert_eq!((st.hooks["audit"].skipped, st.hooks["audit"].ok), (2, 1));
     drop(watcher);
     assert!(e.tmp_files().is_empty());
+}
+
+// ---------------------------------------------------------------- containment (issue 11)
+
+/// A `sleep` whose command line carries `marker` (GNU sleep adds up its arguments).
+fn sleeper(secs: u32, marker: &str) -> String {
+    let digits: String = marker.chars().filter(char::is_ascii_digit).collect();
+    format!("sleep {secs} 0.{digits}")
+}
+
+/// `(SigBlk, SigIgn, SigCgt)` from a copy of `/proc/<pid>/status`.
+fn signal_fields(status: &str) -> (u64, u64, u64) {
+    let field = |name: &str| {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {status}"));
+        u64::from_str_radix(line[name.len()..].trim(), 16).unwrap()
+    };
+    (field("SigBlk:"), field("SigIgn:"), field("SigCgt:"))
+}
+
+#[test]
+fn hooks_start_with_an_empty_signal_mask_and_default_dispositions() {
+    use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
+    // What `prx-hooks run` does: INT/TERM/HUP blocked in every thread (the runner is started
+    // from this one and inherits it), plus SIGPIPE; and an ignored signal (std already ignores
+    // SIGPIPE process-wide).
+    let mut set = SigSet::empty();
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGPIPE,
+    ] {
+        set.add(s);
+    }
+    set.thread_block().unwrap();
+    // SAFETY: SIG_IGN installs no handler; nothing else in this binary uses SIGUSR2.
+    unsafe { signal(Signal::SIGUSR2, SigHandler::SigIgn) }.unwrap();
+
+    let e = Env::new();
+    let out = e.dir("out");
+    // `cp` itself (no shell in between: a shell resets its own mask and hides the defect).
+    let a = action(
+        "status",
+        EventKind::TurnComplete,
+        "/bin/cp",
+        &["/proc/self/status", out.join("queued").to_str().unwrap()],
+        e.ws(),
+    );
+    let sink = e.sink(e.limits());
+    sink.set_table(table(vec![a.clone()]));
+    sink.deliver(&turn(0));
+    settle(&sink);
+    assert_eq!(only_run(&sink, "status").kind, OutcomeKind::Ok);
+    let mut direct = a;
+    direct.args[1] = out.join("direct").to_str().unwrap().into();
+    let o = sink.run_once(&direct, &turn(1));
+    assert_eq!(o.kind, OutcomeKind::Ok, "{o}");
+    for name in ["queued", "direct"] {
+        let (blocked, ignored, caught) = signal_fields(&read(out.join(name)));
+        assert_eq!(
+            (blocked, ignored, caught),
+            (0, 0, 0),
+            "{name}: SigBlk {blocked:016x} SigIgn {ignored:016x} SigCgt {caught:016x}"
+        );
+    }
+
+    // And so `kill -TERM` ends a hook at once.
+    let marker = format!("prx-sigterm-{}", std::process::id());
+    let digits: String = marker.chars().filter(char::is_ascii_digit).collect();
+    let zero = format!("0.{digits}");
+    let sleep = action(
+        "sleep",
+        EventKind::TurnComplete,
+        "/bin/sleep",
+        &["20", &zero],
+        e.ws(),
+    );
+    sink.set_table(table(vec![sleep]));
+    sink.deliver(&turn(2));
+    let mut pid = Vec::new();
+    wait_for("the sleep hook", Duration::from_secs(5), || {
+        pid = procs_exactly(&format!("/bin/sleep 20 {zero}"));
+        !pid.is_empty()
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid[0]), Signal::SIGTERM).unwrap();
+    wait_for("SIGTERM to end the hook", Duration::from_secs(5), || {
+        sink.stats().hooks["sleep"].running == 0
+    });
+    let o = only_run(&sink, "sleep");
+    assert_eq!(o.kind, OutcomeKind::Signal { signal: 15 }, "{o}");
+    set.thread_unblock().unwrap();
+}
+
+#[test]
+fn descriptors_the_host_inherited_without_cloexec_do_not_reach_hooks() {
+    use std::os::fd::AsRawFd;
+    let e = Env::new();
+    let out = e.dir("out");
+    // A descriptor as a host inherits it: no FD_CLOEXEC, above the ones we open.
+    let file = std::fs::File::open("/etc/passwd").unwrap();
+    // SAFETY: F_DUPFD on a descriptor we own returns a new one we close below.
+    let leaked = unsafe { nix::libc::fcntl(file.as_raw_fd(), nix::libc::F_DUPFD, 70) };
+    assert!(leaked >= 70);
+    // `exec` with the redirection: the shell keeps no saved copy of stdout (fd 10) around.
+    let a = sh(
+        "fds",
+        EventKind::TurnComplete,
+        &format!("exec ls /proc/self/fd > {}/fds", out.display()),
+        e.ws(),
+    );
+    let sink = e.sink(e.limits());
+    let o = sink.run_once(&a, &turn(0));
+    sink.set_table(table(vec![a]));
+    sink.deliver(&turn(1));
+    settle(&sink);
+    // SAFETY: closing the duplicate made above.
+    unsafe { nix::libc::close(leaked) };
+    assert_eq!(o.kind, OutcomeKind::Ok, "{o}");
+    let fds: Vec<String> = read(out.join("fds")).lines().map(String::from).collect();
+    // 3 is the directory `ls` itself opened to list.
+    assert_eq!(fds, ["0", "1", "2", "3"], "the hook's descriptors");
+}
+
+#[test]
+fn the_cwd_is_checked_at_spawn_and_named_when_it_fails() {
+    let e = Env::new();
+    let out = e.dir("out");
+    let logs = e.dir("logs");
+    let outside = tempfile::tempdir().unwrap();
+    let sink = e.sink(e.limits());
+    let a = record("cwd", EventKind::TurnComplete, &out, &logs);
+    assert_eq!(sink.run_once(&a, &turn(0)).kind, OutcomeKind::Ok);
+    assert_eq!(
+        Path::new(read(out.join("cwd")).trim()),
+        logs.canonicalize().unwrap()
+    );
+    // A symlink inside the workspace to a directory inside it is fine.
+    std::os::unix::fs::symlink(&logs, e.ws().join("alias")).unwrap();
+    let b = record(
+        "alias",
+        EventKind::TurnComplete,
+        &out,
+        &e.ws().join("alias"),
+    );
+    assert_eq!(sink.run_once(&b, &turn(1)).kind, OutcomeKind::Ok);
+    assert_eq!(
+        Path::new(read(out.join("cwd")).trim()),
+        logs.canonicalize().unwrap()
+    );
+
+    // Swapped for a symlink out of the workspace after it was checked: refused at spawn.
+    std::fs::remove_dir(&logs).unwrap();
+    std::os::unix::fs::symlink(outside.path(), &logs).unwrap();
+    std::fs::remove_file(out.join("done")).unwrap();
+    let o = sink.run_once(&a, &turn(2));
+    let OutcomeKind::SpawnFailed { reason } = &o.kind else {
+        panic!("ran in {}: {o}", read(out.join("cwd")));
+    };
+    assert!(!out.join("done").exists(), "the hook ran");
+    assert!(
+        reason.contains(logs.to_str().unwrap()) && reason.contains("outside the workspace"),
+        "{reason}"
+    );
+
+    // A missing cwd is named as such (not "/bin/sh: No such file or directory").
+    std::fs::remove_file(&logs).unwrap();
+    let o = sink.run_once(&a, &turn(3));
+    let OutcomeKind::SpawnFailed { reason } = &o.kind else {
+        panic!("{o}");
+    };
+    assert!(
+        reason.contains(&format!("cwd {}", logs.display()))
+            && reason.contains("No such file or directory"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn planted_payload_file_names_cannot_block_hooks() {
+    let e = Env::new();
+    // What another local user can do in a shared /tmp: take every name the predictable
+    // scheme would try next.
+    let pid = std::process::id();
+    for n in 0..3000 {
+        std::fs::File::create(e.tmp.path().join(format!("prx-hooks-{pid}-{n}.json"))).unwrap();
+    }
+    let out = e.dir("out");
+    let sink = e.sink(e.limits());
+    sink.set_table(table(vec![record(
+        "rec",
+        EventKind::TurnComplete,
+        &out,
+        e.ws(),
+    )]));
+    for seq in 0..6 {
+        sink.deliver(&turn(seq));
+    }
+    let st = settle(&sink);
+    assert_eq!(st.hooks["rec"].ok, 6, "{:?}", sink.runs("rec").last());
+    // The file lives in a private directory of ours.
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let file = PathBuf::from(read(out.join("file_path")));
+    let dir = file.parent().unwrap();
+    assert_eq!(dir.parent().unwrap(), e.tmp.path());
+    let meta = std::fs::symlink_metadata(dir).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    assert_eq!(meta.uid(), nix::unistd::geteuid().as_raw());
+    sink.shutdown(Instant::now() + Duration::from_secs(5));
+    assert!(!dir.exists(), "the private directory outlived the sink");
+}
+
+/// Waits until every pid in `pids` has died, then reaps those that became our children
+/// (subreaper). False if one is still alive after 5 s.
+fn all_die(pids: &[i32]) -> bool {
+    let until = Instant::now() + Duration::from_secs(5);
+    while pids.iter().any(|&p| alive(p)) {
+        if Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let me = std::process::id() as i32;
+    for &p in pids {
+        if proc_stat(p).is_some_and(|(_, ppid, _)| ppid == me) {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(p), None);
+        }
+    }
+    true
+}
+
+#[test]
+fn a_timeout_kills_setsid_grandchildren_too() {
+    subreaper();
+    let e = Env::new();
+    let marker = format!("prx-setsid-{}", std::process::id());
+    let escaper = sleeper(312, &marker);
+    let mut a = sh(
+        "escape",
+        EventKind::TurnComplete,
+        &format!("setsid {escaper} & {}", sleeper(100, &marker)),
+        e.ws(),
+    );
+    a.timeout = Duration::from_millis(1500);
+    let sink = e.sink(e.limits());
+    sink.set_table(table(vec![a]));
+    sink.deliver(&turn(0));
+    let mut found = Vec::new();
+    wait_for("the setsid sleep", Duration::from_secs(5), || {
+        found = procs_exactly(&escaper);
+        !found.is_empty()
+    });
+    let st = settle(&sink);
+    assert_eq!(st.hooks["escape"].timed_out, 1);
+    if !all_die(&found) {
+        reap_orphans(&found);
+        panic!("the setsid grandchild survived the timeout: {found:?}");
+    }
+}
+
+#[test]
+fn shutdown_kills_setsid_grandchildren_too() {
+    subreaper();
+    let e = Env::new();
+    let marker = format!("prx-setsid-shutdown-{}", std::process::id());
+    let escaper = sleeper(313, &marker);
+    let a = sh(
+        "escape",
+        EventKind::TurnComplete,
+        &format!("setsid {escaper} & {}", sleeper(101, &marker)),
+        e.ws(),
+    );
+    let sink = e.sink(e.limits());
+    sink.set_table(table(vec![a]));
+    sink.deliver(&turn(0));
+    let mut found = Vec::new();
+    wait_for("the setsid sleep", Duration::from_secs(5), || {
+        found = procs_exactly(&escaper);
+        !found.is_empty()
+    });
+    let t = Instant::now();
+    sink.shutdown(Instant::now() + Duration::from_millis(100));
+    assert!(t.elapsed() < Duration::from_millis(100) + prx_hooks::SHUTDOWN_SLACK * 4);
+    assert_eq!(sink.stats().totals.killed, 1);
+    if !all_die(&found) {
+        reap_orphans(&found);
+        panic!("the setsid grandchild survived shutdown: {found:?}");
+    }
+}
+
+/// Runs in a child copy of this binary (see the test below): a library host with one long
+/// hook, which writes its pid where the test can find it, then waits to be killed.
+#[test]
+fn library_host_probe() {
+    let Some(out) = std::env::var_os("PRX_SHELL_HOST_OUT") else {
+        return;
+    };
+    let out = PathBuf::from(out);
+    let a = sh(
+        "long",
+        EventKind::TurnComplete,
+        &format!("echo $$ > {}/leader; exec sleep 300", out.display()),
+        &out,
+    );
+    let sink = ShellSink::standalone(out.clone(), ShellLimits::default());
+    sink.set_table(table(vec![a]));
+    sink.deliver(&turn(0));
+    std::thread::sleep(Duration::from_secs(300));
+}
+
+#[test]
+fn a_library_host_killed_with_sigkill_takes_its_hook_leaders_along() {
+    subreaper();
+    let e = Env::new();
+    let out = e.dir("host");
+    let mut host = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["library_host_probe", "--exact", "--test-threads=1"])
+        .env("PRX_SHELL_HOST_OUT", &out)
+        .env("TMPDIR", e.tmp.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut leader = 0;
+    wait_for("the hook to start", Duration::from_secs(20), || {
+        leader = std::fs::read_to_string(out.join("leader"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        leader > 0 && alive(leader)
+    });
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let died = all_die(&[leader]);
+    if !died {
+        reap_orphans(&[leader]);
+    }
+    assert!(died, "the hook leader outlived its library host");
+}
+
+#[test]
+fn with_a_cgroup_what_an_exited_leader_left_dies_at_the_runs_deadline() {
+    subreaper();
+    let e = Env::new();
+    let limits = ShellLimits {
+        detect_cgroup: true,
+        ..e.limits()
+    };
+    let sink = e.sink(limits);
+    let status = sink.cgroup_status();
+    if !matches!(status, prx_hooks::shell::CgroupStatus::Active { .. }) {
+        eprintln!(
+            "NOT RUN with_a_cgroup_what_an_exited_leader_left_dies_at_the_runs_deadline: {status:?}"
+        );
+        return;
+    }
+    let marker = format!("prx-linger-{}", std::process::id());
+    let left = sleeper(314, &marker);
+    let mut a = sh(
+        "bg",
+        EventKind::TurnComplete,
+        &format!("setsid {left} & exit 0"),
+        e.ws(),
+    );
+    a.timeout = Duration::from_millis(1500);
+    let t = Instant::now();
+    let o = sink.run_once(&a, &turn(0));
+    assert_eq!(o.kind, OutcomeKind::Ok, "{o}");
+    assert!(o.duration < Duration::from_millis(1500), "{o}");
+    let found = procs_exactly(&left);
+    assert_eq!(found.len(), 1, "left running for now");
+    let died = all_die(&found);
+    if !died {
+        reap_orphans(&found);
+    }
+    assert!(died, "what the leader left outlived the run's deadline");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1400),
+        "killed before its deadline"
+    );
 }

@@ -32,6 +32,7 @@ fn action(id: &str, event: EventKind, script: &str, cwd: &Path) -> Action {
         enabled: true,
         matcher: None,
         max_concurrent: 16,
+        limits: Default::default(),
     }
 }
 
@@ -42,6 +43,7 @@ fn table(actions: Vec<Action>) -> Arc<HookTable> {
         actions: actions.into_iter().map(Arc::new).collect(),
         source: None,
         warnings: Vec::new(),
+        path: None,
     })
 }
 

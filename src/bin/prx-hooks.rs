@@ -72,6 +72,27 @@ struct FireArgs {
     /// matcher does not match the payload's tool is skipped, as in `run`).
     #[arg(long)]
     ignore_matcher: bool,
+    #[command(flatten)]
+    contain: ContainArgs,
+}
+
+/// How hook processes are contained (`run` and `fire`).
+#[derive(Args)]
+struct ContainArgs {
+    /// Run each hook in a cgroup v2 of its own: `auto` uses this process's cgroup when it is
+    /// delegated to us (else hooks run without one, and the stats say why), `off` never, a
+    /// directory that cgroup (which must work, or every hook fails to spawn).
+    #[arg(long, value_name = "auto|off|DIR", default_value = "auto")]
+    cgroup: String,
+    /// A default limit for every hook, KEY=VALUE (repeatable; a hook's "limits" in hooks.json
+    /// overrides it): cpu_seconds, open_files, core_bytes, file_size_bytes, memory_bytes,
+    /// processes (the last two need a cgroup). Default: core_bytes=0.
+    #[arg(long = "hook-limit", value_name = "KEY=VALUE")]
+    hook_limit: Vec<String>,
+    /// Make this process non-dumpable, so hooks (same user) cannot read its environment or
+    /// memory through /proc; it also cannot be debugged or dump core.
+    #[arg(long)]
+    harden: bool,
 }
 
 #[derive(Args)]
@@ -111,6 +132,8 @@ struct RunArgs {
     /// timeout. SIGINT/SIGTERM drain for 2 s instead; a second one kills at once.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     drain_timeout: Option<Duration>,
+    #[command(flatten)]
+    contain: ContainArgs,
 }
 
 #[derive(Args)]
@@ -208,7 +231,13 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     signals.add(Signal::SIGHUP);
     signals.thread_block()?;
 
-    let hooks = Arc::new(Hooks::builder().workspace(&args.workspace).build()?);
+    let containment = contain(&args.contain)?;
+    let hooks = Arc::new(
+        Hooks::builder()
+            .workspace(&args.workspace)
+            .shell_limits(shell_limits(&args.contain)?)
+            .build()?,
+    );
     let mut server = match &args.listen {
         Some(addr) => Some(start_api(&hooks, &args, addr)?),
         None => None,
@@ -285,10 +314,15 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         prx_hooks::http::token::remove_address(&args.workspace, &server.listen().to_string());
     }
     hooks.shutdown(deadline.saturating_duration_since(Instant::now()));
+    let contained = containment.finish();
     if let Some(printer) = printer {
         let _ = printer.join();
     }
-    let report = serde_json::json!({ "input": &*input, "stats": hooks.stats() });
+    let report = serde_json::json!({
+        "input": &*input,
+        "stats": hooks.stats(),
+        "containment": contained,
+    });
     eprintln!("{report}");
     Ok(ExitCode::SUCCESS)
 }
@@ -367,6 +401,89 @@ fn idle(hooks: &Hooks) -> bool {
     let stats = hooks.stats();
     stats.processed + stats.dropped_shutdown >= stats.queued
         && stats.sinks.iter().all(|s| s.counts.in_flight == 0)
+}
+
+/// What `run` and `fire` do to their own process before any hook runs: `--harden`, and
+/// becoming the child subreaper of everything the hooks leave behind (README.md § Security).
+struct Containment {
+    subreaper: Option<prx_hooks::shell::supervisor::Subreaper>,
+    hardened: bool,
+}
+
+/// Makes this process non-dumpable with `--harden`, and a child subreaper (always: the CLI owns
+/// its process; a library host never does this unless it asks).
+fn contain(args: &ContainArgs) -> Result<Containment, BoxError> {
+    use prx_hooks::shell::supervisor;
+    if args.harden {
+        supervisor::harden().map_err(|e| format!("--harden: prctl(PR_SET_DUMPABLE): {e}"))?;
+    }
+    let subreaper = supervisor::Subreaper::start()
+        .inspect_err(|e| {
+            tracing::warn!(
+                "cannot become a child subreaper ({e}): what hooks leave behind is reparented to init and not killed at shutdown"
+            )
+        })
+        .ok();
+    Ok(Containment {
+        subreaper,
+        hardened: supervisor::is_hardened(),
+    })
+}
+
+impl Containment {
+    /// After the hooks have shut down: kills every orphan a hook left behind (with its tree)
+    /// and says what was done.
+    fn finish(self) -> serde_json::Value {
+        let (killed, reaped) = match &self.subreaper {
+            Some(s) => {
+                let killed = s.kill_orphans(Instant::now() + prx_hooks::SHUTDOWN_SLACK);
+                (killed, s.reaped())
+            }
+            None => (0, 0),
+        };
+        if killed > 0 {
+            tracing::info!("killed {killed} process(es) hooks had left running");
+        }
+        serde_json::json!({
+            "subreaper": self.subreaper.is_some(),
+            "orphans_killed_at_exit": killed,
+            "orphans_reaped": reaped,
+            "hardened": self.hardened,
+        })
+    }
+}
+
+/// The shell backend's limits from `--cgroup` and `--hook-limit` (default `core_bytes=0`: a
+/// crashing hook does not write a core file into the workspace).
+fn shell_limits(args: &ContainArgs) -> Result<prx_hooks::shell::ShellLimits, BoxError> {
+    let mut limits = prx_hooks::shell::ShellLimits::default();
+    match args.cgroup.as_str() {
+        "auto" => limits.detect_cgroup = true,
+        "off" => {}
+        dir => limits.cgroup = Some(PathBuf::from(dir)),
+    }
+    let keys = prx_hooks::config::HookLimits::KEYS;
+    limits.hook_limits.core_bytes = Some(0);
+    for kv in &args.hook_limit {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--hook-limit {kv:?}: expected KEY=VALUE"))?;
+        if !keys.contains(&k) {
+            return Err(format!(
+                "--hook-limit {kv:?}: unknown limit {k:?}; expected one of {}",
+                keys.join(", ")
+            )
+            .into());
+        }
+        let (lo, hi) = prx_hooks::config::HookLimits::range(k);
+        let v: u64 = v
+            .parse()
+            .ok()
+            .filter(|n| (lo..=hi).contains(n))
+            .ok_or_else(|| format!("--hook-limit {kv:?}: {k} must be an integer in {lo}..={hi}"))?;
+        limits.hook_limits.set(k, v);
+    }
+    Ok(limits)
 }
 
 #[cfg(feature = "http")]
@@ -712,7 +829,11 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
     }
     #[cfg(feature = "wasm")]
     let (plugins, plugins_failed) = fire_load_plugins(&args.workspace)?;
-    let shell = prx_hooks::shell::ShellSink::standalone(args.workspace.clone(), Default::default());
+    let containment = contain(&args.contain)?;
+    let shell = prx_hooks::shell::ShellSink::standalone(
+        args.workspace.clone(),
+        shell_limits(&args.contain)?,
+    );
     shell.set_table(Arc::new(table));
     let msg = prx_hooks::shell::message_from_json(
         kind,
@@ -724,6 +845,7 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
     let opts = prx_hooks::shell::RunOptions::default().ignore_matcher(args.ignore_matcher);
     let outcomes = shell.run_matching_with(&msg, &opts);
     shell.shutdown(Instant::now() + Duration::from_secs(2));
+    containment.finish();
     #[allow(unused_mut)]
     let mut failed = outcomes.iter().any(|o| o.kind.is_failure());
     for outcome in &outcomes {

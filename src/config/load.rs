@@ -12,7 +12,9 @@
 //! machine still load (the hook then fails to spawn, visibly).
 
 use super::error::{ConfigError, ConfigErrors, Lines, Path as JPath, quote};
-use super::model::{Action, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_MS, HookTable, Matcher};
+use super::model::{
+    Action, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_MS, HookLimits, HookTable, Matcher,
+};
 use super::spanned::{self, Member, Node, RawError, Val};
 use crate::event::EventKind;
 use std::collections::HashMap;
@@ -43,8 +45,9 @@ pub const MAX_TIMEOUT_MS: u64 = 300_000;
 pub const MAX_MAX_CONCURRENT: u64 = 1024;
 /// The PATH bare command names are resolved against, and the PATH every hook gets.
 pub const SANITIZED_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-/// Variables that never reach a hook from the parent and can never be set by `env` or listed in
-/// `env_passthrough` (compared case-insensitively).
+/// The names the first releases refused in `env` and `env_passthrough`. The policy is now
+/// [`crate::shell::env::RULES`] (every `LD_*` and `DYLD_*`, the C library's setuid list, PATH,
+/// `ZERO_HOOK_*`; interpreter start-up variables from the agent); HOME may be set in `env`.
 pub const BLOCKED_ENV: [&str; 6] = [
     "LD_PRELOAD",
     "LD_LIBRARY_PATH",
@@ -59,7 +62,7 @@ pub const SHELL_METACHARACTERS: &[char] = &[
     '\\', '\n',
 ];
 
-const TOP_FIELDS: &[&str] = &["timeout_ms", "enabled", "env_passthrough", "hooks"];
+const TOP_FIELDS: &[&str] = &["timeout_ms", "enabled", "env_passthrough", "path", "hooks"];
 const ACTION_FIELDS: &[&str] = &[
     "command",
     "args",
@@ -71,11 +74,13 @@ const ACTION_FIELDS: &[&str] = &[
     "enabled",
     "matcher",
     "max_concurrent",
+    "limits",
 ];
 
-/// Whether `name` may never be set for a hook (`LD_PRELOAD`, `PATH`, … in any case).
+/// Whether `name` may never be set for a hook (`LD_PRELOAD`, `PATH`, … in any case): the rules
+/// of [`crate::shell::env::RULES`] that apply to a hook's own `env`.
 pub fn is_blocked_env(name: &str) -> bool {
-    BLOCKED_ENV.iter().any(|b| b.eq_ignore_ascii_case(name))
+    crate::shell::env::is_blocked(name)
 }
 
 /// Whether `name` is one of ours (`ZERO_HOOK_*`, in any case).
@@ -307,6 +312,7 @@ struct Draft {
     enabled: bool,
     matcher: Option<Matcher>,
     max_concurrent: usize,
+    limits: HookLimits,
 }
 
 struct Validator {
@@ -317,7 +323,9 @@ struct Validator {
     /// The canonical workspace, when it exists: what symlink checks compare against.
     ws_canon: Option<PathBuf>,
     actions_seen: usize,
-    /// Bare command names already looked up in [`SANITIZED_PATH`].
+    /// `"path": "inherit"`: the filtered host PATH bare commands resolve against.
+    path: Option<String>,
+    /// Bare command names already looked up in the table's PATH.
     resolved: HashMap<String, Result<PathBuf, String>>,
 }
 
@@ -333,6 +341,7 @@ impl Validator {
             ws,
             ws_canon,
             actions_seen: 0,
+            path: None,
             resolved: HashMap::new(),
         }
     }
@@ -434,6 +443,10 @@ impl Validator {
                 }
                 "enabled" => table.enabled = self.boolean(v, &path).unwrap_or(true),
                 "env_passthrough" => table.env_passthrough = self.passthrough(v, &path),
+                "path" => {
+                    self.path = self.path_policy(v, &path);
+                    table.path = self.path.clone();
+                }
                 "hooks" => hooks = Some(v),
                 _ => {
                     let hint = EventKind::from_name(&normalize_event_key(&m.key)).map(|_| {
@@ -453,6 +466,60 @@ impl Validator {
         };
         table.actions = self.assign_ids(drafts, timeout_ms);
         table
+    }
+
+    /// `"path"`: `"safe"` (the default) or `"inherit"` (the host's PATH, filtered; each entry
+    /// left out is a warning).
+    fn path_policy(&mut self, node: &Node, path: &JPath) -> Option<String> {
+        match self.string(node, path)? {
+            "safe" => None,
+            "inherit" => {
+                let (kept, dropped) = crate::shell::env::inherited_path();
+                for w in dropped {
+                    self.warn(node.pos, path, w);
+                }
+                Some(kept)
+            }
+            other => {
+                self.err(
+                    node.pos,
+                    path,
+                    format!(
+                        "{} is not a PATH policy: expected \"safe\" (hooks get {SANITIZED_PATH}) or \"inherit\" (the agent's PATH minus empty, relative, missing and world-writable entries)",
+                        quote(other)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// `"limits"`: an object of [`HookLimits::KEYS`] to integers in their ranges.
+    fn limits(&mut self, node: &Node, path: &JPath) -> HookLimits {
+        let mut out = HookLimits::default();
+        let Val::Obj(members) = &node.val else {
+            self.type_err(
+                node,
+                path,
+                "an object of limits, such as {\"cpu_seconds\": 60}",
+            );
+            return out;
+        };
+        for m in members {
+            let p = path.key(&m.key);
+            if !HookLimits::KEYS.contains(&m.key.as_str()) {
+                self.unknown_field(m, path, &HookLimits::KEYS, None);
+                continue;
+            }
+            if m.value.val == Val::Null {
+                continue;
+            }
+            let (lo, hi) = HookLimits::range(&m.key);
+            if let Some(v) = self.integer(&m.value, &p, lo, hi, "") {
+                out.set(&m.key, v);
+            }
+        }
+        out
     }
 
     fn passthrough(&mut self, node: &Node, path: &JPath) -> Vec<String> {
@@ -483,8 +550,14 @@ impl Validator {
     }
 
     /// Checks a variable name for `env` keys and `env_passthrough`; reports and returns false
-    /// when it may not be used.
+    /// when it may not be used ([`crate::shell::env::RULES`]).
     fn env_name(&mut self, name: &str, pos: usize, path: &JPath, verb: &str) -> bool {
+        use crate::shell::env::{Scope, refusal};
+        let scope = if verb == "set" {
+            Scope::Env
+        } else {
+            Scope::Passthrough
+        };
         if name.is_empty() {
             self.err(pos, path, "a variable name may not be empty");
         } else if name.contains('=') {
@@ -498,24 +571,11 @@ impl Validator {
             );
         } else if name.contains('\0') {
             self.err(pos, path, "a variable name may not contain a NUL byte");
-        } else if is_blocked_env(name) {
+        } else if let Some(rule) = refusal(name, scope) {
             self.err(
                 pos,
                 path,
-                format!(
-                    "may not {verb} {}: LD_PRELOAD, LD_LIBRARY_PATH, DYLD_INSERT_LIBRARIES, \
-                     DYLD_LIBRARY_PATH, PATH and HOME never reach hooks (PATH is always {SANITIZED_PATH})",
-                    quote(name)
-                ),
-            );
-        } else if is_zero_hook_var(name) {
-            self.err(
-                pos,
-                path,
-                format!(
-                    "may not {verb} {}: ZERO_HOOK_* variables are set by prx-hooks",
-                    quote(name)
-                ),
+                format!("may not {verb} {}: {}", quote(name), rule.why),
             );
         } else {
             return true;
@@ -614,6 +674,7 @@ impl Validator {
             enabled: true,
             matcher: None,
             max_concurrent: DEFAULT_MAX_CONCURRENT,
+            limits: HookLimits::default(),
         };
         let mut has_command = false;
         for m in members {
@@ -665,6 +726,7 @@ impl Validator {
                     }
                 }
                 "matcher" => d.matcher = self.matcher(v, &p, event),
+                "limits" => d.limits = self.limits(v, &p),
                 _ => {
                     let hint = (m.key == "event").then(|| {
                         "; the event is the key the hook is listed under in \"hooks\"".to_string()
@@ -742,11 +804,12 @@ impl Validator {
                 return None;
             }
             // Resolved once per name and file: a file repeating one command thousands of
-            // times costs one PATH lookup, not thousands.
+            // times costs one PATH lookup, not thousands. (The table's "path" is read before
+            // any hook: top-level fields come first.)
             let program = match self.resolved.get(cmd) {
                 Some(p) => p.clone(),
                 None => {
-                    let p = resolve_bare(cmd);
+                    let p = resolve_bare_in(cmd, self.path.as_deref().unwrap_or(SANITIZED_PATH));
                     self.resolved.insert(cmd.to_string(), p.clone());
                     p
                 }
@@ -1030,6 +1093,7 @@ impl Validator {
                 enabled: d.enabled,
                 matcher: d.matcher,
                 max_concurrent: d.max_concurrent,
+                limits: d.limits,
             }));
         }
         out
@@ -1083,8 +1147,13 @@ impl Fnv {
 
 /// A bare program name looked up in [`SANITIZED_PATH`]: the first executable regular file.
 pub fn resolve_bare(name: &str) -> Result<PathBuf, String> {
+    resolve_bare_in(name, SANITIZED_PATH)
+}
+
+/// A bare program name looked up in `path` (a PATH value): the first executable regular file.
+pub fn resolve_bare_in(name: &str, path: &str) -> Result<PathBuf, String> {
     use std::os::unix::fs::PermissionsExt;
-    for dir in SANITIZED_PATH.split(':') {
+    for dir in path.split(':').filter(|d| d.starts_with('/')) {
         let candidate = Path::new(dir).join(name);
         if let Ok(meta) = std::fs::metadata(&candidate)
             && meta.is_file()
@@ -1093,7 +1162,7 @@ pub fn resolve_bare(name: &str) -> Result<PathBuf, String> {
             return Ok(candidate);
         }
     }
-    Err(format!("{} was not found in {SANITIZED_PATH}", quote(name)))
+    Err(format!("{} was not found in {path}", quote(name)))
 }
 
 /// Resolves `.` and `..` lexically. `None` when `..` climbs above the start (for a relative

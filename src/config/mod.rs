@@ -19,8 +19,10 @@ pub use load::{
     BLOCKED_ENV, HOOKS_FILE, MAX_ACTIONS, MAX_ARGS, MAX_ENV, MAX_ERRORS, MAX_FILE_BYTES,
     MAX_MAX_CONCURRENT, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, SANITIZED_PATH, SHELL_METACHARACTERS,
     empty_table, file_label, is_blocked_env, is_valid_id, is_zero_hook_var, load,
-    normalize_event_key, parse, read_hooks_file, resolve_bare,
+    normalize_event_key, parse, read_hooks_file, resolve_bare, resolve_bare_in,
 };
-pub use model::{Action, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_MS, HookTable, Matcher};
+pub use model::{
+    Action, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_MS, HookLimits, HookTable, Matcher,
+};
 pub(crate) use watch::CONFIG_SECTION;
 pub use watch::{ConfigStats, ConfigWatcher, Reload, WatchOptions, WatcherKind};

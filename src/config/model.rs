@@ -27,6 +27,10 @@ pub struct HookTable {
     pub source: Option<PathBuf>,
     /// Load-time warnings (e.g. a bare command not found on the sanitized PATH).
     pub warnings: Vec<String>,
+    /// `"path": "inherit"`: the host's PATH, filtered ([`crate::shell::env::filter_path`]),
+    /// which bare commands were resolved against and hooks get. `None`: the safe default
+    /// [`SANITIZED_PATH`](crate::config::SANITIZED_PATH).
+    pub path: Option<String>,
 }
 
 impl HookTable {
@@ -81,6 +85,81 @@ pub struct Action {
     /// tool_call_start / tool_call only: which tool names fire this hook.
     pub matcher: Option<Matcher>,
     pub max_concurrent: usize,
+    /// `"limits"`: this hook's resource limits (unset ones take the host's defaults).
+    pub limits: HookLimits,
+}
+
+/// Per-hook resource limits (`"limits"` in hooks.json; `ShellLimits::hook_limits` holds the
+/// host's defaults). The rlimits are per process of the hook; `memory_bytes` and `processes`
+/// are per run and need a delegated cgroup v2 with the `memory` / `pids` controller (without
+/// one a hook that sets them fails to spawn). `RLIMIT_NPROC` (it counts every process of the
+/// *user*) and `RLIMIT_AS` (it breaks JVMs and Node) are not offered here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HookLimits {
+    /// RLIMIT_CPU: seconds of CPU time per process (SIGXCPU, then SIGKILL).
+    pub cpu_seconds: Option<u64>,
+    /// RLIMIT_NOFILE: open files per process.
+    pub open_files: Option<u64>,
+    /// RLIMIT_CORE: bytes of core dump (0: none).
+    pub core_bytes: Option<u64>,
+    /// RLIMIT_FSIZE: bytes of the largest file a process may write.
+    pub file_size_bytes: Option<u64>,
+    /// cgroup `memory.max` (and `memory.swap.max` 0) of each run.
+    pub memory_bytes: Option<u64>,
+    /// cgroup `pids.max` of each run: processes and threads at once.
+    pub processes: Option<u64>,
+}
+
+impl HookLimits {
+    /// The hooks.json keys, in documentation order.
+    pub const KEYS: [&'static str; 6] = [
+        "cpu_seconds",
+        "open_files",
+        "core_bytes",
+        "file_size_bytes",
+        "memory_bytes",
+        "processes",
+    ];
+
+    /// The value of `key` (one of [`Self::KEYS`]).
+    pub fn get(&self, key: &str) -> Option<u64> {
+        match key {
+            "cpu_seconds" => self.cpu_seconds,
+            "open_files" => self.open_files,
+            "core_bytes" => self.core_bytes,
+            "file_size_bytes" => self.file_size_bytes,
+            "memory_bytes" => self.memory_bytes,
+            "processes" => self.processes,
+            _ => None,
+        }
+    }
+
+    /// Sets `key` (one of [`Self::KEYS`]); `false` for an unknown key.
+    pub fn set(&mut self, key: &str, value: u64) -> bool {
+        let slot = match key {
+            "cpu_seconds" => &mut self.cpu_seconds,
+            "open_files" => &mut self.open_files,
+            "core_bytes" => &mut self.core_bytes,
+            "file_size_bytes" => &mut self.file_size_bytes,
+            "memory_bytes" => &mut self.memory_bytes,
+            "processes" => &mut self.processes,
+            _ => return false,
+        };
+        *slot = Some(value);
+        true
+    }
+
+    /// The range each key accepts: (min, max).
+    pub fn range(key: &str) -> (u64, u64) {
+        match key {
+            "cpu_seconds" => (1, 7 * 24 * 3600),
+            "open_files" => (4, 1 << 20),
+            "core_bytes" | "file_size_bytes" => (0, 1 << 50),
+            "memory_bytes" => (1 << 20, 1 << 50),
+            "processes" => (1, 1 << 22),
+            _ => (0, 0),
+        }
+    }
 }
 
 /// Which tool names a hook fires for.

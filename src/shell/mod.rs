@@ -5,10 +5,11 @@
 //!                                      full → dropped, counted            no I/O, no spawn
 //! runner thread (one per sink):
 //!   start:  oldest startable job (≤ 64 running, ≤ max_concurrent per hook) → payload file
-//!           written once per event (0600, $TMPDIR) → sanitized env → posix_spawn
+//!           written once per event (0600, in a private 0700 dir in $TMPDIR) → sanitized env
+//!           → cwd opened and checked → [run cgroup] → clone(CLONE_VM|CLONE_VFORK) + exec
 //!   wait:   poll(pidfds, stderr, stdin, wake eventfd) until the nearest deadline
 //!   reap:   exit → waitpid(pid) → outcome, counted → start the next job at once
-//!   kill:   deadline → SIGKILL the process group → reap
+//!   kill:   deadline → cgroup.kill, or stop + SIGKILL the whole process tree → reap
 //! ```
 //!
 //! * **Never blocks the pipeline.** `deliver` takes one small lock per event and enqueues; the
@@ -22,15 +23,19 @@
 //! * **Payload**: `ZERO_HOOK_PAYLOAD` (≤ [`MAX_ENV_PAYLOAD`] bytes, else unset and
 //!   `ZERO_HOOK_PAYLOAD_TRUNCATED=1`), `ZERO_HOOK_PAYLOAD_FILE` (shared by the event's hooks,
 //!   removed after the last one exits) and, with `stdin_json`, stdin.
-//! * **Processes**: each its own process group; waited per pid through a pidfd (never
-//!   `waitpid(-1)`, never a SIGCHLD handler); on timeout the group gets SIGKILL; completion is
-//!   the leader's exit, never pipe EOF. stdout is discarded, the last 16 KiB of stderr kept.
+//! * **Processes** ([`mod@spawn`]): started with an empty signal mask and default dispositions,
+//!   no descriptor above stderr, in a process group of their own, with `PDEATHSIG` (they die
+//!   with the runner thread, which outlives every process it starts), optionally rlimits and
+//!   a cgroup; waited per pid through a pidfd (never `waitpid(-1)`, never a SIGCHLD handler);
+//!   on timeout everything the hook started is killed ([`reactor`]); completion is the
+//!   leader's exit, never pipe EOF. stdout is discarded, the last 16 KiB of stderr kept.
 //! * **Counted**: per hook and in total, `sent = ok + exit + signal + timed_out + spawn_failed +
 //!   killed + dropped + cancelled + running + queued` at every moment ([`HookCounts`]).
 //! * **Shutdown** ([`ShellSink::shutdown`]): stop accepting, let queued and running hooks finish
 //!   until the deadline, then SIGKILL every group still running, cancel what never started,
 //!   reap every child, remove every payload file, join the threads.
 
+pub mod cgroup;
 pub mod env;
 mod outcome;
 mod payload;
@@ -38,7 +43,10 @@ mod queue;
 mod reactor;
 pub mod runs;
 mod spawn;
+pub mod supervisor;
+mod tree;
 
+pub use cgroup::CgroupStatus;
 pub use env::SANITIZED_PATH;
 pub(crate) use outcome::SHELL_SECTION;
 pub use outcome::{HookCounts, Outcome, OutcomeKind, ShellStats};
@@ -48,12 +56,13 @@ pub use runs::{DEFAULT_RUN_QUEUE, RunFeedStats, RunSubscription};
 pub use spawn::Rlimits;
 
 use crate::bus::Message;
-use crate::config::{Action, HookTable};
+use crate::config::{Action, HookLimits, HookTable};
 use crate::event::EventMask;
 use crate::pipeline::{InterestHandle, Sink};
 use crate::stats::SinkCounts;
 use arc_swap::ArcSwap;
-use payload::EventRun;
+use cgroup::{CgroupLimits, Cgroups};
+use payload::{EventRun, PayloadDir};
 use queue::{DropReason, Job, Offer, Sched};
 use reactor::{Finished, Proc, Reactor};
 use runs::RunFeed;
@@ -66,6 +75,68 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The spawn path alone, for `benches/spawn.rs` (not an API: no queue, no payload, no
+/// reactor — exactly what each hook's process start costs, to compare with other ways of
+/// starting a process).
+#[doc(hidden)]
+pub mod bench {
+    use super::{env::ChildEnv, spawn};
+    use crate::config::Action;
+    use std::path::Path;
+
+    /// Starts `program` (no arguments) in `dir` the way every hook is started.
+    pub struct Spawner {
+        opts: spawn::SpawnOpts,
+        action: Action,
+        env: ChildEnv,
+    }
+
+    impl Spawner {
+        pub fn new(program: &Path, dir: &Path) -> std::io::Result<Spawner> {
+            Ok(Spawner {
+                opts: spawn::SpawnOpts::new(dir)?,
+                action: Action {
+                    id: "bench".into(),
+                    id_explicit: true,
+                    event: crate::EventKind::TurnComplete,
+                    index: 0,
+                    command: program.display().to_string(),
+                    program: Ok(program.to_path_buf()),
+                    args: Vec::new(),
+                    env: Vec::new(),
+                    cwd: dir.to_path_buf(),
+                    timeout: std::time::Duration::from_secs(30),
+                    timeout_explicit: true,
+                    stdin_json: false,
+                    enabled: true,
+                    matcher: None,
+                    max_concurrent: 1,
+                    limits: Default::default(),
+                },
+                env: ChildEnv::from_pairs(&[("PATH", super::SANITIZED_PATH)]),
+            })
+        }
+
+        /// Spawns, then waits for the exit (stderr pipe and pidfd included, as for a hook);
+        /// returns the raw wait status.
+        pub fn spawn_wait(&self) -> Result<i32, String> {
+            let req = spawn::Request {
+                env: &self.env,
+                rlimits: &[],
+                cgroup_procs: None,
+            };
+            let sp = spawn::spawn(&self.action, &req, &self.opts)?;
+            let mut status = 0;
+            // SAFETY: waitpid on the child just started.
+            let r = unsafe { nix::libc::waitpid(sp.pid as i32, &mut status, 0) };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error().to_string());
+            }
+            Ok(status)
+        }
+    }
+}
+
 /// Default of [`ShellLimits::max_running`].
 pub const DEFAULT_MAX_RUNNING: usize = 64;
 /// Default of [`ShellLimits::queue_per_action`].
@@ -73,9 +144,10 @@ pub const DEFAULT_QUEUE_PER_ACTION: usize = 256;
 /// Default of [`ShellLimits::history`].
 pub const DEFAULT_HISTORY: usize = 50;
 
-/// How long the runner waits for SIGKILLed processes at shutdown before leaving them to a
-/// detached thread (a process in uninterruptible sleep cannot die until its I/O returns).
-const KILL_GRACE: Duration = Duration::from_secs(5);
+/// How long the runner waits for SIGKILLed processes at shutdown before reporting them killed
+/// and leaving their reaping to a detached thread (a process in uninterruptible sleep cannot
+/// die until its I/O returns). Well inside [`crate::SHUTDOWN_SLACK`].
+const KILL_GRACE: Duration = Duration::from_millis(150);
 
 /// The runner's poll tick when it has no eventfd to be woken through.
 const NO_WAKE_TICK: Duration = Duration::from_millis(2);
@@ -102,13 +174,24 @@ pub struct ShellLimits {
     pub queue_per_action: usize,
     /// Outcomes kept per hook for [`ShellSink::runs`] (default 50).
     pub history: usize,
-    /// Resource limits for hook processes (opt-in; moves spawning to fork+exec, see [`Rlimits`]).
+    /// Resource limits for every hook process (opt-in, see [`Rlimits`]); `hook_limits` and a
+    /// hook's own `limits` take precedence for the limits they set.
     pub rlimits: Option<Rlimits>,
-    /// A cgroup v2 directory hook processes are placed in before they exec (opt-in; same cost
-    /// as `rlimits`). If its `cgroup.procs` cannot be opened, every hook fails to spawn.
+    /// Default limits of every hook (a hook's `"limits"` in hooks.json overrides them one by
+    /// one). `memory_bytes` and `processes` need a cgroup with those controllers: without
+    /// one, a hook that has them fails to spawn rather than run unlimited.
+    pub hook_limits: HookLimits,
+    /// A delegated cgroup v2 directory: each run gets a cgroup under it (in
+    /// `prx-hooks.<pid>.<start>.<n>/hook-<id>/<run>`), killed as a whole at the timeout, at
+    /// shutdown, and — for what an exited leader left — at the run's deadline. If it cannot be
+    /// used, every hook fails to spawn (never run unconfined when asked to be confined).
     pub cgroup: Option<PathBuf>,
-    /// Where payload files go (default: `$TMPDIR` as it is when the sink is created, else
-    /// `/tmp`).
+    /// Without `cgroup`: use this process's own cgroup v2 directory when it is delegated to
+    /// us (default off in the library; `prx-hooks` turns it on). When it is not, hooks run
+    /// without a cgroup and the stats say why.
+    pub detect_cgroup: bool,
+    /// Where payload files go: a private directory is created in it (default: `$TMPDIR` as it
+    /// is when the sink is created, else `/tmp`).
     pub tmp_dir: Option<PathBuf>,
 }
 
@@ -119,7 +202,9 @@ impl Default for ShellLimits {
             queue_per_action: DEFAULT_QUEUE_PER_ACTION,
             history: DEFAULT_HISTORY,
             rlimits: None,
+            hook_limits: HookLimits::default(),
             cgroup: None,
+            detect_cgroup: false,
             tmp_dir: None,
         }
     }
@@ -150,8 +235,13 @@ struct Shared {
     max_running: usize,
     queue_per_action: usize,
     history: usize,
-    tmp_dir: Arc<Path>,
-    opts: SpawnOpts,
+    payload: Arc<PayloadDir>,
+    opts: Result<SpawnOpts, String>,
+    /// Defaults of every hook's limits (`ShellLimits::rlimits` under `hook_limits`).
+    rlimits: Rlimits,
+    hook_limits: HookLimits,
+    cgroups: Result<Option<Cgroups>, String>,
+    cgroup_status: CgroupStatus,
     table: ArcSwap<Prepared>,
     interest: InterestHandle,
     sched: Mutex<Sched>,
@@ -175,9 +265,17 @@ struct RunnerLink {
 
 #[derive(Default)]
 struct Inbox {
-    procs: Vec<Proc<Origin>>,
+    /// Direct runs (`run_once`, `run_matching`) for the runner to spawn: every hook process
+    /// is spawned by the runner thread, whose exit is what PDEATHSIG follows.
+    requests: Vec<Direct>,
     /// The runner has exited: nothing more may be handed to it.
     closed: bool,
+}
+
+/// One direct run waiting to be spawned.
+struct Direct {
+    action: Arc<Action>,
+    origin: Origin,
 }
 
 /// Who started a process, and where its outcome goes.
@@ -313,6 +411,48 @@ impl Drop for OnceRun {
     }
 }
 
+impl Origin {
+    /// A run that never started (spawn failed, cancelled): recorded like a finished one.
+    fn not_run(self, sh: &Shared, action: &Action, kind: OutcomeKind) {
+        match self {
+            Origin::Queue(job) => {
+                let o = Outcome::not_run(&action.id, action.event, kind, Some(&job.run.msg));
+                drop(job);
+                conclude(sh, &o);
+                let mut s = lock(&sh.sched);
+                s.finish(o, sh.history);
+                notify_drained(sh, &s);
+            }
+            Origin::Direct {
+                run, reply, index, ..
+            } => {
+                let mut o = Outcome::not_run(&action.id, action.event, kind, Some(&run.msg));
+                o.direct = true;
+                drop(run);
+                conclude(sh, &o);
+                {
+                    let mut s = lock(&sh.sched);
+                    s.record_direct(o.clone(), sh.history);
+                    notify_drained(sh, &s);
+                }
+                let _ = reply.send((index, o));
+            }
+            Origin::Once { run, slot, .. } => {
+                let mut o = Outcome::not_run(&action.id, action.event, kind, Some(&run.msg));
+                o.direct = true;
+                drop(run);
+                conclude(sh, &o);
+                {
+                    let mut s = lock(&sh.sched);
+                    s.record_direct(o.clone(), sh.history);
+                    notify_drained(sh, &s);
+                }
+                slot.complete(o);
+            }
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -324,6 +464,14 @@ impl ShellSink {
     pub fn new(workspace: PathBuf, interest: InterestHandle, limits: ShellLimits) -> ShellSink {
         let tmp_dir = limits.tmp_dir.clone().unwrap_or_else(std::env::temp_dir);
         let tmp_dir = std::path::absolute(&tmp_dir).unwrap_or(tmp_dir);
+        let opts = SpawnOpts::new(&workspace).map_err(|e| {
+            let e = format!("cannot prepare spawning: {e}");
+            tracing::error!("shell hooks cannot run: {e}");
+            e
+        });
+        let (cgroups, cgroup_status) = cgroups_for(&limits);
+        // What a host killed with SIGKILL left in the same TMPDIR.
+        payload::remove_stale(&tmp_dir);
         let wake = reactor::eventfd()
             .inspect_err(|e| {
                 // Without an eventfd the reaper still works: it polls on a short tick instead.
@@ -336,6 +484,7 @@ impl ShellSink {
             table: Arc::new(HookTable::default()),
             base_env: Arc::from(Vec::new()),
         };
+        let rlimits = limits.rlimits.unwrap_or_default();
         interest.set(EventMask::NONE);
         ShellSink {
             shared: Arc::new(Shared {
@@ -343,8 +492,12 @@ impl ShellSink {
                 max_running: limits.max_running.max(1),
                 queue_per_action: limits.queue_per_action,
                 history: limits.history,
-                tmp_dir: Arc::from(tmp_dir),
-                opts: SpawnOpts::new(limits.rlimits.as_ref(), limits.cgroup.as_ref()),
+                payload: Arc::new(PayloadDir::new(tmp_dir)),
+                opts,
+                rlimits,
+                hook_limits: limits.hook_limits,
+                cgroups,
+                cgroup_status,
                 table: ArcSwap::from_pointee(empty),
                 interest,
                 sched: Mutex::new(Sched::default()),
@@ -373,9 +526,20 @@ impl ShellSink {
         &self.shared.workspace
     }
 
-    /// Where payload files are written.
+    /// Where the private directory payload files are written in is created.
     pub fn tmp_dir(&self) -> &Path {
-        &self.shared.tmp_dir
+        self.shared.payload.tmp()
+    }
+
+    /// The private directory payload files are written in (0700, created on first use,
+    /// removed at shutdown).
+    pub fn payload_dir(&self) -> Option<PathBuf> {
+        self.shared.payload.path()
+    }
+
+    /// Whether hooks run in cgroups, and if not why.
+    pub fn cgroup_status(&self) -> CgroupStatus {
+        self.shared.cgroup_status.clone()
     }
 
     /// Swaps in a new table (the config watcher calls this on every successful load) and
@@ -383,7 +547,9 @@ impl ShellSink {
     /// delivered under. The parent-environment share (allowlist + `env_passthrough`) is read
     /// here, once per table.
     pub fn set_table(&self, table: Arc<HookTable>) {
-        let base_env: Arc<[(OsString, OsString)]> = env::parent_env(&table.env_passthrough).into();
+        let path = table.path.as_deref().unwrap_or(SANITIZED_PATH);
+        let base_env: Arc<[(OsString, OsString)]> =
+            env::parent_env(&table.env_passthrough, path).into();
         lock(&self.shared.sched).set_table(table.actions.iter().map(|a| a.id.clone()));
         let mask = table.interest();
         let busy = !table.actions.is_empty();
@@ -415,6 +581,7 @@ impl ShellSink {
                 .map(|(id, h)| (id.clone(), h.counts))
                 .collect(),
             direct_running: s.direct_running,
+            cgroup: self.shared.cgroup_status.clone(),
             shared_running: s.shared_running,
             run_feed: self.shared.feed.stats(),
         }
@@ -479,8 +646,9 @@ impl ShellSink {
     /// fewer than [`ShellLimits::max_running`] overall; otherwise [`Busy`]. With
     /// `honour_matcher`, a payload whose tool the hook's matcher does not match is not run
     /// (the outcome is `skipped`, at once). The outcome goes into the hook's history, not into
-    /// the counters. For the HTTP test endpoint: it writes the payload file and spawns on the
-    /// calling thread, then returns; await the [`OnceRun`] (dropping it kills the run).
+    /// the counters. For the HTTP test endpoint: it hands the run to the runner thread (which
+    /// writes the payload file and spawns, as for every hook) and returns at once; await the
+    /// [`OnceRun`] (dropping it kills the run, or keeps it from starting).
     pub fn try_run_once(
         &self,
         action: &Action,
@@ -509,34 +677,29 @@ impl ShellSink {
         let run = Arc::new(EventRun::new(
             msg.clone(),
             prepared.base_env.clone(),
-            self.shared.tmp_dir.clone(),
+            self.shared.payload.clone(),
         ));
-        match started.and_then(|()| spawn::spawn(action, &run, &self.shared.opts)) {
-            Ok(sp) => {
-                let slot = Arc::new(OnceSlot::default());
-                let origin = Origin::Once {
-                    id: action.id.clone(),
-                    event: action.event,
-                    run,
-                    slot: slot.clone(),
-                };
-                self.shared
-                    .to_runner(Proc::new(sp, action.timeout, msg.clone(), origin));
-                Ok(OnceRun {
-                    slot,
-                    shared: Some(self.shared.clone()),
-                    done: false,
-                })
-            }
-            Err(reason) => {
-                drop(run);
-                let o = not_run(OutcomeKind::SpawnFailed { reason });
-                let mut s = lock(&self.shared.sched);
-                s.record_direct(o.clone(), self.shared.history);
-                notify_drained(&self.shared, &s);
-                Ok(OnceRun::finished(o))
-            }
+        let slot = Arc::new(OnceSlot::default());
+        let origin = Origin::Once {
+            id: action.id.clone(),
+            event: action.event,
+            run,
+            slot: slot.clone(),
+        };
+        let action = Arc::new(action.clone());
+        match started {
+            Ok(()) => self.shared.to_runner(Direct { action, origin }),
+            Err(reason) => origin.not_run(
+                &self.shared,
+                &action,
+                OutcomeKind::SpawnFailed { reason },
+            ),
         }
+        Ok(OnceRun {
+            slot,
+            shared: Some(self.shared.clone()),
+            done: false,
+        })
     }
 
     /// File descriptors this backend may hold at once with the current table at its limits —
@@ -614,44 +777,29 @@ impl ShellSink {
         let run = Arc::new(EventRun::new(
             msg.clone(),
             prepared.base_env.clone(),
-            self.shared.tmp_dir.clone(),
+            self.shared.payload.clone(),
         ));
         let (tx, rx) = flume::unbounded();
         let mut pending = 0;
         for (i, a) in actions.iter().enumerate() {
-            let spawned = match &started {
-                Ok(()) => spawn::spawn(a, &run, &self.shared.opts),
-                Err(e) => Err(e.clone()),
+            lock(&self.shared.sched).start_direct(&a.id);
+            let origin = Origin::Direct {
+                id: a.id.clone(),
+                event: a.event,
+                run: run.clone(),
+                reply: tx.clone(),
+                index: i,
             };
-            match spawned {
-                Ok(sp) => {
-                    lock(&self.shared.sched).start_direct(&a.id);
-                    let origin = Origin::Direct {
-                        id: a.id.clone(),
-                        event: a.event,
-                        run: run.clone(),
-                        reply: tx.clone(),
-                        index: i,
-                    };
-                    self.shared
-                        .to_runner(Proc::new(sp, a.timeout, msg.clone(), origin));
-                    pending += 1;
-                }
-                Err(reason) => {
-                    let mut o = Outcome::not_run(
-                        &a.id,
-                        a.event,
-                        OutcomeKind::SpawnFailed { reason },
-                        Some(msg),
-                    );
-                    o.direct = true;
-                    conclude(&self.shared, &o);
-                    let mut s = lock(&self.shared.sched);
-                    s.start_direct(&a.id);
-                    s.record_direct(o.clone(), self.shared.history);
-                    results[i] = Some(o);
-                }
+            let action = Arc::new((*a).clone());
+            match &started {
+                Ok(()) => self.shared.to_runner(Direct { action, origin }),
+                Err(e) => origin.not_run(
+                    &self.shared,
+                    &action,
+                    OutcomeKind::SpawnFailed { reason: e.clone() },
+                ),
             }
+            pending += 1;
         }
         drop((run, tx));
         for _ in 0..pending {
@@ -728,6 +876,12 @@ impl ShellSink {
             tracing::error!("the shell runner thread panicked");
         }
         sh.feed.close();
+        // Every run is over: its payload file is gone; the directory goes too, and whatever
+        // is left in our cgroups is killed with them.
+        sh.payload.close();
+        if let Ok(Some(c)) = &sh.cgroups {
+            c.close();
+        }
     }
 
     /// Ends a shutdown's wait at once (or makes the next shutdown not wait): hooks still
@@ -883,7 +1037,7 @@ impl Sink for ShellSink {
                 Arc::new(EventRun::new(
                     msg.clone(),
                     prepared.base_env.clone(),
-                    sh.tmp_dir.clone(),
+                    sh.payload.clone(),
                 ))
             });
             match s.offer(a, run, sh.queue_per_action) {
@@ -969,45 +1123,161 @@ impl RunnerLink {
 }
 
 impl Shared {
-    /// Hands a process started on another thread (`run_once`) to the runner.
-    fn to_runner(&self, p: Proc<Origin>) {
+    /// Hands a direct run to the runner, which spawns it.
+    fn to_runner(&self, d: Direct) {
         let mut inbox = lock(&self.runner.inbox);
         if inbox.closed {
-            // Only possible for a run_once racing shutdown: kill and reap it here.
+            // Only possible for a run_once racing shutdown.
             drop(inbox);
-            let mut r = Reactor::default();
-            r.add(p);
-            r.kill_all();
-            for p in r.take_all() {
-                report(self, reactor::finish_blocking(p));
-            }
+            d.origin.not_run(self, &d.action, OutcomeKind::Cancelled);
             return;
         }
-        inbox.procs.push(p);
+        inbox.requests.push(d);
         drop(inbox);
         self.runner.wake();
+    }
+
+    /// Spawns `action` for `run` with everything it is owed: its environment, limits, cgroup.
+    fn spawn(&self, action: &Action, run: &EventRun) -> Result<Spawned, String> {
+        let opts = self.opts.as_ref().map_err(Clone::clone)?;
+        let env = env::ChildEnv::for_run(action, run)?;
+        let limits = effective_limits(&self.hook_limits, &action.limits);
+        let rlimits = merged_rlimits(self.rlimits, &limits).list();
+        let cgroup_limits = CgroupLimits {
+            memory_bytes: limits.memory_bytes,
+            processes: limits.processes,
+        };
+        let mut cg = match &self.cgroups {
+            Err(e) => return Err(e.clone()),
+            Ok(Some(c)) => Some(c.run(&action.id, cgroup_limits)?),
+            Ok(None) => {
+                if let Some((what, _)) = [
+                    ("memory_bytes", cgroup_limits.memory_bytes),
+                    ("processes", cgroup_limits.processes),
+                ]
+                .into_iter()
+                .find(|(_, v)| v.is_some())
+                {
+                    return Err(format!(
+                        "{what} needs a delegated cgroup v2 and none is in use ({}); not run",
+                        match &self.cgroup_status {
+                            CgroupStatus::Unavailable { reason } => reason.as_str(),
+                            _ => "cgroups are off",
+                        }
+                    ));
+                }
+                None
+            }
+        };
+        let req = spawn::Request {
+            env: &env,
+            rlimits: &rlimits,
+            cgroup_procs: cg.as_ref().and_then(|c| c.procs_fd()),
+        };
+        match spawn::spawn(action, &req, opts) {
+            Ok(sp) => {
+                if let Some(c) = cg.as_mut() {
+                    c.spawned();
+                }
+                Ok(Spawned { sp, cgroup: cg })
+            }
+            Err(e) => {
+                if let Some(c) = &cg {
+                    c.remove();
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A started process and its run's cgroup.
+struct Spawned {
+    sp: spawn::Spawned,
+    cgroup: Option<cgroup::RunCgroup>,
+}
+
+/// The cgroups a sink uses, from its limits: an explicit directory (which must work), this
+/// process's own when detection is on (which may not), or none.
+fn cgroups_for(limits: &ShellLimits) -> (Result<Option<Cgroups>, String>, CgroupStatus) {
+    let (base, required) = match (&limits.cgroup, limits.detect_cgroup) {
+        (Some(dir), _) => (Ok(dir.clone()), true),
+        (None, true) => (cgroup::detect(), false),
+        (None, false) => return (Ok(None), CgroupStatus::Off),
+    };
+    match base.and_then(|b| Cgroups::create(&b)) {
+        Ok(c) => {
+            let status = c.status();
+            (Ok(Some(c)), status)
+        }
+        Err(reason) if required => {
+            tracing::error!("{reason}; every hook will fail to spawn until this is fixed");
+            (Err(reason.clone()), CgroupStatus::Failed { reason })
+        }
+        Err(reason) => {
+            tracing::info!("shell hooks run without a cgroup: {reason}");
+            (Ok(None), CgroupStatus::Unavailable { reason })
+        }
+    }
+}
+
+/// A hook's limits: its own, else the sink's defaults, field by field.
+fn effective_limits(defaults: &HookLimits, own: &HookLimits) -> HookLimits {
+    HookLimits {
+        cpu_seconds: own.cpu_seconds.or(defaults.cpu_seconds),
+        open_files: own.open_files.or(defaults.open_files),
+        core_bytes: own.core_bytes.or(defaults.core_bytes),
+        file_size_bytes: own.file_size_bytes.or(defaults.file_size_bytes),
+        memory_bytes: own.memory_bytes.or(defaults.memory_bytes),
+        processes: own.processes.or(defaults.processes),
+    }
+}
+
+/// The rlimits of a hook: `ShellLimits::rlimits`, with the hook's limits over them.
+fn merged_rlimits(base: Rlimits, l: &HookLimits) -> Rlimits {
+    Rlimits {
+        cpu_seconds: l.cpu_seconds.or(base.cpu_seconds),
+        open_files: l.open_files.or(base.open_files),
+        core_bytes: l.core_bytes.or(base.core_bytes),
+        file_size_bytes: l.file_size_bytes.or(base.file_size_bytes),
+        ..base
     }
 }
 
 /// Starts one queued job; a failed spawn is counted at once.
 fn start(sh: &Shared, job: Job, reactor: &mut Reactor<Origin>) {
-    match spawn::spawn(&job.action, &job.run, &sh.opts) {
-        Ok(sp) => {
+    match sh.spawn(&job.action, &job.run) {
+        Ok(Spawned { sp, cgroup }) => {
             let (timeout, msg) = (job.action.timeout, job.run.msg.clone());
-            reactor.add(Proc::new(sp, timeout, msg, Origin::Queue(job)));
+            reactor.add(Proc::new(sp, timeout, msg, cgroup, Origin::Queue(job)));
         }
         Err(reason) => {
-            let o = Outcome::not_run(
-                &job.action.id,
-                job.action.event,
-                OutcomeKind::SpawnFailed { reason },
-                Some(&job.run.msg),
-            );
-            drop(job);
-            conclude(sh, &o);
-            let mut s = lock(&sh.sched);
-            s.finish(o, sh.history);
-            notify_drained(sh, &s);
+            let action = job.action.clone();
+            Origin::Queue(job).not_run(sh, &action, OutcomeKind::SpawnFailed { reason });
+        }
+    }
+}
+
+/// Starts one direct run (on the runner thread, like every spawn).
+fn start_direct(sh: &Shared, d: Direct, reactor: &mut Reactor<Origin>) {
+    let Direct { action, origin } = d;
+    let run = match &origin {
+        Origin::Direct { run, .. } | Origin::Once { run, .. } => run.clone(),
+        Origin::Queue(job) => job.run.clone(),
+    };
+    match sh.spawn(&action, &run) {
+        Ok(Spawned { sp, cgroup }) => {
+            reactor.add(Proc::new(
+                sp,
+                action.timeout,
+                run.msg.clone(),
+                cgroup,
+                origin,
+            ));
+        }
+        Err(reason) => {
+            drop(run);
+            origin.not_run(sh, &action, OutcomeKind::SpawnFailed { reason });
         }
     }
 }
@@ -1044,39 +1314,55 @@ fn runner_main(sh: Arc<Shared>) {
                 done.drain(..).for_each(|f| report(&sh, f));
             }
         }
-        {
+        let requests = {
             let mut inbox = lock(&link.inbox);
-            if link.exit.load(Ordering::Acquire) && inbox.procs.is_empty() && reactor.is_empty() {
+            if link.exit.load(Ordering::Acquire) && inbox.requests.is_empty() && reactor.is_empty()
+            {
                 inbox.closed = true;
                 return;
             }
-            for p in inbox.procs.drain(..) {
-                // A run cancelled while it waited here: its flag was consumed by a turn that
-                // could not find it yet.
-                cancelled |= p.tag.cancelled();
-                reactor.add(p);
+            std::mem::take(&mut inbox.requests)
+        };
+        let killing = link.kill_all.load(Ordering::Acquire);
+        for d in requests {
+            if killing || d.origin.cancelled() {
+                // Past the shutdown deadline, or a test run whose client left while it waited
+                // here: never started.
+                let Direct { action, origin } = d;
+                origin.not_run(&sh, &action, OutcomeKind::Cancelled);
+            } else {
+                start_direct(&sh, d, &mut reactor);
             }
         }
-        if link.cancel.swap(false, Ordering::AcqRel) | std::mem::take(&mut cancelled) {
+        // A test run dropped before its outcome: its flag is set before `cancel`, and every
+        // request taken above was either refused or is in the reactor now, so none is missed.
+        if link.cancel.swap(false, Ordering::AcqRel) {
             reactor.kill_where(Origin::cancelled);
         }
-        if link.kill_all.load(Ordering::Acquire) {
+        if killing {
             reactor.kill_all();
             let since = *killing_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= KILL_GRACE && !reactor.is_empty() {
-                tracing::error!(
-                    "{} hook process(es) survived SIGKILL for {KILL_GRACE:?}; a detached thread reaps them",
-                    reactor.len()
-                );
+                // Whatever did not die within the grace is stuck in the kernel: count it as
+                // killed now (the shutdown contract's deadline) and reap it when it can be.
                 let left = reactor.take_all();
-                let sh2 = sh.clone();
-                let _ = std::thread::Builder::new()
-                    .name("prx-hooks-shell-last-reaper".into())
-                    .spawn(move || {
-                        for p in left {
-                            report(&sh2, reactor::finish_blocking(p));
-                        }
-                    });
+                if !left.is_empty() {
+                    tracing::error!(
+                        "{} hook process(es) survived SIGKILL for {KILL_GRACE:?} (uninterruptible sleep?); counted as killed, a detached thread reaps them",
+                        left.len()
+                    );
+                }
+                let mut unreaped = Vec::new();
+                for p in left {
+                    let (f, u) = reactor::finish_unreaped(p);
+                    report(&sh, f);
+                    unreaped.push(u);
+                }
+                if !unreaped.is_empty() {
+                    let _ = std::thread::Builder::new()
+                        .name("prx-hooks-shell-last-reaper".into())
+                        .spawn(move || unreaped.into_iter().for_each(reactor::Unreaped::reap));
+                }
                 continue;
             }
         }
@@ -1198,6 +1484,7 @@ mod tests {
             enabled,
             matcher: None,
             max_concurrent: 8,
+            limits: HookLimits::default(),
         })
     }
 

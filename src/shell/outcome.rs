@@ -283,6 +283,8 @@ pub struct ShellStats {
     pub hooks: BTreeMap<String, HookCounts>,
     /// Processes started by `run_once` / `run_matching` that have not finished yet.
     pub direct_running: u64,
+    /// Whether runs get cgroups (detected or configured at start), and if not why.
+    pub cgroup: super::CgroupStatus,
     /// Shared slots in use: pipeline processes beyond each hook's first, capped by
     /// `ShellLimits::max_running` (a hook's first process is its reserved slot).
     pub shared_running: u64,

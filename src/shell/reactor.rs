@@ -3,23 +3,30 @@
 //! Per process it watches a pidfd (readable when the process has exited — process exit, never
 //! pipe EOF, decides completion), its stderr pipe (read nonblocking into a 16 KiB tail) and, with
 //! `stdin_json`, its stdin pipe (written nonblocking as the child reads). The nearest deadline
-//! bounds the poll; a process past it gets SIGKILL for its whole process group, then is reaped
-//! when its pidfd says it has exited. Reaping is `waitpid(pid)` for that pid only: never
-//! `waitpid(-1)` and never a SIGCHLD handler, so the host's own children are left alone.
+//! bounds the poll. Reaping is `waitpid(pid)` for that pid only: never `waitpid(-1)` and never a
+//! SIGCHLD handler, so the host's own children are left alone.
 //!
-//! Once the leader has exited the process is finished: what is buffered on stderr is read
+//! **Killing** (at the timeout, at shutdown): a process with a cgroup gets `cgroup.kill`, which
+//! takes everything it started; without one, its whole tree is stopped and killed
+//! ([`super::tree`]: the process group, and `setsid` descendants found by parentage). The
+//! leader is never reaped before that, so its pid (and group id) cannot have been reused.
+//!
+//! Once the leader has exited the run is finished: what is buffered on stderr is read
 //! (bounded), both pipes are closed and the outcome is reported. A grandchild that keeps a pipe
-//! open delays nothing, and whatever a leader left running in the background is not touched.
+//! open delays nothing. What the leader left running is, with a cgroup, killed at the run's
+//! deadline (its cgroup *lingers* until then, and is removed once empty); without one it is not
+//! attributable any more (see `supervisor` for what the CLI does about it).
 
+use super::cgroup::RunCgroup;
 use super::outcome::OutcomeKind;
 use super::spawn::Spawned;
 use nix::libc;
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
+use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{ChildStdin, ExitStatus};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The stderr tail kept per process.
@@ -27,6 +34,12 @@ pub const STDERR_TAIL: usize = 16 * 1024;
 
 /// How long a process without a pidfd may go unchecked.
 const NO_PIDFD_TICK: Duration = Duration::from_millis(5);
+
+/// How often a lingering cgroup (leader gone, processes left) is checked for being empty.
+const LINGER_TICK: Duration = Duration::from_millis(50);
+
+/// How often a killed cgroup is checked for being empty.
+const KILLED_TICK: Duration = Duration::from_millis(5);
 
 /// At most this much stderr is read from one process per poll round, so a child flooding
 /// stderr cannot keep the runner from its other processes, deadlines and spawns.
@@ -51,12 +64,16 @@ pub(crate) struct Proc<T> {
     deadline: Instant,
     timeout: Duration,
     kill: Option<Kill>,
+    /// The run's cgroup (None: no cgroups in use).
+    cgroup: Option<RunCgroup>,
+    /// The tree has been walked and killed once; later kills only repeat SIGKILL.
+    tree_killed: bool,
     pub(crate) tag: T,
 }
 
 /// The payload still to be written to a child's stdin.
 struct Feed {
-    pipe: ChildStdin,
+    pipe: File,
     data: crate::bus::Message,
     written: usize,
 }
@@ -67,6 +84,7 @@ impl<T> Proc<T> {
         mut sp: Spawned,
         timeout: Duration,
         data: crate::bus::Message,
+        cgroup: Option<RunCgroup>,
         tag: T,
     ) -> Proc<T> {
         let stdin = sp.stdin.take().map(|pipe| Feed {
@@ -81,20 +99,37 @@ impl<T> Proc<T> {
             tail: Tail::default(),
             timeout,
             kill: None,
+            cgroup,
+            tree_killed: false,
             tag,
         }
     }
 
-    /// SIGKILL to the whole process group, and to the leader itself in case it left the group
-    /// (setsid/setpgid). Safe against pid reuse: the leader is not reaped before this returns,
-    /// so its pid (and with it the group id) still belongs to it.
-    fn kill(&mut self, why: Kill) {
+    fn pid(&self) -> i32 {
+        self.sp.pid as i32
+    }
+
+    /// Marks the process killed (first reason wins) and kills what only it can: its cgroup, or
+    /// — when `tree` is false, because the caller walks trees itself — nothing more.
+    fn mark_killed(&mut self, why: Kill) {
         if self.kill.is_none() {
             self.kill = Some(why);
         }
-        let pid = Pid::from_raw(self.sp.pid as i32);
-        let _ = killpg(pid, Signal::SIGKILL);
-        let _ = kill(pid, Signal::SIGKILL);
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
+        }
+    }
+
+    /// Kills the process and everything it started: see the module's documentation. Safe
+    /// against pid reuse: the leader is not reaped before this returns.
+    fn kill(&mut self, why: Kill) {
+        self.mark_killed(why);
+        if self.tree_killed || self.cgroup.is_some() {
+            signal(self.pid(), Signal::SIGKILL);
+        } else {
+            super::tree::kill_trees(&[self.pid()]);
+            self.tree_killed = true;
+        }
     }
 
     /// Reads what stderr holds now; `false` once it is closed or broken.
@@ -147,22 +182,43 @@ impl<T> Proc<T> {
     /// Reaps the leader if it has exited (with `block`, waits for it): `Some(status)`, where
     /// `status` is `None` if the exit status was lost; `None` while it still runs.
     fn try_reap(&mut self, block: bool) -> Option<Option<ExitStatus>> {
-        let status = if block {
-            self.sp.child.wait().map(Some)
-        } else {
-            self.sp.child.try_wait()
-        };
-        match status {
-            Ok(Some(s)) => Some(Some(s)),
-            Ok(None) => None,
-            // ECHILD: someone else reaped it (a host that sets SIGCHLD to SIG_IGN, or calls
-            // waitpid(-1)); the process is gone but its status is lost.
-            Err(_) => Some(None),
+        let flags = if block { 0 } else { libc::WNOHANG };
+        let mut status = 0;
+        loop {
+            // SAFETY: waitpid on our own child's pid, with a valid out-pointer.
+            let r = unsafe { libc::waitpid(self.pid(), &mut status, flags) };
+            if r == self.pid() {
+                super::supervisor::unregister(r);
+                return Some(Some(ExitStatus::from_raw(status)));
+            }
+            if r == 0 {
+                return None;
+            }
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // ECHILD: someone else reaped it (a host that sets SIGCHLD to SIG_IGN, or
+                // calls waitpid(-1)); the process is gone but its status is lost.
+                _ => {
+                    super::supervisor::unregister(self.pid());
+                    return Some(None);
+                }
+            }
         }
     }
 
-    /// The outcome of a reaped process.
-    fn into_finished(mut self, status: Option<ExitStatus>) -> Finished<T> {
+    /// The outcome of a reaped process, and its cgroup if it has one.
+    fn into_finished(mut self, status: Option<ExitStatus>) -> (Finished<T>, Option<Linger>) {
+        let linger = self.cgroup.take().map(|cg| Linger {
+            cg,
+            // Killed: gone in milliseconds. Exited: what it left may live to its deadline.
+            deadline: if self.kill.is_some() {
+                Instant::now()
+            } else {
+                self.deadline
+            },
+            killed: self.kill.is_some(),
+            checked: None,
+        });
         let duration = self.sp.started.elapsed();
         self.stdin = None;
         self.read_stderr(FINAL_STDERR);
@@ -184,14 +240,65 @@ impl<T> Proc<T> {
                 OutcomeKind::Exit { code: -1 }
             }
         };
-        Finished {
+        let f = Finished {
             kind,
             duration,
             pid: self.sp.pid,
             started_at: self.sp.started_at,
             stderr_tail: self.tail.into_string(),
             tag: self.tag,
+        };
+        (f, linger)
+    }
+}
+
+fn signal(pid: i32, sig: Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+/// The cgroup of a finished run that may still hold processes.
+pub(crate) struct Linger {
+    cg: RunCgroup,
+    /// When what is left gets `cgroup.kill`.
+    deadline: Instant,
+    killed: bool,
+    /// When it was last looked at.
+    checked: Option<Instant>,
+}
+
+impl Linger {
+    /// Kills it if due, and removes it once empty: `true` when it is gone.
+    fn tend(&mut self, now: Instant, force: bool) -> bool {
+        if !self.killed && (force || now >= self.deadline) {
+            self.cg.kill();
+            self.killed = true;
         }
+        let tick = if self.killed {
+            KILLED_TICK
+        } else {
+            LINGER_TICK
+        };
+        if self.checked.is_some_and(|c| now < c + tick) && !force {
+            return false;
+        }
+        self.checked = Some(now);
+        !self.cg.populated() && self.cg.remove()
+    }
+
+    /// How long until it needs looking at again.
+    fn next(&self, now: Instant) -> Duration {
+        let tick = if self.killed {
+            KILLED_TICK
+        } else {
+            LINGER_TICK
+        };
+        let check = self.checked.map_or(now, |c| c + tick);
+        let due = if self.killed {
+            check
+        } else {
+            check.min(self.deadline)
+        };
+        due.saturating_duration_since(now)
     }
 }
 
@@ -256,6 +363,8 @@ enum Slot {
 /// Every running process of one owner, and the poll set over them.
 pub(crate) struct Reactor<T> {
     procs: Vec<Proc<T>>,
+    /// Cgroups of finished runs that may still hold processes.
+    lingering: Vec<Linger>,
     fds: Vec<libc::pollfd>,
     slots: Vec<Slot>,
     exited: Vec<usize>,
@@ -265,6 +374,7 @@ impl<T> Default for Reactor<T> {
     fn default() -> Self {
         Reactor {
             procs: Vec::new(),
+            lingering: Vec::new(),
             fds: Vec::new(),
             slots: Vec::new(),
             exited: Vec::new(),
@@ -281,22 +391,33 @@ impl<T> Reactor<T> {
         self.procs.push(p);
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.procs.len()
-    }
-
+    /// No process running and no cgroup left to empty.
     pub(crate) fn is_empty(&self) -> bool {
-        self.procs.is_empty()
+        self.procs.is_empty() && self.lingering.is_empty()
     }
 
-    /// SIGKILL to every group (shutdown).
+    /// Kills every process (each with everything it started) and every lingering cgroup
+    /// (shutdown). The trees of processes without a cgroup are walked together, once.
     pub(crate) fn kill_all(&mut self) {
+        let mut roots = Vec::new();
         for p in &mut self.procs {
-            p.kill(Kill::Shutdown);
+            p.mark_killed(Kill::Shutdown);
+            if p.cgroup.is_none() && !p.tree_killed {
+                roots.push(p.pid());
+                p.tree_killed = true;
+            } else {
+                signal(p.pid(), Signal::SIGKILL);
+            }
         }
+        if !roots.is_empty() {
+            super::tree::kill_trees(&roots);
+        }
+        let now = Instant::now();
+        self.lingering.retain_mut(|l| !l.tend(now, true));
     }
 
-    /// SIGKILL to the groups whose tag `cancelled` says so (a test run whose client left).
+    /// Kills (with everything they started) the processes whose tag `cancelled` says so: test
+    /// runs whose client left.
     pub(crate) fn kill_where(&mut self, cancelled: impl Fn(&T) -> bool) {
         for p in &mut self.procs {
             if p.kill.is_none() && cancelled(&p.tag) {
@@ -305,8 +426,10 @@ impl<T> Reactor<T> {
         }
     }
 
-    /// Takes every remaining process out, unreaped (see the reaper's last resort).
+    /// Takes every remaining process out, unreaped (see the runner's last resort), and lets go
+    /// of the lingering cgroups (the sink's own cgroup is killed and removed as a whole).
     pub(crate) fn take_all(&mut self) -> Vec<Proc<T>> {
+        self.lingering.clear();
         std::mem::take(&mut self.procs)
     }
 
@@ -333,6 +456,10 @@ impl<T> Reactor<T> {
             if p.sp.pidfd.is_none() {
                 min(NO_PIDFD_TICK);
             }
+        }
+        self.lingering.retain_mut(|l| !l.tend(now, false));
+        for l in &self.lingering {
+            min(l.next(now));
         }
 
         self.fds.clear();
@@ -405,17 +532,54 @@ impl<T> Reactor<T> {
         while let Some(i) = self.exited.pop() {
             // Not yet reaped: no pidfd and still running, or a spurious wake-up.
             if let Some(status) = self.procs[i].try_reap(false) {
-                done.push(self.procs.swap_remove(i).into_finished(status));
+                let (f, linger) = self.procs.swap_remove(i).into_finished(status);
+                done.push(f);
+                self.linger(linger);
             }
         }
         woken
     }
 }
 
-/// Reaps `p`, waiting for it (used after SIGKILL, when the reactor gives up polling).
-pub(crate) fn finish_blocking<T>(mut p: Proc<T>) -> Finished<T> {
-    let status = p.try_reap(true).unwrap_or(None);
-    p.into_finished(status)
+impl<T> Reactor<T> {
+    /// Keeps a finished run's cgroup until it is empty (removed at once if it already is).
+    fn linger(&mut self, linger: Option<Linger>) {
+        if let Some(mut l) = linger
+            && !l.tend(Instant::now(), false)
+        {
+            self.lingering.push(l);
+        }
+    }
+}
+
+/// The outcome of a process that was SIGKILLed and did not die within the grace period (stuck
+/// in uninterruptible sleep): reported as what it is now, and reaped later by `reap_later`.
+pub(crate) fn finish_unreaped<T>(p: Proc<T>) -> (Finished<T>, Unreaped) {
+    let pid = p.pid();
+    let (f, linger) = p.into_finished(None);
+    (f, Unreaped { pid, linger })
+}
+
+/// A killed process not reaped yet, and its cgroup.
+pub(crate) struct Unreaped {
+    pid: i32,
+    linger: Option<Linger>,
+}
+
+impl Unreaped {
+    /// Waits for the process and removes its cgroup (on a detached thread: it may take as long
+    /// as the kernel keeps it in uninterruptible sleep).
+    pub(crate) fn reap(mut self) {
+        let mut status = 0;
+        // SAFETY: waitpid on our own unreaped child.
+        while unsafe { libc::waitpid(self.pid, &mut status, 0) } < 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
+        super::supervisor::unregister(self.pid);
+        if let Some(l) = self.linger.as_mut() {
+            l.tend(Instant::now(), true);
+        }
+    }
 }
 
 /// An eventfd for waking a reactor from another thread.

@@ -607,5 +607,5 @@ pub(crate) fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str>
 /// Internals exposed for the fuzz targets under `fuzz/`. Not part of the API.
 #[doc(hidden)]
 pub mod __fuzz {
-    pub use crate::json::{Top, append_compact};
+    pub use crate::json::{Top, append_compact, write_str};
 }

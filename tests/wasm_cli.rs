@@ -534,3 +534,146 @@ fn run_feeds_plugins_and_flushes_kv_at_exit() {
         Some("25")
     );
 }
+
+/// What PRX's own runtime (v0.8.32) emits: documented fields plus its own (`provider`/`model`
+/// on agent_start, which lacks agent/session; `duration_ms`/`tokens_used` on agent_end, which
+/// lacks success/messages_count; …), members in its order, some whitespace.
+const PRX_STREAM: &[(&str, &str, &str)] = &[
+    (
+        "agent_start",
+        r#"{"provider":"openrouter","model":"anthropic/claude-sonnet-4"}"#,
+        r#"{"agent":"prx","session":"s-1","provider":"openrouter","model":"anthropic/claude-sonnet-4"}"#,
+    ),
+    (
+        "llm_request",
+        r#"{"provider":"openrouter","model":"m","messages_count":3}"#,
+        r#"{"provider":"openrouter","model":"m","messages_count":3}"#,
+    ),
+    (
+        "llm_response",
+        r#"{"provider":"openrouter", "model":"m","duration_ms":1520,"success":false,"error_message":"rate limited: \u00e9 \"q\"\n"}"#,
+        r#"{"provider":"openrouter","model":"m","duration_ms":1520,"success":false,"error_message":"rate limited: \u00e9 \"q\"\n"}"#,
+    ),
+    (
+        "tool_call_start",
+        r#"{"tool":"shell","arguments":{"command":"ls -la","timeout":30}}"#,
+        r#"{"tool":"shell","arguments":{"command":"ls -la","timeout":30}}"#,
+    ),
+    (
+        "tool_call",
+        r#"{"tool":"shell","duration_ms":12,"success":true,"output":"total 0\n"}"#,
+        r#"{"tool":"shell","success":true,"output":"total 0\n","duration_ms":12}"#,
+    ),
+    (
+        "turn_complete",
+        r#"{"mode":"chat","cte_session_id":"cte-9","response_chars":118}"#,
+        r#"{"mode":"chat","cte_session_id":"cte-9","response_chars":118}"#,
+    ),
+    (
+        "error",
+        r#"{"component":"provider","message":"boom","retryable":true}"#,
+        r#"{"component":"provider","message":"boom","retryable":true}"#,
+    ),
+    (
+        "agent_end",
+        r#"{"duration_ms": 5230, "tokens_used": {"input": 1200, "output": 340}}"#,
+        r#"{"duration_ms":5230,"tokens_used":{"input":1200,"output":340}}"#,
+    ),
+];
+
+#[test]
+fn a_prx_runtime_stream_reaches_shell_hooks_plugins_and_subscribers_byte_exact() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let w = ws.path();
+    // The audit-hook plugin echoes every payload it receives, verbatim, to a bus topic.
+    install(
+        w,
+        "audit-hook",
+        "audit_hook",
+        &audit_manifest().replace("echo_topic = \"\"", "echo_topic = \"audit.echo\""),
+    );
+    // A shell hook per event saves what it reads on stdin.
+    std::fs::create_dir_all(w.join("out")).unwrap();
+    let save = w.join("save.sh");
+    std::fs::write(&save, "#!/bin/sh\ncat > \"out/$1.json\"\n").unwrap();
+    std::fs::set_permissions(&save, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hooks: Vec<String> = PRX_STREAM
+        .iter()
+        .map(|(event, _, _)| {
+            format!(r#""{event}":[{{"command":"./save.sh","args":["{event}"],"stdin_json":true}}]"#)
+        })
+        .collect();
+    std::fs::write(
+        w.join("hooks.json"),
+        format!(r#"{{"hooks":{{{}}}}}"#, hooks.join(",")),
+    )
+    .unwrap();
+    let mut stream = String::new();
+    for (event, payload, _) in PRX_STREAM {
+        stream.push_str(&format!(
+            r#"{{"event":"{event}","agent":"prx","session":"s-1","payload":{payload}}}"#
+        ));
+        stream.push('\n');
+    }
+    std::fs::write(w.join("prx.ndjson"), &stream).unwrap();
+
+    // agent_end lacks documented fields: refused, naming the field, and `run` exits 1.
+    let (code, _, err) = run(bin_home(home.path())
+        .args(["run", "--events", "prx.ndjson", "--workspace"])
+        .arg(w)
+        .current_dir(w));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("prx.ndjson:8:"), "{err}");
+    assert!(err.contains("payload.success"), "{err}");
+    assert!(
+        !err.contains("prx.ndjson:1:"),
+        "agent_start takes agent/session from the envelope: {err}"
+    );
+    for f in std::fs::read_dir(w.join("out")).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+
+    // --lenient accepts it; every payload reaches the hook, the plugin and the subscriber.
+    let (code, out, err) = run(bin_home(home.path())
+        .args([
+            "run",
+            "--lenient",
+            "--print",
+            "--events",
+            "prx.ndjson",
+            "--workspace",
+        ])
+        .arg(w)
+        .current_dir(w));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("agent_end.success is missing") && err.contains("--lenient"),
+        "{err}"
+    );
+    assert!(
+        err.contains(r#""omitted_fields":{"agent_end.messages_count":1,"agent_end.success":1}"#),
+        "{err}"
+    );
+    for (event, _, expected) in PRX_STREAM {
+        let saved = std::fs::read_to_string(w.join("out").join(format!("{event}.json")))
+            .unwrap_or_else(|e| panic!("{event}: the shell hook saw nothing ({e}): {err}"));
+        assert_eq!(saved, *expected, "shell hook, {event}");
+        let lifecycle = format!(r#"{{"topic":"prx.lifecycle.{event}","event":"{event}","#);
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&lifecycle))
+            .unwrap_or_else(|| panic!("subscriber: no {event} in {out}"));
+        assert!(
+            line.ends_with(&format!(r#","payload":{expected}}}"#)),
+            "subscriber, {event}: {line}"
+        );
+        let echoed = format!(r#""payload":{{"event":"{event}","payload":{expected}}}}}"#);
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(r#"{"topic":"audit.echo""#) && l.ends_with(&echoed)),
+            "plugin, {event}: no {echoed} in {out}"
+        );
+    }
+}

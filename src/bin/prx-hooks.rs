@@ -59,9 +59,12 @@ struct FireArgs {
     /// The event: agent_start, agent_end, llm_request, llm_response, tool_call_start,
     /// tool_call, turn_complete or error.
     event: String,
-    /// The payload JSON (checked like an NDJSON payload); without it a sample payload is used.
-    #[arg(long)]
+    /// The payload JSON (checked like an NDJSON payload), `@FILE` to read it from a file or
+    /// `-` from stdin; without it a sample payload is used.
+    #[arg(long, value_name = "JSON|@FILE|-")]
     payload: Option<String>,
+    #[command(flatten)]
+    limits: EventLimitArgs,
     /// The workspace directory (hooks.json, plugins/).
     #[arg(long, default_value = ".")]
     workspace: PathBuf,
@@ -100,6 +103,9 @@ struct ValidateArgs {
     /// The workspace directory (hooks.json, plugins/).
     #[arg(long, default_value = ".")]
     workspace: PathBuf,
+    /// Warnings are errors: exit 1 when there is any.
+    #[arg(long)]
+    strict: bool,
 }
 
 #[derive(Args)]
@@ -132,9 +138,28 @@ struct RunArgs {
     /// timeout. SIGINT/SIGTERM drain for 2 s instead; a second one kills at once.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     drain_timeout: Option<Duration>,
+    /// Accept events that lack documented payload fields (other than agent_start's agent and
+    /// session, always taken from the envelope): the field is left out of the payload hooks
+    /// see, counted per field in the final report, and warned about once per event and field.
+    #[arg(long)]
+    lenient: bool,
+    #[command(flatten)]
+    limits: EventLimitArgs,
     #[command(flatten)]
     contain: ContainArgs,
 }
+
+/// The size limit of one event (`run`, `fire`, `bench`).
+#[derive(Args)]
+struct EventLimitArgs {
+    /// The largest event accepted, in bytes (agent, session and payload strings together):
+    /// larger ones are refused and reported as oversize.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_EVENT_BYTES)]
+    max_event_bytes: usize,
+}
+
+/// The library's default `max_event_bytes` (README.md § Configuration).
+const DEFAULT_MAX_EVENT_BYTES: usize = 4 << 20;
 
 #[derive(Args)]
 struct BenchArgs {
@@ -153,6 +178,8 @@ struct BenchArgs {
     /// Print the results as one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    limits: EventLimitArgs,
 }
 
 fn main() -> ExitCode {
@@ -236,6 +263,7 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         Hooks::builder()
             .workspace(&args.workspace)
             .shell_limits(shell_limits(&args.contain)?)
+            .max_event_bytes(args.limits.max_event_bytes)
             .build()?,
     );
     let mut server = match &args.listen {
@@ -282,10 +310,19 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         } else {
             path.display().to_string()
         };
+        let opts = IngestOptions {
+            parse: if args.lenient {
+                ndjson::ParseOptions::lenient()
+            } else {
+                ndjson::ParseOptions::default()
+            },
+            max_event_bytes: args.limits.max_event_bytes,
+        };
         thread::Builder::new()
             .name("ndjson".into())
             .spawn(move || {
-                if let Err(e) = ingest(&hooks, reader, &name, &input) {
+                if let Err(e) = ingest(&hooks, reader, &name, &input, &opts) {
+                    input.read_error.store(true, Ordering::Relaxed);
                     eprintln!("{name}: read error: {e}");
                 }
                 let _ = tx.send(Finish::InputDone);
@@ -318,12 +355,26 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     if let Some(printer) = printer {
         let _ = printer.join();
     }
+    let stats = hooks.stats();
     let report = serde_json::json!({
-        "input": &*input,
-        "stats": hooks.stats(),
+        "input": input.report(),
+        "stats": &stats,
         "containment": contained,
     });
     eprintln!("{report}");
+    // README.md § Exit codes: a line refused (or lost to a full ring or byte budget) is 1.
+    let lost = input.refused() + stats.dropped + stats.dropped_budget + stats.oversize;
+    if lost > 0 || input.read_error.load(Ordering::Relaxed) {
+        if lost > 0 {
+            eprintln!(
+                "prx-hooks: {} line(s) refused, {} event(s) dropped (ring full or byte budget), {} oversize; exiting 1",
+                input.bad_lines.load(Ordering::Relaxed),
+                stats.dropped + stats.dropped_budget,
+                stats.oversize.max(input.oversize.load(Ordering::Relaxed)),
+            );
+        }
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -575,11 +626,68 @@ fn listen_addr(addr: &str) -> Result<Listen, BoxError> {
     })
 }
 
-#[derive(Default, serde::Serialize)]
+/// What `run` read from `--events` (the final report's `"input"`).
+#[derive(Default)]
 struct InputCounters {
     lines: AtomicU64,
     events: AtomicU64,
+    /// Lines refused by the parser or the extras check (each reported as FILE:LINE:COL).
     bad_lines: AtomicU64,
+    /// Events over `max_event_bytes` (each reported as FILE:LINE).
+    oversize: AtomicU64,
+    /// `--lenient`: events accepted without a documented field, per `event.field`.
+    omitted: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    read_error: std::sync::atomic::AtomicBool,
+}
+
+impl InputCounters {
+    /// Lines that did not become events: parse errors, refused extras, oversize.
+    fn refused(&self) -> u64 {
+        self.bad_lines.load(Ordering::Relaxed) + self.oversize.load(Ordering::Relaxed)
+    }
+
+    fn report(&self) -> serde_json::Value {
+        let omitted = self
+            .omitted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        serde_json::json!({
+            "lines": self.lines.load(Ordering::Relaxed),
+            "events": self.events.load(Ordering::Relaxed),
+            "bad_lines": self.bad_lines.load(Ordering::Relaxed),
+            "oversize": self.oversize.load(Ordering::Relaxed),
+            "omitted_fields": omitted,
+        })
+    }
+
+    /// Counts a lenient event's missing fields; true for each `event.field` seen first.
+    fn omit(&self, kind: EventKind, fields: &[&str]) -> Vec<String> {
+        let mut map = self.omitted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut first = Vec::new();
+        for f in fields {
+            let key = format!("{}.{f}", kind.name());
+            let n = map.entry(key.clone()).or_insert(0);
+            if *n == 0 {
+                first.push(key);
+            }
+            *n += 1;
+        }
+        first
+    }
+}
+
+/// How `run` reads `--events`.
+struct IngestOptions {
+    parse: ndjson::ParseOptions,
+    max_event_bytes: usize,
+}
+
+/// The longest line read whole: the largest event JSON-escaped at worst (`\u0000` is six bytes
+/// per byte) plus room for the envelope. Longer lines are skipped unread and reported oversize,
+/// so a line without a newline cannot take all memory.
+fn max_line_bytes(max_event_bytes: usize) -> usize {
+    max_event_bytes.saturating_mul(6).saturating_add(64 << 10)
 }
 
 fn open_events(path: &PathBuf) -> Result<Box<dyn Read + Send>, BoxError> {
@@ -590,31 +698,78 @@ fn open_events(path: &PathBuf) -> Result<Box<dyn Read + Send>, BoxError> {
     Ok(Box::new(file))
 }
 
+/// Reads one line into `line` (newline included), at most `max` bytes of it; the rest of a
+/// longer line is read and thrown away. Returns the line's full length (0 at the end).
+fn read_line_capped(
+    reader: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok(total);
+        }
+        let (chunk, done) = match memchr::memchr(b'\n', buf) {
+            Some(i) => (&buf[..=i], true),
+            None => (buf, false),
+        };
+        let room = max.saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let n = chunk.len();
+        total += n;
+        reader.consume(n);
+        if done {
+            return Ok(total);
+        }
+    }
+}
+
 /// Reads NDJSON lines and emits them. A replay from a file must not lose events to its own
 /// speed, so before each batch it waits while the rings are more than half full; `emit` itself
-/// stays non-blocking, as for any agent.
+/// stays non-blocking, as for any agent. Every refused line is said on stderr, once, as
+/// `FILE:LINE:COL: path: reason` (or `FILE:LINE: event of N bytes exceeds …`).
 fn ingest(
     hooks: &Hooks,
     reader: Box<dyn Read + Send>,
     name: &str,
     input: &InputCounters,
+    opts: &IngestOptions,
 ) -> std::io::Result<()> {
     let mut reader = BufReader::with_capacity(1 << 16, reader);
     let mut emitters: HashMap<(String, String), Emitter> = HashMap::new();
     let mut line = Vec::with_capacity(4096);
     let mut number = 0u64;
+    let max_line = max_line_bytes(opts.max_event_bytes);
+    let oversize = |number: u64, bytes: String| {
+        input.oversize.fetch_add(1, Ordering::Relaxed);
+        eprintln!(
+            "{name}:{number}: event of {bytes} bytes exceeds max_event_bytes ({}); raise it with --max-event-bytes",
+            opts.max_event_bytes
+        );
+    };
     loop {
         line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
+        let len = read_line_capped(&mut reader, &mut line, max_line)?;
+        if len == 0 {
             return Ok(());
         }
         number += 1;
         input.lines.fetch_add(1, Ordering::Relaxed);
+        if len > line.len() {
+            oversize(number, format!("more than {max_line}"));
+            continue;
+        }
         let text = trim_line(&line);
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let record = match ndjson::parse_line(text) {
+        let record = match ndjson::parse_line_with(text, opts.parse) {
             Ok(record) => record,
             Err(e) => {
                 input.bad_lines.fetch_add(1, Ordering::Relaxed);
@@ -622,6 +777,18 @@ fn ingest(
                 continue;
             }
         };
+        if record.byte_len() > opts.max_event_bytes {
+            // Refused here, with its line number, instead of by `emit` without one.
+            oversize(number, record.byte_len().to_string());
+            continue;
+        }
+        if !record.omitted().is_empty() {
+            for field in input.omit(record.kind(), record.omitted()) {
+                tracing::warn!(
+                    "{name}:{number}: {field} is missing; accepted (--lenient): hooks see the payload without it (said once per field)"
+                );
+            }
+        }
         if number.is_multiple_of(256) {
             pace(hooks);
         }
@@ -697,14 +864,16 @@ fn start_printer(hooks: &Hooks) -> Result<thread::JoinHandle<()>, BoxError> {
 }
 
 /// `validate`: every error and warning on stdout, one per line; a summary on stderr; exit 1 on
-/// any error.
+/// any error (and with `--strict` on any warning).
 fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
     let label = prx_hooks::config::file_label(&args.workspace);
     if !args.workspace.is_dir() {
         return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
     }
+    let mut warned = 0;
     let hooks_ok: Result<ExitCode, BoxError> = match prx_hooks::config::load(&args.workspace) {
         Ok(table) => {
+            warned += table.warnings.len();
             for warning in &table.warnings {
                 println!("warning: {warning}");
             }
@@ -732,18 +901,24 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
             Ok(ExitCode::from(1))
         }
     };
-    let plugins_ok = validate_plugins(&args.workspace);
+    let (plugins_ok, plugin_warnings) = validate_plugins(&args.workspace);
+    warned += plugin_warnings;
     match hooks_ok? {
         code if code != ExitCode::SUCCESS => Ok(code),
         _ if !plugins_ok => Ok(ExitCode::from(1)),
+        _ if args.strict && warned > 0 => {
+            eprintln!("--strict: {warned} warning(s), counted as errors");
+            Ok(ExitCode::from(1))
+        }
         code => Ok(code),
     }
 }
 
 /// Checks every plugin (manifest, compile, `on-event` and its type, linking, a probe
 /// instantiation); prints each problem on stdout (warnings prefixed `warning: `), plugins that
-/// are not hooks as notes on stderr, and a summary on stderr. Whether there were no errors.
-fn validate_plugins(workspace: &std::path::Path) -> bool {
+/// are not hooks as notes on stderr, and a summary on stderr. Whether there were no errors,
+/// and how many warnings.
+fn validate_plugins(workspace: &std::path::Path) -> (bool, usize) {
     let scan = prx_hooks::wasm::manifest::scan_all(workspace);
     #[cfg(feature = "wasm")]
     let lines = prx_hooks::wasm::check_workspace(workspace);
@@ -779,7 +954,7 @@ fn validate_plugins(workspace: &std::path::Path) -> bool {
     } else {
         eprintln!("{}: {} error(s)", dir.display(), lines.len());
     }
-    lines.is_empty()
+    (lines.is_empty(), warnings.len())
 }
 
 /// `fire`'s plugin side: loads the workspace's plugins once; each plugin that fails to load
@@ -809,9 +984,35 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
         )
         .into());
     };
-    let payload = args.payload.as_deref().unwrap_or(kind.sample_payload());
+    let (payload, source) = match args.payload.as_deref() {
+        None => (kind.sample_payload().to_string(), "--payload".to_string()),
+        Some("-") => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| format!("--payload -: reading stdin: {e}"))?;
+            (text, "-".to_string())
+        }
+        Some(arg) => match arg.strip_prefix('@') {
+            Some(file) => (
+                std::fs::read_to_string(file).map_err(|e| format!("--payload @{file}: {e}"))?,
+                file.to_string(),
+            ),
+            None => (arg.to_string(), "--payload".to_string()),
+        },
+    };
+    // A file's or stdin's trailing newline is not part of the JSON's meaning.
+    let payload = payload.trim_end();
     let record = ndjson::parse_payload(kind, payload, "prx-hooks", "fire")
-        .map_err(|e| format!("--payload: {e}"))?;
+        .map_err(|e| located(&source, payload, &e))?;
+    if record.byte_len() > args.limits.max_event_bytes {
+        return Err(format!(
+            "{source}: event of {} bytes exceeds max_event_bytes ({}); raise it with --max-event-bytes",
+            record.byte_len(),
+            args.limits.max_event_bytes
+        )
+        .into());
+    }
     if !args.workspace.is_dir() {
         return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
     }
@@ -882,6 +1083,25 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
     })
 }
 
+/// `SOURCE:LINE:COL: path: reason` for an error in a payload that may span lines (a
+/// pretty-printed `@FILE`): the error's byte column becomes a line and a column.
+fn located(source: &str, text: &str, e: &ndjson::LineError) -> String {
+    let offset = e.column().saturating_sub(1).min(text.len());
+    let before = &text.as_bytes()[..offset];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let col = offset
+        - before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1)
+        + 1;
+    let path = match e.path() {
+        "" => String::new(),
+        p => format!("{p}: "),
+    };
+    format!("{source}:{line}:{col}: {path}{}", e.reason())
+}
+
 /// Results of `prx-hooks bench`.
 #[derive(serde::Serialize)]
 struct BenchReport {
@@ -909,7 +1129,10 @@ struct Phase {
     emitted_per_s: f64,
     delivered_per_s: f64,
     delivered: u64,
+    /// Refused by `emit`: ring full or byte budget exhausted.
     ring_dropped: u64,
+    /// Refused by `emit`: larger than `max_event_bytes` (never a matter of speed).
+    oversize: u64,
     subscriber_dropped: u64,
 }
 
@@ -958,6 +1181,14 @@ fn bench(args: BenchArgs) -> Result<ExitCode, BoxError> {
     if args.producers == 0 || args.events == 0 {
         return Err("--producers and --events must be at least 1".into());
     }
+    // An event is agent + session + tool + output (see `produce`).
+    let event_bytes = "bench".len() + "producer-0".len() + "bench".len() + args.payload_bytes;
+    if event_bytes > args.limits.max_event_bytes {
+        eprintln!(
+            "prx-hooks bench: every event is {event_bytes} bytes, over max_event_bytes ({}): all are refused as oversize; raise it with --max-event-bytes",
+            args.limits.max_event_bytes
+        );
+    }
     let overhead = timer_overhead();
     let burst = bench_phase(&args, false, overhead)?;
     let sustained = bench_phase(&args, true, overhead)?;
@@ -981,7 +1212,11 @@ fn bench(args: BenchArgs) -> Result<ExitCode, BoxError> {
 /// One run over a fresh pipeline: `paced` producers wait while the pipeline is half full and
 /// are not timed; unpaced ones emit flat out and time every call.
 fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Result<Phase, BoxError> {
-    let hooks = Arc::new(Hooks::builder().build()?);
+    let hooks = Arc::new(
+        Hooks::builder()
+            .max_event_bytes(args.limits.max_event_bytes)
+            .build()?,
+    );
     let received = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = (0..args.subscribers)
         .map(|_| {
@@ -1081,7 +1316,8 @@ fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Result<Phase, Bo
         emitted_per_s: args.events as f64 / emit_elapsed.as_secs_f64(),
         delivered_per_s: delivered as f64 / args.subscribers.max(1) as f64 / elapsed.as_secs_f64(),
         delivered,
-        ring_dropped: stats.dropped + stats.dropped_budget + stats.oversize,
+        ring_dropped: stats.dropped + stats.dropped_budget,
+        oversize: stats.oversize,
         subscriber_dropped: stats.subscribers.iter().map(|s| s.dropped).sum(),
     })
 }
@@ -1150,8 +1386,8 @@ fn print_report(r: &BenchReport) {
             p.delivered_per_s, p.delivered, p.elapsed_s
         );
         println!(
-            "  dropped       ring {}   subscribers {}",
-            p.ring_dropped, p.subscriber_dropped
+            "  dropped       ring {}   subscribers {}   oversize {}",
+            p.ring_dropped, p.subscriber_dropped, p.oversize
         );
         let c = &p.cpu_ns_per_event;
         println!(

@@ -689,11 +689,9 @@ impl ShellSink {
         let action = Arc::new(action.clone());
         match started {
             Ok(()) => self.shared.to_runner(Direct { action, origin }),
-            Err(reason) => origin.not_run(
-                &self.shared,
-                &action,
-                OutcomeKind::SpawnFailed { reason },
-            ),
+            Err(reason) => {
+                origin.not_run(&self.shared, &action, OutcomeKind::SpawnFailed { reason })
+            }
         }
         Ok(OnceRun {
             slot,
@@ -1298,7 +1296,6 @@ fn runner_main(sh: Arc<Shared>) {
     let mut reactor: Reactor<Origin> = Reactor::default();
     let mut done = Vec::new();
     let mut killing_since: Option<Instant> = None;
-    let mut cancelled = false;
     loop {
         // Start everything that may start now; between batches, reap without waiting so that
         // finished hooks free their slots.

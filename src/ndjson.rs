@@ -168,6 +168,14 @@ impl fmt::Display for LineError {
 
 impl std::error::Error for LineError {}
 
+/// "a" or "an" before an event's name, as it is read aloud (an llm_request, a tool_call).
+fn article(kind: EventKind) -> &'static str {
+    match kind.name().as_bytes()[0] {
+        b'a' | b'e' | b'i' | b'o' | b'u' | b'l' => "an",
+        _ => "a",
+    }
+}
+
 fn one_line(s: String) -> String {
     if !s.chars().any(char::is_control) {
         return s;
@@ -366,7 +374,11 @@ pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, Lin
                 return Err(LineError::new(
                     text.len().max(1),
                     "payload",
-                    format!("missing (a {kind} event needs {})", fields.join(", ")),
+                    format!(
+                        "missing ({} {kind} event needs {})",
+                        article(kind),
+                        fields.join(", ")
+                    ),
                 ));
             }
             read_payload(kind, "{}", 0, agent, session, options)
@@ -475,7 +487,11 @@ fn read_payload(
         return Err(LineError::new(
             base + 1,
             &format!("payload.{field}"),
-            format!("missing (a {kind} event needs {}){hint}", fields.join(", ")),
+            format!(
+                "missing ({} {kind} event needs {}){hint}",
+                article(kind),
+                fields.join(", ")
+            ),
         ));
     }
     let [a, b] = strs;
@@ -646,11 +662,11 @@ mod tests {
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s"}"#,
-                "payload: missing (a error event needs component, message)",
+                "payload: missing (an error event needs component, message)",
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s","payload":{"component":"c"}}"#,
-                "54: payload.message: missing (a error event needs component, message)",
+                "54: payload.message: missing (an error event needs component, message)",
             ),
             (
                 r#"{"event":"agent_end","agent":"a","session":"s","payload":{"success":"yes","messages_count":1}}"#,
@@ -666,7 +682,7 @@ mod tests {
             ),
             (
                 r#"{"event":"agent_end","agent":"a","session":"s","payload":{"sucess":true,"messages_count":1}}"#,
-                r#"payload.success: missing (a agent_end event needs success, messages_count); did you mean to write "success" instead of "sucess"?"#,
+                r#"payload.success: missing (an agent_end event needs success, messages_count); did you mean to write "success" instead of "sucess"?"#,
             ),
             (
                 r#"{"event":"error","agent":"a","session":"s","payload":[]}"#,

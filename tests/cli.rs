@@ -69,8 +69,13 @@ fn every_kind_of_bad_line_is_reported_and_nothing_after_it_is_lost() {
         .arg(&events)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    // Refused lines make the exit code 1 (README § Exit codes); every good line still went on.
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("7 line(s) refused, 0 event(s) dropped"),
+        "{stderr}"
+    );
     let name = events.display().to_string();
     let expect = [
         (2, "not JSON"),
@@ -80,7 +85,7 @@ fn every_kind_of_bad_line_is_reported_and_nothing_after_it_is_lost() {
         ),
         (
             6,
-            "payload.message: missing (a error event needs component, message)",
+            "payload.message: missing (an error event needs component, message)",
         ),
         (
             8,
@@ -154,7 +159,8 @@ fn print_writes_one_envelope_per_message_on_stdout_only() {
     writeln!(stdin, "garbage").unwrap();
     drop(stdin);
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
+    // The garbage line is refused: exit 1, and only on stderr.
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     let msgs = printed(&out.stdout);
     assert_eq!(msgs.len(), 4, "{msgs:?}");
     let first = msgs[0].as_object().unwrap();
@@ -323,4 +329,235 @@ fn bench_reports_latency_and_throughput_as_json() {
     }
     assert_eq!(r["sustained"]["ring_dropped"], 0);
     assert_eq!(r["sustained"]["subscriber_dropped"], 0);
+}
+
+#[test]
+fn oversize_events_are_refused_with_their_line_and_counted_apart_from_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("big.ndjson");
+    let small = line(
+        "tool_call",
+        "s",
+        r#"{"tool":"t","success":true,"output":"ok"}"#,
+    );
+    let big = line(
+        "tool_call",
+        "s",
+        &format!(
+            r#"{{"tool":"t","success":true,"output":"{}"}}"#,
+            "x".repeat(2000)
+        ),
+    );
+    // Longer than any event of 100 bytes could be, even JSON-escaped: skipped, never held.
+    let huge = line(
+        "tool_call",
+        "s",
+        &format!(
+            r#"{{"tool":"t","success":true,"output":"{}"}}"#,
+            "y".repeat(70_000)
+        ),
+    );
+    std::fs::write(
+        &events,
+        format!("{small}\n{big}\n{small}\n{huge}\n{small}\n"),
+    )
+    .unwrap();
+    let run = |max: &str| {
+        bin()
+            .args(["run", "--print", "--max-event-bytes", max, "--workspace"])
+            .arg(dir.path())
+            .arg("--events")
+            .arg(&events)
+            .output()
+            .unwrap()
+    };
+
+    let out = run("1000");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let name = events.display();
+    assert!(
+        stderr.contains(&format!(
+            "{name}:2: event of 2007 bytes exceeds max_event_bytes (1000); raise it with --max-event-bytes"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("{name}:4: event of ")), "{stderr}");
+    let r = report(&out.stderr);
+    assert_eq!(r["input"]["oversize"], 2, "{r}");
+    assert_eq!(r["input"]["bad_lines"], 0, "{r}");
+    // Both reached `emit`, which counted them in the stats (and so in the metrics) as
+    // oversize, apart from ring drops.
+    assert_eq!(r["stats"]["oversize"], 2, "{r}");
+    assert_eq!(r["stats"]["dropped"], 0, "{r}");
+    assert_eq!(printed(&out.stdout).len(), 3);
+
+    let out = run("100");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Line 4 was never read whole, so only `run` counts it.
+    let r = report(&out.stderr);
+    assert_eq!(
+        (&r["input"]["oversize"], &r["stats"]["oversize"]),
+        (&2.into(), &1.into()),
+        "{r}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{name}:4: event of more than 66136 bytes exceeds max_event_bytes (100)"
+        )),
+        "{stderr}"
+    );
+
+    // Raised, everything goes through and the exit code is 0.
+    let out = run("100000");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(printed(&out.stdout).len(), 5);
+}
+
+#[test]
+fn bench_counts_oversize_events_apart_from_ring_drops() {
+    let out = bin()
+        .args([
+            "bench",
+            "--events",
+            "2000",
+            "--payload-bytes",
+            "5000000",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("over max_event_bytes (4194304): all are refused as oversize; raise it with --max-event-bytes"),
+        "{stderr}"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for phase in ["burst", "sustained"] {
+        assert_eq!(v[phase]["oversize"], 2000, "{phase}: {v}");
+        assert_eq!(v[phase]["ring_dropped"], 0, "{phase}: {v}");
+    }
+}
+
+#[test]
+fn validate_strict_makes_warnings_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    // A bare command not on the sanitized PATH is a warning, not an error.
+    std::fs::write(
+        dir.path().join("hooks.json"),
+        r#"{"hooks":{"error":[{"command":"surely-not-a-command-prx"}]}}"#,
+    )
+    .unwrap();
+    let validate = |strict: bool| {
+        let mut cmd = bin();
+        cmd.args(["validate", "--workspace"]).arg(dir.path());
+        if strict {
+            cmd.arg("--strict");
+        }
+        cmd.output().unwrap()
+    };
+    let out = validate(false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout.contains("warning: "), "{stdout}");
+    let out = validate(true);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--strict: 1 warning(s), counted as errors"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn fire_reads_its_payload_from_a_file_or_stdin_and_names_where_it_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("seen.json");
+    std::fs::write(
+        dir.path().join("hooks.json"),
+        r#"{"hooks":{"tool_call":[{"command":"/bin/sh","args":["-c","cat > seen.json"],"stdin_json":true}]}}"#,
+    )
+    .unwrap();
+    let fire = |payload: &str, stdin: Option<&str>, extra: &[&str]| {
+        let mut child = bin()
+            .args(["fire", "tool_call", "--payload", payload, "--workspace"])
+            .arg(dir.path())
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        child.wait_with_output().unwrap()
+    };
+    // A payload far too large for a command line (1 MiB), pretty-printed, from a file.
+    let big = "z".repeat(1 << 20);
+    let file = dir.path().join("payload.json");
+    std::fs::write(
+        &file,
+        format!("{{\n  \"tool\": \"t\",\n  \"success\": true,\n  \"output\": \"{big}\",\n  \"extra\": [1, 2]\n}}\n"),
+    )
+    .unwrap();
+    let out = fire(&format!("@{}", file.display()), None, &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let seen = std::fs::read_to_string(&out_file).unwrap();
+    assert_eq!(
+        seen,
+        format!(r#"{{"tool":"t","success":true,"output":"{big}","extra":[1,2]}}"#)
+    );
+    // Over --max-event-bytes: refused before anything runs.
+    let out = fire(
+        &format!("@{}", file.display()),
+        None,
+        &["--max-event-bytes", "4096"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("exceeds max_event_bytes (4096); raise it with --max-event-bytes"),
+        "{out:?}"
+    );
+    // An error in the file names its line and column.
+    std::fs::write(
+        &file,
+        "{\n  \"tool\": \"t\",\n  \"success\": \"yes\",\n  \"output\": \"\"\n}\n",
+    )
+    .unwrap();
+    let out = fire(&format!("@{}", file.display()), None, &[]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!(
+            "{}:3:14: payload.success: expected a boolean, found a string \"yes\"",
+            file.display()
+        )),
+        "{out:?}"
+    );
+    // From stdin.
+    std::fs::remove_file(&out_file).unwrap();
+    let out = fire(
+        "-",
+        Some(r#"{"tool":"s","success":false,"output":"o"}"#),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(&out_file).unwrap(),
+        r#"{"tool":"s","success":false,"output":"o"}"#
+    );
+    let out = fire("@/nonexistent/prx-payload.json", None, &[]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--payload @/nonexistent/prx-payload.json: "),
+        "{out:?}"
+    );
 }

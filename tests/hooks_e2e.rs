@@ -277,7 +277,10 @@ fn validate_and_fire_exit_codes_and_output() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--payload: payload: invalid type"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--payload:1:9: payload.tool: expected a string, found a number 1")
+    );
 
     let bad = r#"{"hooks":{"tool_call":[{"command":"ls | wc"}]}}"#;
     std::fs::write(dir.join("hooks.json"), bad).unwrap();

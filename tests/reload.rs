@@ -410,13 +410,15 @@ fn a_fifo_swapped_in_never_wedges(poll: bool) {
     let watcher = Arc::new(watcher);
     let dir = ws.path().to_path_buf();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let swapper = {
-        let (dir, stop) = (dir.clone(), stop.clone());
+        let (dir, stop, done) = (dir.clone(), stop.clone(), done.clone());
         std::thread::spawn(move || {
             let (fifo, file, target) =
                 (dir.join("f.tmp"), dir.join("r.tmp"), dir.join("hooks.json"));
             let mut swaps = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                done.store(swaps, std::sync::atomic::Ordering::Relaxed);
                 mkfifo(&fifo);
                 std::fs::rename(&fifo, &target).unwrap();
                 std::fs::write(&file, config("mid")).unwrap();
@@ -436,7 +438,14 @@ fn a_fifo_swapped_in_never_wedges(poll: bool) {
             }
         });
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    // At least 1.5 s and 200 swaps (a loaded machine swaps slower), at most 30 s.
+    let began = std::time::Instant::now();
+    while began.elapsed() < Duration::from_millis(1500)
+        || (done.load(std::sync::atomic::Ordering::Relaxed) < 200
+            && began.elapsed() < Duration::from_secs(30))
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let swaps = swapper.join().unwrap();
     assert!(swaps > 100, "the swapper only managed {swaps} swaps");

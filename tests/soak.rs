@@ -149,8 +149,22 @@ fn children() -> Vec<String> {
     found
 }
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
+/// This process's open descriptors and what each points at (for the message when one leaks).
+fn open_fds() -> Vec<String> {
+    let mut fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                target.display()
+            )
+        })
+        .collect();
+    fds.sort();
+    fds
 }
 
 /// Resident set size, after asking glibc to give back what its arenas hold free: the soak
@@ -389,7 +403,12 @@ fn round(ws: &Path, tmp: &Path, seed: u64, totals: &mut Totals) {
         kids.is_empty(),
         "seed {seed}: children left (Z = zombie): {kids:#?}"
     );
-    assert_eq!(open_fds(), fds_before, "seed {seed}: descriptors leaked");
+    let fds_after = open_fds();
+    assert_eq!(
+        fds_after.len(),
+        fds_before.len(),
+        "seed {seed}: descriptors leaked: before {fds_before:#?}, after {fds_after:#?}"
+    );
     let left = files_under(tmp);
     assert!(
         left.is_empty(),

@@ -356,26 +356,32 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         let _ = printer.join();
     }
     let stats = hooks.stats();
+    // README.md § Exit codes: a line refused (or lost to a full ring or byte budget) is 1. Said
+    // before the report, which stays the last line of stderr.
+    // Every oversize line was said by `ingest` and (when anything listens) refused by `emit`
+    // too: the same events, counted once.
+    let oversize = stats.oversize.max(input.oversize.load(Ordering::Relaxed));
+    let lost =
+        input.bad_lines.load(Ordering::Relaxed) + stats.dropped + stats.dropped_budget + oversize;
+    let failed = lost > 0 || input.read_error.load(Ordering::Relaxed);
+    if lost > 0 {
+        eprintln!(
+            "prx-hooks: {} line(s) refused, {} event(s) dropped (ring full or byte budget), {oversize} oversize; exiting 1",
+            input.bad_lines.load(Ordering::Relaxed),
+            stats.dropped + stats.dropped_budget,
+        );
+    }
     let report = serde_json::json!({
         "input": input.report(),
         "stats": &stats,
         "containment": contained,
     });
     eprintln!("{report}");
-    // README.md § Exit codes: a line refused (or lost to a full ring or byte budget) is 1.
-    let lost = input.refused() + stats.dropped + stats.dropped_budget + stats.oversize;
-    if lost > 0 || input.read_error.load(Ordering::Relaxed) {
-        if lost > 0 {
-            eprintln!(
-                "prx-hooks: {} line(s) refused, {} event(s) dropped (ring full or byte budget), {} oversize; exiting 1",
-                input.bad_lines.load(Ordering::Relaxed),
-                stats.dropped + stats.dropped_budget,
-                stats.oversize.max(input.oversize.load(Ordering::Relaxed)),
-            );
-        }
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// How long SIGINT/SIGTERM lets queued and running hooks finish.
@@ -641,11 +647,6 @@ struct InputCounters {
 }
 
 impl InputCounters {
-    /// Lines that did not become events: parse errors, refused extras, oversize.
-    fn refused(&self) -> u64 {
-        self.bad_lines.load(Ordering::Relaxed) + self.oversize.load(Ordering::Relaxed)
-    }
-
     fn report(&self) -> serde_json::Value {
         let omitted = self
             .omitted
@@ -778,9 +779,9 @@ fn ingest(
             }
         };
         if record.byte_len() > opts.max_event_bytes {
-            // Refused here, with its line number, instead of by `emit` without one.
+            // Said here, with its line number; `emit` refuses it too and counts it in the
+            // stats and metrics as `oversize` (it allocates nothing for it).
             oversize(number, record.byte_len().to_string());
-            continue;
         }
         if !record.omitted().is_empty() {
             for field in input.omit(record.kind(), record.omitted()) {

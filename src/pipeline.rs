@@ -309,7 +309,16 @@ impl Pipeline {
             for sink in self.sinks.iter() {
                 let spawned = std::thread::Builder::new()
                     .name(format!("prx-hooks-stop-{}", sink.name()))
-                    .spawn_scoped(scope, || sink.shutdown(deadline));
+                    .spawn_scoped(scope, || {
+                        sink.shutdown(deadline);
+                        let over = Instant::now().saturating_duration_since(deadline);
+                        if over > SHUTDOWN_SLACK {
+                            tracing::warn!(
+                                "the {} backend took {over:?} past the shutdown deadline (the slack is {SHUTDOWN_SLACK:?}): a busy machine, or a bug worth reporting",
+                                sink.name()
+                            );
+                        }
+                    });
                 if spawned.is_err() {
                     // No thread to be had: do it here, in turn.
                     sink.shutdown(deadline);

@@ -75,12 +75,26 @@ impl Api {
         opts: impl FnOnce(HttpOptions) -> HttpOptions,
         prepare: impl FnOnce(&Path),
     ) -> Api {
+        Api::start_built(hooks_json, opts, prepare, |b| b)
+    }
+
+    /// `build` configures the hook system (e.g. its shell limits).
+    fn start_built(
+        hooks_json: Option<&str>,
+        opts: impl FnOnce(HttpOptions) -> HttpOptions,
+        prepare: impl FnOnce(&Path),
+        build: impl FnOnce(prx_hooks::HooksBuilder) -> prx_hooks::HooksBuilder,
+    ) -> Api {
         let ws = tempfile::tempdir().unwrap();
         if let Some(text) = hooks_json {
             std::fs::write(ws.path().join("hooks.json"), text).unwrap();
         }
         prepare(ws.path());
-        let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
+        let hooks = Arc::new(
+            build(Hooks::builder().workspace(ws.path()))
+                .build()
+                .unwrap(),
+        );
         let options = opts(HttpOptions::new(Token::new(TOKEN, "test").unwrap()));
         let server = Server::start(hooks.clone(), options, "127.0.0.1:0".parse().unwrap()).unwrap();
         let agent = ureq::Agent::config_builder()
@@ -1365,6 +1379,132 @@ fn a_test_run_stops_when_its_client_disconnects() {
     wait_for("the run in the history", || {
         api.get(&format!("/api/hooks/{id}/runs")).json()["runs"][0]["kind"] == "killed"
     });
+}
+
+/// Sends `POST /api/hooks/{id}/test` on a raw connection and returns it unread.
+fn test_request(api: &Api, id: &str) -> std::net::TcpStream {
+    let addr = api.server.local_addr();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /api/hooks/{id}/test HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    s
+}
+
+fn direct_running(api: &Api) -> u64 {
+    api.hooks.stats().shell().map_or(0, |s| s.direct_running)
+}
+
+fn alive(pid: &str) -> bool {
+    let pid = pid.trim().parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+#[test]
+fn the_backends_max_running_caps_test_runs_with_429_and_a_disconnect_frees_the_slots() {
+    let api = Api::start_built(
+        None,
+        |o| o,
+        |_| {},
+        |b| {
+            let mut limits = prx_hooks::shell::ShellLimits::default();
+            limits.max_running = 2;
+            b.shell_limits(limits)
+        },
+    );
+    let pids = api.ws().join("pids");
+    let script = format!("echo $$ >> {}; exec sleep 60", pids.display());
+    let hook = api.create(json!({
+        "event": "error", "command": "/bin/sh", "args": ["-c", script],
+        "max_concurrent": 10, "timeout_ms": 120000
+    }));
+    let id = hook["id"].as_str().unwrap().to_string();
+    let held: Vec<_> = (0..2).map(|_| test_request(&api, &id)).collect();
+    wait_for("both test runs to start", || lines(&pids).len() == 2);
+    assert_eq!(direct_running(&api), 2);
+    // The hook allows 10, the backend 2: every further run is refused by the backend's cap.
+    for _ in 0..3 {
+        let r = api.call("POST", &format!("/api/hooks/{id}/test"), None);
+        assert_eq!(r.status, 429, "{}", r.text);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        let body = r.json();
+        assert_eq!(body["kind"], "too_many_requests", "{body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains("max_running"), "{error}");
+    }
+    assert_eq!(lines(&pids).len(), 2, "more than max_running ran");
+    assert_eq!(direct_running(&api), 2);
+    drop(held);
+    wait_for("the running count to return to 0", || {
+        direct_running(&api) == 0
+    });
+    for pid in lines(&pids) {
+        wait_for("the test run's process to be stopped", || !alive(&pid));
+    }
+    let runs = api.get(&format!("/api/hooks/{id}/runs")).json()["runs"].clone();
+    let kinds: Vec<_> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].clone())
+        .collect();
+    assert_eq!(kinds, [json!("killed"), json!("killed")], "{runs}");
+    // The slots are free again.
+    let quick = api.create(json!({"event": "error", "command": "/bin/true"}));
+    let r = api.call(
+        "POST",
+        &format!("/api/hooks/{}/test", quick["id"].as_str().unwrap()),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
+#[test]
+fn clients_that_leave_at_once_get_their_runs_cancelled_or_killed_and_free_every_slot() {
+    let api = Api::start(None);
+    let pids = api.ws().join("pids");
+    let script = format!("echo $$ >> {}; exec sleep 60", pids.display());
+    let hook = api.create(json!({
+        "event": "error", "command": "/bin/sh", "args": ["-c", script],
+        "max_concurrent": 100, "timeout_ms": 120000
+    }));
+    let id = hook["id"].as_str().unwrap().to_string();
+    // Each client leaves right after its request: some runs are dropped while they wait for
+    // the runner (cancelled, never started), the others once started (killed).
+    for _ in 0..20 {
+        let s = test_request(&api, &id);
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    // Settled: nothing running, and the history has not grown for a second.
+    let recorded = || api.hooks.shell().unwrap().runs(&id).len();
+    let (mut last, mut since) = (usize::MAX, std::time::Instant::now());
+    wait_for("the test runs to settle", || {
+        let n = recorded();
+        if n != last {
+            (last, since) = (n, std::time::Instant::now());
+        }
+        direct_running(&api) == 0 && since.elapsed() > Duration::from_secs(1)
+    });
+    // Every process that announced itself is gone, and its run is recorded (the running
+    // count drops only when the outcome is recorded).
+    let started = lines(&pids);
+    for pid in &started {
+        wait_for("every test run's process to be stopped", || !alive(pid));
+    }
+    wait_for("the running count to return to 0", || {
+        direct_running(&api) == 0
+    });
+    let runs = api.get(&format!("/api/hooks/{id}/runs")).json()["runs"].clone();
+    let runs = runs.as_array().unwrap();
+    let killed = runs.iter().filter(|r| r["kind"] == "killed").count();
+    let cancelled = runs.iter().filter(|r| r["kind"] == "cancelled").count();
+    eprintln!("{killed} killed, {cancelled} cancelled of 20");
+    assert_eq!(killed + cancelled, runs.len(), "{runs:?}");
+    // A cancelled run never started: every process that announced itself was killed.
+    assert!(started.len() <= killed, "{started:?} {runs:?}");
 }
 
 #[test]

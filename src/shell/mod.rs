@@ -1644,4 +1644,46 @@ mod tests {
         assert_eq!(runs.len(), 1, "recorded in the history: {runs:?}");
         sink.shutdown(Instant::now());
     }
+
+    /// A test run whose client left while it waited for the runner is recorded `cancelled`
+    /// and never started (the runner checks the flag before spawning).
+    #[test]
+    fn a_test_run_cancelled_before_the_runner_takes_it_never_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("started");
+        let a = Arc::new(Action {
+            command: "/bin/sh".into(),
+            program: Ok("/bin/sh".into()),
+            args: vec!["-c".into(), format!("touch {}", marker.display())],
+            ..(*action("t", EventKind::TurnComplete, true)).clone()
+        });
+        let sink = ShellSink::standalone("/".into(), ShellLimits::default());
+        sink.set_table(Arc::new(HookTable {
+            enabled: true,
+            actions: vec![a.clone()],
+            ..HookTable::default()
+        }));
+        sink.ensure_started().unwrap();
+        let msg = event_message(&crate::Event::TurnComplete, "a", "s", 0);
+        lock(&sink.shared.sched)
+            .try_start_direct(&a.id, a.max_concurrent, sink.shared.max_running)
+            .unwrap();
+        let (origin, once) = OnceRun::pending(&sink.shared, &a, &msg);
+        // The client leaves before the runner has taken the request.
+        drop(once);
+        sink.shared.to_runner(Direct {
+            action: a.clone(),
+            origin,
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sink.stats().direct_running > 0 {
+            assert!(Instant::now() < deadline, "the slot was never given back");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let runs = sink.runs("t");
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        assert_eq!(runs[0].kind, OutcomeKind::Cancelled, "{runs:?}");
+        sink.shutdown(Instant::now() + Duration::from_secs(5));
+        assert!(!marker.exists(), "a cancelled test run was started");
+    }
 }

@@ -1881,19 +1881,33 @@ fn writes_return_the_loaders_warnings_and_round_trip() {
             .contains("no-such-command-prx-test"),
         "{created}"
     );
-    // What a GET returns can be sent back as a merge patch unchanged.
-    let got = api.get("/api/hooks/w");
-    let r = api.call_if(
-        "PATCH",
-        "/api/hooks/w",
-        Some(&got.json()),
-        Some(&got.etag()),
-    );
-    let r = if r.status == 415 {
-        api.call_if("PUT", "/api/hooks/w", Some(&got.json()), Some(&got.etag()))
-    } else {
-        r
+    let merge_patch = |body: &Value, etag: &str| {
+        let headers = [
+            ("content-type", "application/merge-patch+json"),
+            ("if-match", etag),
+        ];
+        let bytes = body.to_string();
+        api.raw(
+            "PATCH",
+            "/api/hooks/w",
+            Some(TOKEN),
+            &headers,
+            bytes.as_bytes(),
+        )
     };
+    // What a write returns — its warnings included — can be sent back as a merge patch
+    // unchanged: writes ignore `warnings`.
+    let file_before = std::fs::read_to_string(api.ws().join("hooks.json")).unwrap();
+    let r = merge_patch(&created, &r.etag());
+    assert_eq!(r.status, 200, "{}", r.text);
+    let patched = r.json();
+    assert_eq!(patched["warnings"], created["warnings"], "{patched}");
+    let file = std::fs::read_to_string(api.ws().join("hooks.json")).unwrap();
+    assert!(!file.contains("warnings"), "{file}");
+    assert_eq!(file, file_before, "an unchanged hook rewrote the file");
+    // So can what a GET returns.
+    let got = api.get("/api/hooks/w");
+    let r = merge_patch(&got.json(), &got.etag());
     assert_eq!(r.status, 200, "{}", r.text);
     // A write without warnings says so with an empty list.
     let r = api.call("PUT", "/api/hooks/start", Some(&json!({"args": ["q"]})));
@@ -1903,7 +1917,12 @@ fn writes_return_the_loaders_warnings_and_round_trip() {
 #[test]
 fn a_broken_hooks_json_still_shows_the_live_table_read_only() {
     let api = Api::start(Some(TWO));
-    api.create(json!({"id": "live", "event": "error", "command": "/bin/true"}));
+    api.create(json!({
+        "id": "live", "event": "error", "command": "/bin/true",
+        "limits": {"cpu_seconds": 5, "open_files": 64}
+    }));
+    let before = api.get("/api/hooks/live").json();
+    assert_eq!(before["limits"]["cpu_seconds"], 5, "{before}");
     std::fs::write(
         api.ws().join("hooks.json"),
         "{\"hooks\": {\"tool_call\": [}",
@@ -1935,7 +1954,12 @@ fn a_broken_hooks_json_still_shows_the_live_table_read_only() {
     );
     let one = api.get("/api/hooks/live");
     assert_eq!(one.status, 200, "{}", one.text);
-    assert_eq!(one.json()["command"], "/bin/true");
+    // The same hook as the file showed, limits included.
+    let mut shown = one.json();
+    let m = shown.as_object_mut().unwrap();
+    assert_eq!(m.remove("read_only"), Some(json!(true)));
+    assert!(m.remove("file_error").is_some());
+    assert_eq!(shown, before);
     // Writes still say what is wrong.
     api.call("PATCH", "/api/hooks/live/toggle", None).error(409);
 }

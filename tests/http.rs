@@ -1072,6 +1072,15 @@ fn plugins_are_listed_with_their_events_state_and_counters() {
     );
     assert_eq!(find("prx_hooks_plugin_sent_total", None), 3.0);
     assert_eq!(find("prx_hooks_plugin_running", None), 1.0);
+    // The double-counting series is kept for dashboards, marked deprecated.
+    assert_eq!(find("prx_hooks_plugin_dropped_total", None), 0.0);
+    assert!(
+        r.text.lines().any(|l| {
+            l.starts_with("# HELP prx_hooks_plugin_dropped ") && l.contains("DEPRECATED")
+        }),
+        "{}",
+        r.text
+    );
 }
 
 #[test]
@@ -1410,9 +1419,10 @@ fn the_backends_max_running_caps_test_runs_with_429_and_a_disconnect_frees_the_s
         |o| o,
         |_| {},
         |b| {
-            let mut limits = prx_hooks::shell::ShellLimits::default();
-            limits.max_running = 2;
-            b.shell_limits(limits)
+            b.shell_limits(prx_hooks::shell::ShellLimits {
+                max_running: 2,
+                ..Default::default()
+            })
         },
     );
     let pids = api.ws().join("pids");
@@ -1546,6 +1556,27 @@ fn ids_a_url_path_would_normalize_are_refused() {
         assert!(e.contains("URL"), "{e}");
     }
     assert_eq!(api.ids().len(), 2);
+}
+
+#[test]
+fn hand_written_ids_a_url_path_would_normalize_load_with_a_warning() {
+    let api = Api::start(Some(
+        r#"{"hooks": {"error": [
+            {"id": ".", "command": "/bin/true"},
+            {"id": "..", "command": "/bin/true"},
+            {"id": "ok", "command": "/bin/true"}
+        ]}}"#,
+    ));
+    let table = api.loads().expect("the hooks still load");
+    assert_eq!(table.actions.len(), 3);
+    assert_eq!(table.warnings.len(), 2, "{:?}", table.warnings);
+    for (w, id) in table.warnings.iter().zip(["\".\"", "\"..\""]) {
+        assert!(
+            w.contains(id) && w.contains("HTTP API"),
+            "{w} does not name {id}"
+        );
+    }
+    assert_eq!(api.ids(), [".", "..", "ok"]);
 }
 
 #[test]
@@ -1734,7 +1765,9 @@ fn errors_about_a_body_point_into_the_body_and_never_show_server_paths() {
 
 #[test]
 fn token_files_are_written_whole_once_and_owned_by_us() {
-    use prx_hooks::http::token::{TOKEN_FILE, TokenSource, resolve};
+    use prx_hooks::http::token::{
+        ADDRESS_FILE, TOKEN_FILE, TokenSource, remove_address, resolve, write_address,
+    };
     use std::os::unix::fs::PermissionsExt;
     // A crash left an empty token file: a new one is generated instead of refusing to start.
     let ws = tempfile::tempdir().unwrap();
@@ -1766,6 +1799,33 @@ fn token_files_are_written_whole_once_and_owned_by_us() {
         let b = got[1].as_ref().expect("second");
         assert_eq!(a, b);
     }
+    // The directory is private, the files too; the address file goes only with its address.
+    let ws = tempfile::tempdir().unwrap();
+    resolve(None, None, ws.path()).unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&ws.path().join(".prx-hooks")), 0o700);
+    assert_eq!(mode(&ws.path().join(TOKEN_FILE)), 0o600);
+    let address = write_address(ws.path(), "unix:/tmp/x.sock").unwrap();
+    assert_eq!(address, ws.path().join(ADDRESS_FILE));
+    assert_eq!(mode(&address), 0o600);
+    assert_eq!(
+        std::fs::read_to_string(&address).unwrap(),
+        "unix:/tmp/x.sock\n"
+    );
+    remove_address(ws.path(), "http://127.0.0.1:1");
+    assert!(address.exists(), "another server's address was removed");
+    remove_address(ws.path(), "unix:/tmp/x.sock");
+    assert!(!address.exists());
+    // The workspace's token file is never followed through a symbolic link.
+    let elsewhere = ws.path().join("elsewhere");
+    std::fs::write(&elsewhere, "0123456789abcdef0123\n").unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::remove_file(ws.path().join(TOKEN_FILE)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, ws.path().join(TOKEN_FILE)).unwrap();
+    assert!(
+        resolve(None, None, ws.path()).is_err(),
+        "a symlinked token file was followed"
+    );
     // A token file owned by someone else is refused (root can hand it to nobody).
     let ws = tempfile::tempdir().unwrap();
     if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(ws.path()).unwrap()) == 0 {
@@ -1807,11 +1867,14 @@ fn metrics_labels_are_bounded_and_the_new_series_exist() {
     ] {
         assert!(text.contains(name), "{name} missing: {text}");
     }
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("# HELP prx_hooks_shell_runs ") && l.contains("DEPRECATED")),
-        "{text}"
-    );
+    for deprecated in ["shell_runs", "shell_hook_runs"] {
+        let help = format!("# HELP prx_hooks_{deprecated} ");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&help) && l.contains("DEPRECATED")),
+            "{deprecated} not marked: {text}"
+        );
+    }
 }
 
 #[test]
@@ -1833,6 +1896,12 @@ fn patch_is_a_merge_patch_and_put_still_works() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json()["args"], json!(["p"]));
     assert_eq!(r.json()["enabled"], false);
+    // RFC 5789: a hook says what PATCH takes.
+    let got = api.get("/api/hooks/start");
+    assert_eq!(
+        got.header("accept-patch"),
+        Some("application/merge-patch+json")
+    );
     // The idempotent toggle: twice off stays off.
     let r = patch("application/merge-patch+json", r#"{"enabled": false}"#);
     assert_eq!(r.json()["enabled"], false, "{}", r.text);

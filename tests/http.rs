@@ -1513,6 +1513,9 @@ fn clients_that_leave_at_once_get_their_runs_cancelled_or_killed_and_free_every_
     let cancelled = runs.iter().filter(|r| r["kind"] == "cancelled").count();
     eprintln!("{killed} killed, {cancelled} cancelled of 20");
     assert_eq!(killed + cancelled, runs.len(), "{runs:?}");
+    // hyper drops the request future on EOF, mostly before the runner took the run (16 or 17
+    // of 20 here): the HTTP path does reach cancel-before-start.
+    assert!(cancelled >= 1, "{runs:?}");
     // A cancelled run never started: every process that announced itself was killed.
     assert!(started.len() <= killed, "{started:?} {runs:?}");
 }

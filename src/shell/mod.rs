@@ -331,8 +331,9 @@ impl Busy {
 }
 
 /// A run started by [`ShellSink::try_run_once`]: a future of its outcome, which needs no
-/// thread to wait on (the runner wakes it). Dropping it before the outcome kills the run's
-/// process group; the runner reaps it and its history records `killed`.
+/// thread to wait on (the runner wakes it). Dropping it before the outcome keeps a run the
+/// runner has not taken yet from starting (its history records `cancelled`) or kills a started
+/// run's process group (the runner reaps it and records `killed`).
 pub struct OnceRun {
     slot: Arc<OnceSlot>,
     /// Where to ask for the kill (`None`: finished before it started).

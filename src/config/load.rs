@@ -713,6 +713,17 @@ impl Validator {
                     if let Some(id) = self.string(v, &p) {
                         if is_valid_id(id) {
                             d.explicit_id = Some((id.to_string(), v.pos));
+                            if id == "." || id == ".." {
+                                self.warn(
+                                    v.pos,
+                                    &p,
+                                    format!(
+                                        "the id {} cannot be reached through the HTTP API (URL \
+                                         paths normalize it away); choose another",
+                                        quote(id)
+                                    ),
+                                );
+                            }
                         } else {
                             self.err(
                                 v.pos,

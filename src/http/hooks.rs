@@ -214,7 +214,9 @@ pub(crate) async fn test(
         TEST_SESSION,
         0,
     );
-    // Writing the payload file and spawning are quick but blocking.
+    // Takes a slot (the scheduler's lock; the first run also starts the runner thread) and
+    // hands the run to the shell runner thread, which writes the payload file and spawns it as
+    // it does every hook (ARCHITECTURE.md § HTTP API).
     let started =
         tokio::task::spawn_blocking(move || shell.try_run_once(&action, &msg, honour_matcher))
             .await

@@ -4,13 +4,13 @@
 //!
 //! The hooks are rebuilt from the live table (the file that built it may be gone): the same
 //! flat shape as usual, with the values the loader resolved — `cwd` relative to the workspace
-//! (absolute when outside it), `timeout_ms` only when the hook set it. There is no ETag (a
-//! write is refused anyway until the file loads again).
+//! (absolute when outside it), `timeout_ms` only when the hook set it, `limits` with the keys
+//! it set. There is no ETag (a write is refused anyway until the file loads again).
 
 use super::error::ApiError;
 use super::json_response;
 use crate::Hooks;
-use crate::config::{Action, DEFAULT_MAX_CONCURRENT, EditError};
+use crate::config::{Action, DEFAULT_MAX_CONCURRENT, EditError, HookLimits};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
@@ -91,6 +91,13 @@ fn flat(a: &Action, workspace: Option<&Path>) -> Value {
     }
     if a.max_concurrent != DEFAULT_MAX_CONCURRENT {
         m.insert("max_concurrent".into(), a.max_concurrent.into());
+    }
+    let limits: Map<String, Value> = HookLimits::KEYS
+        .iter()
+        .filter_map(|k| Some((k.to_string(), a.limits.get(k)?.into())))
+        .collect();
+    if !limits.is_empty() {
+        m.insert("limits".into(), limits.into());
     }
     Value::Object(m)
 }

@@ -291,19 +291,19 @@ enum Origin {
         index: usize,
     },
     /// From `try_run_once`: kept in history, handed to the [`OnceRun`] (killed if it is
-    /// dropped first).
+    /// dropped first). Dropped without a report, its guard still completes the run.
     Once {
         id: String,
         event: crate::event::EventKind,
         run: Arc<EventRun>,
-        slot: Arc<OnceSlot>,
+        slot: OnceGuard,
     },
 }
 
 impl Origin {
     /// A test run whose [`OnceRun`] was dropped before its outcome.
     fn cancelled(&self) -> bool {
-        matches!(self, Origin::Once { slot, .. } if slot.cancelled.load(Ordering::Acquire))
+        matches!(self, Origin::Once { slot, .. } if slot.slot.cancelled.load(Ordering::Acquire))
     }
 }
 
@@ -331,8 +331,9 @@ impl Busy {
 }
 
 /// A run started by [`ShellSink::try_run_once`]: a future of its outcome, which needs no
-/// thread to wait on (the runner wakes it). Dropping it before the outcome kills the run's
-/// process group; the runner reaps it and its history records `killed`.
+/// thread to wait on (the runner wakes it). Dropping it before the outcome keeps a run the
+/// runner has not taken yet from starting (its history records `cancelled`) or kills a started
+/// run's process group (the runner reaps it and records `killed`).
 pub struct OnceRun {
     slot: Arc<OnceSlot>,
     /// Where to ask for the kill (`None`: finished before it started).
@@ -344,6 +345,53 @@ pub struct OnceRun {
 struct OnceSlot {
     state: Mutex<(Option<Outcome>, Option<std::task::Waker>)>,
     cancelled: AtomicBool,
+}
+
+/// The runner's end of a test run: completes its [`OnceRun`] once. If it is dropped without
+/// an outcome — the runner thread panicked and unwound its reactor, or the request was lost
+/// some other way — it records the run as `cancelled` and gives its slot back, so the HTTP
+/// request never hangs and the running counts return to 0 (ARCHITECTURE.md § HTTP API).
+struct OnceGuard {
+    slot: Arc<OnceSlot>,
+    /// Weak: a guard waiting in the runner's inbox must not keep the backend alive.
+    shared: std::sync::Weak<Shared>,
+    id: String,
+    event: crate::event::EventKind,
+    msg: Message,
+    done: bool,
+}
+
+impl OnceGuard {
+    fn complete(mut self, o: Outcome) {
+        self.done = true;
+        self.slot.complete(o);
+    }
+}
+
+impl Drop for OnceGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut o = Outcome::not_run(
+            &self.id,
+            self.event,
+            OutcomeKind::Cancelled,
+            Some(&self.msg),
+        );
+        o.direct = true;
+        if let Some(sh) = self.shared.upgrade() {
+            tracing::error!(
+                "a test run of hook {} ended without an outcome (did the shell runner thread panic?); recorded as cancelled",
+                crate::config::quote(&self.id)
+            );
+            conclude(&sh, &o);
+            let mut s = lock(&sh.sched);
+            s.record_direct(o.clone(), sh.history);
+            notify_drained(&sh, &s);
+        }
+        self.slot.complete(o);
+    }
 }
 
 impl OnceSlot {
@@ -360,6 +408,37 @@ impl OnceSlot {
 }
 
 impl OnceRun {
+    /// A test run whose slot `try_start_direct` has just taken: the origin to hand to the
+    /// runner, and the future of its outcome.
+    fn pending(sh: &Arc<Shared>, action: &Action, msg: &Message) -> (Origin, OnceRun) {
+        let prepared = sh.table.load_full();
+        let run = Arc::new(EventRun::new(
+            msg.clone(),
+            prepared.base_env.clone(),
+            sh.payload.clone(),
+        ));
+        let slot = Arc::new(OnceSlot::default());
+        let origin = Origin::Once {
+            id: action.id.clone(),
+            event: action.event,
+            run,
+            slot: OnceGuard {
+                slot: slot.clone(),
+                shared: Arc::downgrade(sh),
+                id: action.id.clone(),
+                event: action.event,
+                msg: msg.clone(),
+                done: false,
+            },
+        };
+        let once = OnceRun {
+            slot,
+            shared: Some(sh.clone()),
+            done: false,
+        };
+        (origin, once)
+    }
+
     fn finished(o: Outcome) -> OnceRun {
         let slot = OnceSlot::default();
         lock(&slot.state).0 = Some(o);
@@ -673,19 +752,7 @@ impl ShellSink {
             action.max_concurrent,
             self.shared.max_running,
         )?;
-        let prepared = self.shared.table.load_full();
-        let run = Arc::new(EventRun::new(
-            msg.clone(),
-            prepared.base_env.clone(),
-            self.shared.payload.clone(),
-        ));
-        let slot = Arc::new(OnceSlot::default());
-        let origin = Origin::Once {
-            id: action.id.clone(),
-            event: action.event,
-            run,
-            slot: slot.clone(),
-        };
+        let (origin, once) = OnceRun::pending(&self.shared, action, msg);
         let action = Arc::new(action.clone());
         match started {
             Ok(()) => self.shared.to_runner(Direct { action, origin }),
@@ -693,11 +760,7 @@ impl ShellSink {
                 origin.not_run(&self.shared, &action, OutcomeKind::SpawnFailed { reason })
             }
         }
-        Ok(OnceRun {
-            slot,
-            shared: Some(self.shared.clone()),
-            done: false,
-        })
+        Ok(once)
     }
 
     /// File descriptors this backend may hold at once with the current table at its limits —
@@ -1547,5 +1610,80 @@ mod tests {
             (1, 1, 1)
         );
         assert!(st.totals.balanced() && sink.counts().balanced());
+    }
+
+    /// A test run's origin dropped without a report — as when the runner thread panics and
+    /// unwinds its reactor and inbox — still completes the run's future and gives its slot
+    /// back (ARCHITECTURE.md § HTTP API: a test request never hangs).
+    #[test]
+    fn a_test_run_dropped_without_a_report_completes_and_frees_its_slot() {
+        let sink = ShellSink::standalone("/".into(), ShellLimits::default());
+        let a = action("t", EventKind::TurnComplete, true);
+        sink.set_table(Arc::new(HookTable {
+            enabled: true,
+            actions: vec![a.clone()],
+            ..HookTable::default()
+        }));
+        let msg = event_message(&crate::Event::TurnComplete, "a", "s", 0);
+        lock(&sink.shared.sched)
+            .try_start_direct(&a.id, a.max_concurrent, sink.shared.max_running)
+            .unwrap();
+        let (origin, mut once) = OnceRun::pending(&sink.shared, &a, &msg);
+        assert_eq!(sink.stats().direct_running, 1);
+        drop(origin);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let o = match std::pin::Pin::new(&mut once).poll(&mut cx) {
+            std::task::Poll::Ready(o) => o,
+            std::task::Poll::Pending => panic!("the run's future never completes"),
+        };
+        assert_eq!(o.kind, OutcomeKind::Cancelled, "{o:?}");
+        assert!(o.direct);
+        let st = sink.stats();
+        assert_eq!(st.direct_running, 0, "the slot is given back");
+        let runs = sink.runs("t");
+        assert_eq!(runs.len(), 1, "recorded in the history: {runs:?}");
+        sink.shutdown(Instant::now());
+    }
+
+    /// A test run whose client left while it waited for the runner is recorded `cancelled`
+    /// and never started (the runner checks the flag before spawning).
+    #[test]
+    fn a_test_run_cancelled_before_the_runner_takes_it_never_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("started");
+        let a = Arc::new(Action {
+            command: "/bin/sh".into(),
+            program: Ok("/bin/sh".into()),
+            args: vec!["-c".into(), format!("touch {}", marker.display())],
+            ..(*action("t", EventKind::TurnComplete, true)).clone()
+        });
+        let sink = ShellSink::standalone("/".into(), ShellLimits::default());
+        sink.set_table(Arc::new(HookTable {
+            enabled: true,
+            actions: vec![a.clone()],
+            ..HookTable::default()
+        }));
+        sink.ensure_started().unwrap();
+        let msg = event_message(&crate::Event::TurnComplete, "a", "s", 0);
+        lock(&sink.shared.sched)
+            .try_start_direct(&a.id, a.max_concurrent, sink.shared.max_running)
+            .unwrap();
+        let (origin, once) = OnceRun::pending(&sink.shared, &a, &msg);
+        // The client leaves before the runner has taken the request.
+        drop(once);
+        sink.shared.to_runner(Direct {
+            action: a.clone(),
+            origin,
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sink.stats().direct_running > 0 {
+            assert!(Instant::now() < deadline, "the slot was never given back");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let runs = sink.runs("t");
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        assert_eq!(runs[0].kind, OutcomeKind::Cancelled, "{runs:?}");
+        sink.shutdown(Instant::now() + Duration::from_secs(5));
+        assert!(!marker.exists(), "a cancelled test run was started");
     }
 }

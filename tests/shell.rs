@@ -1632,7 +1632,12 @@ fn with_a_cgroup_what_an_exited_leader_left_dies_at_the_runs_deadline() {
     let o = sink.run_once(&a, &turn(0));
     assert_eq!(o.kind, OutcomeKind::Ok, "{o}");
     assert!(o.duration < Duration::from_millis(1500), "{o}");
-    let found = procs_exactly(&left);
+    // The leader may exit before its background child has exec'd `sleep`: look until it shows.
+    let mut found = Vec::new();
+    wait_for("the setsid sleep", Duration::from_secs(5), || {
+        found = procs_exactly(&left);
+        !found.is_empty()
+    });
     assert_eq!(found.len(), 1, "left running for now");
     let died = all_die(&found);
     if !died {

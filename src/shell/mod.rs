@@ -1298,7 +1298,6 @@ fn runner_main(sh: Arc<Shared>) {
     let mut reactor: Reactor<Origin> = Reactor::default();
     let mut done = Vec::new();
     let mut killing_since: Option<Instant> = None;
-    let mut cancelled = false;
     loop {
         // Start everything that may start now; between batches, reap without waiting so that
         // finished hooks free their slots.

@@ -689,11 +689,9 @@ impl ShellSink {
         let action = Arc::new(action.clone());
         match started {
             Ok(()) => self.shared.to_runner(Direct { action, origin }),
-            Err(reason) => origin.not_run(
-                &self.shared,
-                &action,
-                OutcomeKind::SpawnFailed { reason },
-            ),
+            Err(reason) => {
+                origin.not_run(&self.shared, &action, OutcomeKind::SpawnFailed { reason })
+            }
         }
         Ok(OnceRun {
             slot,

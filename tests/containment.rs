@@ -520,35 +520,35 @@ fn fire_gives_home_and_inherits_a_filtered_path_on_request() {
 
 // ---------------------------------------------------------------- item 4: /proc and harden
 
-/// Runs `run` as `nobody` with a secret in its environment; a hook (also `nobody`) tries to
-/// read its parent's environ. Returns what the hook saw.
-fn read_parent_environ(harden: bool) -> String {
+/// Runs `fire` with a secret in its environment — as `nobody` when we are root (root's hooks
+/// could read anything), else as ourselves — and a hook of the same user tries to read its
+/// parent's `/proc` files. Returns what the hook saw.
+fn read_parent_proc(harden: bool) -> String {
     let out = tempfile::tempdir().unwrap();
     let seen = out.path().join("seen");
+    let script = format!(
+        "tr '\\0' '\\n' < /proc/$PPID/environ > {0} 2>&1 || echo environ-unreadable >> {0}; \
+         cat /proc/$PPID/maps > /dev/null 2>&1 && echo maps-read >> {0} || echo maps-unreadable >> {0}; \
+         ls /proc/$PPID/fd > /dev/null 2>&1 && echo fd-listed >> {0} || echo fd-unlisted >> {0}; \
+         (: < /proc/$PPID/mem) 2> /dev/null && echo mem-opened >> {0} || echo mem-unopened >> {0}; \
+         echo hook-owner=$(stat -c %u /proc/$$/environ) >> {0}",
+        seen.display()
+    );
     let ws = Ws::new(one_hook(
         "turn_complete",
-        hook(
-            "/bin/sh",
-            &[
-                "-c",
-                &format!(
-                    "tr '\\0' '\\n' < /proc/$PPID/environ > {0} 2>&1 || echo unreadable >> {0}",
-                    seen.display()
-                ),
-            ],
-            5000,
-        ),
+        hook("/bin/sh", &["-c", &script], 5000),
     ));
-    for d in [out.path(), ws.path(), ws.tmp.path()] {
-        std::os::unix::fs::chown(d, Some(65534), None).unwrap();
-    }
     let mut cmd = bin();
     cmd.env("TMPDIR", ws.tmp.path())
         .env("AWS_SECRET_ACCESS_KEY", "hunter7")
         .args(["fire", "turn_complete", "--workspace"])
-        .arg(ws.path())
-        .uid(65534)
-        .gid(65534);
+        .arg(ws.path());
+    if nix::unistd::geteuid().is_root() {
+        for d in [out.path(), ws.path(), ws.tmp.path()] {
+            std::os::unix::fs::chown(d, Some(65534), None).unwrap();
+        }
+        cmd.uid(65534).gid(65534);
+    }
     if harden {
         cmd.arg("--harden");
     }
@@ -557,16 +557,39 @@ fn read_parent_environ(harden: bool) -> String {
     std::fs::read_to_string(seen).unwrap()
 }
 
+/// The uid hooks of [`read_parent_proc`] run as.
+fn hook_uid() -> u32 {
+    if nix::unistd::geteuid().is_root() {
+        65534
+    } else {
+        nix::unistd::geteuid().as_raw()
+    }
+}
+
 #[test]
 fn a_hook_of_the_same_user_reads_the_hosts_environ_unless_harden() {
-    let seen = read_parent_environ(false);
+    let owner = format!("hook-owner={}", hook_uid());
+    let seen = read_parent_proc(false);
     assert!(
         seen.contains("AWS_SECRET_ACCESS_KEY=hunter7"),
         "README says this is readable; it was not: {seen}"
     );
-    let seen = read_parent_environ(true);
+    assert!(seen.contains("maps-read"), "{seen}");
+    assert!(seen.contains("fd-listed"), "{seen}");
+    assert!(seen.contains(&owner), "{seen}");
+    let seen = read_parent_proc(true);
     assert!(!seen.contains("hunter7"), "{seen}");
-    assert!(seen.contains("unreadable"), "{seen}");
+    for denied in [
+        "environ-unreadable",
+        "maps-unreadable",
+        "fd-unlisted",
+        // Opening `mem` makes the kernel's ptrace-attach check.
+        "mem-unopened",
+    ] {
+        assert!(seen.contains(denied), "{denied} not in {seen}");
+    }
+    // The hook itself stays dumpable: its own /proc files are its user's, not root's.
+    assert!(seen.contains(&owner), "{seen}");
 }
 
 // ---------------------------------------------------------------- acceptance
@@ -733,6 +756,26 @@ fn per_hook_limits_from_hooks_json_and_cli_defaults() {
 }
 
 #[test]
+fn a_hook_over_its_cpu_seconds_is_killed_with_sigkill() {
+    // soft = hard: at the limit the kernel sends SIGKILL straight away (no SIGXCPU first).
+    let ws = Ws::new(serde_json::json!({ "hooks": { "turn_complete": [
+        { "id": "spin", "command": "/bin/sh", "args": ["-c", "while :; do :; done"],
+          "timeout_ms": 30000, "limits": { "cpu_seconds": 1 } },
+    ] } }));
+    let fire = bin()
+        .args(["fire", "turn_complete", "--workspace"])
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&fire.stdout),
+        String::from_utf8_lossy(&fire.stderr)
+    );
+    assert!(text.contains("signal 9"), "{text}");
+}
+
+#[test]
 fn limits_are_validated_like_everything_else() {
     let ws = Ws::new(serde_json::json!({ "hooks": { "turn_complete": [
         { "command": "/bin/true", "limits": { "cpu_seconds": 0 } },
@@ -816,6 +859,15 @@ fn run_reports_the_cgroup_it_uses() {
 fn the_builder_can_harden_the_host() {
     let hooks = prx_hooks::Hooks::builder().harden(true).build().unwrap();
     assert!(prx_hooks::shell::supervisor::is_hardened());
+    if nix::unistd::geteuid().is_root() {
+        // Root (CAP_SYS_PTRACE) is not kept out: a root process reads the hardened environ.
+        let cat = Command::new("/bin/cat")
+            .arg(format!("/proc/{}/environ", std::process::id()))
+            .output()
+            .unwrap();
+        assert!(cat.status.success(), "{cat:?}");
+        assert!(!cat.stdout.is_empty());
+    }
     drop(hooks);
     // SAFETY: prctl with integer arguments (dumpable again: other tests read our /proc).
     unsafe { nix::libc::prctl(nix::libc::PR_SET_DUMPABLE, 1 as nix::libc::c_ulong, 0, 0, 0) };

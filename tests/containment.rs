@@ -117,10 +117,7 @@ impl Ws {
             .spawn()
             .unwrap();
         let events = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
-        Run {
-            child,
-            events: Some(events),
-        }
+        Run::new(child, events)
     }
 
     /// Files left under TMPDIR (payload files and the private directories holding them).
@@ -135,9 +132,26 @@ impl Ws {
 struct Run {
     child: Child,
     events: Option<std::fs::File>,
+    /// Reads `run`'s stderr as it comes: a pipe nobody drains fills up (64 KiB: a few hundred
+    /// timeout warnings) and then blocks `run`'s logging threads, the hooks' runner included.
+    stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
 }
 
 impl Run {
+    fn new(mut child: Child, events: std::fs::File) -> Run {
+        let mut pipe = child.stderr.take().expect("stderr piped");
+        let stderr = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut pipe, &mut buf);
+            buf
+        });
+        Run {
+            child,
+            events: Some(events),
+            stderr: Some(stderr),
+        }
+    }
+
     fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -156,10 +170,11 @@ impl Run {
     /// EOF on the input: `run` drains and exits. Returns (success, stderr).
     fn finish(mut self) -> (bool, String) {
         drop(self.events.take());
-        let out = self.child.wait_with_output().unwrap();
+        let status = self.child.wait().unwrap();
+        let stderr = self.stderr.take().unwrap().join().unwrap();
         (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+            status.success(),
+            String::from_utf8_lossy(&stderr).into_owned(),
         )
     }
 
@@ -268,10 +283,10 @@ fn an_fd_inherited_by_run_does_not_reach_hooks() {
         }
     }
     let child = cmd.spawn().unwrap();
-    let mut run = Run {
+    let mut run = Run::new(
         child,
-        events: Some(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap()),
-    };
+        std::fs::OpenOptions::new().write(true).open(&fifo).unwrap(),
+    );
     // `run` really holds fd 7 (the test is about something).
     let link = std::fs::read_link(format!("/proc/{}/fd/7", run.pid())).unwrap();
     assert_eq!(link, Path::new("/etc/passwd"));

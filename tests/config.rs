@@ -362,6 +362,21 @@ fn null_means_not_given() {
 }
 
 #[test]
+fn home_in_env_passthrough_is_a_warning_not_silence() {
+    // Hooks always get HOME (the agent's when absolute, else the passwd entry's): listing it
+    // changes nothing, and the user is told so.
+    let (_ws, t) = ok(r#"{"env_passthrough": ["CI", "HOME"]}"#);
+    assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
+    check(
+        &t.warnings[0],
+        "env_passthrough[1]",
+        "HOME is always given to hooks",
+    );
+    let (_ws, t) = ok(r#"{"env_passthrough": ["CI"]}"#);
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+}
+
+#[test]
 fn env_passthrough_is_checked() {
     let (_ws, t) = ok(r#"{"env_passthrough": ["AWS_REGION", "CI"]}"#);
     assert_eq!(t.env_passthrough, ["AWS_REGION", "CI"]);

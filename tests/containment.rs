@@ -26,8 +26,12 @@ fn subreaper() {
     });
 }
 
+/// The CLI under test: `PRX_HOOKS_BIN` when set (a copy taken right after the build, for long
+/// runs in a target directory other builds share), else cargo's.
 fn bin() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_prx-hooks"));
+    let exe =
+        std::env::var_os("PRX_HOOKS_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_prx-hooks").into());
+    let mut cmd = Command::new(exe);
     cmd.env("RUST_LOG", "warn");
     cmd
 }
@@ -113,10 +117,7 @@ impl Ws {
             .spawn()
             .unwrap();
         let events = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
-        Run {
-            child,
-            events: Some(events),
-        }
+        Run::new(child, events)
     }
 
     /// Files left under TMPDIR (payload files and the private directories holding them).
@@ -131,9 +132,26 @@ impl Ws {
 struct Run {
     child: Child,
     events: Option<std::fs::File>,
+    /// Reads `run`'s stderr as it comes: a pipe nobody drains fills up (64 KiB: a few hundred
+    /// timeout warnings) and then blocks `run`'s logging threads, the hooks' runner included.
+    stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
 }
 
 impl Run {
+    fn new(mut child: Child, events: std::fs::File) -> Run {
+        let mut pipe = child.stderr.take().expect("stderr piped");
+        let stderr = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut pipe, &mut buf);
+            buf
+        });
+        Run {
+            child,
+            events: Some(events),
+            stderr: Some(stderr),
+        }
+    }
+
     fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -152,10 +170,11 @@ impl Run {
     /// EOF on the input: `run` drains and exits. Returns (success, stderr).
     fn finish(mut self) -> (bool, String) {
         drop(self.events.take());
-        let out = self.child.wait_with_output().unwrap();
+        let status = self.child.wait().unwrap();
+        let stderr = self.stderr.take().unwrap().join().unwrap();
         (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+            status.success(),
+            String::from_utf8_lossy(&stderr).into_owned(),
         )
     }
 
@@ -264,10 +283,10 @@ fn an_fd_inherited_by_run_does_not_reach_hooks() {
         }
     }
     let child = cmd.spawn().unwrap();
-    let mut run = Run {
+    let mut run = Run::new(
         child,
-        events: Some(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap()),
-    };
+        std::fs::OpenOptions::new().write(true).open(&fifo).unwrap(),
+    );
     // `run` really holds fd 7 (the test is about something).
     let link = std::fs::read_link(format!("/proc/{}/fd/7", run.pid())).unwrap();
     assert_eq!(link, Path::new("/etc/passwd"));
@@ -516,35 +535,35 @@ fn fire_gives_home_and_inherits_a_filtered_path_on_request() {
 
 // ---------------------------------------------------------------- item 4: /proc and harden
 
-/// Runs `run` as `nobody` with a secret in its environment; a hook (also `nobody`) tries to
-/// read its parent's environ. Returns what the hook saw.
-fn read_parent_environ(harden: bool) -> String {
+/// Runs `fire` with a secret in its environment — as `nobody` when we are root (root's hooks
+/// could read anything), else as ourselves — and a hook of the same user tries to read its
+/// parent's `/proc` files. Returns what the hook saw.
+fn read_parent_proc(harden: bool) -> String {
     let out = tempfile::tempdir().unwrap();
     let seen = out.path().join("seen");
+    let script = format!(
+        "tr '\\0' '\\n' < /proc/$PPID/environ > {0} 2>&1 || echo environ-unreadable >> {0}; \
+         cat /proc/$PPID/maps > /dev/null 2>&1 && echo maps-read >> {0} || echo maps-unreadable >> {0}; \
+         ls /proc/$PPID/fd > /dev/null 2>&1 && echo fd-listed >> {0} || echo fd-unlisted >> {0}; \
+         (: < /proc/$PPID/mem) 2> /dev/null && echo mem-opened >> {0} || echo mem-unopened >> {0}; \
+         echo hook-owner=$(stat -c %u /proc/$$/environ) >> {0}",
+        seen.display()
+    );
     let ws = Ws::new(one_hook(
         "turn_complete",
-        hook(
-            "/bin/sh",
-            &[
-                "-c",
-                &format!(
-                    "tr '\\0' '\\n' < /proc/$PPID/environ > {0} 2>&1 || echo unreadable >> {0}",
-                    seen.display()
-                ),
-            ],
-            5000,
-        ),
+        hook("/bin/sh", &["-c", &script], 5000),
     ));
-    for d in [out.path(), ws.path(), ws.tmp.path()] {
-        std::os::unix::fs::chown(d, Some(65534), None).unwrap();
-    }
     let mut cmd = bin();
     cmd.env("TMPDIR", ws.tmp.path())
         .env("AWS_SECRET_ACCESS_KEY", "hunter7")
         .args(["fire", "turn_complete", "--workspace"])
-        .arg(ws.path())
-        .uid(65534)
-        .gid(65534);
+        .arg(ws.path());
+    if nix::unistd::geteuid().is_root() {
+        for d in [out.path(), ws.path(), ws.tmp.path()] {
+            std::os::unix::fs::chown(d, Some(65534), None).unwrap();
+        }
+        cmd.uid(65534).gid(65534);
+    }
     if harden {
         cmd.arg("--harden");
     }
@@ -553,16 +572,39 @@ fn read_parent_environ(harden: bool) -> String {
     std::fs::read_to_string(seen).unwrap()
 }
 
+/// The uid hooks of [`read_parent_proc`] run as.
+fn hook_uid() -> u32 {
+    if nix::unistd::geteuid().is_root() {
+        65534
+    } else {
+        nix::unistd::geteuid().as_raw()
+    }
+}
+
 #[test]
 fn a_hook_of_the_same_user_reads_the_hosts_environ_unless_harden() {
-    let seen = read_parent_environ(false);
+    let owner = format!("hook-owner={}", hook_uid());
+    let seen = read_parent_proc(false);
     assert!(
         seen.contains("AWS_SECRET_ACCESS_KEY=hunter7"),
         "README says this is readable; it was not: {seen}"
     );
-    let seen = read_parent_environ(true);
+    assert!(seen.contains("maps-read"), "{seen}");
+    assert!(seen.contains("fd-listed"), "{seen}");
+    assert!(seen.contains(&owner), "{seen}");
+    let seen = read_parent_proc(true);
     assert!(!seen.contains("hunter7"), "{seen}");
-    assert!(seen.contains("unreadable"), "{seen}");
+    for denied in [
+        "environ-unreadable",
+        "maps-unreadable",
+        "fd-unlisted",
+        // Opening `mem` makes the kernel's ptrace-attach check.
+        "mem-unopened",
+    ] {
+        assert!(seen.contains(denied), "{denied} not in {seen}");
+    }
+    // The hook itself stays dumpable: its own /proc files are its user's, not root's.
+    assert!(seen.contains(&owner), "{seen}");
 }
 
 // ---------------------------------------------------------------- acceptance
@@ -729,6 +771,26 @@ fn per_hook_limits_from_hooks_json_and_cli_defaults() {
 }
 
 #[test]
+fn a_hook_over_its_cpu_seconds_is_killed_with_sigkill() {
+    // soft = hard: at the limit the kernel sends SIGKILL straight away (no SIGXCPU first).
+    let ws = Ws::new(serde_json::json!({ "hooks": { "turn_complete": [
+        { "id": "spin", "command": "/bin/sh", "args": ["-c", "while :; do :; done"],
+          "timeout_ms": 30000, "limits": { "cpu_seconds": 1 } },
+    ] } }));
+    let fire = bin()
+        .args(["fire", "turn_complete", "--workspace"])
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&fire.stdout),
+        String::from_utf8_lossy(&fire.stderr)
+    );
+    assert!(text.contains("signal 9"), "{text}");
+}
+
+#[test]
 fn limits_are_validated_like_everything_else() {
     let ws = Ws::new(serde_json::json!({ "hooks": { "turn_complete": [
         { "command": "/bin/true", "limits": { "cpu_seconds": 0 } },
@@ -812,6 +874,15 @@ fn run_reports_the_cgroup_it_uses() {
 fn the_builder_can_harden_the_host() {
     let hooks = prx_hooks::Hooks::builder().harden(true).build().unwrap();
     assert!(prx_hooks::shell::supervisor::is_hardened());
+    if nix::unistd::geteuid().is_root() {
+        // Root (CAP_SYS_PTRACE) is not kept out: a root process reads the hardened environ.
+        let cat = Command::new("/bin/cat")
+            .arg(format!("/proc/{}/environ", std::process::id()))
+            .output()
+            .unwrap();
+        assert!(cat.status.success(), "{cat:?}");
+        assert!(!cat.stdout.is_empty());
+    }
     drop(hooks);
     // SAFETY: prctl with integer arguments (dumpable again: other tests read our /proc).
     unsafe { nix::libc::prctl(nix::libc::PR_SET_DUMPABLE, 1 as nix::libc::c_ulong, 0, 0, 0) };

@@ -544,6 +544,15 @@ impl Validator {
                 self.err(item.pos, &p, format!("{} is listed twice", quote(name)));
                 continue;
             }
+            if name == "HOME" {
+                // Accepted (PRX's files list it) but changes nothing: say so.
+                self.warn(
+                    item.pos,
+                    &p,
+                    "HOME is always given to hooks (the agent's when it is an absolute path, \
+                     else the passwd entry's): listing it here changes nothing",
+                );
+            }
             out.push(name.to_string());
         }
         out

@@ -96,7 +96,8 @@ pub struct Action {
 /// *user*) and `RLIMIT_AS` (it breaks JVMs and Node) are not offered here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HookLimits {
-    /// RLIMIT_CPU: seconds of CPU time per process (SIGXCPU, then SIGKILL).
+    /// RLIMIT_CPU: seconds of CPU time per process; soft = hard, so at the limit the kernel
+    /// sends SIGKILL (no SIGXCPU first).
     pub cpu_seconds: Option<u64>,
     /// RLIMIT_NOFILE: open files per process.
     pub open_files: Option<u64>,

@@ -13,7 +13,10 @@
 //! read a name in it, so another local user can neither block hooks by planting names (the
 //! directory name is unpredictable, and `mkdir` fails rather than reuses) nor read payloads. A
 //! `.lock` file in it stays `flock`ed while the directory is in use: at start, directories of
-//! ours whose lock can be taken (their host died — `kill -9`, a crash) are removed.
+//! ours whose lock can be taken (their host died — `kill -9`, a crash) are removed; only exact
+//! names of ours (`prx-hooks-` and 16 hex digits) are considered. Where `RENAME_NOREPLACE` is
+//! missing the directory is made by `mkdir` and the locked `.lock` moved in; a directory deleted
+//! under a live host is made again on the next payload. ARCHITECTURE.md § Containment.
 
 use crate::bus::{Message, Meta};
 use crate::event::{Event, EventKind};
@@ -84,29 +87,53 @@ impl PayloadDir {
         }
     }
 
-    /// Writes `json` to a new 0600 file in the directory (created on first use).
+    /// Writes `json` to a new 0600 file in the directory (created on first use, and again if
+    /// it was deleted under us — a /tmp cleaner, `rm -rf /tmp/*` — rather than failing every
+    /// later hook).
     fn write(&self, json: &[u8]) -> std::io::Result<PathBuf> {
-        let dir = {
-            let mut state = super::lock(&self.state);
-            if let DirState::Unused = *state {
-                let (path, lock) = create_private(&self.tmp)?;
-                *state = DirState::Open { path, _lock: lock };
-            }
-            match &*state {
-                DirState::Open { path, .. } => path.clone(),
-                _ => {
-                    return Err(std::io::Error::other("the shell backend has shut down"));
+        let mut gone = None;
+        let (path, mut f) = loop {
+            let dir = {
+                let mut state = super::lock(&self.state);
+                let recreate = match &*state {
+                    DirState::Unused => true,
+                    DirState::Open { path, .. } => gone.as_ref() == Some(path),
+                    DirState::Closed => {
+                        return Err(std::io::Error::other("the shell backend has shut down"));
+                    }
+                };
+                if recreate {
+                    if let Some(old) = &gone {
+                        tracing::warn!(
+                            dir = %old.display(),
+                            "the payload directory was deleted while in use: creating a new one"
+                        );
+                    }
+                    let (path, lock) = create_private(&self.tmp)?;
+                    *state = DirState::Open { path, _lock: lock };
                 }
+                match &*state {
+                    DirState::Open { path, .. } => path.clone(),
+                    _ => unreachable!("just set"),
+                }
+            };
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            let path = dir.join(format!("{n}.json"));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&path)
+            {
+                Ok(f) => break (path, f),
+                // The directory is gone: once (a second ENOENT in a fresh one is an error).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && gone.is_none() => {
+                    gone = Some(dir);
+                }
+                Err(e) => return Err(e),
             }
         };
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("{n}.json"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)?;
         if let Err(e) = f.write_all(json) {
             let _ = std::fs::remove_file(&path);
             return Err(e);
@@ -163,8 +190,32 @@ fn create_private(tmp: &Path) -> std::io::Result<(PathBuf, File)> {
             {
                 return Err(std::io::Error::last_os_error());
             }
-            rename_noreplace(&new, &path)?;
-            Ok(lock)
+            match rename_noreplace(&new, &path) {
+                Ok(()) => Ok(lock),
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(nix::libc::EINVAL | nix::libc::ENOSYS)
+                    ) =>
+                {
+                    // No RENAME_NOREPLACE here (NFS, some FUSE file systems, old kernels):
+                    // make the final directory with mkdir (which never reuses one) and move the
+                    // locked `.lock` into it — a flock follows the open file across a rename.
+                    // Until the move the directory has no `.lock`, and such a directory is only
+                    // taken for stale once old (UNLOCKED_STALE_AFTER).
+                    std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+                    let moved =
+                        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
+                            .and_then(|()| std::fs::rename(new.join(".lock"), path.join(".lock")));
+                    if let Err(e) = moved {
+                        let _ = std::fs::remove_dir_all(&path);
+                        return Err(e);
+                    }
+                    let _ = std::fs::remove_dir(&new);
+                    Ok(lock)
+                }
+                Err(e) => Err(e),
+            }
         };
         match set_up() {
             Ok(lock) => return Ok((path, lock)),
@@ -206,9 +257,9 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Removes `prx-hooks-*` directories in `tmp` that are ours (owner, 0700, not a symlink) and
-/// whose host is gone: their `.lock` can be taken, or there is none and they are old (and
-/// `.prx-hooks-new-*` ones a host died setting up, once old). Every sink does this when it is
+/// Removes `prx-hooks-<16 hex>` directories in `tmp` that are ours (exact name, owner, 0700,
+/// not a symlink) and whose host is gone: their `.lock` can be taken, or there is none and they
+/// are old (and `.prx-hooks-new-<16 hex>` ones a host died setting up, once old). Every sink does this when it is
 /// created.
 pub(crate) fn remove_stale(tmp: &Path) {
     let Ok(entries) = std::fs::read_dir(tmp) else {
@@ -217,11 +268,9 @@ pub(crate) fn remove_stale(tmp: &Path) {
     let me = nix::unistd::geteuid().as_raw();
     for e in entries.flatten() {
         let name = e.file_name();
-        let name = name.to_string_lossy();
-        let setting_up = name.starts_with(NEW_PREFIX);
-        if !name.starts_with(DIR_PREFIX) && !setting_up {
+        let Some(setting_up) = name.to_str().and_then(our_name) else {
             continue;
-        }
+        };
         let path = e.path();
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
             continue;
@@ -259,6 +308,18 @@ pub(crate) fn remove_stale(tmp: &Path) {
             }
         }
     }
+}
+
+/// `Some(false)` for `prx-hooks-<16 lowercase hex>` (a payload directory), `Some(true)` for
+/// `.prx-hooks-new-<16 lowercase hex>` (one being set up), `None` for anything else — a user's
+/// own `prx-hooks-build` included, which start-up cleaning must never touch.
+fn our_name(name: &str) -> Option<bool> {
+    let (setting_up, id) = match name.strip_prefix(NEW_PREFIX) {
+        Some(id) => (true, id),
+        None => (false, name.strip_prefix(DIR_PREFIX)?),
+    };
+    let hex = id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    hex.then_some(setting_up)
 }
 
 /// 64 bits from the kernel's random source.
@@ -493,5 +554,164 @@ mod tests {
         assert!(!dead.exists());
         assert!(live_path.exists());
         assert!(other.exists());
+    }
+
+    /// Sets a directory's modification time `ago` in the past.
+    fn age(path: &Path, ago: Duration) {
+        let f = File::open(path).unwrap();
+        f.set_modified(SystemTime::now() - ago).unwrap();
+    }
+
+    #[test]
+    fn stale_cleanup_touches_only_our_exact_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let two_hours = Duration::from_secs(7200);
+        // A user's own directories that merely start like ours: 0700, old, no lock or an
+        // unlocked one. None of them may go.
+        let mut theirs = Vec::new();
+        for (name, with_lock) in [
+            ("prx-hooks-build", false),
+            ("prx-hooks-build-locked", true),
+            ("prx-hooks-0123456789abcdeg", false),
+            ("prx-hooks-0123456789ABCDEF", false),
+            ("prx-hooks-0123456789abcdef0", true),
+            ("prx-hooks-0123456789abcde", true),
+            (".prx-hooks-new-build", false),
+            (".prx-hooks-new-0123456789abcdef.bak", false),
+        ] {
+            let d = tmp.path().join(name);
+            std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
+            std::fs::write(d.join("keep"), "x").unwrap();
+            if with_lock {
+                std::fs::write(d.join(".lock"), "").unwrap();
+            }
+            age(&d, two_hours);
+            theirs.push(d);
+        }
+        // Ours, stale: an unlocked one, an old one without a lock, an old half set-up one.
+        let mut ours = Vec::new();
+        for (name, with_lock) in [
+            ("prx-hooks-00112233aabbccdd", true),
+            ("prx-hooks-a0b1c2d3e4f5a6b7", false),
+            (".prx-hooks-new-ffeeddccbbaa9988", false),
+        ] {
+            let d = tmp.path().join(name);
+            std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
+            if with_lock {
+                std::fs::write(d.join(".lock"), "").unwrap();
+            }
+            age(&d, two_hours);
+            ours.push(d);
+        }
+        remove_stale(tmp.path());
+        for d in &theirs {
+            assert!(d.join("keep").exists(), "{} was removed", d.display());
+        }
+        for d in &ours {
+            assert!(!d.exists(), "{} was kept", d.display());
+        }
+    }
+
+    /// Makes renameat2(2) fail with EINVAL in the calling thread only (as on NFS or a FUSE
+    /// file system without RENAME_NOREPLACE): a seccomp filter, which applies to the thread
+    /// that installs it.
+    fn refuse_renameat2_in_this_thread() {
+        use nix::libc;
+        let stmt = |code: u32, k: u32| libc::sock_filter {
+            code: code as u16,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        let mut prog = [
+            // seccomp_data.nr is at offset 0.
+            stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+            libc::sock_filter {
+                code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+                jt: 0,
+                jf: 1,
+                k: libc::SYS_renameat2 as u32,
+            },
+            stmt(
+                libc::BPF_RET | libc::BPF_K,
+                libc::SECCOMP_RET_ERRNO | libc::EINVAL as u32,
+            ),
+            stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+        ];
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        // SAFETY: prctl(2) with a filter program that outlives the call (the kernel copies it).
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            assert_eq!(
+                libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &fprog as *const libc::sock_fprog
+                ),
+                0,
+                "{}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let e =
+            rename_noreplace(Path::new("/nonexistent-a"), Path::new("/nonexistent-b")).unwrap_err();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EINVAL),
+            "the filter is in place"
+        );
+    }
+
+    #[test]
+    fn without_rename_noreplace_the_directory_is_still_private_and_locked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        std::thread::spawn(move || {
+            refuse_renameat2_in_this_thread();
+            let dir = PayloadDir::new(root.clone());
+            let file = dir.write(b"{}").unwrap();
+            let path = dir.path().unwrap();
+            assert_eq!(file.parent(), Some(path.as_path()));
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert!(our_name(name) == Some(false), "{name}");
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700);
+            // Its lock is held (a start-up cleanup keeps it), and nothing half set up is left.
+            remove_stale(&root);
+            assert!(file.exists());
+            let left: Vec<_> = std::fs::read_dir(&root)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(left, [path.file_name().unwrap()]);
+            dir.close();
+            assert!(!path.exists());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_directory_deleted_under_a_live_host_is_recreated() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = PayloadDir::new(tmp.path().to_path_buf());
+        dir.write(b"{}").unwrap();
+        let first = dir.path().unwrap();
+        // A /tmp cleaner (or `rm -rf /tmp/*`) removes it.
+        std::fs::remove_dir_all(&first).unwrap();
+        let file = dir.write(b"{\"n\":1}").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"{\"n\":1}");
+        let second = dir.path().unwrap();
+        assert_eq!(file.parent(), Some(second.as_path()));
+        let mode = std::fs::metadata(&second).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // Its lock is held again: a start-up cleanup keeps it.
+        remove_stale(tmp.path());
+        assert!(file.exists());
+        dir.close();
+        assert!(!second.exists());
     }
 }

@@ -120,6 +120,37 @@ impl<T> Proc<T> {
         }
     }
 
+    /// Whether the leader has exited (its pidfd is readable; without a pidfd, a `waitid`
+    /// that peeks without reaping). It stays unreaped either way.
+    fn has_exited(&self) -> bool {
+        match &self.sp.pidfd {
+            Some(fd) => {
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: poll(2) on one valid pollfd, without waiting.
+                unsafe { libc::poll(&mut p, 1, 0) == 1 }
+            }
+            None => {
+                // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid(2).
+                let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+                // SAFETY: waitid(2) on our own unreaped child; WNOWAIT leaves it unreaped.
+                let r = unsafe {
+                    libc::waitid(
+                        libc::P_PID,
+                        self.pid() as libc::id_t,
+                        &mut info,
+                        libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                    )
+                };
+                // SAFETY: si_pid is set by waitid when a child was found, else still 0.
+                r == 0 && unsafe { info.si_pid() } != 0
+            }
+        }
+    }
+
     /// Kills the process and everything it started: see the module's documentation. Safe
     /// against pid reuse: the leader is not reaped before this returns.
     fn kill(&mut self, why: Kill) {
@@ -448,7 +479,11 @@ impl<T> Reactor<T> {
         for p in &mut self.procs {
             if p.kill.is_none() {
                 if now >= p.deadline {
-                    p.kill(Kill::Timeout);
+                    // A late look (the runner was busy) must not turn an exit that happened in
+                    // time into a timeout: an exited leader is reaped below, by its status.
+                    if !p.has_exited() {
+                        p.kill(Kill::Timeout);
+                    }
                 } else {
                     min(p.deadline - now);
                 }
@@ -644,6 +679,56 @@ fn consume_sigpipe() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A runner that looks late (busy killing trees, spawning a batch) must not count a
+    /// process that exited well before its deadline as timed out.
+    #[test]
+    fn a_process_that_exited_before_a_late_check_is_not_timed_out() {
+        use crate::config::Action;
+        let dir = tempfile::tempdir().unwrap();
+        let action = Action {
+            id: "late".into(),
+            id_explicit: true,
+            event: crate::EventKind::TurnComplete,
+            index: 0,
+            command: "/bin/true".into(),
+            program: Ok("/bin/true".into()),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: dir.path().to_path_buf(),
+            timeout: Duration::from_millis(100),
+            timeout_explicit: true,
+            stdin_json: false,
+            enabled: true,
+            matcher: None,
+            max_concurrent: 1,
+            limits: Default::default(),
+        };
+        let env = super::super::env::ChildEnv::from_pairs(&[("PATH", "/usr/bin:/bin")]);
+        let req = super::super::spawn::Request {
+            env: &env,
+            rlimits: &[],
+            cgroup_procs: None,
+        };
+        let opts = super::super::spawn::SpawnOpts::new(dir.path()).unwrap();
+        let sp = super::super::spawn::spawn(&action, &req, &opts).unwrap();
+        let msg = super::super::payload::event_message(&crate::Event::TurnComplete, "a", "s", 0);
+        let mut reactor: Reactor<()> = Reactor::default();
+        reactor.add(Proc::new(sp, action.timeout, msg, None, ()));
+        // /bin/true is long gone; the runner only looks now, past the deadline.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut done = Vec::new();
+        let until = Instant::now() + Duration::from_secs(5);
+        while done.is_empty() && Instant::now() < until {
+            reactor.turn(None, Some(Duration::from_millis(50)), &mut done);
+        }
+        assert_eq!(done.len(), 1);
+        assert!(
+            matches!(done[0].kind, OutcomeKind::Ok),
+            "{:?}",
+            done[0].kind
+        );
+    }
 
     #[test]
     fn tail_keeps_the_end() {

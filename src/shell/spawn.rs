@@ -46,7 +46,8 @@ use std::time::{Instant, SystemTime};
 /// the spawn (counted as `spawn_failed`, never run unlimited).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Rlimits {
-    /// RLIMIT_CPU, seconds of CPU time (the kernel sends SIGXCPU, then SIGKILL).
+    /// RLIMIT_CPU, seconds of CPU time; set with soft = hard, so at the limit the kernel sends
+    /// SIGKILL (no SIGXCPU first).
     pub cpu_seconds: Option<u64>,
     /// RLIMIT_AS, bytes of address space (breaks JVMs and Node, which reserve far more than
     /// they use; not offered in hooks.json).

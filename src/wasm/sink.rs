@@ -654,8 +654,9 @@ impl WasmSink {
 }
 
 /// The load-time probe: one instantiation under the plugin's limits. A component whose start
-/// code traps, loops, sleeps past `max_execution_time_ms`, or whose memory or tables cannot fit
-/// its limits fails here, at load, with the reason, instead of at its first event.
+/// code traps, loops, sleeps past its time limit (`max_execution_time_ms`, at most
+/// [`MAX_START_MS`](super::plugin::MAX_START_MS)), or whose memory or tables cannot fit its
+/// limits fails here, at load, with the reason, instead of at its first event.
 fn probe(shared: &PluginShared, label: &str) -> Result<(), String> {
     match shared.instantiate() {
         Ok(_) => Ok(()),
@@ -663,6 +664,19 @@ fn probe(shared: &PluginShared, label: &str) -> Result<(), String> {
             "{label}: cannot instantiate: {}",
             match &o {
                 CallOutcome::Instantiate(m) => m.clone(),
+                CallOutcome::Timeout => {
+                    let limit = shared.manifest.resources.max_execution_time_ms;
+                    let start = super::plugin::start_limit_ms(limit);
+                    if start < limit {
+                        format!(
+                            "start code timed out after {start} ms (start code is limited to \
+                             max_execution_time_ms, at most {} ms)",
+                            super::plugin::MAX_START_MS
+                        )
+                    } else {
+                        format!("start code timed out after {start} ms")
+                    }
+                }
                 other => other.describe(shared.manifest.resources.max_execution_time_ms),
             }
         )),

@@ -58,6 +58,8 @@ const CRC: usize = 4;
 /// One plugin's store.
 pub struct KvStore {
     plugin: String,
+    /// Held by a write from before it waits for the file lock until it is done.
+    writer: Mutex<()>,
     inner: Mutex<Inner>,
 }
 
@@ -332,6 +334,7 @@ impl KvStore {
         }
         KvStore {
             plugin: plugin.to_string(),
+            writer: Mutex::new(()),
             inner: Mutex::new(inner),
         }
     }
@@ -340,6 +343,7 @@ impl KvStore {
     pub fn in_memory(cap: u64) -> KvStore {
         KvStore {
             plugin: String::new(),
+            writer: Mutex::new(()),
             inner: Mutex::new(Inner {
                 map: BTreeMap::new(),
                 bytes: 0,
@@ -436,20 +440,35 @@ impl KvStore {
         wanted: impl FnOnce(&Inner) -> bool,
     ) -> Result<(), KvError> {
         let refused = |e: String| KvError::Refused(e);
-        let mut inner = self.lock();
-        let locked = match &inner.log {
-            Some(log) => {
-                if !lock(&log.lock, wait).map_err(|e| refused(format!("kv: {e}")))? {
-                    return Err(KvError::GaveUp);
+        // Writers of this process take turns here, and wait for another process's lock here,
+        // without holding the store's state: reads, `stats()` and the flusher never wait for
+        // another process.
+        let _turn = loop {
+            match self.writer.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if (wait.stop)() || Instant::now() >= wait.until {
+                        return Err(KvError::GaveUp);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
                 }
-                Some(
-                    log.lock
-                        .try_clone()
-                        .map_err(|e| refused(format!("kv: {e}")))?,
-                )
             }
-            None => None,
         };
+        let lock_file = self
+            .lock()
+            .log
+            .as_ref()
+            .map(|log| log.lock.try_clone())
+            .transpose()
+            .map_err(|e| refused(format!("kv: {e}")))?;
+        if let Some(f) = &lock_file
+            && !lock(f, wait).map_err(|e| refused(format!("kv: {e}")))?
+        {
+            return Err(KvError::GaveUp);
+        }
+        let locked = lock_file;
+        let mut inner = self.lock();
         let result = (|| {
             inner
                 .catch_up(true)
@@ -917,5 +936,64 @@ mod tests {
         }
         let again = KvStore::open(dir.path(), "p", 1 << 20);
         assert_eq!(again.get("k").as_deref(), Some(&b"v"[..]));
+    }
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use super::*;
+
+    #[test]
+    fn the_storage_limit_error_reads_as_one_sentence() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = KvStore::open(dir.path(), "p", 200);
+        let e = kv.set("k", vec![0; 100]).unwrap_err();
+        assert!(
+            e.starts_with("kv: storage limit of 200 bytes reached"),
+            "{e}"
+        );
+        assert!(!e.contains("  "), "stray spaces: {e:?}");
+        assert!(
+            e.contains("counting 128 bytes besides its key and value; max_kv_storage_mb"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_write_stops_waiting_for_another_processs_lock_at_its_deadline_or_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = KvStore::open(dir.path(), "p", 1 << 20);
+        let other = File::options()
+            .write(true)
+            .open(dir.path().join("p.lock"))
+            .unwrap();
+        other.lock().unwrap();
+        let t = Instant::now();
+        let wait = Wait {
+            until: Instant::now() + Duration::from_millis(50),
+            stop: &|| false,
+        };
+        assert_eq!(
+            kv.set_waiting("k", b"v".to_vec(), &wait),
+            Err(KvError::GaveUp)
+        );
+        assert!(t.elapsed() < LOCK_WAIT, "{:?}", t.elapsed());
+        let stop = std::sync::atomic::AtomicBool::new(true);
+        let wait = Wait {
+            until: Instant::now() + Duration::from_secs(3600),
+            stop: &|| stop.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        assert_eq!(kv.delete_waiting("k", &wait), Err(KvError::GaveUp));
+        // Without a deadline before it, the wait still ends at LOCK_WAIT, refused.
+        let wait = Wait {
+            until: Instant::now() + Duration::from_secs(3600),
+            stop: &|| false,
+        };
+        assert!(matches!(
+            kv.set_waiting("k", b"v".to_vec(), &wait),
+            Err(KvError::Refused(_))
+        ));
+        other.unlock().unwrap();
+        assert_eq!(kv.set_waiting("k", b"v".to_vec(), &Wait::plain()), Ok(()));
     }
 }

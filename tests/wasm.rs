@@ -1004,8 +1004,8 @@ fn shutdown_keeps_its_deadline_while_a_guest_sleeps_in_a_host_call() {
         h2.shutdown(Duration::from_millis(300));
         t.elapsed()
     });
-    // The contract: deadline + 250 ms; generous slack on a loaded machine.
-    assert!(took < Duration::from_secs(5), "{took:?}");
+    // The contract: deadline (300 ms) + 250 ms; 1 s of slack for a loaded machine.
+    assert!(took < Duration::from_millis(1300), "{took:?}");
     let p = plugin(&h, "sleeper");
     assert_eq!(p.counts.in_flight, 0, "{:?}", p.counts);
     assert_eq!(

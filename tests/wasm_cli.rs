@@ -676,4 +676,266 @@ fn a_prx_runtime_stream_reaches_shell_hooks_plugins_and_subscribers_byte_exact()
             "plugin, {event}: no {echoed} in {out}"
         );
     }
+
+// ------------------------------------------------------------------ issue 13 gaps
+
+/// A manifest for `misbehave` with every permission, `[resources]` and `[config]` lines.
+fn misbehave_manifest(name: &str, resources: &str, config: &str) -> String {
+    format!(
+        "[plugin]\nname = \"{name}\"\nversion = \"0.1.0\"\n\n[[capabilities]]\ntype = \"hook\"\n\
+         events = [\"*\"]\n\n[permissions]\nrequired = [\"log\", \"config\", \"kv\", \"events\"]\n\n\
+         [resources]\n{resources}\n\n[config]\n{config}\n"
+    )
+}
+
+/// Runs `cmd` to its end, killing it after `secs`; `None` if it had to be killed. Also returns
+/// how long it ran and its stdout and stderr.
+fn run_within(cmd: &mut Command, secs: u64) -> (Option<i32>, std::time::Duration, String, String) {
+    use std::io::Read;
+    use std::process::Stdio;
+    let t = std::time::Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let deadline = t + std::time::Duration::from_secs(secs);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let took = t.elapsed();
+    (code, took, o.join().unwrap(), e.join().unwrap())
+}
+
+#[test]
+fn fire_reports_a_guest_sleeping_in_a_host_call_as_timed_out_and_exits() {
+    let ws = tempfile::tempdir().unwrap();
+    install(
+        ws.path(),
+        "sleeper",
+        "misbehave",
+        &misbehave_manifest("sleeper", "max_execution_time_ms = 300", "mode = \"sleep\""),
+    );
+    // The symptom of issue 13: `fire` never exited (the guest parked in wasi:io/poll).
+    let (code, took, out, err) = run_within(
+        bin()
+            .args(["fire", "tool_call", "--workspace"])
+            .arg(ws.path()),
+        60,
+    );
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains("plugin sleeper tool_call: timed out after 300 ms"),
+        "{out}{err}"
+    );
+    // Its limit plus generous slack for start-up on a loaded machine.
+    assert!(took < std::time::Duration::from_secs(15), "{took:?}");
+}
+
+#[test]
+fn fire_and_validate_do_not_wait_for_start_code_past_its_cap() {
+    let ws = tempfile::tempdir().unwrap();
+    audit(ws.path());
+    install(
+        ws.path(),
+        "slowstart",
+        "misbehave",
+        &misbehave_manifest(
+            "slowstart",
+            "max_execution_time_ms = 3_600_000",
+            "mode = \"noop\"\nstart = \"sleep\"",
+        ),
+    );
+    // Before: both waited for the start code's hour-long limit.
+    let (code, took, out, err) = run_within(
+        bin()
+            .args(["fire", "tool_call", "--workspace"])
+            .arg(ws.path()),
+        60,
+    );
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    assert!(
+        out.contains("plugin audit-hook tool_call: ok"),
+        "the other plugin runs: {out}{err}"
+    );
+    assert!(
+        err.contains("start code timed out after 1000 ms"),
+        "{out}{err}"
+    );
+    let (code, took, out, err) =
+        run_within(bin().args(["validate", "--workspace"]).arg(ws.path()), 60);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    assert!(
+        out.contains("slowstart") && out.contains("start code timed out after 1000 ms"),
+        "{out}{err}"
+    );
+}
+
+#[test]
+fn run_and_fire_write_one_plugins_kv_at_once_without_losing_writes() {
+    let ws = tempfile::tempdir().unwrap();
+    install(
+        ws.path(),
+        "counter",
+        "misbehave",
+        &misbehave_manifest("counter", "", "mode = \"count\""),
+    );
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut run_child = bin()
+        .env("RUST_LOG", "warn")
+        .args(["run", "--events", "-", "--workspace"])
+        .arg(ws.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = run_child.stdin.take().unwrap();
+    // `fire` processes, one after another, while `run` handles its events.
+    let ws_path = ws.path().to_path_buf();
+    let fires = std::thread::spawn(move || {
+        for _ in 0..8 {
+            let (code, out, err) = run(bin()
+                .env("RUST_LOG", "warn")
+                .args(["fire", "tool_call", "--workspace"])
+                .arg(&ws_path));
+            assert_eq!(code, 0, "{out}{err}");
+        }
+    });
+    let mut events = 0;
+    while !fires.is_finished() || events < 100 {
+        writeln!(
+            stdin,
+            "{{\"event\":\"turn_complete\",\"agent\":\"a\",\"session\":\"s\",\"payload\":{{}}}}"
+        )
+        .unwrap();
+        events += 1;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    fires.join().unwrap();
+    drop(stdin);
+    let out = run_child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let report: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        report["stats"]["plugins"]["plugins"][0]["ok"], events,
+        "{err}"
+    );
+    // Before, each process rewrote the whole store from its own copy: the last writer's copy
+    // won and the other's keys were lost.
+    assert_eq!(
+        kv(ws.path(), "counter", "n.turn_complete").as_deref(),
+        Some(&*events.to_string())
+    );
+    assert_eq!(
+        kv(ws.path(), "counter", "n.tool_call").as_deref(),
+        Some("8")
+    );
+}
+
+#[test]
+fn a_kv_value_larger_than_the_memory_left_is_refused_without_a_copy() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = install(
+        ws.path(),
+        "big",
+        "misbehave",
+        &misbehave_manifest(
+            "big",
+            "max_memory_mb = 64\nmax_kv_storage_mb = 16",
+            "mode = \"kvset\"\nsize = \"8388608\"",
+        ),
+    );
+    let (code, out, err) = run(bin()
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 0, "{out}{err}");
+    // The same plugin, now with 4 MiB for its whole instance, reads the 8 MiB value.
+    std::fs::write(
+        dir.join("plugin.toml"),
+        misbehave_manifest(
+            "big",
+            "max_memory_mb = 4\nmax_kv_storage_mb = 16",
+            "mode = \"kvget\"",
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = run(bin()
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("trap")
+            && out.contains("kv.get: the value of \\\"big\\\" is 8388608 bytes, more than the")
+            || out.contains("kv.get: the value of \"big\" is 8388608 bytes, more than the"),
+        "{out}{err}"
+    );
+    // With room for it, it is read.
+    std::fs::write(
+        dir.join("plugin.toml"),
+        misbehave_manifest(
+            "big",
+            "max_memory_mb = 64\nmax_kv_storage_mb = 16",
+            "mode = \"kvget\"",
+        ),
+    )
+    .unwrap();
+    let (_, out, err) = run(bin()
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert!(
+        out.contains("error: kv.get big: 8388608 bytes"),
+        "{out}{err}"
+    );
+}
+
+#[test]
+fn wasi_random_gives_at_most_1_mib_a_call() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = install(
+        ws.path(),
+        "rnd",
+        "misbehave",
+        &misbehave_manifest("rnd", "", "mode = \"random\"\nsize = \"1048576\""),
+    );
+    let (_, out, err) = run(bin()
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert!(out.contains("error: random: 1048576 bytes"), "{out}{err}");
+    std::fs::write(
+        dir.join("plugin.toml"),
+        misbehave_manifest("rnd", "", "mode = \"random\"\nsize = \"1048577\""),
+    )
+    .unwrap();
+    // Before, up to 64 MiB a call were allocated on the host.
+    let (code, out, err) = run(bin()
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("rnd tool_call: trap"), "{out}{err}");
+    assert!(!out.contains("random: 1048577 bytes"), "{out}{err}");
 }

@@ -9,8 +9,12 @@
 //! in `wasi:io/poll` suspends its call's future, which the executor drops at the deadline.
 //!
 //! Memory ([`InstanceLimits`]): `max_memory_mb` caps the instance as a whole — every linear
-//! memory of the component together — and what the host copies out for it (a `kv.get` value
-//! larger than what is left of the cap is refused with a trap rather than allocated).
+//! memory of the component together — and what the host copies out for it (a `kv.get` value or
+//! a `kv.list-keys` result larger than what is left of the cap is refused with a trap rather
+//! than allocated). What the host copies in is bounded too: `log` and `events.publish` read the
+//! guest's strings in place (a log line is cut to [`MAX_LINE`], a payload over the bus's limit is
+//! refused before any copy), `wasi:random` gives at most [`MAX_RANDOM`] bytes a call, and an
+//! instance's subscription queue holds at most [`sub_queue_len`] messages.
 //!
 //! Each instance's [`HostState`] knows its plugin ([`PluginCtx`]: name, config, kv store, whether
 //! it holds the `events` permission, the bus) and the message it is handling, whose depth is what
@@ -19,14 +23,14 @@
 //! receives stops there. Subscriptions an instance makes are its own: they feed its queue, die
 //! with it, and only it can cancel them.
 
-use super::kv::{KvFlusher, KvStore};
+use super::kv::{KvError, KvFlusher, KvStore, Wait};
 use super::log::PluginLog;
 use crate::bus::{Bus, BusError, Message, Subscription};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use wasmtime::component::{ComponentType, Lift, Linker, ResourceTable};
+use wasmtime::component::{ComponentType, Lift, Linker, ResourceTable, WasmStr};
 use wasmtime::{ResourceLimiter, StoreContextMut};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
@@ -40,6 +44,14 @@ pub const MAX_SUBSCRIPTIONS: usize = 64;
 const MAX_LINE: usize = super::log::MAX_LINE;
 /// Largest `wasi:random` request (wasmtime-wasi's default is 64 MiB, allocated on the host).
 pub const MAX_RANDOM: u64 = 1 << 20;
+/// How many subscription messages an instance's queue holds: one per MiB of `max_memory_mb`
+/// (at least 16, at most the plugin's per-shard queue), so what is queued (each message at most
+/// the bus's payload limit, 1 MiB for plugins) stays within the instance's memory cap for any
+/// plugin of 16 MiB or more.
+pub fn sub_queue_len(max_memory_mb: u64, per_shard: usize) -> usize {
+    (max_memory_mb.clamp(16, 1 << 20) as usize).min(per_shard.max(1))
+}
+
 /// Core instances, tables and memories one instance may create (the pool's per-component
 /// limits are the hard ones; these are the store's).
 const MAX_INSTANCES: usize = 64;
@@ -283,7 +295,9 @@ fn add_host(linker: &mut Linker<HostState>) -> R<()> {
 
 fn add_log(linker: &mut Linker<HostState>, name: &str) -> R<()> {
     let mut i = linker.instance(name)?;
-    i.func_wrap("log", |cx: Cx<'_>, (level, msg): (Level, String)| {
+    // `WasmStr`: the line is read in place from the guest's memory (and cut to a log line
+    // there), never copied whole to the host.
+    i.func_wrap("log", |cx: Cx<'_>, (level, msg): (Level, WasmStr)| {
         use super::log::Level as L;
         let level = match level {
             Level::Trace => L::Trace,
@@ -292,6 +306,7 @@ fn add_log(linker: &mut Linker<HostState>, name: &str) -> R<()> {
             Level::Warn => L::Warn,
             Level::Error => L::Error,
         };
+        let msg = msg.to_str(&cx)?;
         cx.data().ctx.log.line(level, "log", msg.as_bytes());
         Ok(())
     })
@@ -328,31 +343,69 @@ fn add_kv(linker: &mut Linker<HostState>, name: &str) -> R<()> {
         }
     })?;
     i.func_wrap("set", |cx: Cx<'_>, (key, value): (String, Vec<u8>)| {
-        let ctx = &cx.data().ctx;
-        let r = ctx.kv.set(&key, value);
+        let st = cx.data();
+        // A wait for another process's lock ends at the call's deadline, shutdown or retirement.
+        let stop = || st.ctx.stopping().is_some();
+        let wait = Wait {
+            until: st.deadline,
+            stop: &stop,
+        };
+        let r = kv_outcome(st, st.ctx.kv.set_waiting(&key, value, &wait))?;
         if r.is_ok() {
-            ctx.flusher.touch();
+            st.ctx.flusher.touch();
         }
         Ok((r,))
     })?;
     i.func_wrap("delete", |cx: Cx<'_>, (key,): (String,)| {
-        let ctx = &cx.data().ctx;
-        let r = ctx.kv.delete(&key);
+        let st = cx.data();
+        let stop = || st.ctx.stopping().is_some();
+        let wait = Wait {
+            until: st.deadline,
+            stop: &stop,
+        };
+        let r = kv_outcome(st, st.ctx.kv.delete_waiting(&key, &wait))?;
         if r == Ok(true) {
-            ctx.flusher.touch();
+            st.ctx.flusher.touch();
         }
         Ok((r,))
     })?;
     i.func_wrap("list-keys", |cx: Cx<'_>, (prefix,): (String,)| {
-        Ok((cx.data().ctx.kv.list_keys(&prefix),))
+        let st = cx.data();
+        let headroom = st.limits.headroom();
+        match st.ctx.kv.list_keys_within(&prefix, headroom) {
+            Ok(keys) => Ok((keys,)),
+            Err(len) => Err(wasmtime::format_err!(
+                "kv.list-keys: the keys starting with {prefix:?} take {len} bytes, more than the \
+                 {headroom} bytes left of the instance's max_memory_mb"
+            )),
+        }
     })
+}
+
+/// A kv write's result for the guest; a wait cut short ends the call (as a timeout, or as the
+/// interruption that cut it).
+fn kv_outcome<T>(st: &HostState, r: Result<T, KvError>) -> R<Result<T, String>> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(KvError::Refused(m)) => Ok(Err(m)),
+        Err(KvError::GaveUp) => Err(st
+            .check_deadline()
+            .err()
+            .unwrap_or(Interrupted::Timeout)
+            .into()),
+    }
 }
 
 fn add_events(linker: &mut Linker<HostState>, name: &str) -> R<()> {
     let mut i = linker.instance(name)?;
     i.func_wrap(
         "publish",
-        |cx: Cx<'_>, (topic, payload): (String, String)| {
+        // Topic and payload are read in place from the guest's memory: the bus refuses a payload
+        // over its size limit before copying anything, so the host copies at most that limit
+        // (a few times it when text that is not JSON is quoted).
+        |cx: Cx<'_>, (topic, payload): (WasmStr, WasmStr)| {
+            let topic = topic.to_str(&cx)?;
+            let payload = payload.to_str(&cx)?;
             let st = cx.data();
             let depth = st.depth.saturating_add(1);
             let bus = &st.ctx.bus;
@@ -360,7 +413,7 @@ fn add_events(linker: &mut Linker<HostState>, name: &str) -> R<()> {
                 match bus.publish_at_depth(&topic, payload.as_bytes(), depth) {
                     // PRX takes any text: what is not JSON travels as a JSON string.
                     Err(BusError::InvalidJson { .. }) => {
-                        let quoted = serde_json::to_string(&payload).map_err(|e| e.to_string())?;
+                        let quoted = serde_json::to_string(&*payload).map_err(|e| e.to_string())?;
                         bus.publish_at_depth(&topic, quoted.as_bytes(), depth)
                     }
                     other => other,

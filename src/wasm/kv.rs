@@ -58,6 +58,8 @@ const CRC: usize = 4;
 /// One plugin's store.
 pub struct KvStore {
     plugin: String,
+    /// Held by a write from before it waits for the file lock until it is done.
+    writer: Mutex<()>,
     inner: Mutex<Inner>,
 }
 
@@ -246,20 +248,67 @@ fn open_log(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-/// Takes the exclusive lock on `lock`, waiting up to [`LOCK_WAIT`].
-fn lock(lock: &File) -> io::Result<()> {
-    let until = Instant::now() + LOCK_WAIT;
+/// How long a write may wait for another process's lock: until `until` (at most
+/// [`LOCK_WAIT`] from now), and not past `stop` returning true. A guest's write waits no longer
+/// than its call's deadline and stops waiting at shutdown or when its version is retired
+/// (ARCHITECTURE.md § WASM plugins, "every blocking host path ends at the deadline").
+pub struct Wait<'a> {
+    pub until: Instant,
+    pub stop: &'a dyn Fn() -> bool,
+}
+
+impl Wait<'_> {
+    /// [`LOCK_WAIT`], nothing stops it (opening a store, tests).
+    fn plain() -> Wait<'static> {
+        Wait {
+            until: Instant::now() + LOCK_WAIT,
+            stop: &|| false,
+        }
+    }
+}
+
+/// Why a write did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvError {
+    /// Refused (a limit, an I/O error): the message the guest sees.
+    Refused(String),
+    /// The wait for another process's lock reached the call's deadline or its stop signal: the
+    /// call itself must end (the host raises the interruption).
+    GaveUp,
+}
+
+impl std::fmt::Display for KvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvError::Refused(m) => f.write_str(m),
+            KvError::GaveUp => f.write_str("kv: gave up waiting for the store's lock"),
+        }
+    }
+}
+
+/// Takes the exclusive lock on `lock`, waiting up to [`LOCK_WAIT`] and no longer than `wait`
+/// allows. `Ok(false)`: `wait` ended first.
+fn lock(lock: &File, wait: &Wait<'_>) -> io::Result<bool> {
+    let until = (Instant::now() + LOCK_WAIT).min(wait.until);
+    let hard = Instant::now() + LOCK_WAIT;
     loop {
         match lock.try_lock() {
-            Ok(()) => return Ok(()),
-            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < until => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            Ok(()) => return Ok(true),
             Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    "another process holds the store's lock",
-                ));
+                if (wait.stop)() {
+                    return Ok(false);
+                }
+                let now = Instant::now();
+                if now >= until {
+                    if now < hard {
+                        return Ok(false);
+                    }
+                    return Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        "another process holds the store's lock",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(e),
         }
@@ -285,6 +334,7 @@ impl KvStore {
         }
         KvStore {
             plugin: plugin.to_string(),
+            writer: Mutex::new(()),
             inner: Mutex::new(inner),
         }
     }
@@ -293,6 +343,7 @@ impl KvStore {
     pub fn in_memory(cap: u64) -> KvStore {
         KvStore {
             plugin: String::new(),
+            writer: Mutex::new(()),
             inner: Mutex::new(Inner {
                 map: BTreeMap::new(),
                 bytes: 0,
@@ -338,34 +389,44 @@ impl KvStore {
 
     /// Stores `value` under `key`; refuses keys over [`MAX_KEY_BYTES`], values over
     /// [`MAX_VALUE_BYTES`] and growth past the cap.
+    #[cfg(test)]
     pub fn set(&self, key: &str, value: Vec<u8>) -> Result<(), String> {
-        if key.len() > MAX_KEY_BYTES {
-            return Err(format!(
-                "kv: key is {} bytes; the limit is {MAX_KEY_BYTES}",
-                key.len()
-            ));
-        }
-        if value.len() > MAX_VALUE_BYTES {
-            return Err(format!(
-                "kv: value is {} bytes; the limit is {MAX_VALUE_BYTES}",
-                value.len()
-            ));
-        }
-        self.write(SET, key, &value)
+        self.set_waiting(key, value, &Wait::plain())
+            .map_err(|e| e.to_string())
     }
 
-    /// Removes `key`; whether it was there.
+    /// [`set`](KvStore::set), waiting for another process's lock no longer than `wait` allows.
+    pub fn set_waiting(&self, key: &str, value: Vec<u8>, wait: &Wait<'_>) -> Result<(), KvError> {
+        if key.len() > MAX_KEY_BYTES {
+            return Err(KvError::Refused(format!(
+                "kv: key is {} bytes; the limit is {MAX_KEY_BYTES}",
+                key.len()
+            )));
+        }
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(KvError::Refused(format!(
+                "kv: value is {} bytes; the limit is {MAX_VALUE_BYTES}",
+                value.len()
+            )));
+        }
+        self.write_with(SET, key, &value, wait, |_| true)
+    }
+
+    #[cfg(test)]
     pub fn delete(&self, key: &str) -> Result<bool, String> {
+        self.delete_waiting(key, &Wait::plain())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Removes `key`; whether it was there. Waits for another process's lock no longer than
+    /// `wait` allows.
+    pub fn delete_waiting(&self, key: &str, wait: &Wait<'_>) -> Result<bool, KvError> {
         let mut existed = false;
-        self.write_with(DELETE, key, &[], |inner| {
+        self.write_with(DELETE, key, &[], wait, |inner| {
             existed = inner.map.contains_key(key);
             existed
         })?;
         Ok(existed)
-    }
-
-    fn write(&self, op: u8, key: &str, value: &[u8]) -> Result<(), String> {
-        self.write_with(op, key, value, |_| true)
     }
 
     /// Catches up and appends one record under the file lock, then applies it; `wanted` (seeing
@@ -375,20 +436,43 @@ impl KvStore {
         op: u8,
         key: &str,
         value: &[u8],
+        wait: &Wait<'_>,
         wanted: impl FnOnce(&Inner) -> bool,
-    ) -> Result<(), String> {
-        let mut inner = self.lock();
-        let locked = match &inner.log {
-            Some(log) => {
-                lock(&log.lock).map_err(|e| format!("kv: {e}"))?;
-                Some(log.lock.try_clone().map_err(|e| format!("kv: {e}"))?)
+    ) -> Result<(), KvError> {
+        let refused = |e: String| KvError::Refused(e);
+        // Writers of this process take turns here, and wait for another process's lock here,
+        // without holding the store's state: reads, `stats()` and the flusher never wait for
+        // another process.
+        let _turn = loop {
+            match self.writer.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if (wait.stop)() || Instant::now() >= wait.until {
+                        return Err(KvError::GaveUp);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
-            None => None,
         };
+        let lock_file = self
+            .lock()
+            .log
+            .as_ref()
+            .map(|log| log.lock.try_clone())
+            .transpose()
+            .map_err(|e| refused(format!("kv: {e}")))?;
+        if let Some(f) = &lock_file
+            && !lock(f, wait).map_err(|e| refused(format!("kv: {e}")))?
+        {
+            return Err(KvError::GaveUp);
+        }
+        let locked = lock_file;
+        let mut inner = self.lock();
         let result = (|| {
             inner
                 .catch_up(true)
-                .map_err(|e| format!("kv: cannot read the store: {e}"))?;
+                .map_err(|e| refused(format!("kv: cannot read the store: {e}")))?;
             if !wanted(&inner) {
                 return Ok(());
             }
@@ -396,10 +480,12 @@ impl KvStore {
                 let old = inner.map.get(key).map_or(0, |v| entry_size(key, v));
                 let new = entry_size(key, value);
                 if new > old && inner.bytes - old + new > inner.cap {
-                    return Err(format!(
-                        "kv: storage limit of {} bytes reached ({} in use, each entry counting                          {ENTRY_OVERHEAD} bytes besides its key and value; max_kv_storage_mb in                          plugin.toml raises it)",
+                    return Err(refused(format!(
+                        "kv: storage limit of {} bytes reached ({} in use, each entry counting \
+                         {ENTRY_OVERHEAD} bytes besides its key and value; max_kv_storage_mb in \
+                         plugin.toml raises it)",
                         inner.cap, inner.bytes
-                    ));
+                    )));
                 }
             }
             if let Some(log) = &mut inner.log {
@@ -407,7 +493,7 @@ impl KvStore {
                 encode(&mut rec, op, key, value);
                 log.file
                     .write_all(&rec)
-                    .map_err(|e| format!("kv: cannot write the store: {e}"))?;
+                    .map_err(|e| refused(format!("kv: cannot write the store: {e}")))?;
                 log.offset += rec.len() as u64;
                 log.dirty = true;
             }
@@ -424,16 +510,30 @@ impl KvStore {
     }
 
     /// Keys starting with `prefix`, sorted.
+    #[cfg(test)]
     pub fn list_keys(&self, prefix: &str) -> Vec<String> {
-        self.fresh()
-            .map
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, _)| k.to_string())
-            .collect()
+        self.list_keys_within(prefix, usize::MAX).expect("no limit")
+    }
+
+    /// `list_keys`, refusing (with the bytes they take in a guest: each key's bytes and its
+    /// 8-byte pointer and length) keys that take more than `max` bytes instead of copying them.
+    pub fn list_keys_within(&self, prefix: &str, max: usize) -> Result<Vec<String>, usize> {
+        let inner = self.fresh();
+        let keys = || {
+            inner
+                .map
+                .range::<str, _>((
+                    std::ops::Bound::Included(prefix),
+                    std::ops::Bound::Unbounded,
+                ))
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, _)| k)
+        };
+        let len: usize = keys().map(|k| k.len() + 8).sum();
+        if len > max {
+            return Err(len);
+        }
+        Ok(keys().map(|k| k.to_string()).collect())
     }
 
     /// Bytes the store counts against its cap (keys, values and per-entry overhead).
@@ -503,7 +603,9 @@ fn open_into(inner: &mut Inner, dir: &Path, plugin: &str) -> io::Result<()> {
         .truncate(false)
         .mode(0o600)
         .open(dir.join(format!("{plugin}.lock")))?;
-    lock(&lock_file)?;
+    if !lock(&lock_file, &Wait::plain())? {
+        return Err(io::Error::other("gave up waiting for the store's lock"));
+    }
     let result = (|| {
         prune_temp_files(dir, plugin);
         let mut file = open_log(&path)?;
@@ -834,5 +936,64 @@ mod tests {
         }
         let again = KvStore::open(dir.path(), "p", 1 << 20);
         assert_eq!(again.get("k").as_deref(), Some(&b"v"[..]));
+    }
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use super::*;
+
+    #[test]
+    fn the_storage_limit_error_reads_as_one_sentence() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = KvStore::open(dir.path(), "p", 200);
+        let e = kv.set("k", vec![0; 100]).unwrap_err();
+        assert!(
+            e.starts_with("kv: storage limit of 200 bytes reached"),
+            "{e}"
+        );
+        assert!(!e.contains("  "), "stray spaces: {e:?}");
+        assert!(
+            e.contains("counting 128 bytes besides its key and value; max_kv_storage_mb"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_write_stops_waiting_for_another_processs_lock_at_its_deadline_or_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = KvStore::open(dir.path(), "p", 1 << 20);
+        let other = File::options()
+            .write(true)
+            .open(dir.path().join("p.lock"))
+            .unwrap();
+        other.lock().unwrap();
+        let t = Instant::now();
+        let wait = Wait {
+            until: Instant::now() + Duration::from_millis(50),
+            stop: &|| false,
+        };
+        assert_eq!(
+            kv.set_waiting("k", b"v".to_vec(), &wait),
+            Err(KvError::GaveUp)
+        );
+        assert!(t.elapsed() < LOCK_WAIT, "{:?}", t.elapsed());
+        let stop = std::sync::atomic::AtomicBool::new(true);
+        let wait = Wait {
+            until: Instant::now() + Duration::from_secs(3600),
+            stop: &|| stop.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        assert_eq!(kv.delete_waiting("k", &wait), Err(KvError::GaveUp));
+        // Without a deadline before it, the wait still ends at LOCK_WAIT, refused.
+        let wait = Wait {
+            until: Instant::now() + Duration::from_secs(3600),
+            stop: &|| false,
+        };
+        assert!(matches!(
+            kv.set_waiting("k", b"v".to_vec(), &wait),
+            Err(KvError::Refused(_))
+        ));
+        other.unlock().unwrap();
+        assert_eq!(kv.set_waiting("k", b"v".to_vec(), &Wait::plain()), Ok(()));
     }
 }

@@ -51,6 +51,17 @@ const WINDOW: u32 = 10;
 /// Successes in a row after a suspension that clear the plugin's record (the next suspension
 /// is 1 s again).
 const PROBATION: u32 = 10;
+/// The longest a component's start code may run, whatever its `max_execution_time_ms`: loads
+/// (`Hooks::build`, `fire`, `run` start-up, `validate`) wait for it, so an hour-long limit must
+/// not let a start-code sleeper stall them (ARCHITECTURE.md § WASM plugins).
+pub const MAX_START_MS: u64 = 1000;
+
+/// The time limit of a plugin's start code: its `max_execution_time_ms`, at most
+/// [`MAX_START_MS`].
+pub fn start_limit_ms(max_execution_time_ms: u64) -> u64 {
+    max_execution_time_ms.min(MAX_START_MS)
+}
+
 /// The first and the longest suspension.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
@@ -336,11 +347,15 @@ impl PluginShared {
     }
 
     /// A fresh instance, ready to call. Instantiation runs the component's start code: it gets
-    /// the same limits as a call (fuel, memory, deadline, shutdown and retirement).
+    /// the same limits as a call (fuel, memory, shutdown and retirement), and a deadline of
+    /// [`start_limit_ms`].
     pub fn instantiate(&self) -> Result<Instance, CallOutcome> {
         let res = &self.manifest.resources;
         let limits = InstanceLimits::new((res.max_memory_mb << 20) as usize);
-        let (sub_tx, sub_rx) = flume::bounded(self.queue_per_shard());
+        let (sub_tx, sub_rx) = flume::bounded(super::host::sub_queue_len(
+            res.max_memory_mb,
+            self.queue_per_shard(),
+        ));
         let state = HostState::new(self.ctx.clone(), limits, sub_tx, sub_rx);
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -351,7 +366,8 @@ impl PluginShared {
         store
             .set_fuel(res.max_fuel)
             .map_err(|e| CallOutcome::Instantiate(one_line(&format!("{e:#}"))))?;
-        let deadline = Instant::now() + Duration::from_millis(res.max_execution_time_ms);
+        let deadline =
+            Instant::now() + Duration::from_millis(start_limit_ms(res.max_execution_time_ms));
         store.data_mut().deadline = deadline;
         store.set_epoch_deadline(1);
         let timers = self.engine.timers();

@@ -654,8 +654,9 @@ impl WasmSink {
 }
 
 /// The load-time probe: one instantiation under the plugin's limits. A component whose start
-/// code traps, loops, sleeps past `max_execution_time_ms`, or whose memory or tables cannot fit
-/// its limits fails here, at load, with the reason, instead of at its first event.
+/// code traps, loops, sleeps past its time limit (`max_execution_time_ms`, at most
+/// [`MAX_START_MS`](super::plugin::MAX_START_MS)), or whose memory or tables cannot fit its
+/// limits fails here, at load, with the reason, instead of at its first event.
 fn probe(shared: &PluginShared, label: &str) -> Result<(), String> {
     match shared.instantiate() {
         Ok(_) => Ok(()),
@@ -663,6 +664,19 @@ fn probe(shared: &PluginShared, label: &str) -> Result<(), String> {
             "{label}: cannot instantiate: {}",
             match &o {
                 CallOutcome::Instantiate(m) => m.clone(),
+                CallOutcome::Timeout => {
+                    let limit = shared.manifest.resources.max_execution_time_ms;
+                    let start = super::plugin::start_limit_ms(limit);
+                    if start < limit {
+                        format!(
+                            "start code timed out after {start} ms (start code is limited to \
+                             max_execution_time_ms, at most {} ms)",
+                            super::plugin::MAX_START_MS
+                        )
+                    } else {
+                        format!("start code timed out after {start} ms")
+                    }
+                }
                 other => other.describe(shared.manifest.resources.max_execution_time_ms),
             }
         )),
@@ -889,4 +903,59 @@ pub(crate) fn check(manifests: &[Manifest]) -> Vec<String> {
     logger.shutdown(Instant::now() + Duration::from_secs(1));
     engine.stop();
     errors
+}
+
+#[cfg(test)]
+mod swap_tests {
+    use super::*;
+
+    fn plugin_dir(ws: &std::path::Path) -> PathBuf {
+        let dir = ws.join("plugins/p");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("plugin.toml"),
+            "[plugin]\nname = \"p\"\nversion = \"0.1.0\"\n\n[[capabilities]]\ntype = \"hook\"\nevents = [\"*\"]\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("plugin.wasm"), b"\0asm inside").unwrap();
+        dir
+    }
+
+    /// Issue 13 item 10: the scan checked `plugin.wasm`; then it is swapped before the load
+    /// reads it. What is read is checked again, on the descriptor actually read.
+    #[test]
+    fn a_component_swapped_for_a_link_outside_after_the_scan_is_refused() {
+        let ws = tempfile::tempdir().unwrap();
+        let dir = plugin_dir(ws.path());
+        let m = manifest::load(&dir).unwrap();
+        // Swapped after the manifest was checked: a symbolic link out of the directory.
+        let outside = ws.path().join("secret.wasm");
+        std::fs::write(&outside, b"\0asm outside").unwrap();
+        std::fs::remove_file(dir.join("plugin.wasm")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("plugin.wasm")).unwrap();
+        let e = read_component(&m).unwrap_err();
+        assert!(e.contains("leads outside the plugin directory"), "{e}");
+        // Swapped for something that is not a regular file.
+        std::fs::remove_file(dir.join("plugin.wasm")).unwrap();
+        std::fs::create_dir(dir.join("plugin.wasm")).unwrap();
+        let e = read_component(&m).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        // Swapped for another regular file inside: what is read is what is fingerprinted and
+        // compiled (the bytes returned), never the file as the scan saw it.
+        std::fs::remove_dir(dir.join("plugin.wasm")).unwrap();
+        std::fs::write(dir.join("plugin.wasm"), b"\0asm swapped").unwrap();
+        assert_eq!(read_component(&m).unwrap(), b"\0asm swapped");
+    }
+
+    /// The manifest is parsed once: its fingerprint is the text that was parsed, not the file
+    /// as it is when the load compares versions.
+    #[test]
+    fn the_fingerprint_is_of_the_manifest_text_that_was_parsed() {
+        let ws = tempfile::tempdir().unwrap();
+        let dir = plugin_dir(ws.path());
+        let m = manifest::load(&dir).unwrap();
+        let parsed = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
+        std::fs::write(dir.join("plugin.toml"), "[plugin]\nname = \"other\"\n").unwrap();
+        assert_eq!(m.source, parsed);
+    }
 }

@@ -20,7 +20,12 @@
 //! | `flaky`       | alternates: the 1st, 3rd, 5th… call traps, the others succeed (count in kv `flaky`) |
 //! | `logflood`    | `count` (default: until stopped) `log` lines of `size` bytes (default 100), each also to stderr |
 //! | `kvfill`      | sets `count` keys `<prefix><n>` (default prefix `k`) with empty values, from kv `next.<prefix>` on (refused → `Err`) |
-//! | `count`       | adds 1 to the decimal kv value `n` (a get then a set)                          |
+//! | `count`       | adds 1 to the decimal kv value `n.<event>` (a get then a set)                  |
+//! | `kvset`       | sets kv `key` (default `big`) to `size` bytes (default 1 MiB) of `x`           |
+//! | `kvget`       | gets kv `key` (default `big`); `Err` with its length (or "absent")             |
+//! | `listkeys`    | lists the kv keys starting with `prefix` (default ``); `Err` with their count  |
+//! | `random`      | asks `wasi:random` for `size` bytes (default 2 MiB) at once; `Err` with how many came |
+//! | `biglog`      | one `log` line of `size` bytes (default 8 MiB)                                 |
 //! | `publish`     | publishes `payload` (default `not json`) to `topic` (default `misbehave.out`) |
 //!
 //! `start = "sleep" | "loop" | "trap"` in `[config]` misbehaves at instantiation instead, in the
@@ -37,6 +42,25 @@ wit_bindgen::generate!({
     world: "hook",
     generate_all,
 });
+
+/// `wasi:random/random` called directly (std asks for a few bytes at a time; `random` asks for
+/// more than the host allows at once).
+mod wasi_random {
+    wit_bindgen::generate!({
+        inline: "
+            package misbehave:random;
+            package wasi:random@0.2.0 {
+                interface random {
+                    get-random-bytes: func(len: u64) -> list<u8>;
+                    get-random-u64: func() -> u64;
+                }
+            }
+            world r { import wasi:random/random@0.2.0; }
+        ",
+        world: "r",
+        generate_all,
+    });
+}
 
 use exports::prx::plugin::hook_exports::Guest;
 use prx::host::{config, events, kv};
@@ -61,6 +85,11 @@ enum Mode {
     KvFill,
     Count,
     Publish,
+    KvSet,
+    KvGet,
+    ListKeys,
+    Random,
+    BigLog,
     Unknown(String),
 }
 
@@ -87,6 +116,11 @@ fn mode() -> &'static Mode {
         Some("kvfill") => Mode::KvFill,
         Some("count") => Mode::Count,
         Some("publish") => Mode::Publish,
+        Some("kvset") => Mode::KvSet,
+        Some("kvget") => Mode::KvGet,
+        Some("listkeys") => Mode::ListKeys,
+        Some("random") => Mode::Random,
+        Some("biglog") => Mode::BigLog,
         Some(other) => Mode::Unknown(format!("misbehave: unknown mode {}", json_string(other))),
         None => Mode::Unknown("misbehave: config key `mode` is missing".into()),
     })
@@ -158,7 +192,34 @@ impl Guest for Misbehave {
                 }
                 kv::set(&next, (from + count).to_string().as_bytes())
             }
-            Mode::Count => kv::set("n", (kv_number("n") + 1).to_string().as_bytes()),
+            Mode::Count => {
+                let key = format!("n.{event}");
+                kv::set(&key, (kv_number(&key) + 1).to_string().as_bytes())
+            }
+            Mode::KvSet => kv::set(
+                &config::get("key").unwrap_or_else(|| "big".into()),
+                &vec![b'x'; number("size", 1 << 20) as usize],
+            ),
+            Mode::KvGet => {
+                let key = config::get("key").unwrap_or_else(|| "big".into());
+                Err(match kv::get(&key) {
+                    Some(v) => format!("kv.get {key}: {} bytes", v.len()),
+                    None => format!("kv.get {key}: absent"),
+                })
+            }
+            Mode::ListKeys => Err(format!(
+                "list-keys: {} keys",
+                kv::list_keys(&config::get("prefix").unwrap_or_default()).len()
+            )),
+            Mode::Random => Err(format!(
+                "random: {} bytes",
+                wasi_random::wasi::random::random::get_random_bytes(number("size", 2 << 20)).len()
+            )),
+            Mode::BigLog => {
+                let line = "y".repeat(number("size", 8 << 20) as usize);
+                prx::host::log::log(prx::host::log::Level::Info, &line);
+                Ok(())
+            }
             Mode::Publish => events::publish(
                 &config::get("topic").unwrap_or_else(|| "misbehave.out".into()),
                 &config::get("payload").unwrap_or_else(|| "not json".into()),

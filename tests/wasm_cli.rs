@@ -676,6 +676,7 @@ fn a_prx_runtime_stream_reaches_shell_hooks_plugins_and_subscribers_byte_exact()
             "plugin, {event}: no {echoed} in {out}"
         );
     }
+}
 
 // ------------------------------------------------------------------ issue 13 gaps
 

@@ -824,16 +824,21 @@ impl Sink for WasmSink {
         while Instant::now() < hard && threads.iter().any(|t| !t.is_finished()) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let mut stuck = 0;
+        let mut late = Vec::new();
         for t in threads {
             if t.is_finished() {
                 let _ = t.join();
             } else {
-                stuck += 1;
+                late.push(t);
             }
         }
-        if stuck > 0 {
-            tracing::warn!("plugins: {stuck} executor(s) did not stop by the shutdown deadline");
+        if !late.is_empty() {
+            tracing::warn!(
+                "plugins: {} executor(s) did not stop by the shutdown deadline (a loaded machine?); dropping the backend waits for them briefly",
+                late.len()
+            );
+            // Joined when the sink is dropped (see `Drop`), not left to outlive it.
+            *self.executors.lock().unwrap_or_else(|e| e.into_inner()) = late;
         }
         self.flusher.stop();
         self.logger.shutdown(hard);
@@ -843,6 +848,33 @@ impl Sink for WasmSink {
         }
         for sh in &self.state().stopped {
             sh.engine_stop();
+        }
+    }
+}
+
+/// How long dropping the backend waits for executors still running after `shutdown` returned.
+const LATE_JOIN: Duration = Duration::from_secs(2);
+
+impl Drop for WasmSink {
+    /// Executors a loaded machine kept running past the shutdown deadline have had every call
+    /// aborted, so they end within an epoch tick once scheduled: wait for them (up to
+    /// [`LATE_JOIN`]) so that no thread — nor the engine, timer runtime and descriptors it holds
+    /// — outlives the backend.
+    fn drop(&mut self) {
+        self.abort.store(true, Ordering::Relaxed);
+        let late = std::mem::take(self.executors.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let until = Instant::now() + LATE_JOIN;
+        for t in late {
+            while !t.is_finished() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::error!(
+                    "a plugin executor is still running {LATE_JOIN:?} after its backend was dropped; detaching it"
+                );
+            }
         }
     }
 }

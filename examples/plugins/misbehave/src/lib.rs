@@ -162,14 +162,16 @@ impl Guest for Misbehave {
                 events::publish("misbehave.config", &format!("{{{}}}", pairs.join(",")))
             }
             Mode::Sleep => {
-                std::thread::sleep(std::time::Duration::from_millis(number("sleep_ms", 3_600_000)));
+                std::thread::sleep(std::time::Duration::from_millis(number(
+                    "sleep_ms", 3_600_000,
+                )));
                 Ok(())
             }
             Mode::Flaky => {
                 // The count lives in kv: a trap replaces the instance (and its statics).
                 let n = kv_number("flaky");
                 kv::set("flaky", (n + 1).to_string().as_bytes())?;
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     core::arch::wasm32::unreachable()
                 }
                 Ok(())
@@ -255,7 +257,6 @@ pub extern "C" fn at_start() {
         _ => {}
     }
 }
-
 
 fn spin() -> ! {
     let mut i = 0u64;

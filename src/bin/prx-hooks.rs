@@ -251,7 +251,7 @@ enum Finish {
 
 fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     // Block the termination signals before any thread exists, so every thread inherits the
-    // mask and only the waiter below sees them. (Child processes get a clean mask from std.)
+    // mask and only the waiter below sees them. (Hook processes start with an empty mask and default dispositions: the shell spawn resets both.)
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGINT);
     signals.add(Signal::SIGTERM);

@@ -251,7 +251,8 @@ enum Finish {
 
 fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     // Block the termination signals before any thread exists, so every thread inherits the
-    // mask and only the waiter below sees them. (Hook processes start with an empty mask and default dispositions: the shell spawn resets both.)
+    // mask and only the waiter below sees them. (Hook processes start with an empty mask and
+    // default dispositions: the shell spawn resets both.)
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGINT);
     signals.add(Signal::SIGTERM);

@@ -940,3 +940,49 @@ fn wasi_random_gives_at_most_1_mib_a_call() {
     assert!(out.contains("rnd tool_call: trap"), "{out}{err}");
     assert!(!out.contains("random: 1048577 bytes"), "{out}{err}");
 }
+
+#[test]
+fn a_list_keys_result_larger_than_the_memory_left_is_refused() {
+    let ws = tempfile::tempdir().unwrap();
+    // 20,000 keys of 201 bytes: ~4 MiB of names.
+    let prefix = format!("p{}", "x".repeat(195));
+    let dir = install(
+        ws.path(),
+        "keys",
+        "misbehave",
+        &misbehave_manifest(
+            "keys",
+            "max_memory_mb = 64\nmax_kv_storage_mb = 64\nmax_execution_time_ms = 30000\nmax_fuel = 10_000_000_000",
+            &format!("mode = \"kvfill\"\nprefix = \"{prefix}\"\ncount = \"20000\""),
+        ),
+    );
+    let (code, out, err) = run(bin()
+        .args(["fire", "tool_call", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 0, "{out}{err}");
+    let listing = |memory_mb: u32| {
+        std::fs::write(
+            dir.join("plugin.toml"),
+            misbehave_manifest(
+                "keys",
+                &format!("max_memory_mb = {memory_mb}\nmax_kv_storage_mb = 64\nmax_execution_time_ms = 30000"),
+                "mode = \"listkeys\"\nprefix = \"p\"",
+            ),
+        )
+        .unwrap();
+        run(bin()
+            .args(["fire", "tool_call", "--workspace"])
+            .arg(ws.path()))
+    };
+    // 4 MiB for the whole instance: the ~4 MiB listing is refused before it is built.
+    let (code, out, err) = listing(4);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("trap") && out.contains("kv.list-keys: the keys starting with"),
+        "{out}{err}"
+    );
+    // With room for it, every key is listed.
+    let (code, out, err) = listing(64);
+    assert_eq!(code, 1, "{out}{err}"); // the guest reports the count as its error
+    assert!(out.contains("error: list-keys: 20000 keys"), "{out}{err}");
+}

@@ -573,21 +573,25 @@ impl ObjectWriter<'_> {
         self.out.extend_from_slice(b"\":");
         true
     }
+    #[inline]
     fn str(&mut self, key: &str, v: &str) {
         if self.key(key) {
             json::write_str(self.out, v);
         }
     }
+    #[inline]
     fn u64(&mut self, key: &str, v: u64) {
         if self.key(key) {
             json::write_u64(self.out, v);
         }
     }
+    #[inline]
     fn bool(&mut self, key: &str, v: bool) {
         if self.key(key) {
             json::write_bool(self.out, v);
         }
     }
+    #[inline]
     fn finish(self) {
         if self.first {
             self.out.push(b'{');

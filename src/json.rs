@@ -69,6 +69,7 @@ impl simd_json::prelude::BaseGenerator for SimdOut<'_> {
 }
 
 /// The word-at-a-time escaper, for strings shorter than [`SIMD_MIN`].
+#[inline]
 fn write_str_short(out: &mut Vec<u8>, s: &str) {
     out.reserve(s.len() + 2);
     out.push(b'"');
@@ -125,11 +126,13 @@ fn specials8(w: u64) -> u64 {
 }
 
 /// Appends an unsigned integer in decimal.
+#[inline]
 pub fn write_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Appends `true` or `false`.
+#[inline]
 pub fn write_bool(out: &mut Vec<u8>, b: bool) {
     out.extend_from_slice(if b { b"true" } else { b"false" });
 }

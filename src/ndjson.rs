@@ -271,8 +271,14 @@ fn column_of(raw: &RawValue, text: &str, base: usize) -> usize {
 }
 
 fn field_str(raw: &RawValue, at: usize, path: &str) -> Result<String, LineError> {
-    match raw.get().as_bytes().first() {
-        Some(b'"') => serde_json::from_str(raw.get())
+    let text = raw.get();
+    match text.as_bytes().first() {
+        // Without an escape the string is its text between the quotes: serde_json already
+        // refused control characters while reading the raw value, and the line is UTF-8.
+        Some(b'"') if text.len() >= 2 && !text.as_bytes().contains(&b'\\') => {
+            Ok(text[1..text.len() - 1].to_string())
+        }
+        Some(b'"') => serde_json::from_str(text)
             .map_err(|e| LineError::new(at, path, format!("invalid string: {e}"))),
         _ => Err(LineError::new(
             at,

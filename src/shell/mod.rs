@@ -261,6 +261,9 @@ struct RunnerLink {
     exit: AtomicBool,
     /// A [`OnceRun`] was dropped before its outcome: kill the cancelled ones.
     cancel: AtomicBool,
+    /// Tests only: the runner panics at the top of its next turn (a stand-in for a bug).
+    #[cfg(test)]
+    panic: AtomicBool,
 }
 
 #[derive(Default)]
@@ -587,6 +590,8 @@ impl ShellSink {
                     kill_all: AtomicBool::new(false),
                     exit: AtomicBool::new(false),
                     cancel: AtomicBool::new(false),
+                    #[cfg(test)]
+                    panic: AtomicBool::new(false),
                 },
                 feed: RunFeed::default(),
             }),
@@ -1343,6 +1348,24 @@ fn start_direct(sh: &Shared, d: Direct, reactor: &mut Reactor<Origin>) {
     }
 }
 
+/// Closes the runner's inbox when the runner ends, and refuses (`cancelled`) whatever still waits
+/// in it. After a normal exit the inbox is already closed and empty; after a panic (a bug) no
+/// direct or test run keeps waiting for a runner that is gone, and later ones are refused at once.
+struct InboxGuard<'a>(&'a Shared);
+
+impl Drop for InboxGuard<'_> {
+    fn drop(&mut self) {
+        let requests = {
+            let mut inbox = lock(&self.0.runner.inbox);
+            inbox.closed = true;
+            std::mem::take(&mut inbox.requests)
+        };
+        for Direct { action, origin } in requests {
+            origin.not_run(self.0, &action, OutcomeKind::Cancelled);
+        }
+    }
+}
+
 /// Wakes a waiting shutdown once everything has drained.
 fn notify_drained(sh: &Shared, s: &Sched) {
     if s.closing && s.in_flight() + s.direct_running == 0 {
@@ -1353,6 +1376,7 @@ fn notify_drained(sh: &Shared, s: &Sched) {
 /// The runner thread: starts queued jobs, waits for processes, kills overdue groups, reaps,
 /// counts. Runs until shutdown has killed and reaped everything.
 fn runner_main(sh: Arc<Shared>) {
+    let _refuse_on_unwind = InboxGuard(&sh);
     reactor::block_sigpipe();
     let link = &sh.runner;
     let wake = link.wake.as_ref().map(|fd| fd.as_raw_fd());
@@ -1360,6 +1384,10 @@ fn runner_main(sh: Arc<Shared>) {
     let mut done = Vec::new();
     let mut killing_since: Option<Instant> = None;
     loop {
+        #[cfg(test)]
+        if link.panic.load(Ordering::Relaxed) {
+            panic!("the shell runner panics (asked by a test)");
+        }
         // Start everything that may start now; between batches, reap without waiting so that
         // finished hooks free their slots.
         let mut started = 0;
@@ -1685,5 +1713,43 @@ mod tests {
         assert_eq!(runs[0].kind, OutcomeKind::Cancelled, "{runs:?}");
         sink.shutdown(Instant::now() + Duration::from_secs(5));
         assert!(!marker.exists(), "a cancelled test run was started");
+    }
+
+    /// A runner that ended by a panic (a bug) must not leave direct runs waiting for it
+    /// forever: its inbox is closed on unwind and later requests are refused at once.
+    #[test]
+    fn a_run_handed_to_a_runner_that_panicked_is_refused_not_left_waiting() {
+        let a = action("t", EventKind::TurnComplete, true);
+        let sink = Arc::new(ShellSink::standalone("/".into(), ShellLimits::default()));
+        sink.set_table(Arc::new(HookTable {
+            enabled: true,
+            actions: vec![a.clone()],
+            ..HookTable::default()
+        }));
+        sink.ensure_started().unwrap();
+        sink.shared.runner.panic.store(true, Ordering::Relaxed);
+        sink.shared.runner.wake();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !lock(&sink.threads)
+            .runner
+            .as_ref()
+            .is_some_and(|r| r.is_finished())
+        {
+            assert!(Instant::now() < deadline, "the runner did not panic");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let msg = event_message(&crate::Event::TurnComplete, "a", "s", 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Detached: on the old code it never returns, and the test must fail, not hang.
+        let waiting = sink.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiting.run_once(&a, &msg));
+        });
+        let o = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("run_once waited for a runner that is gone");
+        assert_eq!(o.kind, OutcomeKind::Cancelled, "{o}");
+        assert_eq!(sink.stats().direct_running, 0);
+        sink.shutdown(Instant::now() + Duration::from_secs(5));
     }
 }

@@ -524,11 +524,10 @@ fn append_extras(out: &mut Vec<u8>, start: usize, extras: &str) {
     let at = out.len();
     let top = json::Top::Object;
     if !json::append_compact_within(out, extras.as_bytes(), top, EXTRAS_MAX_DEPTH) {
-        out.truncate(start);
-        out.resize(restore, b'}');
-        if documented_empty {
-            out[start..restore].copy_from_slice(b"{}");
-        }
+        // `out` is back at `at`: close the documented object again.
+        out.truncate(at);
+        out.extend_from_slice(if documented_empty { b"{}" } else { b"}" });
+        debug_assert_eq!(out.len(), restore);
         return;
     }
     if documented_empty {
@@ -832,6 +831,25 @@ mod tests {
             payload(args, &Extras::fields(r#"{"x":true}"#)),
             r#"{"tool":"t","arguments":{"a":1},"x":true}"#
         );
+    }
+
+    /// Extras that do not compact (they bypassed `Extras::check`) leave the documented payload
+    /// whole; the fallback used to overwrite it with closing braces (found by the ndjson_line
+    /// fuzz target).
+    #[test]
+    fn extras_that_do_not_compact_leave_the_documented_payload_whole() {
+        let lone = r#"{"x":"\ude00"}"#;
+        let mut out = b"prefix".to_vec();
+        let ev = Event::ToolCall {
+            tool: "t",
+            success: true,
+            output: "o",
+        };
+        ev.write_payload(&mut out, lone, 0);
+        assert_eq!(out, br#"prefix{"tool":"t","success":true,"output":"o"}"#);
+        out.clear();
+        Event::TurnComplete.write_payload(&mut out, lone, 0);
+        assert_eq!(out, b"{}");
     }
 
     #[test]

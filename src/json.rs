@@ -182,6 +182,12 @@ pub fn check_object(
     run(src, Top::Object, max_depth, None, Some(key))
 }
 
+/// Checks that `src` is one JSON value (any kind) by the same strict rules, nested at most
+/// `max_depth` deep. Copies and allocates nothing.
+pub fn check_value(src: &[u8], max_depth: u32) -> Result<(), Refused> {
+    run(src, Top::Any, max_depth, None, None)
+}
+
 /// The visitor of an object's top-level keys ([`check_object`]).
 type KeyVisitor<'k> = &'k mut (dyn FnMut(&str) -> Result<(), String> + 'k);
 

@@ -445,6 +445,19 @@ fn read_payload(
             if extra_names.contains(&key.as_ref()) {
                 return Err(LineError::new(at, &path, "appears twice".into()));
             }
+            // serde_json read the value leniently (it lets a lone `\u` surrogate through): an
+            // extra field must pass the check `emit_with_extras` makes, here, with its column.
+            let depth = crate::event::EXTRAS_MAX_DEPTH - 1;
+            if let Err(r) = crate::json::check_value(raw.get().as_bytes(), depth) {
+                return Err(LineError::new(
+                    at + r.at,
+                    &path,
+                    format!(
+                        "{} (an extra field must be strict JSON: \\u surrogates in pairs, at most {depth} levels deep)",
+                        r.reason
+                    ),
+                ));
+            }
             extra_names.push(key);
             extras.push(if extras.is_empty() { '{' } else { ',' });
             // The name re-quoted (JSON-equal; byte-equal unless it held escapes), the value
@@ -621,6 +634,19 @@ mod tests {
         // turn_complete: extras are the whole payload.
         let r = parse_line(br#"{"event":"turn_complete","agent":"a","session":"s","payload":{"mode":"chat","response_chars":12}}"#).unwrap();
         assert_eq!(r.payload_json(), r#"{"mode":"chat","response_chars":12}"#);
+    }
+
+    /// serde_json lets a lone surrogate escape through a raw value; an extra field holding one
+    /// is refused with its path, as `emit_with_extras` would refuse it (found by fuzzing).
+    #[test]
+    fn an_extra_field_must_be_strict_json() {
+        let line = br#"{"event":"turn_complete","agent":"a","session":"s","payload":{"ok":1,"m":"x\ude00"}}"#;
+        let e = parse_line(line).unwrap_err();
+        assert_eq!(e.path(), "payload.m", "{e}");
+        assert!(e.reason().contains("strict JSON"), "{e}");
+        let fine = br#"{"event":"turn_complete","agent":"a","session":"s","payload":{"m":"x\ud83d\ude00"}}"#;
+        let r = parse_line(fine).unwrap();
+        assert_eq!(r.payload_json(), r#"{"m":"x\ud83d\ude00"}"#);
     }
 
     #[test]

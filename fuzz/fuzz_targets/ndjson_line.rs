@@ -2,13 +2,16 @@
 //!
 //! * never panics;
 //! * `Err`: the message is non-empty and one line (it is printed after `FILE:LINE: `);
-//! * `Ok`: the event's payload (`record.event().to_json()`) is one line with no raw control byte,
-//!   is a JSON object whose members are exactly `record.kind().fields()`, in that order, with
-//!   values of the documented types; and when serde_json can read the whole line as a `Value`,
-//!   the record agrees with it: `event` is the kind's name, `agent`/`session` match, and every
-//!   payload field carries the line's value (`arguments`: an object is embedded as is, a string
-//!   is the JSON text — embedded if it is an object, passed on as that string otherwise — and any
-//!   other value is passed on as its JSON text).
+//! * `Ok`: the event's documented payload (`record.event().to_json()`) is one line with no raw
+//!   control byte, is a JSON object whose members are exactly `record.kind().fields()`, in that
+//!   order, with values of the documented types; the delivered payload (`record.payload_json()`)
+//!   is that object's members, byte for byte, followed by the extra fields; and when serde_json
+//!   can read the whole line as a `Value`, the record agrees with it: `event` is the kind's name,
+//!   `agent`/`session` match, every payload field carries the line's value (`agent_start`'s
+//!   `agent`/`session`, when the payload lacks them, the envelope's; `arguments`: an object is
+//!   embedded as is, a string is the JSON text — embedded if it is an object, passed on as that
+//!   string otherwise — and any other value is passed on as its JSON text), and the extra fields
+//!   are exactly the line's other payload members, each with the line's value.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -37,9 +40,33 @@ fuzz_target!(|data: &[u8]| {
     let members = object_members(&payload)
         .unwrap_or_else(|e| panic!("payload is not a JSON object ({e}): {payload:?}"));
     assert_eq!(keys(&members), kind.fields(), "payload {payload}");
-    // The payload as a whole must be readable by a default serde_json (DESIGN.md §2).
+    // The payload as a whole must be readable by a default serde_json (ARCHITECTURE.md § Events).
     if let Serde::Rejected(e) = parse(payload.as_bytes()) {
         panic!("serde_json cannot read the payload ({e}): {payload}");
+    }
+    // What hooks get: the documented members byte for byte, then the extra fields.
+    let delivered = record.payload_json();
+    assert!(
+        !delivered.bytes().any(|b| b < 0x20),
+        "raw control byte in payload {delivered:?}"
+    );
+    let all = object_members(&delivered)
+        .unwrap_or_else(|e| panic!("payload is not a JSON object ({e}): {delivered:?}"));
+    let n = kind.fields().len();
+    assert!(all.len() >= n, "documented fields missing: {delivered}");
+    for ((k, v), (dk, dv)) in all[..n].iter().zip(&members) {
+        assert_eq!((k, v.get()), (dk, dv.get()), "payload {delivered}");
+    }
+    let extras = &all[n..];
+    assert_eq!(record.has_extras(), !extras.is_empty(), "payload {delivered}");
+    for (k, _) in extras {
+        assert!(
+            !kind.fields().contains(&k.as_str()),
+            "extra field {k} repeats a documented one: {delivered}"
+        );
+    }
+    if let Serde::Rejected(e) = parse(delivered.as_bytes()) {
+        panic!("serde_json cannot read the payload ({e}): {delivered}");
     }
 
     // Each member has the documented type; `arguments` may hold numbers serde_json cannot
@@ -75,13 +102,32 @@ fuzz_target!(|data: &[u8]| {
         None | Some(Value::Null) => &empty,
         Some(p) => p.as_object().expect("an accepted payload is an object"),
     };
-    if kind == EventKind::TurnComplete {
-        assert!(given.is_empty(), "turn_complete accepted payload {given:?}");
+    let given_extras: Vec<&String> = given
+        .keys()
+        .filter(|k| !kind.fields().contains(&k.as_str()))
+        .collect();
+    assert_eq!(extras.len(), given_extras.len(), "line {line:?}, payload {delivered}");
+    for (k, raw) in extras {
+        let want = given.get(k).expect("every extra field comes from the line");
+        if let Serde::Ok(got) = parse(raw.get().as_bytes()) {
+            assert_eq!(&got, want, "extra field {k}: line {line:?}, payload {delivered}");
+        }
     }
     for &name in kind.fields() {
-        let want = given
-            .get(name)
-            .expect("an accepted payload has every field");
+        let from_envelope;
+        let want = match given.get(name) {
+            Some(v) => v,
+            // agent_start's own fields come from the envelope when the payload lacks them.
+            None if kind == EventKind::AgentStart => {
+                from_envelope = Value::from(if name == "agent" {
+                    record.agent.as_str()
+                } else {
+                    record.session.as_str()
+                });
+                &from_envelope
+            }
+            None => panic!("an accepted payload has every field: {name} is missing"),
+        };
         if name != "arguments" {
             assert_eq!(
                 fields.get(name),

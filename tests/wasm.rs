@@ -1151,8 +1151,9 @@ fn replacing_a_plugin_interrupts_the_old_version_and_frees_its_instances() {
             format!("{toml}\n# round {round}\n"),
         )
         .unwrap();
-        // Generous: every round leaves four guests spinning until the reload interrupts them,
-        // and the other tests of this binary run beside it on a 2-CPU machine.
+        // Generous for a loaded machine. When the whole binary runs, this intermittently never
+        // sees the reload (about 3 runs in 20 here, never when run alone): a known, undiagnosed
+        // bug, not slowness — the change was not acted on at all (reloads 0, no error).
         wait_for(60, "the reload", || plugins(&h).reloads > round);
     }
     let em = h.emitter("b", "b");

@@ -388,10 +388,7 @@ impl Drop for OnceGuard {
                 "a test run of hook {} ended without an outcome (did the shell runner thread panic?); recorded as cancelled",
                 crate::config::quote(&self.id)
             );
-            conclude(&sh, &o);
-            let mut s = lock(&sh.sched);
-            s.record_direct(o.clone(), sh.history);
-            notify_drained(&sh, &s);
+            o = finish_direct(&sh, o);
         }
         self.slot.complete(o);
     }
@@ -511,28 +508,27 @@ impl Origin {
                 let mut o = Outcome::not_run(&action.id, action.event, kind, Some(&run.msg));
                 o.direct = true;
                 drop(run);
-                conclude(sh, &o);
-                {
-                    let mut s = lock(&sh.sched);
-                    s.record_direct(o.clone(), sh.history);
-                    notify_drained(sh, &s);
-                }
-                let _ = reply.send((index, o));
+                let _ = reply.send((index, finish_direct(sh, o)));
             }
             Origin::Once { run, slot, .. } => {
                 let mut o = Outcome::not_run(&action.id, action.event, kind, Some(&run.msg));
                 o.direct = true;
                 drop(run);
-                conclude(sh, &o);
-                {
-                    let mut s = lock(&sh.sched);
-                    s.record_direct(o.clone(), sh.history);
-                    notify_drained(sh, &s);
-                }
-                slot.complete(o);
+                slot.complete(finish_direct(sh, o));
             }
         }
     }
+}
+
+/// A direct or test run is over (or never started): its outcome goes to the run feed and the
+/// hook's history (not the counters), its slot is given back and a waiting shutdown woken.
+/// Returns the outcome for the caller to hand on, after the lock is released.
+fn finish_direct(sh: &Shared, o: Outcome) -> Outcome {
+    conclude(sh, &o);
+    let mut s = lock(&sh.sched);
+    s.record_direct(o.clone(), sh.history);
+    notify_drained(sh, &s);
+    o
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -1523,13 +1519,7 @@ fn report(sh: &Shared, f: Finished<Origin>) {
         } => {
             let o = outcome(&id, event, &run.msg, true);
             drop(run);
-            conclude(sh, &o);
-            {
-                let mut s = lock(&sh.sched);
-                s.record_direct(o.clone(), sh.history);
-                notify_drained(sh, &s);
-            }
-            let _ = reply.send((index, o));
+            let _ = reply.send((index, finish_direct(sh, o)));
         }
         Origin::Once {
             id,
@@ -1539,13 +1529,7 @@ fn report(sh: &Shared, f: Finished<Origin>) {
         } => {
             let o = outcome(&id, event, &run.msg, true);
             drop(run);
-            conclude(sh, &o);
-            {
-                let mut s = lock(&sh.sched);
-                s.record_direct(o.clone(), sh.history);
-                notify_drained(sh, &s);
-            }
-            slot.complete(o);
+            slot.complete(finish_direct(sh, o));
         }
     }
 }

@@ -308,6 +308,13 @@ impl HooksBuilder {
         if let Some(shell) = &shell {
             sinks.push(shell.clone());
         }
+        // The plugins' watch is set before their first load, so an edit made while it runs
+        // (compiling, probing start code: seconds) is reloaded rather than missed.
+        #[cfg(feature = "wasm")]
+        let armed = self
+            .workspace
+            .as_ref()
+            .map(|ws| wasm::PluginWatcher::arm(ws.clone(), config::WatchOptions::default().poll));
         #[cfg(feature = "wasm")]
         let plugins = match &self.workspace {
             Some(ws) => {
@@ -326,15 +333,11 @@ impl HooksBuilder {
             sinks.push(p.clone());
         }
         #[cfg(feature = "wasm")]
-        let plugin_watcher = match (&self.workspace, &plugins) {
-            (Some(ws), Some(p)) => Some(
-                wasm::PluginWatcher::start(
-                    ws.clone(),
-                    Arc::downgrade(p),
-                    self.reload_debounce,
-                    config::WatchOptions::default().poll,
-                )
-                .map_err(BuildError::Spawn)?,
+        let plugin_watcher = match (armed, &plugins) {
+            (Some(armed), Some(p)) => Some(
+                armed
+                    .start(Arc::downgrade(p), self.reload_debounce)
+                    .map_err(BuildError::Spawn)?,
             ),
             _ => None,
         };

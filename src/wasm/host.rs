@@ -605,4 +605,24 @@ mod tests {
         assert!(!l.memory_growing(0, 65536, None).unwrap());
         assert_eq!(l.headroom(), 0);
     }
+
+    #[test]
+    fn a_real_store_holds_two_memories_to_one_cap() {
+        // The limiter as wasmtime drives it: two linear memories of one store, each of which
+        // could grow to the cap alone, share it.
+        use wasmtime::{Engine, Memory, MemoryType, Store};
+        const MIB_PAGES: u64 = 16; // 64 KiB pages
+        let engine = Engine::default();
+        let mut store = Store::new(&engine, InstanceLimits::new(10 << 20));
+        store.limiter(|l| l);
+        let four = MemoryType::new(4 * MIB_PAGES as u32, None);
+        let a = Memory::new(&mut store, four.clone()).unwrap();
+        let b = Memory::new(&mut store, four).unwrap();
+        assert_eq!(store.data().memory, 8 << 20);
+        assert!(a.grow(&mut store, 3 * MIB_PAGES).is_err(), "11 MiB in all");
+        a.grow(&mut store, 2 * MIB_PAGES).unwrap();
+        assert!(b.grow(&mut store, 1).is_err(), "the cap is spent");
+        assert_eq!(store.data().headroom(), 0);
+        assert!(Memory::new(&mut store, MemoryType::new(1, None)).is_err());
+    }
 }

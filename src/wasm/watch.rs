@@ -43,26 +43,58 @@ enum Msg {
 }
 
 impl PluginWatcher {
-    pub fn start(
-        workspace: PathBuf,
-        sink: Weak<WasmSink>,
-        debounce: Duration,
-        poll: bool,
-    ) -> std::io::Result<PluginWatcher> {
+    /// Starts watching `<workspace>/plugins/` now, before the plugins are loaded: the watches
+    /// are set (or, when polling, the first listing taken) before this returns, so an edit made
+    /// while the first load runs is seen once [`ArmedWatcher::start`] starts the thread.
+    pub fn arm(workspace: PathBuf, poll: bool) -> ArmedWatcher {
         let (tx, rx) = mpsc::channel();
         let workspace = std::fs::canonicalize(&workspace)
             .or_else(|_| std::path::absolute(&workspace))
             .unwrap_or(workspace);
         let plugins = workspace.join(PLUGINS_DIR);
-        let watcher = if poll {
+        let mut watcher = if poll {
             None
         } else {
             inotify(&workspace, &plugins, tx.clone())
         };
+        let watched = watcher.as_mut().and_then(|w| rewatch(w, &plugins, None));
+        let listing = watcher.is_none().then(|| list(&plugins));
+        ArmedWatcher {
+            tx,
+            rx,
+            plugins,
+            armed: Armed {
+                watcher,
+                watched,
+                listing,
+            },
+        }
+    }
+}
+
+/// A watch set up before the first load ([`PluginWatcher::arm`]): what changes meanwhile is
+/// queued (inotify) or compared against the listing taken before it (polling).
+pub struct ArmedWatcher {
+    tx: mpsc::Sender<Msg>,
+    rx: mpsc::Receiver<Msg>,
+    plugins: PathBuf,
+    armed: Armed,
+}
+
+impl ArmedWatcher {
+    /// Starts the watcher's thread, which reloads `sink` after each change once changes have
+    /// been quiet for `debounce`.
+    pub fn start(self, sink: Weak<WasmSink>, debounce: Duration) -> std::io::Result<PluginWatcher> {
+        let ArmedWatcher {
+            tx,
+            rx,
+            plugins,
+            armed,
+        } = self;
         let weak = sink.clone();
         let thread = std::thread::Builder::new()
             .name("prx-hooks-plugins".into())
-            .spawn(move || run(&plugins, watcher, &rx, &weak, debounce))?;
+            .spawn(move || run(&plugins, armed, &rx, &weak, debounce))?;
         Ok(PluginWatcher {
             tx,
             thread: Some(thread),
@@ -70,6 +102,17 @@ impl PluginWatcher {
         })
     }
 }
+
+/// What [`run`] starts from.
+struct Armed {
+    watcher: Option<notify::RecommendedWatcher>,
+    /// The plugins/ directory the recursive watch is on (device, inode), if any.
+    watched: Option<(u64, u64)>,
+    /// Polling only: the listing taken when armed.
+    listing: Option<Listing>,
+}
+
+type Listing = Vec<(PathBuf, u64, u64, i64, i64, i64, i64)>;
 
 impl Drop for PluginWatcher {
     fn drop(&mut self) {
@@ -99,6 +142,8 @@ fn inotify(
             Ok(ev) if matches!(ev.kind, EventKind::Access(a) if a != AccessKind::Close(AccessMode::Write)) => {
                 false
             }
+            // The kernel's queue overflowed: changes were lost, so look again.
+            Ok(ev) if ev.need_rescan() => true,
             Ok(ev) => ev.paths.iter().any(|p| p.starts_with(&prefix)),
             Err(_) => true,
         };
@@ -114,18 +159,19 @@ fn inotify(
 
 fn run(
     plugins: &Path,
-    mut watcher: Option<notify::RecommendedWatcher>,
+    armed: Armed,
     rx: &mpsc::Receiver<Msg>,
     sink: &Weak<WasmSink>,
     debounce: Duration,
 ) {
+    let Armed {
+        mut watcher,
+        mut watched,
+        listing,
+    } = armed;
     let polling = watcher.is_none();
-    let mut listing = list(plugins);
-    // The plugins/ directory the recursive watch is on (device, inode), if any.
-    let mut watched = None;
-    if let Some(w) = watcher.as_mut() {
-        watched = rewatch(w, plugins, None);
-    }
+    // Polling: the listing from before the first load, so an edit made during it differs.
+    let mut listing = listing.unwrap_or_else(|| list(plugins));
     let mut dirty_since: Option<Instant> = None;
     loop {
         let wait = match dirty_since {
@@ -189,7 +235,7 @@ fn rewatch(
 }
 
 /// `plugins/` three levels deep: each entry's path, inode, size, and times.
-fn list(plugins: &Path) -> Vec<(PathBuf, u64, u64, i64, i64, i64, i64)> {
+fn list(plugins: &Path) -> Listing {
     use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     let mut stack = vec![(plugins.to_path_buf(), 0)];

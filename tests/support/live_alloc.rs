@@ -9,6 +9,16 @@ pub struct Live;
 
 /// Bytes allocated and not yet freed.
 pub static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// The highest [`LIVE`] since it was last [`reset_peak`].
+pub static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Starts a new peak from what is live now; returns that.
+#[allow(dead_code)] // not every test binary measures peaks
+pub fn reset_peak() -> usize {
+    let now = LIVE.load(Ordering::Relaxed);
+    PEAK.store(now, Ordering::Relaxed);
+    now
+}
 
 // SAFETY: forwards every call to the system allocator unchanged; only keeps a byte count.
 unsafe impl GlobalAlloc for Live {
@@ -16,7 +26,8 @@ unsafe impl GlobalAlloc for Live {
         // SAFETY: same contract as ours.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(live, Ordering::Relaxed);
         }
         p
     }
@@ -30,7 +41,8 @@ unsafe impl GlobalAlloc for Live {
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            LIVE.fetch_add(new_size, Ordering::Relaxed);
+            let live = LIVE.fetch_add(new_size, Ordering::Relaxed) + new_size;
+            PEAK.fetch_max(live, Ordering::Relaxed);
         }
         p
     }

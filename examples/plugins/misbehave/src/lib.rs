@@ -11,7 +11,7 @@
 //! | `trap`        | executes `unreachable` (a real trap)                                         |
 //! | `err`         | `Err("guest error: as requested")`                                           |
 //! | `republish`   | first call subscribes to `topic` (default `loop.ping`); every call bumps kv `calls` and publishes `{"n":<calls>}` to `topic` |
-//! | `subscribe`   | first call subscribes to `pattern` and publishes `{"id":<id>}` to `misbehave.subscribed` |
+//! | `subscribe`   | first call subscribes to `pattern` and publishes `{"id":<id>}` to `misbehave.subscribed`; later calls sleep `sleep_ms` (default 0) |
 //! | `unsubscribe` | unsubscribes the id found after `"id":` in the payload, publishes `{"id":..,"ok":..}` to `misbehave.unsubscribe` |
 //! | `escape`      | tries files, env and network; `Ok` only if everything is denied             |
 //! | `stdio`       | one line to stdout and one to stderr                                         |
@@ -26,7 +26,7 @@
 //! | `listkeys`    | lists the kv keys starting with `prefix` (default ``); `Err` with their count  |
 //! | `random`      | asks `wasi:random` for `size` bytes (default 2 MiB) at once; `Err` with how many came |
 //! | `biglog`      | one `log` line of `size` bytes (default 8 MiB)                                 |
-//! | `publish`     | publishes `payload` (default `not json`) to `topic` (default `misbehave.out`) |
+//! | `publish`     | publishes `payload` (default `not json`), or `size` bytes of `z`, to `topic` (default `misbehave.out`) |
 //!
 //! `start = "sleep" | "loop" | "trap"` in `[config]` misbehaves at instantiation instead, in the
 //! module's `_initialize` (which the component runs as it starts, before any `on-event`).
@@ -224,7 +224,10 @@ impl Guest for Misbehave {
             }
             Mode::Publish => events::publish(
                 &config::get("topic").unwrap_or_else(|| "misbehave.out".into()),
-                &config::get("payload").unwrap_or_else(|| "not json".into()),
+                &match config::get("size") {
+                    Some(_) => "z".repeat(number("size", 0) as usize),
+                    None => config::get("payload").unwrap_or_else(|| "not json".into()),
+                },
             ),
             Mode::Unknown(message) => Err(message.clone()),
         }
@@ -299,6 +302,12 @@ fn republish() -> Result<(), String> {
 
 fn subscribe() -> Result<(), String> {
     if SUBSCRIBED.load(Ordering::Relaxed) {
+        // Later calls (the subscription's messages among them) take `sleep_ms` (default 0),
+        // so that a test can fill the instance's subscription queue.
+        let ms = number("sleep_ms", 0);
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
         return Ok(());
     }
     let pattern = config::get("pattern").ok_or("misbehave: config key `pattern` is missing")?;

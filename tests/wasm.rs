@@ -1393,6 +1393,75 @@ fn a_payload_that_is_not_json_is_published_as_a_json_string() {
 }
 
 #[test]
+fn a_manifest_rewritten_while_reloads_run_ends_with_the_last_version_running() {
+    // Issue 13 item 10, with the real watcher and real reloads: plugin.toml is rewritten again
+    // and again (in place, so a reload can also see it half-written, and by rename) at gaps
+    // around the debounce time, so that writes land while reloads scan, parse and fingerprint.
+    // A host that fingerprinted the file as it was after the parse (not the text it parsed)
+    // could label the version it runs with a later text and never load that text: after each
+    // burst, the version that answers must be the last one written.
+    let ws = tempfile::tempdir().unwrap();
+    let text = |v: u32| {
+        manifest(
+            "swap",
+            "\"turn_complete\"",
+            "",
+            &format!("mode = \"publish\"\ntopic = \"swap.out\"\npayload = '{{\"v\":{v}}}'"),
+        )
+    };
+    let dir = install(ws.path(), "swap", "misbehave", &text(0));
+    let path = dir.join("plugin.toml");
+    let h = hooks(ws.path());
+    let sub = h.bus().subscribe("swap.out").unwrap();
+    let em = h.emitter("a", "s");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        | 1;
+    let mut x = seed;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x
+    };
+    let mut v = 0;
+    for burst in 0..6 {
+        for _ in 0..25 {
+            v += 1;
+            if next() % 2 == 0 {
+                std::fs::write(&path, text(v)).unwrap();
+            } else {
+                let tmp = dir.join(".plugin.toml.tmp");
+                std::fs::write(&tmp, text(v)).unwrap();
+                std::fs::rename(&tmp, &path).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(u64::from(next() % 40)));
+        }
+        // Quiet now: the last text must come to run, and stay.
+        let want = format!("{{\"v\":{v}}}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            while sub.try_recv().is_ok() {}
+            em.emit(Event::TurnComplete);
+            let got = sub.recv_timeout(Duration::from_secs(5));
+            if got.as_ref().is_ok_and(|m| m.json_str() == want) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "burst {burst} (seed {seed}): the last manifest written ({want}) never ran; \
+                 the plugin answers {:?}; {:?}",
+                got.map(|m| m.json_str().to_owned()),
+                plugins(&h)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
 fn a_busy_plugins_subscription_queue_holds_one_message_per_mib_of_its_memory_limit() {
     // What an instance's subscriptions queue is host memory the guest causes: at most
     // max(16, max_memory_mb) messages (each at most the bus's 1 MiB payload limit), the rest

@@ -27,6 +27,7 @@
 //! | `random`      | asks `wasi:random` for `size` bytes (default 2 MiB) at once; `Err` with how many came |
 //! | `biglog`      | one `log` line of `size` bytes (default 8 MiB)                                 |
 //! | `publish`     | publishes `payload` (default `not json`), or `size` bytes of `z`, to `topic` (default `misbehave.out`) |
+//! | `handles`     | opens `count` (default 100,000) `wasi:cli/stdout` streams, writes `size` bytes (default 0) of `h` without a newline to each, and never closes them; `Err` with how many |
 //!
 //! `start = "sleep" | "loop" | "trap"` in `[config]` misbehaves at instantiation instead, in the
 //! module's `_initialize` (which the component runs as it starts, before any `on-event`).
@@ -62,6 +63,66 @@ mod wasi_random {
     });
 }
 
+/// `wasi:cli/stdout` (and `wasi:io`, which it uses), called directly (std opens one
+/// stream; `handles` opens many and keeps them).
+mod wasi_stdout {
+    wit_bindgen::generate!({
+        inline: "
+            package misbehave:stdout;
+            package wasi:io@0.2.0 {
+                interface error {
+                    resource error {
+                        to-debug-string: func() -> string;
+                    }
+                }
+                interface poll {
+                    resource pollable {
+                        ready: func() -> bool;
+                        block: func();
+                    }
+                    poll: func(in: list<borrow<pollable>>) -> list<u32>;
+                }
+                interface streams {
+                    use error.{error};
+                    use poll.{pollable};
+                    variant stream-error {
+                        last-operation-failed(error),
+                        closed,
+                    }
+                    resource input-stream {
+                        read: func(len: u64) -> result<list<u8>, stream-error>;
+                        blocking-read: func(len: u64) -> result<list<u8>, stream-error>;
+                        skip: func(len: u64) -> result<u64, stream-error>;
+                        blocking-skip: func(len: u64) -> result<u64, stream-error>;
+                        subscribe: func() -> pollable;
+                    }
+                    resource output-stream {
+                        check-write: func() -> result<u64, stream-error>;
+                        write: func(contents: list<u8>) -> result<_, stream-error>;
+                        blocking-write-and-flush: func(contents: list<u8>) -> result<_, stream-error>;
+                        flush: func() -> result<_, stream-error>;
+                        blocking-flush: func() -> result<_, stream-error>;
+                        subscribe: func() -> pollable;
+                        write-zeroes: func(len: u64) -> result<_, stream-error>;
+                        blocking-write-zeroes-and-flush: func(len: u64) -> result<_, stream-error>;
+                        splice: func(src: borrow<input-stream>, len: u64) -> result<u64, stream-error>;
+                        blocking-splice: func(src: borrow<input-stream>, len: u64) -> result<u64, stream-error>;
+                    }
+                }
+            }
+            package wasi:cli@0.2.0 {
+                interface stdout {
+                    use wasi:io/streams@0.2.0.{output-stream};
+                    get-stdout: func() -> output-stream;
+                }
+            }
+            world s { import wasi:cli/stdout@0.2.0; }
+        ",
+        world: "s",
+        generate_all,
+    });
+}
+
 use exports::prx::plugin::hook_exports::Guest;
 use prx::host::{config, events, kv};
 use std::sync::OnceLock;
@@ -90,6 +151,7 @@ enum Mode {
     ListKeys,
     Random,
     BigLog,
+    Handles,
     Unknown(String),
 }
 
@@ -121,6 +183,7 @@ fn mode() -> &'static Mode {
         Some("listkeys") => Mode::ListKeys,
         Some("random") => Mode::Random,
         Some("biglog") => Mode::BigLog,
+        Some("handles") => Mode::Handles,
         Some(other) => Mode::Unknown(format!("misbehave: unknown mode {}", json_string(other))),
         None => Mode::Unknown("misbehave: config key `mode` is missing".into()),
     })
@@ -229,6 +292,19 @@ impl Guest for Misbehave {
                     None => config::get("payload").unwrap_or_else(|| "not json".into()),
                 },
             ),
+            Mode::Handles => {
+                let bytes = vec![b'h'; number("size", 0) as usize];
+                let count = number("count", 100_000);
+                for n in 0..count {
+                    let out = wasi_stdout::wasi::cli::stdout::get_stdout();
+                    if !bytes.is_empty() && out.write(&bytes).is_err() {
+                        return Err(format!("handles: write {n} failed"));
+                    }
+                    // Never closed: the host keeps the stream until the instance goes.
+                    std::mem::forget(out);
+                }
+                Err(format!("handles: {count} opened"))
+            }
             Mode::Unknown(message) => Err(message.clone()),
         }
     }

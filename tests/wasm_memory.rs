@@ -118,8 +118,9 @@ fn stream_handles_a_guest_never_closes_cost_the_host_a_bounded_amount() {
         matches!(outcome, CallOutcome::Trap(_) | CallOutcome::Error(_)),
         "{outcome:?}"
     );
+    eprintln!("handles: {outcome:?}, live heap +{growth} bytes at its highest");
     assert!(
-        growth < 16 << 20,
+        growth < 4 << 20,
         "the live heap grew by {} MiB while a guest with max_memory_mb = 16 opened streams \
          ({outcome:?})",
         growth >> 20

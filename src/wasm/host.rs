@@ -13,8 +13,10 @@
 //! a `kv.list-keys` result larger than what is left of the cap is refused with a trap rather
 //! than allocated). What the host copies in is bounded too: `log` and `events.publish` read the
 //! guest's strings in place (a log line is cut to [`MAX_LINE`], a payload over the bus's limit is
-//! refused before any copy), `wasi:random` gives at most [`MAX_RANDOM`] bytes a call, and an
-//! instance's subscription queue holds at most [`sub_queue_len`] messages.
+//! refused before any copy), `wasi:random` gives at most [`MAX_RANDOM`] bytes a call, an
+//! instance's subscription queue holds at most [`sub_queue_len`] messages, and it may hold at
+//! most [`MAX_HANDLES`] WASI resources at once (streams, pollables: each a host allocation; all
+//! handles on stdout share one partial line).
 //!
 //! Each instance's [`HostState`] knows its plugin ([`PluginCtx`]: name, config, kv store, whether
 //! it holds the `events` permission, the bus) and the message it is handling, whose depth is what
@@ -27,8 +29,8 @@ use super::kv::{KvError, KvFlusher, KvStore, Wait};
 use super::log::PluginLog;
 use crate::bus::{Bus, BusError, Message, Subscription};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wasmtime::component::{ComponentType, Lift, Linker, ResourceTable, WasmStr};
 use wasmtime::{ResourceLimiter, StoreContextMut};
@@ -51,6 +53,11 @@ pub const MAX_RANDOM: u64 = 1 << 20;
 pub fn sub_queue_len(max_memory_mb: u64, per_shard: usize) -> usize {
     (max_memory_mb.clamp(16, 1 << 20) as usize).min(per_shard.max(1))
 }
+
+/// WASI resources (streams, pollables, …) one instance may hold at once. Each is a host
+/// allocation in the store's resource table (wasmtime's default allows a million, over 100 MiB
+/// of host memory behind any `max_memory_mb`); a guest that opens more traps.
+pub const MAX_HANDLES: usize = 4096;
 
 /// Core instances, tables and memories one instance may create (the pool's per-component
 /// limits are the hard ones; these are the store's).
@@ -195,18 +202,12 @@ impl HostState {
         sub_rx: flume::Receiver<Message>,
     ) -> HostState {
         let mut wasi = wasmtime_wasi::WasiCtxBuilder::new();
-        wasi.stdout(GuestOutput {
-            log: ctx.log.clone(),
-            stream: "stdout",
-        })
-        .stderr(GuestOutput {
-            log: ctx.log.clone(),
-            stream: "stderr",
-        })
-        .max_random_size(MAX_RANDOM)
-        .allow_ip_name_lookup(false)
-        .allow_tcp(false)
-        .allow_udp(false);
+        wasi.stdout(GuestOutput::new(ctx.log.clone(), "stdout"))
+            .stderr(GuestOutput::new(ctx.log.clone(), "stderr"))
+            .max_random_size(MAX_RANDOM)
+            .allow_ip_name_lookup(false)
+            .allow_tcp(false)
+            .allow_udp(false);
         HostState {
             ctx,
             depth: 0,
@@ -216,7 +217,11 @@ impl HostState {
             sub_rx,
             limits,
             wasi: wasi.build(),
-            table: ResourceTable::new(),
+            table: {
+                let mut t = ResourceTable::new();
+                t.set_max_capacity(MAX_HANDLES);
+                t
+            },
         }
     }
 
@@ -477,10 +482,31 @@ fn permitted(st: &HostState, what: &str) -> Result<(), String> {
     }
 }
 
-/// A guest's stdout or stderr: each line goes to the plugin's bounded log.
+/// A guest's stdout or stderr: each line goes to the plugin's bounded log. Every handle the
+/// guest opens on it (`get-stdout` makes a new one each time) shares one partial line, so what
+/// the host holds for it is one line however many handles there are.
 struct GuestOutput {
     log: Arc<PluginLog>,
     stream: &'static str,
+    line: Arc<Mutex<Vec<u8>>>,
+}
+
+impl GuestOutput {
+    fn new(log: Arc<PluginLog>, stream: &'static str) -> GuestOutput {
+        GuestOutput {
+            log,
+            stream,
+            line: Arc::default(),
+        }
+    }
+
+    fn handle(&self) -> LineLogger {
+        LineLogger {
+            log: self.log.clone(),
+            stream: self.stream,
+            line: self.line.clone(),
+        }
+    }
 }
 
 impl IsTerminal for GuestOutput {
@@ -491,52 +517,50 @@ impl IsTerminal for GuestOutput {
 
 impl StdoutStream for GuestOutput {
     fn p2_stream(&self) -> Box<dyn OutputStream> {
-        Box::new(LineLogger {
-            log: self.log.clone(),
-            stream: self.stream,
-            line: Vec::new(),
-        })
+        Box::new(self.handle())
     }
 
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(LineLogger {
-            log: self.log.clone(),
-            stream: self.stream,
-            line: Vec::new(),
-        })
+        Box::new(self.handle())
     }
 }
 
+/// One handle on a guest's stdout or stderr.
 struct LineLogger {
     log: Arc<PluginLog>,
     stream: &'static str,
-    line: Vec<u8>,
+    line: Arc<Mutex<Vec<u8>>>,
 }
 
 impl LineLogger {
+    fn line(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.line.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn take(&mut self, bytes: &[u8]) {
+        let mut line = self.line();
         for &b in bytes {
-            if b == b'\n' || self.line.len() >= MAX_LINE {
-                self.emit();
+            if b == b'\n' || line.len() >= MAX_LINE {
+                self.emit(&mut line);
                 if b == b'\n' {
                     continue;
                 }
             }
-            self.line.push(b);
+            line.push(b);
         }
     }
 
-    fn emit(&mut self) {
-        self.log
-            .line(super::log::Level::Info, self.stream, &self.line);
-        self.line.clear();
+    fn emit(&self, line: &mut Vec<u8>) {
+        self.log.line(super::log::Level::Info, self.stream, line);
+        line.clear();
     }
 }
 
 impl Drop for LineLogger {
     fn drop(&mut self) {
-        if !self.line.is_empty() {
-            self.emit();
+        let mut line = self.line();
+        if !line.is_empty() {
+            self.emit(&mut line);
         }
     }
 }

@@ -986,3 +986,36 @@ fn a_list_keys_result_larger_than_the_memory_left_is_refused() {
     assert_eq!(code, 1, "{out}{err}"); // the guest reports the count as its error
     assert!(out.contains("error: list-keys: 20000 keys"), "{out}{err}");
 }
+
+/// A kv file in the workspace is input like any other: a hostile or damaged one (here a sparse
+/// file of 1 TiB that starts with the right magic, which takes no disk space) must not make the
+/// host allocate its size. `fire` runs the plugin and exits; the damaged tail is dropped.
+#[test]
+fn a_huge_sparse_kv_file_does_not_make_the_host_allocate_its_size() {
+    let ws = tempfile::tempdir().unwrap();
+    install(
+        ws.path(),
+        "counter",
+        "misbehave",
+        &manifest("counter", "\"*\"", "mode = \"count\""),
+    );
+    let kv_dir = ws.path().join(".prx-hooks/kv");
+    std::fs::create_dir_all(&kv_dir).unwrap();
+    let f = std::fs::File::create(kv_dir.join("counter")).unwrap();
+    use std::io::Write;
+    (&f).write_all(b"PRXKV2\n").unwrap();
+    f.set_len(1 << 40).unwrap();
+    drop(f);
+    let (code, out, err) = run(bin()
+        .args(["fire", "turn_complete", "--workspace"])
+        .arg(ws.path()));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("plugin counter turn_complete: ok ("),
+        "{out}"
+    );
+    assert_eq!(
+        kv(ws.path(), "counter", "n.turn_complete").as_deref(),
+        Some("1")
+    );
+}

@@ -987,35 +987,97 @@ fn a_list_keys_result_larger_than_the_memory_left_is_refused() {
     assert!(out.contains("error: list-keys: 20000 keys"), "{out}{err}");
 }
 
-/// A kv file in the workspace is input like any other: a hostile or damaged one (here a sparse
-/// file of 1 TiB that starts with the right magic, which takes no disk space) must not make the
-/// host allocate its size. `fire` runs the plugin and exits; the damaged tail is dropped.
+/// A kv file in the workspace is input like any other: a hostile or damaged one must not make
+/// the host allocate its size, copy it, or wait for it. Three plugins: one whose kv file is a
+/// sparse 1 TiB file that starts with the right magic (no disk space; before, the catch-up
+/// allocated all of it and the process aborted), one whose file is 1 TiB of zeros without the
+/// magic (before, it was copied aside byte by byte: it filled the disk), one whose file is a
+/// FIFO (before, reading its first bytes waited forever). `fire` runs under a 256 MiB file-size
+/// limit (so the old copy dies of SIGXFSZ instead of filling the disk) and is killed after 60 s.
 #[test]
-fn a_huge_sparse_kv_file_does_not_make_the_host_allocate_its_size() {
+fn a_hostile_kv_file_is_neither_allocated_copied_nor_waited_for() {
     let ws = tempfile::tempdir().unwrap();
-    install(
-        ws.path(),
-        "counter",
-        "misbehave",
-        &manifest("counter", "\"*\"", "mode = \"count\""),
-    );
     let kv_dir = ws.path().join(".prx-hooks/kv");
     std::fs::create_dir_all(&kv_dir).unwrap();
-    let f = std::fs::File::create(kv_dir.join("counter")).unwrap();
+    for name in ["sparse", "zeros", "fifo"] {
+        install(
+            ws.path(),
+            name,
+            "misbehave",
+            &manifest(name, "\"*\"", "mode = \"count\""),
+        );
+    }
     use std::io::Write;
+    let f = std::fs::File::create(kv_dir.join("sparse")).unwrap();
     (&f).write_all(b"PRXKV2\n").unwrap();
     f.set_len(1 << 40).unwrap();
-    drop(f);
-    let (code, out, err) = run(bin()
-        .args(["fire", "turn_complete", "--workspace"])
-        .arg(ws.path()));
-    assert_eq!(code, 0, "{out}{err}");
+    std::fs::File::create(kv_dir.join("zeros"))
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let fifo = kv_dir.join("fifo");
     assert!(
-        out.starts_with("plugin counter turn_complete: ok ("),
-        "{out}"
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
     );
+    let home = std::env::temp_dir().join(format!("prx-hooks-wasm-cli-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let mut child = Command::new("prlimit")
+        .arg(format!("--fsize={}", 256u64 << 20))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(["fire", "turn_complete", "--workspace"])
+        .arg(ws.path())
+        .env("HOME", &home)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let tail: String = stderr.lines().rev().take(15).collect::<Vec<_>>().join("\n");
     assert_eq!(
-        kv(ws.path(), "counter", "n.turn_complete").as_deref(),
-        Some("1")
+        out.status.code(),
+        Some(0),
+        "{:?}\n{stdout}\n{tail}",
+        out.status
+    );
+    for name in ["fifo", "sparse", "zeros"] {
+        assert!(
+            stdout.contains(&format!("plugin {name} turn_complete: ok (")),
+            "{stdout}"
+        );
+    }
+    // The two files that are no kv log were set aside without a copy; each store starts
+    // anew and the plugin's write is in it.
+    for name in ["sparse", "zeros"] {
+        assert_eq!(kv(ws.path(), name, "n.turn_complete").as_deref(), Some("1"));
+    }
+    let used: u64 = std::fs::read_dir(&kv_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            use std::os::unix::fs::MetadataExt;
+            e.metadata().unwrap().blocks() * 512
+        })
+        .sum();
+    assert!(
+        used < 1 << 20,
+        "the kv directory takes {used} bytes of disk"
     );
 }

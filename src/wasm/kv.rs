@@ -21,6 +21,11 @@
 //! warning and the store starts empty; a `PRXKV1` file (the former snapshot format) is
 //! converted. Temporary files a crash left are removed whenever the lock is taken at open.
 //!
+//! The file is read as hostile input (it sits in the workspace): opened without following a
+//! symbolic link and without waiting (a FIFO), refused unless it is a regular file, read
+//! [`READ_CHUNK`] (or one record) at a time whatever length it claims, and set aside by a
+//! rename, never a copy (it may be a sparse terabyte).
+//!
 //! The size cap (`max_kv_storage_mb`) counts each entry's key and value bytes plus
 //! [`ENTRY_OVERHEAD`] (what an entry costs in memory besides its bytes), so a store of empty
 //! values stays within its cap in memory too; a `set` that would pass it is refused with an
@@ -112,37 +117,50 @@ struct Record<'a> {
     value: &'a [u8],
 }
 
-/// Decodes the complete, valid records at the start of `buf`; returns them and how many bytes
-/// they span (the rest is a record cut short or a bad one).
-fn decode(buf: &[u8]) -> (Vec<Record<'_>>, usize) {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while let Some(head) = buf.get(at..at + HEADER) {
-        let op = head[0];
-        let klen = u32::from_le_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
-        let vlen = u32::from_le_bytes(head[5..9].try_into().expect("4 bytes")) as usize;
-        if !(op == SET || op == DELETE) || klen > MAX_KEY_BYTES || vlen > MAX_VALUE_BYTES {
-            break;
-        }
-        let end = at + HEADER + klen + vlen;
-        let Some(crc) = buf.get(end..end + CRC) else {
-            break;
-        };
-        if crc32fast::hash(&buf[at..end]).to_le_bytes() != crc {
-            break;
-        }
-        let Ok(key) = std::str::from_utf8(&buf[at + HEADER..at + HEADER + klen]) else {
-            break;
-        };
-        out.push(Record {
+/// What starts a buffer of log bytes.
+enum Next<'a> {
+    /// A complete, valid record, and the bytes it spans.
+    Record(Record<'a>, usize),
+    /// The start of a record that may be valid: this many bytes would hold it whole.
+    Short(usize),
+    /// Not a record (a bad op, a length past the limits, a CRC or UTF-8 failure).
+    Bad,
+}
+
+/// The record at the start of `buf`.
+fn next_record(buf: &[u8]) -> Next<'_> {
+    let Some(head) = buf.get(..HEADER) else {
+        return Next::Short(HEADER);
+    };
+    let op = head[0];
+    let klen = u32::from_le_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
+    let vlen = u32::from_le_bytes(head[5..9].try_into().expect("4 bytes")) as usize;
+    if !(op == SET || op == DELETE) || klen > MAX_KEY_BYTES || vlen > MAX_VALUE_BYTES {
+        return Next::Bad;
+    }
+    let end = HEADER + klen + vlen;
+    let Some(crc) = buf.get(end..end + CRC) else {
+        return Next::Short(end + CRC);
+    };
+    if crc32fast::hash(&buf[..end]).to_le_bytes() != crc {
+        return Next::Bad;
+    }
+    let Ok(key) = std::str::from_utf8(&buf[HEADER..HEADER + klen]) else {
+        return Next::Bad;
+    };
+    Next::Record(
+        Record {
             op,
             key,
-            value: &buf[at + HEADER + klen..end],
-        });
-        at = end + CRC;
-    }
-    (out, at)
+            value: &buf[HEADER + klen..end],
+        },
+        end + CRC,
+    )
 }
+
+/// How much of a log is read at a time when catching up: what is held besides the map is this
+/// or one record, whichever is larger, however large the file claims to be.
+const READ_CHUNK: usize = 1 << 20;
 
 /// The former format: a snapshot of length-prefixed keys and values.
 fn decode_v1(mut bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
@@ -204,22 +222,54 @@ impl Inner {
             log.ino = (fmd.dev(), fmd.ino());
             return self.reload();
         }
-        if md.len() == log.offset {
+        let mut end = md.len();
+        if end == log.offset {
             return Ok(());
         }
-        let mut buf = vec![0; md.len().saturating_sub(log.offset) as usize];
-        let n = read_at_most(&log.file, &mut buf, log.offset)?;
-        buf.truncate(n);
-        let (records, used) = decode(&buf);
-        let start = log.offset;
-        let tail_bad = used < buf.len();
-        for r in &records {
-            let (op, key, value) = (r.op, r.key.to_string(), r.value.to_vec());
-            self.apply(op, &key, &value);
+        // Read in chunks (a record at most 64 MiB), never the whole file at once: its length
+        // is whatever the file says, a sparse terabyte included.
+        let mut pos = log.offset;
+        let mut read_to = log.offset;
+        let mut buf: Vec<u8> = Vec::new();
+        let mut records = Vec::new();
+        loop {
+            let mut used = 0;
+            let need = loop {
+                match next_record(&buf[used..]) {
+                    Next::Record(r, n) => {
+                        records.push((r.op, r.key.to_string(), r.value.to_vec()));
+                        used += n;
+                    }
+                    Next::Short(n) => break Some(n),
+                    Next::Bad => break None,
+                }
+            };
+            buf.drain(..used);
+            pos += used as u64;
+            let log = self.log.as_mut().expect("checked above");
+            log.offset = pos;
+            for (op, key, value) in records.drain(..) {
+                self.apply(op, &key, &value);
+            }
+            let Some(need) = need else { break };
+            if read_to >= end {
+                break;
+            }
+            let want = (need.saturating_sub(buf.len()).max(READ_CHUNK) as u64).min(end - read_to);
+            let have = buf.len();
+            buf.resize(have + want as usize, 0);
+            let log = self.log.as_ref().expect("checked above");
+            let n = read_at_most(&log.file, &mut buf[have..], read_to)?;
+            buf.truncate(have + n);
+            read_to += n as u64;
+            if n == 0 {
+                // Shorter than it said (truncated meanwhile).
+                end = read_to;
+            }
         }
         let log = self.log.as_mut().expect("checked above");
-        log.offset = start + used as u64;
-        if tail_bad && locked {
+        if log.offset < end && locked {
+            // A record cut short or a bad one, and nobody can be appending: drop it.
             log.file.set_len(log.offset)?;
         }
         Ok(())
@@ -240,13 +290,35 @@ fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 }
 
 fn open_log(path: &Path) -> io::Result<File> {
-    std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .append(true)
         .create(true)
         .mode(0o600)
-        .open(path)
+        .custom_flags(NO_FOLLOW_NO_WAIT)
+        .open(path)?;
+    regular(file)
 }
+
+/// How the store's files are opened: never through a symbolic link (the store is the host's
+/// own file, not wherever a link in the workspace points), and without waiting (a FIFO in its
+/// place must not block the open); [`regular`] then refuses anything but a regular file.
+const NO_FOLLOW_NO_WAIT: i32 = nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY;
+
+/// `file` if it is a regular file (checked on the descriptor, not by name).
+fn regular(file: File) -> io::Result<File> {
+    if file.metadata()?.is_file() {
+        Ok(file)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ))
+    }
+}
+
+/// Largest file in the former format that is converted (a larger one is set aside).
+const MAX_V1_BYTES: u64 = 2 << 30;
 
 /// How long a write may wait for another process's lock: until `until` (at most
 /// [`LOCK_WAIT`] from now), and not past `stop` returning true. A guest's write waits no longer
@@ -597,12 +669,15 @@ fn open_into(inner: &mut Inner, dir: &Path, plugin: &str) -> io::Result<()> {
         .mode(0o700)
         .create(dir)?;
     let path = dir.join(plugin);
-    let lock_file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(dir.join(format!("{plugin}.lock")))?;
+    let lock_file = regular(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(NO_FOLLOW_NO_WAIT)
+            .open(dir.join(format!("{plugin}.lock")))?,
+    )?;
     if !lock(&lock_file, &Wait::plain())? {
         return Err(io::Error::other("gave up waiting for the store's lock"));
     }
@@ -616,8 +691,13 @@ fn open_into(inner: &mut Inner, dir: &Path, plugin: &str) -> io::Result<()> {
         } else if head == MAGIC_V1 {
             let mut all = Vec::new();
             file.seek(SeekFrom::Start(0))?;
-            file.read_to_end(&mut all)?;
-            let entries = decode_v1(&all[MAGIC_V1.len()..]);
+            (&file).take(MAX_V1_BYTES + 1).read_to_end(&mut all)?;
+            let entries = if all.len() as u64 > MAX_V1_BYTES {
+                None
+            } else {
+                decode_v1(&all[MAGIC_V1.len()..])
+            };
+            drop(all);
             let mut out = MAGIC.to_vec();
             for (k, v) in entries.iter().flatten() {
                 encode(&mut out, SET, k, v);
@@ -648,11 +728,13 @@ fn open_into(inner: &mut Inner, dir: &Path, plugin: &str) -> io::Result<()> {
     result
 }
 
+/// Moves a file that is not a kv log out of the way (renamed, never copied: it may be a sparse
+/// terabyte); the caller then writes a new log in its place.
 fn set_aside(dir: &Path, plugin: &str, path: &Path) {
     let aside = dir.join(format!("{plugin}.corrupt"));
     tracing::warn!(plugin, file = %path.display(),
-        "kv file is corrupt; copied to {} and starting empty", aside.display());
-    let _ = std::fs::copy(path, &aside);
+        "kv file is corrupt; moved to {} and starting empty", aside.display());
+    let _ = std::fs::rename(path, &aside);
 }
 
 /// Removes `.<plugin>.*.tmp` files (a compaction or conversion a crash interrupted). Called

@@ -1285,6 +1285,48 @@ fn a_forced_fire_does_not_lift_a_suspension() {
     prx_hooks::Sink::shutdown(&sink, Instant::now() + Duration::from_secs(2));
 }
 
+/// README § WASM plugins: a suspended plugin "resumes by itself or at once when its files
+/// change" (and the host's suspension warning says so). The record carries over by name, so the
+/// new version is on probation, but the suspension of the old code does not hold the new code.
+#[test]
+fn a_suspended_plugin_whose_files_change_runs_at_once() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = misbehave(ws.path(), "fixme", "trap", "", "");
+    let sink = prx_hooks::wasm::WasmSink::standalone(ws.path().to_path_buf()).unwrap();
+    let turn = prx_hooks::shell::event_message(&Event::TurnComplete, "a", "s", 0);
+    let fixme = |sink: &prx_hooks::wasm::WasmSink| sink.stats().plugins[0].clone();
+    // Three faults: 1 s; then one fault after each suspension: 2 s, 4 s, 8 s.
+    for _ in 0..3 {
+        sink.fire(EventKind::TurnComplete, &turn);
+    }
+    for _ in 0..3 {
+        wait_for(20, "the end of a suspension", || {
+            fixme(&sink).state == "running"
+        });
+        sink.fire(EventKind::TurnComplete, &turn);
+    }
+    let p = fixme(&sink);
+    assert_eq!((p.state.as_str(), p.counts.suspensions), ("suspended", 4));
+    assert!(p.suspended_for_ms.unwrap() > 5000, "{p:?}");
+    // The user fixes the plugin.
+    std::fs::write(
+        dir.join("plugin.toml"),
+        manifest("fixme", "\"*\"", "", "mode = \"noop\""),
+    )
+    .unwrap();
+    let report = sink.reload();
+    assert_eq!(report.started, ["fixme"], "{report:?}");
+    assert_eq!(fixme(&sink).state, "running", "{:?}", fixme(&sink));
+    prx_hooks::Sink::deliver(&sink, &turn);
+    wait_for(10, "the event to be handled", || {
+        let c = fixme(&sink).counts;
+        c.delivered + c.dropped == 1
+    });
+    let c = fixme(&sink).counts;
+    assert_eq!((c.delivered, c.dropped_suspended), (1, 0), "{c:?}");
+    prx_hooks::Sink::shutdown(&sink, Instant::now() + Duration::from_secs(2));
+}
+
 #[test]
 fn hot_reload_works_with_a_relative_workspace() {
     let ws = tempfile::tempdir_in(".").unwrap();

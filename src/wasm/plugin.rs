@@ -138,7 +138,8 @@ impl CallOutcome {
 /// a suspension the plugin is on probation: one fault suspends it again (twice as long), and
 /// [`PROBATION`] successes in a row clear its record. Only calls that started while it was not
 /// suspended count: calls that were already running when it tripped (other pool instances) or
-/// that a `fire` forced during a suspension neither trip it again nor reset it.
+/// that a `fire` forced during a suspension neither trip it again nor reset it. A new version of
+/// the plugin (its files changed) lifts a suspension and keeps the record ([`Breaker::lift`]).
 #[derive(Debug, Default)]
 pub struct Breaker {
     faults_in_row: u32,
@@ -158,6 +159,13 @@ impl Breaker {
     /// Whether calls are suspended at `now`, and until when.
     pub fn suspended(&self, now: Instant) -> Option<Instant> {
         self.until.filter(|&u| now < u)
+    }
+
+    /// Ends the current suspension (a new version of the plugin: what was suspended is not
+    /// what runs now). The record stays: the new version is on probation, so one fault
+    /// suspends it again, for twice as long.
+    pub fn lift(&mut self) {
+        self.until = None;
     }
 
     /// Records the outcome of a call that started at `started`; returns the suspension it

@@ -433,6 +433,13 @@ impl WasmSink {
             });
             match started {
                 Ok(plugin) => {
+                    // Changed files (not an engine rebuild of the same ones): a suspension of
+                    // the old code does not hold the new code.
+                    if st.versions.get(&name).is_none_or(|(old, _)| *old != fp)
+                        && let Some(b) = st.breakers.get(&name)
+                    {
+                        b.lock().unwrap_or_else(|e| e.into_inner()).lift();
+                    }
                     report.started.push(name.clone());
                     next.insert(name, (fp, plugin));
                 }

@@ -1224,3 +1224,61 @@ fn scan_reports_an_unreadable_plugins_path() {
         "{line}"
     );
 }
+
+/// A plugin.toml swapped for a FIFO between the check of the name and the open (by another
+/// process renaming files into place, as fast as it can): a load must never wait for a writer.
+/// Before, `load` examined the path, then opened it with a blocking open(2): when the FIFO
+/// landed in between, the load (and with it the watcher's reload, and the shutdown that joins
+/// the watcher) waited forever.
+#[test]
+fn a_manifest_swapped_for_a_fifo_mid_load_never_blocks_it() {
+    let toml = "[plugin]\nname = \"p\"\nversion = \"0.1.0\"\n\n[[capabilities]]\ntype = \"hook\"\nevents = [\"*\"]\n";
+    let (_ws, dir) = plugin("p", toml);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (dir, stop) = (dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (file, fifo) = (dir.join(".file"), dir.join(".fifo"));
+            let fifo_c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::fs::write(&file, toml).unwrap();
+                std::fs::rename(&file, dir.join("plugin.toml")).unwrap();
+                // SAFETY: a NUL-terminated path; mkfifo(3) only creates a node.
+                assert_eq!(unsafe { libc::mkfifo(fifo_c.as_ptr(), 0o600) }, 0);
+                std::fs::rename(&fifo, dir.join("plugin.toml")).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    // Loads for 5 s (tens of thousands: the window is a few microseconds wide, and was hit
+    // within a few thousand loads before); each must return.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let loader = {
+        let dir = dir.clone();
+        std::thread::spawn(move || {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::time::Instant::now() < until {
+                // Refused (not a regular file, or replaced while read) or loaded: either is fine.
+                let _ = manifest::load(&dir);
+                tx.send(()).unwrap();
+            }
+        })
+    };
+    let mut loads = 0u64;
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(()) => loads += 1,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!("a load has waited for 10 s (after {loads} loads): it opened a FIFO");
+            }
+        }
+    }
+    assert!(loads > 1000, "only {loads} loads");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    loader.join().unwrap();
+    assert!(swapper.join().unwrap() > 100, "the swapper hardly ran");
+}

@@ -986,6 +986,31 @@ mod swap_tests {
         assert_eq!(read_component(&m).unwrap(), b"\0asm swapped");
     }
 
+    /// A component swapped for a FIFO after the scan checked it: opening it must not wait for
+    /// a writer (the load holds the loads' lock; the watcher's join at shutdown waits for it).
+    #[test]
+    fn a_component_swapped_for_a_fifo_after_the_scan_does_not_block_the_load() {
+        let ws = tempfile::tempdir().unwrap();
+        let dir = plugin_dir(ws.path());
+        let m = manifest::load(&dir).unwrap();
+        std::fs::remove_file(dir.join("plugin.wasm")).unwrap();
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(dir.join("plugin.wasm"))
+                .status()
+                .unwrap()
+                .success()
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Left blocked in open(2) if it hangs; the test fails instead of hanging.
+        std::thread::spawn(move || tx.send(read_component(&m)));
+        let r = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("read_component returns");
+        let e = r.unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+
     /// The manifest is parsed once: its fingerprint is the text that was parsed, not the file
     /// as it is when the load compares versions.
     #[test]

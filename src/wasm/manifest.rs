@@ -408,7 +408,7 @@ pub fn load(dir: &Path) -> Result<Manifest, ConfigErrors> {
 }
 
 fn read_manifest(dir: &Path, label: &str) -> Result<String, ConfigErrors> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let fail = |pos: usize, text: &str, reason: String| {
         Err(finish(
             label,
@@ -447,7 +447,13 @@ fn read_manifest(dir: &Path, label: &str) -> Result<String, ConfigErrors> {
     if meta.len() > MAX_MANIFEST_BYTES {
         return fail(0, "", too_large());
     }
-    let file = match std::fs::File::open(&path) {
+    // Without following a link or waiting for a writer: a FIFO or a link swapped in since the
+    // check above must not block the open (the load holds the loads' lock meanwhile).
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(OPEN_FLAGS)
+        .open(&path)
+    {
         Ok(f) => f,
         Err(e) => return fail(0, "", format!("cannot read the file: {e}")),
     };
@@ -483,6 +489,10 @@ fn read_manifest(dir: &Path, label: &str) -> Result<String, ConfigErrors> {
         }
     }
 }
+
+/// How plugin files are opened (and then checked on the descriptor): never through a link
+/// swapped in, never waiting for a FIFO's writer.
+const OPEN_FLAGS: i32 = nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY;
 
 fn no_manifest_reason() -> String {
     format!(

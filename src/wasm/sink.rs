@@ -109,7 +109,17 @@ fn read_component(m: &Manifest) -> Result<Vec<u8>, String> {
     let label = m.wasm.display();
     let dir = std::fs::canonicalize(&m.dir)
         .map_err(|e| format!("{label}: cannot resolve the plugin directory: {e}"))?;
-    let file = std::fs::File::open(&m.wasm).map_err(|e| format!("{label}: cannot read: {e}"))?;
+    // Not waiting for a writer: a FIFO swapped in after the scan must not block the open (the
+    // load holds the loads' lock, and shutdown joins the watcher that runs it). Links are
+    // followed (the check below is on where the descriptor leads).
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+            .open(&m.wasm)
+            .map_err(|e| format!("{label}: cannot read: {e}"))?
+    };
     let md = file
         .metadata()
         .map_err(|e| format!("{label}: cannot read: {e}"))?;

@@ -1707,3 +1707,97 @@ fn a_start_code_sleeper_with_an_hour_long_limit_does_not_stall_loading() {
         plugin(&h, "fine").counts.ok == 1
     });
 }
+
+/// Opening a plugin's kv store takes its file lock, which another process may hold (a `fire`
+/// writing, compacting or opening a large store). That wait must hold neither `stats()` nor
+/// shutdown (before: the load opened every new store under the state lock, 2 s per store), and
+/// a store that is already a log must not be left in memory only because its lock was busy
+/// for a moment (before: its writes were never written).
+#[test]
+fn opening_kv_stores_whose_locks_another_process_holds_blocks_neither_stats_nor_shutdown() {
+    let ws = tempfile::tempdir().unwrap();
+    let h = std::sync::Arc::new(hooks(ws.path()));
+    let kv_dir = ws.path().join(".prx-hooks/kv");
+    std::fs::create_dir_all(&kv_dir).unwrap();
+    let names: Vec<String> = (0..5).map(|i| format!("p{i}")).collect();
+    // Their stores exist (earlier runs wrote them), and another process holds their locks.
+    let held: Vec<std::fs::File> = names
+        .iter()
+        .map(|n| {
+            std::fs::write(kv_dir.join(n), b"PRXKV2\n").unwrap();
+            let f = std::fs::File::options()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(kv_dir.join(format!("{n}.lock")))
+                .unwrap();
+            f.lock().unwrap();
+            f
+        })
+        .collect();
+    for n in &names {
+        misbehave(ws.path(), n, "count", "", "");
+    }
+    // The watcher's load is now opening the stores.
+    std::thread::sleep(Duration::from_millis(500));
+    let h2 = h.clone();
+    let took = within(60, "stats while stores open", move || {
+        let t = Instant::now();
+        h2.stats();
+        t.elapsed()
+    });
+    assert!(took < Duration::from_secs(3), "stats took {took:?}");
+    wait_for(30, "the five plugins", || plugins(&h).plugins.len() == 5);
+    drop(held);
+    let em = h.emitter("a", "s");
+    em.emit(Event::TurnComplete);
+    wait_for(10, "five calls", || {
+        plugins(&h).plugins.iter().all(|p| p.counts.ok == 1)
+    });
+    let h2 = h.clone();
+    let took = within(60, "shutdown", move || {
+        let t = Instant::now();
+        h2.shutdown(Duration::from_secs(2));
+        t.elapsed()
+    });
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    for n in &names {
+        assert_eq!(
+            kv_count(ws.path(), n, "n.turn_complete"),
+            1,
+            "{n}'s write is not in its kv file (kept in memory only?)"
+        );
+    }
+}
+
+/// The same wait at shutdown: a load opening stores whose locks are held is cancelled with it.
+#[test]
+fn shutdown_does_not_wait_for_a_load_opening_locked_kv_stores() {
+    let ws = tempfile::tempdir().unwrap();
+    let h = std::sync::Arc::new(hooks(ws.path()));
+    let kv_dir = ws.path().join(".prx-hooks/kv");
+    std::fs::create_dir_all(&kv_dir).unwrap();
+    // New stores (no log yet): opening them must wait for the lock to write the first bytes.
+    let _held: Vec<std::fs::File> = (0..5)
+        .map(|i| {
+            let n = format!("q{i}");
+            let f = std::fs::File::options()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(kv_dir.join(format!("{n}.lock")))
+                .unwrap();
+            f.lock().unwrap();
+            misbehave(ws.path(), &n, "count", "", "");
+            f
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let h2 = h.clone();
+    let took = within(60, "shutdown during the load", move || {
+        let t = Instant::now();
+        h2.shutdown(Duration::from_millis(300));
+        t.elapsed()
+    });
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+}

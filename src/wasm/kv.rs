@@ -330,7 +330,8 @@ pub struct Wait<'a> {
 }
 
 impl Wait<'_> {
-    /// [`LOCK_WAIT`], nothing stops it (opening a store, tests).
+    /// [`LOCK_WAIT`], nothing stops it (tests).
+    #[cfg(test)]
     fn plain() -> Wait<'static> {
         Wait {
             until: Instant::now() + LOCK_WAIT,
@@ -390,14 +391,26 @@ fn lock(lock: &File, wait: &Wait<'_>) -> io::Result<bool> {
 impl KvStore {
     /// Opens (or starts) the store of `plugin` under `dir` with a cap of `cap` bytes. A store
     /// that cannot be opened works in memory only, with a warning.
+    #[cfg(test)]
     pub fn open(dir: &Path, plugin: &str, cap: u64) -> KvStore {
+        KvStore::open_waiting(dir, plugin, cap, &|| false)
+    }
+
+    /// [`open`](KvStore::open), giving up waiting for another process's lock (a new store
+    /// needs it to write its first bytes; an existing log is opened without it) when `stop`
+    /// says so.
+    pub fn open_waiting(dir: &Path, plugin: &str, cap: u64, stop: &dyn Fn() -> bool) -> KvStore {
         let mut inner = Inner {
             map: BTreeMap::new(),
             bytes: 0,
             cap,
             log: None,
         };
-        if let Err(e) = open_into(&mut inner, dir, plugin) {
+        let wait = Wait {
+            until: Instant::now() + LOCK_WAIT,
+            stop,
+        };
+        if let Err(e) = open_into(&mut inner, dir, plugin, &wait) {
             tracing::warn!(plugin, dir = %dir.display(),
                 "cannot open the kv store: {e}; it is kept in memory only");
             inner.log = None;
@@ -661,8 +674,13 @@ impl Inner {
 }
 
 /// Opens the log of `plugin` under `dir` into `inner`: takes the lock, removes temporary files
-/// a crash left, converts or sets aside what is not a PRXKV2 log, and reads it.
-fn open_into(inner: &mut Inner, dir: &Path, plugin: &str) -> io::Result<()> {
+/// a crash left, converts or sets aside what is not a PRXKV2 log, and reads it. When another
+/// process holds the lock (writing, compacting or opening the store) and the file already is a
+/// PRXKV2 log, it is opened and read without the lock, as every read is, and the upkeep is left
+/// to a later open: waiting would only delay the load, and giving up would leave the store in
+/// memory only. Otherwise (a new store, a file to convert or set aside) it waits for the lock,
+/// as `wait` allows.
+fn open_into(inner: &mut Inner, dir: &Path, plugin: &str, wait: &Wait<'_>) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -678,8 +696,18 @@ fn open_into(inner: &mut Inner, dir: &Path, plugin: &str) -> io::Result<()> {
             .custom_flags(NO_FOLLOW_NO_WAIT)
             .open(dir.join(format!("{plugin}.lock")))?,
     )?;
-    if !lock(&lock_file, &Wait::plain())? {
-        return Err(io::Error::other("gave up waiting for the store's lock"));
+    match lock_file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            if let Some(log) = open_existing_log(&path, &lock_file)? {
+                inner.log = Some(log);
+                return inner.catch_up(false);
+            }
+            if !lock(&lock_file, wait)? {
+                return Err(io::Error::other("gave up waiting for the store's lock"));
+            }
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
     }
     let result = (|| {
         prune_temp_files(dir, plugin);
@@ -726,6 +754,36 @@ fn open_into(inner: &mut Inner, dir: &Path, plugin: &str) -> io::Result<()> {
     })();
     let _ = lock_file.unlock();
     result
+}
+
+/// The log at `path` if it exists and starts with the magic, opened without the lock (and
+/// without creating anything).
+fn open_existing_log(path: &Path, lock: &File) -> io::Result<Option<Log>> {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .custom_flags(NO_FOLLOW_NO_WAIT)
+        .open(path)
+    {
+        Ok(f) => regular(f)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut head = Vec::new();
+    (&file).take(MAGIC.len() as u64).read_to_end(&mut head)?;
+    if head != MAGIC {
+        return Ok(None);
+    }
+    let md = file.metadata()?;
+    Ok(Some(Log {
+        path: path.to_path_buf(),
+        lock: lock.try_clone()?,
+        file,
+        ino: (md.dev(), md.ino()),
+        offset: MAGIC.len() as u64,
+        live: 0,
+        dirty: false,
+    }))
 }
 
 /// Moves a file that is not a kv log out of the way (renamed, never copied: it may be a sparse

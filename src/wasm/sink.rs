@@ -55,6 +55,9 @@ pub struct WasmSink {
     live: ArcSwap<Vec<Arc<Plugin>>>,
     /// Serializes loads (the watcher, SIGHUP, `reload()`); never held by stats or shutdown.
     loading: Mutex<()>,
+    /// Set when the watcher stops or shutdown begins: a load in progress stops waiting (for
+    /// another process's kv lock).
+    closing: AtomicBool,
     load: Mutex<LoadState>,
     /// Executor threads of every plugin version ever started (joined at shutdown).
     executors: Mutex<Vec<JoinHandle<()>>>,
@@ -276,6 +279,7 @@ impl WasmSink {
             cache,
             live: ArcSwap::from_pointee(Vec::new()),
             loading: Mutex::default(),
+            closing: AtomicBool::new(false),
             load: Mutex::default(),
             executors: Mutex::default(),
         };
@@ -307,6 +311,7 @@ impl WasmSink {
     /// Stops the probes of a load in progress (they end as interrupted). Used when the watcher
     /// stops at shutdown, so that joining it does not wait for a guest's start code.
     pub(crate) fn cancel_loads(&self) {
+        self.closing.store(true, Ordering::Relaxed);
         for ctx in &self.state().building {
             ctx.stop.store(true, Ordering::Relaxed);
         }
@@ -349,11 +354,34 @@ impl WasmSink {
         }
         let need = sizing_for(read.iter().map(|(m, _, _)| m));
 
+        // kv stores of plugins seen for the first time, opened outside the lock: opening reads
+        // the whole log and may wait for another process's lock (ended by `closing`).
+        let new_stores: Vec<&Manifest> = {
+            let st = self.state();
+            read.iter()
+                .map(|(m, _, _)| m)
+                .filter(|m| !st.kv.contains_key(&m.name))
+                .collect()
+        };
+        let stop = || self.closing.load(Ordering::Relaxed);
+        let opened: Vec<(String, Arc<KvStore>)> = new_stores
+            .into_iter()
+            .map(|m| {
+                let cap = m.resources.max_kv_storage_mb << 20;
+                let kv = KvStore::open_waiting(&self.state_dir("kv"), &m.name, cap, &stop);
+                (m.name.clone(), Arc::new(kv))
+            })
+            .collect();
+
         // Under the lock: what to keep, what to build, and the handles new versions share.
         let (engine, all, mut next, to_build) = {
             let mut st = self.state();
             if st.closed {
                 return LoadReport::default();
+            }
+            for (name, kv) in opened {
+                self.flusher.register(&kv);
+                st.kv.insert(name, kv);
             }
             let engine = st.engine.clone();
             let all = !read.is_empty()
@@ -516,15 +544,19 @@ impl WasmSink {
         report
     }
 
-    /// The context of a new version of `m`: its kv store, counters and log are the plugin's
-    /// (shared with its other versions), its stop flag its own.
+    /// The context of a new version of `m`: its kv store (opened by the load before it took
+    /// the lock), counters and log are the plugin's (shared with its other versions), its stop
+    /// flag its own.
     fn context(&self, st: &mut LoadState, m: &Manifest) -> Arc<PluginCtx> {
         let cap = m.resources.max_kv_storage_mb << 20;
         let kv = st
             .kv
             .entry(m.name.clone())
             .or_insert_with(|| {
-                let kv = Arc::new(KvStore::open(&self.state_dir("kv"), &m.name, cap));
+                // Not reached (loads are serialized and stores never removed); if it were, it
+                // must not wait under the lock.
+                let kv = KvStore::open_waiting(&self.state_dir("kv"), &m.name, cap, &|| true);
+                let kv = Arc::new(kv);
                 self.flusher.register(&kv);
                 kv
             })
@@ -813,6 +845,7 @@ impl Sink for WasmSink {
     /// and counts what is left as dropped; flushes every kv store; stops the engine's threads.
     /// Returns by `deadline` plus a few ticks whatever the guests do.
     fn shutdown(&self, deadline: Instant) {
+        self.closing.store(true, Ordering::Relaxed);
         {
             let mut st = self.state();
             st.closed = true;

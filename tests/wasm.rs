@@ -1801,3 +1801,30 @@ fn shutdown_does_not_wait_for_a_load_opening_locked_kv_stores() {
     });
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
 }
+
+/// A plugin directory that is a symbolic link (a developer links the crate's output in) loads
+/// from wherever it points (manifest.rs: "the plugin is wherever it points"); an edit there is
+/// a change of that plugin like any other and must be reloaded.
+#[test]
+fn an_edit_inside_a_symlinked_plugin_directory_is_reloaded() {
+    let ws = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let real = install(
+        elsewhere.path(),
+        "linked",
+        "audit_hook",
+        &manifest("linked", "\"turn_complete\"", "", ""),
+    );
+    std::fs::create_dir_all(ws.path().join("plugins")).unwrap();
+    std::os::unix::fs::symlink(&real, ws.path().join("plugins/linked")).unwrap();
+    let h = hooks(ws.path());
+    assert_eq!(plugin(&h, "linked").events, ["prx.lifecycle.turn_complete"]);
+    std::fs::write(
+        real.join("plugin.toml"),
+        manifest("linked", "\"turn_complete\", \"tool_call\"", "", ""),
+    )
+    .unwrap();
+    wait_for(10, "the edit to be reloaded", || {
+        plugin(&h, "linked").events.len() == 2
+    });
+}

@@ -1081,3 +1081,91 @@ fn a_hostile_kv_file_is_neither_allocated_copied_nor_waited_for() {
         "the kv directory takes {used} bytes of disk"
     );
 }
+
+/// The kv flusher makes a store durable with fdatasync(2), which takes as long as the disk
+/// wants (seconds on a loaded machine). A plugin's calls must not wait for it: before, the
+/// flusher held the store's state during the sync, so the next call's `kv.get` waited in a host
+/// call no deadline reaches, and an innocent plugin timed out (a fault, feeding the breaker).
+/// `strace` delays every fdatasync by 4 s (only that syscall is stopped: `--seccomp-bpf`).
+#[test]
+fn a_slow_fsync_of_a_kv_store_does_not_hold_up_its_plugins_calls() {
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "strace is needed (apt-get install strace)"
+    );
+    let ws = tempfile::tempdir().unwrap();
+    install(
+        ws.path(),
+        "counter",
+        "misbehave",
+        &format!(
+            "{}\n[resources]\nmax_execution_time_ms = 500\n",
+            manifest("counter", "\"*\"", "mode = \"count\"")
+        ),
+    );
+    let events = ws.path().join("events");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&events)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let home = std::env::temp_dir().join(format!("prx-hooks-wasm-cli-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let mut child = Command::new("strace")
+        .args(["-f", "-qq", "--seccomp-bpf", "-o", "/dev/null"])
+        .args([
+            "-e",
+            "trace=fdatasync",
+            "-e",
+            "inject=fdatasync:delay_enter=4000000",
+        ])
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(["run", "--events"])
+        .arg(&events)
+        .arg("--workspace")
+        .arg(ws.path())
+        .env("HOME", &home)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = "{\"event\":\"turn_complete\",\"agent\":\"a\",\"session\":\"s\",\"payload\":{}}\n";
+    {
+        use std::io::Write;
+        let mut fifo = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&events)
+            .unwrap();
+        // The first call writes; 200 ms later the flusher syncs (4 s). The second call, 1.5 s
+        // after the first, reads and writes the same store meanwhile.
+        fifo.write_all(line.as_bytes()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        fifo.write_all(line.as_bytes()).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
+    let p = &report["stats"]["plugins"]["plugins"][0];
+    assert_eq!(
+        (p["ok"].as_u64(), p["timeouts"].as_u64()),
+        (Some(2), Some(0)),
+        "{p}"
+    );
+    assert_eq!(
+        kv(ws.path(), "counter", "n.turn_complete").as_deref(),
+        Some("2")
+    );
+}

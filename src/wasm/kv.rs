@@ -626,20 +626,29 @@ impl KvStore {
         self.lock().bytes
     }
 
-    /// Makes what was appended durable (fsync), if anything was.
+    /// Makes what was appended durable (fsync), if anything was. The sync runs on a duplicate
+    /// of the file's descriptor with the store's state unlocked: it takes as long as the disk
+    /// wants, and calls (their `kv.get` included, which no deadline reaches inside the host)
+    /// and `stats()` must not wait for it. A compaction meanwhile replaces the file with one it
+    /// synced itself; syncing the old one is then merely useless.
     pub fn flush(&self) -> io::Result<()> {
-        let mut inner = self.lock();
-        let Some(log) = &mut inner.log else {
-            return Ok(());
+        let (file, path) = {
+            let mut inner = self.lock();
+            let Some(log) = &mut inner.log else {
+                return Ok(());
+            };
+            if !log.dirty {
+                return Ok(());
+            }
+            log.dirty = false;
+            (log.file.try_clone(), log.path.clone())
         };
-        if !log.dirty {
-            return Ok(());
-        }
-        log.dirty = false;
-        let r = log.file.sync_data();
+        let r = file.and_then(|f| f.sync_data());
         if let Err(e) = &r {
-            log.dirty = true;
-            tracing::warn!(plugin = %self.plugin, file = %log.path.display(), "cannot write kv: {e}");
+            if let Some(log) = &mut self.lock().log {
+                log.dirty = true;
+            }
+            tracing::warn!(plugin = %self.plugin, file = %path.display(), "cannot write kv: {e}");
         }
         r
     }

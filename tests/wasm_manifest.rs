@@ -543,10 +543,14 @@ fn name_must_be_valid() {
         &long,
         &format!("[plugin]\nname = \"{long}\"\nversion = \"1\"\n"),
     );
-    assert!(
-        errors(&dir)[0].contains("is not a valid plugin name"),
-        "{:?}",
-        errors(&dir)
+    assert_eq!(
+        errors(&dir),
+        [format!(
+            "{}:2:8: plugin.name: the plugin's directory name \"{}…\" is not a valid plugin \
+             name (1 to 64 characters of A-Z a-z 0-9 _ -); rename the directory",
+            label(&dir),
+            &long[..64]
+        )]
     );
     assert_eq!(
         errs_of("[plugin]\nname = 7\nversion = \"1\"\n"),

@@ -983,7 +983,8 @@ impl Check<'_> {
                 pos,
                 path,
                 format!(
-                    "the plugin's directory name {} is not a valid plugin name (1 to                      {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ -); rename the directory",
+                    "the plugin's directory name {} is not a valid plugin name (1 to \
+                     {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ -); rename the directory",
                     quote(&dir_name.to_string_lossy())
                 ),
             );

@@ -15,6 +15,8 @@ use prx_hooks::{Emit, Event, EventKind, Hooks, Message, Subscription};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+#[path = "support/crafted.rs"]
+mod crafted;
 #[path = "support/plugins.rs"]
 mod plugins;
 
@@ -1827,4 +1829,69 @@ fn an_edit_inside_a_symlinked_plugin_directory_is_reloaded() {
     wait_for(10, "the edit to be reloaded", || {
         plugin(&h, "linked").events.len() == 2
     });
+}
+
+/// A component instance may have several linear memories; each takes a slot of the engine's
+/// pool, which all plugins share. A plugin whose instances each take three memories, with
+/// `pool_size = 64`, must not take the slots other plugins need: before, the pool held 1.5
+/// memory slots per instance, so it took all 150 with 50 instances, and a plugin added next
+/// could not instantiate (its probe failed: it never loaded).
+#[test]
+fn a_plugin_with_several_memories_per_instance_cannot_starve_the_others_of_pool_slots() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = ws.path().join("plugins/hog");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("plugin.wasm"), crafted::hook_with_memories(3)).unwrap();
+    std::fs::write(
+        dir.join("plugin.toml"),
+        manifest("hog", "\"*\"", "pool_size = 64", ""),
+    )
+    .unwrap();
+    let h = hooks(ws.path());
+    let hog_loaded = plugins(&h).plugins.iter().any(|p| p.name == "hog");
+    if hog_loaded {
+        // Events from many emitters reach every one of its 64 shards: each makes an instance.
+        for i in 0..1000 {
+            h.emitter(&format!("agent-{i}"), "s")
+                .emit(Event::TurnComplete);
+        }
+        wait_for(60, "hog's calls", || {
+            let c = plugin(&h, "hog").counts;
+            c.sent == 1000 && c.in_flight == 0
+        });
+    } else {
+        // Refused at load instead: with a reason that names its memories.
+        let errors = plugins(&h).errors;
+        assert!(errors.iter().any(|e| e.contains("memor")), "{errors:?}");
+    }
+    misbehave(ws.path(), "good", "noop", "", "");
+    wait_for(30, "the new plugin's load", || {
+        let p = plugins(&h);
+        p.plugins.iter().any(|p| p.name == "good") || p.errors.iter().any(|e| e.contains("good"))
+    });
+    let p = plugins(&h);
+    assert!(
+        p.plugins.iter().any(|p| p.name == "good"),
+        "the new plugin did not load: {:?}",
+        p.errors
+    );
+    h.emitter("another", "s").emit(Event::TurnComplete);
+    wait_for(10, "its call", || plugin(&h, "good").counts.ok == 1);
+}
+
+/// The hand-encoded component runs (so the test above exercises the pool, not the encoder).
+#[test]
+fn a_hand_encoded_component_with_one_memory_runs() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = ws.path().join("plugins/crafted");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("plugin.wasm"), crafted::hook_with_memories(1)).unwrap();
+    std::fs::write(
+        dir.join("plugin.toml"),
+        manifest("crafted", "\"*\"", "", ""),
+    )
+    .unwrap();
+    let h = hooks(ws.path());
+    h.emitter("a", "s").emit(Event::TurnComplete);
+    wait_for(10, "the call", || plugin(&h, "crafted").counts.ok == 1);
 }

@@ -36,10 +36,12 @@ pub const TICK: Duration = Duration::from_millis(5);
 /// Core instances, memories and tables one component may have. A Rust `wasm32-wasip2` component
 /// has one memory and a few core instances (the program and the shims `wit-component` adds).
 const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
-const MEMORIES_PER_COMPONENT: u32 = 4;
-/// Memory slots the pool holds per two component instances (a component may use up to
-/// [`MEMORIES_PER_COMPONENT`]; most use one).
-const MEMORY_SLOTS_PER_TWO_INSTANCES: u32 = 3;
+/// Linear memories one component instance may have, and the memory slots the pool holds for
+/// each instance: a Rust `wasm32-wasip2` component has one; two leave room for a component
+/// composed with one more. Every instance has its slots, so no plugin can take another's (with
+/// 1.5 slots per instance and 4 allowed, one plugin of three-memory instances took them all);
+/// a component with more is refused at load.
+pub const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 16;
 
 /// What the pooling allocator must hold.
@@ -201,7 +203,7 @@ pub fn reservation(max_memory: u64) -> u64 {
 /// Address space one pooled component instance reserves: its memory slots (reservation, guard
 /// and the guard before it) and its fiber stack with its guard page.
 pub fn address_space_per_instance(max_memory: u64) -> u64 {
-    u64::from(MEMORY_SLOTS_PER_TWO_INSTANCES) * (reservation(max_memory) + 2 * GUARD) / 2
+    u64::from(MEMORIES_PER_COMPONENT) * (reservation(max_memory) + 2 * GUARD)
         + ASYNC_STACK as u64
         + 4096
 }
@@ -213,7 +215,7 @@ pub fn config(sizing: Sizing) -> Config {
     pool.total_component_instances(instances)
         .total_core_instances(instances * CORE_INSTANCES_PER_COMPONENT)
         .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-        .total_memories((instances * MEMORY_SLOTS_PER_TWO_INSTANCES).div_ceil(2))
+        .total_memories(instances * MEMORIES_PER_COMPONENT)
         .max_memories_per_component(MEMORIES_PER_COMPONENT)
         .total_tables(instances * TABLES_PER_COMPONENT)
         .max_tables_per_component(TABLES_PER_COMPONENT)

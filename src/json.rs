@@ -154,10 +154,23 @@ pub fn append_compact(out: &mut Vec<u8>, src: &[u8], top: Top) -> bool {
 }
 
 /// [`append_compact`] with a tighter nesting limit, for text that will itself be embedded:
-/// each enclosing object costs one level of serde_json's budget.
+/// each enclosing object costs one level of serde_json's budget. Limits above [`MAX_DEPTH`]
+/// count as [`MAX_DEPTH`].
 pub fn append_compact_within(out: &mut Vec<u8>, src: &[u8], top: Top, max_depth: u32) -> bool {
     let start = out.len();
-    let ok = run(src, top, max_depth, Some(out), None).is_ok();
+    let ok = run::<false, true>(src, top, max_depth, out, None).is_ok();
+    if !ok {
+        out.truncate(start);
+    }
+    ok
+}
+
+/// [`append_compact_within`] for text already known to be UTF-8 (`&str`): the same bytes and
+/// verdicts, without looking at the UTF-8 of strings that hold non-ASCII characters.
+#[inline]
+pub fn append_compact_str(out: &mut Vec<u8>, src: &str, top: Top, max_depth: u32) -> bool {
+    let start = out.len();
+    let ok = run::<true, true>(src.as_bytes(), top, max_depth, out, None).is_ok();
     if !ok {
         out.truncate(start);
     }
@@ -173,71 +186,63 @@ pub struct Refused {
 
 /// Checks that `src` is one JSON object by the same strict rules, nested at most `max_depth`
 /// deep, and hands each of its top-level keys (unescaped) to `key`, which may refuse it. Copies
-/// nothing and allocates nothing unless a key has an escape in it.
+/// nothing and allocates nothing unless a key has an escape in it. When `src` is refused,
+/// `key` may have seen some keys of it, even keys after the place the refusal names (a text
+/// that is not UTF-8 is refused for that, at the first bad byte, wherever reading stopped).
 pub fn check_object(
     src: &[u8],
     max_depth: u32,
     key: &mut dyn FnMut(&str) -> Result<(), String>,
 ) -> Result<(), Refused> {
-    run(src, Top::Object, max_depth, None, Some(key))
+    run::<false, false>(src, Top::Object, max_depth, &mut Vec::new(), Some(key))
 }
 
 /// Checks that `src` is one JSON value (any kind) by the same strict rules, nested at most
 /// `max_depth` deep. Copies and allocates nothing.
 pub fn check_value(src: &[u8], max_depth: u32) -> Result<(), Refused> {
-    run(src, Top::Any, max_depth, None, None)
+    run::<false, false>(src, Top::Any, max_depth, &mut Vec::new(), None)
 }
 
 /// The visitor of an object's top-level keys ([`check_object`]).
 type KeyVisitor<'k> = &'k mut (dyn FnMut(&str) -> Result<(), String> + 'k);
 
-fn run<'a, 'k>(
-    src: &'a [u8],
+/// Validates `src` and, when `COPY`, appends its compact form to `out` (on success; on failure
+/// `out` may hold part of it, which the callers truncate). `UTF8`: `src` is known to be UTF-8.
+///
+/// Not-UTF-8 is found without a pass over the whole input: outside strings only ASCII is valid
+/// JSON, and a string holding a byte ≥ 0x80 is checked with `str::from_utf8` when its closing
+/// quote is found. A refused text is checked whole afterwards, so that, as before, a text that
+/// is not UTF-8 is refused for that, at its first bad byte, whatever else is wrong with it.
+fn run<const UTF8: bool, const COPY: bool>(
+    src: &[u8],
     top: Top,
     max_depth: u32,
-    out: Option<&'a mut Vec<u8>>,
-    keys: Option<KeyVisitor<'k>>,
+    out: &mut Vec<u8>,
+    keys: Option<KeyVisitor<'_>>,
 ) -> Result<(), Refused> {
-    // Checking UTF-8 once up front (std's validator is fast on ASCII) lets the string scanner
-    // skip eight plain bytes at a time instead of decoding characters.
-    if let Err(e) = std::str::from_utf8(src) {
+    let max_depth = max_depth.min(MAX_DEPTH);
+    let verdict = match keys {
+        None => parse::<UTF8, COPY, false>(src, top, max_depth, out, None),
+        keys @ Some(_) => parse::<UTF8, COPY, true>(src, top, max_depth, out, keys),
+    };
+    let Err((at, why)) = verdict else {
+        return Ok(());
+    };
+    if !UTF8 && let Err(e) = std::str::from_utf8(src) {
         return Err(Refused {
             at: e.valid_up_to(),
             reason: "not UTF-8".into(),
         });
     }
-    let mut cx = Compactor {
-        src,
-        i: 0,
-        out,
-        max_depth,
-        copied: 0,
-        keys,
-        refused: None,
+    let reason = match why {
+        Why::Invalid => "invalid JSON".to_string(),
+        Why::Says(reason) => reason.to_string(),
+        Why::Visitor(reason) => reason,
     };
-    cx.skip_ws();
-    let ok = match (top, cx.peek()) {
-        (Top::Object, Some(b'{')) | (Top::Any, Some(_)) => {
-            cx.value(0) && {
-                cx.skip_ws();
-                cx.i == src.len() || cx.fail("more text after the JSON value")
-            }
-        }
-        (Top::Object, Some(_)) => cx.fail("expected a JSON object"),
-        (_, None) => cx.fail("empty"),
-    };
-    if !ok {
-        let at = cx.i.min(src.len());
-        let reason = cx
-            .refused
-            .take()
-            .unwrap_or_else(|| "invalid JSON".to_string());
-        return Err(Refused { at, reason });
-    }
-    if let Some(out) = cx.out {
-        out.extend_from_slice(&src[cx.copied..]);
-    }
-    Ok(())
+    Err(Refused {
+        at: at.min(src.len()),
+        reason,
+    })
 }
 
 /// Whether `src` is one valid JSON text (any value), by the same strict rules.
@@ -247,249 +252,460 @@ pub fn is_valid(src: &[u8]) -> bool {
     append_compact(&mut scratch, src, Top::Any)
 }
 
-/// Validates by recursive descent. Output is produced by copying the input between whitespace
-/// runs: `src[copied..]` is what has not been copied yet, and only skipping whitespace flushes,
-/// so already-compact input is copied with one `memcpy` at the end.
-struct Compactor<'a, 'k> {
-    src: &'a [u8],
-    i: usize,
-    /// Where the compact copy goes; `None` only checks.
-    out: Option<&'a mut Vec<u8>>,
-    max_depth: u32,
-    copied: usize,
-    /// Gets each top-level key of the object ([`check_object`]).
-    keys: Option<KeyVisitor<'k>>,
-    /// Why reading stopped, when something more precise than "invalid JSON" is known.
-    refused: Option<String>,
+/// Why reading stopped.
+#[derive(Debug)]
+enum Why {
+    /// Nothing more precise to say than "invalid JSON".
+    Invalid,
+    Says(&'static str),
+    /// The key visitor refused a key, for this reason.
+    Visitor(String),
 }
 
-impl Compactor<'_, '_> {
-    fn peek(&self) -> Option<u8> {
-        self.src.get(self.i).copied()
+/// Where reading stopped (the offset [`Refused::at`] reports), and why.
+type Stop = (usize, Why);
+
+/// JSON's four whitespace bytes (RFC 8259 § 2) as a bit set over 0..64.
+const WS: u64 = 1 << b' ' | 1 << b'\t' | 1 << b'\n' | 1 << b'\r';
+
+#[inline(always)]
+fn is_ws(b: u8) -> bool {
+    b <= b' ' && WS >> b & 1 != 0
+}
+
+/// The byte at `i`, or 0 past the end. A NUL byte is invalid everywhere a peeked byte decides
+/// anything (outside strings, and inside them as a control character), so the end and a NUL
+/// are refused alike, at `i`.
+#[inline(always)]
+fn peek(src: &[u8], i: usize) -> u8 {
+    src.get(i).copied().unwrap_or(0)
+}
+
+/// The value of a hex digit, or 0xff.
+static HEX_VALUE: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The whitespace-dropping copy: `src[copied..]` is what has not been copied to `out` yet.
+/// Only skipping whitespace flushes, so already-compact input is copied with one `memcpy` at
+/// the end.
+struct Copy<'o, const COPY: bool> {
+    out: &'o mut Vec<u8>,
+    copied: usize,
+}
+
+impl<const COPY: bool> Copy<'_, COPY> {
+    /// Skips the whitespace at `i` (`b` is the byte there) and returns where it ends and the
+    /// byte there; a run of whitespace flushes what came before it.
+    #[inline(always)]
+    fn ws(&mut self, src: &[u8], i: usize, b: u8) -> (usize, u8) {
+        if !is_ws(b) {
+            return (i, b);
+        }
+        self.ws_run(src, i)
     }
 
-    fn skip_ws(&mut self) {
-        let from = self.i;
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.i += 1;
+    /// Out of line: compact input never gets here, and the code after every token stays small.
+    #[inline(never)]
+    fn ws_run(&mut self, src: &[u8], from: usize) -> (usize, u8) {
+        let mut i = from + 1;
+        let mut b = peek(src, i);
+        while is_ws(b) {
+            i += 1;
+            b = peek(src, i);
         }
-        if self.i > from {
-            if let Some(out) = self.out.as_deref_mut() {
-                out.extend_from_slice(&self.src[self.copied..from]);
+        if COPY {
+            self.flush(src, from);
+        }
+        self.copied = i;
+        (i, b)
+    }
+
+    /// Copies `src[copied..to]` to `out`. Pieces between whitespace are mostly short, so one
+    /// of up to 16 bytes is copied with one 16-byte load and store instead of a `memcpy` call.
+    #[inline(always)]
+    fn flush(&mut self, src: &[u8], to: usize) {
+        let piece = &src[self.copied..to];
+        let out = &mut *self.out;
+        let n = piece.len();
+        if n <= 16 && self.copied + 16 <= src.len() && out.capacity() - out.len() >= 16 {
+            // SAFETY: `src[copied..copied + 16]` is inside `src` (checked), and the 16 bytes
+            // written from `out.len()` are inside its allocation (spare capacity ≥ 16,
+            // checked); the first `n` of them are the piece, so they are initialized when the
+            // length grows by `n`. Reading and writing `[u8; 16]` unaligned is allowed.
+            unsafe {
+                let bytes = src
+                    .as_ptr()
+                    .add(self.copied)
+                    .cast::<[u8; 16]>()
+                    .read_unaligned();
+                let end = out.as_mut_ptr().add(out.len());
+                end.cast::<[u8; 16]>().write_unaligned(bytes);
+                out.set_len(out.len() + n);
             }
-            self.copied = self.i;
-        }
-    }
-
-    /// Records why reading stops here; always `false`, to return directly.
-    fn fail(&mut self, reason: &str) -> bool {
-        self.refused.get_or_insert_with(|| reason.to_string());
-        false
-    }
-
-    /// Hands the key `src[start..end]` (quotes included) to the key visitor.
-    fn visit_key(&mut self, start: usize, end: usize) -> bool {
-        let Some(visit) = self.keys.as_deref_mut() else {
-            return true;
-        };
-        let raw = &self.src[start + 1..end - 1];
-        let verdict = if raw.contains(&b'\\') {
-            // Rare: decode the escapes (already validated) to compare what the key means.
-            let key: String = serde_json::from_slice(&self.src[start..end]).unwrap_or_default();
-            visit(&key)
         } else {
-            // The whole input is UTF-8 and the quotes around the key are ASCII.
-            visit(std::str::from_utf8(raw).unwrap_or_default())
-        };
-        match verdict {
-            Ok(()) => true,
-            Err(reason) => {
-                self.i = start;
-                self.fail(&reason)
-            }
+            out.extend_from_slice(piece);
         }
     }
+}
 
-    /// Consumes `b` if it is next.
-    fn eat(&mut self, b: u8) -> bool {
-        let hit = self.peek() == Some(b);
-        self.i += hit as usize;
-        hit
+/// One validating pass over `src`, without recursion: containers open and close on a stack of
+/// bits, one per level (`stack & 1` is the innermost: 1 for an object, 0 for an array), which
+/// holds [`MAX_DEPTH`] levels in a `u128`. `KEYS`: `keys` is `Some`, and gets the top-level
+/// keys.
+///
+/// Every error is returned with the offset where reading stopped: the same offsets and reasons
+/// as the recursive-descent reader this replaced (the `json_compact` fuzz target checks them
+/// against it).
+#[inline(always)]
+fn parse<const UTF8: bool, const COPY: bool, const KEYS: bool>(
+    src: &[u8],
+    top: Top,
+    max_depth: u32,
+    out: &mut Vec<u8>,
+    mut keys: Option<KeyVisitor<'_>>,
+) -> Result<(), Stop> {
+    if COPY {
+        // The compact text is never longer than `src`; 16 more for `Copy::flush`'s stores.
+        out.reserve(src.len() + 16);
     }
-
-    fn value(&mut self, depth: u32) -> bool {
-        self.skip_ws();
-        match self.peek() {
-            Some(b'{') => self.object(depth + 1),
-            Some(b'[') => self.array(depth + 1),
-            Some(b'"') => self.string(),
-            Some(b't') => self.literal(b"true"),
-            Some(b'f') => self.literal(b"false"),
-            Some(b'n') => self.literal(b"null"),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            _ => false,
-        }
+    let mut cp = Copy::<COPY> { out, copied: 0 };
+    let (mut i, mut b) = cp.ws(src, 0, peek(src, 0));
+    if i == src.len() {
+        return Err((i, Why::Says("empty")));
     }
-
-    fn object(&mut self, depth: u32) -> bool {
-        if depth > self.max_depth {
-            return self.fail("nested too deep");
-        }
-        self.eat(b'{');
-        self.skip_ws();
-        if self.eat(b'}') {
-            return true;
-        }
-        loop {
-            self.skip_ws();
-            let start = self.i;
-            if self.peek() != Some(b'"') || !self.string() {
-                return self.fail("expected a string key");
-            }
-            if depth == 1 && !self.visit_key(start, self.i) {
-                return false;
-            }
-            self.skip_ws();
-            if !self.eat(b':') || !self.value(depth) {
-                return false;
-            }
-            self.skip_ws();
-            if self.eat(b'}') {
-                return true;
-            }
-            if !self.eat(b',') {
-                return false;
-            }
-        }
+    if top == Top::Object && b != b'{' {
+        return Err((i, Why::Says("expected a JSON object")));
     }
-
-    fn array(&mut self, depth: u32) -> bool {
-        if depth > self.max_depth {
-            return self.fail("nested too deep");
-        }
-        self.eat(b'[');
-        self.skip_ws();
-        if self.eat(b']') {
-            return true;
-        }
-        loop {
-            if !self.value(depth) {
-                return false;
-            }
-            self.skip_ws();
-            if self.eat(b']') {
-                return true;
-            }
-            if !self.eat(b',') {
-                return false;
-            }
-        }
-    }
-
-    fn literal(&mut self, word: &[u8]) -> bool {
-        if self.src[self.i..].starts_with(word) {
-            self.i += word.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn digits(&mut self) -> usize {
-        let start = self.i;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.i += 1;
-        }
-        self.i - start
-    }
-
-    fn number(&mut self) -> bool {
-        if self.peek() == Some(b'-') {
-            self.i += 1;
-        }
-        match self.peek() {
-            Some(b'0') => self.i += 1,
-            Some(b'1'..=b'9') => {
-                self.digits();
-            }
-            _ => return false,
-        }
-        if self.peek() == Some(b'.') {
-            self.i += 1;
-            if self.digits() == 0 {
-                return false;
-            }
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.i += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.i += 1;
-            }
-            if self.digits() == 0 {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// A string literal, copied verbatim once validated. The whole input is known to be UTF-8,
-    /// so only quotes, backslashes and control characters matter ([`next_special`]).
-    fn string(&mut self) -> bool {
-        self.i += 1; // opening quote
-        loop {
-            self.i = next_special(self.src, self.i);
-            match self.peek() {
-                Some(b'"') => {
-                    self.i += 1;
-                    return true;
+    // The open containers, innermost in bit 0 (1: an object, 0: an array), above a 1 that
+    // marks the bottom: `stack == 1` at the top level, and the depth is the bit above it.
+    let mut stack = 1u128;
+    'value: loop {
+        // A value starts at `i`; `b` is its first byte.
+        match b {
+            b'{' | b'[' => {
+                if 127 - stack.leading_zeros() >= max_depth {
+                    return Err((i, Why::Says("nested too deep")));
                 }
-                Some(b'\\') => {
-                    if !self.escape() {
-                        return false;
+                let object = b == b'{';
+                stack = stack << 1 | object as u128;
+                (i, b) = cp.ws(src, i + 1, peek(src, i + 1));
+                if b != if object { b'}' } else { b']' } {
+                    if object {
+                        let top_level = stack == 0b11;
+                        (i, b) =
+                            member::<UTF8, COPY, KEYS>(src, i, b, top_level, &mut cp, &mut keys)?;
+                    }
+                    continue 'value;
+                }
+                i += 1;
+                stack >>= 1;
+            }
+            b'"' => i = string::<UTF8>(src, i).map_err(|at| (at, Why::Invalid))?,
+            b't' => i = literal(src, i, b"true")?,
+            b'f' => i = literal(src, i, b"false")?,
+            b'n' => i = literal(src, i, b"null")?,
+            b'-' | b'0'..=b'9' => i = number(src, i)?,
+            _ => return Err((i, Why::Invalid)),
+        }
+        // After a value: close containers until one goes on after a comma.
+        while stack != 1 {
+            (i, b) = cp.ws(src, i, peek(src, i));
+            let object = stack & 1 != 0;
+            match (b, object) {
+                (b',', _) => {
+                    (i, b) = cp.ws(src, i + 1, peek(src, i + 1));
+                    if object {
+                        let top_level = stack == 0b11;
+                        (i, b) =
+                            member::<UTF8, COPY, KEYS>(src, i, b, top_level, &mut cp, &mut keys)?;
+                    }
+                    continue 'value;
+                }
+                (b'}', true) | (b']', false) => {
+                    i += 1;
+                    stack >>= 1;
+                }
+                _ => return Err((i, Why::Invalid)),
+            }
+        }
+        break;
+    }
+    let (i, _) = cp.ws(src, i, peek(src, i));
+    if i != src.len() {
+        return Err((i, Why::Says("more text after the JSON value")));
+    }
+    if COPY {
+        cp.out.extend_from_slice(&src[cp.copied..]);
+    }
+    Ok(())
+}
+
+/// An object member up to its value (`i` at the key, `b` the byte there): `"key"`,
+/// whitespace, `:`, whitespace. Returns where the value starts and its first byte.
+#[inline(always)]
+fn member<const UTF8: bool, const COPY: bool, const KEYS: bool>(
+    src: &[u8],
+    i: usize,
+    b: u8,
+    top_level: bool,
+    cp: &mut Copy<'_, COPY>,
+    keys: &mut Option<KeyVisitor<'_>>,
+) -> Result<(usize, u8), Stop> {
+    const KEY: Why = Why::Says("expected a string key");
+    if b != b'"' {
+        return Err((i, KEY));
+    }
+    let end = string::<UTF8>(src, i).map_err(|at| (at, KEY))?;
+    if KEYS
+        && top_level
+        && let Some(visit) = keys.as_deref_mut()
+    {
+        visit_key(visit, &src[i..end]).map_err(|reason| (i, Why::Visitor(reason)))?;
+    }
+    let (j, b) = cp.ws(src, end, peek(src, end));
+    if b != b':' {
+        return Err((j, Why::Invalid));
+    }
+    Ok(cp.ws(src, j + 1, peek(src, j + 1)))
+}
+
+/// Hands a key (`quoted`: its literal, quotes included) to the key visitor.
+#[cold]
+fn visit_key(visit: KeyVisitor<'_>, quoted: &[u8]) -> Result<(), String> {
+    let raw = &quoted[1..quoted.len() - 1];
+    if raw.contains(&b'\\') {
+        // Rare: decode the escapes (already validated) to compare what the key means.
+        let key: String = serde_json::from_slice(quoted).unwrap_or_default();
+        visit(&key)
+    } else {
+        // `string` checked the key's UTF-8 (or the whole text is known to be UTF-8).
+        visit(std::str::from_utf8(raw).unwrap_or_default())
+    }
+}
+
+#[inline(always)]
+fn literal(src: &[u8], i: usize, word: &[u8]) -> Result<usize, Stop> {
+    if src[i..].starts_with(word) {
+        Ok(i + word.len())
+    } else {
+        Err((i, Why::Invalid))
+    }
+}
+
+/// Skips digits from `i`; where they end.
+#[inline(always)]
+fn digits(src: &[u8], mut i: usize) -> usize {
+    while peek(src, i).is_ascii_digit() {
+        i += 1;
+    }
+    i
+}
+
+/// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` from `i`; where it ends (what follows is
+/// the caller's to judge).
+#[inline(always)]
+fn number(src: &[u8], mut i: usize) -> Result<usize, Stop> {
+    if peek(src, i) == b'-' {
+        i += 1;
+    }
+    match peek(src, i) {
+        b'0' => i += 1,
+        b'1'..=b'9' => i = digits(src, i + 1),
+        _ => return Err((i, Why::Invalid)),
+    }
+    if peek(src, i) == b'.' {
+        let end = digits(src, i + 1);
+        if end == i + 1 {
+            return Err((end, Why::Invalid));
+        }
+        i = end;
+    }
+    if let b'e' | b'E' = peek(src, i) {
+        i += 1;
+        if let b'+' | b'-' = peek(src, i) {
+            i += 1;
+        }
+        let end = digits(src, i);
+        if end == i {
+            return Err((end, Why::Invalid));
+        }
+        i = end;
+    }
+    Ok(i)
+}
+
+/// A string literal at `at` (its opening quote), checked; returns the offset after its closing
+/// quote, or where reading stopped. Only quotes, backslashes and control characters stop the
+/// scan ([`scan_string`]), which also notes whether a byte ≥ 0x80 was passed: the string's
+/// UTF-8 is then checked at its closing quote (unless the text is known to be UTF-8).
+#[inline(always)]
+fn string<const UTF8: bool>(src: &[u8], at: usize) -> Result<usize, usize> {
+    let start = at + 1;
+    let mut high = 0u32;
+    let mut i = start;
+    loop {
+        i = scan_string::<UTF8>(src, i, &mut high);
+        match peek(src, i) {
+            b'"' => {
+                if !UTF8 && high != 0 && std::str::from_utf8(&src[start..i]).is_err() {
+                    // Where exactly does not matter: the whole text is then refused as not
+                    // UTF-8 (`run`).
+                    return Err(i);
+                }
+                return Ok(i + 1);
+            }
+            b'\\' => i = escape(src, i)?,
+            // A control character, or the end of the input.
+            _ => return Err(i),
+        }
+    }
+}
+
+/// An escape at `i` (its backslash): one of `"\/bfnrt`, or `u` with 4 hex digits where a high
+/// surrogate must be followed by `\u` and a low one, and a low one may not stand alone. Returns
+/// the offset after it, or where reading stopped.
+#[inline(never)]
+fn escape(src: &[u8], i: usize) -> Result<usize, usize> {
+    let i = i + 1;
+    match peek(src, i) {
+        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Ok(i + 1),
+        b'u' => {
+            let i = i + 1;
+            match hex4(src, i) {
+                Some(0xD800..=0xDBFF) => {
+                    let i = i + 4;
+                    if !src[i..].starts_with(b"\\u") {
+                        return Err(i);
+                    }
+                    let i = i + 2;
+                    match hex4(src, i) {
+                        Some(0xDC00..=0xDFFF) => Ok(i + 4),
+                        Some(_) => Err(i + 4),
+                        None => Err(i),
                     }
                 }
-                _ => return false, // a control character, or the end of the input
+                Some(0xDC00..=0xDFFF) => Err(i + 4),
+                None => Err(i),
+                Some(_) => Ok(i + 4),
             }
         }
+        _ => Err(i),
     }
+}
 
-    /// After a backslash: one of `"\/bfnrt`, or `u` with 4 hex digits where a high surrogate
-    /// must be followed by `\u` and a low one, and a low one may not stand alone.
-    fn escape(&mut self) -> bool {
-        self.i += 1;
-        match self.peek() {
-            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
-                self.i += 1;
-                true
-            }
-            Some(b'u') => {
-                self.i += 1;
-                match self.hex4() {
-                    Some(0xD800..=0xDBFF) => {
-                        if self.src[self.i..].starts_with(b"\\u") {
-                            self.i += 2;
-                            matches!(self.hex4(), Some(0xDC00..=0xDFFF))
-                        } else {
-                            false
-                        }
-                    }
-                    Some(0xDC00..=0xDFFF) | None => false,
-                    Some(_) => true,
-                }
-            }
-            _ => false,
+/// The four hex digits at `i`, if all four are there.
+#[inline]
+fn hex4(src: &[u8], i: usize) -> Option<u16> {
+    let digits = src.get(i..i + 4)?;
+    let mut v = 0u16;
+    for &d in digits {
+        let d = HEX_VALUE[d as usize];
+        if d > 0xf {
+            return None;
         }
+        v = v << 4 | d as u16;
     }
+    Some(v)
+}
 
-    fn hex4(&mut self) -> Option<u16> {
-        let digits = self.src.get(self.i..self.i + 4)?;
-        let mut v = 0u16;
-        for &d in digits {
-            v = v << 4 | (d as char).to_digit(16)? as u16;
+/// The index of the first byte at or after `from` that ends a run of plain string bytes (below
+/// 0x20, `"` or `\\`), or `bytes.len()`, like [`next_special`]. Unless the text is known to be
+/// UTF-8, it also sets bits in `high` if a byte ≥ 0x80 was among those passed (bytes of the
+/// last block past the stop may be counted too, which only costs a needless check).
+///
+/// x86-64: 16 bytes per step with SSE2 (part of the x86-64 baseline, so no run-time detection);
+/// the last partial block is read as the input's last 16 bytes, shifted. Elsewhere: eight
+/// bytes per step ([`specials8`]).
+#[inline(always)]
+fn scan_string<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8,
+            _mm_or_si128, _mm_set1_epi8,
+        };
+        // Bit k: byte k of `v` is a quote, a backslash or below 0x20; and bit k: byte k ≥ 0x80.
+        #[inline(always)]
+        fn masks(v: __m128i) -> (u32, u32) {
+            // SAFETY: these intrinsics only need SSE2, which every x86-64 CPU has: it is part
+            // of the x86-64 baseline that the target enables (no run-time detection needed).
+            unsafe {
+                let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
+                let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
+                // Unsigned v ≤ 0x1f ⟺ max(v, 0x1f) = 0x1f.
+                let limit = _mm_set1_epi8(0x1f);
+                let control = _mm_cmpeq_epi8(_mm_max_epu8(v, limit), limit);
+                let stops = _mm_or_si128(_mm_or_si128(quote, backslash), control);
+                (_mm_movemask_epi8(stops) as u32, _mm_movemask_epi8(v) as u32)
+            }
         }
-        self.i += 4;
-        Some(v)
+        let len = bytes.len();
+        while from + 16 <= len {
+            // SAFETY: `from + 16 <= len`, so the 16 bytes read are inside `bytes`;
+            // `_mm_loadu_si128` has no alignment requirement and needs only SSE2 (above).
+            let v = unsafe { _mm_loadu_si128(bytes.as_ptr().add(from).cast()) };
+            let (stops, highs) = masks(v);
+            if !UTF8 {
+                *high |= highs;
+            }
+            if stops != 0 {
+                return from + stops.trailing_zeros() as usize;
+            }
+            from += 16;
+        }
+        if from < len && len >= 16 {
+            // The last 16 bytes of the input; the `shift` bytes before `from` are dropped.
+            let base = len - 16;
+            let shift = from - base; // 1..=15, as `from + 16 > len`
+            // SAFETY: `base + 16 == len`: the 16 bytes read are the last ones of `bytes`.
+            let v = unsafe { _mm_loadu_si128(bytes.as_ptr().add(base).cast()) };
+            let (stops, highs) = masks(v);
+            if !UTF8 {
+                *high |= highs >> shift;
+            }
+            let stops = stops >> shift;
+            return if stops != 0 {
+                from + stops.trailing_zeros() as usize
+            } else {
+                len
+            };
+        }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    while let Some(word) = bytes.get(from..from + 8) {
+        let w = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
+        if !UTF8 {
+            *high |= (w & 0x8080_8080_8080_8080 != 0) as u32;
+        }
+        let flags = specials8(w);
+        if flags != 0 {
+            return from + (flags.trailing_zeros() / 8) as usize;
+        }
+        from += 8;
+    }
+    while let Some(&b) = bytes.get(from) {
+        if ESCAPE[b as usize] != 0 {
+            break;
+        }
+        if !UTF8 {
+            *high |= (b >> 7) as u32;
+        }
+        from += 1;
+    }
+    from
 }
 
 #[cfg(test)]

@@ -298,26 +298,53 @@ static HEX_VALUE: [u8; 256] = {
     t
 };
 
-/// The whitespace-dropping copy: `src[copied..]` is what has not been copied to `out` yet.
-/// Only skipping whitespace flushes, so already-compact input is copied with one `memcpy` at
-/// the end.
+/// The whitespace-dropping copy. `src[copied..]` is what has not been copied yet; only
+/// skipping whitespace flushes, so already-compact input is copied with one `memcpy` at the
+/// end ([`Copy::finish`]).
+///
+/// Bytes are written into `out`'s spare capacity, `written` of them after its first `base`;
+/// its length is set only by `finish`, so a refused text leaves `out` as it was. Invariants:
+/// `out.capacity() >= base + src.len() + 16` (reserved by [`Copy::new`]) and
+/// `written <= copied <= src.len()` (each flush writes what it skips past), so a write of 16
+/// bytes at `written` always stays inside the allocation.
 struct Copy<'o, const COPY: bool> {
     out: &'o mut Vec<u8>,
+    base: usize,
+    written: usize,
     copied: usize,
 }
 
-impl<const COPY: bool> Copy<'_, COPY> {
+impl<'o, const COPY: bool> Copy<'o, COPY> {
+    fn new(out: &'o mut Vec<u8>, src: &[u8]) -> Self {
+        if COPY {
+            // The compact text is never longer than `src`; 16 more for `flush`'s stores.
+            out.reserve(src.len() + 16);
+        }
+        Copy {
+            base: out.len(),
+            out,
+            written: 0,
+            copied: 0,
+        }
+    }
+
     /// Skips the whitespace at `i` (`b` is the byte there) and returns where it ends and the
-    /// byte there; a run of whitespace flushes what came before it.
+    /// byte there; whitespace flushes what came before it. One space or newline between
+    /// tokens (`"a": 1, "b": 2`) is handled here; longer runs out of line.
     #[inline(always)]
     fn ws(&mut self, src: &[u8], i: usize, b: u8) -> (usize, u8) {
         if !is_ws(b) {
             return (i, b);
         }
-        self.ws_run(src, i)
+        let next = peek(src, i + 1);
+        if is_ws(next) {
+            return self.ws_run(src, i);
+        }
+        self.flush(src, i);
+        self.copied = i + 1;
+        (i + 1, next)
     }
 
-    /// Out of line: compact input never gets here, and the code after every token stays small.
     #[inline(never)]
     fn ws_run(&mut self, src: &[u8], from: usize) -> (usize, u8) {
         let mut i = from + 1;
@@ -326,37 +353,58 @@ impl<const COPY: bool> Copy<'_, COPY> {
             i += 1;
             b = peek(src, i);
         }
-        if COPY {
-            self.flush(src, from);
-        }
+        self.flush(src, from);
         self.copied = i;
         (i, b)
     }
 
-    /// Copies `src[copied..to]` to `out`. Pieces between whitespace are mostly short, so one
-    /// of up to 16 bytes is copied with one 16-byte load and store instead of a `memcpy` call.
+    /// Copies `src[copied..to]` into `out`'s spare capacity. Pieces between whitespace are
+    /// mostly short: up to 16 bytes take one 16-byte load and store, not a `memcpy` call.
     #[inline(always)]
     fn flush(&mut self, src: &[u8], to: usize) {
+        if !COPY {
+            return;
+        }
         let piece = &src[self.copied..to];
-        let out = &mut *self.out;
         let n = piece.len();
-        if n <= 16 && self.copied + 16 <= src.len() && out.capacity() - out.len() >= 16 {
-            // SAFETY: `src[copied..copied + 16]` is inside `src` (checked), and the 16 bytes
-            // written from `out.len()` are inside its allocation (spare capacity ≥ 16,
-            // checked); the first `n` of them are the piece, so they are initialized when the
-            // length grows by `n`. Reading and writing `[u8; 16]` unaligned is allowed.
-            unsafe {
+        // SAFETY (both branches): the destination, `written` bytes past `base`, has room for
+        // 16 bytes and for `n` (struct invariants: `written + n <= to <= src.len()` and
+        // `written + 16 <= src.len() + 16`), and it is spare capacity, which no reference
+        // points into. The source is inside `src`: `piece`, or for the 16-byte load
+        // `src[copied..copied + 16]`, checked. Unaligned `[u8; 16]` reads and writes are
+        // allowed. Only the first `n` bytes count as written.
+        unsafe {
+            let dst = self.out.as_mut_ptr().add(self.base + self.written);
+            if n <= 16 && self.copied + 16 <= src.len() {
                 let bytes = src
                     .as_ptr()
                     .add(self.copied)
                     .cast::<[u8; 16]>()
                     .read_unaligned();
-                let end = out.as_mut_ptr().add(out.len());
-                end.cast::<[u8; 16]>().write_unaligned(bytes);
-                out.set_len(out.len() + n);
+                dst.cast::<[u8; 16]>().write_unaligned(bytes);
+            } else {
+                std::ptr::copy_nonoverlapping(piece.as_ptr(), dst, n);
             }
-        } else {
-            out.extend_from_slice(piece);
+        }
+        self.written += n;
+    }
+
+    /// Copies the rest of `src` and makes everything written part of `out`.
+    fn finish(mut self, src: &[u8]) {
+        if !COPY {
+            return;
+        }
+        let rest = &src[self.copied..];
+        // SAFETY: as in `flush`, `written + rest.len() <= src.len()` bytes fit at the
+        // destination, which is spare capacity. The `base + written` bytes before it are
+        // initialized (the first `base` were `out`'s, the rest were written by `flush`), and
+        // so is `rest` once copied, so the new length covers initialized bytes only and is
+        // within the capacity.
+        unsafe {
+            let dst = self.out.as_mut_ptr().add(self.base + self.written);
+            std::ptr::copy_nonoverlapping(rest.as_ptr(), dst, rest.len());
+            self.written += rest.len();
+            self.out.set_len(self.base + self.written);
         }
     }
 }
@@ -377,11 +425,7 @@ fn parse<const UTF8: bool, const COPY: bool, const KEYS: bool>(
     out: &mut Vec<u8>,
     mut keys: Option<KeyVisitor<'_>>,
 ) -> Result<(), Stop> {
-    if COPY {
-        // The compact text is never longer than `src`; 16 more for `Copy::flush`'s stores.
-        out.reserve(src.len() + 16);
-    }
-    let mut cp = Copy::<COPY> { out, copied: 0 };
+    let mut cp = Copy::<COPY>::new(out, src);
     let (mut i, mut b) = cp.ws(src, 0, peek(src, 0));
     if i == src.len() {
         return Err((i, Why::Says("empty")));
@@ -447,9 +491,7 @@ fn parse<const UTF8: bool, const COPY: bool, const KEYS: bool>(
     if i != src.len() {
         return Err((i, Why::Says("more text after the JSON value")));
     }
-    if COPY {
-        cp.out.extend_from_slice(&src[cp.copied..]);
-    }
+    cp.finish(src);
     Ok(())
 }
 

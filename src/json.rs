@@ -345,6 +345,7 @@ impl<'o, const COPY: bool> Copy<'o, COPY> {
         (i + 1, next)
     }
 
+    #[cold]
     #[inline(never)]
     fn ws_run(&mut self, src: &[u8], from: usize) -> (usize, u8) {
         let mut i = from + 1;
@@ -359,7 +360,8 @@ impl<'o, const COPY: bool> Copy<'o, COPY> {
     }
 
     /// Copies `src[copied..to]` into `out`'s spare capacity. Pieces between whitespace are
-    /// mostly short: up to 16 bytes take one 16-byte load and store, not a `memcpy` call.
+    /// mostly short: up to 64 bytes are copied 16 at a time (the last block running past the
+    /// piece), not with a `memcpy` call.
     #[inline(always)]
     fn flush(&mut self, src: &[u8], to: usize) {
         if !COPY {
@@ -367,21 +369,19 @@ impl<'o, const COPY: bool> Copy<'o, COPY> {
         }
         let piece = &src[self.copied..to];
         let n = piece.len();
-        // SAFETY (both branches): the destination, `written` bytes past `base`, has room for
-        // 16 bytes and for `n` (struct invariants: `written + n <= to <= src.len()` and
-        // `written + 16 <= src.len() + 16`), and it is spare capacity, which no reference
-        // points into. The source is inside `src`: `piece`, or for the 16-byte load
-        // `src[copied..copied + 16]`, checked. Unaligned `[u8; 16]` reads and writes are
-        // allowed. Only the first `n` bytes count as written.
+        // SAFETY (both branches): the destination, `written` bytes past `base`, is spare
+        // capacity, which no reference points into, with room for `n + 15` bytes (struct
+        // invariants: `written + n <= to <= src.len()`, capacity `base + src.len() + 16`). The
+        // blocks read are inside `src`: `k < n` and `copied + n + 16 <= src.len()` (checked)
+        // give `copied + k + 16 <= src.len()`. Unaligned `[u8; 16]` reads and writes are
+        // allowed. Only the first `n` bytes written count; the rest is overwritten later or
+        // left past the length.
         unsafe {
             let dst = self.out.as_mut_ptr().add(self.base + self.written);
-            if n <= 16 && self.copied + 16 <= src.len() {
-                let bytes = src
-                    .as_ptr()
-                    .add(self.copied)
-                    .cast::<[u8; 16]>()
-                    .read_unaligned();
-                dst.cast::<[u8; 16]>().write_unaligned(bytes);
+            if n <= 32 && self.copied + 32 <= src.len() {
+                let from = src.as_ptr().add(self.copied);
+                let blocks = from.cast::<[[u8; 16]; 2]>().read_unaligned();
+                dst.cast::<[[u8; 16]; 2]>().write_unaligned(blocks);
             } else {
                 std::ptr::copy_nonoverlapping(piece.as_ptr(), dst, n);
             }
@@ -437,32 +437,37 @@ fn parse<const UTF8: bool, const COPY: bool, const KEYS: bool>(
     // marks the bottom: `stack == 1` at the top level, and the depth is the bit above it.
     let mut stack = 1u128;
     'value: loop {
-        // A value starts at `i`; `b` is its first byte.
-        match b {
-            b'{' | b'[' => {
-                if 127 - stack.leading_zeros() >= max_depth {
-                    return Err((i, Why::Says("nested too deep")));
-                }
-                let object = b == b'{';
-                stack = stack << 1 | object as u128;
-                (i, b) = cp.ws(src, i + 1, peek(src, i + 1));
-                if b != if object { b'}' } else { b']' } {
-                    if object {
-                        let top_level = stack == 0b11;
-                        (i, b) =
-                            member::<UTF8, COPY, KEYS>(src, i, b, top_level, &mut cp, &mut keys)?;
+        // A value starts at `i`; `b` is its first byte. Strings are the most common values:
+        // tested before the jump table.
+        if b == b'"' {
+            i = string::<UTF8>(src, i).map_err(|at| (at, Why::Invalid))?;
+        } else {
+            match b {
+                b'{' | b'[' => {
+                    if 127 - stack.leading_zeros() >= max_depth {
+                        return Err((i, Why::Says("nested too deep")));
                     }
-                    continue 'value;
+                    let object = b == b'{';
+                    stack = stack << 1 | object as u128;
+                    (i, b) = cp.ws(src, i + 1, peek(src, i + 1));
+                    if b != if object { b'}' } else { b']' } {
+                        if object {
+                            let top_level = stack == 0b11;
+                            (i, b) = member::<UTF8, COPY, KEYS>(
+                                src, i, b, top_level, &mut cp, &mut keys,
+                            )?;
+                        }
+                        continue 'value;
+                    }
+                    i += 1;
+                    stack >>= 1;
                 }
-                i += 1;
-                stack >>= 1;
+                b't' => i = literal(src, i, b"true")?,
+                b'f' => i = literal(src, i, b"false")?,
+                b'n' => i = literal(src, i, b"null")?,
+                b'-' | b'0'..=b'9' => i = number(src, i)?,
+                _ => return Err((i, Why::Invalid)),
             }
-            b'"' => i = string::<UTF8>(src, i).map_err(|at| (at, Why::Invalid))?,
-            b't' => i = literal(src, i, b"true")?,
-            b'f' => i = literal(src, i, b"false")?,
-            b'n' => i = literal(src, i, b"null")?,
-            b'-' | b'0'..=b'9' => i = number(src, i)?,
-            _ => return Err((i, Why::Invalid)),
         }
         // After a value: close containers until one goes on after a comma.
         while stack != 1 {
@@ -517,9 +522,13 @@ fn member<const UTF8: bool, const COPY: bool, const KEYS: bool>(
     {
         visit_key(visit, &src[i..end]).map_err(|reason| (i, Why::Visitor(reason)))?;
     }
-    let (j, b) = cp.ws(src, end, peek(src, end));
+    let (mut j, mut b) = (end, peek(src, end));
     if b != b':' {
-        return Err((j, Why::Invalid));
+        // Compact text has the colon right after the key; anything else is slower.
+        (j, b) = cp.ws(src, j, b);
+        if b != b':' {
+            return Err((j, Why::Invalid));
+        }
     }
     Ok(cp.ws(src, j + 1, peek(src, j + 1)))
 }
@@ -619,6 +628,7 @@ fn string<const UTF8: bool>(src: &[u8], at: usize) -> Result<usize, usize> {
 /// An escape at `i` (its backslash): one of `"\/bfnrt`, or `u` with 4 hex digits where a high
 /// surrogate must be followed by `\u` and a low one, and a low one may not stand alone. Returns
 /// the offset after it, or where reading stopped.
+#[cold]
 #[inline(never)]
 fn escape(src: &[u8], i: usize) -> Result<usize, usize> {
     let i = i + 1;
@@ -669,8 +679,8 @@ fn hex4(src: &[u8], i: usize) -> Option<u16> {
 /// last block past the stop may be counted too, which only costs a needless check).
 ///
 /// x86-64: 16 bytes per step with SSE2 (part of the x86-64 baseline, so no run-time detection);
-/// the last partial block is read as the input's last 16 bytes, shifted. Elsewhere: eight
-/// bytes per step ([`specials8`]).
+/// the last partial block is read as the input's last 16 bytes, shifted. Elsewhere, and for
+/// inputs shorter than 16 bytes: eight bytes per step ([`scan_words`]).
 #[inline(always)]
 fn scan_string<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) -> usize {
     #[cfg(target_arch = "x86_64")]
@@ -726,7 +736,13 @@ fn scan_string<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) 
             };
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    scan_words::<UTF8>(bytes, from, high)
+}
+
+/// [`scan_string`] eight bytes per step ([`specials8`]), then byte by byte: the whole scan
+/// where there is no SSE2, and on x86-64 for inputs shorter than 16 bytes.
+#[inline(always)]
+fn scan_words<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) -> usize {
     while let Some(word) = bytes.get(from..from + 8) {
         let w = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
         if !UTF8 {
@@ -927,5 +943,173 @@ mod tests {
         assert!(!is_valid(deep(MAX_DEPTH as usize + 1).as_bytes()));
         let serde_reads = |n| serde_json::from_str::<serde_json::Value>(&deep(n)).is_ok();
         assert!(serde_reads(MAX_DEPTH as usize) && !serde_reads(MAX_DEPTH as usize + 1));
+    }
+
+    /// A strip of whitespace outside strings, byte by byte: what the compactor must write.
+    fn strip(src: &[u8]) -> Vec<u8> {
+        let (mut out, mut in_str, mut esc) = (Vec::new(), false, false);
+        for &b in src {
+            if in_str {
+                (esc, in_str) = (!esc && b == b'\\', esc || b != b'"');
+                out.push(b);
+            } else if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+                in_str = b == b'"';
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_string_scans_stop_at_the_first_special_byte_and_see_high_bytes() {
+        let stops = [b'"', b'\\', 0x00, 0x1f];
+        for len in 0..48 {
+            for from in 0..=len {
+                for stop_at in from..=len {
+                    for (k, &stop) in stops.iter().enumerate() {
+                        let mut bytes: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+                        if stop_at < len {
+                            bytes[stop_at] = stop;
+                        }
+                        // A high byte before the stop (when there is room), or none.
+                        let high_at = (k % 2 == 0 && stop_at > from).then_some(from);
+                        if let Some(h) = high_at {
+                            bytes[h] = 0xc3;
+                        }
+                        let want = if stop_at < len { stop_at } else { len };
+                        type Scan = fn(&[u8], usize, &mut u32) -> usize;
+                        let scans: [(&str, Scan); 2] = [
+                            ("sse2/words", scan_string::<false>),
+                            ("words", scan_words::<false>),
+                        ];
+                        for (name, scan) in scans {
+                            let mut high = 0;
+                            let got = scan(&bytes, from, &mut high);
+                            assert_eq!(got, want, "{name} {len} {from} {stop_at} {bytes:?}");
+                            if high_at.is_some() {
+                                assert_ne!(high, 0, "{name} missed a high byte in {bytes:?}");
+                            }
+                        }
+                        let mut ignored = 0;
+                        assert_eq!(scan_string::<true>(&bytes, from, &mut ignored), want);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn whitespace_around_pieces_of_every_length_is_dropped() {
+        for k in 0..80 {
+            let word = "x y".repeat(k / 3 + 1)[..k].to_string();
+            for tail in ["", " ", "\n  ", "\t"] {
+                for src in [
+                    format!("[\"{word}\" ,1]{tail}"),
+                    format!("{{ \"{word}\": [ \"{word}\" , {k} ] }}{tail}"),
+                    format!("{tail}[{k},\"{word}\"\n,\n\"{word}\"]"),
+                ] {
+                    let mut out = b"prefix".to_vec();
+                    assert!(
+                        append_compact(&mut out, src.as_bytes(), Top::Any),
+                        "{src:?}"
+                    );
+                    assert_eq!(out[6..], strip(src.as_bytes()), "{src:?}");
+                    let mut from_str = b"prefix".to_vec();
+                    assert!(append_compact_str(&mut from_str, &src, Top::Any, MAX_DEPTH));
+                    assert_eq!(from_str, out);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refusals_say_where_and_why_as_before() {
+        let refused = |src: &[u8]| {
+            let r = check_value(src, 2).unwrap_err();
+            (r.at, r.reason)
+        };
+        for (src, at, reason) in [
+            (&br#"{"a":tru}"#[..], 5, "invalid JSON"),
+            (br#"{"a" 1}"#, 5, "invalid JSON"),
+            (b"{1:2}", 1, "expected a string key"),
+            (b"{\"a\x01\":1}", 3, "expected a string key"),
+            (br#"{"a":1,}"#, 7, "expected a string key"),
+            (br#"["\u12"]"#, 4, "invalid JSON"),
+            (br#"["\ud800x"]"#, 8, "invalid JSON"),
+            (br#"["\ud800\u0041"]"#, 14, "invalid JSON"),
+            (br#"["\udc00"]"#, 8, "invalid JSON"),
+            (br#"["\x"]"#, 3, "invalid JSON"),
+            (b"[1.]", 3, "invalid JSON"),
+            (b"[1e+]", 4, "invalid JSON"),
+            (b"[-]", 2, "invalid JSON"),
+            (b"[01]", 2, "invalid JSON"),
+            (b"[1 }", 3, "invalid JSON"),
+            (b"{} x", 3, "more text after the JSON value"),
+            (b" \n ", 3, "empty"),
+            (b"[[[]]]", 2, "nested too deep"),
+            (b"\"abc", 4, "invalid JSON"),
+            // Not UTF-8 wins over any other reason, wherever it is.
+            (b"{\"a\":\"\xff\"}", 6, "not UTF-8"),
+            (b"{\"a\":tru} \xff", 10, "not UTF-8"),
+            (b"[\"\xe2\x82\"]", 2, "not UTF-8"),
+        ] {
+            assert_eq!(
+                refused(src),
+                (at, reason.to_string()),
+                "{:?}",
+                String::from_utf8_lossy(src)
+            );
+        }
+        // The same without the UTF-8 check, for `&str` input.
+        let mut out = Vec::new();
+        assert!(!append_compact_str(
+            &mut out,
+            r#"{"a":"\ud800"}"#,
+            Top::Object,
+            MAX_DEPTH
+        ));
+        assert!(out.is_empty());
+        assert!(append_compact_str(
+            &mut out,
+            "{\"é\": \"中😀\"}",
+            Top::Object,
+            MAX_DEPTH
+        ));
+        assert_eq!(out, "{\"é\":\"中😀\"}".as_bytes());
+    }
+
+    #[test]
+    fn nesting_is_counted_to_127_levels_of_either_kind() {
+        // Alternating objects and arrays, so both halves of the 128-bit stack hold both kinds.
+        let nest = |n: usize| {
+            let (mut open, mut close) = (String::new(), String::new());
+            for level in 0..n {
+                if level % 3 == 0 {
+                    open.push_str("{\"k\":");
+                    close.insert(0, '}');
+                } else {
+                    open.push('[');
+                    close.insert(0, ']');
+                }
+            }
+            (open, close)
+        };
+        let (open, close) = nest(127);
+        let ok = format!("{open}1{close}");
+        assert!(is_valid(ok.as_bytes()));
+        assert!(serde_json::from_str::<serde_json::Value>(&ok).is_ok());
+        let (open, close) = nest(128);
+        let deep = format!("{open}1{close}");
+        let r = check_value(deep.as_bytes(), MAX_DEPTH).unwrap_err();
+        assert_eq!(r.reason, "nested too deep");
+        assert_eq!(r.at, open.len() - 1, "at the 128th opening bracket");
+        // A wrong closer deep down is found where it stands.
+        let (open, close) = nest(100);
+        let wrong = format!("{open}1]{}", &close[1..]);
+        let r = check_value(wrong.as_bytes(), MAX_DEPTH).unwrap_err();
+        assert_eq!((r.at, r.reason.as_str()), (open.len() + 1, "invalid JSON"));
+        // A limit above MAX_DEPTH counts as MAX_DEPTH.
+        assert!(check_value(deep.as_bytes(), 1000).is_err());
+        assert!(check_value(ok.as_bytes(), 1000).is_ok());
     }
 }

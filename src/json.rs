@@ -11,10 +11,21 @@
 //! * [`append_compact`]: a strict validator that copies a JSON text without its insignificant
 //!   whitespace. Two parts of a payload are JSON *text* that must reach hooks byte-exact —
 //!   `tool_call_start.arguments` and extra fields ([`crate::Extras`]) — and no serializer
-//!   embeds text it has not parsed. Strict means RFC 8259 to the letter, including paired UTF-16 surrogates in `\u`
-//!   escapes — serde_json's "ignore" path accepts a lone `\ud800`, which a strict reader of our
-//!   payload would then reject. Whitespace is dropped so that an embedded object never puts a
-//!   newline into an NDJSON line or an environment variable.
+//!   embeds text it has not parsed. Strict means RFC 8259 to the letter, including paired
+//!   UTF-16 surrogates in `\u` escapes — serde_json's "ignore" path accepts a lone `\ud800`,
+//!   which a strict reader of our payload would then reject. Whitespace is dropped so that an
+//!   embedded object never puts a newline into an NDJSON line or an environment variable.
+//!   [`check_object`] and [`check_value`] are the same reader without the copy.
+//!
+//! How the reader is fast (ARCHITECTURE.md § Events; `benches/serialize.rs`, `arguments/`):
+//! one pass without recursion (open containers are bits of a `u128`); strings, most of any
+//! `arguments` object, are scanned 16 bytes per step with SSE2 ([`scan_string`]); UTF-8 is
+//! checked only inside strings that hold a byte ≥ 0x80, the only place such a byte can be valid,
+//! and not at all for `&str` input ([`append_compact_str`]); compact input is copied by one
+//! `memcpy` at the end, and the pieces between whitespace by 16-byte stores. None of this
+//! changes what is accepted, what is written, or where and why a text is refused: the
+//! `json_compact` fuzz target checks all three against the recursive reader it replaced
+//! (`fuzz/src/former_json.rs`).
 
 /// Nesting deeper than this is rejected. serde_json's default recursion limit accepts exactly
 /// this much, so whatever we embed, serde_json can read back.
@@ -206,8 +217,9 @@ pub fn check_value(src: &[u8], max_depth: u32) -> Result<(), Refused> {
 /// The visitor of an object's top-level keys ([`check_object`]).
 type KeyVisitor<'k> = &'k mut (dyn FnMut(&str) -> Result<(), String> + 'k);
 
-/// Validates `src` and, when `COPY`, appends its compact form to `out` (on success; on failure
-/// `out` may hold part of it, which the callers truncate). `UTF8`: `src` is known to be UTF-8.
+/// Validates `src` and, when `COPY`, appends its compact form to `out` (on success only: a
+/// refused text leaves `out`'s contents as they were, [`Compact`]). `UTF8`: `src` is known to
+/// be UTF-8.
 ///
 /// Not-UTF-8 is found without a pass over the whole input: outside strings only ASCII is valid
 /// JSON, and a string holding a byte ≥ 0x80 is checked with `str::from_utf8` when its closing
@@ -300,27 +312,27 @@ static HEX_VALUE: [u8; 256] = {
 
 /// The whitespace-dropping copy. `src[copied..]` is what has not been copied yet; only
 /// skipping whitespace flushes, so already-compact input is copied with one `memcpy` at the
-/// end ([`Copy::finish`]).
+/// end ([`Compact::finish`]).
 ///
 /// Bytes are written into `out`'s spare capacity, `written` of them after its first `base`;
 /// its length is set only by `finish`, so a refused text leaves `out` as it was. Invariants:
-/// `out.capacity() >= base + src.len() + 16` (reserved by [`Copy::new`]) and
+/// `out.capacity() >= base + src.len() + 16` (reserved by [`Compact::new`]) and
 /// `written <= copied <= src.len()` (each flush writes what it skips past), so a write of 16
 /// bytes at `written` always stays inside the allocation.
-struct Copy<'o, const COPY: bool> {
+struct Compact<'o, const COPY: bool> {
     out: &'o mut Vec<u8>,
     base: usize,
     written: usize,
     copied: usize,
 }
 
-impl<'o, const COPY: bool> Copy<'o, COPY> {
+impl<'o, const COPY: bool> Compact<'o, COPY> {
     fn new(out: &'o mut Vec<u8>, src: &[u8]) -> Self {
         if COPY {
             // The compact text is never longer than `src`; 16 more for `flush`'s stores.
             out.reserve(src.len() + 16);
         }
-        Copy {
+        Compact {
             base: out.len(),
             out,
             written: 0,
@@ -425,7 +437,7 @@ fn parse<const UTF8: bool, const COPY: bool, const KEYS: bool>(
     out: &mut Vec<u8>,
     mut keys: Option<KeyVisitor<'_>>,
 ) -> Result<(), Stop> {
-    let mut cp = Copy::<COPY>::new(out, src);
+    let mut cp = Compact::<COPY>::new(out, src);
     let (mut i, mut b) = cp.ws(src, 0, peek(src, 0));
     if i == src.len() {
         return Err((i, Why::Says("empty")));
@@ -508,7 +520,7 @@ fn member<const UTF8: bool, const COPY: bool, const KEYS: bool>(
     i: usize,
     b: u8,
     top_level: bool,
-    cp: &mut Copy<'_, COPY>,
+    cp: &mut Compact<'_, COPY>,
     keys: &mut Option<KeyVisitor<'_>>,
 ) -> Result<(usize, u8), Stop> {
     const KEY: Why = Why::Says("expected a string key");

@@ -316,9 +316,10 @@ static HEX_VALUE: [u8; 256] = {
 ///
 /// Bytes are written into `out`'s spare capacity, `written` of them after its first `base`;
 /// its length is set only by `finish`, so a refused text leaves `out` as it was. Invariants:
-/// `out.capacity() >= base + src.len() + 16` (reserved by [`Compact::new`]) and
-/// `written <= copied <= src.len()` (each flush writes what it skips past), so a write of 16
-/// bytes at `written` always stays inside the allocation.
+/// `out.capacity() >= base + src.len()` (reserved by [`Compact::new`]) and
+/// `written <= copied <= src.len()` (each flush writes what it skips past, no more), so
+/// writing at `written` as many bytes as are left in `src` after `copied` stays inside the
+/// allocation.
 struct Compact<'o, const COPY: bool> {
     out: &'o mut Vec<u8>,
     base: usize,
@@ -329,8 +330,8 @@ struct Compact<'o, const COPY: bool> {
 impl<'o, const COPY: bool> Compact<'o, COPY> {
     fn new(out: &'o mut Vec<u8>, src: &[u8]) -> Self {
         if COPY {
-            // The compact text is never longer than `src`; 16 more for `flush`'s stores.
-            out.reserve(src.len() + 16);
+            // The compact text is never longer than `src`.
+            out.reserve(src.len());
         }
         Compact {
             base: out.len(),
@@ -372,8 +373,8 @@ impl<'o, const COPY: bool> Compact<'o, COPY> {
     }
 
     /// Copies `src[copied..to]` into `out`'s spare capacity. Pieces between whitespace are
-    /// mostly short: up to 64 bytes are copied 16 at a time (the last block running past the
-    /// piece), not with a `memcpy` call.
+    /// mostly short: one of up to 32 bytes is copied as two 16-byte blocks (running past the
+    /// piece, into bytes written again later), not with a `memcpy` call.
     #[inline(always)]
     fn flush(&mut self, src: &[u8], to: usize) {
         if !COPY {
@@ -381,13 +382,12 @@ impl<'o, const COPY: bool> Compact<'o, COPY> {
         }
         let piece = &src[self.copied..to];
         let n = piece.len();
-        // SAFETY (both branches): the destination, `written` bytes past `base`, is spare
-        // capacity, which no reference points into, with room for `n + 15` bytes (struct
-        // invariants: `written + n <= to <= src.len()`, capacity `base + src.len() + 16`). The
-        // blocks read are inside `src`: `k < n` and `copied + n + 16 <= src.len()` (checked)
-        // give `copied + k + 16 <= src.len()`. Unaligned `[u8; 16]` reads and writes are
-        // allowed. Only the first `n` bytes written count; the rest is overwritten later or
-        // left past the length.
+        // SAFETY: the destination, `written` bytes past `base`, is spare capacity, which no
+        // reference points into, with room for `src.len() - copied` bytes (struct invariants).
+        // The 32-byte copy is taken only when `copied + 32 <= src.len()` (checked): its source
+        // is inside `src` and its destination has room for 32. Otherwise exactly the piece is
+        // copied (`written + n <= copied + n = to <= src.len()`). Unaligned reads and writes
+        // of byte arrays are allowed. Only the first `n` bytes count as written.
         unsafe {
             let dst = self.out.as_mut_ptr().add(self.base + self.written);
             if n <= 32 && self.copied + 32 <= src.len() {
@@ -407,8 +407,8 @@ impl<'o, const COPY: bool> Compact<'o, COPY> {
             return;
         }
         let rest = &src[self.copied..];
-        // SAFETY: as in `flush`, `written + rest.len() <= src.len()` bytes fit at the
-        // destination, which is spare capacity. The `base + written` bytes before it are
+        // SAFETY: as in `flush`, the destination is spare capacity with room for the
+        // `src.len() - copied = rest.len()` bytes copied. The `base + written` bytes before it are
         // initialized (the first `base` were `out`'s, the rest were written by `flush`), and
         // so is `rest` once copied, so the new length covers initialized bytes only and is
         // within the capacity.
@@ -752,8 +752,10 @@ fn scan_string<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) 
 }
 
 /// [`scan_string`] eight bytes per step ([`specials8`]), then byte by byte: the whole scan
-/// where there is no SSE2, and on x86-64 for inputs shorter than 16 bytes.
-#[inline(always)]
+/// where there is no SSE2, and on x86-64 for inputs shorter than 16 bytes (out of line there,
+/// so that the hot loop stays small).
+#[cfg_attr(target_arch = "x86_64", cold, inline(never))]
+#[cfg_attr(not(target_arch = "x86_64"), inline(always))]
 fn scan_words<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) -> usize {
     while let Some(word) = bytes.get(from..from + 8) {
         let w = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));

@@ -16,8 +16,8 @@
 //!   `Event::write_json` runs on a `&str`), `ours_bytes` (`json::append_compact`, the same on
 //!   bytes not known to be UTF-8, as `Bus::publish` runs it), `former` (the compactor before
 //!   issue 14's rewrite, `fuzz/src/former_json.rs`), serde_json (`RawValue` parse of the `&str`
-//!   + copy), simd-json (parse into a borrowed value + serialize; it also needs a mutable copy
-//!   of the input, which is counted). The two inputs past 300 B are pretty-printed in part
+//!   and a copy), simd-json (parse into a borrowed value and serialize; it also needs a mutable
+//!   copy of the input, which is counted). The two inputs past 300 B are pretty-printed in part
 //!   (`"k": v, ...`), so whitespace is stripped too.
 //! * `ndjson/typical`: `run --events` lines parsed per second (a mix of the 8 events, 130–400 B
 //!   each): `ndjson::parse_line`, and simd-json parsing the same lines into borrowed values as a

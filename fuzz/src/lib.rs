@@ -295,11 +295,31 @@ mod tests {
             b"[01]",
             b"{\"a\" 1}",
             b"\"\xe2\x82\"",
+            // The refusals `json::tests::refusals_say_where_and_why_as_before` names.
+            b"{1:2}",
+            b"{\"a\x01\":1}",
+            b"{\"a\":1,}",
+            b"[\"\\u12\"]",
+            b"[\"\\ud800x\"]",
+            b"[\"\\ud800\\u0041\"]",
+            b"[\"\\udc00\"]",
+            b"[\"\\x\"]",
+            b"[1.]",
+            b"[1e+]",
+            b"[-]",
+            b"[1 }",
+            b"{} x",
+            b" \n ",
+            b"[[[]]]",
+            b"\"abc",
+            b"[\"\xe2\x82\"]",
         ] {
-            let new = check_value(src, MAX_DEPTH).map_err(|r| (r.at, r.reason));
-            let old =
-                former_json::run(src, false, MAX_DEPTH, None, None).map_err(|r| (r.at, r.reason));
-            assert_eq!(new, old, "{src:?}");
+            for depth in [MAX_DEPTH, 2] {
+                let new = check_value(src, depth).map_err(|r| (r.at, r.reason));
+                let old =
+                    former_json::run(src, false, depth, None, None).map_err(|r| (r.at, r.reason));
+                assert_eq!(new, old, "{src:?}");
+            }
             let mut a = b"x".to_vec();
             let mut b = b"x".to_vec();
             assert_eq!(

@@ -3,17 +3,22 @@
 //!
 //! * `payload/<event>`: per event kind, the library's writer (`Event::write_json`: our field
 //!   writer with simd-json's SIMD escaper for strings of 32 bytes or more), the writer before
-//!   this version (kept here verbatim as a baseline: `former`), simd-json's whole serde
-//!   serializer (`simd_json`) and serde_json's, both with an equivalent `#[derive(Serialize)]`.
-//!   All four produce the same bytes (checked before timing).
+//!   issue 14 (kept here verbatim as a baseline: `former`, with the former `arguments`
+//!   compactor, `fuzz/src/former_json.rs`), simd-json's whole serde serializer (`simd_json`)
+//!   and serde_json's, both with an equivalent `#[derive(Serialize)]`. All four produce the
+//!   same bytes (checked before timing).
 //! * `strings/<case>`: one string literal, by length and escape density: our word-at-a-time
 //!   escaper vs simd-json's SIMD one (what decides which writes a payload string).
 //!   `tool_call_start` carries a 300 B `arguments` object; serde_json parses it into a
 //!   `RawValue` on every event (the fair comparison: ours validates it on every event too).
 //! * `arguments/<size>`: validating and embedding `arguments` objects of 300 B, 4 KiB and
-//!   64 KiB: ours (`json::append_compact`, strict, whitespace stripped), serde_json (`RawValue`
-//!   parse + copy), simd-json (parse into a borrowed value + serialize; it also needs a mutable
-//!   copy of the input, which is counted).
+//!   64 KiB: ours (`json::append_compact_str`, strict, whitespace stripped: what
+//!   `Event::write_json` runs on a `&str`), `ours_bytes` (`json::append_compact`, the same on
+//!   bytes not known to be UTF-8, as `Bus::publish` runs it), `former` (the compactor before
+//!   issue 14's rewrite, `fuzz/src/former_json.rs`), serde_json (`RawValue` parse of the `&str`
+//!   and a copy), simd-json (parse into a borrowed value and serialize; it also needs a mutable
+//!   copy of the input, which is counted). The two inputs past 300 B are pretty-printed in part
+//!   (`"k": v, ...`), so whitespace is stripped too.
 //! * `ndjson/typical`: `run --events` lines parsed per second (a mix of the 8 events, 130–400 B
 //!   each): `ndjson::parse_line`, and simd-json parsing the same lines into borrowed values as a
 //!   reference for what a simd-json parser could reach.
@@ -21,6 +26,10 @@
 //! At the end: RATIOS (criterion medians) and the targets.
 
 mod common;
+/// The `arguments` compactor before issue 14's rewrite (shared with the fuzz oracle).
+#[path = "../fuzz/src/former_json.rs"]
+#[allow(dead_code)]
+mod former_json;
 
 use common::*;
 use criterion::{BenchmarkId, Criterion, Throughput};
@@ -170,8 +179,8 @@ mod former {
             Event::ToolCallStart { tool, arguments } => {
                 w.str("tool", tool);
                 w.key("arguments");
-                let top = prx_hooks::__fuzz::Top::Object;
-                if !prx_hooks::__fuzz::append_compact(w.out, arguments.as_bytes(), top) {
+                let (src, depth) = (arguments.as_bytes(), prx_hooks::__fuzz::MAX_DEPTH);
+                if !crate::former_json::append_compact_within(w.out, src, true, depth) {
                     write_str(w.out, arguments);
                 }
             }
@@ -470,18 +479,52 @@ fn main() {
     for (size, args) in &sizes {
         g.throughput(Throughput::Bytes(args.len() as u64));
         let top = prx_hooks::__fuzz::Top::Object;
+        let depth = prx_hooks::__fuzz::MAX_DEPTH;
+        let (mut a, mut b, mut f) = (Vec::new(), Vec::new(), Vec::new());
+        assert!(prx_hooks::__fuzz::append_compact_str(
+            &mut a, args, top, depth
+        ));
         assert!(prx_hooks::__fuzz::append_compact(
-            &mut out,
+            &mut b,
             args.as_bytes(),
             top
         ));
+        assert!(former_json::append_compact_within(
+            &mut f,
+            args.as_bytes(),
+            true,
+            depth
+        ));
+        assert!(a == b && a == f, "{size}: the compactors differ");
         g.bench_function(BenchmarkId::new(*size, "ours"), |b| {
+            b.iter(|| {
+                out.clear();
+                black_box(prx_hooks::__fuzz::append_compact_str(
+                    &mut out,
+                    black_box(args),
+                    top,
+                    depth,
+                ))
+            })
+        });
+        g.bench_function(BenchmarkId::new(*size, "ours_bytes"), |b| {
             b.iter(|| {
                 out.clear();
                 black_box(prx_hooks::__fuzz::append_compact(
                     &mut out,
                     black_box(args.as_bytes()),
                     top,
+                ))
+            })
+        });
+        g.bench_function(BenchmarkId::new(*size, "former"), |b| {
+            b.iter(|| {
+                out.clear();
+                black_box(former_json::append_compact_within(
+                    &mut out,
+                    black_box(args.as_bytes()),
+                    true,
+                    depth,
                 ))
             })
         });
@@ -605,8 +648,13 @@ fn main() {
     }
     for (size, _) in &sizes {
         let ours = format!("arguments/{size}/ours");
+        print_time_ratio(&ours, &format!("arguments/{size}/former"));
         print_time_ratio(&ours, &format!("arguments/{size}/serde_json"));
         print_time_ratio(&ours, &format!("arguments/{size}/simd_json"));
+        print_time_ratio(
+            &format!("arguments/{size}/ours_bytes"),
+            &format!("arguments/{size}/serde_json"),
+        );
     }
     print_time_ratio(
         "ndjson/typical/parse_line",

@@ -473,8 +473,8 @@ impl<'a> Event<'a> {
             Event::ToolCallStart { tool, arguments } => {
                 w.str("tool", tool);
                 if w.key("arguments") {
-                    let (src, top) = (arguments.as_bytes(), json::Top::Object);
-                    if !json::append_compact_within(w.out, src, top, ARGUMENTS_MAX_DEPTH) {
+                    let top = json::Top::Object;
+                    if !json::append_compact_str(w.out, arguments, top, ARGUMENTS_MAX_DEPTH) {
                         json::write_str(w.out, arguments);
                     }
                 }
@@ -523,7 +523,7 @@ fn append_extras(out: &mut Vec<u8>, start: usize, extras: &str) {
     }
     let at = out.len();
     let top = json::Top::Object;
-    if !json::append_compact_within(out, extras.as_bytes(), top, EXTRAS_MAX_DEPTH) {
+    if !json::append_compact_str(out, extras, top, EXTRAS_MAX_DEPTH) {
         // `out` is back at `at`: close the documented object again.
         out.truncate(at);
         out.extend_from_slice(if documented_empty { b"{}" } else { b"}" });

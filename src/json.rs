@@ -11,10 +11,21 @@
 //! * [`append_compact`]: a strict validator that copies a JSON text without its insignificant
 //!   whitespace. Two parts of a payload are JSON *text* that must reach hooks byte-exact —
 //!   `tool_call_start.arguments` and extra fields ([`crate::Extras`]) — and no serializer
-//!   embeds text it has not parsed. Strict means RFC 8259 to the letter, including paired UTF-16 surrogates in `\u`
-//!   escapes — serde_json's "ignore" path accepts a lone `\ud800`, which a strict reader of our
-//!   payload would then reject. Whitespace is dropped so that an embedded object never puts a
-//!   newline into an NDJSON line or an environment variable.
+//!   embeds text it has not parsed. Strict means RFC 8259 to the letter, including paired
+//!   UTF-16 surrogates in `\u` escapes — serde_json's "ignore" path accepts a lone `\ud800`,
+//!   which a strict reader of our payload would then reject. Whitespace is dropped so that an
+//!   embedded object never puts a newline into an NDJSON line or an environment variable.
+//!   [`check_object`] and [`check_value`] are the same reader without the copy.
+//!
+//! How the reader is fast (ARCHITECTURE.md § Events; `benches/serialize.rs`, `arguments/`):
+//! one pass without recursion (open containers are bits of a `u128`); strings, most of any
+//! `arguments` object, are scanned 16 bytes per step with SSE2 ([`scan_string`]); UTF-8 is
+//! checked only inside strings that hold a byte ≥ 0x80, the only place such a byte can be valid,
+//! and not at all for `&str` input ([`append_compact_str`]); compact input is copied by one
+//! `memcpy` at the end, and the pieces between whitespace by 16-byte stores. None of this
+//! changes what is accepted, what is written, or where and why a text is refused: the
+//! `json_compact` fuzz target checks all three against the recursive reader it replaced
+//! (`fuzz/src/former_json.rs`).
 
 /// Nesting deeper than this is rejected. serde_json's default recursion limit accepts exactly
 /// this much, so whatever we embed, serde_json can read back.
@@ -154,10 +165,23 @@ pub fn append_compact(out: &mut Vec<u8>, src: &[u8], top: Top) -> bool {
 }
 
 /// [`append_compact`] with a tighter nesting limit, for text that will itself be embedded:
-/// each enclosing object costs one level of serde_json's budget.
+/// each enclosing object costs one level of serde_json's budget. Limits above [`MAX_DEPTH`]
+/// count as [`MAX_DEPTH`].
 pub fn append_compact_within(out: &mut Vec<u8>, src: &[u8], top: Top, max_depth: u32) -> bool {
     let start = out.len();
-    let ok = run(src, top, max_depth, Some(out), None).is_ok();
+    let ok = run::<false, true>(src, top, max_depth, out, None).is_ok();
+    if !ok {
+        out.truncate(start);
+    }
+    ok
+}
+
+/// [`append_compact_within`] for text already known to be UTF-8 (`&str`): the same bytes and
+/// verdicts, without looking at the UTF-8 of strings that hold non-ASCII characters.
+#[inline]
+pub fn append_compact_str(out: &mut Vec<u8>, src: &str, top: Top, max_depth: u32) -> bool {
+    let start = out.len();
+    let ok = run::<true, true>(src.as_bytes(), top, max_depth, out, None).is_ok();
     if !ok {
         out.truncate(start);
     }
@@ -173,71 +197,64 @@ pub struct Refused {
 
 /// Checks that `src` is one JSON object by the same strict rules, nested at most `max_depth`
 /// deep, and hands each of its top-level keys (unescaped) to `key`, which may refuse it. Copies
-/// nothing and allocates nothing unless a key has an escape in it.
+/// nothing and allocates nothing unless a key has an escape in it. When `src` is refused,
+/// `key` may have seen some keys of it, even keys after the place the refusal names (a text
+/// that is not UTF-8 is refused for that, at the first bad byte, wherever reading stopped).
 pub fn check_object(
     src: &[u8],
     max_depth: u32,
     key: &mut dyn FnMut(&str) -> Result<(), String>,
 ) -> Result<(), Refused> {
-    run(src, Top::Object, max_depth, None, Some(key))
+    run::<false, false>(src, Top::Object, max_depth, &mut Vec::new(), Some(key))
 }
 
 /// Checks that `src` is one JSON value (any kind) by the same strict rules, nested at most
 /// `max_depth` deep. Copies and allocates nothing.
 pub fn check_value(src: &[u8], max_depth: u32) -> Result<(), Refused> {
-    run(src, Top::Any, max_depth, None, None)
+    run::<false, false>(src, Top::Any, max_depth, &mut Vec::new(), None)
 }
 
 /// The visitor of an object's top-level keys ([`check_object`]).
 type KeyVisitor<'k> = &'k mut (dyn FnMut(&str) -> Result<(), String> + 'k);
 
-fn run<'a, 'k>(
-    src: &'a [u8],
+/// Validates `src` and, when `COPY`, appends its compact form to `out` (on success only: a
+/// refused text leaves `out`'s contents as they were, [`Compact`]). `UTF8`: `src` is known to
+/// be UTF-8.
+///
+/// Not-UTF-8 is found without a pass over the whole input: outside strings only ASCII is valid
+/// JSON, and a string holding a byte ≥ 0x80 is checked with `str::from_utf8` when its closing
+/// quote is found. A refused text is checked whole afterwards, so that, as before, a text that
+/// is not UTF-8 is refused for that, at its first bad byte, whatever else is wrong with it.
+fn run<const UTF8: bool, const COPY: bool>(
+    src: &[u8],
     top: Top,
     max_depth: u32,
-    out: Option<&'a mut Vec<u8>>,
-    keys: Option<KeyVisitor<'k>>,
+    out: &mut Vec<u8>,
+    keys: Option<KeyVisitor<'_>>,
 ) -> Result<(), Refused> {
-    // Checking UTF-8 once up front (std's validator is fast on ASCII) lets the string scanner
-    // skip eight plain bytes at a time instead of decoding characters.
-    if let Err(e) = std::str::from_utf8(src) {
+    let max_depth = max_depth.min(MAX_DEPTH);
+    let verdict = match keys {
+        None => parse::<UTF8, COPY, false>(src, top, max_depth, out, None),
+        keys @ Some(_) => parse::<UTF8, COPY, true>(src, top, max_depth, out, keys),
+    };
+    let Err((at, why)) = verdict else {
+        return Ok(());
+    };
+    if !UTF8 && let Err(e) = std::str::from_utf8(src) {
         return Err(Refused {
             at: e.valid_up_to(),
             reason: "not UTF-8".into(),
         });
     }
-    let mut cx = Compactor {
-        src,
-        i: 0,
-        out,
-        max_depth,
-        copied: 0,
-        keys,
-        refused: None,
+    let reason = match why {
+        Why::Invalid => "invalid JSON".to_string(),
+        Why::Says(reason) => reason.to_string(),
+        Why::Visitor(reason) => reason,
     };
-    cx.skip_ws();
-    let ok = match (top, cx.peek()) {
-        (Top::Object, Some(b'{')) | (Top::Any, Some(_)) => {
-            cx.value(0) && {
-                cx.skip_ws();
-                cx.i == src.len() || cx.fail("more text after the JSON value")
-            }
-        }
-        (Top::Object, Some(_)) => cx.fail("expected a JSON object"),
-        (_, None) => cx.fail("empty"),
-    };
-    if !ok {
-        let at = cx.i.min(src.len());
-        let reason = cx
-            .refused
-            .take()
-            .unwrap_or_else(|| "invalid JSON".to_string());
-        return Err(Refused { at, reason });
-    }
-    if let Some(out) = cx.out {
-        out.extend_from_slice(&src[cx.copied..]);
-    }
-    Ok(())
+    Err(Refused {
+        at: at.min(src.len()),
+        reason,
+    })
 }
 
 /// Whether `src` is one valid JSON text (any value), by the same strict rules.
@@ -247,249 +264,520 @@ pub fn is_valid(src: &[u8]) -> bool {
     append_compact(&mut scratch, src, Top::Any)
 }
 
-/// Validates by recursive descent. Output is produced by copying the input between whitespace
-/// runs: `src[copied..]` is what has not been copied yet, and only skipping whitespace flushes,
-/// so already-compact input is copied with one `memcpy` at the end.
-struct Compactor<'a, 'k> {
-    src: &'a [u8],
-    i: usize,
-    /// Where the compact copy goes; `None` only checks.
-    out: Option<&'a mut Vec<u8>>,
-    max_depth: u32,
-    copied: usize,
-    /// Gets each top-level key of the object ([`check_object`]).
-    keys: Option<KeyVisitor<'k>>,
-    /// Why reading stopped, when something more precise than "invalid JSON" is known.
-    refused: Option<String>,
+/// Why reading stopped.
+#[derive(Debug)]
+enum Why {
+    /// Nothing more precise to say than "invalid JSON".
+    Invalid,
+    Says(&'static str),
+    /// The key visitor refused a key, for this reason.
+    Visitor(String),
 }
 
-impl Compactor<'_, '_> {
-    fn peek(&self) -> Option<u8> {
-        self.src.get(self.i).copied()
+/// Where reading stopped (the offset [`Refused::at`] reports), and why.
+type Stop = (usize, Why);
+
+/// JSON's four whitespace bytes (RFC 8259 § 2) as a bit set over 0..64.
+const WS: u64 = 1 << b' ' | 1 << b'\t' | 1 << b'\n' | 1 << b'\r';
+
+#[inline(always)]
+fn is_ws(b: u8) -> bool {
+    b <= b' ' && WS >> b & 1 != 0
+}
+
+/// The byte at `i`, or 0 past the end. A NUL byte is invalid everywhere a peeked byte decides
+/// anything (outside strings, and inside them as a control character), so the end and a NUL
+/// are refused alike, at `i`.
+#[inline(always)]
+fn peek(src: &[u8], i: usize) -> u8 {
+    src.get(i).copied().unwrap_or(0)
+}
+
+/// The value of a hex digit, or 0xff.
+static HEX_VALUE: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The whitespace-dropping copy. `src[copied..]` is what has not been copied yet; only
+/// skipping whitespace flushes, so already-compact input is copied with one `memcpy` at the
+/// end ([`Compact::finish`]).
+///
+/// Bytes are written into `out`'s spare capacity, `written` of them after its first `base`;
+/// its length is set only by `finish`, so a refused text leaves `out` as it was. Invariants:
+/// `out.capacity() >= base + src.len()` (reserved by [`Compact::new`]) and
+/// `written <= copied <= src.len()` (each flush writes what it skips past, no more), so
+/// writing at `written` as many bytes as are left in `src` after `copied` stays inside the
+/// allocation.
+struct Compact<'o, const COPY: bool> {
+    out: &'o mut Vec<u8>,
+    base: usize,
+    written: usize,
+    copied: usize,
+}
+
+impl<'o, const COPY: bool> Compact<'o, COPY> {
+    fn new(out: &'o mut Vec<u8>, src: &[u8]) -> Self {
+        if COPY {
+            // The compact text is never longer than `src`.
+            out.reserve(src.len());
+        }
+        Compact {
+            base: out.len(),
+            out,
+            written: 0,
+            copied: 0,
+        }
     }
 
-    fn skip_ws(&mut self) {
-        let from = self.i;
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.i += 1;
+    /// Skips the whitespace at `i` (`b` is the byte there) and returns where it ends and the
+    /// byte there; whitespace flushes what came before it. One space or newline between
+    /// tokens (`"a": 1, "b": 2`) is handled here; longer runs out of line.
+    #[inline(always)]
+    fn ws(&mut self, src: &[u8], i: usize, b: u8) -> (usize, u8) {
+        if !is_ws(b) {
+            return (i, b);
         }
-        if self.i > from {
-            if let Some(out) = self.out.as_deref_mut() {
-                out.extend_from_slice(&self.src[self.copied..from]);
+        let next = peek(src, i + 1);
+        if is_ws(next) {
+            return self.ws_run(src, i);
+        }
+        self.flush(src, i);
+        self.copied = i + 1;
+        (i + 1, next)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ws_run(&mut self, src: &[u8], from: usize) -> (usize, u8) {
+        let mut i = from + 1;
+        let mut b = peek(src, i);
+        while is_ws(b) {
+            i += 1;
+            b = peek(src, i);
+        }
+        self.flush(src, from);
+        self.copied = i;
+        (i, b)
+    }
+
+    /// Copies `src[copied..to]` into `out`'s spare capacity. Pieces between whitespace are
+    /// mostly short: one of up to 32 bytes is copied as two 16-byte blocks (running past the
+    /// piece, into bytes written again later), not with a `memcpy` call.
+    #[inline(always)]
+    fn flush(&mut self, src: &[u8], to: usize) {
+        if !COPY {
+            return;
+        }
+        let piece = &src[self.copied..to];
+        let n = piece.len();
+        // SAFETY: the destination, `written` bytes past `base`, is spare capacity, which no
+        // reference points into, with room for `src.len() - copied` bytes (struct invariants).
+        // The 32-byte copy is taken only when `copied + 32 <= src.len()` (checked): its source
+        // is inside `src` and its destination has room for 32. Otherwise exactly the piece is
+        // copied (`written + n <= copied + n = to <= src.len()`). Unaligned reads and writes
+        // of byte arrays are allowed. Only the first `n` bytes count as written.
+        unsafe {
+            let dst = self.out.as_mut_ptr().add(self.base + self.written);
+            if n <= 32 && self.copied + 32 <= src.len() {
+                let from = src.as_ptr().add(self.copied);
+                let blocks = from.cast::<[[u8; 16]; 2]>().read_unaligned();
+                dst.cast::<[[u8; 16]; 2]>().write_unaligned(blocks);
+            } else {
+                std::ptr::copy_nonoverlapping(piece.as_ptr(), dst, n);
             }
-            self.copied = self.i;
+        }
+        self.written += n;
+    }
+
+    /// Copies the rest of `src` and makes everything written part of `out`.
+    fn finish(mut self, src: &[u8]) {
+        if !COPY {
+            return;
+        }
+        let rest = &src[self.copied..];
+        // SAFETY: as in `flush`, the destination is spare capacity with room for the
+        // `src.len() - copied = rest.len()` bytes copied. The `base + written` bytes before it are
+        // initialized (the first `base` were `out`'s, the rest were written by `flush`), and
+        // so is `rest` once copied, so the new length covers initialized bytes only and is
+        // within the capacity.
+        unsafe {
+            let dst = self.out.as_mut_ptr().add(self.base + self.written);
+            std::ptr::copy_nonoverlapping(rest.as_ptr(), dst, rest.len());
+            self.written += rest.len();
+            self.out.set_len(self.base + self.written);
         }
     }
+}
 
-    /// Records why reading stops here; always `false`, to return directly.
-    fn fail(&mut self, reason: &str) -> bool {
-        self.refused.get_or_insert_with(|| reason.to_string());
-        false
+/// One validating pass over `src`, without recursion: containers open and close on a stack of
+/// bits, one per level (`stack & 1` is the innermost: 1 for an object, 0 for an array), which
+/// holds [`MAX_DEPTH`] levels in a `u128`. `KEYS`: `keys` is `Some`, and gets the top-level
+/// keys.
+///
+/// Every error is returned with the offset where reading stopped: the same offsets and reasons
+/// as the recursive-descent reader this replaced (the `json_compact` fuzz target checks them
+/// against it).
+#[inline(always)]
+fn parse<const UTF8: bool, const COPY: bool, const KEYS: bool>(
+    src: &[u8],
+    top: Top,
+    max_depth: u32,
+    out: &mut Vec<u8>,
+    mut keys: Option<KeyVisitor<'_>>,
+) -> Result<(), Stop> {
+    let mut cp = Compact::<COPY>::new(out, src);
+    let (mut i, mut b) = cp.ws(src, 0, peek(src, 0));
+    if i == src.len() {
+        return Err((i, Why::Says("empty")));
     }
-
-    /// Hands the key `src[start..end]` (quotes included) to the key visitor.
-    fn visit_key(&mut self, start: usize, end: usize) -> bool {
-        let Some(visit) = self.keys.as_deref_mut() else {
-            return true;
-        };
-        let raw = &self.src[start + 1..end - 1];
-        let verdict = if raw.contains(&b'\\') {
-            // Rare: decode the escapes (already validated) to compare what the key means.
-            let key: String = serde_json::from_slice(&self.src[start..end]).unwrap_or_default();
-            visit(&key)
+    if top == Top::Object && b != b'{' {
+        return Err((i, Why::Says("expected a JSON object")));
+    }
+    // The open containers, innermost in bit 0 (1: an object, 0: an array), above a 1 that
+    // marks the bottom: `stack == 1` at the top level, and the depth is the bit above it.
+    let mut stack = 1u128;
+    'value: loop {
+        // A value starts at `i`; `b` is its first byte. Strings are the most common values:
+        // tested before the jump table.
+        if b == b'"' {
+            i = string::<UTF8>(src, i).map_err(|at| (at, Why::Invalid))?;
         } else {
-            // The whole input is UTF-8 and the quotes around the key are ASCII.
-            visit(std::str::from_utf8(raw).unwrap_or_default())
-        };
-        match verdict {
-            Ok(()) => true,
-            Err(reason) => {
-                self.i = start;
-                self.fail(&reason)
-            }
-        }
-    }
-
-    /// Consumes `b` if it is next.
-    fn eat(&mut self, b: u8) -> bool {
-        let hit = self.peek() == Some(b);
-        self.i += hit as usize;
-        hit
-    }
-
-    fn value(&mut self, depth: u32) -> bool {
-        self.skip_ws();
-        match self.peek() {
-            Some(b'{') => self.object(depth + 1),
-            Some(b'[') => self.array(depth + 1),
-            Some(b'"') => self.string(),
-            Some(b't') => self.literal(b"true"),
-            Some(b'f') => self.literal(b"false"),
-            Some(b'n') => self.literal(b"null"),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            _ => false,
-        }
-    }
-
-    fn object(&mut self, depth: u32) -> bool {
-        if depth > self.max_depth {
-            return self.fail("nested too deep");
-        }
-        self.eat(b'{');
-        self.skip_ws();
-        if self.eat(b'}') {
-            return true;
-        }
-        loop {
-            self.skip_ws();
-            let start = self.i;
-            if self.peek() != Some(b'"') || !self.string() {
-                return self.fail("expected a string key");
-            }
-            if depth == 1 && !self.visit_key(start, self.i) {
-                return false;
-            }
-            self.skip_ws();
-            if !self.eat(b':') || !self.value(depth) {
-                return false;
-            }
-            self.skip_ws();
-            if self.eat(b'}') {
-                return true;
-            }
-            if !self.eat(b',') {
-                return false;
-            }
-        }
-    }
-
-    fn array(&mut self, depth: u32) -> bool {
-        if depth > self.max_depth {
-            return self.fail("nested too deep");
-        }
-        self.eat(b'[');
-        self.skip_ws();
-        if self.eat(b']') {
-            return true;
-        }
-        loop {
-            if !self.value(depth) {
-                return false;
-            }
-            self.skip_ws();
-            if self.eat(b']') {
-                return true;
-            }
-            if !self.eat(b',') {
-                return false;
-            }
-        }
-    }
-
-    fn literal(&mut self, word: &[u8]) -> bool {
-        if self.src[self.i..].starts_with(word) {
-            self.i += word.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn digits(&mut self) -> usize {
-        let start = self.i;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.i += 1;
-        }
-        self.i - start
-    }
-
-    fn number(&mut self) -> bool {
-        if self.peek() == Some(b'-') {
-            self.i += 1;
-        }
-        match self.peek() {
-            Some(b'0') => self.i += 1,
-            Some(b'1'..=b'9') => {
-                self.digits();
-            }
-            _ => return false,
-        }
-        if self.peek() == Some(b'.') {
-            self.i += 1;
-            if self.digits() == 0 {
-                return false;
-            }
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.i += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.i += 1;
-            }
-            if self.digits() == 0 {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// A string literal, copied verbatim once validated. The whole input is known to be UTF-8,
-    /// so only quotes, backslashes and control characters matter ([`next_special`]).
-    fn string(&mut self) -> bool {
-        self.i += 1; // opening quote
-        loop {
-            self.i = next_special(self.src, self.i);
-            match self.peek() {
-                Some(b'"') => {
-                    self.i += 1;
-                    return true;
-                }
-                Some(b'\\') => {
-                    if !self.escape() {
-                        return false;
+            match b {
+                b'{' | b'[' => {
+                    if 127 - stack.leading_zeros() >= max_depth {
+                        return Err((i, Why::Says("nested too deep")));
                     }
-                }
-                _ => return false, // a control character, or the end of the input
-            }
-        }
-    }
-
-    /// After a backslash: one of `"\/bfnrt`, or `u` with 4 hex digits where a high surrogate
-    /// must be followed by `\u` and a low one, and a low one may not stand alone.
-    fn escape(&mut self) -> bool {
-        self.i += 1;
-        match self.peek() {
-            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
-                self.i += 1;
-                true
-            }
-            Some(b'u') => {
-                self.i += 1;
-                match self.hex4() {
-                    Some(0xD800..=0xDBFF) => {
-                        if self.src[self.i..].starts_with(b"\\u") {
-                            self.i += 2;
-                            matches!(self.hex4(), Some(0xDC00..=0xDFFF))
-                        } else {
-                            false
+                    let object = b == b'{';
+                    stack = stack << 1 | object as u128;
+                    (i, b) = cp.ws(src, i + 1, peek(src, i + 1));
+                    if b != if object { b'}' } else { b']' } {
+                        if object {
+                            let top_level = stack == 0b11;
+                            (i, b) = member::<UTF8, COPY, KEYS>(
+                                src, i, b, top_level, &mut cp, &mut keys,
+                            )?;
                         }
+                        continue 'value;
                     }
-                    Some(0xDC00..=0xDFFF) | None => false,
-                    Some(_) => true,
+                    i += 1;
+                    stack >>= 1;
                 }
+                b't' => i = literal(src, i, b"true")?,
+                b'f' => i = literal(src, i, b"false")?,
+                b'n' => i = literal(src, i, b"null")?,
+                b'-' | b'0'..=b'9' => i = number(src, i)?,
+                _ => return Err((i, Why::Invalid)),
             }
-            _ => false,
         }
+        // After a value: close containers until one goes on after a comma.
+        while stack != 1 {
+            (i, b) = cp.ws(src, i, peek(src, i));
+            let object = stack & 1 != 0;
+            match (b, object) {
+                (b',', _) => {
+                    (i, b) = cp.ws(src, i + 1, peek(src, i + 1));
+                    if object {
+                        let top_level = stack == 0b11;
+                        (i, b) =
+                            member::<UTF8, COPY, KEYS>(src, i, b, top_level, &mut cp, &mut keys)?;
+                    }
+                    continue 'value;
+                }
+                (b'}', true) | (b']', false) => {
+                    i += 1;
+                    stack >>= 1;
+                }
+                _ => return Err((i, Why::Invalid)),
+            }
+        }
+        break;
     }
+    let (i, _) = cp.ws(src, i, peek(src, i));
+    if i != src.len() {
+        return Err((i, Why::Says("more text after the JSON value")));
+    }
+    cp.finish(src);
+    Ok(())
+}
 
-    fn hex4(&mut self) -> Option<u16> {
-        let digits = self.src.get(self.i..self.i + 4)?;
-        let mut v = 0u16;
-        for &d in digits {
-            v = v << 4 | (d as char).to_digit(16)? as u16;
-        }
-        self.i += 4;
-        Some(v)
+/// An object member up to its value (`i` at the key, `b` the byte there): `"key"`,
+/// whitespace, `:`, whitespace. Returns where the value starts and its first byte.
+#[inline(always)]
+fn member<const UTF8: bool, const COPY: bool, const KEYS: bool>(
+    src: &[u8],
+    i: usize,
+    b: u8,
+    top_level: bool,
+    cp: &mut Compact<'_, COPY>,
+    keys: &mut Option<KeyVisitor<'_>>,
+) -> Result<(usize, u8), Stop> {
+    const KEY: Why = Why::Says("expected a string key");
+    if b != b'"' {
+        return Err((i, KEY));
     }
+    let end = string::<UTF8>(src, i).map_err(|at| (at, KEY))?;
+    if KEYS
+        && top_level
+        && let Some(visit) = keys.as_deref_mut()
+    {
+        visit_key(visit, &src[i..end]).map_err(|reason| (i, Why::Visitor(reason)))?;
+    }
+    let (mut j, mut b) = (end, peek(src, end));
+    if b != b':' {
+        // Compact text has the colon right after the key; anything else is slower.
+        (j, b) = cp.ws(src, j, b);
+        if b != b':' {
+            return Err((j, Why::Invalid));
+        }
+    }
+    Ok(cp.ws(src, j + 1, peek(src, j + 1)))
+}
+
+/// Hands a key (`quoted`: its literal, quotes included) to the key visitor.
+#[cold]
+fn visit_key(visit: KeyVisitor<'_>, quoted: &[u8]) -> Result<(), String> {
+    let raw = &quoted[1..quoted.len() - 1];
+    if raw.contains(&b'\\') {
+        // Rare: decode the escapes (already validated) to compare what the key means.
+        let key: String = serde_json::from_slice(quoted).unwrap_or_default();
+        visit(&key)
+    } else {
+        // `string` checked the key's UTF-8 (or the whole text is known to be UTF-8).
+        visit(std::str::from_utf8(raw).unwrap_or_default())
+    }
+}
+
+#[inline(always)]
+fn literal(src: &[u8], i: usize, word: &[u8]) -> Result<usize, Stop> {
+    if src[i..].starts_with(word) {
+        Ok(i + word.len())
+    } else {
+        Err((i, Why::Invalid))
+    }
+}
+
+/// Skips digits from `i`; where they end.
+#[inline(always)]
+fn digits(src: &[u8], mut i: usize) -> usize {
+    while peek(src, i).is_ascii_digit() {
+        i += 1;
+    }
+    i
+}
+
+/// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` from `i`; where it ends (what follows is
+/// the caller's to judge).
+#[inline(always)]
+fn number(src: &[u8], mut i: usize) -> Result<usize, Stop> {
+    if peek(src, i) == b'-' {
+        i += 1;
+    }
+    match peek(src, i) {
+        b'0' => i += 1,
+        b'1'..=b'9' => i = digits(src, i + 1),
+        _ => return Err((i, Why::Invalid)),
+    }
+    if peek(src, i) == b'.' {
+        let end = digits(src, i + 1);
+        if end == i + 1 {
+            return Err((end, Why::Invalid));
+        }
+        i = end;
+    }
+    if let b'e' | b'E' = peek(src, i) {
+        i += 1;
+        if let b'+' | b'-' = peek(src, i) {
+            i += 1;
+        }
+        let end = digits(src, i);
+        if end == i {
+            return Err((end, Why::Invalid));
+        }
+        i = end;
+    }
+    Ok(i)
+}
+
+/// A string literal at `at` (its opening quote), checked; returns the offset after its closing
+/// quote, or where reading stopped. Only quotes, backslashes and control characters stop the
+/// scan ([`scan_string`]), which also notes whether a byte ≥ 0x80 was passed: the string's
+/// UTF-8 is then checked at its closing quote (unless the text is known to be UTF-8).
+#[inline(always)]
+fn string<const UTF8: bool>(src: &[u8], at: usize) -> Result<usize, usize> {
+    let start = at + 1;
+    let mut high = 0u32;
+    let mut i = start;
+    loop {
+        i = scan_string::<UTF8>(src, i, &mut high);
+        match peek(src, i) {
+            b'"' => {
+                if !UTF8 && high != 0 && std::str::from_utf8(&src[start..i]).is_err() {
+                    // Where exactly does not matter: the whole text is then refused as not
+                    // UTF-8 (`run`).
+                    return Err(i);
+                }
+                return Ok(i + 1);
+            }
+            b'\\' => i = escape(src, i)?,
+            // A control character, or the end of the input.
+            _ => return Err(i),
+        }
+    }
+}
+
+/// An escape at `i` (its backslash): one of `"\/bfnrt`, or `u` with 4 hex digits where a high
+/// surrogate must be followed by `\u` and a low one, and a low one may not stand alone. Returns
+/// the offset after it, or where reading stopped.
+#[cold]
+#[inline(never)]
+fn escape(src: &[u8], i: usize) -> Result<usize, usize> {
+    let i = i + 1;
+    match peek(src, i) {
+        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Ok(i + 1),
+        b'u' => {
+            let i = i + 1;
+            match hex4(src, i) {
+                Some(0xD800..=0xDBFF) => {
+                    let i = i + 4;
+                    if !src[i..].starts_with(b"\\u") {
+                        return Err(i);
+                    }
+                    let i = i + 2;
+                    match hex4(src, i) {
+                        Some(0xDC00..=0xDFFF) => Ok(i + 4),
+                        Some(_) => Err(i + 4),
+                        None => Err(i),
+                    }
+                }
+                Some(0xDC00..=0xDFFF) => Err(i + 4),
+                None => Err(i),
+                Some(_) => Ok(i + 4),
+            }
+        }
+        _ => Err(i),
+    }
+}
+
+/// The four hex digits at `i`, if all four are there.
+#[inline]
+fn hex4(src: &[u8], i: usize) -> Option<u16> {
+    let digits = src.get(i..i + 4)?;
+    let mut v = 0u16;
+    for &d in digits {
+        let d = HEX_VALUE[d as usize];
+        if d > 0xf {
+            return None;
+        }
+        v = v << 4 | d as u16;
+    }
+    Some(v)
+}
+
+/// The index of the first byte at or after `from` that ends a run of plain string bytes (below
+/// 0x20, `"` or `\\`), or `bytes.len()`, like [`next_special`]. Unless the text is known to be
+/// UTF-8, it also sets bits in `high` if a byte ≥ 0x80 was among those passed (bytes of the
+/// last block past the stop may be counted too, which only costs a needless check).
+///
+/// x86-64: 16 bytes per step with SSE2 (part of the x86-64 baseline, so no run-time detection);
+/// the last partial block is read as the input's last 16 bytes, shifted. Elsewhere, and for
+/// inputs shorter than 16 bytes: eight bytes per step ([`scan_words`]).
+#[inline(always)]
+fn scan_string<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8,
+            _mm_or_si128, _mm_set1_epi8,
+        };
+        // Bit k: byte k of `v` is a quote, a backslash or below 0x20; and bit k: byte k ≥ 0x80.
+        #[inline(always)]
+        fn masks(v: __m128i) -> (u32, u32) {
+            // SAFETY: these intrinsics only need SSE2, which every x86-64 CPU has: it is part
+            // of the x86-64 baseline that the target enables (no run-time detection needed).
+            unsafe {
+                let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
+                let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
+                // Unsigned v ≤ 0x1f ⟺ max(v, 0x1f) = 0x1f.
+                let limit = _mm_set1_epi8(0x1f);
+                let control = _mm_cmpeq_epi8(_mm_max_epu8(v, limit), limit);
+                let stops = _mm_or_si128(_mm_or_si128(quote, backslash), control);
+                (_mm_movemask_epi8(stops) as u32, _mm_movemask_epi8(v) as u32)
+            }
+        }
+        let len = bytes.len();
+        while from + 16 <= len {
+            // SAFETY: `from + 16 <= len`, so the 16 bytes read are inside `bytes`;
+            // `_mm_loadu_si128` has no alignment requirement and needs only SSE2 (above).
+            let v = unsafe { _mm_loadu_si128(bytes.as_ptr().add(from).cast()) };
+            let (stops, highs) = masks(v);
+            if !UTF8 {
+                *high |= highs;
+            }
+            if stops != 0 {
+                return from + stops.trailing_zeros() as usize;
+            }
+            from += 16;
+        }
+        if from < len && len >= 16 {
+            // The last 16 bytes of the input; the `shift` bytes before `from` are dropped.
+            let base = len - 16;
+            let shift = from - base; // 1..=15, as `from + 16 > len`
+            // SAFETY: `base + 16 == len`: the 16 bytes read are the last ones of `bytes`.
+            let v = unsafe { _mm_loadu_si128(bytes.as_ptr().add(base).cast()) };
+            let (stops, highs) = masks(v);
+            if !UTF8 {
+                *high |= highs >> shift;
+            }
+            let stops = stops >> shift;
+            return if stops != 0 {
+                from + stops.trailing_zeros() as usize
+            } else {
+                len
+            };
+        }
+    }
+    scan_words::<UTF8>(bytes, from, high)
+}
+
+/// [`scan_string`] eight bytes per step ([`specials8`]), then byte by byte: the whole scan
+/// where there is no SSE2, and on x86-64 for inputs shorter than 16 bytes (out of line there,
+/// so that the hot loop stays small).
+#[cfg_attr(target_arch = "x86_64", cold, inline(never))]
+#[cfg_attr(not(target_arch = "x86_64"), inline(always))]
+fn scan_words<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) -> usize {
+    while let Some(word) = bytes.get(from..from + 8) {
+        let w = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
+        if !UTF8 {
+            *high |= (w & 0x8080_8080_8080_8080 != 0) as u32;
+        }
+        let flags = specials8(w);
+        if flags != 0 {
+            return from + (flags.trailing_zeros() / 8) as usize;
+        }
+        from += 8;
+    }
+    while let Some(&b) = bytes.get(from) {
+        if ESCAPE[b as usize] != 0 {
+            break;
+        }
+        if !UTF8 {
+            *high |= (b >> 7) as u32;
+        }
+        from += 1;
+    }
+    from
 }
 
 #[cfg(test)]
@@ -669,5 +957,173 @@ mod tests {
         assert!(!is_valid(deep(MAX_DEPTH as usize + 1).as_bytes()));
         let serde_reads = |n| serde_json::from_str::<serde_json::Value>(&deep(n)).is_ok();
         assert!(serde_reads(MAX_DEPTH as usize) && !serde_reads(MAX_DEPTH as usize + 1));
+    }
+
+    /// A strip of whitespace outside strings, byte by byte: what the compactor must write.
+    fn strip(src: &[u8]) -> Vec<u8> {
+        let (mut out, mut in_str, mut esc) = (Vec::new(), false, false);
+        for &b in src {
+            if in_str {
+                (esc, in_str) = (!esc && b == b'\\', esc || b != b'"');
+                out.push(b);
+            } else if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+                in_str = b == b'"';
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_string_scans_stop_at_the_first_special_byte_and_see_high_bytes() {
+        let stops = [b'"', b'\\', 0x00, 0x1f];
+        for len in 0..48 {
+            for from in 0..=len {
+                for stop_at in from..=len {
+                    for (k, &stop) in stops.iter().enumerate() {
+                        let mut bytes: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+                        if stop_at < len {
+                            bytes[stop_at] = stop;
+                        }
+                        // A high byte before the stop (when there is room), or none.
+                        let high_at = (k % 2 == 0 && stop_at > from).then_some(from);
+                        if let Some(h) = high_at {
+                            bytes[h] = 0xc3;
+                        }
+                        let want = if stop_at < len { stop_at } else { len };
+                        type Scan = fn(&[u8], usize, &mut u32) -> usize;
+                        let scans: [(&str, Scan); 2] = [
+                            ("sse2/words", scan_string::<false>),
+                            ("words", scan_words::<false>),
+                        ];
+                        for (name, scan) in scans {
+                            let mut high = 0;
+                            let got = scan(&bytes, from, &mut high);
+                            assert_eq!(got, want, "{name} {len} {from} {stop_at} {bytes:?}");
+                            if high_at.is_some() {
+                                assert_ne!(high, 0, "{name} missed a high byte in {bytes:?}");
+                            }
+                        }
+                        let mut ignored = 0;
+                        assert_eq!(scan_string::<true>(&bytes, from, &mut ignored), want);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn whitespace_around_pieces_of_every_length_is_dropped() {
+        for k in 0..80 {
+            let word = "x y".repeat(k / 3 + 1)[..k].to_string();
+            for tail in ["", " ", "\n  ", "\t"] {
+                for src in [
+                    format!("[\"{word}\" ,1]{tail}"),
+                    format!("{{ \"{word}\": [ \"{word}\" , {k} ] }}{tail}"),
+                    format!("{tail}[{k},\"{word}\"\n,\n\"{word}\"]"),
+                ] {
+                    let mut out = b"prefix".to_vec();
+                    assert!(
+                        append_compact(&mut out, src.as_bytes(), Top::Any),
+                        "{src:?}"
+                    );
+                    assert_eq!(out[6..], strip(src.as_bytes()), "{src:?}");
+                    let mut from_str = b"prefix".to_vec();
+                    assert!(append_compact_str(&mut from_str, &src, Top::Any, MAX_DEPTH));
+                    assert_eq!(from_str, out);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refusals_say_where_and_why_as_before() {
+        let refused = |src: &[u8]| {
+            let r = check_value(src, 2).unwrap_err();
+            (r.at, r.reason)
+        };
+        for (src, at, reason) in [
+            (&br#"{"a":tru}"#[..], 5, "invalid JSON"),
+            (br#"{"a" 1}"#, 5, "invalid JSON"),
+            (b"{1:2}", 1, "expected a string key"),
+            (b"{\"a\x01\":1}", 3, "expected a string key"),
+            (br#"{"a":1,}"#, 7, "expected a string key"),
+            (br#"["\u12"]"#, 4, "invalid JSON"),
+            (br#"["\ud800x"]"#, 8, "invalid JSON"),
+            (br#"["\ud800\u0041"]"#, 14, "invalid JSON"),
+            (br#"["\udc00"]"#, 8, "invalid JSON"),
+            (br#"["\x"]"#, 3, "invalid JSON"),
+            (b"[1.]", 3, "invalid JSON"),
+            (b"[1e+]", 4, "invalid JSON"),
+            (b"[-]", 2, "invalid JSON"),
+            (b"[01]", 2, "invalid JSON"),
+            (b"[1 }", 3, "invalid JSON"),
+            (b"{} x", 3, "more text after the JSON value"),
+            (b" \n ", 3, "empty"),
+            (b"[[[]]]", 2, "nested too deep"),
+            (b"\"abc", 4, "invalid JSON"),
+            // Not UTF-8 wins over any other reason, wherever it is.
+            (b"{\"a\":\"\xff\"}", 6, "not UTF-8"),
+            (b"{\"a\":tru} \xff", 10, "not UTF-8"),
+            (b"[\"\xe2\x82\"]", 2, "not UTF-8"),
+        ] {
+            assert_eq!(
+                refused(src),
+                (at, reason.to_string()),
+                "{:?}",
+                String::from_utf8_lossy(src)
+            );
+        }
+        // The same without the UTF-8 check, for `&str` input.
+        let mut out = Vec::new();
+        assert!(!append_compact_str(
+            &mut out,
+            r#"{"a":"\ud800"}"#,
+            Top::Object,
+            MAX_DEPTH
+        ));
+        assert!(out.is_empty());
+        assert!(append_compact_str(
+            &mut out,
+            "{\"é\": \"中😀\"}",
+            Top::Object,
+            MAX_DEPTH
+        ));
+        assert_eq!(out, "{\"é\":\"中😀\"}".as_bytes());
+    }
+
+    #[test]
+    fn nesting_is_counted_to_127_levels_of_either_kind() {
+        // Alternating objects and arrays, so both halves of the 128-bit stack hold both kinds.
+        let nest = |n: usize| {
+            let (mut open, mut close) = (String::new(), String::new());
+            for level in 0..n {
+                if level % 3 == 0 {
+                    open.push_str("{\"k\":");
+                    close.insert(0, '}');
+                } else {
+                    open.push('[');
+                    close.insert(0, ']');
+                }
+            }
+            (open, close)
+        };
+        let (open, close) = nest(127);
+        let ok = format!("{open}1{close}");
+        assert!(is_valid(ok.as_bytes()));
+        assert!(serde_json::from_str::<serde_json::Value>(&ok).is_ok());
+        let (open, close) = nest(128);
+        let deep = format!("{open}1{close}");
+        let r = check_value(deep.as_bytes(), MAX_DEPTH).unwrap_err();
+        assert_eq!(r.reason, "nested too deep");
+        assert_eq!(r.at, open.len() - 1, "at the 128th opening bracket");
+        // A wrong closer deep down is found where it stands.
+        let (open, close) = nest(100);
+        let wrong = format!("{open}1]{}", &close[1..]);
+        let r = check_value(wrong.as_bytes(), MAX_DEPTH).unwrap_err();
+        assert_eq!((r.at, r.reason.as_str()), (open.len() + 1, "invalid JSON"));
+        // A limit above MAX_DEPTH counts as MAX_DEPTH.
+        assert!(check_value(deep.as_bytes(), 1000).is_err());
+        assert!(check_value(ok.as_bytes(), 1000).is_ok());
     }
 }

@@ -610,5 +610,8 @@ pub(crate) fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str>
 /// Internals exposed for the fuzz targets under `fuzz/`. Not part of the API.
 #[doc(hidden)]
 pub mod __fuzz {
-    pub use crate::json::{Top, append_compact, write_str};
+    pub use crate::json::{
+        MAX_DEPTH, Refused, Top, append_compact, append_compact_str, append_compact_within,
+        check_object, check_value, write_str,
+    };
 }

@@ -419,6 +419,52 @@ fn oversize_events_are_refused_with_their_line_and_counted_apart_from_drops() {
     assert_eq!(printed(&out.stdout).len(), 5);
 }
 
+/// README § `run`: `input.oversize` counts every line refused for its size; `stats.oversize`
+/// only what reached `emit` and was refused there — not a line too long to be read whole, and
+/// not an event nobody listens to (`emit` counts that one as `skipped` before measuring it).
+#[test]
+fn the_run_report_and_the_stats_count_oversize_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("big.ndjson");
+    let payload = |output: &str| format!(r#"{{"tool":"t","success":true,"output":"{output}"}}"#);
+    let small = line("tool_call", "s", &payload("ok"));
+    let big = line("tool_call", "s", &payload(&"x".repeat(2000)));
+    let huge = line("tool_call", "s", &payload(&"y".repeat(70_000)));
+    std::fs::write(&events, format!("{small}\n{big}\n{huge}\n{small}\n")).unwrap();
+    let run = |print: bool| {
+        let mut cmd = bin();
+        cmd.arg("run");
+        if print {
+            cmd.arg("--print");
+        }
+        let out = cmd
+            .args(["--max-event-bytes", "100", "--workspace"])
+            .arg(dir.path())
+            .arg("--events")
+            .arg(&events)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = report(&out.stderr);
+        let n = |v: &Value| v.as_u64().unwrap();
+        (
+            n(&r["input"]["oversize"]),
+            n(&r["stats"]["oversize"]),
+            n(&r["stats"]["skipped"]),
+        )
+    };
+    // A subscriber listens: the big event is refused by `emit` too; the huge line never got
+    // there.
+    assert_eq!(run(true), (2, 1, 0));
+    // Nobody listens: `emit` skips every event before looking at its size.
+    assert_eq!(run(false), (2, 0, 3));
+}
+
 #[test]
 fn bench_counts_oversize_events_apart_from_ring_drops() {
     let out = bin()

@@ -1,5 +1,8 @@
-//! Differential test of the strict JSON compactor (`json::append_compact`) against serde_json.
+//! Differential test of the strict JSON compactor (`json::append_compact` and its checking
+//! forms) against serde_json and against the compactor it replaced (`fuzz/src/former_json.rs`).
 //! Every input is tried with both `Top::Any` and `Top::Object`, appending to a non-empty buffer.
+//!
+//! Against serde_json (the reference reader):
 //!
 //! * `true`: the buffer's old contents are untouched; the appended bytes are `src` minus the
 //!   whitespace outside strings, byte for byte (so: no whitespace outside strings, number
@@ -11,10 +14,21 @@
 //!   `Top::Any` returns `true`, and `Top::Object` returns `true` exactly when it is an object.
 //!   No exception is needed for lone surrogate escapes: serde_json refuses them when parsing
 //!   into a `Value`, as the strict validator does (see `fuzz/src/lib.rs`).
+//!
+//! Against the former compactor, at nesting limits 127, 125 and 1: the same verdict and bytes
+//! from `append_compact_within` (and from `append_compact_str` when `src` is UTF-8); the same
+//! `Refused` (offset and reason) from `check_value` and `check_object`, whose key visitor
+//! refuses a repeated key and the key `stop`; and, when `src` is UTF-8, the same keys visited
+//! in the same order (for a text that is not UTF-8 the former one visited none: it checked the
+//! whole text first).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use prx_hooks::__fuzz::{Top, append_compact};
+use prx_hooks::__fuzz::{
+    MAX_DEPTH, Top, append_compact, append_compact_str, append_compact_within, check_object,
+    check_value,
+};
+use prx_hooks_fuzz::former_json;
 use prx_hooks_fuzz::{Serde, depth, first_non_ws, has_ws_outside_strings, parse, strip_ws};
 
 const PREFIX: &[u8] = b"{\"prefix\":";
@@ -39,6 +53,9 @@ fuzz_target!(|src: &[u8]| {
         (Some(_), None) => assert_ne!(first_non_ws(src), Some(b'{'), "{src:?}"),
         (None, Some(_)) => panic!("Top::Object accepts what Top::Any refuses: {src:?}"),
         (None, None) => {}
+    }
+    for max_depth in [MAX_DEPTH, MAX_DEPTH - 2, 1] {
+        against_former(src, max_depth);
     }
 });
 
@@ -85,4 +102,61 @@ fn check(src: &[u8], top: Top, reference: &Serde) -> Option<Vec<u8>> {
         Serde::Rejected(e) => panic!("{top:?} accepts {src:?}, serde_json says: {e}"),
     }
     Some(compact)
+}
+
+/// The library and the former compactor agree on everything observable.
+fn against_former(src: &[u8], max_depth: u32) {
+    let text = std::str::from_utf8(src).ok();
+    for (top, object_only) in [(Top::Any, false), (Top::Object, true)] {
+        let (mut new, mut old) = (PREFIX.to_vec(), PREFIX.to_vec());
+        let new_ok = append_compact_within(&mut new, src, top, max_depth);
+        let old_ok = former_json::append_compact_within(&mut old, src, object_only, max_depth);
+        assert_eq!(
+            (new_ok, &new),
+            (old_ok, &old),
+            "append_compact_within({top:?}, {max_depth}) on {src:?}"
+        );
+        if let Some(text) = text {
+            let mut from_str = PREFIX.to_vec();
+            let ok = append_compact_str(&mut from_str, text, top, max_depth);
+            assert_eq!(
+                (ok, &from_str),
+                (old_ok, &old),
+                "append_compact_str on {src:?}"
+            );
+        }
+    }
+    let new = check_value(src, max_depth).map_err(|r| (r.at, r.reason));
+    let old = former_json::run(src, false, max_depth, None, None).map_err(|r| (r.at, r.reason));
+    assert_eq!(new, old, "check_value({max_depth}) on {src:?}");
+
+    // A visitor like `Extras::check`'s: refuses a repeated key, and one named `stop`.
+    fn visitor(seen: &mut Vec<String>) -> impl FnMut(&str) -> Result<(), String> + '_ {
+        move |k: &str| {
+            let verdict = if k == "stop" {
+                Err("no stop".to_string())
+            } else if seen.iter().any(|s| s == k) {
+                Err(format!("{k} twice"))
+            } else {
+                Ok(())
+            };
+            seen.push(k.to_string());
+            verdict
+        }
+    }
+    let (mut new_keys, mut old_keys) = (Vec::new(), Vec::new());
+    let new =
+        check_object(src, max_depth, &mut visitor(&mut new_keys)).map_err(|r| (r.at, r.reason));
+    let old = former_json::run(
+        src,
+        true,
+        max_depth,
+        None,
+        Some(&mut visitor(&mut old_keys)),
+    )
+    .map_err(|r| (r.at, r.reason));
+    assert_eq!(new, old, "check_object({max_depth}) on {src:?}");
+    if text.is_some() {
+        assert_eq!(new_keys, old_keys, "keys visited in {src:?}");
+    }
 }

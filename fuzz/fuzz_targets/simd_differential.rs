@@ -13,6 +13,11 @@
 //!    * nesting: serde_json stops at 128 levels, simd-json goes deeper;
 //!    * `\u` escapes of lone surrogates: serde_json refuses them in a `Value`.
 //!    Any other disagreement is a finding.
+//! 3. **The compactor** (`json::append_compact`, whose strings are scanned with SSE2) against
+//!    simd-json as a second reader: what the compactor accepts, simd-json reads as the same
+//!    value as from the compacted text, short of the known differences above; what simd-json
+//!    accepts, the compactor accepts unless the text holds a lone surrogate escape (which the
+//!    compactor refuses and simd-json lets through) or nests past 127.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -22,7 +27,36 @@ use serde_json::Value;
 fuzz_target!(|src: &[u8]| {
     strings(src);
     parsing(src);
+    compactor(src);
 });
+
+fn compactor(src: &[u8]) {
+    let mut compact = Vec::new();
+    let ok = prx_hooks::__fuzz::append_compact(&mut compact, src, prx_hooks::__fuzz::Top::Any);
+    let mut copy = src.to_vec();
+    let simd: Result<simd_json::OwnedValue, _> = simd_json::to_owned_value(&mut copy);
+    match (&simd, ok) {
+        (Ok(from_src), true) => {
+            let mut again = compact.clone();
+            let from_compact: simd_json::OwnedValue = simd_json::to_owned_value(&mut again)
+                .unwrap_or_else(|e| panic!("simd-json refuses the compacted {compact:?}: {e}"));
+            let (a, b): (Value, Value) = (
+                serde_json::to_value(from_src).expect("simd-json values serialize"),
+                serde_json::to_value(&from_compact).expect("simd-json values serialize"),
+            );
+            assert!(same(&a, &b), "{src:?}: {a:?} vs {b:?} after compaction");
+        }
+        (Ok(_), false) => assert!(
+            known_difference(src),
+            "simd-json accepts {src:?}, the compactor refuses it"
+        ),
+        (Err(e), true) => assert!(
+            known_difference(src),
+            "the compactor accepts {src:?}, simd-json refuses it: {e}"
+        ),
+        (Err(_), false) => {}
+    }
+}
 
 fn strings(src: &[u8]) {
     let text = String::from_utf8_lossy(src);
@@ -79,7 +113,10 @@ fn parsing(src: &[u8]) {
 fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => {
-            let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
+            let (x, y) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
             x == y || ((x - y).abs() <= f64::EPSILON * x.abs().max(y.abs()))
         }
         (Value::Array(x), Value::Array(y)) => {

@@ -19,6 +19,8 @@
 //! * nesting: serde_json's default recursion limit accepts exactly 127 levels of `[`/`{`, the
 //!   validator's `MAX_DEPTH`; `IgnoredAny` has no limit, so [`depth`] is computed independently.
 
+pub mod former_json;
+
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -276,6 +278,56 @@ mod tests {
         let m = object_members(r#"{"z":1,"a":{"x":1e400},"z":"s"}"#).unwrap();
         assert_eq!(keys(&m), ["z", "a", "z"]);
         assert_eq!(m[1].1.get(), r#"{"x":1e400}"#);
+    }
+
+    #[test]
+    fn the_former_compactor_agrees_with_the_library_on_known_cases() {
+        use prx_hooks::__fuzz::{MAX_DEPTH, Top, check_value};
+        for src in [
+            &b""[..],
+            b" ",
+            b"{}",
+            b" [1, -2.5e+3, true, null] ",
+            b"{\"a\":\"\\ud800\"}",
+            b"{\"a\":\"\\ud83d\\ude00\"}",
+            b"{\"a\":\"\xff\"}",
+            b"{\"a\":tru} \xff",
+            b"[01]",
+            b"{\"a\" 1}",
+            b"\"\xe2\x82\"",
+            // The refusals `json::tests::refusals_say_where_and_why_as_before` names.
+            b"{1:2}",
+            b"{\"a\x01\":1}",
+            b"{\"a\":1,}",
+            b"[\"\\u12\"]",
+            b"[\"\\ud800x\"]",
+            b"[\"\\ud800\\u0041\"]",
+            b"[\"\\udc00\"]",
+            b"[\"\\x\"]",
+            b"[1.]",
+            b"[1e+]",
+            b"[-]",
+            b"[1 }",
+            b"{} x",
+            b" \n ",
+            b"[[[]]]",
+            b"\"abc",
+            b"[\"\xe2\x82\"]",
+        ] {
+            for depth in [MAX_DEPTH, 2] {
+                let new = check_value(src, depth).map_err(|r| (r.at, r.reason));
+                let old =
+                    former_json::run(src, false, depth, None, None).map_err(|r| (r.at, r.reason));
+                assert_eq!(new, old, "{src:?}");
+            }
+            let mut a = b"x".to_vec();
+            let mut b = b"x".to_vec();
+            assert_eq!(
+                prx_hooks::__fuzz::append_compact(&mut a, src, Top::Any),
+                former_json::append_compact_within(&mut b, src, false, MAX_DEPTH)
+            );
+            assert_eq!(a, b);
+        }
     }
 
     #[test]

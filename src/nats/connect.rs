@@ -70,6 +70,17 @@ pub(crate) struct UrlAuth {
     pub token: Option<String>,
 }
 
+impl std::fmt::Debug for UrlAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = |o: &Option<String>| o.as_ref().map(|_| "***");
+        f.debug_struct("UrlAuth")
+            .field("user", &self.user)
+            .field("pass", &shown(&self.pass))
+            .field("token", &shown(&self.token))
+            .finish()
+    }
+}
+
 impl NatsOptions {
     /// `nats://host:4222`, `tls://host:4222`, `host:4222`, `nats://user:pass@host`,
     /// `nats://token@host`, or several of them separated by commas.

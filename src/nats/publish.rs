@@ -545,7 +545,7 @@ impl Task {
         window: &mut VecDeque<Out>,
         marker: &mut u64,
     ) {
-        let epoch = self.state.connects.load(Ordering::Acquire);
+        let epoch = self.send_epoch();
         let start = window.len();
         for msg in batch {
             let id = wire::message_id(instance_id(), self.next_id);
@@ -655,6 +655,18 @@ impl Task {
                 }
                 self.counters.failed.fetch_add(1, Ordering::AcqRel);
             }
+        }
+    }
+
+    /// The connection what is sent now will go out on: this one, or — while disconnected,
+    /// before the first connection too — the next one (the client holds commands until it
+    /// has a connection, so they are not lost with the old one and need no second sending).
+    fn send_epoch(&self) -> u64 {
+        let connects = self.state.connects.load(Ordering::Acquire);
+        if self.state.is_connected() {
+            connects
+        } else {
+            connects + 1
         }
     }
 

@@ -70,13 +70,16 @@ impl NatsServer {
     }
 
     fn spawn(&mut self) {
+        // PRX_HOOKS_NATS_SERVER_LOG=1: the server's debug and protocol trace on stderr.
+        let log = std::env::var_os("PRX_HOOKS_NATS_SERVER_LOG").is_some();
         let child = Command::new(binary())
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
             .arg(self.store.path())
             .args(&self.extra)
+            .args(if log { &["-DV"][..] } else { &[][..] })
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(if log { Stdio::inherit() } else { Stdio::null() })
             .spawn()
             .unwrap_or_else(|e| panic!("starting nats-server ({INSTALL}): {e}"));
         self.child = Some(child);
@@ -220,15 +223,21 @@ impl Client {
             .enable_all()
             .build()
             .unwrap();
-        let client = rt
-            .block_on(
-                async_nats::ConnectOptions::new()
-                    .retry_on_initial_connect()
-                    .reconnect_delay_callback(|_| Duration::from_millis(20))
-                    .subscription_capacity(1 << 20)
-                    .connect(url),
-            )
-            .unwrap();
+        let mut opts = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .reconnect_delay_callback(|_| Duration::from_millis(20))
+            .subscription_capacity(1 << 20);
+        // async-nats does not read `user:pass@` from the address itself.
+        let (scheme, rest) = url.split_once("://").unwrap_or(("nats", url));
+        let addr = match rest.rsplit_once('@') {
+            Some((info, host)) => {
+                let (u, p) = info.split_once(':').unwrap();
+                opts = opts.user_and_password(u.into(), p.into());
+                format!("{scheme}://{host}")
+            }
+            None => url.to_string(),
+        };
+        let client = rt.block_on(opts.connect(addr)).unwrap();
         Client { rt, client }
     }
 

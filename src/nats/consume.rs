@@ -363,7 +363,11 @@ impl Worker {
         client: async_nats::Client,
         durable: &str,
     ) {
-        let js = jetstream::new(client);
+        // The context spawns its acker task: inside the runtime.
+        let js = {
+            let _inside = rt.enter();
+            jetstream::new(client)
+        };
         let consumer = loop {
             match rt.block_on(self.durable_consumer(&js, durable)) {
                 Ok(c) => break c,

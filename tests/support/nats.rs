@@ -242,6 +242,7 @@ impl Client {
     }
 
     pub fn jetstream(&self) -> async_nats::jetstream::Context {
+        let _inside = self.rt.enter();
         async_nats::jetstream::new(self.client.clone())
     }
 

@@ -60,7 +60,9 @@ impl Collector {
                     .map(|(k, v)| {
                         (
                             k.to_string(),
-                            v.first().map(|v| v.as_str().to_string()).unwrap_or_default(),
+                            v.first()
+                                .map(|v| v.as_str().to_string())
+                                .unwrap_or_default(),
                         )
                     })
                     .collect();
@@ -107,7 +109,11 @@ fn bin() -> Command {
 /// The last line of stderr: `run`'s report.
 fn report(stderr: &[u8]) -> Value {
     let text = String::from_utf8_lossy(stderr);
-    let last = text.lines().rev().find(|l| l.starts_with('{')).unwrap_or("{}");
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or("{}");
     serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
@@ -134,7 +140,12 @@ fn check_complete_and_ordered(got: &[Got], agents: &[&str], per_agent: usize) {
     }
     for a in agents {
         let s = &seqs[a];
-        assert_eq!(s.len(), per_agent, "{a}: {} of {per_agent} arrived", s.len());
+        assert_eq!(
+            s.len(),
+            per_agent,
+            "{a}: {} of {per_agent} arrived",
+            s.len()
+        );
         let expected: Vec<u64> = (0..per_agent as u64).collect();
         assert!(*s == expected, "{a}: out of order or with gaps");
     }
@@ -193,7 +204,10 @@ fn a_hundred_thousand_events_from_two_agent_processes_arrive_complete_and_in_ord
     assert_eq!(instance, g.headers["Prx-Origin"]);
     assert!(instance.len() == 16 && counter.parse::<u64>().is_ok());
     // Two processes: two instance ids.
-    let origins: HashSet<_> = got.iter().map(|g| g.headers["Prx-Origin"].clone()).collect();
+    let origins: HashSet<_> = got
+        .iter()
+        .map(|g| g.headers["Prx-Origin"].clone())
+        .collect();
     assert_eq!(origins.len(), 2);
 }
 
@@ -262,7 +276,11 @@ fn server_killed_for_two_seconds_with_jetstream_nothing_is_lost() {
     }
     let p = wait_settled(&hooks, n as u64);
     hooks.shutdown(Duration::from_secs(5));
-    assert_eq!((p.dropped, p.failed, p.dropped_shutdown), (0, 0, 0), "{p:?}");
+    assert_eq!(
+        (p.dropped, p.failed, p.dropped_shutdown),
+        (0, 0, 0),
+        "{p:?}"
+    );
     assert_eq!(p.published, n as u64, "{p:?}");
     assert!(p.reconnects >= 1, "{p:?}");
     // Read the stream back: every event once (JetStream dropped the retries by Nats-Msg-Id),
@@ -297,7 +315,12 @@ fn server_killed_for_two_seconds_with_jetstream_nothing_is_lost() {
         }
         got
     });
-    assert_eq!(got.len(), n, "the stream holds {} of {n} ({p:?})", got.len());
+    assert_eq!(
+        got.len(),
+        n,
+        "the stream holds {} of {n} ({p:?})",
+        got.len()
+    );
     check_complete_and_ordered(&got, &["agent-a", "agent-b"], n / 2);
 }
 
@@ -345,7 +368,10 @@ fn server_killed_for_two_seconds_without_jetstream_losses_equal_the_drop_counter
         .map(|g| g.headers["Nats-Msg-Id"].clone())
         .collect();
     let lost = n as u64 - distinct.len() as u64;
-    assert!(p.dropped > 0, "the outage should overflow a {buffer}-message buffer: {p:?}");
+    assert!(
+        p.dropped > 0,
+        "the outage should overflow a {buffer}-message buffer: {p:?}"
+    );
     assert_eq!(lost, p.dropped + p.dropped_shutdown, "{p:?}");
     assert_eq!(p.published + p.dropped, n as u64, "{p:?}");
     assert!(p.reconnects >= 1, "{p:?}");
@@ -358,7 +384,10 @@ fn server_killed_for_two_seconds_without_jetstream_losses_equal_the_drop_counter
             .filter(|g| seen.insert(g.headers["Nats-Msg-Id"].clone()))
             .map(|g| g.headers["Prx-Seq"].parse().unwrap())
             .collect();
-        assert!(firsts.windows(2).all(|w| w[0] < w[1]), "{agent} out of order");
+        assert!(
+            firsts.windows(2).all(|w| w[0] < w[1]),
+            "{agent} out of order"
+        );
     }
 }
 
@@ -439,7 +468,10 @@ fn until_consuming(client: &Client, log: &Path, probe: &str) {
     let body = format!(r#"{{"tool":"probe","success":true,"output":"{probe}"}}"#);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !log_lines(log).iter().any(|l| l.contains(probe)) {
-        assert!(Instant::now() < deadline, "the consumer never ran the probe");
+        assert!(
+            Instant::now() < deadline,
+            "the consumer never ran the probe"
+        );
         client.publish(
             "prx.lifecycle.tool_call",
             &[("Nats-Msg-Id", probe), ("Prx-Agent", "probe")],
@@ -505,7 +537,9 @@ fn consume_mode_runs_the_hook_once_per_message_id_also_after_a_restart() {
     let s = &second["stats"]["nats"]["consume"];
     assert_eq!(s["duplicates"], 200, "{s}");
     assert!(
-        log_lines(&log).iter().all(|l| l.starts_with("fleet-7 ") || l.starts_with("probe ")),
+        log_lines(&log)
+            .iter()
+            .all(|l| l.starts_with("fleet-7 ") || l.starts_with("probe ")),
         "Prx-Agent became ZERO_HOOK_AGENT"
     );
 }
@@ -554,7 +588,10 @@ fn consume_mode_with_a_durable_consumer_runs_each_id_once_across_a_restart() {
         s1["consumed"].as_u64().unwrap() >= done_before as u64,
         "{s1} {done_before}"
     );
-    assert!(s2["acked"].as_u64().unwrap() >= 50 + 350 - done_before as u64, "{s2}");
+    assert!(
+        s2["acked"].as_u64().unwrap() >= 50 + 350 - done_before as u64,
+        "{s2}"
+    );
 }
 
 #[test]
@@ -569,9 +606,21 @@ fn consumed_headers_and_bodies_are_checked_and_nothing_bad_is_fatal() {
     let good = r#"{"tool":"t","success":true,"output":"ok"}"#;
     let long = "a".repeat(300);
     let refused: &[(&str, &[(&str, &str)], &str)] = &[
-        ("prx.lifecycle.tool_call", &[("Prx-Agent", "evil%00agent")], good),
-        ("prx.lifecycle.tool_call", &[("Prx-Agent", "evil%1b[31m")], good),
-        ("prx.lifecycle.tool_call", &[("Prx-Session", long.as_str())], good),
+        (
+            "prx.lifecycle.tool_call",
+            &[("Prx-Agent", "evil%00agent")],
+            good,
+        ),
+        (
+            "prx.lifecycle.tool_call",
+            &[("Prx-Agent", "evil%1b[31m")],
+            good,
+        ),
+        (
+            "prx.lifecycle.tool_call",
+            &[("Prx-Session", long.as_str())],
+            good,
+        ),
         ("prx.lifecycle.tool_call", &[("Prx-Agent", "")], good),
         ("prx.lifecycle.tool_call", &[("Prx-Event", "error")], good),
         ("prx.lifecycle.nope", &[], good),
@@ -600,7 +649,10 @@ fn consumed_headers_and_bodies_are_checked_and_nothing_bad_is_fatal() {
     let lines = log_lines(&log);
     let plain = lines.iter().find(|l| l.contains("m-plain")).unwrap();
     assert!(plain.starts_with("nats "), "the default agent: {plain}");
-    assert!(plain.ends_with(r#""output":"m-plain","model":"x-1"}"#), "{plain}");
+    assert!(
+        plain.ends_with(r#""output":"m-plain","model":"x-1"}"#),
+        "{plain}"
+    );
     let enc = lines.iter().find(|l| l.contains("m-encoded")).unwrap();
     assert!(enc.starts_with("café 100% "), "{enc}");
     assert!(!lines.iter().any(|l| l.contains("evil")), "{lines:?}");
@@ -639,7 +691,14 @@ fn publishing_and_consuming_overlapping_subjects_is_refused_and_a_relay_is_not()
     let relay_sub = Collector::start(&url, "central.prx.lifecycle.>");
     let c = Consumer::start(
         ws.path(),
-        &["--from-nats", &url, "--nats", &url, "--nats-prefix", "central"],
+        &[
+            "--from-nats",
+            &url,
+            "--nats",
+            &url,
+            "--nats-prefix",
+            "central",
+        ],
     );
     let client = Client::connect(&url);
     until_consuming(&client, &log, "probe-r");
@@ -652,7 +711,11 @@ fn publishing_and_consuming_overlapping_subjects_is_refused_and_a_relay_is_not()
     let counts = runs_per_id(&log);
     assert_eq!(counts.len(), 10);
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
-    assert_eq!(relay_sub.len(), got.len(), "no loop: nothing more was relayed");
+    assert_eq!(
+        relay_sub.len(),
+        got.len(),
+        "no loop: nothing more was relayed"
+    );
     assert_eq!(report["stats"]["nats"]["consume"]["own"], 0);
 }
 
@@ -675,7 +738,10 @@ fn a_process_never_consumes_what_it_published() {
     wait_until("the consumer", 20, || {
         client.publish(
             "prx.lifecycle.turn_complete",
-            &[("Nats-Msg-Id", format!("p{}", nats_support::free_port()).as_str())],
+            &[(
+                "Nats-Msg-Id",
+                format!("p{}", nats_support::free_port()).as_str(),
+            )],
             "{}",
         );
         sub.recv_timeout(Duration::from_millis(200)).is_ok()
@@ -685,7 +751,9 @@ fn a_process_never_consumes_what_it_published() {
     for _ in 0..100 {
         em.emit(Event::TurnComplete);
     }
-    wait_until("100 published", 20, || publish_stats(&publisher).published == 100);
+    wait_until("100 published", 20, || {
+        publish_stats(&publisher).published == 100
+    });
     wait_until("100 skipped", 20, || {
         consumer
             .stats()
@@ -693,7 +761,10 @@ fn a_process_never_consumes_what_it_published() {
             .and_then(|n| n.consume.clone())
             .is_some_and(|c| c.own == 100)
     });
-    assert!(sub.try_recv().is_err(), "an own message reached the pipeline");
+    assert!(
+        sub.try_recv().is_err(),
+        "an own message reached the pipeline"
+    );
 }
 
 #[test]
@@ -735,9 +806,15 @@ fn credentials_are_used_and_never_logged() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(!stderr.contains("s3cret"), "the password was logged: {stderr}");
+    assert!(
+        !stderr.contains("s3cret"),
+        "the password was logged: {stderr}"
+    );
     let p = &report(&out.stderr)["stats"]["nats"]["publish"];
-    assert_eq!(p["server"], format!("nats://alice:***@127.0.0.1:{}", server.port));
+    assert_eq!(
+        p["server"],
+        format!("nats://alice:***@127.0.0.1:{}", server.port)
+    );
     assert_eq!(p["published"], 1, "{p}");
     assert_eq!(sub.wait_for(1, Duration::from_secs(10)).len(), 1);
     // A wrong password: refused by the server, still never logged.

@@ -524,11 +524,9 @@ const NATS_CONSUME: &[Def<ConsumeStats>] = &[
         "1 while the NATS consumer is connected",
         |c| c.connected as u64,
     ),
-    counter(
-        "nats_consume_received",
-        "messages taken from NATS",
-        |c| c.received,
-    ),
+    counter("nats_consume_received", "messages taken from NATS", |c| {
+        c.received
+    }),
     counter(
         "nats_consume_consumed",
         "messages handed to the pipeline",

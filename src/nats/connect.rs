@@ -232,28 +232,46 @@ impl NatsOptions {
         Ok(())
     }
 
-    /// async-nats' options (credentials, TLS, reconnecting forever with a capped backoff, a
-    /// ping every 10 s so a dead server is noticed), reporting connection events to `state`.
+    /// async-nats' options (credentials, TLS, a ping every 10 s so a dead server is
+    /// noticed), reporting connection events to `state`. `reconnect`: the client reconnects by
+    /// itself, forever, with a capped backoff (the consumer); without it (the publisher, which
+    /// makes a new client for each connection so that nothing a dead one still held is ever
+    /// sent after what it sends again) the first connection is tried once per server and a
+    /// lost one is not taken up again.
     pub(crate) fn connect_options(
         &self,
         state: Arc<ConnState>,
         name: &str,
+        reconnect: bool,
     ) -> Result<(async_nats::ConnectOptions, Vec<String>), ConnectError> {
         let (servers, auth) = self.servers()?;
+        let n = servers.len();
+        let calls = AtomicU64::new(0);
         let mut o = async_nats::ConnectOptions::new()
             .name(format!("prx-hooks {name} {}", super::wire::instance_id()))
-            .retry_on_initial_connect()
-            .max_reconnects(None)
             .ping_interval(Duration::from_secs(10))
             .connection_timeout(Duration::from_secs(5))
-            .reconnect_delay_callback(|attempts| {
-                let exp = attempts.min(10) as u32;
-                Duration::from_millis(2u64.pow(exp)).min(Duration::from_secs(1))
-            })
             .event_callback(move |event| {
                 let state = state.clone();
                 async move { state.event(event) }
             });
+        o = if reconnect {
+            o.retry_on_initial_connect()
+                .max_reconnects(None)
+                .reconnect_delay_callback(|attempts| {
+                    let exp = attempts.min(10) as u32;
+                    Duration::from_millis(2u64.pow(exp)).min(Duration::from_secs(1))
+                })
+        } else {
+            o.reconnect_delay_callback(move |_| {
+                if calls.fetch_add(1, Ordering::Relaxed) < n as u64 {
+                    Duration::ZERO
+                } else {
+                    // A lost connection: its owner drops this client long before.
+                    Duration::from_secs(3600)
+                }
+            })
+        };
         if let (Some(user), Some(pass)) = (auth.user, auth.pass) {
             o = o.user_and_password(user, pass);
         }

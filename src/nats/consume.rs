@@ -166,7 +166,7 @@ impl Consumer {
         opts.check()?;
         let server = opts.nats.redacted();
         let state = ConnState::new(format!("NATS consumer ({server})"));
-        let (connect, addrs) = opts.nats.connect_options(state.clone(), "consume")?;
+        let (connect, addrs) = opts.nats.connect_options(state.clone(), "consume", true)?;
         let window = Window::open(opts.dedup_ids, opts.dedup_age, opts.dedup_file.clone())?;
         let rt = runtime("prx-nats-consume")?;
         let client = rt

@@ -197,19 +197,15 @@ impl Publisher {
         let sub = Arc::new(sub);
         let server = opts.nats.redacted();
         let state = ConnState::new(format!("NATS publisher ({server})"));
-        let (connect, addrs) = opts.nats.connect_options(state.clone(), "publish")?;
+        // Everything that can be wrong with the options is said now (the task connects).
+        opts.nats
+            .connect_options(ConnState::new(String::new()), "publish", false)?;
         let rt = runtime("prx-nats-publish")?;
-        let client = rt
-            .block_on(connect.connect(addrs))
-            .map_err(|e| ConnectError::Invalid {
-                what: "NATS connection",
-                reason: e.to_string(),
-            })?;
         let counters = Arc::new(Counters::default());
         let (batch_tx, batch_rx) = mpsc::channel::<Vec<Message>>(4);
         let (stop, stop_rx) = watch::channel(None);
         let task = Task {
-            client,
+            nats: opts.nats.clone(),
             jetstream: opts.stream.is_some(),
             stream: opts.stream.clone(),
             subjects: opts.subjects(),
@@ -220,6 +216,7 @@ impl Publisher {
             next_id: 0,
             echo_subject: format!("_PRX_HOOKS.echo.{}.{}", instance_id(), unique()),
             retry_at: None,
+            stream_ready: false,
         };
         let handle = rt.spawn(task.run(batch_rx, stop_rx.clone()));
         let feeder = {
@@ -361,18 +358,44 @@ type AckFuture = Pin<
     >,
 >;
 
-/// One message sent and not yet confirmed.
+/// One message taken from the bus and not yet confirmed.
 struct Out {
     subject: String,
     headers: HeaderMap,
     payload: Bytes,
     id: String,
+    /// Sent on the current connection.
+    sent: bool,
     /// Core NATS: the echo marker sent after it; its return confirms this message.
     marker: u64,
     /// JetStream: its ack.
     ack: Option<AckFuture>,
-    /// The connection (`ConnState::connects`) it was last sent on; 0: to be sent again.
-    epoch: u64,
+}
+
+/// One connection: a client of its own on a runtime of its own. When it is lost the runtime
+/// is shut down with everything the client still held, so nothing sent before can reach the
+/// server after what the next connection sends again (that is what keeps the order).
+struct Conn {
+    rt: Option<tokio::runtime::Runtime>,
+    client: async_nats::Client,
+    js: Option<jetstream::Context>,
+    echo: async_nats::Subscriber,
+    state: Arc<ConnState>,
+}
+
+impl Conn {
+    /// It connected and then lost the connection.
+    fn lost(&self) -> bool {
+        self.state.connects.load(Ordering::Acquire) > 0 && !self.state.is_connected()
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// What one turn of the publish loop saw.
@@ -385,18 +408,20 @@ enum Step {
 }
 
 struct Task {
-    client: async_nats::Client,
+    nats: NatsOptions,
     jetstream: bool,
     stream: Option<String>,
     subjects: String,
     prefix: Option<String>,
     window_cap: usize,
     counters: Arc<Counters>,
+    /// The publisher's view for stats: `connects` counts connections made.
     state: Arc<ConnState>,
     next_id: u64,
     echo_subject: String,
-    /// After a failed ack: no resend before this (a missing stream answers at once).
+    /// After a failed ack: no sending again before this (a missing stream answers at once).
     retry_at: Option<Instant>,
+    stream_ready: bool,
 }
 
 impl Task {
@@ -405,39 +430,50 @@ impl Task {
         mut batches: mpsc::Receiver<Vec<Message>>,
         mut stop: watch::Receiver<Option<Instant>>,
     ) {
-        let js = self.jetstream.then(|| {
-            jetstream::ContextBuilder::new()
-                .ack_timeout(Duration::from_secs(5))
-                .build(self.client.clone())
-        });
-        let mut echo = loop {
-            match self.client.subscribe(self.echo_subject.clone()).await {
-                Ok(s) => break s,
-                Err(e) => {
-                    tracing::warn!("NATS publisher: subscribing to its echo subject: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        };
-        if let (Some(js), Some(name)) = (&js, self.stream.clone()) {
-            self.ensure_stream(js, &name, &mut stop).await;
-        }
         let mut window: VecDeque<Out> = VecDeque::new();
         let mut marker = 0u64;
         let mut input_open = true;
+        let mut conn: Option<Conn> = None;
         loop {
             let deadline = *stop.borrow_and_update();
             if deadline.is_some_and(|d| Instant::now() >= d) || (!input_open && window.is_empty()) {
                 break;
             }
-            // A new connection (or a failed ack): everything unconfirmed goes again, in order.
-            let epoch = self.state.connects.load(Ordering::Acquire);
-            if self.state.is_connected()
-                && window.front().is_some_and(|o| o.epoch < epoch)
+            if conn.as_ref().is_none_or(Conn::lost) {
+                if conn.take().is_some() {
+                    self.state.connected.store(false, Ordering::Release);
+                    for o in window.iter_mut() {
+                        o.sent = false;
+                        o.ack = None;
+                    }
+                }
+                let Some(c) = self.connect(&mut stop).await else {
+                    break;
+                };
+                let n = self.state.connects.fetch_add(1, Ordering::AcqRel);
+                self.state.connected.store(true, Ordering::Release);
+                if n > 0 {
+                    tracing::info!(
+                        "NATS publisher: connected again; sending {} unconfirmed message(s) again",
+                        window.len()
+                    );
+                    self.counters
+                        .resent
+                        .fetch_add(window.len() as u64, Ordering::AcqRel);
+                }
+                self.transmit(&c, &mut window, 0, &mut marker).await;
+                conn = Some(c);
+                continue;
+            }
+            let c = conn.as_mut().expect("connected above");
+            // After a failed ack on a live connection: what was not confirmed, again.
+            if window.front().is_some_and(|o| !o.sent)
                 && self.retry_at.is_none_or(|t| Instant::now() >= t)
             {
                 self.retry_at = None;
-                self.resend(&js, &mut window, &mut marker, epoch).await;
+                let n = window.len() as u64;
+                self.counters.resent.fetch_add(n, Ordering::AcqRel);
+                self.transmit(c, &mut window, 0, &mut marker).await;
                 continue;
             }
             let room = window.len() < self.window_cap;
@@ -446,14 +482,15 @@ impl Task {
             let mut front_ack = window.front_mut().and_then(|o| o.ack.take());
             let has_ack = front_ack.is_some();
             let waiting = !window.is_empty();
+            let jetstream = c.js.is_some();
             let step = tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(until) => Step::Stop,
                 _ = stop.changed() => Step::Tick,
                 r = async { front_ack.as_mut().expect("guarded by has_ack").await }, if has_ack => Step::Ack(r),
-                m = futures_util::StreamExt::next(&mut echo), if js.is_none() && waiting => Step::Echo(m),
+                m = futures_util::StreamExt::next(&mut c.echo), if !jetstream && waiting => Step::Echo(m),
                 b = batches.recv(), if room && input_open => Step::Batch(b),
-                // Notice a reconnect while waiting for echoes or acks that will not come.
+                // Notice a lost connection while waiting for echoes or acks that will not come.
                 _ = tokio::time::sleep(Duration::from_millis(50)), if waiting => Step::Tick,
             };
             match step {
@@ -468,20 +505,18 @@ impl Task {
                             let n = std::str::from_utf8(&m.payload)
                                 .ok()
                                 .and_then(|s| s.parse::<u64>().ok());
-                            let now = self.state.connects.load(Ordering::Acquire);
-                            // Only what was sent on this connection: an echo of a marker sent
-                            // after a reconnect says nothing of what the old one lost.
                             while let Some(n) = n
-                                && window
-                                    .front()
-                                    .is_some_and(|o| o.marker <= n && o.epoch == now)
+                                && window.front().is_some_and(|o| o.sent && o.marker <= n)
                             {
                                 window.pop_front();
                                 self.counters.published.fetch_add(1, Ordering::AcqRel);
                             }
                         }
                         Step::Batch(Some(batch)) => {
-                            self.send_batch(&js, batch, &mut window, &mut marker).await
+                            let from = window.len();
+                            self.take_batch(batch, &mut window);
+                            let c = conn.as_ref().expect("connected above");
+                            self.transmit(c, &mut window, from, &mut marker).await;
                         }
                         Step::Batch(None) => input_open = false,
                         Step::Echo(None) | Step::Tick | Step::Ack(_) => {}
@@ -489,6 +524,7 @@ impl Task {
                 }
             }
         }
+        drop(conn);
         // The deadline: what is unconfirmed is counted (the feeder counts what it still had).
         let c = &self.counters;
         c.dropped_shutdown
@@ -500,12 +536,96 @@ impl Task {
         }
     }
 
+    /// A new connection (and, the first time with JetStream, the stream), retried with a
+    /// backoff from 10 ms to 1 s; `None` when the shutdown deadline passes first.
+    async fn connect(&mut self, stop: &mut watch::Receiver<Option<Instant>>) -> Option<Conn> {
+        let mut backoff = Duration::ZERO;
+        let mut said = false;
+        loop {
+            let deadline = *stop.borrow_and_update();
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
+            match self.try_connect().await {
+                Ok(c) => {
+                    if let (Some(js), false) = (&c.js, self.stream_ready) {
+                        self.stream_ready = self.ensure_stream(js, &c, stop).await;
+                    }
+                    return Some(c);
+                }
+                Err(e) => {
+                    if !said {
+                        said = true;
+                        tracing::debug!("NATS publisher: cannot connect: {e}; retrying");
+                    }
+                }
+            }
+            backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            let until = deadline.map_or(far, tokio::time::Instant::from);
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep_until(until) => return None,
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    async fn try_connect(&self) -> Result<Conn, String> {
+        let state = ConnState::new(format!("NATS publisher ({})", self.nats.redacted()));
+        let (opts, addrs) = self
+            .nats
+            .connect_options(state.clone(), "publish", false)
+            .map_err(|e| e.to_string())?;
+        // Never blocks a publish: at most the window and a marker per message are pending.
+        let capacity = 2 * self.window_cap + 64;
+        let opts = opts.client_capacity(capacity);
+        let rt = runtime("prx-nats-conn").map_err(|e| e.to_string())?;
+        let (jetstream, echo_subject) = (self.jetstream, self.echo_subject.clone());
+        let made = rt.spawn(async move {
+            let client = opts.connect(addrs).await.map_err(|e| e.to_string())?;
+            let js = jetstream.then(|| {
+                jetstream::ContextBuilder::new()
+                    .ack_timeout(Duration::from_secs(5))
+                    .max_ack_inflight(capacity)
+                    .build(client.clone())
+            });
+            let echo = client
+                .subscribe(echo_subject)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((client, js, echo))
+        });
+        match made.await {
+            Ok(Ok((client, js, echo))) => Ok(Conn {
+                rt: Some(rt),
+                client,
+                js,
+                echo,
+                state,
+            }),
+            Ok(Err(e)) => {
+                rt.shutdown_background();
+                Err(e)
+            }
+            Err(e) => {
+                rt.shutdown_background();
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Creates the stream if it does not exist; true once it does (or another stream holds
+    /// the subjects: the acks will say).
     async fn ensure_stream(
         &self,
         js: &jetstream::Context,
-        name: &str,
+        conn: &Conn,
         stop: &mut watch::Receiver<Option<Instant>>,
-    ) {
+    ) -> bool {
+        let Some(name) = &self.stream else {
+            return true;
+        };
         let config = jetstream::stream::Config {
             name: name.to_string(),
             subjects: vec![self.subjects.clone()],
@@ -517,17 +637,17 @@ impl Task {
         let mut said = false;
         loop {
             match js.get_or_create_stream(config.clone()).await {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(e) => {
                     if !said {
                         said = true;
                         tracing::warn!(
-                            "NATS publisher: JetStream stream {name:?} for {}: {e}; retrying (publishing waits for it)",
+                            "NATS publisher: JetStream stream {name:?} for {}: {e}; retrying",
                             self.subjects
                         );
                     }
-                    if stop.borrow().is_some() {
-                        return;
+                    if stop.borrow().is_some() || conn.lost() {
+                        return false;
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -538,15 +658,7 @@ impl Task {
         }
     }
 
-    async fn send_batch(
-        &mut self,
-        js: &Option<jetstream::Context>,
-        batch: Vec<Message>,
-        window: &mut VecDeque<Out>,
-        marker: &mut u64,
-    ) {
-        let epoch = self.send_epoch();
-        let start = window.len();
+    fn take_batch(&mut self, batch: Vec<Message>, window: &mut VecDeque<Out>) {
         for msg in batch {
             let id = wire::message_id(instance_id(), self.next_id);
             self.next_id += 1;
@@ -555,27 +667,24 @@ impl Task {
                 headers: headers(&msg, &id),
                 payload: Bytes::copy_from_slice(msg.json()),
                 id,
+                sent: false,
                 marker: 0,
                 ack: None,
-                epoch,
             });
         }
-        self.transmit(js, window, start, marker).await;
     }
 
     /// Sends the window from `from` on (in order), then (core NATS) one echo marker.
-    async fn transmit(
-        &self,
-        js: &Option<jetstream::Context>,
-        window: &mut VecDeque<Out>,
-        from: usize,
-        marker: &mut u64,
-    ) {
+    async fn transmit(&self, c: &Conn, window: &mut VecDeque<Out>, from: usize, marker: &mut u64) {
+        if from >= window.len() {
+            return;
+        }
         *marker += 1;
         let mut refused = Vec::new();
         for (i, o) in window.iter_mut().enumerate().skip(from) {
             o.marker = *marker;
-            let sent = match js {
+            o.sent = true;
+            let sent = match &c.js {
                 Some(js) => {
                     let publish = jetstream::message::PublishMessage::build()
                         .payload(o.payload.clone())
@@ -584,26 +693,37 @@ impl Task {
                     js.send_publish(o.subject.clone(), publish)
                         .await
                         .map(|ack| o.ack = Some(ack.into_future()))
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| {
+                            (
+                                e.kind()
+                                    == jetstream::context::PublishErrorKind::MaxPayloadExceeded,
+                                e.to_string(),
+                            )
+                        })
                 }
-                None => self
+                None => c
                     .client
                     .publish_with_headers(o.subject.clone(), o.headers.clone(), o.payload.clone())
                     .await
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| (true, e.to_string())),
             };
-            if let Err(why) = sent {
-                refused.push((i, why));
+            match sent {
+                Ok(()) => {}
+                // Too large for the server: never retried.
+                Err((true, why)) => refused.push((i, why)),
+                Err((false, why)) => {
+                    tracing::debug!("NATS publisher: {}: {why}; sending again", o.id);
+                    o.sent = false;
+                }
             }
         }
-        if js.is_none() {
+        if c.js.is_none() {
             // The marker's subject is this publisher's alone; its return means the server
             // processed everything above (a connection's messages are processed in order).
             let n = Bytes::from(marker.to_string());
-            let _ = self.client.publish(self.echo_subject.clone(), n).await;
+            let _ = c.client.publish(self.echo_subject.clone(), n).await;
         }
         for (i, why) in refused.into_iter().rev() {
-            // Refused before sending (larger than the server's max_payload): never retried.
             if let Some(o) = window.remove(i) {
                 tracing::warn!("NATS publisher: {} ({}) refused: {why}", o.subject, o.id);
             }
@@ -633,14 +753,14 @@ impl Task {
                     K::TimedOut | K::BrokenPipe | K::StreamNotFound | K::MaxAckPending
                 ) =>
             {
-                // Not stored, or not known to be: everything from here goes again (now if the
-                // connection is up, after a pause), with the same ids.
+                // Not stored, or not known to be: everything unconfirmed goes again (on this
+                // connection after a pause, or on the next), with the same ids.
                 tracing::debug!(
                     "NATS publisher: ack of {} failed: {e}; sending again",
                     window.front().map_or("?", |o| o.id.as_str())
                 );
                 for o in window.iter_mut() {
-                    o.epoch = 0;
+                    o.sent = false;
                     o.ack = None;
                 }
                 self.retry_at = Some(Instant::now() + Duration::from_millis(250));
@@ -656,35 +776,6 @@ impl Task {
                 self.counters.failed.fetch_add(1, Ordering::AcqRel);
             }
         }
-    }
-
-    /// The connection what is sent now will go out on: this one, or — while disconnected,
-    /// before the first connection too — the next one (the client holds commands until it
-    /// has a connection, so they are not lost with the old one and need no second sending).
-    fn send_epoch(&self) -> u64 {
-        let connects = self.state.connects.load(Ordering::Acquire);
-        if self.state.is_connected() {
-            connects
-        } else {
-            connects + 1
-        }
-    }
-
-    async fn resend(
-        &self,
-        js: &Option<jetstream::Context>,
-        window: &mut VecDeque<Out>,
-        marker: &mut u64,
-        epoch: u64,
-    ) {
-        let n = window.len();
-        for o in window.iter_mut() {
-            o.epoch = epoch;
-            o.ack = None;
-        }
-        self.counters.resent.fetch_add(n as u64, Ordering::AcqRel);
-        tracing::debug!("NATS publisher: sending {n} unconfirmed message(s) again");
-        self.transmit(js, window, 0, marker).await;
     }
 }
 

@@ -73,7 +73,14 @@ impl NatsServer {
         // PRX_HOOKS_NATS_SERVER_LOG=1: the server's debug and protocol trace on stderr.
         let log = std::env::var_os("PRX_HOOKS_NATS_SERVER_LOG").is_some();
         let child = Command::new(binary())
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
             .arg(self.store.path())
             .args(&self.extra)
             .args(if log { &["-DV"][..] } else { &[][..] })

@@ -562,12 +562,11 @@ impl Hooks {
         let plugins: Option<wasm::PluginsStats> = None;
         stats.set_section(wasm::STATS_SECTION, plugins);
         #[cfg(feature = "nats")]
-        let bridge = (self.publisher.is_some() || self.consumer.is_some()).then(|| {
-            let mut s = nats::NatsStats::default();
-            s.publish = self.publisher.as_ref().map(|p| p.stats());
-            s.consume = self.consumer.as_ref().map(|c| c.stats());
-            s
-        });
+        let bridge =
+            (self.publisher.is_some() || self.consumer.is_some()).then(|| nats::NatsStats {
+                publish: self.publisher.as_ref().map(|p| p.stats()),
+                consume: self.consumer.as_ref().map(|c| c.stats()),
+            });
         #[cfg(not(feature = "nats"))]
         let bridge: Option<nats::NatsStats> = None;
         stats.set_section(nats::STATS_SECTION, bridge);

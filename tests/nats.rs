@@ -19,6 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// (name, value) pairs of a message a test publishes.
+type Headers<'a> = &'a [(&'a str, &'a str)];
+
 fn env_n(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -605,7 +608,7 @@ fn consumed_headers_and_bodies_are_checked_and_nothing_bad_is_fatal() {
     until_consuming(&client, &log, "probe-h");
     let good = r#"{"tool":"t","success":true,"output":"ok"}"#;
     let long = "a".repeat(300);
-    let refused: &[(&str, &[(&str, &str)], &str)] = &[
+    let refused: &[(&str, Headers, &str)] = &[
         (
             "prx.lifecycle.tool_call",
             &[("Prx-Agent", "evil%00agent")],

@@ -152,9 +152,10 @@ struct RunArgs {
     limits: EventLimitArgs,
     #[command(flatten)]
     contain: ContainArgs,
+    /// Boxed: the NATS flags are many, and `Command`'s variants should stay alike in size.
     #[cfg(feature = "nats")]
     #[command(flatten)]
-    nats: nats_cli::NatsArgs,
+    nats: Box<nats_cli::NatsArgs>,
 }
 
 /// The size limit of one event (`run`, `fire`, `bench`).

@@ -273,34 +273,26 @@ pub fn bench(
     };
     // A subscriber on the server counts what arrives (core NATS: what the bridge published).
     let received = Arc::new(AtomicU64::new(0));
-    let (rt, listener) = if stream.is_none() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+    // Its own runtime, driving the subscriber's connection all along (a client nobody reads
+    // from makes the server stall the publisher).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let listener = if stream.is_none() {
         let client = rt.block_on(async_nats::connect(strip_userinfo(url)))?;
         let mut sub = rt.block_on(client.subscribe("prx.lifecycle.>"))?;
         rt.block_on(client.flush())?;
         let received = received.clone();
-        let handle = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok();
-            if let Some(rt) = rt {
-                rt.block_on(async {
-                    use futures_util::StreamExt;
-                    while let Ok(Some(_)) =
-                        tokio::time::timeout(Duration::from_secs(3), sub.next()).await
-                    {
-                        received.fetch_add(1, Ordering::Relaxed);
-                    }
-                });
+        Some(rt.spawn(async move {
+            use futures_util::StreamExt;
+            while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(3), sub.next()).await {
+                received.fetch_add(1, Ordering::Relaxed);
             }
             drop(client);
-        });
-        (Some(rt), Some(handle))
+        }))
     } else {
-        (None, None)
+        None
     };
     let mut p = PublishOptions::new(NatsOptions::new(url));
     if let Some(s) = stream {
@@ -331,7 +323,7 @@ pub fn bench(
         .and_then(|n| n.publish.clone())
         .unwrap_or_default();
     let subscriber_received = listener.map(|h| {
-        let _ = h.join();
+        let _ = rt.block_on(h);
         received.load(Ordering::Relaxed)
     });
     drop(rt);

@@ -790,19 +790,20 @@ mod tests {
     #[test]
     fn the_nats_bridge_has_its_families() {
         let mut s = Stats::default();
-        let mut n = crate::nats::NatsStats::default();
-        n.publish = Some(PublishStats {
-            published: 7,
-            dropped: 2,
-            dropped_shutdown: 1,
-            connected: true,
-            ..Default::default()
-        });
-        n.consume = Some(ConsumeStats {
-            duplicates: 3,
-            refused_headers: 4,
-            ..Default::default()
-        });
+        let n = crate::nats::NatsStats {
+            publish: Some(PublishStats {
+                published: 7,
+                dropped: 2,
+                dropped_shutdown: 1,
+                connected: true,
+                ..Default::default()
+            }),
+            consume: Some(ConsumeStats {
+                duplicates: 3,
+                refused_headers: 4,
+                ..Default::default()
+            }),
+        };
         s.set_section(crate::nats::STATS_SECTION, Some(n));
         let text = exposition(&s, None).unwrap();
         for line in [

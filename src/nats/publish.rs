@@ -165,6 +165,13 @@ impl Counters {
     }
 }
 
+/// The feeder thread, the runtime and the publish task on it.
+type Threads = (
+    JoinHandle<()>,
+    tokio::runtime::Runtime,
+    tokio::task::JoinHandle<()>,
+);
+
 /// The publishing half of the bridge: a bus subscriber on its own runtime. Made by
 /// [`HooksBuilder::nats_publish`](crate::HooksBuilder::nats_publish) and shut down with the
 /// `Hooks`.
@@ -176,13 +183,7 @@ pub struct Publisher {
     subjects: String,
     stream: Option<String>,
     stop: watch::Sender<Option<Instant>>,
-    threads: Mutex<
-        Option<(
-            JoinHandle<()>,
-            tokio::runtime::Runtime,
-            tokio::task::JoinHandle<()>,
-        )>,
-    >,
+    threads: Mutex<Option<Threads>>,
 }
 
 impl Publisher {

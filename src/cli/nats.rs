@@ -230,7 +230,9 @@ fn percentiles(mut v: Vec<u64>, overhead: u64) -> Percentiles {
     }
 }
 
-/// Emits `n` tool_call events, each timed, pacing every 256 (untimed) so no ring fills.
+/// Emits `n` tool_call events, each timed, pacing every 256 (untimed) so that no ring and no
+/// subscription (the bridge's buffer is one) is more than half full: nothing may drop, and
+/// the rate measured is the bridge's sustained one.
 fn timed_emits(hooks: &Hooks, em: &Emitter, n: u64, output: &str) -> Vec<u64> {
     let event = Event::ToolCall {
         tool: "bench",
@@ -240,7 +242,13 @@ fn timed_emits(hooks: &Hooks, em: &Emitter, n: u64, output: &str) -> Vec<u64> {
     let mut samples = Vec::with_capacity(n as usize);
     for i in 0..n {
         if i.is_multiple_of(256) {
-            while hooks.pending() > hooks.capacity() / 4 {
+            while hooks.pending() > hooks.capacity() / 4
+                || hooks
+                    .bus()
+                    .subscribers()
+                    .iter()
+                    .any(|s| s.queued > s.capacity / 2)
+            {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }

@@ -639,6 +639,20 @@ impl Task {
         loop {
             match js.get_or_create_stream(config.clone()).await {
                 Ok(_) => return true,
+                // The server said no (another stream holds these subjects, a limit…): publish
+                // anyway; the acks say which stream stores them, or why not.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        jetstream::context::CreateStreamErrorKind::JetStream(_)
+                    ) =>
+                {
+                    tracing::warn!(
+                        "NATS publisher: JetStream stream {name:?} for {}: {e}; publishing without creating it",
+                        self.subjects
+                    );
+                    return true;
+                }
                 Err(e) => {
                     if !said {
                         said = true;

@@ -49,6 +49,7 @@ pub mod event;
 #[cfg(feature = "http")]
 pub mod http;
 mod json;
+pub mod nats;
 pub mod ndjson;
 mod pipeline;
 mod ring;
@@ -92,6 +93,11 @@ pub enum BuildError {
     Spawn(std::io::Error),
     #[error("harden: prctl(PR_SET_DUMPABLE, 0): {0}")]
     Harden(std::io::Error),
+    /// The NATS bridge could not be configured (a bad URL, an unreadable file, an
+    /// unauthenticated remote server for a consumer, subjects that would loop).
+    #[cfg(feature = "nats")]
+    #[error("NATS: {0}")]
+    Nats(nats::ConnectError),
 }
 
 /// Configures and starts [`Hooks`]. Every option has a default (see README).
@@ -110,6 +116,10 @@ pub struct HooksBuilder {
     reload_debounce: Duration,
     shell: shell::ShellLimits,
     harden: bool,
+    #[cfg(feature = "nats")]
+    nats_publish: Option<nats::PublishOptions>,
+    #[cfg(feature = "nats")]
+    nats_consume: Option<nats::ConsumeOptions>,
 }
 
 impl Default for HooksBuilder {
@@ -128,6 +138,10 @@ impl Default for HooksBuilder {
             reload_debounce: Duration::from_millis(50),
             shell: shell::ShellLimits::default(),
             harden: false,
+            #[cfg(feature = "nats")]
+            nats_publish: None,
+            #[cfg(feature = "nats")]
+            nats_consume: None,
         }
     }
 }
@@ -219,6 +233,24 @@ impl HooksBuilder {
         self
     }
 
+    /// Publishes the bus messages matching the options' pattern to NATS ([`nats::Publisher`],
+    /// README.md § NATS). Built with the rest; nothing waits for the server, which may be
+    /// unreachable at first (events are buffered).
+    #[cfg(feature = "nats")]
+    pub fn nats_publish(mut self, opts: nats::PublishOptions) -> Self {
+        self.nats_publish = Some(opts);
+        self
+    }
+
+    /// Feeds events from NATS into this pipeline ([`nats::Consumer`], README.md § NATS).
+    /// Refused with [`nats_publish`](HooksBuilder::nats_publish) when the two subjects
+    /// overlap: what is consumed would be published again, and consumed again.
+    #[cfg(feature = "nats")]
+    pub fn nats_consume(mut self, opts: nats::ConsumeOptions) -> Self {
+        self.nats_consume = Some(opts);
+        self
+    }
+
     fn check(&self) -> Result<(), BuildError> {
         let bad = |option, value: usize, reason| {
             Err(BuildError::InvalidOption {
@@ -263,6 +295,27 @@ impl HooksBuilder {
                 self.idle_tick.as_micros() as usize,
                 "must be between 1 µs and 1 s",
             );
+        }
+        #[cfg(feature = "nats")]
+        {
+            if let Some(p) = &self.nats_publish {
+                p.check().map_err(BuildError::Nats)?;
+            }
+            if let Some(c) = &self.nats_consume {
+                c.check().map_err(BuildError::Nats)?;
+            }
+            if let (Some(p), Some(c)) = (&self.nats_publish, &self.nats_consume)
+                && nats::wire::filters_overlap(&p.subjects(), c.subject_filter())
+            {
+                return Err(BuildError::Nats(nats::ConnectError::Invalid {
+                    what: "--nats with --from-nats",
+                    reason: format!(
+                        "the subjects published ({}) overlap the subjects consumed ({}): every consumed event would be published again and consumed again; give --nats-prefix (or --nats-pattern) so that they do not",
+                        p.subjects(),
+                        c.subject_filter()
+                    ),
+                }));
+            }
         }
         if let Some(dir) = &self.workspace {
             let meta = std::fs::metadata(dir).map_err(|source| BuildError::Workspace {
@@ -364,7 +417,33 @@ impl HooksBuilder {
             },
         )
         .map_err(BuildError::Spawn)?;
+        // The bridge last: the publisher is one more bus subscriber; the consumer feeds the
+        // rings like any producer (ARCHITECTURE.md § NATS bridge).
+        #[cfg(feature = "nats")]
+        let publisher = match self.nats_publish {
+            Some(opts) => Some(nats::Publisher::start(&bus, opts).map_err(BuildError::Nats)?),
+            None => None,
+        };
+        #[cfg(feature = "nats")]
+        let consumer = match self.nats_consume {
+            Some(opts) => {
+                let feed = Feed {
+                    producers: producers.clone(),
+                    lanes: pipeline.lanes().to_vec(),
+                    sinks: pipeline.sinks().to_vec(),
+                    bus: bus.clone(),
+                    next: AtomicUsize::new(0),
+                    max_event_bytes: self.max_event_bytes,
+                };
+                Some(nats::Consumer::start(feed, opts).map_err(BuildError::Nats)?)
+            }
+            None => None,
+        };
         Ok(Hooks {
+            #[cfg(feature = "nats")]
+            publisher,
+            #[cfg(feature = "nats")]
+            consumer,
             pipeline,
             bus,
             shell,
@@ -390,6 +469,10 @@ impl HooksBuilder {
 /// `Send + Sync`; share it behind an `Arc`. Dropping it shuts down with the builder's
 /// `shutdown_timeout` (default 2 s).
 pub struct Hooks {
+    #[cfg(feature = "nats")]
+    publisher: Option<nats::Publisher>,
+    #[cfg(feature = "nats")]
+    consumer: Option<nats::Consumer>,
     pipeline: Pipeline,
     bus: Bus,
     shell: Option<Arc<shell::ShellSink>>,
@@ -478,6 +561,15 @@ impl Hooks {
         #[cfg(not(feature = "wasm"))]
         let plugins: Option<wasm::PluginsStats> = None;
         stats.set_section(wasm::STATS_SECTION, plugins);
+        #[cfg(feature = "nats")]
+        let bridge =
+            (self.publisher.is_some() || self.consumer.is_some()).then(|| nats::NatsStats {
+                publish: self.publisher.as_ref().map(|p| p.stats()),
+                consume: self.consumer.as_ref().map(|c| c.stats()),
+            });
+        #[cfg(not(feature = "nats"))]
+        let bridge: Option<nats::NatsStats> = None;
+        stats.set_section(nats::STATS_SECTION, bridge);
         stats
     }
 
@@ -550,6 +642,12 @@ impl Hooks {
     /// closes the bus (subscriptions can still read what they hold). Idempotent. Events
     /// emitted afterwards are `Skipped`.
     pub fn shutdown(&self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        // Nothing more from NATS: what it still holds is delivered again to the next consumer.
+        #[cfg(feature = "nats")]
+        if let Some(c) = &self.consumer {
+            c.stop();
+        }
         // Stop reloading first: the table in force now is the one the drain runs under.
         #[cfg(feature = "wasm")]
         drop(
@@ -564,8 +662,58 @@ impl Hooks {
                 *state = ConfigState::Stopped(watcher.stats(), watcher.table());
             }
         }
-        self.pipeline.shutdown(timeout);
+        self.pipeline
+            .shutdown(deadline.saturating_duration_since(std::time::Instant::now()));
         self.bus.close();
+        // The publisher flushes what the drain gave it, until the same deadline.
+        #[cfg(feature = "nats")]
+        if let Some(p) = &self.publisher {
+            p.shutdown(deadline);
+        }
+    }
+}
+
+/// What the NATS consumer needs of the pipeline: emitters, and whether it has room (the
+/// back-pressure `run --events` applies to a file replay).
+#[cfg(feature = "nats")]
+pub(crate) struct Feed {
+    producers: Arc<Producers>,
+    lanes: Vec<Arc<emitter::Lane>>,
+    sinks: Vec<Arc<dyn Sink>>,
+    bus: Bus,
+    next: AtomicUsize,
+    pub(crate) max_event_bytes: usize,
+}
+
+#[cfg(feature = "nats")]
+impl Feed {
+    /// A backend holding this many jobs (queued or running) counts as busy.
+    const SINK_BUSY: u64 = 128;
+
+    pub(crate) fn emitter(&self, agent: &str, session: &str) -> Emitter {
+        let lane = self.lanes[self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()].clone();
+        Emitter::new(self.producers.clone(), lane, agent, session)
+    }
+
+    /// A ring a quarter full, a bus subscriber half full, or a backend with many jobs.
+    pub(crate) fn busy(&self) -> bool {
+        self.lanes
+            .iter()
+            .any(|l| l.ring.len() > l.ring.capacity() / 4)
+            || self
+                .bus
+                .subscribers()
+                .iter()
+                .any(|s| s.queued > s.capacity / 2)
+            || self
+                .sinks
+                .iter()
+                .any(|s| s.counts().in_flight >= Self::SINK_BUSY)
+    }
+
+    /// Shut down: nothing emitted now would be delivered.
+    pub(crate) fn closed(&self) -> bool {
+        self.lanes.iter().any(|l| l.ring.is_closed())
     }
 }
 

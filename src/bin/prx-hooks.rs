@@ -18,6 +18,11 @@ use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// `run --nats`, `run --from-nats`, `bench --nats` (README.md § NATS).
+#[cfg(feature = "nats")]
+#[path = "../cli/nats.rs"]
+mod nats_cli;
+
 #[derive(Parser)]
 #[command(
     name = "prx-hooks",
@@ -147,6 +152,10 @@ struct RunArgs {
     limits: EventLimitArgs,
     #[command(flatten)]
     contain: ContainArgs,
+    /// Boxed: the NATS flags are many, and `Command`'s variants should stay alike in size.
+    #[cfg(feature = "nats")]
+    #[command(flatten)]
+    nats: Box<nats_cli::NatsArgs>,
 }
 
 /// The size limit of one event (`run`, `fire`, `bench`).
@@ -180,6 +189,15 @@ struct BenchArgs {
     json: bool,
     #[command(flatten)]
     limits: EventLimitArgs,
+    /// Measure the NATS bridge instead: events/s through it to the server at URL, and emit's
+    /// cost with the bridge off and on.
+    #[cfg(feature = "nats")]
+    #[arg(long, value_name = "URL")]
+    nats: Option<String>,
+    /// With --nats: publish to this JetStream stream with acks.
+    #[cfg(feature = "nats")]
+    #[arg(long, value_name = "NAME", requires = "nats")]
+    nats_stream: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -260,13 +278,13 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     signals.thread_block()?;
 
     let containment = contain(&args.contain)?;
-    let hooks = Arc::new(
-        Hooks::builder()
-            .workspace(&args.workspace)
-            .shell_limits(shell_limits(&args.contain)?)
-            .max_event_bytes(args.limits.max_event_bytes)
-            .build()?,
-    );
+    let builder = Hooks::builder()
+        .workspace(&args.workspace)
+        .shell_limits(shell_limits(&args.contain)?)
+        .max_event_bytes(args.limits.max_event_bytes);
+    #[cfg(feature = "nats")]
+    let builder = args.nats.apply(builder, &args.workspace, args.lenient)?;
+    let hooks = Arc::new(builder.build()?);
     let mut server = match &args.listen {
         Some(addr) => Some(start_api(&hooks, &args, addr)?),
         None => None,
@@ -338,12 +356,14 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
                 tracing::info!("{sig}: draining for {SIGNAL_DRAIN:?} and exiting");
                 break Finish::Signal(sig);
             }
-            Ok(Finish::InputDone) if server.is_some() => {}
+            Ok(Finish::InputDone) if server.is_some() || consumes_nats(&args) => {}
             Ok(Finish::InputDone) | Err(_) => break Finish::InputDone,
         }
     };
     let deadline = match finish {
-        Finish::InputDone => drain_input_end(&hooks, args.drain_timeout, &done_rx),
+        Finish::InputDone => {
+            drain_input_end(&hooks, args.drain_timeout, &done_rx, drain_floor(&args))
+        }
         Finish::Signal(_) => Instant::now() + SIGNAL_DRAIN,
     };
     if let Some(server) = server.as_mut() {
@@ -362,8 +382,11 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     // Every oversize line was said by `ingest` and (when anything listens) refused by `emit`
     // too: the same events, counted once.
     let oversize = stats.oversize.max(input.oversize.load(Ordering::Relaxed));
-    let lost =
-        input.bad_lines.load(Ordering::Relaxed) + stats.dropped + stats.dropped_budget + oversize;
+    let lost = input.bad_lines.load(Ordering::Relaxed)
+        + stats.dropped
+        + stats.dropped_budget
+        + oversize
+        + nats_lost(&stats);
     let failed = lost > 0 || input.read_error.load(Ordering::Relaxed);
     if lost > 0 {
         eprintln!(
@@ -408,6 +431,7 @@ fn drain_input_end(
     hooks: &Hooks,
     cap: Option<Duration>,
     signals: &mpsc::Receiver<Finish>,
+    floor: Duration,
 ) -> Instant {
     let start = Instant::now();
     let longest = hooks
@@ -418,7 +442,7 @@ fn drain_input_end(
         .map(|a| a.timeout)
         .max()
         .unwrap_or_default();
-    let deadline = start + cap.unwrap_or(longest + DRAIN_GRACE);
+    let deadline = start + cap.unwrap_or((longest + DRAIN_GRACE).max(floor));
     let mut said = false;
     loop {
         if idle(hooks) {
@@ -459,6 +483,49 @@ fn idle(hooks: &Hooks) -> bool {
     let stats = hooks.stats();
     stats.processed + stats.dropped_shutdown >= stats.queued
         && stats.sinks.iter().all(|s| s.counts.in_flight == 0)
+        && nats_idle(&stats)
+}
+
+/// The NATS publisher has sent and had confirmed everything it was given.
+fn nats_idle(_stats: &prx_hooks::Stats) -> bool {
+    #[cfg(feature = "nats")]
+    return nats_cli::idle(_stats);
+    #[cfg(not(feature = "nats"))]
+    true
+}
+
+/// Events the NATS publisher lost (dropped while the server was unreachable, left at the
+/// deadline, refused by the server): like ring drops, they make `run` exit 1.
+fn nats_lost(_stats: &prx_hooks::Stats) -> u64 {
+    #[cfg(feature = "nats")]
+    if let Some(p) = _stats.nats().and_then(|n| n.publish.as_ref()) {
+        let lost = p.dropped + p.dropped_shutdown + p.failed;
+        if lost > 0 {
+            eprintln!(
+                "prx-hooks: NATS publisher lost {lost} event(s): {} to a full buffer, {} left at shutdown, {} refused by the server",
+                p.dropped, p.dropped_shutdown, p.failed
+            );
+        }
+        return lost;
+    }
+    0
+}
+
+/// With `--from-nats`, the end of `--events` is not the end: consume until a signal.
+fn consumes_nats(_args: &RunArgs) -> bool {
+    #[cfg(feature = "nats")]
+    return _args.nats.consumes();
+    #[cfg(not(feature = "nats"))]
+    false
+}
+
+/// How long the end of the input waits at least (the NATS publisher may be reconnecting).
+fn drain_floor(_args: &RunArgs) -> Duration {
+    #[cfg(feature = "nats")]
+    if _args.nats.publishes() {
+        return nats_cli::PUBLISH_DRAIN;
+    }
+    Duration::ZERO
 }
 
 /// What `run` and `fire` do to their own process before any hook runs: `--harden`, and
@@ -1192,6 +1259,22 @@ fn bench(args: BenchArgs) -> Result<ExitCode, BoxError> {
         );
     }
     let overhead = timer_overhead();
+    #[cfg(feature = "nats")]
+    if let Some(url) = &args.nats {
+        let report = nats_cli::bench(
+            url,
+            args.nats_stream.as_deref(),
+            args.events,
+            args.payload_bytes,
+            overhead,
+        )?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            nats_cli::print_bench(&report);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let burst = bench_phase(&args, false, overhead)?;
     let sustained = bench_phase(&args, true, overhead)?;
     let report = BenchReport {

@@ -17,6 +17,7 @@ use super::error::ApiError;
 use super::{ApiState, HttpStats};
 use crate::Stats;
 use crate::config::ConfigStats;
+use crate::nats::{ConsumeStats, PublishStats};
 use crate::shell::{HookCounts, ShellStats};
 use crate::stats::{SinkStats, SubscriberStats};
 use crate::wasm::{PluginStats, PluginsStats};
@@ -150,6 +151,28 @@ pub(crate) fn exposition(s: &Stats, http: Option<&HttpStats>) -> Result<String, 
             &[CALLS],
             &plugins,
         );
+    }
+    if let Some(n) = s.nats() {
+        if let Some(p) = &n.publish {
+            m.single(NATS_PUBLISH, p);
+            m.split(
+                "nats_publish_dropped",
+                "events the NATS publisher lost, by reason",
+                "reason",
+                &[NATS_PUBLISH_DROPS],
+                &[(vec![], p)],
+            );
+        }
+        if let Some(c) = &n.consume {
+            m.single(NATS_CONSUME, c);
+            m.split(
+                "nats_consume_refused",
+                "NATS messages the consumer refused, by reason",
+                "reason",
+                &[NATS_CONSUME_REFUSED],
+                &[(vec![], c)],
+            );
+        }
     }
     if let Some(h) = http {
         m.single(HTTP, h);
@@ -441,6 +464,124 @@ const TIMEOUTS: Parts<HttpStats> = &[
     ("write", |h| h.write_timeouts),
 ];
 
+const NATS_PUBLISH: &[Def<PublishStats>] = &[
+    gauge(
+        "nats_publish_connected",
+        "1 while the NATS publisher is connected",
+        |p| p.connected as u64,
+    ),
+    counter(
+        "nats_publish_offered",
+        "bus messages matching the publisher's pattern",
+        |p| p.offered,
+    ),
+    counter(
+        "nats_publish_published",
+        "messages the NATS server confirmed (an echo, or a JetStream ack)",
+        |p| p.published,
+    ),
+    counter("nats_publish_acked", "JetStream acks", |p| p.acked),
+    counter(
+        "nats_publish_duplicates",
+        "JetStream acks of a retry the stream already had",
+        |p| p.duplicates,
+    ),
+    counter(
+        "nats_publish_resent",
+        "messages sent again after a reconnect or a failed ack",
+        |p| p.resent,
+    ),
+    counter(
+        "nats_publish_failed",
+        "messages the server refused for good",
+        |p| p.failed,
+    ),
+    counter(
+        "nats_publish_reconnects",
+        "NATS publisher connections after the first",
+        |p| p.reconnects,
+    ),
+    gauge(
+        "nats_publish_buffered",
+        "messages waiting to be sent or confirmed",
+        |p| p.buffered,
+    ),
+    gauge(
+        "nats_publish_capacity",
+        "messages the publisher can hold while the server is unreachable",
+        |p| p.capacity,
+    ),
+];
+
+const NATS_PUBLISH_DROPS: Parts<PublishStats> = &[
+    ("buffer_full", |p| p.dropped),
+    ("shutdown", |p| p.dropped_shutdown),
+];
+
+const NATS_CONSUME: &[Def<ConsumeStats>] = &[
+    gauge(
+        "nats_consume_connected",
+        "1 while the NATS consumer is connected",
+        |c| c.connected as u64,
+    ),
+    counter("nats_consume_received", "messages taken from NATS", |c| {
+        c.received
+    }),
+    counter(
+        "nats_consume_consumed",
+        "messages handed to the pipeline",
+        |c| c.consumed,
+    ),
+    counter(
+        "nats_consume_skipped",
+        "handed messages nobody listened to",
+        |c| c.skipped,
+    ),
+    counter(
+        "nats_consume_duplicates",
+        "messages skipped: their Nats-Msg-Id was handed over already",
+        |c| c.duplicates,
+    ),
+    counter(
+        "nats_consume_own",
+        "messages skipped: published by this process",
+        |c| c.own,
+    ),
+    counter(
+        "nats_consume_without_id",
+        "messages without a Nats-Msg-Id",
+        |c| c.without_id,
+    ),
+    counter("nats_consume_acked", "JetStream acks sent", |c| c.acked),
+    counter(
+        "nats_consume_paused",
+        "times intake paused for a busy pipeline",
+        |c| c.paused,
+    ),
+    counter(
+        "nats_consume_slow_consumer",
+        "core NATS messages the client dropped while intake was paused",
+        |c| c.slow_consumer,
+    ),
+    counter(
+        "nats_consume_reconnects",
+        "NATS consumer connections after the first",
+        |c| c.reconnects,
+    ),
+    gauge(
+        "nats_consume_window",
+        "message ids in the de-dup window",
+        |c| c.window,
+    ),
+];
+
+const NATS_CONSUME_REFUSED: Parts<ConsumeStats> = &[
+    ("headers", |c| c.refused_headers),
+    ("body", |c| c.refused_body),
+    ("subject", |c| c.refused_subject),
+    ("oversize", |c| c.refused_oversize),
+];
+
 const PLUGINS: &[Def<PluginsStats>] = &[
     counter(
         "plugins_reloads",
@@ -645,6 +786,40 @@ fn escape(labels: Labels) -> Labels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nats_bridge_has_its_families() {
+        let mut s = Stats::default();
+        let n = crate::nats::NatsStats {
+            publish: Some(PublishStats {
+                published: 7,
+                dropped: 2,
+                dropped_shutdown: 1,
+                connected: true,
+                ..Default::default()
+            }),
+            consume: Some(ConsumeStats {
+                duplicates: 3,
+                refused_headers: 4,
+                ..Default::default()
+            }),
+        };
+        s.set_section(crate::nats::STATS_SECTION, Some(n));
+        let text = exposition(&s, None).unwrap();
+        for line in [
+            "prx_hooks_nats_publish_published_total 7",
+            "prx_hooks_nats_publish_connected 1",
+            r#"prx_hooks_nats_publish_dropped_total{reason="buffer_full"} 2"#,
+            r#"prx_hooks_nats_publish_dropped_total{reason="shutdown"} 1"#,
+            "prx_hooks_nats_consume_duplicates_total 3",
+            r#"prx_hooks_nats_consume_refused_total{reason="headers"} 4"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in {text}");
+        }
+        // Without a bridge, none of them.
+        let text = exposition(&Stats::default(), None).unwrap();
+        assert!(!text.contains("nats_"), "{text}");
+    }
 
     #[test]
     fn label_values_are_escaped() {

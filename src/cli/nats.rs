@@ -1,0 +1,398 @@
+//! `prx-hooks run --nats …` / `run --from-nats …` and `bench --nats URL`: the CLI side of the
+//! NATS bridge (README.md § NATS). Kept apart from the rest of the command line so the flags,
+//! the builder wiring and the bench live in one place.
+
+use clap::Args;
+use prx_hooks::nats::{ConsumeOptions, NatsOptions, PublishOptions};
+use prx_hooks::{Emitter, Event, Hooks, HooksBuilder, Stats};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The NATS flags of `run`.
+#[derive(Args, Default)]
+pub struct NatsArgs {
+    /// Publish bus messages to the NATS server(s) at URL (`nats://host:4222`, `tls://…`,
+    /// `nats://user:pass@host`, comma-separated for several). Credentials are never logged.
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
+    /// Publish under PREFIX: subjects become PREFIX.prx.lifecycle.<event>.
+    #[arg(long, value_name = "PREFIX", requires = "nats")]
+    pub nats_prefix: Option<String>,
+    /// Which bus messages to publish, in the BUS's pattern syntax (a topic, PREFIX.* for
+    /// anything below it, or *) — not NATS's. Default prx.lifecycle.*.
+    #[arg(long, value_name = "PATTERN", requires = "nats")]
+    pub nats_pattern: Option<String>,
+    /// JetStream stream: with --nats, publish to it and wait for its acks (at-least-once;
+    /// created if missing); with --from-nats --durable, the stream to read (default: the one
+    /// holding --subject).
+    #[arg(long, value_name = "NAME")]
+    pub nats_stream: Option<String>,
+    /// Messages held while the server is unreachable (then dropped and counted).
+    #[arg(long, value_name = "N", requires = "nats")]
+    pub nats_buffer: Option<usize>,
+    /// Consume events from the NATS server(s) at URL and run this workspace's hooks and
+    /// plugins for them (runs until SIGINT/SIGTERM).
+    #[arg(long, value_name = "URL")]
+    pub from_nats: Option<String>,
+    /// The subjects to consume, in NATS's syntax (`*` one token, `>` the rest).
+    #[arg(
+        long,
+        value_name = "SUBJECT",
+        requires = "from_nats",
+        default_value = "prx.lifecycle.>"
+    )]
+    pub subject: String,
+    /// Consume through a JetStream durable pull consumer of this name (acks, redelivery,
+    /// back-pressure without loss; remembered across restarts).
+    #[arg(long, value_name = "NAME", requires = "from_nats")]
+    pub durable: Option<String>,
+    /// Message ids remembered to skip duplicates.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "from_nats",
+        default_value_t = 100_000
+    )]
+    pub nats_dedup_ids: usize,
+    /// How long a message id is remembered (`1h`, `30m`, seconds).
+    #[arg(long, value_name = "DURATION", requires = "from_nats", default_value = "1h", value_parser = crate::parse_duration)]
+    pub nats_dedup_age: Duration,
+    /// A NATS credentials file (.creds: user JWT + nkey seed, as nsc writes it).
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+    /// Require TLS (implied by tls:// URLs and the options below).
+    #[arg(long)]
+    pub nats_tls: bool,
+    /// CA certificate(s) (PEM) to verify the server with.
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) to authenticate with (needs --nats-tls-key).
+    #[arg(long, value_name = "FILE", requires = "nats_tls_key")]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "FILE", requires = "nats_tls_cert")]
+    pub nats_tls_key: Option<PathBuf>,
+    /// Consume from a server beyond this machine even without credentials (anyone who can
+    /// publish to it can then run this host's hooks).
+    #[arg(long, requires = "from_nats")]
+    pub nats_insecure: bool,
+}
+
+impl NatsArgs {
+    pub fn publishes(&self) -> bool {
+        self.nats.is_some()
+    }
+
+    /// `run` keeps going after the end of `--events` while it consumes.
+    pub fn consumes(&self) -> bool {
+        self.from_nats.is_some()
+    }
+
+    fn connection(&self, url: &str) -> NatsOptions {
+        let mut o = NatsOptions::new(url).require_tls(self.nats_tls);
+        if let Some(c) = &self.nats_creds {
+            o = o.creds_file(c);
+        }
+        if let Some(ca) = &self.nats_tls_ca {
+            o = o.tls_ca(ca);
+        }
+        if let (Some(c), Some(k)) = (&self.nats_tls_cert, &self.nats_tls_key) {
+            o = o.tls_client_cert(c, k);
+        }
+        o
+    }
+
+    /// Adds the publisher and the consumer to the builder. The consumer's de-dup window is
+    /// kept in `<workspace>/.prx-hooks/nats-dedup/<durable or core>.<subject>`.
+    pub fn apply(
+        &self,
+        mut builder: HooksBuilder,
+        workspace: &Path,
+        lenient: bool,
+    ) -> Result<HooksBuilder, BoxError> {
+        if let Some(url) = &self.nats {
+            let mut p = PublishOptions::new(self.connection(url));
+            if let Some(prefix) = &self.nats_prefix {
+                p = p.prefix(prefix);
+            }
+            if let Some(pattern) = &self.nats_pattern {
+                p = p.pattern(pattern);
+            }
+            if let Some(stream) = &self.nats_stream
+                && self.from_nats.is_none()
+            {
+                p = p.stream(stream);
+            }
+            if let Some(n) = self.nats_buffer {
+                p = p.buffer(n);
+            }
+            builder = builder.nats_publish(p);
+        }
+        if let Some(url) = &self.from_nats {
+            let mut c = ConsumeOptions::new(self.connection(url).insecure(self.nats_insecure))
+                .subject(&self.subject)
+                .dedup_window(self.nats_dedup_ids, self.nats_dedup_age)
+                .dedup_file(dedup_file(
+                    workspace,
+                    self.durable.as_deref(),
+                    &self.subject,
+                ));
+            if lenient {
+                c = c.parse_options(prx_hooks::ndjson::ParseOptions::lenient());
+            }
+            if let Some(d) = &self.durable {
+                c = c.durable(d);
+            }
+            if let Some(s) = &self.nats_stream {
+                c = c.stream(s);
+            }
+            builder = builder.nats_consume(c);
+        }
+        Ok(builder)
+    }
+}
+
+/// `<workspace>/.prx-hooks/nats-dedup/<durable|core>.<subject, * and > spelled out>`.
+fn dedup_file(workspace: &Path, durable: Option<&str>, subject: &str) -> PathBuf {
+    let subject: String = subject
+        .split('.')
+        .map(|t| match t {
+            "*" => "star",
+            ">" => "rest",
+            t => t,
+        })
+        .collect::<Vec<_>>()
+        .join(".");
+    workspace
+        .join(".prx-hooks")
+        .join("nats-dedup")
+        .join(format!("{}.{subject}", durable.unwrap_or("core")))
+}
+
+/// The publisher has nothing left to send or confirm.
+pub fn idle(stats: &Stats) -> bool {
+    stats
+        .nats()
+        .and_then(|n| n.publish.as_ref())
+        .is_none_or(|p| p.buffered == 0)
+}
+
+/// At the end of the input, how long `run` waits at least for the publisher to flush (it may
+/// be reconnecting): 10 s, unless `--drain-timeout` says otherwise.
+pub const PUBLISH_DRAIN: Duration = Duration::from_secs(10);
+
+/// `bench --nats URL`: events/s through the bridge to the server, and `emit`'s cost with the
+/// bridge off and on, side by side in one run.
+#[derive(serde::Serialize)]
+pub struct NatsBench {
+    pub server: String,
+    pub stream: Option<String>,
+    pub events: u64,
+    pub payload_bytes: usize,
+    /// Paced emits (the rings never fill), each timed: without a bridge (a bus subscriber
+    /// reads the events) and with one.
+    pub emit_ns_bridge_off: Percentiles,
+    pub emit_ns_bridge_on: Percentiles,
+    /// Every event confirmed by the server (core: echoed; JetStream: acked), from the first
+    /// emit to the last confirmation.
+    pub bridge_events_per_s: f64,
+    pub bridge_elapsed_s: f64,
+    pub published: u64,
+    pub dropped: u64,
+    /// The same events read back by a NATS subscriber of this bench (core NATS only).
+    pub subscriber_received: Option<u64>,
+    pub timer_overhead_ns: u64,
+}
+
+#[derive(serde::Serialize)]
+pub struct Percentiles {
+    pub p50: u64,
+    pub p99: u64,
+    pub p99_9: u64,
+    pub max: u64,
+}
+
+fn percentiles(mut v: Vec<u64>, overhead: u64) -> Percentiles {
+    v.sort_unstable();
+    let pick = |q: f64| {
+        let i = ((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1));
+        v.get(i).map_or(0, |s| s.saturating_sub(overhead))
+    };
+    Percentiles {
+        p50: pick(0.5),
+        p99: pick(0.99),
+        p99_9: pick(0.999),
+        max: pick(1.0),
+    }
+}
+
+/// Emits `n` tool_call events, each timed, pacing every 256 (untimed) so that no ring and no
+/// subscription (the bridge's buffer is one) is more than half full: nothing may drop, and
+/// the rate measured is the bridge's sustained one.
+fn timed_emits(hooks: &Hooks, em: &Emitter, n: u64, output: &str) -> Vec<u64> {
+    let event = Event::ToolCall {
+        tool: "bench",
+        success: true,
+        output,
+    };
+    let mut samples = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        if i.is_multiple_of(256) {
+            while hooks.pending() > hooks.capacity() / 4
+                || hooks
+                    .bus()
+                    .subscribers()
+                    .iter()
+                    .any(|s| s.queued > s.capacity / 2)
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        let t = Instant::now();
+        em.emit(event);
+        samples.push(t.elapsed().as_nanos() as u64);
+    }
+    samples
+}
+
+pub fn bench(
+    url: &str,
+    stream: Option<&str>,
+    events: u64,
+    payload_bytes: usize,
+    overhead: u64,
+) -> Result<NatsBench, BoxError> {
+    let output = "x".repeat(payload_bytes);
+    // Bridge off: a bus subscriber reads everything (the pipeline does the same work up to
+    // the bus either way).
+    let off = {
+        let hooks = Hooks::builder().build()?;
+        let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
+        let reader = std::thread::spawn(move || sub.iter().count());
+        let em = hooks.emitter("bench", "off");
+        let samples = timed_emits(&hooks, &em, events, &output);
+        hooks.shutdown(Duration::from_secs(2));
+        let _ = reader.join();
+        samples
+    };
+    // A subscriber on the server counts what arrives (core NATS: what the bridge published).
+    let received = Arc::new(AtomicU64::new(0));
+    // Its own runtime, driving the subscriber's connection all along (a client nobody reads
+    // from makes the server stall the publisher).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let listener = if stream.is_none() {
+        let client = rt.block_on(async_nats::connect(strip_userinfo(url)))?;
+        let mut sub = rt.block_on(client.subscribe("prx.lifecycle.>"))?;
+        rt.block_on(client.flush())?;
+        let received = received.clone();
+        Some(rt.spawn(async move {
+            use futures_util::StreamExt;
+            while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(3), sub.next()).await {
+                received.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(client);
+        }))
+    } else {
+        None
+    };
+    let mut p = PublishOptions::new(NatsOptions::new(url));
+    if let Some(s) = stream {
+        p = p.stream(s);
+    }
+    let hooks = Hooks::builder().nats_publish(p).build()?;
+    let em = hooks.emitter("bench", "on");
+    let start = Instant::now();
+    let on = timed_emits(&hooks, &em, events, &output);
+    let mut last = (0, Instant::now());
+    let end = loop {
+        let s = hooks.stats();
+        let p = s.nats().and_then(|n| n.publish.clone()).unwrap_or_default();
+        if p.published + p.failed + p.dropped >= events {
+            break Instant::now();
+        }
+        if p.published != last.0 {
+            last = (p.published, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(30) {
+            break last.1;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    };
+    let stats = hooks.stats();
+    hooks.shutdown(Duration::from_secs(5));
+    let p = stats
+        .nats()
+        .and_then(|n| n.publish.clone())
+        .unwrap_or_default();
+    let subscriber_received = listener.map(|h| {
+        let _ = rt.block_on(h);
+        received.load(Ordering::Relaxed)
+    });
+    drop(rt);
+    let elapsed = end.duration_since(start).as_secs_f64();
+    Ok(NatsBench {
+        server: prx_hooks::nats::redact_url(url),
+        stream: stream.map(str::to_string),
+        events,
+        payload_bytes,
+        emit_ns_bridge_off: percentiles(off, overhead),
+        emit_ns_bridge_on: percentiles(on, overhead),
+        bridge_events_per_s: p.published as f64 / elapsed.max(1e-9),
+        bridge_elapsed_s: elapsed,
+        published: p.published,
+        dropped: p.dropped + p.dropped_shutdown,
+        subscriber_received,
+        timer_overhead_ns: overhead,
+    })
+}
+
+/// The bench's own subscriber connects without the URL's credentials in its address.
+fn strip_userinfo(url: &str) -> String {
+    url.split(',')
+        .next()
+        .map(|u| match u.split_once("://") {
+            Some((s, r)) => format!("{s}://{}", r.rsplit_once('@').map_or(r, |(_, h)| h)),
+            None => u.rsplit_once('@').map_or(u, |(_, h)| h).to_string(),
+        })
+        .unwrap_or_default()
+}
+
+pub fn print_bench(b: &NatsBench) {
+    println!(
+        "{} events, {}-byte payloads, NATS {}{}",
+        b.events,
+        b.payload_bytes,
+        b.server,
+        b.stream
+            .as_ref()
+            .map(|s| format!(" (JetStream stream {s}, acks)"))
+            .unwrap_or_else(|| " (core NATS)".into())
+    );
+    println!(
+        "  emit latency, ns ({} ns timer overhead subtracted):",
+        b.timer_overhead_ns
+    );
+    println!("                  p50     p99   p99.9     max");
+    for (name, p) in [
+        ("bridge off", &b.emit_ns_bridge_off),
+        ("bridge on ", &b.emit_ns_bridge_on),
+    ] {
+        println!(
+            "    {name}  {:>7} {:>7} {:>7} {:>7}",
+            p.p50, p.p99, p.p99_9, p.max
+        );
+    }
+    println!(
+        "  through the bridge  {:.0} events/s ({} confirmed in {:.3} s, {} dropped)",
+        b.bridge_events_per_s, b.published, b.bridge_elapsed_s, b.dropped
+    );
+    if let Some(n) = b.subscriber_received {
+        println!("  read back by a NATS subscriber  {n}");
+    }
+}

@@ -1,0 +1,823 @@
+//! The publisher: bus messages → NATS subjects (ARCHITECTURE.md § NATS bridge).
+//!
+//! ```text
+//! bus ─► Subscription (capacity = buffer; full → dropped, counted on it)
+//!          └─► feeder thread: recv, batch ≤ 256 ─► channel (4 batches) ─► publish task
+//!                                                  window of unconfirmed messages (≤ window)
+//!                                                  core: PUB…, then an echo marker; the echo
+//!                                                        coming back confirms what preceded it
+//!                                                  JetStream: one ack per message (in order)
+//!                                                  reconnect (or a failed ack): send the
+//!                                                        whole window again, same ids
+//! ```
+//!
+//! Invariants: a message is counted once, when it settles — `published` (confirmed),
+//! `failed` (refused for good by the server) or `dropped_shutdown` (the deadline passed) —
+//! and until then it is `buffered`; the subscription counts what it could not hold as
+//! `dropped`. Order: messages are sent, and sent again, in the order the bus gave them, on one
+//! connection, so a subscriber sees each emitter's events in order (a resend may repeat a
+//! tail it has seen: at-least-once, recognized by `Nats-Msg-Id`).
+
+use super::connect::{ConnState, ConnectError, NatsOptions, runtime};
+use super::wire;
+use super::{PublishStats, wire::instance_id};
+use crate::bus::{Bus, Message, RecvTimeoutError, Subscription};
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// Default of [`PublishOptions::buffer`].
+pub const DEFAULT_BUFFER: usize = 65_536;
+/// Default of [`PublishOptions::window`].
+pub const DEFAULT_WINDOW: usize = 4_096;
+/// Messages the feeder hands over at once.
+const BATCH: usize = 256;
+/// How long a stream the publisher creates keeps messages.
+const STREAM_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// What [`Publisher`] publishes, and where.
+#[derive(Clone, Debug)]
+pub struct PublishOptions {
+    nats: NatsOptions,
+    pattern: String,
+    prefix: Option<String>,
+    stream: Option<String>,
+    buffer: usize,
+    window: usize,
+}
+
+impl PublishOptions {
+    /// Publishes `prx.lifecycle.*` with core NATS to `nats`.
+    pub fn new(nats: NatsOptions) -> PublishOptions {
+        PublishOptions {
+            nats,
+            pattern: "prx.lifecycle.*".into(),
+            prefix: None,
+            stream: None,
+            buffer: DEFAULT_BUFFER,
+            window: DEFAULT_WINDOW,
+        }
+    }
+
+    /// Which bus messages are published, in the bus's pattern syntax (an exact topic, a
+    /// prefix ending in `.*` matching any depth below it, or `*`) — not NATS's.
+    pub fn pattern(mut self, pattern: impl Into<String>) -> PublishOptions {
+        self.pattern = pattern.into();
+        self
+    }
+
+    /// Subjects become `<prefix>.<topic>` (`fleet.prx.lifecycle.tool_call`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> PublishOptions {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// Publish to this JetStream stream and wait for its acks (at-least-once). The stream is
+    /// created (file storage, messages kept 24 h, 2-minute duplicate window) if it does not
+    /// exist; an existing one is used as it is.
+    pub fn stream(mut self, name: impl Into<String>) -> PublishOptions {
+        self.stream = Some(name.into());
+        self
+    }
+
+    /// Messages held while the server is unreachable or slow (default 65,536); beyond that
+    /// they are dropped and counted.
+    pub fn buffer(mut self, messages: usize) -> PublishOptions {
+        self.buffer = messages.max(1);
+        self
+    }
+
+    /// Messages sent but not yet confirmed at once (default 4,096).
+    pub fn window(mut self, messages: usize) -> PublishOptions {
+        self.window = messages.max(1);
+        self
+    }
+
+    /// The NATS filter of every subject this publishes to (`prx.lifecycle.>`).
+    pub fn subjects(&self) -> String {
+        wire::pattern_filter(self.prefix.as_deref(), &self.pattern)
+    }
+
+    pub fn nats(&self) -> &NatsOptions {
+        &self.nats
+    }
+
+    pub(crate) fn check(&self) -> Result<(), ConnectError> {
+        crate::bus::check_pattern(&self.pattern).map_err(|reason| ConnectError::Invalid {
+            what: "NATS publish pattern (the bus's syntax: a topic, PREFIX.* or *)",
+            reason: format!("{:?}: {reason}", self.pattern),
+        })?;
+        if let Some(p) = &self.prefix {
+            wire::check_prefix(p).map_err(|reason| ConnectError::Invalid {
+                what: "NATS subject prefix",
+                reason: format!("{p:?}: {reason}"),
+            })?;
+        }
+        if let Some(s) = &self.stream {
+            check_name(s, "JetStream stream name")?;
+        }
+        self.nats.check(false)
+    }
+}
+
+/// Stream and consumer names: what JetStream accepts in a subject token.
+pub(crate) fn check_name(name: &str, what: &'static str) -> Result<(), ConnectError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConnectError::Invalid {
+            what,
+            reason: format!("{name:?}: 1 to 64 characters of A-Z a-z 0-9 _ -"),
+        })
+    }
+}
+
+/// The counters both threads update.
+#[derive(Default)]
+struct Counters {
+    taken: AtomicU64,
+    published: AtomicU64,
+    acked: AtomicU64,
+    duplicates: AtomicU64,
+    resent: AtomicU64,
+    failed: AtomicU64,
+    dropped_shutdown: AtomicU64,
+}
+
+impl Counters {
+    fn settled(&self) -> u64 {
+        self.published.load(Ordering::Acquire)
+            + self.failed.load(Ordering::Acquire)
+            + self.dropped_shutdown.load(Ordering::Acquire)
+    }
+}
+
+/// The feeder thread, the runtime and the publish task on it.
+type Threads = (
+    JoinHandle<()>,
+    tokio::runtime::Runtime,
+    tokio::task::JoinHandle<()>,
+);
+
+/// The publishing half of the bridge: a bus subscriber on its own runtime. Made by
+/// [`HooksBuilder::nats_publish`](crate::HooksBuilder::nats_publish) and shut down with the
+/// `Hooks`.
+pub struct Publisher {
+    sub: Arc<Subscription>,
+    counters: Arc<Counters>,
+    state: Arc<ConnState>,
+    server: String,
+    subjects: String,
+    stream: Option<String>,
+    stop: watch::Sender<Option<Instant>>,
+    threads: Mutex<Option<Threads>>,
+}
+
+impl Publisher {
+    pub(crate) fn start(bus: &Bus, opts: PublishOptions) -> Result<Publisher, ConnectError> {
+        opts.check()?;
+        let sub = bus
+            .subscribe_with_capacity(&opts.pattern, opts.buffer)
+            .map_err(|e| ConnectError::Invalid {
+                what: "NATS publish pattern",
+                reason: e.to_string(),
+            })?;
+        let sub = Arc::new(sub);
+        let server = opts.nats.redacted();
+        let state = ConnState::new(format!("NATS publisher ({server})"));
+        // Everything that can be wrong with the options is said now (the task connects).
+        opts.nats
+            .connect_options(ConnState::new(String::new()), "publish", false)?;
+        let rt = runtime("prx-nats-publish")?;
+        let counters = Arc::new(Counters::default());
+        let (batch_tx, batch_rx) = mpsc::channel::<Vec<Message>>(4);
+        let (stop, stop_rx) = watch::channel(None);
+        let task = Task {
+            nats: opts.nats.clone(),
+            jetstream: opts.stream.is_some(),
+            stream: opts.stream.clone(),
+            subjects: opts.subjects(),
+            prefix: opts.prefix.clone(),
+            window_cap: opts.window,
+            counters: counters.clone(),
+            state: state.clone(),
+            next_id: 0,
+            echo_subject: format!("_PRX_HOOKS.echo.{}.{}", instance_id(), unique()),
+            retry_at: None,
+            stream_ready: false,
+        };
+        let handle = rt.spawn(task.run(batch_rx, stop_rx.clone()));
+        let feeder = {
+            let (sub, counters, stop_rx) = (sub.clone(), counters.clone(), stop_rx);
+            std::thread::Builder::new()
+                .name("prx-nats-feed".into())
+                .spawn(move || feed(&sub, &counters, batch_tx, stop_rx))
+                .map_err(ConnectError::Runtime)?
+        };
+        Ok(Publisher {
+            sub,
+            counters,
+            state,
+            server,
+            subjects: opts.subjects(),
+            stream: opts.stream,
+            stop,
+            threads: Mutex::new(Some((feeder, rt, handle))),
+        })
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PublishStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Acquire);
+        // Read what settles last first, so `buffered` is never negative.
+        let settled = c.settled();
+        let taken = get(&c.taken);
+        PublishStats {
+            server: self.server.clone(),
+            subjects: self.subjects.clone(),
+            stream: self.stream.clone(),
+            connected: self.state.is_connected(),
+            offered: self.sub.delivered() + self.sub.dropped(),
+            published: get(&c.published),
+            acked: get(&c.acked),
+            duplicates: get(&c.duplicates),
+            resent: get(&c.resent),
+            failed: get(&c.failed),
+            buffered: self.sub.len() as u64 + taken.saturating_sub(settled),
+            capacity: self.sub.capacity() as u64,
+            dropped: self.sub.dropped(),
+            dropped_shutdown: get(&c.dropped_shutdown),
+            reconnects: self.state.reconnects(),
+        }
+    }
+
+    /// Flushes what the bus still holds for it until `deadline`, then counts the rest as
+    /// `dropped_shutdown` and stops its threads, by `deadline + SHUTDOWN_SLACK`. Call after
+    /// the bus has closed (the `Hooks` does), so nothing more arrives. Idempotent.
+    pub(crate) fn shutdown(&self, deadline: Instant) {
+        let Some((feeder, rt, task)) = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let _ = self.stop.send(Some(deadline));
+        let slack = crate::SHUTDOWN_SLACK / 2;
+        rt.block_on(async {
+            let _ = tokio::time::timeout_at((deadline + slack).into(), task).await;
+        });
+        let _ = feeder.join();
+        rt.shutdown_timeout(slack);
+        // Whatever the task could not settle (it was cut off at the slack) is counted here.
+        let c = &self.counters;
+        let left = c.taken.load(Ordering::Acquire).saturating_sub(c.settled());
+        c.dropped_shutdown.fetch_add(left, Ordering::AcqRel);
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.shutdown(Instant::now());
+    }
+}
+
+/// The feeder thread: bus → batches, until the bus closes (or the task is gone, at the
+/// deadline: what the subscription still holds is then counted as `dropped_shutdown`).
+fn feed(
+    sub: &Subscription,
+    counters: &Counters,
+    tx: mpsc::Sender<Vec<Message>>,
+    stop: watch::Receiver<Option<Instant>>,
+) {
+    loop {
+        let first = match sub.recv_timeout(Duration::from_millis(100)) {
+            Ok(m) => m,
+            Err(RecvTimeoutError::Timeout) => {
+                if tx.is_closed() {
+                    break;
+                }
+                continue;
+            }
+            Err(_) => break,
+        };
+        let mut batch = Vec::with_capacity(BATCH);
+        batch.push(first);
+        batch.extend(sub.try_iter().take(BATCH - 1));
+        let n = batch.len() as u64;
+        counters.taken.fetch_add(n, Ordering::AcqRel);
+        // Blocks while the task is behind (the server is unreachable): the subscription's
+        // queue is the buffer then. Past the deadline the task is gone and this fails.
+        let mut pending = batch;
+        loop {
+            match tx.try_send(pending) {
+                Ok(()) => break,
+                Err(mpsc::error::TrySendError::Full(b)) => {
+                    pending = b;
+                    if stop.borrow().is_some_and(|d| Instant::now() >= d) {
+                        counters.dropped_shutdown.fetch_add(n, Ordering::AcqRel);
+                        return drain_at_shutdown(sub, counters);
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    counters.dropped_shutdown.fetch_add(n, Ordering::AcqRel);
+                    return drain_at_shutdown(sub, counters);
+                }
+            }
+        }
+    }
+}
+
+/// Past the deadline: what the subscription still holds is counted, not sent.
+fn drain_at_shutdown(sub: &Subscription, counters: &Counters) {
+    let n = sub.try_iter().count() as u64;
+    counters.taken.fetch_add(n, Ordering::AcqRel);
+    counters.dropped_shutdown.fetch_add(n, Ordering::AcqRel);
+}
+
+type AckFuture = Pin<
+    Box<
+        dyn Future<
+                Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+            > + Send,
+    >,
+>;
+
+/// One message taken from the bus and not yet confirmed.
+struct Out {
+    subject: String,
+    headers: HeaderMap,
+    payload: Bytes,
+    id: String,
+    /// Sent on the current connection.
+    sent: bool,
+    /// Core NATS: the echo marker sent after it; its return confirms this message.
+    marker: u64,
+    /// JetStream: its ack.
+    ack: Option<AckFuture>,
+}
+
+/// One connection: a client of its own on a runtime of its own. When it is lost the runtime
+/// is shut down with everything the client still held, so nothing sent before can reach the
+/// server after what the next connection sends again (that is what keeps the order).
+struct Conn {
+    rt: Option<tokio::runtime::Runtime>,
+    client: async_nats::Client,
+    js: Option<jetstream::Context>,
+    echo: async_nats::Subscriber,
+    state: Arc<ConnState>,
+}
+
+impl Conn {
+    /// It connected and then lost the connection.
+    fn lost(&self) -> bool {
+        self.state.connects.load(Ordering::Acquire) > 0 && !self.state.is_connected()
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// What one turn of the publish loop saw.
+enum Step {
+    Stop,
+    Tick,
+    Ack(Result<jetstream::publish::PublishAck, jetstream::context::PublishError>),
+    Echo(Option<async_nats::Message>),
+    Batch(Option<Vec<Message>>),
+}
+
+struct Task {
+    nats: NatsOptions,
+    jetstream: bool,
+    stream: Option<String>,
+    subjects: String,
+    prefix: Option<String>,
+    window_cap: usize,
+    counters: Arc<Counters>,
+    /// The publisher's view for stats: `connects` counts connections made.
+    state: Arc<ConnState>,
+    next_id: u64,
+    echo_subject: String,
+    /// After a failed ack: no sending again before this (a missing stream answers at once).
+    retry_at: Option<Instant>,
+    stream_ready: bool,
+}
+
+impl Task {
+    async fn run(
+        mut self,
+        mut batches: mpsc::Receiver<Vec<Message>>,
+        mut stop: watch::Receiver<Option<Instant>>,
+    ) {
+        let mut window: VecDeque<Out> = VecDeque::new();
+        let mut marker = 0u64;
+        let mut input_open = true;
+        let mut conn: Option<Conn> = None;
+        loop {
+            let deadline = *stop.borrow_and_update();
+            if deadline.is_some_and(|d| Instant::now() >= d) || (!input_open && window.is_empty()) {
+                break;
+            }
+            if conn.as_ref().is_none_or(Conn::lost) {
+                if conn.take().is_some() {
+                    self.state.connected.store(false, Ordering::Release);
+                    for o in window.iter_mut() {
+                        o.sent = false;
+                        o.ack = None;
+                    }
+                }
+                let Some(c) = self.connect(&mut stop).await else {
+                    break;
+                };
+                let n = self.state.connects.fetch_add(1, Ordering::AcqRel);
+                self.state.connected.store(true, Ordering::Release);
+                if n > 0 {
+                    tracing::info!(
+                        "NATS publisher: connected again; sending {} unconfirmed message(s) again",
+                        window.len()
+                    );
+                    self.counters
+                        .resent
+                        .fetch_add(window.len() as u64, Ordering::AcqRel);
+                }
+                self.transmit(&c, &mut window, 0, &mut marker).await;
+                conn = Some(c);
+                continue;
+            }
+            let c = conn.as_mut().expect("connected above");
+            // After a failed ack on a live connection: what was not confirmed, again.
+            if window.front().is_some_and(|o| !o.sent)
+                && self.retry_at.is_none_or(|t| Instant::now() >= t)
+            {
+                self.retry_at = None;
+                let n = window.len() as u64;
+                self.counters.resent.fetch_add(n, Ordering::AcqRel);
+                self.transmit(c, &mut window, 0, &mut marker).await;
+                continue;
+            }
+            let room = window.len() < self.window_cap;
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            let until = deadline.map_or(far, tokio::time::Instant::from);
+            let mut front_ack = window.front_mut().and_then(|o| o.ack.take());
+            let has_ack = front_ack.is_some();
+            let waiting = !window.is_empty();
+            let jetstream = c.js.is_some();
+            let step = tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(until) => Step::Stop,
+                _ = stop.changed() => Step::Tick,
+                r = async { front_ack.as_mut().expect("guarded by has_ack").await }, if has_ack => Step::Ack(r),
+                m = futures_util::StreamExt::next(&mut c.echo), if !jetstream && waiting => Step::Echo(m),
+                b = batches.recv(), if room && input_open => Step::Batch(b),
+                // Notice a lost connection while waiting for echoes or acks that will not come.
+                _ = tokio::time::sleep(Duration::from_millis(50)), if waiting => Step::Tick,
+            };
+            match step {
+                Step::Ack(r) => self.settle_ack(r, &mut window),
+                step => {
+                    if let (Some(f), Some(o)) = (front_ack, window.front_mut()) {
+                        o.ack = Some(f);
+                    }
+                    match step {
+                        Step::Stop => break,
+                        Step::Echo(Some(m)) => {
+                            let n = std::str::from_utf8(&m.payload)
+                                .ok()
+                                .and_then(|s| s.parse::<u64>().ok());
+                            while let Some(n) = n
+                                && window.front().is_some_and(|o| o.sent && o.marker <= n)
+                            {
+                                window.pop_front();
+                                self.counters.published.fetch_add(1, Ordering::AcqRel);
+                            }
+                        }
+                        Step::Batch(Some(batch)) => {
+                            let from = window.len();
+                            self.take_batch(batch, &mut window);
+                            let c = conn.as_ref().expect("connected above");
+                            self.transmit(c, &mut window, from, &mut marker).await;
+                        }
+                        Step::Batch(None) => input_open = false,
+                        Step::Echo(None) | Step::Tick | Step::Ack(_) => {}
+                    }
+                }
+            }
+        }
+        drop(conn);
+        // The deadline: what is unconfirmed is counted (the feeder counts what it still had).
+        let c = &self.counters;
+        c.dropped_shutdown
+            .fetch_add(window.len() as u64, Ordering::AcqRel);
+        batches.close();
+        while let Ok(b) = batches.try_recv() {
+            c.dropped_shutdown
+                .fetch_add(b.len() as u64, Ordering::AcqRel);
+        }
+    }
+
+    /// A new connection (and, the first time with JetStream, the stream), retried with a
+    /// backoff from 10 ms to 1 s; `None` when the shutdown deadline passes first.
+    async fn connect(&mut self, stop: &mut watch::Receiver<Option<Instant>>) -> Option<Conn> {
+        let mut backoff = Duration::ZERO;
+        let mut said = false;
+        loop {
+            let deadline = *stop.borrow_and_update();
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
+            match self.try_connect().await {
+                Ok(c) => {
+                    if let (Some(js), false) = (&c.js, self.stream_ready) {
+                        self.stream_ready = self.ensure_stream(js, &c, stop).await;
+                    }
+                    return Some(c);
+                }
+                Err(e) => {
+                    if !said {
+                        said = true;
+                        tracing::debug!("NATS publisher: cannot connect: {e}; retrying");
+                    }
+                }
+            }
+            backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            let until = deadline.map_or(far, tokio::time::Instant::from);
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep_until(until) => return None,
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    async fn try_connect(&self) -> Result<Conn, String> {
+        let state = ConnState::new(format!("NATS publisher ({})", self.nats.redacted()));
+        let (opts, addrs) = self
+            .nats
+            .connect_options(state.clone(), "publish", false)
+            .map_err(|e| e.to_string())?;
+        // Never blocks a publish: at most the window and a marker per message are pending.
+        let capacity = 2 * self.window_cap + 64;
+        let opts = opts.client_capacity(capacity);
+        let rt = runtime("prx-nats-conn").map_err(|e| e.to_string())?;
+        let (jetstream, echo_subject) = (self.jetstream, self.echo_subject.clone());
+        let made = rt.spawn(async move {
+            let client = opts.connect(addrs).await.map_err(|e| e.to_string())?;
+            let js = jetstream.then(|| {
+                jetstream::ContextBuilder::new()
+                    .ack_timeout(Duration::from_secs(5))
+                    .max_ack_inflight(capacity)
+                    .build(client.clone())
+            });
+            let echo = client
+                .subscribe(echo_subject)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((client, js, echo))
+        });
+        match made.await {
+            Ok(Ok((client, js, echo))) => Ok(Conn {
+                rt: Some(rt),
+                client,
+                js,
+                echo,
+                state,
+            }),
+            Ok(Err(e)) => {
+                rt.shutdown_background();
+                Err(e)
+            }
+            Err(e) => {
+                rt.shutdown_background();
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Creates the stream if it does not exist; true once it does (or another stream holds
+    /// the subjects: the acks will say).
+    async fn ensure_stream(
+        &self,
+        js: &jetstream::Context,
+        conn: &Conn,
+        stop: &mut watch::Receiver<Option<Instant>>,
+    ) -> bool {
+        let Some(name) = &self.stream else {
+            return true;
+        };
+        let config = jetstream::stream::Config {
+            name: name.to_string(),
+            subjects: vec![self.subjects.clone()],
+            storage: jetstream::stream::StorageType::File,
+            max_age: STREAM_MAX_AGE,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        };
+        let mut said = false;
+        loop {
+            match js.get_or_create_stream(config.clone()).await {
+                Ok(_) => return true,
+                // The server said no (another stream holds these subjects, a limit…): publish
+                // anyway; the acks say which stream stores them, or why not.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        jetstream::context::CreateStreamErrorKind::JetStream(_)
+                    ) =>
+                {
+                    tracing::warn!(
+                        "NATS publisher: JetStream stream {name:?} for {}: {e}; publishing without creating it",
+                        self.subjects
+                    );
+                    return true;
+                }
+                Err(e) => {
+                    if !said {
+                        said = true;
+                        tracing::warn!(
+                            "NATS publisher: JetStream stream {name:?} for {}: {e}; retrying",
+                            self.subjects
+                        );
+                    }
+                    if stop.borrow().is_some() || conn.lost() {
+                        return false;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn take_batch(&mut self, batch: Vec<Message>, window: &mut VecDeque<Out>) {
+        for msg in batch {
+            let id = wire::message_id(instance_id(), self.next_id);
+            self.next_id += 1;
+            window.push_back(Out {
+                subject: wire::subject(self.prefix.as_deref(), msg.topic()),
+                headers: headers(&msg, &id),
+                payload: Bytes::copy_from_slice(msg.json()),
+                id,
+                sent: false,
+                marker: 0,
+                ack: None,
+            });
+        }
+    }
+
+    /// Sends the window from `from` on (in order), then (core NATS) one echo marker.
+    async fn transmit(&self, c: &Conn, window: &mut VecDeque<Out>, from: usize, marker: &mut u64) {
+        if from >= window.len() {
+            return;
+        }
+        *marker += 1;
+        let mut refused = Vec::new();
+        for (i, o) in window.iter_mut().enumerate().skip(from) {
+            o.marker = *marker;
+            o.sent = true;
+            let sent = match &c.js {
+                Some(js) => {
+                    let publish = jetstream::message::PublishMessage::build()
+                        .payload(o.payload.clone())
+                        .headers(o.headers.clone())
+                        .message_id(&o.id);
+                    js.send_publish(o.subject.clone(), publish)
+                        .await
+                        .map(|ack| o.ack = Some(ack.into_future()))
+                        .map_err(|e| {
+                            (
+                                e.kind()
+                                    == jetstream::context::PublishErrorKind::MaxPayloadExceeded,
+                                e.to_string(),
+                            )
+                        })
+                }
+                None => c
+                    .client
+                    .publish_with_headers(o.subject.clone(), o.headers.clone(), o.payload.clone())
+                    .await
+                    .map_err(|e| (true, e.to_string())),
+            };
+            match sent {
+                Ok(()) => {}
+                // Too large for the server: never retried.
+                Err((true, why)) => refused.push((i, why)),
+                Err((false, why)) => {
+                    tracing::debug!("NATS publisher: {}: {why}; sending again", o.id);
+                    o.sent = false;
+                }
+            }
+        }
+        if c.js.is_none() {
+            // The marker's subject is this publisher's alone; its return means the server
+            // processed everything above (a connection's messages are processed in order).
+            let n = Bytes::from(marker.to_string());
+            let _ = c.client.publish(self.echo_subject.clone(), n).await;
+        }
+        for (i, why) in refused.into_iter().rev() {
+            if let Some(o) = window.remove(i) {
+                tracing::warn!("NATS publisher: {} ({}) refused: {why}", o.subject, o.id);
+            }
+            self.counters.failed.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    fn settle_ack(
+        &mut self,
+        ack: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+        window: &mut VecDeque<Out>,
+    ) {
+        use jetstream::context::PublishErrorKind as K;
+        match ack {
+            Ok(ack) => {
+                window.pop_front();
+                let c = &self.counters;
+                c.published.fetch_add(1, Ordering::AcqRel);
+                c.acked.fetch_add(1, Ordering::AcqRel);
+                if ack.duplicate {
+                    c.duplicates.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    K::TimedOut | K::BrokenPipe | K::StreamNotFound | K::MaxAckPending
+                ) =>
+            {
+                // Not stored, or not known to be: everything unconfirmed goes again (on this
+                // connection after a pause, or on the next), with the same ids.
+                tracing::debug!(
+                    "NATS publisher: ack of {} failed: {e}; sending again",
+                    window.front().map_or("?", |o| o.id.as_str())
+                );
+                for o in window.iter_mut() {
+                    o.sent = false;
+                    o.ack = None;
+                }
+                self.retry_at = Some(Instant::now() + Duration::from_millis(250));
+            }
+            Err(e) => {
+                if let Some(o) = window.pop_front() {
+                    tracing::warn!(
+                        "NATS publisher: {} ({}) refused by the stream: {e}",
+                        o.subject,
+                        o.id
+                    );
+                }
+                self.counters.failed.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// A number no other publisher of this process uses (the echo subject).
+fn unique() -> u64 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The headers of one message (README.md § NATS, "Wire format").
+fn headers(msg: &Message, id: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(kind) = msg.event() {
+        h.insert(wire::EVENT, kind.name());
+    }
+    if !msg.agent().is_empty() {
+        h.insert(wire::AGENT, wire::encode_value(msg.agent()).into_owned());
+    }
+    if !msg.session().is_empty() {
+        h.insert(
+            wire::SESSION,
+            wire::encode_value(msg.session()).into_owned(),
+        );
+    }
+    h.insert(wire::SEQ, msg.seq().to_string());
+    h.insert(wire::TIMESTAMP, msg.timestamp_rfc3339());
+    h.insert(wire::ORIGIN, instance_id());
+    h.insert(wire::MSG_ID, id);
+    h
+}

@@ -1,0 +1,333 @@
+//! The wire format (README.md § NATS, "Wire format"): subjects, headers, message ids, and the
+//! checks the consumer makes before a header value becomes a hook's environment variable.
+//!
+//! * subject: the bus topic, after an optional prefix (`fleet.prx.lifecycle.tool_call`);
+//! * body: the payload JSON exactly as on the bus ([`Message::json`](crate::Message::json));
+//! * headers: `Prx-Event`, `Prx-Agent`, `Prx-Session`, `Prx-Seq`, `Prx-Timestamp` (RFC 3339,
+//!   UTC, microseconds), `Prx-Origin` (the publishing process's instance id) and
+//!   `Nats-Msg-Id` = `<instance>-<n>`: 16 random hex digits drawn once per process, then the
+//!   publisher's own counter. Unique per event, the same on every retry, and different after a
+//!   restart — so JetStream's duplicate window never swallows a new process's events.
+//!
+//! Header values cannot hold CR or LF (they would end the header), so the publisher
+//! percent-encodes `%`, every control character and a leading or trailing space; the
+//! consumer decodes them and then refuses control characters (NUL included) and values over
+//! [`MAX_HEADER_VALUE`] bytes.
+
+use crate::event::EventKind;
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+pub const EVENT: &str = "Prx-Event";
+pub const AGENT: &str = "Prx-Agent";
+pub const SESSION: &str = "Prx-Session";
+pub const SEQ: &str = "Prx-Seq";
+pub const TIMESTAMP: &str = "Prx-Timestamp";
+pub const ORIGIN: &str = "Prx-Origin";
+pub const MSG_ID: &str = "Nats-Msg-Id";
+
+/// Longest agent or session a consumer accepts from a header (bytes, after decoding).
+pub const MAX_HEADER_VALUE: usize = 256;
+
+/// The agent and session of a consumed message that has no `Prx-Agent` / `Prx-Session`.
+pub const DEFAULT_AGENT: &str = "nats";
+pub const DEFAULT_SESSION: &str = "nats";
+
+/// The subjects every lifecycle event is published under (before a prefix).
+pub const LIFECYCLE_SUBJECTS: &str = "prx.lifecycle.>";
+
+/// This process's instance id: 16 lowercase hex digits from getrandom, drawn on first use.
+/// Every publisher of the process puts it in `Prx-Origin` and in its message ids; every
+/// consumer skips messages that carry it (a process never consumes what it published).
+pub fn instance_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        if getrandom::fill(&mut bytes).is_err() {
+            // No entropy source (never on Linux ≥ 3.17): time and pid still differ per run.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            bytes = (t ^ ((std::process::id() as u64) << 40)).to_le_bytes();
+        }
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    })
+}
+
+/// `<instance>-<n>`.
+pub fn message_id(instance: &str, n: u64) -> String {
+    format!("{instance}-{n}")
+}
+
+/// A header value as the publisher writes it: `%`, control characters and a leading or
+/// trailing space percent-encoded, everything else (UTF-8 included) as is.
+pub fn encode_value(value: &str) -> Cow<'_, str> {
+    let last = value.len().saturating_sub(1);
+    let needs = |i: usize, b: u8| {
+        b < 0x20 || b == 0x7f || b == b'%' || (b == b' ' && (i == 0 || i == last))
+    };
+    if !value.bytes().enumerate().any(|(i, b)| needs(i, b)) {
+        return Cow::Borrowed(value);
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for (i, c) in value.char_indices() {
+        if c.is_ascii() && needs(i, c as u8) {
+            out.push_str(&format!("%{:02X}", c as u8));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Decodes `%XX` (a `%` not followed by two hex digits is kept as is).
+pub fn decode_value(value: &str) -> Cow<'_, str> {
+    if !value.contains('%') {
+        return Cow::Borrowed(value);
+    }
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Checks a decoded agent or session before it becomes `ZERO_HOOK_AGENT` / `…_SESSION`:
+/// not empty, at most [`MAX_HEADER_VALUE`] bytes, no control character (NUL, CR, LF, ESC…),
+/// no U+FFFD (what invalid UTF-8 decodes to). The reason says what is wrong.
+pub fn check_identity(name: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{name} is empty"));
+    }
+    if value.len() > MAX_HEADER_VALUE {
+        return Err(format!(
+            "{name} is {} bytes; the limit is {MAX_HEADER_VALUE}",
+            value.len()
+        ));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_control() || *c == '\u{fffd}') {
+        return Err(format!(
+            "{name} holds {}",
+            match c {
+                '\0' => "a NUL byte".to_string(),
+                '\u{fffd}' => "invalid UTF-8".to_string(),
+                c => format!("the control character {:?}", c),
+            }
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a subject prefix (`fleet`, `eu.fleet-7`): dot-separated tokens of `A-Z a-z 0-9 _ -`.
+pub fn check_prefix(prefix: &str) -> Result<(), String> {
+    check_tokens(prefix, false)
+}
+
+/// Checks a NATS subject filter (`prx.lifecycle.>`, `*.prx.lifecycle.tool_call`): tokens of
+/// `A-Z a-z 0-9 _ -`, or `*`, or a final `>`.
+pub fn check_filter(filter: &str) -> Result<(), String> {
+    check_tokens(filter, true)
+}
+
+fn check_tokens(s: &str, wildcards: bool) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("it is empty".into());
+    }
+    if s.len() > 256 {
+        return Err(format!("it is {} bytes; the limit is 256", s.len()));
+    }
+    let n = s.split('.').count();
+    for (i, token) in s.split('.').enumerate() {
+        if token.is_empty() {
+            return Err(format!("token {} is empty", i + 1));
+        }
+        if wildcards && (token == "*" || (token == ">" && i + 1 == n)) {
+            continue;
+        }
+        if token == ">" {
+            return Err(if wildcards {
+                "\">\" may only be the last token".into()
+            } else {
+                "wildcards are not allowed here".into()
+            });
+        }
+        if let Some(c) = token
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+        {
+            return Err(format!("character {c:?} is not allowed"));
+        }
+    }
+    Ok(())
+}
+
+/// The subject a bus topic is published under.
+pub fn subject(prefix: Option<&str>, topic: &str) -> String {
+    match prefix {
+        Some(p) => format!("{p}.{topic}"),
+        None => topic.to_string(),
+    }
+}
+
+/// The NATS filter matching every subject a bus pattern publishes to: `*` → `>`,
+/// `prx.lifecycle.*` → `prx.lifecycle.>` (a bus prefix pattern matches any depth), an exact
+/// topic → itself; under the prefix.
+pub fn pattern_filter(prefix: Option<&str>, pattern: &str) -> String {
+    let filter = match pattern {
+        "*" => ">".to_string(),
+        p => match p.strip_suffix(".*") {
+            Some(stem) => format!("{stem}.>"),
+            None => p.to_string(),
+        },
+    };
+    subject(prefix, &filter)
+}
+
+/// Whether some subject matches both NATS filters.
+pub fn filters_overlap(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.split('.'), b.split('.'));
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return true,
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(x), Some(y)) if x == "*" || y == "*" || x == y => continue,
+            _ => return false,
+        }
+    }
+}
+
+/// The lifecycle event a subject carries: its last three tokens are `prx.lifecycle.<event>`.
+pub fn event_of_subject(subject: &str) -> Option<EventKind> {
+    let mut tokens = subject.rsplit('.');
+    let event = tokens.next()?;
+    (tokens.next()? == "lifecycle" && tokens.next()? == "prx")
+        .then(|| EventKind::from_name(event))
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_and_never_hold_cr_or_lf() {
+        for v in [
+            "agent-7",
+            "é ü ✓",
+            "a\r\nPrx-Agent: forged",
+            "100%",
+            " padded ",
+            "tab\there",
+            "nul\0",
+            "%zz",
+            "%",
+        ] {
+            let enc = encode_value(v);
+            assert!(!enc.contains(['\r', '\n', '\0']), "{enc:?}");
+            assert!(!enc.starts_with(' ') && !enc.ends_with(' '), "{enc:?}");
+            assert_eq!(decode_value(&enc), v, "{v:?} → {enc:?}");
+        }
+        assert_eq!(encode_value("plain"), Cow::Borrowed("plain"));
+    }
+
+    #[test]
+    fn identities_are_checked() {
+        assert!(check_identity("agent", "build-bot é").is_ok());
+        for (v, why) in [
+            ("", "empty"),
+            ("a\0b", "NUL"),
+            ("a\nb", "control"),
+            ("a\u{1b}[31m", "control"),
+            ("bad \u{fffd}", "UTF-8"),
+        ] {
+            let e = check_identity("agent", v).unwrap_err();
+            assert!(e.contains(why), "{v:?}: {e}");
+        }
+        let long = "x".repeat(MAX_HEADER_VALUE + 1);
+        assert!(
+            check_identity("agent", &long)
+                .unwrap_err()
+                .contains("257 bytes")
+        );
+        // A decoded value is what is checked: an encoded NUL is refused too.
+        assert!(check_identity("agent", &decode_value("a%00b")).is_err());
+    }
+
+    #[test]
+    fn filters_and_overlap() {
+        assert_eq!(pattern_filter(None, "prx.lifecycle.*"), "prx.lifecycle.>");
+        assert_eq!(pattern_filter(Some("eu"), "*"), "eu.>");
+        assert_eq!(
+            pattern_filter(Some("eu"), "prx.lifecycle.tool_call"),
+            "eu.prx.lifecycle.tool_call"
+        );
+        let yes = [
+            ("prx.lifecycle.>", "prx.lifecycle.>"),
+            ("prx.lifecycle.>", "prx.lifecycle.tool_call"),
+            ("*.prx.lifecycle.>", "eu.prx.lifecycle.error"),
+            (">", "anything.at.all"),
+            ("prx.*.tool_call", "prx.lifecycle.>"),
+        ];
+        for (a, b) in yes {
+            assert!(filters_overlap(a, b) && filters_overlap(b, a), "{a} {b}");
+        }
+        let no = [
+            ("prx.lifecycle.>", "eu.prx.lifecycle.>"),
+            ("prx.lifecycle.>", "prx.lifecycle"),
+            ("prx.lifecycle.error", "prx.lifecycle.tool_call"),
+            ("a.*", "a.b.c"),
+        ];
+        for (a, b) in no {
+            assert!(!filters_overlap(a, b) && !filters_overlap(b, a), "{a} {b}");
+        }
+    }
+
+    #[test]
+    fn subjects_name_their_event() {
+        assert_eq!(
+            event_of_subject("prx.lifecycle.tool_call"),
+            Some(EventKind::ToolCall)
+        );
+        assert_eq!(
+            event_of_subject("eu.fleet.prx.lifecycle.error"),
+            Some(EventKind::Error)
+        );
+        for s in [
+            "prx.lifecycle.nope",
+            "lifecycle.error",
+            "error",
+            "x.lifecycle.error",
+        ] {
+            assert_eq!(event_of_subject(s), None, "{s}");
+        }
+        assert!(check_filter("prx.lifecycle.>").is_ok());
+        assert!(check_filter("*.prx.lifecycle.*").is_ok());
+        assert!(check_filter("prx.>.x").is_err());
+        assert!(check_filter("prx..x").is_err());
+        assert!(check_prefix("eu.fleet-1").is_ok());
+        assert!(check_prefix("eu.*").is_err());
+        assert!(check_prefix("a b").is_err());
+    }
+
+    #[test]
+    fn instance_ids_are_16_hex_digits() {
+        let id = instance_id();
+        assert_eq!(id.len(), 16);
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(instance_id(), id);
+        assert_eq!(message_id(id, 42), format!("{id}-42"));
+    }
+}

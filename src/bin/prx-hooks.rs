@@ -3,6 +3,10 @@
 //! README.md § `prx-hooks` command line is the contract for flags and output: data (bus messages, bench results) goes
 //! to stdout; logs, line errors and stats go to stderr.
 
+#[cfg(feature = "http")]
+#[path = "prx-hooks/tail.rs"]
+mod tail;
+
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::signal::{SigSet, Signal};
@@ -52,6 +56,9 @@ enum Command {
     Validate(ValidateArgs),
     /// Run every hook for EVENT once, wait, and print one line per outcome.
     Fire(FireArgs),
+    /// Follow a running server's live stream: one line per event and per hook run.
+    #[cfg(feature = "http")]
+    Tail(tail::TailArgs),
 }
 
 #[derive(Args)]
@@ -190,6 +197,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench(args),
         Command::Validate(args) => validate(args),
         Command::Fire(args) => fire(args),
+        #[cfg(feature = "http")]
+        Command::Tail(args) => tail::tail(args),
     };
     match result {
         Ok(code) => code,
@@ -218,6 +227,8 @@ fn log_filter(v: &Verbosity, command: &Command) -> tracing_subscriber::EnvFilter
     EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(match command {
             Command::Fire(_) => "warn",
+            #[cfg(feature = "http")]
+            Command::Tail(_) => "warn",
             _ => "info",
         })
     })

@@ -389,6 +389,18 @@ fn tail_finds_a_unix_socket_server_from_the_workspace_and_follows_it_across_rest
 }
 
 #[test]
+fn tail_last_shows_what_run_did_before_tail_connected() {
+    let ws = workspace(r#"{"hooks": {"error": [{"id": "errs", "command": "/bin/true"}]}}"#);
+    let mut run = Proc::run(ws.path(), "127.0.0.1:0");
+    run.emit(&tool_call("before anyone watched"));
+    run.emit(r#"{"event":"error","agent":"coder","session":"demo-1","payload":{"component":"tool","message":"boom"}}"#);
+    run.out_line("prx.lifecycle.error");
+    let mut tail = Proc::tail(ws.path(), &["--runs", "--last", "10", "--color", "never"]);
+    tail.out_line("before anyone watched");
+    tail.out_line("hook errs (error)  ok");
+}
+
+#[test]
 fn tail_exit_codes() {
     let ws = workspace(r#"{"hooks": {}}"#);
     // No server, and told to give up: 1.

@@ -433,6 +433,11 @@ fn tail_exit_codes() {
         err.join("\n").contains("401 Unauthorized: wrong token"),
         "{err:?}"
     );
+    // A token file others can read is refused before anything is sent: 2.
+    std::fs::set_permissions(&bad, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let (code, _, err) = Proc::tail(ws.path(), &["--token-file", bad.to_str().unwrap()]).exit();
+    assert_eq!(code, 2);
+    assert!(err.join("\n").contains("chmod 600"), "{err:?}");
     // The reader goes away: 0.
     let mut tail = Proc::tail(ws.path(), &["--json"]);
     tail.err_line("following");

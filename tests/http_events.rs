@@ -441,11 +441,9 @@ fn last_event_id_resumes_from_the_backlog_and_says_when_it_cannot() {
     );
     assert_eq!(gap["last_event_id"], "00000000deadbeef-5");
     assert_eq!(gap["instance"], instance);
-    assert_eq!(
-        replay.len(),
-        1,
-        "nothing of ours is older than another instance's event"
-    );
+    // Everything this instance holds came after it: all of the backlog (8 items) follows.
+    assert_eq!(replay.len(), 1 + 8, "{replay:?}");
+    assert_eq!(gap["first_available"], format!("{instance}-11"));
     // An id of ours we never sent.
     let (_, replay, _) = api.stream("", &[("Last-Event-ID", &format!("{instance}-999"))]);
     assert_eq!(replay[0].json()["reason"], "unknown_id");
@@ -719,4 +717,57 @@ fn with_record_always_a_late_client_gets_what_happened_before_it_connected() {
     assert_eq!(replay.len(), 1, "{replay:?}");
     assert_eq!(replay[0].json()["payload"]["output"], "early");
     assert_eq!(ready.json()["replayed"], 1);
+}
+
+#[test]
+fn a_stalled_clients_queue_is_bounded_in_bytes_not_only_in_frames() {
+    // 4,096 frames of room, but 256 KiB: 200 events of 200 KB cannot all wait for a client
+    // that reads nothing (its socket holds a few MB at most).
+    let api = Api::start(None, |o| {
+        o.idle_timeout(Duration::from_secs(120)).events(
+            EventStreamOptions::default()
+                .queue(4096)
+                .queue_bytes(256 << 10),
+        )
+    });
+    let auth = format!("Bearer {TOKEN}");
+    let conn = sse::small_buffer_conn(api.addr(), 4096);
+    let mut stalled = Sse::over(
+        Box::new(conn),
+        &api.addr().to_string(),
+        "/api/events?kinds=bus",
+        &[("Authorization", &auth)],
+    );
+    assert_eq!(stalled.status, 200);
+    stalled.until("ready");
+    let big = "z".repeat(200_000);
+    let em = api.hooks.emitter("coder", "demo-1");
+    for _ in 0..200 {
+        while em.emit(Event::ToolCall {
+            tool: "shell",
+            success: true,
+            output: &big,
+        }) != Emit::Queued
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    wait_for("the hub to hand everything over", || {
+        api.event_stats()["items"].as_u64() == Some(200)
+    });
+    let lost = api.event_stats()["dropped_client"].as_u64().unwrap();
+    assert!(
+        lost >= 100,
+        "only {lost} of 200 frames of 200 KB lost: the queue held the rest"
+    );
+    // What it does read adds up: frames received + announced losses = 200.
+    let (mut got, mut told) = (0, 0);
+    while got + told < 200 {
+        let e = stalled.event().unwrap();
+        match e.event.as_str() {
+            "dropped" => told += e.json()["count"].as_u64().unwrap(),
+            _ => got += 1,
+        }
+    }
+    assert_eq!(told, lost);
 }

@@ -44,7 +44,8 @@ pub mod token;
 
 pub use events::{
     DEFAULT_BACKLOG, DEFAULT_BACKLOG_BYTES, DEFAULT_KEEPALIVE, DEFAULT_LINGER, DEFAULT_MAX_STREAMS,
-    DEFAULT_STREAM_QUEUE, EventStreamOptions, EventStreamStats, PLUGIN_INTERVAL, RESERVED_NAMES,
+    DEFAULT_STREAM_QUEUE, DEFAULT_STREAM_QUEUE_BYTES, EventStreamOptions, EventStreamStats,
+    PLUGIN_INTERVAL, RESERVED_NAMES,
 };
 pub use server::{HttpStats, Listen, Server};
 pub use token::{Token, TokenError, TokenSource};

@@ -255,7 +255,7 @@ fn produce(hooks: &Hooks, n: u64) {
     }
 }
 
-/// Waits until `done` says every event arrived, or nothing moved for a second.
+/// Waits until `done` says every event arrived, or nothing moved for 3 s.
 fn settle(mut progress: impl FnMut() -> (u64, bool)) -> Instant {
     let mut last = (0, Instant::now());
     loop {
@@ -265,7 +265,7 @@ fn settle(mut progress: impl FnMut() -> (u64, bool)) -> Instant {
         }
         if count != last.0 {
             last = (count, Instant::now());
-        } else if last.1.elapsed() > Duration::from_secs(1) {
+        } else if last.1.elapsed() > Duration::from_secs(3) {
             return last.1;
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -326,12 +326,13 @@ fn delivery(n: u64) {
         let per_client = got.iter().sum::<u64>() as f64 / k as f64 / secs;
         println!(
             "  {k:>2} SSE client(s): {:>10.0} events/s per client, {:>10.0} frames/s in all; \
-             received {} of {} ({lost} lost, told; server: {} lost by slow clients, {} by the \
-             stream itself)",
+             received {} of {} ({lost} lost, told; unaccounted {}; server: {} lost by slow \
+             clients, {} by the stream itself)",
             per_client,
             per_client * k as f64,
             got.iter().sum::<u64>(),
             n * k as u64,
+            (n * k as u64).saturating_sub(got.iter().sum::<u64>() + lost),
             stats.dropped_client,
             stats.dropped_server
         );

@@ -199,7 +199,8 @@ pub struct EventStreamStats {
     pub items: u64,
     /// Frames handed to clients' queues.
     pub delivered: u64,
-    /// Frames a client lost because its queue was full (it read too slowly).
+    /// Messages a client missed because its queue was full (it read too slowly): one per
+    /// frame lost, and for a lost `server_queue_full` notice the messages it stood for.
     pub dropped_client: u64,
     /// Bus messages and runs the hub itself lost (its own queues were full): every client
     /// missed them.
@@ -227,7 +228,18 @@ enum What {
     Run,
     Plugin,
     /// The hub lost this many items of a kind before numbering them.
-    Lost(Source),
+    Lost(Source, u64),
+}
+
+impl What {
+    /// How many messages a client misses when it loses this item's frame: one, or for the
+    /// hub's own loss notice, the messages it stands for (so a client's counts still add up).
+    fn weight(&self) -> u64 {
+        match self {
+            What::Lost(_, n) => *n,
+            _ => 1,
+        }
+    }
 }
 
 enum Topic {
@@ -262,8 +274,8 @@ impl Filter {
             }),
             What::Run => self.runs,
             What::Plugin => self.plugins,
-            What::Lost(Source::Bus) => self.bus.is_some(),
-            What::Lost(Source::Runs) => self.runs,
+            What::Lost(Source::Bus, _) => self.bus.is_some(),
+            What::Lost(Source::Runs, _) => self.runs,
         }
     }
 }
@@ -346,10 +358,17 @@ struct ClientShared {
 impl Client {
     /// Offers a frame without blocking; a full queue (in frames or in bytes) loses it
     /// (counted).
-    fn offer(&mut self, frame: &Bytes, counters: &Counters, now: Instant, max_bytes: usize) {
+    fn offer(
+        &mut self,
+        frame: &Bytes,
+        weight: u64,
+        counters: &Counters,
+        now: Instant,
+        max_bytes: usize,
+    ) {
         let queued = self.shared.queued_bytes.load(Ordering::Relaxed);
         if queued > 0 && queued + frame.len() > max_bytes {
-            self.lose(0, counters);
+            self.lose(0, weight, counters);
             return;
         }
         let lost_before = self.shared.unannounced.swap(0, Ordering::Relaxed);
@@ -360,7 +379,7 @@ impl Client {
             }
             // Full, or the body is gone (its Drop removes it at once): either way the frame
             // and those it carried are still unannounced.
-            Err(carried) => self.lose(carried, counters),
+            Err(carried) => self.lose(carried, weight, counters),
         }
     }
 
@@ -377,12 +396,12 @@ impl Client {
         })
     }
 
-    fn lose(&self, carried: u64, counters: &Counters) {
+    fn lose(&self, carried: u64, weight: u64, counters: &Counters) {
         self.shared
             .unannounced
-            .fetch_add(carried + 1, Ordering::Relaxed);
-        self.shared.lost.fetch_add(1, Ordering::Relaxed);
-        counters.dropped_client.fetch_add(1, Ordering::Relaxed);
+            .fetch_add(carried + weight, Ordering::Relaxed);
+        self.shared.lost.fetch_add(weight, Ordering::Relaxed);
+        counters.dropped_client.fetch_add(weight, Ordering::Relaxed);
     }
 }
 
@@ -781,6 +800,32 @@ fn frame_raw(id: Option<&str>, name: &str, json: &[u8]) -> Bytes {
     b.freeze()
 }
 
+/// A bus message's frame, written in one buffer that becomes the frame without a copy: the
+/// hub's per-message cost (what limits the stream's rate) is the envelope and one allocation.
+fn bus_frame(instance: &str, pos: u64, name: &str, m: &Message) -> Bytes {
+    let mut b = Vec::with_capacity(m.json().len() + m.agent().len() + m.session().len() + 192);
+    b.extend_from_slice(b"id: ");
+    b.extend_from_slice(instance.as_bytes());
+    b.push(b'-');
+    b.extend_from_slice(itoa::Buffer::new().format(pos).as_bytes());
+    b.extend_from_slice(b"\nevent: ");
+    b.extend_from_slice(name.as_bytes());
+    b.extend_from_slice(b"\ndata: ");
+    let start = b.len();
+    m.write_envelope(&mut b);
+    if b[start..].contains(&b'\n') {
+        // Cannot happen (the envelope is compact JSON), but a raw newline would end the
+        // field: the slow path cuts it into `data:` lines.
+        let json = b.split_off(start);
+        let mut id = String::from(instance);
+        id.push('-');
+        id.push_str(itoa::Buffer::new().format(pos));
+        return frame_raw(Some(&id), name, &json);
+    }
+    b.extend_from_slice(b"\n\n");
+    Bytes::from(b)
+}
+
 /// A frame without an id: the stream's own notices (`gap`, `dropped`, `shutdown`).
 fn control_frame(name: &str, data: &impl Serialize) -> Bytes {
     frame(None, name, data)
@@ -913,7 +958,6 @@ fn record(
     let mut msgs: Vec<Message> = Vec::with_capacity(BATCH);
     let mut outs: Vec<Arc<Outcome>> = Vec::with_capacity(BATCH);
     let mut items: Vec<(What, Bytes)> = Vec::with_capacity(2 * BATCH);
-    let mut envelope = Vec::with_capacity(1024);
     let (mut bus_lost, mut runs_lost) = (0u64, 0u64);
     let mut bus_open = true;
     let mut runs_open = runs.is_some();
@@ -950,8 +994,6 @@ fn record(
         let busy = msgs.len() == BATCH || outs.len() == BATCH;
         // Render outside the lock; only the hub thread assigns positions.
         for m in msgs.drain(..) {
-            envelope.clear();
-            m.write_envelope(&mut envelope);
             let topic = match m.event() {
                 Some(k) => Topic::Lifecycle(k),
                 None => Topic::Custom(m.topic().into()),
@@ -960,9 +1002,8 @@ fn record(
                 t if RESERVED_NAMES.contains(&t) => "message",
                 t => t,
             };
-            let id = hub.id(next);
+            items.push((What::Bus(topic), bus_frame(&hub.instance, next, name, &m)));
             next += 1;
-            items.push((What::Bus(topic), frame_raw(Some(&id), name, &envelope)));
         }
         for o in outs.drain(..) {
             let id = hub.id(next);
@@ -991,7 +1032,7 @@ fn record(
                     "reason": "server_queue_full",
                     "source": source.name(),
                 });
-                items.push((What::Lost(source), frame(Some(&id), "dropped", &data)));
+                items.push((What::Lost(source, d), frame(Some(&id), "dropped", &data)));
             }
         }
         let now = Instant::now();
@@ -1017,8 +1058,9 @@ fn record(
                 .fetch_add(items.len() as u64, Ordering::Relaxed);
             let (max, max_bytes) = (hub.opts.backlog, hub.opts.backlog_bytes);
             for (i, (what, frame)) in items.drain(..).enumerate() {
+                let weight = what.weight();
                 for c in st.clients.iter_mut().filter(|c| c.filter.wants(&what)) {
-                    c.offer(&frame, &hub.counters, now, hub.opts.queue_bytes);
+                    c.offer(&frame, weight, &hub.counters, now, hub.opts.queue_bytes);
                 }
                 let pos = first + i as u64;
                 st.journal.push(Entry { pos, what, frame }, max, max_bytes);
@@ -1349,6 +1391,24 @@ mod tests {
         );
         let f = frame_raw(None, "x", b"1\n2");
         assert_eq!(&f[..], b"event: x\ndata: 1\ndata: 2\n\n");
+    }
+
+    #[test]
+    fn a_bus_frame_is_the_envelope_run_print_writes() {
+        let meta = crate::bus::Meta {
+            kind: Some(EventKind::Error),
+            seq: 3,
+            timestamp: SystemTime::UNIX_EPOCH,
+            depth: 0,
+        };
+        let m = Message::new("{\"a\":1}", "ag", "se", "", meta);
+        let mut env = Vec::new();
+        m.write_envelope(&mut env);
+        let f = bus_frame("00ff", 12, "prx.lifecycle.error", &m);
+        let mut want = b"id: 00ff-12\nevent: prx.lifecycle.error\ndata: ".to_vec();
+        want.extend_from_slice(&env);
+        want.extend_from_slice(b"\n\n");
+        assert_eq!(&f[..], &want[..]);
     }
 
     #[test]

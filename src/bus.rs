@@ -258,7 +258,7 @@ pub enum RecvTimeoutError {
 
 /// A parsed subscription pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Pattern {
+pub(crate) enum Pattern {
     All,
     /// The prefix including its trailing dot: `prx.lifecycle.`.
     Prefix(Box<str>),
@@ -266,7 +266,7 @@ enum Pattern {
 }
 
 impl Pattern {
-    fn parse(pattern: &str) -> Result<Pattern, BusError> {
+    pub(crate) fn parse(pattern: &str) -> Result<Pattern, BusError> {
         let bad = |reason: String| BusError::InvalidPattern {
             pattern: pattern.into(),
             reason,
@@ -281,7 +281,7 @@ impl Pattern {
         })
     }
 
-    fn matches(&self, topic: &str) -> bool {
+    pub(crate) fn matches(&self, topic: &str) -> bool {
         match self {
             Pattern::All => true,
             Pattern::Prefix(p) => topic.starts_with(&**p),
@@ -716,6 +716,13 @@ impl Subscription {
 
     pub fn id(&self) -> u64 {
         self.sub.id
+    }
+
+    /// The queue's receiving end, for a reader that waits on several queues at once (the HTTP
+    /// event stream's hub selects over this and the run feed).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn receiver(&self) -> &flume::Receiver<Message> {
+        &self.sub.rx
     }
 
     pub fn pattern(&self) -> &str {

@@ -264,7 +264,7 @@ pub(crate) async fn runs(
 
 /// A run as the API shows it: the outcome's fields plus `outcome` (the line `fire` prints),
 /// `ok` and `timed_out`.
-fn run_json(o: &Outcome) -> Value {
+pub(crate) fn run_json(o: &Outcome) -> Value {
     let mut v = serde_json::to_value(o).unwrap_or_else(|_| json!({}));
     if let Value::Object(m) = &mut v {
         m.insert("outcome".into(), o.kind.to_string().into());

@@ -14,7 +14,7 @@
 //! README.md), beside the correct ones.
 
 use super::error::ApiError;
-use super::{ApiState, HttpStats};
+use super::{ApiState, EventStreamStats, HttpStats};
 use crate::Stats;
 use crate::config::ConfigStats;
 use crate::nats::{ConsumeStats, PublishStats};
@@ -34,11 +34,12 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 
 pub(crate) async fn render(State(api): ApiState) -> Response {
     let http = api.conns.as_ref().map(|c| c.snapshot());
+    let events = api.events.stats();
     let stats = match super::status::snapshot(api).await {
         Ok(stats) => stats,
         Err(e) => return e.into_response(),
     };
-    match exposition(&stats, http.as_ref()) {
+    match exposition(&stats, http.as_ref(), Some(&events)) {
         Ok(text) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE))],
@@ -49,8 +50,13 @@ pub(crate) async fn render(State(api): ApiState) -> Response {
     }
 }
 
-/// The text for one snapshot (`http`: the serving [`super::Server`]'s counters, if any).
-pub(crate) fn exposition(s: &Stats, http: Option<&HttpStats>) -> Result<String, std::fmt::Error> {
+/// The text for one snapshot (`http`: the serving [`super::Server`]'s counters, if any;
+/// `events`: the event stream's).
+pub(crate) fn exposition(
+    s: &Stats,
+    http: Option<&HttpStats>,
+    events: Option<&EventStreamStats>,
+) -> Result<String, std::fmt::Error> {
     let mut m = Metrics(Registry::with_prefix("prx_hooks"));
     m.single(PIPELINE, s);
     m.split(
@@ -182,6 +188,24 @@ pub(crate) fn exposition(s: &Stats, http: Option<&HttpStats>) -> Result<String, 
             "phase",
             &[TIMEOUTS],
             &[(vec![], h)],
+        );
+    }
+    if let Some(e) = events {
+        m.single(EVENTS, e);
+        m.split(
+            "http_event_stream_dropped",
+            "event-stream frames lost, by reason: a client's queue was full (it read too \
+             slowly), or the stream's own bus or run-feed queue was (every client lost them)",
+            "reason",
+            &[EVENT_DROPS],
+            &[(vec![], e)],
+        );
+        m.split(
+            "http_event_stream_resumes",
+            "event streams opened with a Last-Event-ID, by result",
+            "result",
+            &[EVENT_RESUMES],
+            &[(vec![], e)],
         );
     }
     let mut text = String::new();
@@ -456,6 +480,57 @@ const HTTP: &[Def<HttpStats>] = &[
         "failed accepts (out of file descriptors, …)",
         |h| h.accept_errors,
     ),
+];
+
+const EVENTS: &[Def<EventStreamStats>] = &[
+    gauge(
+        "http_event_streams",
+        "GET /api/events streams open now",
+        |e| e.streams,
+    ),
+    gauge(
+        "http_event_streams_max",
+        "the event-stream cap in force",
+        |e| e.max_streams,
+    ),
+    counter("http_event_streams_opened", "event streams opened", |e| {
+        e.opened
+    }),
+    counter(
+        "http_event_streams_refused",
+        "event streams refused over the cap (429)",
+        |e| e.refused,
+    ),
+    counter(
+        "http_event_stream_items",
+        "items the event stream numbered (bus messages, runs, plugin aggregates, drop notices)",
+        |e| e.items,
+    ),
+    counter(
+        "http_event_stream_delivered",
+        "event-stream frames handed to clients' queues",
+        |e| e.delivered,
+    ),
+    gauge(
+        "http_event_stream_backlog",
+        "items kept for Last-Event-ID resumes",
+        |e| e.backlog,
+    ),
+    gauge(
+        "http_event_stream_backlog_bytes",
+        "bytes of the items kept for resumes",
+        |e| e.backlog_bytes,
+    ),
+];
+
+const EVENT_DROPS: Parts<EventStreamStats> = &[
+    ("client_queue_full", |e| e.dropped_client),
+    ("server_queue_full", |e| e.dropped_server),
+];
+
+const EVENT_RESUMES: Parts<EventStreamStats> = &[
+    ("whole", |e| e.resumed - e.gaps.min(e.resumed)),
+    ("gap", |e| e.gaps),
 ];
 
 const TIMEOUTS: Parts<HttpStats> = &[
@@ -829,7 +904,7 @@ mod tests {
             pattern: "a\"b\\c\nd".into(),
             ..Default::default()
         });
-        let text = exposition(&s, None).unwrap();
+        let text = exposition(&s, None, None).unwrap();
         assert!(
             text.contains(r#"prx_hooks_subscriber_queued{pattern="a\"b\\c\nd"} 0"#),
             "{text}"

@@ -16,6 +16,8 @@
 //!              ├─ …/test        ─► ShellSink::start_once (a slot in the hook's limits or 429;
 //!              │                   awaited without a pool thread; killed if the client leaves)
 //!              ├─ …/runs        ─► run history
+//!              ├─ /api/events   ─► the live stream (SSE; events.rs: one hub thread, a bounded
+//!              │                   queue per client, a backlog for Last-Event-ID)
 //!              └─ /api/stats, /api/plugins, /metrics ─► Hooks::stats()
 //! ```
 //!
@@ -31,6 +33,7 @@
 mod auth;
 mod body;
 mod error;
+mod events;
 mod guard;
 mod hooks;
 mod live;
@@ -39,6 +42,11 @@ mod server;
 mod status;
 pub mod token;
 
+pub use events::{
+    DEFAULT_BACKLOG, DEFAULT_BACKLOG_BYTES, DEFAULT_KEEPALIVE, DEFAULT_LINGER, DEFAULT_MAX_STREAMS,
+    DEFAULT_STREAM_QUEUE, DEFAULT_STREAM_QUEUE_BYTES, EventStreamOptions, EventStreamStats,
+    PLUGIN_INTERVAL, RESERVED_NAMES,
+};
 pub use server::{HttpStats, Listen, Server};
 pub use token::{Token, TokenError, TokenSource};
 
@@ -83,6 +91,9 @@ pub struct HttpOptions {
     /// at most [`server::MAX_AUTO_CONNECTIONS`](Server::MAX_AUTO_CONNECTIONS). A value larger
     /// than that budget is lowered to it (with a warning): the hooks' descriptors come first.
     pub max_connections: Option<usize>,
+    /// `GET /api/events`: queues, backlog, stream cap, keep-alive (README.md § The live
+    /// stream).
+    pub events: EventStreamOptions,
     hosts: HostCheck,
 }
 
@@ -108,8 +119,15 @@ impl HttpOptions {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: None,
+            events: EventStreamOptions::default(),
             hosts: HostCheck::Default,
         }
+    }
+
+    /// See [`HttpOptions::events`].
+    pub fn events(mut self, events: EventStreamOptions) -> HttpOptions {
+        self.events = events;
+        self
     }
 
     pub fn max_body_bytes(mut self, bytes: usize) -> HttpOptions {
@@ -177,6 +195,15 @@ pub(crate) struct Api {
     pub guard: Option<guard::Policy>,
     /// Connection counters of the [`Server`] serving this router, if one does.
     pub conns: Option<Arc<server::ConnCounters>>,
+    /// `/api/events`.
+    pub events: events::EventHub,
+}
+
+impl Drop for Api {
+    /// The router (every clone of it) is gone: its event stream ends with it.
+    fn drop(&mut self) {
+        self.events.close("the API was dropped");
+    }
 }
 
 pub(crate) type ApiState = axum::extract::State<Arc<Api>>;
@@ -187,6 +214,7 @@ pub(crate) enum Serving {
     Own {
         listen: Listen,
         conns: Arc<server::ConnCounters>,
+        events: events::EventHub,
     },
 }
 
@@ -199,22 +227,34 @@ pub fn router(hooks: Arc<Hooks>, opts: HttpOptions) -> Router {
 }
 
 pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> Router {
-    let (guard, conns) = match serving {
-        Serving::Hosted => (guard::Policy::hosted(&opts.hosts), None),
-        Serving::Own { listen, conns } => {
-            (guard::Policy::served(&opts.hosts, &listen), Some(conns))
-        }
+    let (guard, conns, events) = match serving {
+        Serving::Hosted => (
+            guard::Policy::hosted(&opts.hosts),
+            None,
+            events::EventHub::new(opts.events.clone(), None),
+        ),
+        Serving::Own {
+            listen,
+            conns,
+            events,
+        } => (
+            guard::Policy::served(&opts.hosts, &listen),
+            Some(conns),
+            events,
+        ),
     };
     // The editor's view of hooks.json starts now: a hand edit made after this and before the
     // API's first write makes blind writes conflict (409) like any later one.
     if let Some(editor) = hooks.editor() {
         editor.baseline();
     }
+    events.start(&hooks);
     let api = Arc::new(Api {
         hooks,
         opts,
         guard,
         conns,
+        events,
     });
     Router::new()
         .route("/healthz", get(status::healthz))
@@ -231,6 +271,7 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         .route("/api/hooks/{id}/runs", get(hooks::runs))
         .route("/api/plugins", get(status::plugins))
         .route("/api/stats", get(status::stats))
+        .route("/api/events", get(events::stream))
         .route("/metrics", get(metrics::render))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)

@@ -121,6 +121,11 @@ pub(crate) struct ConnCounters {
 }
 
 impl ConnCounters {
+    /// The connection cap in force now (the event stream's cap follows it).
+    pub(crate) fn max_now(&self) -> usize {
+        self.max.load(Ordering::Relaxed) as usize
+    }
+
     pub(crate) fn snapshot(&self) -> HttpStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         HttpStats {
@@ -142,6 +147,8 @@ pub struct Server {
     listen: Listen,
     conns: Arc<ConnCounters>,
     runtime: Option<tokio::runtime::Runtime>,
+    /// `/api/events`, ended first at shutdown (its responses never end by themselves).
+    events: super::events::EventHub,
     stop: Option<watch::Sender<bool>>,
     done: Option<tokio::task::JoinHandle<()>>,
     /// The socket file to remove at shutdown, with its identity (removed only if still ours).
@@ -243,12 +250,14 @@ impl Server {
             header: opts.header_timeout,
             idle: opts.idle_timeout,
         };
+        let events = super::events::EventHub::new(opts.events.clone(), Some(conns.clone()));
         let app = build(
             hooks,
             opts,
             Serving::Own {
                 listen: listen.clone(),
                 conns: conns.clone(),
+                events: events.clone(),
             },
         );
         let (stop, stopped) = watch::channel(false);
@@ -264,6 +273,7 @@ impl Server {
             listen,
             conns,
             runtime: Some(runtime),
+            events,
             stop: Some(stop),
             done: Some(done),
             socket_file,
@@ -294,6 +304,11 @@ impl Server {
         self.conns.snapshot()
     }
 
+    /// The event stream's counters (`GET /api/events`).
+    pub fn event_stats(&self) -> super::EventStreamStats {
+        self.events.stats()
+    }
+
     /// Stops accepting connections, lets open requests finish for at most `timeout`, then
     /// closes everything (a test run still running is killed). Idempotent. Safe to call (or
     /// to drop the server) from inside another tokio runtime: the waiting happens on a
@@ -303,6 +318,9 @@ impl Server {
             return;
         };
         let started = Instant::now();
+        // Event streams first: hyper's graceful shutdown waits for responses to end, and a
+        // stream's never does by itself.
+        self.events.close("the server is stopping");
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(true);
         }

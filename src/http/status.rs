@@ -26,13 +26,18 @@ pub(crate) async fn healthz(State(api): ApiState) -> Response {
 }
 
 /// The whole [`Stats`](crate::Stats) snapshot, plus `http` (the [`super::HttpStats`] of the
-/// serving [`super::Server`], when the API is served by one).
+/// serving [`super::Server`], when the API is served by one) and `events` (the
+/// [`super::EventStreamStats`] of `/api/events`).
 pub(crate) async fn stats(State(api): ApiState) -> Response {
     let http = api.conns.as_ref().map(|c| c.snapshot());
+    let events = api.events.stats();
     match snapshot(api).await {
-        Ok(stats) => match (http, serde_json::to_value(&stats)) {
-            (Some(http), Ok(Value::Object(mut m))) => {
-                m.insert("http".into(), json!(http));
+        Ok(stats) => match serde_json::to_value(&stats) {
+            Ok(Value::Object(mut m)) => {
+                if let Some(http) = http {
+                    m.insert("http".into(), json!(http));
+                }
+                m.insert("events".into(), json!(events));
                 json_response(StatusCode::OK, &m)
             }
             _ => json_response(StatusCode::OK, &stats),

@@ -84,6 +84,13 @@ impl RunSubscription {
     pub fn capacity(&self) -> usize {
         self.slot.capacity
     }
+
+    /// The queue's receiving end, for a reader that waits on several queues at once (the HTTP
+    /// event stream's hub).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn receiver(&self) -> &flume::Receiver<Arc<Outcome>> {
+        &self.rx
+    }
 }
 
 impl Iterator for RunSubscription {

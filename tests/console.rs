@@ -217,7 +217,8 @@ fn a_router_nested_under_a_prefix_serves_the_page_at_the_prefix_with_a_slash() {
         HttpOptions::new(Token::new(TOKEN, "test").unwrap()),
     );
     let app: axum::Router = axum::Router::new().nest("/prx", api);
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
@@ -229,13 +230,17 @@ fn a_router_nested_under_a_prefix_serves_the_page_at_the_prefix_with_a_slash() {
     let base = format!("http://{addr}");
     std::thread::scope(|s| {
         s.spawn(|| {
-            // Relative URLs in the page resolve under the prefix only from `/prx/`.
-            let bare = http("GET", &format!("{base}/prx"), &[], b"");
-            assert_eq!(bare.status, 308, "{}", bare.text);
-            assert_eq!(bare.header("location"), Some("/prx/"));
-            let page = http("GET", &format!("{base}/prx/"), &[], b"");
+            // axum routes the page at `/prx` (no slash), where a relative URL resolves
+            // under `/`: the page names its files under the prefix.
+            let page = http("GET", &format!("{base}/prx"), &[], b"");
             assert_eq!(page.status, 200, "{}", page.text);
-            assert!(page.text.contains("console/console.js"));
+            assert!(page.text.contains("\"prx/console/console.js\""), "{}", page.text);
+            assert!(!page.text.contains("\"console/"));
+            let etag = page.header("etag").unwrap().to_string();
+            let root = http("GET", &format!("{base}/prx/console/console.css"), &[], b"");
+            assert_ne!(root.header("etag"), Some(etag.as_str()));
+            let again = http("GET", &format!("{base}/prx"), &[("if-none-match", &etag)], b"");
+            assert_eq!(again.status, 304);
             let js = http("GET", &format!("{base}/prx/console/console.js"), &[], b"");
             assert_eq!(js.status, 200);
             assert_eq!(http("GET", &format!("{base}/prx/api/hooks"), &[], b"").status, 401);
@@ -375,18 +380,21 @@ fn toggling_a_hook_makes_the_next_event_skip_it_as_its_run_history_shows() {
     let log = log_dir.path().join("audit.log");
     let c = Console::start(&hooks_file(&[
         appender("audit", "tool_call", &log),
+        // Stays on: the event still reaches the shell backend, which counts audit's skip (an
+        // event no enabled hook wants is skipped at emit and never reaches it).
+        json!({"id": "count-tools", "event": "tool_call", "command": "/bin/true"}),
         json!({"id": "notify", "event": "agent_end", "command": "/bin/true"}),
         json!({"id": "errors-to-file", "event": "error", "command": "/bin/true", "enabled": false}),
     ]));
     let page = c.sign_in(Viewport::Desktop);
     page.wait_visible("li.hook[data-id='audit'] button[role='switch'][aria-checked='true']");
-    // Grouped by event, in the events' order.
+    // Grouped by event, in the lifecycle's order (not the file's).
     assert_eq!(
         page.js(
             "return [...document.querySelectorAll('#hooks-list section.group')].map(g => g.dataset.event);",
             vec![]
         ),
-        json!(["tool_call", "agent_end", "error"])
+        json!(["agent_end", "tool_call", "error"])
     );
     assert_eq!(
         page.js(
@@ -414,6 +422,7 @@ fn toggling_a_hook_makes_the_next_event_skip_it_as_its_run_history_shows() {
 
     tool_call(&c.hooks, "coder", "shell", "second");
     wait_for("the skip to be counted", || c.hook_stat("audit", "skipped") == 1);
+    wait_for("the other hook's run", || c.hook_stat("count-tools", "ok") == 2);
     assert_eq!(support::lines(&log).len(), 1, "the disabled hook did not run");
 
     // The run history: newest first, the skip, then the run.
@@ -735,15 +744,32 @@ fn script_payloads_in_events_runs_and_stderr_are_shown_as_text_and_never_run() {
         vec![json!(payload)],
     );
     assert_eq!(thrown, "TypeError");
-    // … and an inline handler that got in anyway would be blocked, and seen.
+    // … so does giving an element an inline handler or a script text …
+    let thrown = page.js(
+        "const r = []; const i = document.createElement('img'); \
+         try { i.setAttribute('onerror', 'window.__pwned = 4'); r.push('set'); } catch (e) { r.push(e.name); } \
+         const s = document.createElement('script'); \
+         try { s.textContent = 'window.__pwned = 5'; document.body.appendChild(s); r.push('ran'); } catch (e) { r.push(e.name); } \
+         return r;",
+        vec![],
+    );
+    assert_eq!(thrown, json!(["TypeError", "TypeError"]));
+    // … and an inline style is refused by the policy (the page itself has none).
     page.js(
-        "const i = document.createElement('img'); i.setAttribute('onerror', 'window.__pwned = 4'); i.src = 'console/nothing.png'; document.body.appendChild(i);",
+        "const d = document.createElement('div'); d.setAttribute('style', 'display: none'); document.body.appendChild(d); window.__styled = getComputedStyle(d).display;",
         vec![],
     );
     page.wait(
         "the violations to be reported",
-        "return window.__violations.length >= 2;",
+        "return window.__violations.length >= 4 ? window.__violations : null;",
         vec![],
+    );
+    assert_eq!(page.js("return window.__styled;", vec![]), "block");
+    let seen = page.js("return window.__violations.join('\\n');", vec![]);
+    assert!(
+        seen.as_str().unwrap().contains("require-trusted-types-for")
+            && seen.as_str().unwrap().contains("style-src"),
+        "{seen}"
     );
     assert_eq!(page.js("return window.__pwned === undefined;", vec![]), true);
     assert_eq!(hits.load(Ordering::SeqCst), 0);
@@ -765,7 +791,7 @@ fn the_page_fits_a_phone_screen() {
         vec![],
     );
     let overflow = page.js(
-        "return [document.documentElement.scrollWidth, ...[...document.querySelectorAll('.card')].map(c => Math.ceil(c.getBoundingClientRect().right))];",
+        "return [document.documentElement.scrollWidth, ...[...document.querySelectorAll('#app .card')].map(c => Math.ceil(c.getBoundingClientRect().right))];",
         vec![],
     );
     for w in overflow.as_array().unwrap() {
@@ -773,7 +799,7 @@ fn the_page_fits_a_phone_screen() {
     }
     // One column: the cards stack.
     let lefts = page.js(
-        "return [...document.querySelectorAll('.card')].map(c => Math.round(c.getBoundingClientRect().left));",
+        "return [...document.querySelectorAll('#app .card')].map(c => Math.round(c.getBoundingClientRect().left));",
         vec![],
     );
     let lefts: Vec<f64> = lefts.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();

@@ -26,8 +26,6 @@
 //!
 //! The `Host` / `Origin` check runs before these routes as before every other one.
 
-use super::guard::Base;
-use axum::Extension;
 use axum::Router;
 use axum::extract::OriginalUri;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -116,26 +114,25 @@ pub(crate) fn routes() -> Router<Arc<super::Api>> {
         .method_not_allowed_fallback(super::error::method_not_allowed)
 }
 
-/// The page. Under a prefix (`nest("/prx", …)`) it must be loaded as `/prx/`, with the slash,
-/// for its relative URLs (`console/console.js`, `api/hooks`) to resolve under the prefix: a
-/// request for `/prx` is redirected there.
-async fn index(
-    OriginalUri(original): OriginalUri,
-    base: Option<Extension<Base>>,
-    headers: HeaderMap,
-) -> Response {
+/// The page. At the root its relative URLs (`console/console.js`) resolve under `/`. Nested
+/// under a prefix (`nest("/prx", …)`), axum routes it at `/prx`, without a slash, where a
+/// relative URL would resolve under `/`: that copy names its files under the prefix's last
+/// segment (`prx/console/console.js`), and the script finds the API relative to its own URL.
+async fn index(OriginalUri(original): OriginalUri, headers: HeaderMap) -> Response {
     let path = original.path();
-    if !path.ends_with('/') {
-        let base = base.map(|b| b.0.0).unwrap_or_default();
-        let to = format!("{base}/");
-        if let Ok(location) = HeaderValue::from_str(&to) {
-            let mut resp = StatusCode::PERMANENT_REDIRECT.into_response();
-            resp.headers_mut().insert(header::LOCATION, location);
-            secure(&mut resp);
-            return resp;
-        }
+    let segment = path.rsplit('/').next().unwrap_or("");
+    let nested = !segment.is_empty()
+        && segment
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b));
+    if !nested {
+        return serve(&INDEX, &headers);
     }
-    serve(&INDEX, &headers)
+    let html = std::str::from_utf8(INDEX.bytes)
+        .unwrap_or_default()
+        .replace("\"console/", &format!("\"{segment}/console/"));
+    let etag = format!("{}-{segment}\"", &INDEX.etag[..INDEX.etag.len() - 1]);
+    respond(INDEX.content_type, html.into_bytes().into(), &etag, &headers)
 }
 
 async fn script(headers: HeaderMap) -> Response {
@@ -151,28 +148,35 @@ async fn icon(headers: HeaderMap) -> Response {
 }
 
 fn serve(asset: &'static Asset, headers: &HeaderMap) -> Response {
-    let etag = HeaderValue::from_static(asset.etag);
+    respond(asset.content_type, asset.bytes.into(), asset.etag, headers)
+}
+
+fn respond(
+    content_type: &'static str,
+    body: std::borrow::Cow<'static, [u8]>,
+    etag: &str,
+    headers: &HeaderMap,
+) -> Response {
     let fresh = headers
         .get_all(header::IF_NONE_MATCH)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(|t| t.trim().trim_start_matches("W/"))
-        .any(|t| t == "*" || t == asset.etag);
+        .any(|t| t == "*" || t == etag);
     let mut resp = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(asset.content_type),
-            )],
-            asset.bytes,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+            body,
         )
             .into_response()
     };
     let h = resp.headers_mut();
-    h.insert(header::ETAG, etag);
+    if let Ok(v) = HeaderValue::from_str(etag) {
+        h.insert(header::ETAG, v);
+    }
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     secure(&mut resp);
     resp

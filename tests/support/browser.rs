@@ -268,6 +268,11 @@ impl Page {
 
     pub fn click(&self, css: &str) {
         self.wait_visible(css);
+        // In the middle of the viewport, clear of the sticky header.
+        self.js(
+            "document.querySelector(arguments[0]).scrollIntoView({block: 'center'});",
+            vec![json!(css)],
+        );
         let e = self
             .rt
             .block_on(self.c().find(Locator::Css(css)))

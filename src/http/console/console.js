@@ -21,6 +21,10 @@
   const MAX_ROWS = 500;
   const RATE_POINTS = 60;
   const SVG = "http://www.w3.org/2000/svg";
+  // The API is beside the page: this script is <base>/console/console.js, whether the page
+  // was loaded as /, /prx or /prx/ (a host may nest the router under a prefix).
+  const BASE = new URL("..", document.currentScript.src);
+  const url = (path) => new URL(path, BASE).href;
 
   const $ = (id) => document.getElementById(id);
 
@@ -117,6 +121,9 @@
     stream: null,
     timers: [],
     pluginRates: new Map(),
+    // Per hook: runs that never started (skipped, dropped, cancelled) seen on the stream;
+    // the server's history keeps the runs that started.
+    liveRuns: new Map(),
     runsOf: null,
     editing: null,
     busy: false,
@@ -149,7 +156,7 @@
     if (opts.ifNoneMatch) headers["If-None-Match"] = opts.ifNoneMatch;
     let resp;
     try {
-      resp = await fetch(path, { method, headers, body, cache: "no-store", credentials: "omit", redirect: "error" });
+      resp = await fetch(url(path), { method, headers, body, cache: "no-store", credentials: "omit", redirect: "error" });
     } catch (e) {
       banner("Cannot reach the server (" + e.message + "); retrying.");
       throw new ApiError(0, { error: "network error: " + e.message }, null);
@@ -653,9 +660,14 @@
       return;
     }
     if (state.runsOf !== id) return;
-    const runs = (r.body && r.body.runs) || [];
+    const kept = (r.body && r.body.runs) || [];
+    const key = (x) => [x.time, x.kind, x.seq, x.direct].join("|");
+    const known = new Set(kept.map(key));
+    const live = (state.liveRuns.get(id) || []).filter((x) => !known.has(key(x))).map((x) => Object.assign({ live: true }, x));
+    const runs = kept.concat(live).sort((a, b) => (a.time < b.time ? 1 : a.time > b.time ? -1 : 0)).slice(0, 50);
     $("runs-note").textContent = runs.length
-      ? "The last " + runs.length + " runs, newest first (pipeline and test runs; the server keeps 50). Updates live."
+      ? "Newest first: the server's last " + kept.length + " runs (pipeline and test runs; it keeps 50)" +
+        (live.length ? ", and " + live.length + " skipped or dropped seen live since this page opened" : "") + ". Updates live."
       : "No runs yet.";
     const tbody = $("runs-table").tBodies[0];
     clear(tbody);
@@ -667,7 +679,7 @@
       el("td", { "data-label": "Time" }, clock(run.time)),
       el("td", { "data-label": "Outcome" }, outcomeBadge(run)),
       el("td", { "data-label": "Duration" }, ms(run.duration_ms)),
-      el("td", { "data-label": "Source" }, run.direct ? "test" : (run.agent ? run.agent + " / " + run.session : "pipeline")),
+      el("td", { "data-label": "Source" }, (run.direct ? "test" : (run.agent ? run.agent + " / " + run.session : "pipeline")) + (run.live ? " (seen live)" : "")),
       el("td", { "data-label": "Stderr" }, run.stderr_tail ? el("pre", { class: "stderr" }, run.stderr_tail) : el("span", { class: "muted" }, "—")));
   }
 
@@ -684,10 +696,10 @@
         let wait = delay;
         try {
           const headers = { Authorization: "Bearer " + state.token, Accept: "text/event-stream" };
-          let url = "api/events?kinds=bus,runs,plugins";
+          let path = "api/events?kinds=bus,runs,plugins";
           if (state.lastEventId) headers["Last-Event-ID"] = state.lastEventId;
-          else url += "&backlog=100";
-          const resp = await fetch(url, { headers, cache: "no-store", credentials: "omit", signal: ctl.signal });
+          else path += "&backlog=100";
+          const resp = await fetch(url(path), { headers, cache: "no-store", credentials: "omit", signal: ctl.signal });
           if (resp.status === 401) {
             signOut("The server refused the token. Sign in again.");
             return;
@@ -797,6 +809,12 @@
         state.pluginRates.set(d.plugin, { calls: d.calls || 0, interval: d.interval_ms || 1000, results: d.results || {}, at: Date.now() });
         return;
       case "run":
+        if (d.kind === "skipped" || d.kind === "dropped" || d.kind === "cancelled") {
+          const seen = state.liveRuns.get(d.id) || [];
+          seen.push(d);
+          if (seen.length > 50) seen.shift();
+          state.liveRuns.set(d.id, seen);
+        }
         pushRow({ kind: "run", id, data: d, event: "run", agent: d.agent || "" });
         if (state.runsOf && state.runsOf === d.id && $("runs").open) refreshRuns();
         return;

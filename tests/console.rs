@@ -87,7 +87,9 @@ impl Console {
     }
 
     fn hook_stat(&self, id: &str, key: &str) -> u64 {
-        self.stats()["shell"]["hooks"][id][key].as_u64().unwrap_or(0)
+        self.stats()["shell"]["hooks"][id][key]
+            .as_u64()
+            .unwrap_or(0)
     }
 
     /// Opens the page and signs in with the token (typed into the login field).
@@ -148,7 +150,11 @@ fn the_page_is_served_without_a_token_with_strict_headers_and_the_api_still_need
     let c = Console::start(&hooks_file(&[]));
     let mut tags = Vec::new();
     for (path, ty, needle) in [
-        ("/", "text/html; charset=utf-8", "<title>prx-hooks console</title>"),
+        (
+            "/",
+            "text/html; charset=utf-8",
+            "<title>prx-hooks console</title>",
+        ),
         (
             "/console/console.js",
             "text/javascript; charset=utf-8",
@@ -198,7 +204,10 @@ fn the_page_is_served_without_a_token_with_strict_headers_and_the_api_still_need
     // errors, like every route).
     assert_eq!(http("GET", &c.url("/api/hooks"), &[], b"").status, 401);
     assert_eq!(http("GET", &c.url("/api/events"), &[], b"").status, 401);
-    assert_eq!(http("GET", &c.url("/console/other.js"), &[], b"").status, 401);
+    assert_eq!(
+        http("GET", &c.url("/console/other.js"), &[], b"").status,
+        401
+    );
     let post = http("POST", &c.url("/"), &[], b"");
     assert_eq!(post.status, 405);
     assert_eq!(post.json()["kind"], "method_not_allowed");
@@ -212,10 +221,7 @@ fn the_page_is_served_without_a_token_with_strict_headers_and_the_api_still_need
 fn a_router_nested_under_a_prefix_serves_the_page_at_the_prefix_with_a_slash() {
     let ws = tempfile::tempdir().unwrap();
     let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
-    let api = prx_hooks::http::router(
-        hooks,
-        HttpOptions::new(Token::new(TOKEN, "test").unwrap()),
-    );
+    let api = prx_hooks::http::router(hooks, HttpOptions::new(Token::new(TOKEN, "test").unwrap()));
     let app: axum::Router = axum::Router::new().nest("/prx", api);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -234,16 +240,28 @@ fn a_router_nested_under_a_prefix_serves_the_page_at_the_prefix_with_a_slash() {
             // under `/`: the page names its files under the prefix.
             let page = http("GET", &format!("{base}/prx"), &[], b"");
             assert_eq!(page.status, 200, "{}", page.text);
-            assert!(page.text.contains("\"prx/console/console.js\""), "{}", page.text);
+            assert!(
+                page.text.contains("\"prx/console/console.js\""),
+                "{}",
+                page.text
+            );
             assert!(!page.text.contains("\"console/"));
             let etag = page.header("etag").unwrap().to_string();
             let root = http("GET", &format!("{base}/prx/console/console.css"), &[], b"");
             assert_ne!(root.header("etag"), Some(etag.as_str()));
-            let again = http("GET", &format!("{base}/prx"), &[("if-none-match", &etag)], b"");
+            let again = http(
+                "GET",
+                &format!("{base}/prx"),
+                &[("if-none-match", &etag)],
+                b"",
+            );
             assert_eq!(again.status, 304);
             let js = http("GET", &format!("{base}/prx/console/console.js"), &[], b"");
             assert_eq!(js.status, 200);
-            assert_eq!(http("GET", &format!("{base}/prx/api/hooks"), &[], b"").status, 401);
+            assert_eq!(
+                http("GET", &format!("{base}/prx/api/hooks"), &[], b"").status,
+                401
+            );
         })
         .join()
         .unwrap();
@@ -269,7 +287,10 @@ fn signing_in_keeps_the_token_out_of_urls_and_an_emitted_event_arrives_live() {
     page.wait_visible("#token-error");
     assert!(page.text("#token-error").contains("Wrong token"));
     assert_eq!(
-        page.js("return document.getElementById('token').getAttribute('aria-invalid');", vec![]),
+        page.js(
+            "return document.getElementById('token').getAttribute('aria-invalid');",
+            vec![]
+        ),
         "true"
     );
     assert_eq!(
@@ -416,14 +437,21 @@ fn toggling_a_hook_makes_the_next_event_skip_it_as_its_run_history_shows() {
     page.wait_visible("li.hook[data-id='audit'] button[role='switch'][aria-checked='false']");
     assert!(page.text("#hooks-note").contains("audit disabled"));
     let file: Value =
-        serde_json::from_str(&std::fs::read_to_string(c.ws().join("hooks.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(c.ws().join("hooks.json")).unwrap()).unwrap();
     assert_eq!(file["hooks"]["tool_call"][0]["enabled"], false, "{file}");
 
     tool_call(&c.hooks, "coder", "shell", "second");
-    wait_for("the skip to be counted", || c.hook_stat("audit", "skipped") == 1);
-    wait_for("the other hook's run", || c.hook_stat("count-tools", "ok") == 2);
-    assert_eq!(support::lines(&log).len(), 1, "the disabled hook did not run");
+    wait_for("the skip to be counted", || {
+        c.hook_stat("audit", "skipped") == 1
+    });
+    wait_for("the other hook's run", || {
+        c.hook_stat("count-tools", "ok") == 2
+    });
+    assert_eq!(
+        support::lines(&log).len(),
+        1,
+        "the disabled hook did not run"
+    );
 
     // The run history: newest first, the skip, then the run.
     page.click("li.hook[data-id='audit'] button[aria-label='Runs of audit']");
@@ -460,7 +488,10 @@ fn toggling_a_hook_makes_the_next_event_skip_it_as_its_run_history_shows() {
     let r = http(
         "POST",
         &c.url("/api/hooks"),
-        &[("authorization", &auth), ("content-type", "application/json")],
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
         json!({"id": "added-elsewhere", "event": "turn_complete", "command": "/bin/true"})
             .to_string()
             .as_bytes(),
@@ -498,7 +529,10 @@ fn the_page_is_usable_with_the_keyboard_alone() {
     page.wait_visible("li.hook[data-id='audit']");
     // Tab from the top: every stop is a real control with a name and a visible focus ring,
     // and the hook's switch is among them.
-    page.js("document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0);", vec![]);
+    page.js(
+        "document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0);",
+        vec![],
+    );
     let mut stops = Vec::new();
     for _ in 0..40 {
         page.keys(&Key::Tab.to_string());
@@ -516,14 +550,20 @@ fn the_page_is_usable_with_the_keyboard_alone() {
         }
     }
     let last = stops.last().unwrap().clone();
-    assert_eq!(last["key"], "switch:audit", "the switch is reachable: {stops:?}");
+    assert_eq!(
+        last["key"], "switch:audit",
+        "the switch is reachable: {stops:?}"
+    );
     for s in &stops {
         let tag = s["tag"].as_str().unwrap();
         assert!(
             ["BUTTON", "INPUT", "SELECT", "TEXTAREA", "A"].contains(&tag),
             "a focus stop that is not a control: {s}"
         );
-        assert!(!s["name"].as_str().unwrap().is_empty(), "a control without a name: {s}");
+        assert!(
+            !s["name"].as_str().unwrap().is_empty(),
+            "a control without a name: {s}"
+        );
         assert_eq!(s["ring"], true, "no visible focus: {s}");
     }
     // Space on the switch switches the hook off.
@@ -537,10 +577,20 @@ fn the_page_is_usable_with_the_keyboard_alone() {
     page.js("document.getElementById('new-hook').focus();", vec![]);
     page.keys(&Key::Enter.to_string());
     page.wait_visible("#editor[open]");
-    assert_eq!(page.js("return document.activeElement.id;", vec![]), "f-event");
+    assert_eq!(
+        page.js("return document.activeElement.id;", vec![]),
+        "f-event"
+    );
     page.keys(&Key::Escape.to_string());
-    page.wait("the editor to close", "return !document.getElementById('editor').open;", vec![]);
-    assert_eq!(page.js("return document.activeElement.id;", vec![]), "new-hook");
+    page.wait(
+        "the editor to close",
+        "return !document.getElementById('editor').open;",
+        vec![],
+    );
+    assert_eq!(
+        page.js("return document.activeElement.id;", vec![]),
+        "new-hook"
+    );
     // Nothing clickable that is not a button.
     assert_eq!(
         page.js("return document.querySelectorAll('[onclick], div[tabindex], span[tabindex], li[tabindex], a:not([href])').length;", vec![]),
@@ -555,7 +605,10 @@ fn a_hook_with_an_error_shows_the_loaders_message_at_its_field() {
     let page = c.sign_in(Viewport::Desktop);
     page.click("#new-hook");
     page.wait_visible("#editor[open]");
-    page.js("document.getElementById('f-event').value = 'tool_call';", vec![]);
+    page.js(
+        "document.getElementById('f-event').value = 'tool_call';",
+        vec![],
+    );
     page.fill("#f-id", "audit-shell");
     page.fill("#f-command", "/bin/echo; rm -rf /");
     page.fill("#f-args", "one\ntwo");
@@ -565,11 +618,20 @@ fn a_hook_with_an_error_shows_the_loaders_message_at_its_field() {
     assert!(msg.contains("may not contain ';'"), "{msg}");
     assert!(!msg.starts_with("body:"), "the place is the field: {msg}");
     assert_eq!(
-        page.js("return document.getElementById('f-command').getAttribute('aria-invalid');", vec![]),
+        page.js(
+            "return document.getElementById('f-command').getAttribute('aria-invalid');",
+            vec![]
+        ),
         "true"
     );
-    assert_eq!(page.js("return document.activeElement.id;", vec![]), "f-command");
-    assert!(page.text("#editor-error").is_empty(), "said at the field only");
+    assert_eq!(
+        page.js("return document.activeElement.id;", vec![]),
+        "f-command"
+    );
+    assert!(
+        page.text("#editor-error").is_empty(),
+        "said at the field only"
+    );
     page.shot("editor-error");
     // Another field, another place: the timeout (the loader's range), with the command fixed.
     page.fill("#f-command", "/bin/echo");
@@ -581,7 +643,10 @@ fn a_hook_with_an_error_shows_the_loaders_message_at_its_field() {
         vec![],
     );
     assert!(
-        page.js("return document.getElementById('f-command-error').hidden;", vec![]) == true,
+        page.js(
+            "return document.getElementById('f-command-error').hidden;",
+            vec![]
+        ) == true,
         "the command's error is gone"
     );
     // And a line of the environment the form itself cannot send.
@@ -593,7 +658,11 @@ fn a_hook_with_an_error_shows_the_loaders_message_at_its_field() {
         "const e = document.getElementById('f-env-error'); return !e.hidden && e.textContent;",
         vec![],
     );
-    assert!(page.text("#f-env-error").contains("LD_PRELOAD"), "{}", page.text("#f-env-error"));
+    assert!(
+        page.text("#f-env-error").contains("LD_PRELOAD"),
+        "{}",
+        page.text("#f-env-error")
+    );
     page.fill("#f-env", "LEVEL=info");
     page.click("#editor-save");
     page.wait(
@@ -615,11 +684,18 @@ fn a_hook_with_an_error_shows_the_loaders_message_at_its_field() {
     page.fill("#f-args", "three");
     page.fill("#f-timeout_ms", "");
     page.click("#editor-save");
-    page.wait("the save", "return !document.getElementById('editor').open;", vec![]);
+    page.wait(
+        "the save",
+        "return !document.getElementById('editor').open;",
+        vec![],
+    );
     wait_for("the edit", || {
         c.get("/api/hooks/audit-shell").json()["args"] == json!(["three"])
     });
-    assert_eq!(c.get("/api/hooks/audit-shell").json().get("timeout_ms"), None);
+    assert_eq!(
+        c.get("/api/hooks/audit-shell").json().get("timeout_ms"),
+        None
+    );
     // Delete, confirmed.
     page.click("li.hook[data-id='audit-shell'] button[aria-label='Delete audit-shell']");
     page.wait_visible("#confirm[open]");
@@ -690,7 +766,10 @@ fn script_payloads_in_events_runs_and_stderr_are_shown_as_text_and_never_run() {
         page.text("li.hook[data-id='xss-hook'] .hook-result pre.stderr"),
         payload
     );
-    assert!(page.text("li.hook[data-id='xss-hook'] .hook-result").contains("exit 3"));
+    assert!(
+        page.text("li.hook[data-id='xss-hook'] .hook-result")
+            .contains("exit 3")
+    );
     // The row's detail and the run history show it literally too.
     page.js(
         "[...document.querySelectorAll('#stream-list li.row.bus .row-head')].forEach(b => b.click());",
@@ -725,7 +804,10 @@ fn script_payloads_in_events_runs_and_stderr_are_shown_as_text_and_never_run() {
     );
     page.shot("xss");
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(page.js("return window.__pwned === undefined;", vec![]), true);
+    assert_eq!(
+        page.js("return window.__pwned === undefined;", vec![]),
+        true
+    );
     assert_eq!(
         page.js(
             "return document.querySelectorAll('main img, main script, main svg:not(.spark):not(.bar), dialog img, dialog script, [onerror], [onload]').length;",
@@ -735,7 +817,11 @@ fn script_payloads_in_events_runs_and_stderr_are_shown_as_text_and_never_run() {
         "no element was made from the payload"
     );
     assert_eq!(page.js("return window.__violations;", vec![]), json!([]));
-    assert_eq!(hits.load(Ordering::SeqCst), 0, "the payload made no request");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "the payload made no request"
+    );
 
     // Controls: the two defences are live in this browser, so the zeros above mean
     // something. Parsing the payload as markup throws (Trusted Types) …
@@ -771,7 +857,10 @@ fn script_payloads_in_events_runs_and_stderr_are_shown_as_text_and_never_run() {
             && seen.as_str().unwrap().contains("style-src"),
         "{seen}"
     );
-    assert_eq!(page.js("return window.__pwned === undefined;", vec![]), true);
+    assert_eq!(
+        page.js("return window.__pwned === undefined;", vec![]),
+        true
+    );
     assert_eq!(hits.load(Ordering::SeqCst), 0);
 }
 
@@ -779,7 +868,11 @@ fn script_payloads_in_events_runs_and_stderr_are_shown_as_text_and_never_run() {
 fn the_page_fits_a_phone_screen() {
     let log_dir = tempfile::tempdir().unwrap();
     let c = Console::start(&hooks_file(&[
-        appender("audit-tool-calls", "tool_call", &log_dir.path().join("a.log")),
+        appender(
+            "audit-tool-calls",
+            "tool_call",
+            &log_dir.path().join("a.log"),
+        ),
         json!({"id": "notify-on-end", "event": "agent_end", "command": "/bin/true", "matcher": null}),
     ]));
     let page = c.sign_in(Viewport::Phone);
@@ -795,19 +888,30 @@ fn the_page_fits_a_phone_screen() {
         vec![],
     );
     for w in overflow.as_array().unwrap() {
-        assert!(w.as_f64().unwrap() <= 375.0, "wider than the screen: {overflow}");
+        assert!(
+            w.as_f64().unwrap() <= 375.0,
+            "wider than the screen: {overflow}"
+        );
     }
     // One column: the cards stack.
     let lefts = page.js(
         "return [...document.querySelectorAll('#app .card')].map(c => Math.round(c.getBoundingClientRect().left));",
         vec![],
     );
-    let lefts: Vec<f64> = lefts.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let lefts: Vec<f64> = lefts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert!(lefts.windows(2).all(|w| w[0] == w[1]), "{lefts:?}");
     page.shot("phone");
     page.js("document.getElementById('hooks').scrollIntoView();", vec![]);
     page.shot("phone-hooks");
-    page.js("document.getElementById('stream').scrollIntoView();", vec![]);
+    page.js(
+        "document.getElementById('stream').scrollIntoView();",
+        vec![],
+    );
     page.shot("phone-stream");
     // The editor fits too.
     page.click("#new-hook");
@@ -842,7 +946,11 @@ fn the_overview_shows_counters_charts_and_plugin_states() {
     let reviewer = c.hooks.emitter("reviewer", "demo-2");
     for i in 0..40 {
         em.emit(Event::ToolCallStart {
-            tool: if i % 3 == 0 { "mcp__github__create_pr" } else { "shell" },
+            tool: if i % 3 == 0 {
+                "mcp__github__create_pr"
+            } else {
+                "shell"
+            },
             arguments: r#"{"cmd":"cargo test"}"#,
         });
         em.emit(Event::ToolCall {
@@ -899,7 +1007,10 @@ fn the_overview_shows_counters_charts_and_plugin_states() {
         vec![],
     );
     assert_eq!(
-        page.js("return document.querySelectorAll('#stream-list li.row.bus').length;", vec![]),
+        page.js(
+            "return document.querySelectorAll('#stream-list li.row.bus').length;",
+            vec![]
+        ),
         0
     );
     page.js(
@@ -908,7 +1019,10 @@ fn the_overview_shows_counters_charts_and_plugin_states() {
     );
     // Pause holds new rows back and counts them; resume shows them.
     page.click("#pause");
-    let before = page.js("return document.querySelectorAll('#stream-list li.row').length;", vec![]);
+    let before = page.js(
+        "return document.querySelectorAll('#stream-list li.row').length;",
+        vec![],
+    );
     em.emit(Event::TurnComplete);
     page.wait(
         "the paused count",
@@ -916,7 +1030,10 @@ fn the_overview_shows_counters_charts_and_plugin_states() {
         vec![],
     );
     assert_eq!(
-        page.js("return document.querySelectorAll('#stream-list li.row').length;", vec![]),
+        page.js(
+            "return document.querySelectorAll('#stream-list li.row').length;",
+            vec![]
+        ),
         before
     );
     page.click("#pause");
@@ -934,7 +1051,10 @@ fn the_overview_shows_counters_charts_and_plugin_states() {
         std::fs::create_dir_all(docs.parent().unwrap()).unwrap();
         std::fs::copy(&shot, &docs).unwrap();
     }
-    page.js("document.getElementById('plugins').scrollIntoView();", vec![]);
+    page.js(
+        "document.getElementById('plugins').scrollIntoView();",
+        vec![],
+    );
     page.shot("plugins");
     page.assert_no_script_errors();
 }

@@ -132,7 +132,12 @@ async fn index(OriginalUri(original): OriginalUri, headers: HeaderMap) -> Respon
         .unwrap_or_default()
         .replace("\"console/", &format!("\"{segment}/console/"));
     let etag = format!("{}-{segment}\"", &INDEX.etag[..INDEX.etag.len() - 1]);
-    respond(INDEX.content_type, html.into_bytes().into(), &etag, &headers)
+    respond(
+        INDEX.content_type,
+        html.into_bytes().into(),
+        &etag,
+        &headers,
+    )
 }
 
 async fn script(headers: HeaderMap) -> Response {
@@ -228,7 +233,9 @@ mod tests {
     /// script and style sheet is one of ours.
     #[test]
     fn the_page_has_no_inline_script_or_style() {
-        let html = std::str::from_utf8(INDEX.bytes).unwrap().to_ascii_lowercase();
+        let html = std::str::from_utf8(INDEX.bytes)
+            .unwrap()
+            .to_ascii_lowercase();
         assert!(!html.contains("<style"), "inline <style>");
         assert!(!html.contains(" style="), "a style attribute");
         assert!(!html.contains("javascript:"));
@@ -243,7 +250,14 @@ mod tests {
             );
         }
         let js = std::str::from_utf8(SCRIPT.bytes).unwrap();
-        for sink in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"] {
+        for sink in [
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "eval(",
+            "new Function",
+        ] {
             assert!(!js.contains(sink), "console.js uses {sink}");
         }
     }

@@ -83,7 +83,9 @@ impl Page {
             "PRX_HOOKS_CHROMIUM",
             &["chromium", "chromium-browser", "google-chrome"],
         )
-        .unwrap_or_else(|| panic!("no Chromium found (set PRX_HOOKS_CHROMIUM or install it: {INSTALL})"));
+        .unwrap_or_else(|| {
+            panic!("no Chromium found (set PRX_HOOKS_CHROMIUM or install it: {INSTALL})")
+        });
         let chromedriver = find("PRX_HOOKS_CHROMEDRIVER", &["chromedriver"]).unwrap_or_else(|| {
             panic!("no chromedriver found (set PRX_HOOKS_CHROMEDRIVER or install it: {INSTALL})")
         });
@@ -115,9 +117,15 @@ impl Page {
         let deadline = Instant::now() + PATIENCE;
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
             if let Ok(Some(status)) = driver.try_wait() {
-                panic!("chromedriver exited at start ({status}); its log: {}", log.display());
+                panic!(
+                    "chromedriver exited at start ({status}); its log: {}",
+                    log.display()
+                );
             }
-            assert!(Instant::now() < deadline, "chromedriver did not listen on {addr}");
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not listen on {addr}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let mut args = vec![
@@ -134,7 +142,10 @@ impl Page {
             "--hide-scrollbars".into(),
             "--force-color-profile=srgb".into(),
             "--lang=en-US".into(),
-            format!("--user-data-dir={}", profile.path().join("profile").display()),
+            format!(
+                "--user-data-dir={}",
+                profile.path().join("profile").display()
+            ),
         ];
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } == 0 {

@@ -1007,7 +1007,7 @@
           { v: c.dropped, cls: "b-warn", name: "dropped" },
         ],
       };
-    }), { legend: [["b-ok", "ok"], ["b-drop", "failed"], ["b-skip", "skipped"], ["b-warn", "dropped"]], stacked: true, empty: "No hook has run yet." });
+    }), { legend: [["b-ok", "ok"], ["b-drop", "failed"], ["b-skip", "skipped"], ["b-warn", "dropped"]], stacked: true, empty: "No hooks." });
 
     if (s.config && s.config.enabled === false) {
       note("hooks-note", "hooks.json switches every hook off (top-level \"enabled\": false).", "warn");
@@ -1046,14 +1046,15 @@
     clear(box);
     const total = (r) => r.parts.reduce((a, p) => a + p.v, 0);
     const max = Math.max(1, ...rows.map(total));
-    if (opts.empty && rows.every((r) => total(r) === 0)) {
+    if (opts.empty && (!rows.length || (!opts.stacked && rows.every((r) => total(r) === 0)))) {
       box.appendChild(el("p", { class: "empty small" }, opts.empty));
-      if (!rows.length) return;
+      return;
     }
     const list = el("ul", { class: "bar-list" });
     for (const r of rows) {
       const t = total(r);
-      if (opts.empty && t === 0 && !opts.stacked) continue;
+      // A list of reasons shows only those that happened.
+      if (opts.empty && !opts.stacked && t === 0) continue;
       const chart = svg("svg", { viewBox: "0 0 100 8", preserveAspectRatio: "none", class: "bar", "aria-hidden": "true" });
       chart.appendChild(svg("rect", { x: 0, y: 0, width: 100, height: 8, class: "track", rx: 1.5 }));
       let x = 0;

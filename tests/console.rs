@@ -747,7 +747,7 @@ fn script_payloads_in_events_runs_and_stderr_are_shown_as_text_and_never_run() {
     tool_call(&c.hooks, &payload, &payload, &payload);
     c.hooks
         .bus()
-        .publish("myapp.audit", &json!({"note": payload}).to_string())
+        .publish("myapp.audit", json!({"note": payload}).to_string())
         .unwrap();
     page.wait(
         "the hook's failed run in the stream",
@@ -939,39 +939,54 @@ fn the_overview_shows_counters_charts_and_plugin_states() {
             json!({"id": "notify-on-end", "event": "agent_end", "command": "/bin/sh", "args": ["-c", "echo 'notify: no desktop session' >&2; exit 1"]}),
             json!({"id": "errors-to-file", "event": "error", "command": "/bin/true", "stdin_json": true}),
         ]),
-        |ws| install_plugins(ws),
+        install_plugins,
     );
     let page = c.sign_in(Viewport::Desktop);
-    let em = c.hooks.emitter("coder", "demo-1");
-    let reviewer = c.hooks.emitter("reviewer", "demo-2");
-    for i in 0..40 {
-        em.emit(Event::ToolCallStart {
-            tool: if i % 3 == 0 {
-                "mcp__github__create_pr"
-            } else {
-                "shell"
-            },
-            arguments: r#"{"cmd":"cargo test"}"#,
-        });
-        em.emit(Event::ToolCall {
-            tool: "shell",
-            success: i % 5 != 0,
-            output: "test result: ok. 42 passed; 0 failed",
-        });
-        if i % 10 == 0 {
-            reviewer.emit(Event::LlmRequest {
-                provider: "anthropic",
-                model: "claude",
-                messages_count: i + 1,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(60));
-    }
-    em.emit(Event::AgentEnd {
-        success: true,
-        messages_count: 12,
-    });
-    wait_for("the audit runs", || support::lines(&log).len() == 40);
+    // Traffic at a varying rate, for as long as the test looks at the page (the charts draw
+    // the last minute).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (hooks, stop) = (c.hooks.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let em = hooks.emitter("coder", "demo-1");
+            let reviewer = hooks.emitter("reviewer", "demo-2");
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                em.emit(Event::ToolCallStart {
+                    tool: if i.is_multiple_of(3) {
+                        "mcp__github__create_pr"
+                    } else {
+                        "shell"
+                    },
+                    arguments: r#"{"cmd":"cargo test"}"#,
+                });
+                em.emit(Event::ToolCall {
+                    tool: "shell",
+                    success: !i.is_multiple_of(5),
+                    output: "test result: ok. 42 passed; 0 failed",
+                });
+                if i.is_multiple_of(10) {
+                    reviewer.emit(Event::LlmRequest {
+                        provider: "anthropic",
+                        model: "claude",
+                        messages_count: i + 1,
+                    });
+                }
+                if i == 20 {
+                    em.emit(Event::AgentEnd {
+                        success: true,
+                        messages_count: 12,
+                    });
+                }
+                // Between about 4 and 14 events a second.
+                let pause = 70 + 80 * ((i / 15) % 2) + (i * 37 % 40);
+                std::thread::sleep(Duration::from_millis(pause));
+                i += 1;
+            }
+            i
+        })
+    };
+    wait_for("the audit runs", || support::lines(&log).len() >= 30);
     page.wait(
         "the failed notifier in the stream",
         "return [...document.querySelectorAll('#stream-list li.row.run')].some(li => li.textContent.includes('notify-on-end'));",
@@ -1023,7 +1038,7 @@ fn the_overview_shows_counters_charts_and_plugin_states() {
         "return document.querySelectorAll('#stream-list li.row').length;",
         vec![],
     );
-    em.emit(Event::TurnComplete);
+    c.hooks.emitter("coder", "demo-1").emit(Event::TurnComplete);
     page.wait(
         "the paused count",
         "return document.getElementById('pause').textContent.includes('new');",
@@ -1044,8 +1059,14 @@ fn the_overview_shows_counters_charts_and_plugin_states() {
     );
     check_plugins(&c, &page);
     page.js("window.scrollTo(0, 0);", vec![]);
-    std::thread::sleep(Duration::from_millis(1200));
+    page.wait(
+        "ten seconds of rates",
+        "return document.querySelector('#rate-chart polyline') && document.querySelector('#rate-chart polyline').getAttribute('points').split(' ').length >= 10;",
+        vec![],
+    );
     let shot = page.shot("overview");
+    stop.store(true, Ordering::Relaxed);
+    assert!(traffic.join().unwrap() >= 30);
     if std::env::var_os("PRX_HOOKS_UPDATE_DOCS").is_some() {
         let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console.png");
         std::fs::create_dir_all(docs.parent().unwrap()).unwrap();

@@ -356,9 +356,7 @@
           el("p", { class: "hook-id" }, h.id, enabled ? null : el("span", { class: "badge muted-badge" }, "disabled")),
           el("p", { class: "cmd" }, el("code", null, cmd)),
           tags.length ? el("p", { class: "tags" }, tags) : null,
-          counts ? el("p", { class: "hook-counts small muted" },
-            counts.ok + " ok · " + counts.failed + " failed · " + counts.skipped + " skipped" +
-            (counts.dropped ? " · " + counts.dropped + " dropped" : "")) : null),
+          el("p", { class: "hook-counts small muted" }, counts ? countsText(counts) : "")),
         el("div", { class: "hook-actions" },
           button("Test", { "data-focus-key": "test:" + h.id, "aria-label": "Test " + h.id, disabled: state.readOnly }, () => testHook(h, result)),
           button("Runs", { "data-focus-key": "runs:" + h.id, "aria-label": "Runs of " + h.id }, () => openRuns(h.id)),
@@ -366,6 +364,10 @@
           button("Delete", { class: "danger-ghost", "data-focus-key": "delete:" + h.id, "aria-label": "Delete " + h.id, disabled: state.readOnly }, () => confirmDelete(h)))),
       result);
     return item;
+  }
+
+  function countsText(c) {
+    return c.ok + " ok · " + c.failed + " failed · " + c.skipped + " skipped" + (c.dropped ? " · " + c.dropped + " dropped" : "");
   }
 
   function hookCounts(s) {
@@ -1017,10 +1019,7 @@
     for (const li of document.querySelectorAll("#hooks-list li.hook")) {
       const st = hookStats(li.dataset.id);
       const p = li.querySelector(".hook-counts");
-      if (st && p) {
-        const c = hookCounts(st);
-        p.textContent = c.ok + " ok · " + c.failed + " failed · " + c.skipped + " skipped" + (c.dropped ? " · " + c.dropped + " dropped" : "");
-      }
+      if (st && p) p.textContent = countsText(hookCounts(st));
     }
   }
 

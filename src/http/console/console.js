@@ -883,12 +883,15 @@
     const d = row.data;
     let badge, who, text, cls = "";
     if (row.kind === "run") {
-      badge = el("span", { class: "badge " + outcomeClass(d) }, d.outcome || d.kind);
+      // A run that never started says why in the text; its badge is the kind.
+      const notRun = d.kind === "skipped" || d.kind === "dropped" || d.kind === "cancelled";
+      badge = el("span", { class: "badge " + outcomeClass(d), title: d.outcome || d.kind }, notRun ? d.kind : (d.outcome || d.kind));
       who = "hook " + d.id + (d.direct ? " (test)" : "");
-      text = (d.event ? d.event + " · " : "") + ms(d.duration_ms) + (d.stderr_tail ? " · stderr: " + truncate(d.stderr_tail.trim().replace(/\s+/g, " "), 120) : "");
+      text = (d.event ? d.event + " · " : "") + (notRun ? d.outcome || "" : ms(d.duration_ms)) +
+        (d.stderr_tail ? " · stderr: " + truncate(d.stderr_tail.trim().replace(/\s+/g, " "), 120) : "");
       cls = "run";
     } else {
-      badge = el("span", { class: "badge event" }, d.event || d.topic || "message");
+      badge = el("span", { class: "badge event", title: d.topic || null }, d.event || d.topic || "message");
       who = [d.agent, d.session].filter((x) => x).join(" / ");
       text = summary(d.payload);
       cls = "bus";

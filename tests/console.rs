@@ -5,7 +5,7 @@
 //! A screenshot of each state is written to `target/console-screenshots/` (README names
 //! them); `PRX_HOOKS_UPDATE_DOCS=1` also copies the overview to `docs/console.png`.
 
-use prx_hooks::http::{CONTENT_SECURITY_POLICY, HttpOptions, Server, Token};
+use prx_hooks::http::{CONTENT_SECURITY_POLICY, EventStreamOptions, HttpOptions, Server, Token};
 use prx_hooks::{Event, Hooks};
 use serde_json::{Value, json};
 use std::net::{SocketAddr, TcpListener};
@@ -392,6 +392,125 @@ fn the_stream_resumes_with_last_event_id_after_the_connection_drops() {
         vec![],
     );
     assert_eq!(shown, 2, "each event once");
+    page.assert_no_script_errors();
+}
+
+#[test]
+fn a_restarted_server_is_said_and_a_new_token_sends_the_page_back_to_its_login() {
+    let mut c = Console::start(&hooks_file(&[]));
+    let page = c.sign_in(Viewport::Desktop);
+    let addr = c.addr();
+    let restart = |c: &mut Console, token: &str| {
+        c.server.shutdown(Duration::from_secs(5));
+        c.server = Server::start(
+            c.hooks.clone(),
+            HttpOptions::new(Token::new(token, "test").unwrap()),
+            addr,
+        )
+        .unwrap();
+    };
+    // The same token: the stream ends with a shutdown notice, resumes from another instance
+    // (a gap, said), and is live again.
+    restart(&mut c, TOKEN);
+    page.wait(
+        "the shutdown and restart notices",
+        "const t = document.getElementById('stream-list').textContent; return t.includes('shutting down') && t.includes('the server restarted');",
+        vec![],
+    );
+    page.wait(
+        "live again",
+        "return document.getElementById('conn').dataset.state === 'live';",
+        vec![],
+    );
+    tool_call(&c.hooks, "coder", "shell", "after the restart");
+    page.wait(
+        "an event from the new server",
+        "return document.getElementById('stream-list').textContent.includes('after the restart');",
+        vec![],
+    );
+    // Another token (rotated): the next request is a 401 and the page asks again.
+    restart(&mut c, "rotated-token-0123456789abcdef");
+    page.wait_visible("#login");
+    page.wait(
+        "the reason at the field",
+        "return document.getElementById('token-error').textContent.includes('refused the token');",
+        vec![],
+    );
+    assert_eq!(page.js("return sessionStorage.length;", vec![]), 0);
+    assert!(page.js("return document.getElementById('app').hidden;", vec![]) == true);
+    page.fill("#token", "rotated-token-0123456789abcdef");
+    page.click("#login-submit");
+    page.wait(
+        "signed in with the new token",
+        "return document.getElementById('conn').dataset.state === 'live';",
+        vec![],
+    );
+    page.assert_no_script_errors();
+}
+
+#[test]
+fn a_stream_refused_with_429_is_retried_after_retry_after_and_a_503_is_said() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("hooks.json"), hooks_file(&[])).unwrap();
+    let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
+    let server = Server::start(
+        hooks.clone(),
+        HttpOptions::new(Token::new(TOKEN, "test").unwrap())
+            .events(EventStreamOptions::default().max_streams(1)),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    let addr = server.local_addr();
+    // Another client holds the only stream.
+    let mut holder = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(
+        &mut holder,
+        format!(
+            "GET /api/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    wait_for("the holder's stream", || server.event_stats().streams == 1);
+    let page = Page::open(Viewport::Desktop);
+    page.goto(&format!("http://{addr}/"));
+    page.fill("#token", TOKEN);
+    page.click("#login-submit");
+    page.wait(
+        "the 429 said",
+        "const n = document.getElementById('stream-note'); return !n.hidden && n.textContent.includes('too many live streams');",
+        vec![],
+    );
+    page.wait(
+        "the retry after Retry-After (5 s)",
+        "return document.getElementById('conn').textContent === 'Reconnecting in 5 s';",
+        vec![],
+    );
+    // The holder leaves (the hub notices at its next write to it): the page gets the stream.
+    drop(holder);
+    hooks.emitter("coder", "s-1").emit(Event::TurnComplete);
+    page.wait(
+        "the stream, retried",
+        "return document.getElementById('conn').dataset.state === 'live';",
+        vec![],
+    );
+    assert!(server.event_stats().refused >= 1);
+    // The hook system shuts down under the page: the stream ends and is refused (503), said
+    // in place; a write is refused too, said at the hooks.
+    hooks.shutdown(Duration::from_secs(5));
+    page.wait(
+        "the 503 said",
+        "const n = document.getElementById('stream-note'); return !n.hidden && n.textContent.includes('unavailable');",
+        vec![],
+    );
+    page.click("#new-hook");
+    page.fill("#f-command", "/bin/true");
+    page.click("#editor-save");
+    page.wait(
+        "the refused write",
+        "const e = document.getElementById('editor-error'); return !e.hidden && e.textContent.includes('shutting down');",
+        vec![],
+    );
     page.assert_no_script_errors();
 }
 

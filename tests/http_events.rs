@@ -703,3 +703,20 @@ fn a_client_that_stops_reading_is_disconnected_by_the_write_deadline() {
     });
     drop(stalled);
 }
+
+#[test]
+fn with_record_always_a_late_client_gets_what_happened_before_it_connected() {
+    let api = Api::start(None, |o| {
+        o.events(EventStreamOptions::default().record_always(true))
+    });
+    // The stream's own subscription is what listens: the event is queued, not skipped.
+    assert_eq!(tool_call(&api.hooks, "early"), Emit::Queued);
+    wait_for("the hub to number it", || {
+        api.event_stats()["items"].as_u64() == Some(1)
+    });
+    assert_eq!(api.event_stats()["recording"], json!(true));
+    let (_, replay, ready) = api.stream("?backlog=10", &[]);
+    assert_eq!(replay.len(), 1, "{replay:?}");
+    assert_eq!(replay[0].json()["payload"]["output"], "early");
+    assert_eq!(ready.json()["replayed"], 1);
+}

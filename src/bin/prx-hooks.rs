@@ -3,6 +3,12 @@
 //! README.md § `prx-hooks` command line is the contract for flags and output: data (bus messages, bench results) goes
 //! to stdout; logs, line errors and stats go to stderr.
 
+#[path = "prx-hooks/init.rs"]
+mod init;
+#[cfg(feature = "http")]
+#[path = "prx-hooks/tail.rs"]
+mod tail;
+
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::signal::{SigSet, Signal};
@@ -52,6 +58,12 @@ enum Command {
     Validate(ValidateArgs),
     /// Run every hook for EVENT once, wait, and print one line per outcome.
     Fire(FireArgs),
+    /// Create a working workspace in DIR: a sample hooks.json, its scripts, sample events, a
+    /// README. Never overwrites anything.
+    Init(init::InitArgs),
+    /// Follow a running server's live stream: one line per event and per hook run.
+    #[cfg(feature = "http")]
+    Tail(tail::TailArgs),
 }
 
 #[derive(Args)]
@@ -190,6 +202,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench(args),
         Command::Validate(args) => validate(args),
         Command::Fire(args) => fire(args),
+        Command::Init(args) => init::init(args),
+        #[cfg(feature = "http")]
+        Command::Tail(args) => tail::tail(args),
     };
     match result {
         Ok(code) => code,
@@ -218,6 +233,8 @@ fn log_filter(v: &Verbosity, command: &Command) -> tracing_subscriber::EnvFilter
     EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(match command {
             Command::Fire(_) => "warn",
+            #[cfg(feature = "http")]
+            Command::Tail(_) => "warn",
             _ => "info",
         })
     })
@@ -557,13 +574,17 @@ impl ApiServer {
 /// listens and where its token is.
 #[cfg(feature = "http")]
 fn start_api(hooks: &Arc<Hooks>, args: &RunArgs, addr: &str) -> Result<ApiServer, BoxError> {
-    use prx_hooks::http::{HttpOptions, Server, token};
+    use prx_hooks::http::{EventStreamOptions, HttpOptions, Server, token};
     let listen = listen_addr(addr)?;
     let env = std::env::var(token::TOKEN_ENV).ok();
     let (token, source) =
         token::resolve(args.token_file.as_deref(), env.as_deref(), &args.workspace)?;
     raise_nofile();
-    let opts = HttpOptions::new(token).allow_hosts(&args.allow_host);
+    // The live stream keeps its backlog from the start, so `tail --last N` shows what the
+    // replay did before anyone watched.
+    let opts = HttpOptions::new(token)
+        .allow_hosts(&args.allow_host)
+        .events(EventStreamOptions::default().record_always(true));
     let server = match &listen {
         Listen::Tcp(addr) => Server::start(hooks.clone(), opts, *addr),
         Listen::Unix(path) => Server::start_unix(hooks.clone(), opts, path),

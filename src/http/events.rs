@@ -106,6 +106,12 @@ pub struct EventStreamOptions {
     /// How long the stream keeps recording after its last client left (default
     /// [`DEFAULT_LINGER`]): a client reconnecting within it resumes without a gap.
     pub linger: Duration,
+    /// Record from the start and never stop (default `false`: only while a client is
+    /// connected, and for `linger` after). `prx-hooks run --listen` turns it on, so a client
+    /// joining late sees what just happened (`?backlog=N`, `prx-hooks tail --last N`); it costs
+    /// what a bus subscriber to `*` costs: every event is serialized even if nothing else
+    /// listens.
+    pub always: bool,
 }
 
 impl Default for EventStreamOptions {
@@ -117,6 +123,7 @@ impl Default for EventStreamOptions {
             max_streams: DEFAULT_MAX_STREAMS,
             keepalive: DEFAULT_KEEPALIVE,
             linger: DEFAULT_LINGER,
+            always: false,
         }
     }
 }
@@ -150,6 +157,12 @@ impl EventStreamOptions {
     /// See [`EventStreamOptions::linger`].
     pub fn linger(mut self, linger: Duration) -> Self {
         self.linger = linger;
+        self
+    }
+
+    /// See [`EventStreamOptions::always`].
+    pub fn record_always(mut self, on: bool) -> Self {
+        self.always = on;
         self
     }
 }
@@ -427,6 +440,19 @@ impl EventHub {
             counters: Counters::default(),
             conns,
         }))
+    }
+
+    /// With [`EventStreamOptions::always`], starts recording now (a hook system already shut
+    /// down is left alone).
+    pub(crate) fn start(&self, hooks: &Arc<Hooks>) {
+        if !self.0.opts.always {
+            return;
+        }
+        let mut st = self.0.lock();
+        if st.recording || st.closed.is_some() || hooks.is_shut_down() {
+            return;
+        }
+        let _ = self.0.start_recording(&mut st, hooks);
     }
 
     /// Ends every stream (each gets a `shutdown` event with `reason`), stops recording and
@@ -1002,7 +1028,8 @@ fn record(
                 c.last_sent = now;
             }
         }
-        if st.clients.is_empty()
+        if !hub.opts.always
+            && st.clients.is_empty()
             && hub.open.load(Ordering::Relaxed) == 0
             && now.duration_since(st.idle_since) >= hub.opts.linger
         {

@@ -251,6 +251,7 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
     if let Some(editor) = hooks.editor() {
         editor.baseline();
     }
+    events.start(&hooks);
     let api = Arc::new(Api {
         hooks,
         opts,

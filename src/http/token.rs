@@ -162,6 +162,37 @@ pub fn resolve(
     Ok((token, TokenSource::Generated(path)))
 }
 
+/// Finds the token a client should send, by the same precedence as [`resolve`], without ever
+/// generating one: `None` when the workspace has no token file (no server has started there
+/// yet). The same checks apply (owner, mode, no symbolic link for the workspace's file).
+pub fn find(
+    token_file: Option<&Path>,
+    env: Option<&str>,
+    workspace: &Path,
+) -> Result<Option<(Token, TokenSource)>, TokenError> {
+    if token_file.is_some() || env.is_some() {
+        return resolve(token_file, env, workspace).map(Some);
+    }
+    let path = workspace.join(TOKEN_FILE);
+    match read_private(&path, Follow::No)? {
+        Some(text) if !first_line(&text).is_empty() => {
+            let token = Token::new(first_line(&text), &path.display().to_string())?;
+            Ok(Some((token, TokenSource::Workspace(path))))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Where the server of `workspace` listens, as `prx-hooks run --listen` wrote it
+/// (`http://127.0.0.1:7878` or `unix:/path`); `None` when no server has written it (or the
+/// last one removed it at exit). The file is checked like a token file.
+pub fn read_address(workspace: &Path) -> Result<Option<String>, TokenError> {
+    let path = workspace.join(ADDRESS_FILE);
+    Ok(read_private(&path, Follow::No)?
+        .map(|text| first_line(&text).to_string())
+        .filter(|a| !a.is_empty()))
+}
+
 /// Writes `<workspace>/.prx-hooks/address` (whole, mode 0600): where this server listens, as
 /// clients address it. Returns the file's path.
 pub fn write_address(workspace: &Path, address: &str) -> Result<PathBuf, TokenError> {
@@ -354,6 +385,38 @@ mod tests {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = resolve(Some(&file), None, dir.path()).unwrap_err();
         assert!(e.to_string().contains("chmod 600"), "{e}");
+    }
+
+    #[test]
+    fn a_client_finds_the_token_and_address_without_creating_them() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(find(None, None, dir.path()).unwrap().is_none());
+        assert!(read_address(dir.path()).unwrap().is_none());
+        assert!(!dir.path().join(TOKEN_FILE).exists(), "nothing generated");
+        let (t, _) = resolve(None, None, dir.path()).unwrap();
+        write_address(dir.path(), "unix:/run/x.sock").unwrap();
+        let (found, source) = find(None, None, dir.path()).unwrap().unwrap();
+        assert_eq!(found, t);
+        assert_eq!(source, TokenSource::Workspace(dir.path().join(TOKEN_FILE)));
+        assert_eq!(
+            read_address(dir.path()).unwrap().as_deref(),
+            Some("unix:/run/x.sock")
+        );
+        let (env, _) = find(None, Some("from-the-env-0123456789"), dir.path())
+            .unwrap()
+            .unwrap();
+        assert_eq!(env.as_str(), "from-the-env-0123456789");
+        std::fs::set_permissions(
+            dir.path().join(ADDRESS_FILE),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        assert!(
+            read_address(dir.path())
+                .unwrap_err()
+                .to_string()
+                .contains("chmod 600")
+        );
     }
 
     #[test]

@@ -1,0 +1,178 @@
+//! `prx-hooks init` as a real process (README.md § `init`): the workspace it makes validates
+//! (strictly) and runs its sample events through its real hooks; it never overwrites anything,
+//! a symbolic link included, and names everything that is in the way.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn prx(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(args)
+        .current_dir(cwd)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn init_makes_a_workspace_that_validates_strictly_and_runs_its_sample_events() {
+    let root = tempfile::tempdir().unwrap();
+    let out = prx(&["init", "deep/ws"], root.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("prx-hooks validate --workspace deep/ws"),
+        "{stdout}"
+    );
+    let ws = root.path().join("deep/ws");
+    for (name, mode) in [
+        ("hooks.json", 0o600),
+        ("hooks/log-event.sh", 0o755),
+        ("hooks/notify.sh", 0o755),
+        ("events.ndjson", 0o644),
+        ("README.md", 0o644),
+        (".gitignore", 0o644),
+    ] {
+        let m = std::fs::metadata(ws.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = m.permissions().mode() & 0o777;
+        if mode == 0o644 {
+            // Plain files follow the umask; none is writable by others.
+            assert_eq!((got & 0o600, got & 0o022), (0o600, 0), "{name}: {got:o}");
+        } else {
+            assert_eq!(got, mode, "{name}: {got:o}");
+        }
+    }
+    let gitignore = std::fs::read_to_string(ws.join(".gitignore")).unwrap();
+    assert!(
+        gitignore.lines().any(|l| l == ".prx-hooks/") && gitignore.lines().any(|l| l == "logs/")
+    );
+    let readme = std::fs::read_to_string(ws.join("README.md")).unwrap();
+    for id in ["audit-tool-calls", "notify-agent-end", "errors-to-file"] {
+        assert!(readme.contains(id), "the README explains {id}");
+    }
+
+    let out = prx(
+        &["validate", "--strict", "--workspace", "deep/ws"],
+        root.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("ok: 3 hook(s), 3 enabled, 0 warning(s)"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = prx(
+        &[
+            "run",
+            "--workspace",
+            "deep/ws",
+            "--events",
+            "deep/ws/events.ndjson",
+        ],
+        root.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let audit = lines(&ws.join("logs/audit.log"));
+    assert_eq!(
+        audit.len(),
+        2,
+        "shell and the MCP tool, not read_file: {audit:?}"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("tool_call_start coder/demo-1")
+                && l.contains(r#""cmd":"cargo test""#))
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("mcp__github__create_issue"))
+    );
+    assert!(!audit.iter().any(|l| l.contains("read_file")));
+    let errors = lines(&ws.join("logs/errors.log"));
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].contains(r#"{"component":"tool","message":"shell exited with status 101"}"#));
+    let notes = lines(&ws.join("logs/notifications.log"));
+    assert_eq!(notes.len(), 1);
+    assert!(
+        notes[0].ends_with(r#"agent coder/demo-1 finished: {"success":true,"messages_count":9}"#),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn init_refuses_to_overwrite_anything_names_all_that_exists_and_writes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let ws = root.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("hooks.json"), "{\"hooks\": {}}\n").unwrap();
+    let elsewhere = root.path().join("elsewhere.md");
+    std::fs::write(&elsewhere, "mine").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, ws.join("README.md")).unwrap();
+    let out = prx(&["init", "ws"], root.path());
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("refusing to overwrite")
+            && err.contains("ws/hooks.json")
+            && err.contains("ws/README.md"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was written"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("hooks.json")).unwrap(),
+        "{\"hooks\": {}}\n"
+    );
+    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "mine");
+    let mut left: Vec<String> = std::fs::read_dir(&ws)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["README.md", "hooks.json"],
+        "nothing else was created"
+    );
+
+    // A second init over a workspace init made refuses as well and changes nothing.
+    let out = prx(&["init", "fresh"], root.path());
+    assert!(out.status.success());
+    let before = std::fs::read(root.path().join("fresh/hooks.json")).unwrap();
+    std::fs::write(
+        root.path().join("fresh/hooks/notify.sh"),
+        "#!/bin/sh\n# mine\n",
+    )
+    .unwrap();
+    let out = prx(&["init", "fresh"], root.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("fresh/hooks/notify.sh"));
+    assert_eq!(
+        std::fs::read(root.path().join("fresh/hooks.json")).unwrap(),
+        before
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("fresh/hooks/notify.sh")).unwrap(),
+        "#!/bin/sh\n# mine\n"
+    );
+}

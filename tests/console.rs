@@ -922,6 +922,21 @@ fn script_payloads_in_events_runs_and_stderr_are_shown_as_text_and_never_run() {
         "the payload is displayed as text: {shown}"
     );
     page.shot("xss");
+    // A hook id cannot carry markup (the loader refuses it); the refusal, which quotes it,
+    // is shown at the field as text.
+    page.click("#new-hook");
+    page.wait_visible("#editor[open]");
+    page.fill("#f-id", &payload);
+    page.fill("#f-command", "/bin/true");
+    page.click("#editor-save");
+    page.wait_visible("#f-id-error");
+    let refused = page.text("#f-id-error");
+    assert!(
+        refused.contains("<img src=x"),
+        "quoted literally: {refused}"
+    );
+    page.shot("xss-hook-id");
+    page.keys(&fantoccini::key::Key::Escape.to_string());
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         page.js("return window.__pwned === undefined;", vec![]),

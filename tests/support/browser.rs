@@ -179,17 +179,34 @@ impl Page {
             .build()
             .unwrap();
         let driver_url = format!("http://{addr}");
-        let client = rt
-            .block_on(
+        // On a loaded machine Chromium can miss chromedriver's start-up deadline
+        // ("DevToolsActivePort file doesn't exist"): try again with a fresh profile, twice.
+        let mut attempt = 0;
+        let client = loop {
+            attempt += 1;
+            let profile_dir = profile.path().join(format!("profile-{attempt}"));
+            caps["goog:chromeOptions"]["args"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|a| !a.as_str().unwrap().starts_with("--user-data-dir="));
+            caps["goog:chromeOptions"]["args"]
+                .as_array_mut()
+                .unwrap()
+                .push(format!("--user-data-dir={}", profile_dir.display()).into());
+            match rt.block_on(
                 ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-                    .capabilities(caps)
+                    .capabilities(caps.clone())
                     .connect(&driver_url),
-            )
-            .unwrap_or_else(|e| {
-                let log = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail = &log[log.len().saturating_sub(4000)..];
-                panic!("could not start Chromium through chromedriver: {e}\n{tail}")
-            });
+            ) {
+                Ok(c) => break c,
+                Err(e) if attempt < 3 => eprintln!("Chromium did not start ({e}); trying again"),
+                Err(e) => {
+                    let log = std::fs::read_to_string(&log).unwrap_or_default();
+                    let tail = &log[log.len().saturating_sub(4000)..];
+                    panic!("could not start Chromium through chromedriver: {e}\n{tail}")
+                }
+            }
+        };
         let session = rt.block_on(client.session_id()).unwrap().unwrap();
         Page {
             rt,

@@ -1027,18 +1027,23 @@
   }
 
   function sparkline(box, series) {
-    const W = 240, H = 56;
+    // Drawn at the box's own width, so lines and text are not stretched.
+    const W = Math.max(120, Math.round(box.clientWidth || 240)), H = 56;
     const max = Math.max(1, ...series.flatMap((s) => s.values));
-    const chart = svg("svg", { viewBox: "0 0 " + W + " " + H, class: "spark", role: "img", "aria-label": "events per second over the last minute, at most " + fmt(max) + "/s", preserveAspectRatio: "none" });
+    const chart = svg("svg", { viewBox: "0 0 " + W + " " + H, class: "spark", role: "img", "aria-label": "events per second over the last minute, at most " + fmt(max) + "/s" });
     for (const y of [0.5, H / 2, H - 0.5]) chart.appendChild(svg("line", { x1: 0, x2: W, y1: y, y2: y, class: "grid" }));
+    // The samples so far fill the width (at least 10 s of it), up to the last minute.
+    const n = Math.max(0, ...series.map((s) => s.values.length));
+    const span = Math.min(RATE_POINTS, Math.max(n, 10));
+    const step = W / (span - 1);
     for (const s of series) {
       if (s.values.length < 2) continue;
-      const step = W / (RATE_POINTS - 1);
       const x0 = W - step * (s.values.length - 1);
       const pts = s.values.map((v, i) => (x0 + i * step).toFixed(1) + "," + (H - 2 - (v / max) * (H - 6)).toFixed(1));
       chart.appendChild(svg("polyline", { points: pts.join(" "), class: "line " + s.cls }));
     }
     chart.appendChild(svg("text", { x: 2, y: 10, class: "axis" }, fmt(max) + "/s"));
+    chart.appendChild(svg("text", { x: W - 2, y: 10, class: "axis end" }, "last " + span + " s"));
     clear(box);
     box.appendChild(chart);
   }

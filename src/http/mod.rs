@@ -19,6 +19,8 @@
 //!              ├─ /api/events   ─► the live stream (SSE; events.rs: one hub thread, a bounded
 //!              │                   queue per client, a backlog for Last-Event-ID)
 //!              └─ /api/stats, /api/plugins, /metrics ─► Hooks::stats()
+//! request ─► guard ─► / and /console/* ─► the console page (console.rs: embedded, no token;
+//!                                          its API calls carry the token like any client's)
 //! ```
 //!
 //! Every error is JSON, `{"error": "...", "path": "...", "kind": "..."}`, with the status codes
@@ -32,6 +34,7 @@
 
 mod auth;
 mod body;
+mod console;
 mod error;
 mod events;
 mod guard;
@@ -42,6 +45,7 @@ mod server;
 mod status;
 pub mod token;
 
+pub use console::{CONTENT_SECURITY_POLICY, PUBLIC_PATHS as CONSOLE_PATHS};
 pub use events::{
     DEFAULT_BACKLOG, DEFAULT_BACKLOG_BYTES, DEFAULT_KEEPALIVE, DEFAULT_LINGER, DEFAULT_MAX_STREAMS,
     DEFAULT_STREAM_QUEUE, DEFAULT_STREAM_QUEUE_BYTES, EventStreamOptions, EventStreamStats,
@@ -279,6 +283,9 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
             api.clone(),
             auth::require,
         ))
+        // The console page's static files (console.rs): outside the token check, inside the
+        // Host / Origin check.
+        .merge(console::routes())
         // Outermost, so it runs first: no auth work for a foreign Host or Origin.
         .layer(axum::middleware::from_fn_with_state(
             api.clone(),

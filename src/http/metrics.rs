@@ -880,7 +880,7 @@ mod tests {
             }),
         };
         s.set_section(crate::nats::STATS_SECTION, Some(n));
-        let text = exposition(&s, None).unwrap();
+        let text = exposition(&s, None, None).unwrap();
         for line in [
             "prx_hooks_nats_publish_published_total 7",
             "prx_hooks_nats_publish_connected 1",
@@ -892,7 +892,7 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} missing in {text}");
         }
         // Without a bridge, none of them.
-        let text = exposition(&Stats::default(), None).unwrap();
+        let text = exposition(&Stats::default(), None, None).unwrap();
         assert!(!text.contains("nats_"), "{text}");
     }
 

@@ -62,8 +62,16 @@ fn kill_leftovers(marker: &str) -> Vec<(i32, String)> {
         );
     }
     std::thread::sleep(Duration::from_millis(50));
+    // Only orphans reparented to us: a zombie that is one of the processes the tests spawn
+    // themselves (`prx-hooks`, `mkfifo`, `cat`) belongs to a `Command` of a test running
+    // beside this one, which is about to wait for it (reaped here, its `output()` failed with
+    // ECHILD).
+    let ours = |p: i32| {
+        let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        matches!(comm.trim_end(), "prx-hooks" | "mkfifo" | "cat")
+    };
     for p in all_pids() {
-        if proc_stat(p).is_some_and(|(s, ppid, _)| ppid == me && s == 'Z') {
+        if proc_stat(p).is_some_and(|(s, ppid, _)| ppid == me && s == 'Z') && !ours(p) {
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(p), None);
         }
     }

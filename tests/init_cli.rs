@@ -176,3 +176,92 @@ fn init_refuses_to_overwrite_anything_names_all_that_exists_and_writes_nothing()
         "#!/bin/sh\n# mine\n"
     );
 }
+
+#[test]
+fn init_names_an_existing_hooks_directory_or_link_in_its_refusal_and_writes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    // A directory.
+    std::fs::create_dir_all(root.path().join("wsE/hooks")).unwrap();
+    let out = prx(&["init", "wsE"], root.path());
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("refusing to overwrite what exists: wsE/hooks")
+            && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert!(!err.contains("os error"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(root.path().join("wsE"))
+        .unwrap()
+        .collect();
+    assert_eq!(left.len(), 1, "only hooks/ is there");
+    // A symbolic link to a directory elsewhere, which holds one of the scripts' names: both
+    // named, nothing written through the link or beside it.
+    let elsewhere = root.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("notify.sh"), "mine").unwrap();
+    std::fs::create_dir(root.path().join("wsL")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, root.path().join("wsL/hooks")).unwrap();
+    let out = prx(&["init", "wsL"], root.path());
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("wsL/hooks, wsL/hooks/notify.sh") && !err.contains("os error"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 1);
+    assert_eq!(
+        std::fs::read_dir(root.path().join("wsL")).unwrap().count(),
+        1
+    );
+}
+
+#[test]
+fn init_readme_quotes_the_workspace_like_its_hints_and_its_commands_run_as_pasted() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = "my ws/$(touch pwned)'x";
+    let out = prx(&["init", dir], root.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let hint = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("prx-hooks validate --workspace "))
+        .unwrap()
+        .to_string();
+    assert_eq!(hint, r"'my ws/$(touch pwned)'\''x'");
+    let readme = std::fs::read_to_string(root.path().join(dir).join("README.md")).unwrap();
+    let commands: Vec<&str> = readme
+        .lines()
+        .filter(|l| l.starts_with("prx-hooks validate") || l.contains(" --events "))
+        .collect();
+    assert_eq!(commands.len(), 2, "{readme}");
+    assert!(
+        commands[0].starts_with(&format!("prx-hooks validate --workspace {hint} ")),
+        "{}",
+        commands[0]
+    );
+    assert!(
+        commands[1].starts_with(&format!(
+            r"prx-hooks run --workspace {hint} --events 'my ws/$(touch pwned)'\''x/events.ndjson' --print"
+        )),
+        "{}",
+        commands[1]
+    );
+    // Pasted into a shell as they are, they act on that workspace and run nothing else.
+    for c in commands {
+        let line = c.replacen(
+            "prx-hooks",
+            &format!("'{}'", env!("CARGO_BIN_EXE_prx-hooks")),
+            1,
+        );
+        let out = Command::new("sh")
+            .args(["-c", &line])
+            .current_dir(root.path())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{line}: {}", text(&out.stderr));
+    }
+    assert!(!root.path().join("pwned").exists(), "$(…) never ran");
+    assert!(root.path().join(dir).join("logs/errors.log").exists());
+}

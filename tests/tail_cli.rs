@@ -459,3 +459,317 @@ fn tail_exit_codes() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A hostile server on loopback, written here with std::net: each connection gets the next of
+/// `scripts` (the last one repeats) once its request head is read; the heads are kept.
+struct Hostile {
+    url: String,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+type Script = Arc<dyn Fn(&mut TcpStream) + Send + Sync>;
+
+fn hostile(scripts: Vec<Script>) -> Hostile {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kept = heads.clone();
+    std::thread::spawn(move || {
+        for (n, conn) in listener.incoming().enumerate() {
+            let Ok(mut conn) = conn else { return };
+            let script = scripts[n.min(scripts.len() - 1)].clone();
+            let kept = kept.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match conn.read(&mut b) {
+                        Ok(1) => head.push(b[0]),
+                        _ => return,
+                    }
+                }
+                kept.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&head).to_lowercase());
+                script(&mut conn);
+            });
+        }
+    });
+    Hostile { url, heads }
+}
+
+/// An SSE response's head: no length, so the body runs until the connection closes.
+const SSE_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\r\n";
+
+/// Keeps a stream open with keep-alive comments until the client goes away.
+fn hold(conn: &mut TcpStream) {
+    while conn.write_all(b": keep-alive\n\n").is_ok() {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// `tail` against `server`, with a token file of its own.
+fn tail_of(server: &Hostile, args: &[&str]) -> (Proc, tempfile::TempDir) {
+    let ws = tempfile::tempdir().unwrap();
+    let token = ws.path().join("token");
+    std::fs::write(&token, "hostile-token-0123456789\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut all = vec![
+        "--url",
+        &server.url,
+        "--token-file",
+        token.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    (Proc::tail(ws.path(), &all), ws)
+}
+
+/// Characters that must not reach a terminal raw: C0, DEL, C1, bidirectional formatting.
+fn hazardous(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
+}
+
+/// `line` with tail's own colours taken out; `None` if it holds any other escape sequence.
+fn without_our_colours(line: &str) -> Option<String> {
+    const OURS: [&str; 9] = [
+        "[0m", "[1m", "[2m", "[31m", "[32m", "[33m", "[35m", "[36m", "[1;31m",
+    ];
+    let mut parts = line.split('\x1b');
+    let mut out = parts.next().unwrap().to_string();
+    for p in parts {
+        let code = OURS.iter().find(|c| p.starts_with(**c))?;
+        out.push_str(&p[code.len()..]);
+    }
+    Some(out)
+}
+
+/// Every place a server's text reaches tail's output, each with escape sequences, C1
+/// controls, DEL and bidi overrides in it (raw where JSON allows them, `\u001b` where it
+/// does not); then a shutdown, then a 400 whose body is raw escape sequences.
+fn evil_stream() -> Vec<Script> {
+    // (id, event, data): `\u001b` in the JSON text is a JSON escape (written `\\u001b` in a
+    // plain Rust string); `\u{…}` and `\x1b` in plain strings are raw characters.
+    const ITEMS: [(&str, &str, &str); 12] = [
+        ("", "ready", r#"{"keepalive_ms":15000,"instance":"i"}"#),
+        (
+            "i-1",
+            "prx.lifecycle.tool_call",
+            "{\"topic\":\"prx.lifecycle.tool_call\",\"event\":\"tool_call\",\"agent\":\"\\u001b]0;PWNED\\u0007\",\"session\":\"s\u{202e}live\",\"timestamp\":\"2026-01-01T00:00:00.000Z\",\"payload\":{\"tool\":\"sh\u{9b}2J\",\"success\":true,\"output\":\"\u{7f}DEL \\u001b[2J\",\"\\u001b[31mkey\":\"\u{2066}v\"}}",
+        ),
+        // Not JSON: a raw ESC in a string; plain text.
+        ("i-2", "prx.lifecycle.error", "{\"x\":\"\x1b[41mRAW\"}"),
+        ("i-3", "prx.lifecycle.error", "not json"),
+        // Valid JSON over two data lines (joined by a newline).
+        ("i-4", "x", "{\"topic\":\"x\",\ndata: \"payload\":{}}"),
+        (
+            "i-5",
+            "t",
+            r#"{"topic":"\u001b[35mT","payload":{"a":"\u001b[5m"}}"#,
+        ),
+        (
+            "i-6",
+            "run",
+            "{\"type\":\"bus\",\"kind\":\"ok\",\"outcome\":\"\\u001b[42mOK\",\"event\":\"e\\u001b[43mV\",\"id\":\"h\u{202e}\",\"time\":\"2026-01-01T00:00:01.000Z\",\"duration_ms\":1.0}",
+        ),
+        (
+            "i-7",
+            "run",
+            r#"{"kind":"exit","outcome":"exit 1","event":"error","id":"h2","stderr_tail":"x\n\u001b[2Jlast"}"#,
+        ),
+        (
+            "i-8",
+            "plugin",
+            "{\"plugin\":\"p\\u001b\",\"calls\":3,\"interval_ms\":1000,\"results\":{\"\\u001b[44mK\":3},\"dropped\":{\"\u{9b}D\":1},\"state\":\"\\u001b[45mS\"}",
+        ),
+        (
+            "i-9",
+            "gap",
+            r#"{"reason":"other_instance","last_event_id":"o\u001b-1","instance":"\u001b]0;T\u0007"}"#,
+        ),
+        ("i-10", "dropped", r#"{"count":1,"reason":"\u001b[6m"}"#),
+        (
+            "",
+            "shutdown",
+            r#"{"reason":"\u001b[41mINJECTED\u001b[0m"}"#,
+        ),
+    ];
+    let stream: Script = Arc::new(|c: &mut TcpStream| {
+        let mut s = String::from_utf8(SSE_HEAD.to_vec()).unwrap();
+        for (id, event, data) in ITEMS {
+            if !id.is_empty() {
+                s.push_str(&format!("id: {id}\n"));
+            }
+            s.push_str(&format!("event: {event}\ndata: {data}\n\n"));
+        }
+        let _ = c.write_all(s.as_bytes());
+    });
+    let refuse: Script = Arc::new(|c: &mut TcpStream| {
+        let body = "{\"error\":\"\x1b]0;PWNED-TITLE\x07\x1b[2J\u{202e} fake\"}";
+        let _ = write!(
+            c,
+            "HTTP/1.1 400 Bad Request\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+    });
+    vec![stream, refuse]
+}
+
+#[test]
+fn tail_prints_server_text_escaped_with_only_its_own_colours() {
+    let server = hostile(evil_stream());
+    let (tail, _ws) = tail_of(&server, &["--runs", "--color", "always"]);
+    let (code, out, err) = tail.exit();
+    assert_eq!(code, 2, "the 400 ends it; stderr: {err:?}");
+    for line in &out {
+        let plain = without_our_colours(line)
+            .unwrap_or_else(|| panic!("an escape sequence not of tail's: {line:?}"));
+        assert!(!plain.chars().any(hazardous), "{line:?}");
+    }
+    for line in &err {
+        assert!(!line.chars().any(hazardous), "stderr: {line:?}");
+    }
+    let out: Vec<String> = out
+        .iter()
+        .map(|l| without_our_colours(l).unwrap())
+        .collect();
+    let has = |lines: &[String], needle: &str| {
+        assert!(
+            lines.iter().any(|l| l.contains(needle)),
+            "no line with {needle:?}:\n{}",
+            lines.join("\n")
+        )
+    };
+    let expected: [(&[String], &str); 10] = [
+        (&out, r"\u{1b}]0;PWNED\u{7}/s\u{202e}live  tool_call"),
+        (
+            &out,
+            r"sh\u{9b}2J ok: \u{7f}DEL \u{1b}[2J \u{1b}[31mkey=\u{2066}v",
+        ),
+        (&out, r"\u{1b}[35mT"),
+        (&out, r"hook h\u{202e} (e\u{1b}[43mV)  \u{1b}[42mOK  1.0 ms"),
+        (&out, r"stderr: \u{1b}[2Jlast"),
+        (
+            &out,
+            r"p\u{1b}  3 call(s) in 1000 ms: \u{1b}[44mK 3; dropped \u{9b}D 1 [\u{1b}[45mS]",
+        ),
+        (
+            &err,
+            r"the server restarted (stream o\u{1b} is now \u{1b}]0;T\u{7})",
+        ),
+        (&err, r"going away (\u{1b}[41mINJECTED\u{1b}[0m)"),
+        (&err, r"400 Bad Request: {"),
+        (&err, r"\u{1b}]0;PWNED-TITLE\u{7}\u{1b}[2J\u{202e} fake"),
+    ];
+    for (lines, needle) in expected {
+        has(lines, needle);
+    }
+    // Data that is not a JSON object is not shown: counted, said once.
+    assert_eq!(
+        err.iter().filter(|l| l.contains("not shown:")).count(),
+        1,
+        "{err:?}"
+    );
+    has(&err, "in all: 2 item(s) not shown");
+}
+
+#[test]
+fn tail_json_is_one_valid_object_per_line_serialized_never_pasted() {
+    let server = hostile(evil_stream());
+    let (tail, _ws) = tail_of(&server, &["--json", "--runs"]);
+    let (code, out, err) = tail.exit();
+    assert_eq!(code, 2, "stderr: {err:?}");
+    let objects: Vec<serde_json::Value> = out
+        .iter()
+        .map(|l| {
+            assert!(!l.chars().any(hazardous), "raw in --json: {l:?}");
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+            assert!(v.is_object(), "{l}");
+            v
+        })
+        .collect();
+    // The 8 items whose data is a JSON object; the 2 others not shown, said once.
+    assert_eq!(objects.len(), 8, "{out:#?}");
+    assert_eq!(
+        err.iter().filter(|l| l.contains("not shown:")).count(),
+        1,
+        "{err:?}"
+    );
+    // Meaning is kept (escaped, not lost).
+    assert_eq!(objects[0]["agent"], "\x1b]0;PWNED\x07");
+    assert_eq!(objects[0]["payload"]["tool"], "sh\u{9b}2J");
+    assert_eq!(objects[0]["session"], "s\u{202e}live");
+    assert!(out[0].starts_with(r#"{"topic":"prx.lifecycle.tool_call","event":"tool_call""#));
+    assert_eq!(objects[1]["topic"], "x", "two data lines, one JSON line");
+    // A server's "type" cannot stand beside tail's: one "type", tail's.
+    let run = out.iter().find(|l| l.contains("OK")).unwrap();
+    assert_eq!(run.matches("\"type\"").count(), 1, "{run}");
+    assert!(run.starts_with(r#"{"type":"run","kind":"ok""#), "{run}");
+    let types: Vec<&str> = objects.iter().filter_map(|o| o["type"].as_str()).collect();
+    assert_eq!(types, ["run", "run", "plugin", "gap", "dropped"]);
+}
+
+#[test]
+fn tail_skips_an_endless_line_without_holding_it_and_its_memory_stays_bounded() {
+    const MIB: usize = 1 << 20;
+    let script: Script = Arc::new(|c: &mut TcpStream| {
+        let mut go = || -> std::io::Result<()> {
+            c.write_all(SSE_HEAD)?;
+            c.write_all(b"id: big-1\nevent: prx.lifecycle.tool_call\ndata: ")?;
+            let chunk = vec![b'A'; MIB];
+            for _ in 0..256 {
+                c.write_all(&chunk)?;
+            }
+            c.write_all(b"\n\nid: big-2\nevent: prx.lifecycle.error\ndata: {\"topic\":\"prx.lifecycle.error\",\"event\":\"error\",\"payload\":{\"component\":\"t\",\"message\":\"after the long one\"}}\n\n")?;
+            Ok(())
+        };
+        if go().is_ok() {
+            hold(c);
+        }
+    });
+    let server = hostile(vec![script]);
+    let (mut tail, _ws) = tail_of(&server, &["--json"]);
+    tail.out_line("after the long one");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", tail.child.id())).unwrap();
+    let hwm_kib: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(
+        hwm_kib < 128 << 10,
+        "a 256 MiB line with a 32 MiB cap: peak RSS {hwm_kib} kB"
+    );
+    let said = tail.err_line("skipped an event");
+    assert!(said.contains("longer than 33554432 bytes"), "{said}");
+    assert_eq!(tail.seen_out.len(), 1, "{:?}", tail.seen_out);
+    eprintln!("peak RSS of tail after a 256 MiB line: {hwm_kib} kB");
+}
+
+#[test]
+fn an_event_id_that_cannot_be_sent_back_is_ignored_and_the_reconnect_resumes_after_the_last_good_one()
+ {
+    let first: Script = Arc::new(|c: &mut TcpStream| {
+        let _ = c.write_all(SSE_HEAD);
+        let _ = c.write_all(b"id: good-1\nevent: prx.lifecycle.error\ndata: {\"topic\":\"prx.lifecycle.error\",\"payload\":\"first\"}\n\n");
+        let _ = c.write_all(b"id: bad\x01id\nevent: prx.lifecycle.error\ndata: {\"topic\":\"prx.lifecycle.error\",\"payload\":\"second\"}\n\n");
+    });
+    let then: Script = Arc::new(|c: &mut TcpStream| {
+        let _ = c.write_all(SSE_HEAD);
+        let _ = c.write_all(b"id: good-3\nevent: prx.lifecycle.error\ndata: {\"topic\":\"prx.lifecycle.error\",\"payload\":\"third\"}\n\n");
+        hold(c);
+    });
+    let server = hostile(vec![first, then]);
+    let (mut tail, _ws) = tail_of(&server, &["--json"]);
+    tail.out_line("second");
+    tail.out_line("third");
+    let heads = server.heads.lock().unwrap().clone();
+    assert!(!heads[0].contains("last-event-id"), "{heads:?}");
+    assert!(heads[1].contains("last-event-id: good-1\r\n"), "{heads:?}");
+    let said = tail.err_line("ignored an event id");
+    assert!(said.contains(r"bad\u{1}id"), "{said}");
+    assert!(tail.child.try_wait().unwrap().is_none(), "still following");
+}

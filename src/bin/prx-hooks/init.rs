@@ -7,8 +7,9 @@
 //! keeps the API token and the logs out of version control.
 //!
 //! It never overwrites anything: every file is created with `O_EXCL` (a symbolic link counts
-//! as existing and is never followed); if any already exists, every one that does is named and
-//! nothing is written; if a write fails half-way, the files this run created are removed.
+//! as existing and is never followed) and `hooks/` is created, never reused; if any of them
+//! (`hooks/` as a directory or a link to one included) already exists, every one that does is
+//! named and nothing is written; if a write fails half-way, the files this run created are removed.
 
 use crate::BoxError;
 use clap::Args;
@@ -140,18 +141,22 @@ reported and the last good table keeps running). WASM plugins go in
 `plugins/<name>/{plugin.toml,plugin.wasm}`.
 "#;
 
-/// The files, in the order they are written.
-fn files(workspace_shown: &str) -> Vec<(&'static str, String, u32)> {
+/// The files, in the order they are written. The README's commands name the workspace the
+/// way the hints on stdout do: each path one shell word ([`shell_quote`]), so a path with
+/// spaces, quotes or `$(…)` in it is pasted as it is.
+fn files(dir: &Path) -> Vec<(&'static str, String, u32)> {
+    let readme = README
+        .replace(
+            "WORKSPACE/events.ndjson",
+            &shell_quote(&dir.join("events.ndjson").display().to_string()),
+        )
+        .replace("WORKSPACE", &shell_quote(&dir.display().to_string()));
     vec![
         ("hooks.json", HOOKS_JSON.to_string(), 0o600),
         ("hooks/log-event.sh", LOG_EVENT_SH.to_string(), 0o755),
         ("hooks/notify.sh", NOTIFY_SH.to_string(), 0o755),
         ("events.ndjson", EVENTS_NDJSON.to_string(), 0o644),
-        (
-            "README.md",
-            README.replace("WORKSPACE", workspace_shown),
-            0o644,
-        ),
+        ("README.md", readme, 0o644),
         (".gitignore", GITIGNORE.to_string(), 0o644),
     ]
 }
@@ -159,11 +164,11 @@ fn files(workspace_shown: &str) -> Vec<(&'static str, String, u32)> {
 pub fn init(args: InitArgs) -> Result<ExitCode, BoxError> {
     let dir = &args.dir;
     let shown = dir.display().to_string();
-    let files = files(&shown);
-    let existing: Vec<String> = files
-        .iter()
-        .map(|(name, _, _)| dir.join(name))
-        .chain([dir.join("hooks")].into_iter().filter(|p| !p.is_dir()))
+    let files = files(dir);
+    // `hooks/` is made by this run too (never reused: a symbolic link to a directory would
+    // have the scripts written wherever it points), so an existing one is in the way.
+    let existing: Vec<String> = std::iter::once(dir.join("hooks"))
+        .chain(files.iter().map(|(name, _, _)| dir.join(name)))
         .filter(|p| p.symlink_metadata().is_ok())
         .map(|p| p.display().to_string())
         .collect();

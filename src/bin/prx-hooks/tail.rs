@@ -12,8 +12,17 @@
 //!   with `Last-Event-ID`, so nothing is lost that the server's backlog still holds; what
 //!   could not be recovered (the server's `gap` and `dropped` events) is said once on stderr
 //!   per occurrence. A stream silent for two keep-alive periods is taken for dead.
-//! * **Terminal safety.** Payload text is agent- and LLM-controlled: every control character
-//!   (escape sequences included) is printed escaped, never passed to the terminal.
+//! * **Terminal safety.** Everything the server sends is text agents, LLMs and hooks control
+//!   (payloads, hook outcomes, plugin result keys, error bodies, shutdown reasons, ids). Every
+//!   piece of it reaches the terminal through one function, [`escape`] (via [`Line::render`]
+//!   for stdout and [`say`] for stderr): C0 and C1 controls, DEL and bidirectional overrides
+//!   are printed escaped; the only escape sequences written are our colours.
+//! * **`--json`** lines are serialized by serde_json ([`json_line`]), never pasted: one valid
+//!   JSON object per line, a server's data that is not a JSON object is not shown (counted,
+//!   said once).
+//! * **Bounded.** An event holds at most `--max-event-bytes` (32 MiB); a longer one is dropped
+//!   as it arrives ([`Parser`]), counted and said once. An event id that cannot be sent back as
+//!   `Last-Event-ID` is ignored (the last good one is kept), said once.
 //! * The HTTP client is hyper's client half on a current-thread tokio runtime: both are in the
 //!   binary already (the server uses them), and the same code speaks over a unix socket.
 
@@ -24,6 +33,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use prx_hooks::http::token;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use std::io::Write;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -66,6 +76,31 @@ pub struct TailArgs {
     /// trying.
     #[arg(long, value_name = "DURATION", value_parser = crate::parse_duration)]
     give_up: Option<Duration>,
+    /// The most one event may hold (`33554432`, `64MiB`); a longer one is skipped without
+    /// being held, counted and said once. Default 32 MiB.
+    #[arg(long, value_name = "BYTES", default_value_t = MAX_EVENT_BYTES, value_parser = parse_size)]
+    max_event_bytes: usize,
+}
+
+/// `N`, `NKiB`, `NMiB` or `NGiB` bytes, at least 1 KiB.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (n, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, ""),
+    };
+    let mult: usize = match unit {
+        "" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(format!("{s:?}: expected bytes as N, NKiB, NMiB or NGiB")),
+    };
+    n.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n >= 1 << 10)
+        .ok_or_else(|| format!("{s:?}: expected bytes as N, NKiB, NMiB or NGiB, at least 1KiB"))
 }
 
 /// Where the server is.
@@ -143,16 +178,6 @@ struct Style {
     color: bool,
 }
 
-impl Style {
-    fn paint(&self, code: &str, text: &str) -> String {
-        if self.color {
-            format!("\x1b[{code}m{text}\x1b[0m")
-        } else {
-            text.to_string()
-        }
-    }
-}
-
 pub fn tail(args: TailArgs) -> Result<ExitCode, BoxError> {
     let color = match args.color.as_str() {
         "always" => true,
@@ -203,10 +228,16 @@ struct Resume {
     keepalive: Option<Duration>,
     /// The server's instance, once known (a different one later means it restarted).
     instance: Option<String>,
+    /// `--max-event-bytes`.
+    max_event_bytes: usize,
+    refused: Refused,
 }
 
 async fn follow(args: &TailArgs, fixed: Option<Target>, query: &str, style: &Style) -> u8 {
-    let mut resume = Resume::default();
+    let mut resume = Resume {
+        max_event_bytes: args.max_event_bytes,
+        ..Resume::default()
+    };
     let mut backoff = Duration::from_millis(100);
     let mut outage: Option<(Instant, String)> = None;
     let mut connected_once = false;
@@ -228,7 +259,7 @@ async fn follow(args: &TailArgs, fixed: Option<Target>, query: &str, style: &Sty
                         } else {
                             "following"
                         };
-                        eprintln!("prx-hooks tail: {what} {t}");
+                        say(&format!("{what} {t}"));
                         connected_once = true;
                     },
                 )
@@ -240,10 +271,13 @@ async fn follow(args: &TailArgs, fixed: Option<Target>, query: &str, style: &Sty
             )),
             Err(e) => End::Exit(2, e),
         };
+        if let (End::StdoutClosed | End::Exit(..), Some(s)) = (&attempt, resume.refused.summary()) {
+            say(&s);
+        }
         match attempt {
             End::StdoutClosed => return 0,
             End::Exit(code, msg) => {
-                eprintln!("prx-hooks tail: {msg}");
+                say(&msg);
                 return code;
             }
             End::Retry(why) => {
@@ -255,7 +289,7 @@ async fn follow(args: &TailArgs, fixed: Option<Target>, query: &str, style: &Sty
                 match &outage {
                     Some((_, said)) if *said == why => {}
                     _ => {
-                        eprintln!("prx-hooks tail: {why}; retrying");
+                        say(&format!("{why}; retrying"));
                         let since = outage.as_ref().map_or_else(Instant::now, |(t, _)| *t);
                         outage = Some((since, why));
                     }
@@ -263,10 +297,13 @@ async fn follow(args: &TailArgs, fixed: Option<Target>, query: &str, style: &Sty
                 if let (Some(limit), Some((since, _))) = (args.give_up, &outage)
                     && since.elapsed() >= limit
                 {
-                    eprintln!(
-                        "prx-hooks tail: giving up after {} without a stream (--give-up)",
+                    say(&format!(
+                        "giving up after {} without a stream (--give-up)",
                         humantime::format_duration(Duration::from_secs(since.elapsed().as_secs()))
-                    );
+                    ));
+                    if let Some(s) = resume.refused.summary() {
+                        say(&s);
+                    }
                     return 1;
                 }
                 tokio::time::sleep(backoff).await;
@@ -382,6 +419,8 @@ async fn stream(
             .ok()
             .and_then(|v| v["error"].as_str().map(str::to_string))
             .unwrap_or(text);
+        // Server text: cut here, escaped when said.
+        let msg = cut(&msg, 500);
         conn.abort();
         return match status.as_u16() {
             429 | 502 | 503 | 504 => End::Retry(format!("{target}: {status}: {msg}")),
@@ -390,7 +429,7 @@ async fn stream(
         };
     }
     on_connect(target);
-    let mut parser = Parser::default();
+    let mut parser = Parser::new(resume.max_event_bytes);
     let end = loop {
         let wait = resume
             .keepalive
@@ -470,59 +509,155 @@ async fn read_small(body: &mut Incoming) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The most one event may hold (its lines and its data together) unless `--max-event-bytes`
+/// says otherwise: the server's default `max_event_bytes` (4 MiB) at its worst escaping (× 6)
+/// plus the envelope, with room to spare.
+const MAX_EVENT_BYTES: usize = 32 << 20;
+
 /// One event as SSE defines it.
 #[derive(Default, Debug)]
 struct Ev {
     id: Option<String>,
     event: String,
     data: String,
+    /// It was longer than the cap: its data was dropped as it arrived (never held); its other
+    /// fields are kept.
+    oversize: bool,
 }
 
 /// Incremental SSE parser: bytes in, whole events out (comments skipped).
-#[derive(Default)]
+///
+/// Invariant: `held + line.len() <= max` — an event never holds more than `max` bytes. A line
+/// that would pass it marks the event `oversize`, frees what the event held, and the rest of
+/// that line is dropped as it arrives (`skip_line`); data lines after it are dropped too.
 struct Parser {
+    max: usize,
     line: Vec<u8>,
     ev: Ev,
     data: Vec<String>,
+    /// Bytes of `data` (each line and its separator).
+    held: usize,
     any: bool,
+    /// Dropping the rest of an over-long line, up to its `\n`.
+    skip_line: bool,
 }
 
 impl Parser {
-    fn feed(&mut self, bytes: &[u8]) -> Vec<Ev> {
+    fn new(max: usize) -> Parser {
+        Parser {
+            max,
+            line: Vec::new(),
+            ev: Ev::default(),
+            data: Vec::new(),
+            held: 0,
+            any: false,
+            skip_line: false,
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) -> Vec<Ev> {
         let mut out = Vec::new();
-        for &b in bytes {
-            if b != b'\n' {
-                self.line.push(b);
-                continue;
-            }
-            if self.line.last() == Some(&b'\r') {
-                self.line.pop();
-            }
-            let line = String::from_utf8_lossy(&self.line).into_owned();
-            self.line.clear();
-            if line.is_empty() {
-                if self.any {
-                    let mut ev = std::mem::take(&mut self.ev);
-                    ev.data = std::mem::take(&mut self.data).join("\n");
-                    out.push(ev);
-                    self.any = false;
+        while !bytes.is_empty() {
+            let (chunk, ended) = match bytes.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    let c = &bytes[..i];
+                    bytes = &bytes[i + 1..];
+                    (c, true)
                 }
+                None => (std::mem::take(&mut bytes), false),
+            };
+            if self.skip_line {
+                // Dropped as it arrives.
+            } else if self.held + self.line.len() + chunk.len() > self.max {
+                self.skip_line = true;
+                self.ev.oversize = true;
+                self.any = true;
+                self.line = Vec::new();
+                self.data = Vec::new();
+                self.held = 0;
+            } else {
+                self.line.extend_from_slice(chunk);
+            }
+            if !ended {
                 continue;
             }
-            if line.starts_with(':') {
+            if std::mem::take(&mut self.skip_line) {
+                // The over-long line ended (it was not the blank line ending the event).
                 continue;
             }
-            self.any = true;
-            let (field, value) = line.split_once(':').unwrap_or((&line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "id" => self.ev.id = Some(value.to_string()),
-                "event" => self.ev.event = value.to_string(),
-                "data" => self.data.push(value.to_string()),
-                _ => {}
+            if let Some(ev) = self.end_line() {
+                out.push(ev);
             }
         }
         out
+    }
+
+    /// A whole line (in `self.line`): an event when it was the blank line ending one.
+    fn end_line(&mut self) -> Option<Ev> {
+        if self.line.last() == Some(&b'\r') {
+            self.line.pop();
+        }
+        let line = match String::from_utf8(std::mem::take(&mut self.line)) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
+        if line.is_empty() {
+            if !self.any {
+                return None;
+            }
+            let mut ev = std::mem::take(&mut self.ev);
+            ev.data = std::mem::take(&mut self.data).join("\n");
+            self.held = 0;
+            self.any = false;
+            return Some(ev);
+        }
+        if line.starts_with(':') {
+            return None;
+        }
+        self.any = true;
+        let (field, value) = line.split_once(':').unwrap_or((&line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "id" => self.ev.id = Some(value.to_string()),
+            "event" => self.ev.event = value.to_string(),
+            "data" if !self.ev.oversize => {
+                self.held += value.len() + 1;
+                self.data.push(value.to_string());
+            }
+            _ => {}
+        }
+        None
+    }
+}
+
+/// What tail refused or skipped, counted across connections; each kind is said on stderr
+/// when first seen, and the totals when tail exits.
+#[derive(Default)]
+struct Refused {
+    /// Items whose data was not a JSON object (not shown).
+    not_json: u64,
+    /// Events longer than the cap (skipped).
+    oversize: u64,
+    /// Event ids that cannot be sent back in `Last-Event-ID` (ignored).
+    bad_id: u64,
+}
+
+impl Refused {
+    fn summary(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.not_json > 0 {
+            parts.push(format!(
+                "{} item(s) not shown (data not a JSON object)",
+                self.not_json
+            ));
+        }
+        if self.oversize > 0 {
+            parts.push(format!("{} over-long event(s) skipped", self.oversize));
+        }
+        if self.bad_id > 0 {
+            parts.push(format!("{} unusable event id(s) ignored", self.bad_id));
+        }
+        (!parts.is_empty()).then(|| format!("in all: {}", parts.join(", ")))
     }
 }
 
@@ -535,7 +670,29 @@ fn show(
     out: &mut impl Write,
 ) -> std::io::Result<Option<End>> {
     if let Some(id) = &ev.id {
-        resume.last_id = Some(id.clone());
+        // An id is sent back as a header on the next connection: one that cannot be (a
+        // control character) is ignored, and the last good one kept.
+        if hyper::header::HeaderValue::from_str(id).is_ok() {
+            resume.last_id = Some(id.clone());
+        } else {
+            resume.refused.bad_id += 1;
+            if resume.refused.bad_id == 1 {
+                say(&format!(
+                    "ignored an event id from {target} that cannot be sent back ({}): a reconnection resumes after the last usable one (said once; counted)",
+                    cut(id, 80)
+                ));
+            }
+        }
+    }
+    if ev.oversize {
+        resume.refused.oversize += 1;
+        if resume.refused.oversize == 1 {
+            say(&format!(
+                "skipped an event from {target} longer than {} bytes (--max-event-bytes), without holding it (said once; counted)",
+                resume.max_event_bytes
+            ));
+        }
+        return Ok(None);
     }
     let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
     match ev.event.as_str() {
@@ -544,22 +701,42 @@ fn show(
             if let Some(inst) = data["instance"].as_str() {
                 resume.instance = Some(inst.to_string());
             }
+            return Ok(None);
         }
         "shutdown" => {
             let reason = data["reason"].as_str().unwrap_or("shutting down");
             return Ok(Some(End::Retry(format!(
-                "{target}: the server is going away ({reason})"
+                "{target}: the server is going away ({})",
+                cut(reason, 200)
             ))));
         }
-        "gap" => {
-            eprintln!("prx-hooks tail: {}", gap_line(&data));
-            if style.json {
-                writeln!(out, "{}", typed("gap", &ev.data))?;
-            }
+        _ => {}
+    }
+    let kind = match ev.event.as_str() {
+        k @ ("gap" | "dropped" | "run" | "plugin") => Some(k),
+        // A bus message (`message` is one whose topic is spelt like a notice).
+        _ => None,
+    };
+    let json = if style.json {
+        json_line(kind, &ev.data)
+    } else {
+        None
+    };
+    if !data.is_object() || (style.json && json.is_none()) {
+        resume.refused.not_json += 1;
+        if resume.refused.not_json == 1 {
+            say(&format!(
+                "not shown: an item from {target} ({}) whose data is not a JSON object (said once; counted)",
+                cut(&ev.event, 60)
+            ));
         }
-        "dropped" => {
+        return Ok(None);
+    }
+    match kind {
+        Some("gap") => say(&gap_line(&data)),
+        Some("dropped") => {
             let n = data["count"].as_u64().unwrap_or(0);
-            let line = match data["reason"].as_str() {
+            say(&match data["reason"].as_str() {
                 Some("client_queue_full") => format!(
                     "lost {n} event(s): this terminal read too slowly for the server's queue ({} lost in all)",
                     data["total"].as_u64().unwrap_or(n)
@@ -571,45 +748,89 @@ fn show(
                         _ => "bus message(s)",
                     }
                 ),
-            };
-            eprintln!("prx-hooks tail: {line}");
-            if style.json {
-                writeln!(out, "{}", typed("dropped", &ev.data))?;
-            }
+            });
         }
-        "run" => {
-            if style.json {
-                writeln!(out, "{}", typed("run", &ev.data))?;
-            } else {
-                writeln!(out, "{}", run_line(&data, style))?;
-            }
-        }
-        "plugin" => {
-            if style.json {
-                writeln!(out, "{}", typed("plugin", &ev.data))?;
-            } else {
-                writeln!(out, "{}", plugin_line(&data, style))?;
-            }
-        }
-        _ => {
-            // A bus message (`message` is one whose topic is spelt like a notice).
-            if style.json {
-                writeln!(out, "{}", ev.data)?;
-            } else {
-                writeln!(out, "{}", event_line(&data, style))?;
-            }
-        }
+        _ => {}
+    }
+    if let Some(line) = json {
+        writeln!(out, "{line}")?;
+    } else if !style.json {
+        let line = match kind {
+            Some("run") => run_line(&data),
+            Some("plugin") => plugin_line(&data),
+            Some(_) => return Ok(None),
+            None => event_line(&data),
+        };
+        writeln!(out, "{}", line.render(style.color))?;
     }
     Ok(None)
 }
 
-/// `{"type":"<kind>", …the object's members}`, the object's bytes otherwise untouched.
-fn typed(kind: &str, data: &str) -> String {
-    match data.strip_prefix('{') {
-        Some(rest) if rest.trim_start().starts_with('}') => format!("{{\"type\":\"{kind}\"}}"),
-        Some(rest) => format!("{{\"type\":\"{kind}\",{rest}"),
-        None => format!("{{\"type\":\"{kind}\",\"data\":{data}}}"),
+/// A JSON object's members in their order, each value as its exact text.
+struct Members(Vec<(String, Box<RawValue>)>);
+
+impl<'de> serde::Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Members, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members, A::Error> {
+                let mut members = Vec::new();
+                while let Some(m) = map.next_entry::<String, Box<RawValue>>()? {
+                    members.push(m);
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Visit)
     }
+}
+
+/// The `--json` line of an item, serialized by serde_json (never pasted): the object's
+/// members in their order, their values' text untouched, with `"type": kind` first (any
+/// `type` member of the server's is left out: ours is the one). `None`: the data is not a
+/// JSON object.
+fn json_line(kind: Option<&str>, data: &str) -> Option<String> {
+    use serde::ser::{SerializeMap, Serializer};
+    let Members(members) = serde_json::from_str(data).ok()?;
+    let mut buf = Vec::with_capacity(data.len() + 16);
+    let mut ser = serde_json::Serializer::new(&mut buf);
+    let mut map = (&mut ser).serialize_map(None).ok()?;
+    if let Some(kind) = kind {
+        map.serialize_entry("type", kind).ok()?;
+    }
+    for (k, v) in &members {
+        if kind.is_none() || k != "type" {
+            map.serialize_entry(k, v).ok()?;
+        }
+    }
+    map.end().ok()?;
+    String::from_utf8(buf).ok().map(json_safe)
+}
+
+/// Valid JSON made one line and terminal-safe without changing its meaning. In valid JSON a
+/// tab, CR or LF can only be whitespace between tokens (inside strings they are escaped), so
+/// they go; every other [`hazardous`] character can only be inside a string, so it becomes a
+/// `\uXXXX` escape (all of them are in the BMP).
+fn json_safe(s: String) -> String {
+    if !s.chars().any(hazardous) {
+        return s;
+    }
+    let mut out = String::with_capacity(s.len() + 32);
+    for c in s.chars() {
+        match c {
+            '\t' | '\n' | '\r' => {}
+            c if hazardous(c) => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn gap_line(d: &Value) -> String {
@@ -625,16 +846,19 @@ fn gap_line(d: &Value) -> String {
         }
         Some("other_instance") => format!(
             "the server restarted (stream {} is now {}): events emitted meanwhile were lost",
-            d["last_event_id"]
-                .as_str()
-                .and_then(|s| s.rsplit_once('-'))
-                .map_or("?", |(i, _)| i),
-            d["instance"].as_str().unwrap_or("?")
+            cut(
+                d["last_event_id"]
+                    .as_str()
+                    .and_then(|s| s.rsplit_once('-'))
+                    .map_or("?", |(i, _)| i),
+                40
+            ),
+            cut(d["instance"].as_str().unwrap_or("?"), 40)
         ),
         Some("unknown_id") => {
             "the server does not know where this tail left off; following from now".to_string()
         }
-        _ => format!("events were lost: {d}"),
+        _ => format!("events were lost: {}", cut(&d.to_string(), 300)),
     }
 }
 
@@ -646,22 +870,81 @@ fn clock(t: &Value) -> String {
         .to_string()
 }
 
-/// Text an agent controls, made safe for a terminal: control characters escaped, cut to
-/// `max` characters.
-fn clean(s: &str, max: usize) -> String {
-    let mut out = String::new();
-    for (n, c) in s.chars().enumerate() {
-        if n >= max {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
+/// Whether `c` must not reach a terminal as it is: C0 controls, DEL and C1 controls (escape
+/// sequences begin with ESC or a C1 such as CSI), and the bidirectional formatting characters
+/// that reorder what is displayed (embeddings and overrides U+202A–U+202E, isolates
+/// U+2066–U+2069, the marks U+200E, U+200F, U+061C).
+fn hazardous(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
+        )
+}
+
+/// Server-provided text made safe for a terminal: every [`hazardous`] character escaped
+/// (`\u{1b}`, `\n`, `\u{202e}`). [`Line::render`] and [`say`] pass everything they print
+/// through it.
+fn escape(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(hazardous) {
+        return s.into();
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if hazardous(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
     }
-    out
+    out.into()
+}
+
+/// One line on stderr, escaped (messages carry server text: error bodies, reasons, ids).
+fn say(msg: &str) {
+    eprintln!("prx-hooks tail: {}", escape(msg));
+}
+
+/// `s` cut to `max` characters (`…` marks a cut). Escaping comes later, at printing.
+fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// A line for the terminal: pieces of text, each with one of our colours (an SGR code) or
+/// none (`""`). [`Line::render`] is where text meets the terminal: every piece is escaped, so
+/// the only escape sequences printed are the colours written here.
+#[derive(Default)]
+struct Line(Vec<(&'static str, String)>);
+
+impl Line {
+    /// `time  label`: how run and plugin lines begin.
+    fn head(time: &Value, sgr: &'static str, label: &'static str) -> Line {
+        let mut l = Line::default();
+        l.add("2", clock(time)).add("", "  ").add(sgr, label);
+        l
+    }
+
+    fn add(&mut self, sgr: &'static str, text: impl Into<String>) -> &mut Line {
+        self.0.push((sgr, text.into()));
+        self
+    }
+
+    fn render(&self, color: bool) -> String {
+        let mut s = String::new();
+        for (sgr, text) in &self.0 {
+            let text = escape(text);
+            if color && !sgr.is_empty() {
+                s.push_str(&format!("\x1b[{sgr}m{text}\x1b[0m"));
+            } else {
+                s.push_str(&text);
+            }
+        }
+        s.truncate(s.trim_end().len());
+        s
+    }
 }
 
 fn text(v: &Value) -> String {
@@ -686,105 +969,116 @@ fn documented(event: &str) -> &'static [&'static str] {
     }
 }
 
-fn event_line(env: &Value, style: &Style) -> String {
+/// `ok` in green, `failed` in red, else `?`.
+fn ok(l: &mut Line, v: &Value) {
+    match v.as_bool() {
+        Some(true) => l.add("32", "ok"),
+        Some(false) => l.add("31", "failed"),
+        None => l.add("", "?"),
+    };
+}
+
+fn event_line(env: &Value) -> Line {
     let p = &env["payload"];
     let event = env["event"].as_str();
-    let ok = |v: &Value| match v.as_bool() {
-        Some(true) => style.paint("32", "ok"),
-        Some(false) => style.paint("31", "failed"),
-        None => "?".to_string(),
-    };
-    let mut summary = match event {
-        Some("agent_start") => String::new(),
-        Some("agent_end") => format!(
-            "{}, {} messages",
-            ok(&p["success"]),
-            text(&p["messages_count"])
-        ),
-        Some("llm_request") => format!(
-            "{} {}, {} messages",
-            clean(&text(&p["provider"]), 40),
-            clean(&text(&p["model"]), 60),
-            text(&p["messages_count"])
-        ),
-        Some("llm_response") => format!(
-            "{} {} {} ms {}",
-            clean(&text(&p["provider"]), 40),
-            clean(&text(&p["model"]), 60),
-            text(&p["duration_ms"]),
-            ok(&p["success"])
-        ),
-        Some("tool_call_start") => format!(
-            "{} {}",
-            clean(&text(&p["tool"]), 60),
-            clean(&text(&p["arguments"]), 100)
-        ),
-        Some("tool_call") => format!(
-            "{} {}: {}",
-            clean(&text(&p["tool"]), 60),
-            ok(&p["success"]),
-            clean(&text(&p["output"]), 100)
-        ),
-        Some("error") => format!(
-            "{}: {}",
-            clean(&text(&p["component"]), 40),
-            clean(&text(&p["message"]), 120)
-        ),
-        Some(_) => String::new(),
-        None => clean(&p.to_string(), 120),
-    };
-    if let (Some(e), Value::Object(m)) = (event, p) {
-        let known = documented(e);
-        for (k, v) in m.iter().filter(|(k, _)| !known.contains(&k.as_str())) {
-            if !summary.is_empty() {
-                summary.push(' ');
-            }
-            summary.push_str(&format!("{}={}", clean(k, 40), clean(&text(v), 60)));
-        }
-    }
-    let name = event.unwrap_or_else(|| env["topic"].as_str().unwrap_or("?"));
-    let painted = match event {
-        Some("error") => style.paint("1;31", &format!("{name:<15}")),
-        Some(_) => style.paint("1", &format!("{name:<15}")),
-        None => style.paint("35", &format!("{:<15}", clean(name, 60))),
-    };
+    let mut l = Line::default();
+    l.add("2", clock(&env["timestamp"])).add("", "  ");
     let who = match (env["agent"].as_str(), env["session"].as_str()) {
         (Some(a), Some(s)) if !a.is_empty() || !s.is_empty() => {
-            format!("{}/{}", clean(a, 40), clean(s, 40))
+            format!("{}/{}", cut(a, 40), cut(s, 40))
         }
         _ => "-".to_string(),
     };
-    format!(
-        "{}  {}  {}  {}",
-        style.paint("2", &clock(&env["timestamp"])),
-        style.paint("36", &who),
-        painted,
-        summary
-    )
-    .trim_end()
-    .to_string()
+    l.add("36", who).add("", "  ");
+    let name = cut(
+        event.unwrap_or_else(|| env["topic"].as_str().unwrap_or("?")),
+        60,
+    );
+    let sgr = match event {
+        Some("error") => "1;31",
+        Some(_) => "1",
+        None => "35",
+    };
+    l.add(sgr, format!("{name:<15}")).add("", "  ");
+    let start = l.0.len();
+    let f = |field: &str, max: usize| cut(&text(&p[field]), max);
+    match event {
+        Some("agent_end") => {
+            ok(&mut l, &p["success"]);
+            l.add("", format!(", {} messages", f("messages_count", 20)));
+        }
+        Some("llm_request") => {
+            l.add(
+                "",
+                format!(
+                    "{} {}, {} messages",
+                    f("provider", 40),
+                    f("model", 60),
+                    f("messages_count", 20)
+                ),
+            );
+        }
+        Some("llm_response") => {
+            l.add(
+                "",
+                format!(
+                    "{} {} {} ms ",
+                    f("provider", 40),
+                    f("model", 60),
+                    f("duration_ms", 20)
+                ),
+            );
+            ok(&mut l, &p["success"]);
+        }
+        Some("tool_call_start") => {
+            l.add("", format!("{} {}", f("tool", 60), f("arguments", 100)));
+        }
+        Some("tool_call") => {
+            l.add("", format!("{} ", f("tool", 60)));
+            ok(&mut l, &p["success"]);
+            l.add("", format!(": {}", f("output", 100)));
+        }
+        Some("error") => {
+            l.add("", format!("{}: {}", f("component", 40), f("message", 120)));
+        }
+        Some(_) => {}
+        None => {
+            l.add("", cut(&p.to_string(), 120));
+        }
+    }
+    if let (Some(e), Value::Object(m)) = (event, p) {
+        let known = documented(e);
+        for (k, v) in m.iter().filter(|(k, _)| !known.contains(&k.as_str())) {
+            let sep = if l.0.len() > start { " " } else { "" };
+            l.add("", format!("{sep}{}={}", cut(k, 40), cut(&text(v), 60)));
+        }
+    }
+    l
 }
 
-fn run_line(r: &Value, style: &Style) -> String {
-    let outcome = text(&r["outcome"]);
-    let painted = match r["kind"].as_str() {
-        Some("ok") => style.paint("32", &outcome),
-        Some("skipped" | "dropped" | "cancelled") => style.paint("33", &clean(&outcome, 100)),
-        _ => style.paint("31", &clean(&outcome, 100)),
+fn run_line(r: &Value) -> Line {
+    let direct = if r["direct"].as_bool() == Some(true) {
+        ", test"
+    } else {
+        ""
     };
-    let mut line = format!(
-        "{}  {}  hook {} ({}{})  {}  {:.1} ms",
-        style.paint("2", &clock(&r["time"])),
-        style.paint("36", "run"),
-        clean(&text(&r["id"]), 64),
-        text(&r["event"]),
-        if r["direct"].as_bool() == Some(true) {
-            ", test"
-        } else {
-            ""
-        },
-        painted,
-        r["duration_ms"].as_f64().unwrap_or(0.0)
+    let mut l = Line::head(&r["time"], "36", "run");
+    l.add(
+        "",
+        format!(
+            "  hook {} ({}{direct})  ",
+            cut(&text(&r["id"]), 64),
+            cut(&text(&r["event"]), 40),
+        ),
+    );
+    let sgr = match r["kind"].as_str() {
+        Some("ok") => "32",
+        Some("skipped" | "dropped" | "cancelled") => "33",
+        _ => "31",
+    };
+    l.add(sgr, cut(&text(&r["outcome"]), 100)).add(
+        "",
+        format!("  {:.1} ms", r["duration_ms"].as_f64().unwrap_or(0.0)),
     );
     let tail = text(&r["stderr_tail"]);
     let last = tail
@@ -793,37 +1087,43 @@ fn run_line(r: &Value, style: &Style) -> String {
         .find(|l| !l.trim().is_empty())
         .unwrap_or("");
     if !last.is_empty() && r["kind"].as_str() != Some("ok") {
-        line.push_str(&format!("  stderr: {}", clean(last.trim(), 120)));
+        l.add("", format!("  stderr: {}", cut(last.trim(), 120)));
     }
-    line
+    l
 }
 
-fn plugin_line(a: &Value, style: &Style) -> String {
+fn plugin_line(a: &Value) -> Line {
     let parts = |v: &Value| -> Vec<String> {
         v.as_object()
-            .map(|m| m.iter().map(|(k, n)| format!("{k} {n}")).collect())
+            .map(|m| {
+                m.iter()
+                    .map(|(k, n)| format!("{} {}", cut(k, 40), cut(&text(n), 20)))
+                    .collect()
+            })
             .unwrap_or_default()
     };
-    let mut line = format!(
-        "{}  {}  {}  {} call(s) in {} ms",
-        style.paint("2", &clock(&a["time"])),
-        style.paint("35", "plugin"),
-        clean(&text(&a["plugin"]), 64),
-        text(&a["calls"]),
-        text(&a["interval_ms"]),
+    let mut l = Line::head(&a["time"], "35", "plugin");
+    l.add(
+        "",
+        format!(
+            "  {}  {} call(s) in {} ms",
+            cut(&text(&a["plugin"]), 64),
+            cut(&text(&a["calls"]), 20),
+            cut(&text(&a["interval_ms"]), 20),
+        ),
     );
     let results = parts(&a["results"]);
     if !results.is_empty() {
-        line.push_str(&format!(": {}", results.join(", ")));
+        l.add("", format!(": {}", results.join(", ")));
     }
     let dropped = parts(&a["dropped"]);
     if !dropped.is_empty() {
-        line.push_str(&format!("; dropped {}", dropped.join(", ")));
+        l.add("", format!("; dropped {}", dropped.join(", ")));
     }
     if a["state"].as_str().is_some_and(|s| s != "running") {
-        line.push_str(&format!(" [{}]", text(&a["state"])));
+        l.add("", format!(" [{}]", cut(&text(&a["state"]), 60)));
     }
-    line
+    l
 }
 
 #[cfg(test)]
@@ -856,7 +1156,7 @@ mod tests {
 
     #[test]
     fn sse_is_parsed_across_chunk_boundaries() {
-        let mut p = Parser::default();
+        let mut p = Parser::new(MAX_EVENT_BYTES);
         assert!(p.feed(b"id: a-1\nevent: x\nda").is_empty());
         let evs = p.feed(b"ta: {}\n\n: keep-alive\n\nevent: y\r\ndata: 1\r\ndata: 2\r\n\r\n");
         assert_eq!(evs.len(), 2);
@@ -873,9 +1173,73 @@ mod tests {
 
     #[test]
     fn agent_text_cannot_reach_the_terminal_as_escape_sequences() {
-        assert_eq!(clean("a\x1b[2Jb\nc", 100), "a\\u{1b}[2Jb\\nc");
-        assert_eq!(clean("abcdef", 3), "abc…");
-        assert_eq!(typed("run", "{\"a\":1}"), "{\"type\":\"run\",\"a\":1}");
-        assert_eq!(typed("gap", "{}"), "{\"type\":\"gap\"}");
+        assert_eq!(escape("a\x1b[2Jb\nc"), "a\\u{1b}[2Jb\\nc");
+        assert_eq!(
+            escape("\u{9b}31m \u{7f} \u{202e}x\u{2066}"),
+            "\\u{9b}31m \\u{7f} \\u{202e}x\\u{2066}"
+        );
+        assert_eq!(cut("abcdef", 3), "abc…");
+        assert_eq!(cut("abc", 3), "abc");
+        let mut l = Line::default();
+        l.add("31", "\x1b[5mX").add("", " \x07 ");
+        assert_eq!(l.render(true), "\x1b[31m\\u{1b}[5mX\x1b[0m \\u{7}");
+    }
+
+    #[test]
+    fn json_lines_are_serialized_not_pasted() {
+        assert_eq!(
+            json_line(Some("run"), "{\"a\":1}").unwrap(),
+            "{\"type\":\"run\",\"a\":1}"
+        );
+        assert_eq!(json_line(Some("gap"), "{}").unwrap(), "{\"type\":\"gap\"}");
+        // The server's own "type" cannot stand beside ours; key order and value text are kept.
+        assert_eq!(
+            json_line(
+                Some("run"),
+                "{\"z\":1.50,\"type\":\"bus\",\"a\":{\"b\" :\n [1, 2]}}"
+            )
+            .unwrap(),
+            "{\"type\":\"run\",\"z\":1.50,\"a\":{\"b\" : [1, 2]}}"
+        );
+        assert_eq!(
+            json_line(None, "{\"s\":\"\u{7f}\u{9b}\u{202e}\\u001b\"}").unwrap(),
+            "{\"s\":\"\\u007f\\u009b\\u202e\\u001b\"}"
+        );
+        for bad in [
+            "",
+            "5",
+            "[1]",
+            "{\"a\":\"\x1b\"}",
+            "{\"a\":1} {",
+            "{\"a\":1}}",
+        ] {
+            assert_eq!(json_line(None, bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_event_never_holds_more_than_the_cap() {
+        let mut p = Parser::new(1024);
+        let mut evs = p.feed(b"id: x-1\ndata: ");
+        for _ in 0..100 {
+            evs.extend(p.feed(&[b'A'; 1000]));
+            assert!(p.line.len() + p.held <= 1024);
+        }
+        evs.extend(p.feed(b"\ndata: more\n\nid: x-2\ndata: {}\n\n"));
+        assert_eq!(evs.len(), 2);
+        assert!(evs[0].oversize && evs[0].data.is_empty());
+        assert_eq!(evs[0].id.as_deref(), Some("x-1"));
+        assert!(!evs[1].oversize);
+        assert_eq!(
+            (evs[1].id.as_deref(), evs[1].data.as_str()),
+            (Some("x-2"), "{}")
+        );
+        // Many data lines, each short, add up.
+        let mut p = Parser::new(1024);
+        let evs = p.feed(&b"data: 0123456789\n".repeat(200));
+        assert!(evs.is_empty() && p.held <= 1024);
+        assert!(p.feed(b"\n")[0].oversize);
+        assert_eq!(parse_size("32MiB"), Ok(32 << 20));
+        assert!(parse_size("12").is_err() && parse_size("1KB").is_err());
     }
 }

@@ -618,7 +618,7 @@ fn core_consumer(
 
 #[test]
 fn consumed_headers_and_bodies_are_checked_and_nothing_bad_is_fatal() {
-    let (_server, ws, log, client, c) = core_consumer("probe-h");
+    let (_server, _ws, log, client, c) = core_consumer("probe-h");
     let good = r#"{"tool":"t","success":true,"output":"ok"}"#;
     let long = "a".repeat(300);
     let refused: &[(&str, Headers, &str)] = &[
@@ -1033,11 +1033,15 @@ fn a_message_async_nats_cannot_parse_stalls_a_durable_consumer_only_for_a_bounde
             "2",
         ],
     );
-    wait_until("the 20 valid messages", 90, || {
+    // Behind it within about one ack wait (the consumer pulls one at a time after the lost
+    // connection, so the poison message comes alone).
+    wait_until("the 20 valid messages", 60, || {
         runs_per_id(&log).len() == 20
     });
-    // The advisory comes when JetStream gives up.
-    std::thread::sleep(Duration::from_secs(1));
+    // JetStream gives up at its third delivery (`--nats-max-deliver 2`): the advisory, said.
+    wait_until("the MAX_DELIVERIES advisory", 60, || {
+        c.stderr().contains("JetStream gave up on stream message 1")
+    });
     let r = c.stop();
     let s = &r["stats"]["nats"]["consume"];
     assert_eq!(s["given_up"], 1, "{s}");

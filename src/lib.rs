@@ -422,8 +422,10 @@ impl HooksBuilder {
         // Both on: what the consumer feeds in is relayed, keeping its origin and id
         // (ARCHITECTURE.md § NATS bridge, "Relaying").
         #[cfg(feature = "nats")]
-        let relays = (self.nats_publish.is_some() && self.nats_consume.is_some())
-            .then(|| Arc::new(nats::relay::Relays::default()));
+        let relays = match (&self.nats_publish, &self.nats_consume) {
+            (Some(p), Some(_)) => Some(Arc::new(nats::relay::Relays::new(p.lifecycle_mask()))),
+            _ => None,
+        };
         #[cfg(feature = "nats")]
         let publisher = match self.nats_publish {
             Some(opts) => {

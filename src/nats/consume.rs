@@ -220,6 +220,7 @@ impl Consumer {
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(tokio::sync::Notify::new());
         let worker = Worker {
+            auth_check: opts.nats.needs_auth_check(),
             state: state.clone(),
             server: server.clone(),
             feed,
@@ -328,6 +329,8 @@ impl Incoming<'_> {
 
 struct Worker {
     state: Arc<ConnState>,
+    /// A server of the list is remote and `--nats-insecure` is off: check each connection.
+    auth_check: bool,
     server: String,
     feed: Feed,
     opts: ConsumeOptions,
@@ -590,7 +593,7 @@ impl Worker {
     /// At each new connection to a server beyond this machine: true (stop consuming, said
     /// once) if it does not require authentication and `--nats-insecure` was not given.
     fn server_refused(&self, client: &async_nats::Client, checked: &mut u64) -> bool {
-        if !self.opts.nats.needs_auth_check() {
+        if !self.auth_check {
             return false;
         }
         let connects = self.state.connects.load(Ordering::Acquire);
@@ -821,7 +824,9 @@ impl Worker {
         };
         let relays = self.feed.relays.clone();
         let (emitter, next_seq) = self.emitter(&agent, &session);
-        if let (Some(relays), Some(rid)) = (&relays, &relay_id) {
+        if let (Some(relays), Some(rid)) = (&relays, &relay_id)
+            && relays.wants(kind)
+        {
             relays.insert(
                 emitter.relay_id(),
                 next_seq,

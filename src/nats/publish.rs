@@ -102,6 +102,11 @@ impl PublishOptions {
         self
     }
 
+    /// The lifecycle events the pattern takes.
+    pub(crate) fn lifecycle_mask(&self) -> crate::EventMask {
+        crate::bus::pattern_lifecycle_mask(&self.pattern)
+    }
+
     /// The NATS filter of every subject this publishes to (`prx.lifecycle.>`).
     pub fn subjects(&self) -> String {
         wire::pattern_filter(self.prefix.as_deref(), &self.pattern)

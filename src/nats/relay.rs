@@ -10,6 +10,7 @@
 //! removes it. Records the publisher never takes (its queue dropped the message) are evicted
 //! oldest first past [`CAPACITY`].
 
+use crate::{EventKind, EventMask};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
@@ -27,12 +28,29 @@ pub(crate) struct Relayed {
     pub hops: u32,
 }
 
-#[derive(Default)]
+/// (relay id, seq): one event of one relay emitter.
+type Key = (u64, u64);
+
 pub(crate) struct Relays {
-    inner: Mutex<(HashMap<(u64, u64), Relayed>, VecDeque<(u64, u64)>)>,
+    /// The events the publisher takes (its pattern): no record is made for the others.
+    wanted: EventMask,
+    /// The records, and their keys oldest first (for eviction).
+    inner: Mutex<(HashMap<Key, Relayed>, VecDeque<Key>)>,
 }
 
 impl Relays {
+    pub(crate) fn new(wanted: EventMask) -> Relays {
+        Relays {
+            wanted,
+            inner: Mutex::default(),
+        }
+    }
+
+    /// Whether the publisher publishes `kind` (a record for it would never be taken).
+    pub(crate) fn wants(&self, kind: EventKind) -> bool {
+        self.wanted.contains(kind)
+    }
+
     pub(crate) fn insert(&self, relay: u64, seq: u64, r: Relayed) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let (map, order) = &mut *g;
@@ -62,7 +80,9 @@ mod tests {
 
     #[test]
     fn records_are_taken_once_and_the_oldest_go_past_capacity() {
-        let r = Relays::default();
+        let r = Relays::new(EventMask::ALL);
+        assert!(r.wants(EventKind::ToolCall));
+        assert!(!Relays::new(EventMask::NONE).wants(EventKind::ToolCall));
         let rec = |n: u32| Relayed {
             origin: "o".into(),
             id: format!("id-{n}"),

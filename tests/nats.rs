@@ -1052,17 +1052,14 @@ fn a_message_async_nats_cannot_parse_stalls_a_durable_consumer_only_for_a_bounde
 /// authentication is refused after connecting (its INFO says so), unless --nats-insecure.
 #[test]
 fn a_remote_server_that_requires_no_credentials_is_refused() {
-    let addr = std::process::Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "scope", "global"])
-        .output()
+    // This machine's address on its default route (connecting a UDP socket sends nothing).
+    let addr = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|u| u.connect("192.0.2.1:9").map(|()| u))
+        .and_then(|u| u.local_addr())
         .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .skip_while(|w| *w != "inet")
-                .nth(1)
-                .and_then(|a| a.split('/').next().map(str::to_string))
-        });
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+        .map(|ip| ip.to_string());
     let Some(addr) = addr else {
         eprintln!(
             "SKIPPED LOUDLY: a_remote_server_that_requires_no_credentials_is_refused needs a non-loopback IPv4 address on this machine and found none"

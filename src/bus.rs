@@ -52,6 +52,9 @@ pub(crate) struct Meta {
     pub seq: u64,
     pub timestamp: SystemTime,
     pub depth: u8,
+    /// Non-zero: emitted by a relay emitter (the NATS consumer's, see
+    /// [`Emitter::relay_id`](crate::Emitter)) of this id; 0 for every other event.
+    pub relay: u64,
 }
 
 impl Inner {
@@ -185,6 +188,12 @@ impl Message {
     /// republishing what it received adds one). The bus refuses depths past [`MAX_DEPTH`].
     pub fn depth(&self) -> u8 {
         self.0.meta.depth
+    }
+
+    /// The relay emitter this event came through (the NATS consumer's), 0 for any other.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) fn relay(&self) -> u64 {
+        self.0.meta.relay
     }
 }
 
@@ -523,6 +532,7 @@ impl Bus {
             seq,
             timestamp: SystemTime::now(),
             depth,
+            relay: 0,
         };
         let msg = Message::new(&text, "", "", topic, meta);
         Ok(self.fan_out(&msg, |s| s.pattern.matches(topic)))
@@ -807,6 +817,7 @@ mod tests {
             seq,
             timestamp: SystemTime::UNIX_EPOCH,
             depth: 0,
+            relay: 0,
         };
         Message::new("{}", "agent", "session", "", meta)
     }
@@ -820,6 +831,7 @@ mod tests {
             seq: 2,
             timestamp: SystemTime::UNIX_EPOCH,
             depth: 0,
+            relay: 0,
         };
         assert!(!m.reuse("{\"a\":1}", "x", "y", meta));
         drop(held);

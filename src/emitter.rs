@@ -52,14 +52,21 @@ pub enum Emit {
 /// reference count). The emitter owns it; when the last clone drops, the cell goes to its
 /// [`Lane`]'s graveyard with the ring's tail at that moment, and the worker frees it only after
 /// reading past that tail, i.e. after the emitter's last event.
+///
+/// `relay` (set once, at creation) marks a relay emitter's events — the NATS consumer's —
+/// for the publisher (ARCHITECTURE.md § NATS bridge, "Relaying"): the worker reads it from
+/// the cache line it already touches for the number, so `emit` pays nothing for it.
 #[derive(Debug, Default)]
-pub(crate) struct SeqCell(AtomicU64);
+pub(crate) struct SeqCell {
+    next: AtomicU64,
+    relay: u64,
+}
 
 impl SeqCell {
     /// Takes the next number. Only the ring's consumer calls this.
     fn take(&self) -> u64 {
-        let seq = self.0.load(Relaxed);
-        self.0.store(seq + 1, Relaxed);
+        let seq = self.next.load(Relaxed);
+        self.next.store(seq + 1, Relaxed);
         seq
     }
 }
@@ -147,6 +154,8 @@ pub(crate) struct SlotEvent<'a> {
     pub agent: &'a str,
     pub session: &'a str,
     pub seq: u64,
+    /// The emitter's relay id (0: not a relay emitter).
+    pub relay: u64,
     /// Extra fields' JSON text (empty for none), already checked.
     pub extras: &'a str,
     pub omitted: u8,
@@ -211,9 +220,12 @@ impl EventSlot {
         // every slot its emitter filled until the consumer (us) has read them (`Lane::collect`
         // frees it only once `head` is past the emitter's last position, and this slot's
         // position is below that). Reading happens only on the consumer thread.
-        let seq = match self.seq {
-            Some(cell) => unsafe { cell.as_ref() }.take(),
-            None => 0,
+        let (seq, relay) = match self.seq {
+            Some(cell) => {
+                let cell = unsafe { cell.as_ref() };
+                (cell.take(), cell.relay)
+            }
+            None => (0, 0),
         };
         let heap = self.heap.take();
         let bytes: &[u8] = heap.as_deref().unwrap_or(&self.inline);
@@ -237,6 +249,7 @@ impl EventSlot {
             agent: strs[0],
             session: strs[1],
             seq,
+            relay,
             extras: strs[4],
             omitted: self.omitted,
         });
@@ -392,6 +405,19 @@ impl Emitter {
         agent: &str,
         session: &str,
     ) -> Emitter {
+        Emitter::with_relay(producers, lane, agent, session, false)
+    }
+
+    /// An emitter whose events carry its id as their relay id ([`Emitter::relay_id`]): the
+    /// NATS consumer's, so that the publisher of the same `Hooks` knows what it relays.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) fn with_relay(
+        producers: Arc<Producers>,
+        lane: Arc<Lane>,
+        agent: &str,
+        session: &str,
+        relay: bool,
+    ) -> Emitter {
         let counters = Arc::new(CachePadded::new(EmitterCounters::default()));
         let id = {
             let mut reg = producers.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -407,7 +433,10 @@ impl Emitter {
             agent: agent.into(),
             session: session.into(),
             ring: lane.ring.clone(),
-            seq: Arc::default(),
+            seq: Arc::new(CachePadded::new(SeqCell {
+                next: AtomicU64::new(0),
+                relay: if relay { id } else { 0 },
+            })),
             lane,
             producers,
         }))
@@ -507,6 +536,12 @@ impl Emitter {
         counter.fetch_add(1, Relaxed);
         e.counters.dropped_bytes.fetch_add(total as u64, Relaxed);
         None
+    }
+
+    /// Non-zero for a relay emitter ([`Emitter::with_relay`]): the id its events carry.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) fn relay_id(&self) -> u64 {
+        self.0.seq.relay
     }
 
     pub fn agent(&self) -> &str {

@@ -419,9 +419,18 @@ impl HooksBuilder {
         .map_err(BuildError::Spawn)?;
         // The bridge last: the publisher is one more bus subscriber; the consumer feeds the
         // rings like any producer (ARCHITECTURE.md § NATS bridge).
+        // Both on: what the consumer feeds in is relayed, keeping its origin and id
+        // (ARCHITECTURE.md § NATS bridge, "Relaying").
+        #[cfg(feature = "nats")]
+        let relays = match (&self.nats_publish, &self.nats_consume) {
+            (Some(p), Some(_)) => Some(Arc::new(nats::relay::Relays::new(p.lifecycle_mask()))),
+            _ => None,
+        };
         #[cfg(feature = "nats")]
         let publisher = match self.nats_publish {
-            Some(opts) => Some(nats::Publisher::start(&bus, opts).map_err(BuildError::Nats)?),
+            Some(opts) => {
+                Some(nats::Publisher::start(&bus, opts, relays.clone()).map_err(BuildError::Nats)?)
+            }
             None => None,
         };
         #[cfg(feature = "nats")]
@@ -434,6 +443,8 @@ impl HooksBuilder {
                     bus: bus.clone(),
                     next: AtomicUsize::new(0),
                     max_event_bytes: self.max_event_bytes,
+                    publisher_sub: publisher.as_ref().map(nats::Publisher::subscription_id),
+                    relays,
                 };
                 Some(nats::Consumer::start(feed, opts).map_err(BuildError::Nats)?)
             }
@@ -683,6 +694,12 @@ pub(crate) struct Feed {
     bus: Bus,
     next: AtomicUsize,
     pub(crate) max_event_bytes: usize,
+    /// The bus subscription of this pipeline's own publisher: not counted by `busy` (it has
+    /// its own bounded queue and drop counter; a publish server that is down must not stop
+    /// intake).
+    publisher_sub: Option<u64>,
+    /// With a publisher: what the consumer emits is relayed ([`nats::relay`]).
+    pub(crate) relays: Option<Arc<nats::relay::Relays>>,
 }
 
 #[cfg(feature = "nats")]
@@ -692,10 +709,17 @@ impl Feed {
 
     pub(crate) fn emitter(&self, agent: &str, session: &str) -> Emitter {
         let lane = self.lanes[self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()].clone();
-        Emitter::new(self.producers.clone(), lane, agent, session)
+        Emitter::with_relay(
+            self.producers.clone(),
+            lane,
+            agent,
+            session,
+            self.relays.is_some(),
+        )
     }
 
-    /// A ring a quarter full, a bus subscriber half full, or a backend with many jobs.
+    /// A ring a quarter full, a bus subscriber half full (but this pipeline's NATS
+    /// publisher: it drops and counts on its own), or a backend with many jobs.
     pub(crate) fn busy(&self) -> bool {
         self.lanes
             .iter()
@@ -704,7 +728,7 @@ impl Feed {
                 .bus
                 .subscribers()
                 .iter()
-                .any(|s| s.queued > s.capacity / 2)
+                .any(|s| s.queued > s.capacity / 2 && Some(s.id) != self.publisher_sub)
             || self
                 .sinks
                 .iter()

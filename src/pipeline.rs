@@ -527,6 +527,7 @@ fn read_slot(
             seq: r.seq,
             timestamp: SystemTime::now(),
             depth: 0,
+            relay: r.relay,
         };
         build_message(recycle, json, r.agent, r.session, meta)
     })

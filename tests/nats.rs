@@ -597,15 +597,28 @@ fn consume_mode_with_a_durable_consumer_runs_each_id_once_across_a_restart() {
     );
 }
 
-#[test]
-fn consumed_headers_and_bodies_are_checked_and_nothing_bad_is_fatal() {
+/// A server, a recording workspace and a core consumer of it that has run `probe`.
+fn core_consumer(
+    probe: &str,
+) -> (
+    NatsServer,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Client,
+    Consumer,
+) {
     let server = NatsServer::start();
     let ws = tempfile::tempdir().unwrap();
     let log = recording_workspace(ws.path());
     let client = Client::connect(&server.url());
-    let url = server.url();
-    let c = Consumer::start(ws.path(), &["--from-nats", url.as_str()]);
-    until_consuming(&client, &log, "probe-h");
+    let c = Consumer::start(ws.path(), &["--from-nats", &server.url()]);
+    until_consuming(&client, &log, probe);
+    (server, ws, log, client, c)
+}
+
+#[test]
+fn consumed_headers_and_bodies_are_checked_and_nothing_bad_is_fatal() {
+    let (_server, _ws, log, client, c) = core_consumer("probe-h");
     let good = r#"{"tool":"t","success":true,"output":"ok"}"#;
     let long = "a".repeat(300);
     let refused: &[(&str, Headers, &str)] = &[
@@ -790,6 +803,19 @@ fn a_remote_server_without_credentials_is_refused_before_connecting() {
     );
 }
 
+/// `run --events FILE ARGS…` in `ws` at `RUST_LOG=trace`, to the end.
+fn run_events(ws: &Path, events: &Path, args: &[&str]) -> std::process::Output {
+    bin()
+        .env("RUST_LOG", "trace")
+        .args(["run", "--workspace"])
+        .arg(ws)
+        .arg("--events")
+        .arg(events)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn credentials_are_used_and_never_logged() {
     let server = NatsServer::start_with(&["--user", "alice", "--pass", "s3cret-pw"]);
@@ -798,15 +824,7 @@ fn credentials_are_used_and_never_logged() {
     std::fs::write(&events, tool_call_line("a", 1) + "\n").unwrap();
     let url = format!("nats://alice:s3cret-pw@127.0.0.1:{}", server.port);
     let sub = Collector::start(&url, "prx.lifecycle.>");
-    let out = bin()
-        .env("RUST_LOG", "trace")
-        .args(["run", "--workspace"])
-        .arg(ws.path())
-        .arg("--events")
-        .arg(&events)
-        .args(["--nats", &url])
-        .output()
-        .unwrap();
+    let out = run_events(ws.path(), &events, &["--nats", &url]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -822,16 +840,486 @@ fn credentials_are_used_and_never_logged() {
     assert_eq!(sub.wait_for(1, Duration::from_secs(10)).len(), 1);
     // A wrong password: refused by the server, still never logged.
     let bad = format!("nats://alice:wrong-pw@127.0.0.1:{}", server.port);
-    let out = bin()
-        .env("RUST_LOG", "trace")
-        .args(["run", "--workspace"])
-        .arg(ws.path())
-        .arg("--events")
-        .arg(&events)
-        .args(["--nats", &bad, "--drain-timeout", "1s"])
-        .output()
-        .unwrap();
+    let out = run_events(
+        ws.path(),
+        &events,
+        &["--nats", &bad, "--drain-timeout", "1s"],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("wrong-pw"), "{stderr}");
     assert_eq!(out.status.code(), Some(1), "the event was lost: {stderr}");
+}
+
+// ---- issue 15's adversarial review: each test below failed on the code before its fix ----
+
+/// A recording workspace whose hook also logs the message id it ran for (`ZERO_HOOK_*`
+/// carries no id: the body's `output` is the id the tests publish).
+fn runs_of(log: &Path, output: &str) -> usize {
+    log_lines(log)
+        .iter()
+        .filter(|l| l.contains(&format!("\"output\":\"{output}\"")))
+        .count()
+}
+
+/// Publishes `probe` on `subject` until `log` shows the hook ran for it.
+fn until_ran(client: &Client, subject: &str, log: &Path, probe: &str) {
+    let body = format!(r#"{{"tool":"probe","success":true,"output":"{probe}"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runs_of(log, probe) == 0 {
+        assert!(Instant::now() < deadline, "{probe} never ran");
+        client.publish(subject, &[("Nats-Msg-Id", probe)], &body);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Item 1: host A relays b.* to a.*, host B relays a.* to b.*: each event crosses each host at
+/// most once (origin and id kept, `Prx-Hops` counted), and a message past the hop limit is
+/// refused (`loops`).
+#[test]
+fn two_relaying_hosts_do_not_ping_pong_an_event() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let (wa, wb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (la, lb) = (
+        recording_workspace(wa.path()),
+        recording_workspace(wb.path()),
+    );
+    let a = Consumer::start(
+        wa.path(),
+        &[
+            "--nats",
+            &url,
+            "--nats-prefix",
+            "a",
+            "--from-nats",
+            &url,
+            "--subject",
+            "b.prx.lifecycle.>",
+        ],
+    );
+    let b = Consumer::start(
+        wb.path(),
+        &[
+            "--nats",
+            &url,
+            "--nats-prefix",
+            "b",
+            "--from-nats",
+            &url,
+            "--subject",
+            "a.prx.lifecycle.>",
+        ],
+    );
+    let client = Client::connect(&url);
+    until_ran(&client, "a.prx.lifecycle.tool_call", &lb, "probe-b");
+    until_ran(&client, "b.prx.lifecycle.tool_call", &la, "probe-a");
+    std::thread::sleep(Duration::from_secs(1));
+    let all = Collector::start(&url, "*.prx.lifecycle.tool_call");
+    let body = |o: &str| format!(r#"{{"tool":"t","success":true,"output":"{o}"}}"#);
+    // With an id, without an origin.
+    client.publish(
+        "a.prx.lifecycle.tool_call",
+        &[("Nats-Msg-Id", "loop-1")],
+        &body("loop-1"),
+    );
+    // Nothing at all.
+    client.publish("a.prx.lifecycle.tool_call", &[], &body("loop-2"));
+    // A foreign origin and no id: the first relay's id is in its window.
+    client.publish(
+        "a.prx.lifecycle.tool_call",
+        &[("Prx-Origin", "0123456789abcdef")],
+        &body("loop-3"),
+    );
+    // Past the hop limit: refused, counted as a loop.
+    client.publish(
+        "a.prx.lifecycle.tool_call",
+        &[("Nats-Msg-Id", "loop-4"), ("Prx-Hops", "99")],
+        &body("loop-4"),
+    );
+    client.sync();
+    std::thread::sleep(Duration::from_secs(4));
+    let seen = all.len();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(all.len(), seen, "still relaying after 4 s: a loop");
+    let got = all.all();
+    let count = |o: &str| got.iter().filter(|g| g.body.contains(o)).count();
+    // loop-1 and loop-2: published, relayed by B, relayed by A, skipped by B.
+    assert!(count("\"loop-1\"") <= 3, "{}", count("\"loop-1\""));
+    assert!(count("\"loop-2\"") <= 3, "{}", count("\"loop-2\""));
+    assert!(count("\"loop-3\"") <= 3, "{}", count("\"loop-3\""));
+    assert_eq!(count("\"loop-4\""), 1, "loop-4 is never relayed");
+    assert_eq!(runs_of(&lb, "loop-4"), 0, "loop-4 never runs a hook");
+    for o in ["loop-1", "loop-2", "loop-3"] {
+        assert_eq!(runs_of(&la, o), 1, "{o} on A");
+        assert_eq!(runs_of(&lb, o), 1, "{o} on B");
+    }
+    // The relayed copy keeps the first publisher's id and counts its hops.
+    let relayed = got
+        .iter()
+        .find(|g| g.subject.starts_with("b.") && g.body.contains("\"loop-1\""))
+        .expect("B relayed loop-1");
+    assert_eq!(relayed.headers["Nats-Msg-Id"], "loop-1", "{relayed:?}");
+    assert_eq!(relayed.headers["Prx-Hops"], "1", "{relayed:?}");
+    let ra = a.stop();
+    let rb = b.stop();
+    let loops = ra["stats"]["nats"]["consume"]["loops"].as_u64().unwrap()
+        + rb["stats"]["nats"]["consume"]["loops"].as_u64().unwrap();
+    assert_eq!(loops, 1, "loop-4 refused once at the hop limit: {ra} {rb}");
+}
+
+/// A stream FLEET holding `prx.lifecycle.>`.
+fn fleet_stream(client: &Client) {
+    let config = async_nats::jetstream::stream::Config {
+        name: "FLEET".into(),
+        subjects: vec!["prx.lifecycle.>".into()],
+        ..Default::default()
+    };
+    client
+        .rt
+        .block_on(client.jetstream().create_stream(config))
+        .unwrap();
+}
+
+/// Sends one HPUB with raw header bytes (what a non-Rust client may send).
+fn raw_hpub(port: u16, subject: &str, header: &[u8], body: &[u8]) {
+    use std::io::{BufRead, BufReader};
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let mut w = s;
+    w.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true}\r\n")
+        .unwrap();
+    let mut h = b"NATS/1.0\r\n".to_vec();
+    h.extend_from_slice(header);
+    h.extend_from_slice(b"\r\n\r\n");
+    let mut msg = format!("HPUB {subject} {} {}\r\n", h.len(), h.len() + body.len()).into_bytes();
+    msg.extend_from_slice(&h);
+    msg.extend_from_slice(body);
+    msg.extend_from_slice(b"\r\nPING\r\n");
+    w.write_all(&msg).unwrap();
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    assert!(line.starts_with("PONG"), "{line}");
+}
+
+/// Item 2: a raw non-UTF-8 header byte makes async-nats drop the connection; with a durable
+/// consumer JetStream gives up on it after `--nats-max-deliver` deliveries (counted as
+/// `given_up`) and the messages behind it are consumed.
+#[test]
+fn a_message_async_nats_cannot_parse_stalls_a_durable_consumer_only_for_a_bounded_time() {
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    fleet_stream(&client);
+    let body = br#"{"tool":"t","success":true,"output":"bad"}"#;
+    raw_hpub(
+        server.port,
+        "prx.lifecycle.tool_call",
+        b"Prx-Agent: caf\xe9",
+        body,
+    );
+    publish_ids(&client, 0..20);
+    let ws = tempfile::tempdir().unwrap();
+    let log = recording_workspace(ws.path());
+    let url = server.url();
+    let c = Consumer::start(
+        ws.path(),
+        &[
+            "--from-nats",
+            &url,
+            "--durable",
+            "central",
+            "--nats-max-deliver",
+            "2",
+        ],
+    );
+    // Behind it within about one ack wait (the consumer pulls one at a time after the lost
+    // connection, so the poison message comes alone).
+    wait_until("the 20 valid messages", 60, || {
+        runs_per_id(&log).len() == 20
+    });
+    // JetStream gives up at its third delivery (`--nats-max-deliver 2`): the advisory, said.
+    wait_until("the MAX_DELIVERIES advisory", 60, || {
+        c.stderr().contains("JetStream gave up on stream message 1")
+    });
+    let r = c.stop();
+    let s = &r["stats"]["nats"]["consume"];
+    assert_eq!(s["given_up"], 1, "{s}");
+    assert_eq!(s["consumed"], 20, "{s}");
+}
+
+/// Item 3: empty credentials are no credentials, and a remote server that requires no
+/// authentication is refused after connecting (its INFO says so), unless --nats-insecure.
+#[test]
+fn a_remote_server_that_requires_no_credentials_is_refused() {
+    // This machine's address on its default route (connecting a UDP socket sends nothing).
+    let addr = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|u| u.connect("192.0.2.1:9").map(|()| u))
+        .and_then(|u| u.local_addr())
+        .ok()
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+        .map(|ip| ip.to_string());
+    let Some(addr) = addr else {
+        eprintln!(
+            "SKIPPED LOUDLY: a_remote_server_that_requires_no_credentials_is_refused needs a non-loopback IPv4 address on this machine and found none"
+        );
+        return;
+    };
+    let server = NatsServer::start_on(&addr, &[]);
+    let ws = tempfile::tempdir().unwrap();
+    let run = |url: &str, insecure: bool| {
+        let mut cmd = bin();
+        cmd.args(["run", "--workspace"])
+            .arg(ws.path())
+            .args(["--from-nats", url])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if insecure {
+            cmd.arg("--nats-insecure");
+        }
+        let mut child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(if insecure { 4 } else { 15 });
+        loop {
+            if let Some(_status) = child.try_wait().unwrap() {
+                let out = child.wait_with_output().unwrap();
+                return (
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                return (None, String::from_utf8_lossy(&out.stderr).into_owned());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let port = server.port;
+    for url in [
+        format!("nats://@{addr}:{port}"),
+        format!("nats://:@{addr}:{port}"),
+        format!("nats://alice:pw@{addr}:{port}"),
+        format!("nats://tok@{addr}:{port}"),
+    ] {
+        let (code, stderr) = run(&url, false);
+        assert_eq!(code, Some(2), "{url}: kept consuming: {stderr}");
+        assert!(
+            stderr.contains("refusing to consume") && stderr.contains("--nats-insecure"),
+            "{url}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("pw@") && !stderr.contains("tok@"),
+            "{stderr}"
+        );
+    }
+    // --nats-insecure accepts it (it runs until stopped).
+    let (code, stderr) = run(&format!("nats://{addr}:{port}"), true);
+    assert_eq!(code, None, "exited: {stderr}");
+}
+
+/// Item 4: a comma inside a password never reaches a message, malformed or not; %2C is how
+/// a comma is written, and it works.
+#[test]
+fn a_comma_in_a_password_is_never_shown_and_percent_encoded_it_works() {
+    let ws = tempfile::tempdir().unwrap();
+    for url in [
+        // The reviewer's: read as two servers, the second's "port" was the password.
+        "nats://alice:Hunter2,Secret@127.0.0.1:0",
+        "nats://alice:Hunter2,Secret@127.0.0.1:x",
+        "nats://alice:Hunter2@Secret@[::1",
+        "http://alice:Hunter2,Secret@h:1",
+    ] {
+        let out = bin()
+            .args(["run", "--workspace"])
+            .arg(ws.path())
+            .args(["--from-nats", url])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        assert!(
+            !stderr.contains("Hunter2") && !stderr.contains("Secret"),
+            "{url}: leaked: {stderr}"
+        );
+    }
+    let server = NatsServer::start_with(&["--user", "alice", "--pass", "Hunter2,Secret"]);
+    let events = ws.path().join("e.ndjson");
+    std::fs::write(&events, tool_call_line("a", 1) + "\n").unwrap();
+    // %2C is how a comma is written; a raw one is read as part of the password too.
+    for pass in ["Hunter2%2CSecret", "Hunter2,Secret"] {
+        let url = format!("nats://alice:{pass}@127.0.0.1:{}", server.port);
+        let out = run_events(ws.path(), &events, &["--nats", &url]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{pass}: {stderr}");
+        let p = &report(&out.stderr)["stats"]["nats"]["publish"];
+        assert_eq!(p["published"], 1, "{pass}: {p}");
+        assert_eq!(
+            p["server"],
+            format!("nats://alice:***@127.0.0.1:{}", server.port)
+        );
+        assert!(
+            !stderr.contains("Hunter2") && !stderr.contains("Secret"),
+            "{stderr}"
+        );
+    }
+}
+
+/// Item 5: a publish target that is down does not stop the consumer: the publisher's own
+/// queue drops (counted), intake goes on.
+#[test]
+fn a_down_publish_target_does_not_stop_the_consumer() {
+    let n = env_n("PRX_HOOKS_NATS_RELAY_EVENTS", 5_000);
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    fleet_stream(&client);
+    for i in 0..n {
+        let id = format!("d{i}");
+        client.publish(
+            "prx.lifecycle.turn_complete",
+            &[("Nats-Msg-Id", id.as_str())],
+            "{}",
+        );
+    }
+    client.sync();
+    let ws = tempfile::tempdir().unwrap();
+    let url = server.url();
+    let c = Consumer::start(
+        ws.path(),
+        &[
+            "--from-nats",
+            &url,
+            "--durable",
+            "central",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--nats-prefix",
+            "relay",
+            "--nats-buffer",
+            "1000",
+        ],
+    );
+    let js = client.jetstream();
+    wait_until("everything consumed (acked)", 60, || {
+        client
+            .rt
+            .block_on(async {
+                let s = js.get_stream("FLEET").await.ok()?;
+                let mut c: async_nats::jetstream::consumer::PullConsumer =
+                    s.get_consumer("central").await.ok()?;
+                c.info().await.ok().map(|i| i.ack_floor.stream_sequence)
+            })
+            .is_some_and(|floor| floor >= n as u64)
+    });
+    let r = c.stop();
+    let s = &r["stats"]["nats"];
+    assert_eq!(s["consume"]["consumed"], n as u64, "{s}");
+    assert!(s["publish"]["dropped"].as_u64().unwrap() > 0, "{s}");
+}
+
+/// Item 6: --nats-stream names the publisher's stream even with --from-nats.
+#[test]
+fn nats_stream_names_the_publishers_stream_also_when_consuming() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let ws = tempfile::tempdir().unwrap();
+    let events = ws.path().join("e.ndjson");
+    std::fs::write(&events, tool_call_line("a", 1) + "\n").unwrap();
+    let c = Consumer::start(
+        ws.path(),
+        &[
+            "--events",
+            events.to_str().unwrap(),
+            "--nats",
+            &url,
+            "--nats-prefix",
+            "relay",
+            "--nats-stream",
+            "RELAY",
+            "--from-nats",
+            &url,
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let r = c.stop();
+    let p = &r["stats"]["nats"]["publish"];
+    assert_eq!(p["stream"], "RELAY", "{p}");
+    assert_eq!(p["acked"], 1, "{p}");
+}
+
+/// Item 7: the de-dup window's temporary file never follows a planted symlink, and the
+/// directories it creates are 0700.
+#[test]
+fn the_dedup_window_never_follows_a_planted_symlink() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = NatsServer::start();
+    let url = server.url();
+    let ws = tempfile::tempdir().unwrap();
+    let victim = ws.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let dir = ws.path().join(".prx-hooks").join("nats-dedup");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(
+        ws.path().join(".prx-hooks"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    for name in ["core.prx.lifecycle.tmp", "core.prx.lifecycle.rest.tmp"] {
+        std::os::unix::fs::symlink(&victim, dir.join(name)).unwrap();
+    }
+    let c = Consumer::start(ws.path(), &["--from-nats", &url]);
+    std::thread::sleep(Duration::from_secs(2));
+    let stderr = c.stderr();
+    c.stop();
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "precious\n",
+        "{stderr}"
+    );
+    // A fresh workspace: the directories are created 0700.
+    let ws2 = tempfile::tempdir().unwrap();
+    let c = Consumer::start(ws2.path(), &["--from-nats", &url]);
+    std::thread::sleep(Duration::from_secs(2));
+    c.stop();
+    for d in [".prx-hooks", ".prx-hooks/nats-dedup"] {
+        let mode = std::fs::metadata(ws2.path().join(d))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "{d}");
+    }
+}
+
+/// Item 8: a pre-sent `Nats-Msg-Id` does not suppress the real event: the same id with a
+/// different body is processed and counted as `id_conflicts`.
+#[test]
+fn a_forged_message_id_does_not_suppress_the_real_event() {
+    let (_server, _ws, log, client, c) = core_consumer("probe-f");
+    let body = |o: &str| format!(r#"{{"tool":"t","success":true,"output":"{o}"}}"#);
+    client.publish(
+        "prx.lifecycle.tool_call",
+        &[("Nats-Msg-Id", "abc-1")],
+        &body("forged"),
+    );
+    client.publish(
+        "prx.lifecycle.tool_call",
+        &[("Nats-Msg-Id", "abc-1")],
+        &body("real"),
+    );
+    // A true duplicate is still one.
+    client.publish(
+        "prx.lifecycle.tool_call",
+        &[("Nats-Msg-Id", "abc-1")],
+        &body("real"),
+    );
+    client.sync();
+    wait_until("the real event", 10, || runs_of(&log, "real") == 1);
+    std::thread::sleep(Duration::from_millis(500));
+    let r = c.stop();
+    let s = &r["stats"]["nats"]["consume"];
+    assert_eq!(runs_of(&log, "real"), 1, "the true duplicate is skipped");
+    assert_eq!(runs_of(&log, "forged"), 1);
+    assert_eq!(s["id_conflicts"], 1, "{s}");
+    assert!(s["duplicates"].as_u64().unwrap() >= 1, "{s}");
 }

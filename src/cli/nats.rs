@@ -26,11 +26,23 @@ pub struct NatsArgs {
     /// anything below it, or *) — not NATS's. Default prx.lifecycle.*.
     #[arg(long, value_name = "PATTERN", requires = "nats")]
     pub nats_pattern: Option<String>,
-    /// JetStream stream: with --nats, publish to it and wait for its acks (at-least-once;
-    /// created if missing); with --from-nats --durable, the stream to read (default: the one
-    /// holding --subject).
+    /// JetStream stream: with --nats, the stream to publish to, waiting for its acks
+    /// (at-least-once; created if missing) — also when --from-nats is given; without --nats,
+    /// the stream --from-nats --durable reads (as --from-nats-stream).
     #[arg(long, value_name = "NAME")]
     pub nats_stream: Option<String>,
+    /// The stream --from-nats --durable reads (default: the one holding --subject).
+    #[arg(long, value_name = "NAME", requires = "from_nats")]
+    pub from_nats_stream: Option<String>,
+    /// A durable consumer this creates gives up on a message after N deliveries (counted as
+    /// given_up): a message this client cannot parse stalls it for at most N × 10 s.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "from_nats",
+        default_value_t = prx_hooks::nats::DEFAULT_MAX_DELIVER
+    )]
+    pub nats_max_deliver: u32,
     /// Messages held while the server is unreachable (then dropped and counted).
     #[arg(long, value_name = "N", requires = "nats")]
     pub nats_buffer: Option<usize>,
@@ -122,9 +134,7 @@ impl NatsArgs {
             if let Some(pattern) = &self.nats_pattern {
                 p = p.pattern(pattern);
             }
-            if let Some(stream) = &self.nats_stream
-                && self.from_nats.is_none()
-            {
+            if let Some(stream) = &self.nats_stream {
                 p = p.stream(stream);
             }
             if let Some(n) = self.nats_buffer {
@@ -147,8 +157,16 @@ impl NatsArgs {
             if let Some(d) = &self.durable {
                 c = c.durable(d);
             }
-            if let Some(s) = &self.nats_stream {
-                c = c.stream(s);
+            c = c.max_deliver(self.nats_max_deliver);
+            // --nats-stream is the publisher's when there is one (README.md § NATS, flags).
+            match (&self.from_nats_stream, &self.nats_stream, &self.nats) {
+                (Some(s), _, _) => c = c.stream(s),
+                (None, Some(s), None) => c = c.stream(s),
+                (None, Some(s), Some(_)) if self.durable.is_some() => eprintln!(
+                    "prx-hooks: --nats-stream {s} is the stream published to (with --nats); the durable consumer reads the stream holding {} (give --from-nats-stream NAME to name it)",
+                    self.subject
+                ),
+                _ => {}
             }
             builder = builder.nats_consume(c);
         }

@@ -1400,6 +1400,7 @@ mod tests {
             seq: 3,
             timestamp: SystemTime::UNIX_EPOCH,
             depth: 0,
+            relay: 0,
         };
         let m = Message::new("{\"a\":1}", "ag", "se", "", meta);
         let mut env = Vec::new();

@@ -557,6 +557,11 @@ const NATS_PUBLISH: &[Def<PublishStats>] = &[
     ),
     counter("nats_publish_acked", "JetStream acks", |p| p.acked),
     counter(
+        "nats_publish_relayed",
+        "consumed events republished with their origin and id",
+        |p| p.relayed,
+    ),
+    counter(
         "nats_publish_duplicates",
         "JetStream acks of a retry the stream already had",
         |p| p.duplicates,
@@ -627,6 +632,16 @@ const NATS_CONSUME: &[Def<ConsumeStats>] = &[
         "messages without a Nats-Msg-Id",
         |c| c.without_id,
     ),
+    counter(
+        "nats_consume_id_conflicts",
+        "messages with a handed-over Nats-Msg-Id but another body: handed over",
+        |c| c.id_conflicts,
+    ),
+    counter(
+        "nats_consume_given_up",
+        "JetStream messages the durable consumer gave up on after max_deliver deliveries",
+        |c| c.given_up,
+    ),
     counter("nats_consume_acked", "JetStream acks sent", |c| c.acked),
     counter(
         "nats_consume_paused",
@@ -655,6 +670,7 @@ const NATS_CONSUME_REFUSED: Parts<ConsumeStats> = &[
     ("body", |c| c.refused_body),
     ("subject", |c| c.refused_subject),
     ("oversize", |c| c.refused_oversize),
+    ("loop", |c| c.loops),
 ];
 
 const PLUGINS: &[Def<PluginsStats>] = &[
@@ -871,11 +887,15 @@ mod tests {
                 dropped: 2,
                 dropped_shutdown: 1,
                 connected: true,
+                relayed: 5,
                 ..Default::default()
             }),
             consume: Some(ConsumeStats {
                 duplicates: 3,
                 refused_headers: 4,
+                loops: 6,
+                given_up: 8,
+                id_conflicts: 9,
                 ..Default::default()
             }),
         };
@@ -888,6 +908,10 @@ mod tests {
             r#"prx_hooks_nats_publish_dropped_total{reason="shutdown"} 1"#,
             "prx_hooks_nats_consume_duplicates_total 3",
             r#"prx_hooks_nats_consume_refused_total{reason="headers"} 4"#,
+            r#"prx_hooks_nats_consume_refused_total{reason="loop"} 6"#,
+            "prx_hooks_nats_consume_given_up_total 8",
+            "prx_hooks_nats_consume_id_conflicts_total 9",
+            "prx_hooks_nats_publish_relayed_total 5",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in {text}");
         }

@@ -47,6 +47,10 @@ pub enum ConnectError {
         "refusing to consume from {server}: it is not on this machine and the connection has no credentials, so anyone who can reach it could run this host's hooks; give --nats-creds FILE, user:password@ or a token in the URL, or a TLS client certificate (--nats-tls-cert/--nats-tls-key), or pass --nats-insecure to accept it"
     )]
     Insecure { server: String },
+    #[error(
+        "refusing to consume from {server}: it is not on this machine and does not require authentication (its INFO says auth_required: false), so anyone who can reach it could run this host's hooks, whatever credentials this connection sends; configure the server to require them, or pass --nats-insecure to accept it"
+    )]
+    NoAuthRequired { server: String },
     #[error("{what}: {reason}")]
     Invalid { what: &'static str, reason: String },
     #[error("could not start the NATS runtime: {0}")]
@@ -134,13 +138,14 @@ impl NatsOptions {
     }
 
     pub(crate) fn servers(&self) -> Result<(Vec<Server>, UrlAuth), ConnectError> {
+        // Malformed input: no user info at all in the message.
         let bad = |reason: String| ConnectError::Url {
-            url: redact_url(&self.url),
+            url: redact(&self.url, false),
             reason,
         };
         let mut servers = Vec::new();
         let mut auth: Option<UrlAuth> = None;
-        for part in self.url.split(',').map(str::trim) {
+        for part in split_servers(&self.url).into_iter().map(str::trim) {
             if part.is_empty() {
                 return Err(bad("an empty server in the list".into()));
             }
@@ -162,15 +167,18 @@ impl NatsOptions {
             let this = match info {
                 None => UrlAuth::default(),
                 Some(info) => {
-                    let dec = |s: &str| super::wire::decode_value(s).into_owned();
+                    // Empty parts are no credentials (`nats://@host`, `nats://:@host`).
+                    let dec = |s: &str| {
+                        Some(super::wire::decode_value(s).into_owned()).filter(|s| !s.is_empty())
+                    };
                     match info.split_once(':') {
                         Some((u, p)) => UrlAuth {
-                            user: Some(dec(u)),
-                            pass: Some(dec(p)),
+                            user: dec(u),
+                            pass: dec(p),
                             token: None,
                         },
                         None => UrlAuth {
-                            token: Some(dec(info)),
+                            token: dec(info),
                             ..UrlAuth::default()
                         },
                     }
@@ -211,7 +219,7 @@ impl NatsOptions {
             readable(c)?;
             readable(k)?;
         }
-        let authenticated = auth.user.is_some()
+        let authenticated = (auth.user.is_some() && auth.pass.is_some())
             || auth.token.is_some()
             || self.creds.is_some()
             || self.tls_client.is_some();
@@ -230,6 +238,15 @@ impl NatsOptions {
             }
         }
         Ok(())
+    }
+
+    /// A server of the list is beyond this machine and `insecure` is off: the consumer checks
+    /// at each connection that the server requires authentication.
+    pub(crate) fn needs_auth_check(&self) -> bool {
+        !self.insecure
+            && self
+                .servers()
+                .is_ok_and(|(s, _)| s.iter().any(|s| !is_loopback(&s.host)))
     }
 
     /// async-nats' options (credentials, TLS, a ping every 10 s so a dead server is
@@ -352,28 +369,85 @@ pub(crate) fn is_loopback(host: &str) -> bool {
 }
 
 /// A URL list with every `user:password@` and `token@` replaced: `nats://user:***@host`,
-/// `nats://***@host`. What every log line and stats field shows.
+/// `nats://***@host`. What every log line and stats field shows. The user info is found in
+/// the whole string before it is split into servers (so a raw comma in a password is
+/// masked too); a user name holding `,` or `%` is masked with the rest.
 pub fn redact_url(url: &str) -> String {
-    url.split(',')
-        .map(|part| {
-            let (scheme, rest) = match part.split_once("://") {
-                Some((s, r)) => (Some(s), r),
-                None => (None, part),
-            };
-            let rest = match rest.rsplit_once('@') {
-                Some((info, host)) => match info.split_once(':') {
-                    Some((user, _)) => format!("{user}:***@{host}"),
-                    None => format!("***@{host}"),
+    redact(url, true)
+}
+
+/// Byte ranges of each server's user info (the `@` excluded), found in the whole list: each
+/// reaches back from an `@` to the `://` before it — or, for a second server without a
+/// scheme after one with user info, to the first comma after that server's `@`. A raw `@`
+/// in a password (it should be `%40`) joins the two ranges.
+fn userinfo_ranges(url: &str) -> Vec<(usize, usize)> {
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    let mut scheme_end = 0;
+    let mut prev_at: Option<usize> = None;
+    let b = url.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if url[i..].starts_with("://") {
+            scheme_end = i + 3;
+            i += 3;
+            continue;
+        }
+        if b[i] == b'@' {
+            match prev_at {
+                Some(p) if p >= scheme_end => match url[p..i].find(',') {
+                    // Another server without a scheme.
+                    Some(c) => ranges.push((p + c + 1, i)),
+                    // The same server: `@` in its password.
+                    None => {
+                        if let Some(last) = ranges.last_mut() {
+                            last.1 = i;
+                        }
+                    }
                 },
-                None => rest.to_string(),
-            };
-            match scheme {
-                Some(s) => format!("{s}://{rest}"),
-                None => rest,
+                _ => ranges.push((scheme_end, i)),
             }
-        })
-        .collect::<Vec<_>>()
-        .join(",")
+            prev_at = Some(i);
+        }
+        i += 1;
+    }
+    ranges
+}
+
+/// The servers of a list: split on the commas outside user info.
+fn split_servers(url: &str) -> Vec<&str> {
+    let ranges = userinfo_ranges(url);
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, c) in url.char_indices() {
+        if c == ',' && !ranges.iter().any(|(a, b)| *a <= i && i < *b) {
+            out.push(&url[start..i]);
+            start = i + 1;
+        }
+    }
+    out.push(&url[start..]);
+    out
+}
+
+/// `show_user`: keep a plain user name (`user:***@`); otherwise every user info is `***@`.
+fn redact(url: &str, show_user: bool) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut at = 0;
+    for (a, b) in userinfo_ranges(url) {
+        out.push_str(&url[at..a]);
+        let info = &url[a..b];
+        match info.split_once(':') {
+            Some((user, _))
+                if show_user && !user.is_empty() && !user.contains([',', '%', '/', ' ']) =>
+            {
+                out.push_str(user);
+                out.push_str(":***");
+            }
+            _ => out.push_str("***"),
+        }
+        at = b;
+    }
+    out.push_str(&url[at..]);
+    out
 }
 
 /// What the connection's event callback saw.
@@ -511,6 +585,44 @@ mod tests {
                 .check(false)
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn empty_credentials_are_none_and_a_raw_comma_stays_in_the_password() {
+        for url in [
+            "nats://@192.0.2.7:4222",
+            "nats://:@192.0.2.7:4222",
+            "nats://u:@192.0.2.7",
+        ] {
+            let refused = NatsOptions::new(url).check(true);
+            assert!(
+                matches!(refused, Err(ConnectError::Insecure { .. })),
+                "{url}"
+            );
+        }
+        let url = "nats://alice:Hunter2,Secret@127.0.0.1:14222";
+        assert_eq!(redact_url(url), "nats://alice:***@127.0.0.1:14222");
+        let (servers, auth) = NatsOptions::new(url).servers().unwrap();
+        assert_eq!(servers.len(), 1);
+        assert_eq!(auth.pass.as_deref(), Some("Hunter2,Secret"));
+        let (_, auth) = NatsOptions::new("nats://alice:Hunter2%2CSecret@h")
+            .servers()
+            .unwrap();
+        assert_eq!(auth.pass.as_deref(), Some("Hunter2,Secret"));
+        // Two servers, the second without a scheme; a raw @ in a password.
+        assert_eq!(redact_url("a:pw1@h1:1,b:pw2@h2:2"), "a:***@h1:1,b:***@h2:2");
+        assert_eq!(redact_url("nats://a:p@w@h"), "nats://a:***@h");
+        for bad in [
+            "nats://alice:Hunter2,Secret@127.0.0.1:x",
+            "http://alice:Hunter2,Secret@h",
+            "nats://alice:Hunter2,Secret@[::1",
+        ] {
+            let e = NatsOptions::new(bad).servers().unwrap_err().to_string();
+            assert!(
+                !e.contains("Hunter2") && !e.contains("Secret") && !e.contains("alice"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

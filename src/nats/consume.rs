@@ -23,7 +23,7 @@ use crate::Feed;
 use crate::emitter::Emit;
 use crate::ndjson::{self, ParseOptions};
 use async_nats::jetstream;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +35,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const DEFAULT_DEDUP_IDS: usize = 100_000;
 /// Default of [`ConsumeOptions::dedup_window`]: how long an id is remembered.
 pub const DEFAULT_DEDUP_AGE: Duration = Duration::from_secs(3600);
+/// Default of [`ConsumeOptions::max_deliver`].
+pub const DEFAULT_MAX_DELIVER: u32 = 5;
 /// Messages pulled at once.
 const BATCH: usize = 256;
 /// Emitters kept (one per agent and session seen; the oldest goes first).
@@ -51,6 +53,7 @@ pub struct ConsumeOptions {
     dedup_age: Duration,
     dedup_file: Option<PathBuf>,
     parse: ParseOptions,
+    max_deliver: u32,
 }
 
 impl ConsumeOptions {
@@ -65,6 +68,7 @@ impl ConsumeOptions {
             dedup_age: DEFAULT_DEDUP_AGE,
             dedup_file: None,
             parse: ParseOptions::default(),
+            max_deliver: DEFAULT_MAX_DELIVER,
         }
     }
 
@@ -98,6 +102,16 @@ impl ConsumeOptions {
     /// restarted consumer still recognizes what it handed over before.
     pub fn dedup_file(mut self, path: impl AsRef<Path>) -> ConsumeOptions {
         self.dedup_file = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// A durable consumer it creates lets JetStream deliver a message at most this many
+    /// times (default 5, at least 1): a message this client cannot take (async-nats drops
+    /// the connection on a header that is not UTF-8) stalls the consumer for at most
+    /// `max_deliver` × the 10 s ack wait, then JetStream gives up on it and says so in an
+    /// advisory, counted as `given_up`. An existing durable consumer keeps its setting.
+    pub fn max_deliver(mut self, n: u32) -> ConsumeOptions {
+        self.max_deliver = n.max(1);
         self
     }
 
@@ -145,6 +159,9 @@ struct Counters {
     acked: AtomicU64,
     paused: AtomicU64,
     window: AtomicU64,
+    loops: AtomicU64,
+    given_up: AtomicU64,
+    id_conflicts: AtomicU64,
 }
 
 /// The consuming half of the bridge: a thread pulling from NATS into the pipeline. Made by
@@ -175,6 +192,27 @@ impl Consumer {
                 what: "NATS connection",
                 reason: e.to_string(),
             })?;
+        // A server beyond this machine must ask for credentials (its INFO's auth_required):
+        // credentials sent to one that accepts anybody keep nobody out. Checked at the first
+        // connection here (when it comes within the connection timeout) and at every
+        // connection in the worker.
+        if opts.nats.needs_auth_check() {
+            let connected = rt.block_on(async {
+                let until = tokio::time::Instant::now() + Duration::from_secs(5);
+                while client.connection_state() != async_nats::connection::State::Connected {
+                    if tokio::time::Instant::now() >= until {
+                        return false;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                true
+            });
+            if connected && !client.server_info().auth_required {
+                return Err(ConnectError::NoAuthRequired {
+                    server: server.clone(),
+                });
+            }
+        }
         let counters = Arc::new(Counters::default());
         counters
             .window
@@ -182,6 +220,9 @@ impl Consumer {
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(tokio::sync::Notify::new());
         let worker = Worker {
+            auth_check: opts.nats.needs_auth_check(),
+            state: state.clone(),
+            server: server.clone(),
             feed,
             opts: opts.clone(),
             counters: counters.clone(),
@@ -191,6 +232,7 @@ impl Consumer {
             emitters: HashMap::new(),
             emitter_order: VecDeque::new(),
             said: Said::default(),
+            made_ids: 0,
         };
         let thread = std::thread::Builder::new()
             .name("prx-nats-consume".into())
@@ -233,6 +275,9 @@ impl Consumer {
             paused: get(&c.paused),
             slow_consumer: self.state.slow_consumer.load(Ordering::Relaxed),
             window: get(&c.window),
+            loops: get(&c.loops),
+            given_up: get(&c.given_up),
+            id_conflicts: get(&c.id_conflicts),
             reconnects: self.state.reconnects(),
             ..ConsumeStats::default()
         };
@@ -283,6 +328,10 @@ impl Incoming<'_> {
 }
 
 struct Worker {
+    state: Arc<ConnState>,
+    /// A server of the list is remote and `--nats-insecure` is off: check each connection.
+    auth_check: bool,
+    server: String,
     feed: Feed,
     opts: ConsumeOptions,
     counters: Arc<Counters>,
@@ -290,9 +339,13 @@ struct Worker {
     /// Wakes a pull or a wait for the next message when stopping.
     wake: Arc<tokio::sync::Notify>,
     window: Window,
-    emitters: HashMap<(String, String), crate::Emitter>,
+    /// Per (agent, session): the emitter, and the `seq` its next queued event will get (the
+    /// key of its relay record).
+    emitters: HashMap<(String, String), (crate::Emitter, u64)>,
     emitter_order: VecDeque<(String, String)>,
     said: Said,
+    /// Ids made for relayed messages that had none.
+    made_ids: u64,
 }
 
 impl Worker {
@@ -320,8 +373,9 @@ impl Worker {
             }
         };
         let mut batch: Vec<async_nats::Message> = Vec::with_capacity(BATCH);
+        let mut checked = 0;
         while !self.stopping() {
-            if !self.wait_for_room() {
+            if !self.wait_for_room() || self.server_refused(&client, &mut checked) {
                 break;
             }
             rt.block_on(async {
@@ -366,9 +420,9 @@ impl Worker {
         // The context spawns its acker task: inside the runtime.
         let js = {
             let _inside = rt.enter();
-            jetstream::new(client)
+            jetstream::new(client.clone())
         };
-        let consumer = loop {
+        let (consumer, stream) = loop {
             match rt.block_on(self.durable_consumer(&js, durable)) {
                 Ok(c) => break c,
                 Err(e) => {
@@ -382,16 +436,46 @@ impl Worker {
                 }
             }
         };
+        // JetStream's MAX_DELIVERIES advisory: a message it stopped delivering (one this
+        // client could never take, or one redelivered past the limit).
+        let advisory = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}");
+        match rt.block_on(client.subscribe(advisory.clone())) {
+            Ok(mut sub) => {
+                let counters = self.counters.clone();
+                let what = format!("NATS consumer ({}): durable {durable:?}", self.server);
+                rt.spawn(async move {
+                    use futures_util::StreamExt;
+                    while let Some(m) = sub.next().await {
+                        counters.given_up.fetch_add(1, Ordering::AcqRel);
+                        let seq = serde_json::from_slice::<serde_json::Value>(&m.payload)
+                            .ok()
+                            .and_then(|v| v["stream_seq"].as_u64());
+                        tracing::warn!(
+                            "{what}: JetStream gave up on stream message {} after the maximum deliveries (--nats-max-deliver); it will not be consumed",
+                            seq.map_or("?".to_string(), |s| s.to_string())
+                        );
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("NATS consumer: subscribing to {advisory}: {e}"),
+        }
+        let mut checked = 0;
+        // After a connection was lost, pull one message at a time until one arrives: a
+        // message async-nats cannot parse (it drops the connection) is then delivered alone,
+        // and reaches JetStream's delivery limit alone.
+        let mut careful = false;
         while !self.stopping() {
-            if !self.wait_for_room() {
+            if !self.wait_for_room() || self.server_refused(&client, &mut checked) {
                 break;
             }
+            let connects = self.state.connects.load(Ordering::Acquire);
+            let size = if careful { 1 } else { BATCH };
             let msgs: Vec<jetstream::Message> = rt.block_on(async {
                 use futures_util::StreamExt;
                 let pull = async {
                     let batch = consumer
                         .batch()
-                        .max_messages(BATCH)
+                        .max_messages(size)
                         .expires(Duration::from_secs(1))
                         .messages()
                         .await?;
@@ -415,6 +499,12 @@ impl Worker {
                     }
                 }
             });
+            if self.state.connects.load(Ordering::Acquire) != connects || !self.state.is_connected()
+            {
+                careful = true;
+            } else if !msgs.is_empty() {
+                careful = false;
+            }
             let mut fates = Vec::with_capacity(msgs.len());
             let mut handed = Vec::new();
             for m in &msgs {
@@ -460,20 +550,29 @@ impl Worker {
         &self,
         js: &jetstream::Context,
         durable: &str,
-    ) -> Result<jetstream::consumer::Consumer<jetstream::consumer::pull::Config>, String> {
+    ) -> Result<
+        (
+            jetstream::consumer::Consumer<jetstream::consumer::pull::Config>,
+            String,
+        ),
+        String,
+    > {
         let stream = match &self.opts.stream {
             Some(name) => name.clone(),
             None => js
                 .stream_by_subject(self.opts.subject.clone())
                 .await
                 .map_err(|e| {
-                    format!("no stream holds the subject ({e}); give --nats-stream or create one")
+                    format!(
+                        "no stream holds the subject ({e}); give --from-nats-stream or create one"
+                    )
                 })?,
         };
+        let name = stream;
         let stream = js
-            .get_stream(&stream)
+            .get_stream(&name)
             .await
-            .map_err(|e| format!("stream {stream:?}: {e}"))?;
+            .map_err(|e| format!("stream {name:?}: {e}"))?;
         let config = jetstream::consumer::pull::Config {
             durable_name: Some(durable.to_string()),
             filter_subject: self.opts.subject.clone(),
@@ -481,12 +580,37 @@ impl Worker {
             ack_wait: Duration::from_secs(10),
             max_ack_pending: (4 * BATCH) as i64,
             deliver_policy: jetstream::consumer::DeliverPolicy::All,
+            max_deliver: self.opts.max_deliver as i64,
             ..Default::default()
         };
         stream
             .get_or_create_consumer(durable, config)
             .await
+            .map(|c| (c, name))
             .map_err(|e| e.to_string())
+    }
+
+    /// At each new connection to a server beyond this machine: true (stop consuming, said
+    /// once) if it does not require authentication and `--nats-insecure` was not given.
+    fn server_refused(&self, client: &async_nats::Client, checked: &mut u64) -> bool {
+        if !self.auth_check {
+            return false;
+        }
+        let connects = self.state.connects.load(Ordering::Acquire);
+        if connects == *checked || !self.state.is_connected() {
+            return false;
+        }
+        *checked = connects;
+        if client.server_info().auth_required {
+            return false;
+        }
+        tracing::error!(
+            "{}; not consuming",
+            ConnectError::NoAuthRequired {
+                server: self.server.clone()
+            }
+        );
+        true
     }
 
     /// Sleeps `d` in small steps; true if stopping.
@@ -518,7 +642,7 @@ impl Worker {
     }
 
     /// Everything that happens to one message; the id it was handed over under.
-    fn handle(&mut self, m: &Incoming<'_>) -> (Fate, Option<String>) {
+    fn handle(&mut self, m: &Incoming<'_>) -> (Fate, Option<(String, u64)>) {
         let c = self.counters.clone();
         c.received.fetch_add(1, Ordering::AcqRel);
         let refuse = |this: &mut Self, counter: &AtomicU64, why: std::fmt::Arguments<'_>| {
@@ -542,6 +666,35 @@ impl Worker {
         }
         let id = m.header(wire::MSG_ID).map(str::to_string);
         let shown = id.as_deref().unwrap_or("no Nats-Msg-Id").to_string();
+        // Relayed from bridge to bridge too often: a loop between relays (or a forgery).
+        let hops = match m.header(wire::HOPS).map(|h| h.trim().parse::<u32>()) {
+            None => 0,
+            Some(Ok(n)) => n,
+            Some(Err(_)) => {
+                return refuse(
+                    self,
+                    &c.refused_headers,
+                    format_args!(
+                        "NATS consumer: {} ({}): refused: Prx-Hops {:?} is not a number",
+                        m.subject,
+                        wire::encode_value(&shown),
+                        wire::encode_value(m.header(wire::HOPS).unwrap_or(""))
+                    ),
+                );
+            }
+        };
+        if hops >= wire::MAX_HOPS {
+            return refuse(
+                self,
+                &c.loops,
+                format_args!(
+                    "NATS consumer: {} ({}): refused: relayed {hops} times (the limit is {}): relays publish to each other's subjects in a loop",
+                    m.subject,
+                    wire::encode_value(&shown),
+                    wire::MAX_HOPS
+                ),
+            );
+        }
         if let Some(e) = m.header(wire::EVENT)
             && e != kind.name()
         {
@@ -565,30 +718,27 @@ impl Worker {
                 format_args!("NATS consumer: {}: refused: {why}", m.subject),
             );
         }
-        match &id {
-            Some(id) if self.window.contains(id) => {
-                c.duplicates.fetch_add(1, Ordering::AcqRel);
-                return (Fate::Skip, None);
-            }
-            Some(_) => {}
-            None => {
-                c.without_id.fetch_add(1, Ordering::AcqRel);
-            }
-        }
-        let ident = |name: &str, header: &str, default: &str| -> Result<String, String> {
+        // Decoded and checked: the agent and session become hook variables, the origin is
+        // relayed.
+        let ident = |header: &str| -> Result<Option<String>, String> {
             match m.header(header) {
-                None => Ok(default.to_string()),
+                None => Ok(None),
                 Some(v) => {
                     let v = wire::decode_value(v);
-                    wire::check_identity(name, &v)?;
-                    Ok(v.into_owned())
+                    wire::check_identity(header, &v)?;
+                    Ok(Some(v.into_owned()))
                 }
             }
         };
-        let identity = ident("Prx-Agent", wire::AGENT, wire::DEFAULT_AGENT).and_then(|a| {
-            ident("Prx-Session", wire::SESSION, wire::DEFAULT_SESSION).map(|s| (a, s))
+        let identity = ident(wire::AGENT).and_then(|a| {
+            let s = ident(wire::SESSION)?;
+            Ok((
+                a.unwrap_or_else(|| wire::DEFAULT_AGENT.into()),
+                s.unwrap_or_else(|| wire::DEFAULT_SESSION.into()),
+                ident(wire::ORIGIN)?,
+            ))
         });
-        let (agent, session) = match identity {
+        let (agent, session, origin) = match identity {
             Ok(pair) => pair,
             Err(why) => {
                 return refuse(
@@ -622,6 +772,32 @@ impl Worker {
                 );
             }
         };
+        // De-dup on what the event is (its event, agent, session and payload as the bus will
+        // carry it), so that a relayed copy, re-serialized, is still recognized.
+        let digest = digest(kind, &agent, &session, &record.payload_json());
+        match &id {
+            Some(id) => match self.window.seen(id, digest) {
+                Seen::Same => {
+                    c.duplicates.fetch_add(1, Ordering::AcqRel);
+                    return (Fate::Skip, None);
+                }
+                // The id of an event handed over, with another body, agent or session: not
+                // a retry. Processed (a forger pre-sending ids must not suppress real
+                // events), counted, said.
+                Seen::Other => {
+                    c.id_conflicts.fetch_add(1, Ordering::AcqRel);
+                    self.said.warn(format_args!(
+                        "NATS consumer: {} ({}): the id of an event handed over before, with another body: handled as a new event",
+                        m.subject,
+                        wire::encode_value(&shown)
+                    ));
+                }
+                Seen::No => {}
+            },
+            None => {
+                c.without_id.fetch_add(1, Ordering::AcqRel);
+            }
+        }
         let max = self.feed.max_event_bytes;
         if record.byte_len() > max {
             return refuse(
@@ -636,7 +812,33 @@ impl Worker {
                 ),
             );
         }
-        let emitter = self.emitter(&agent, &session);
+        // Relaying: the id the publisher will send (one of ours when the message had none,
+        // remembered in the window so that it is recognized if it comes back).
+        let relay_id = match (&id, self.feed.relays.is_some()) {
+            (Some(id), _) => Some(id.clone()),
+            (None, true) => {
+                self.made_ids += 1;
+                Some(format!("{}-r{}", wire::instance_id(), self.made_ids))
+            }
+            (None, false) => None,
+        };
+        let relays = self.feed.relays.clone();
+        let (emitter, next_seq) = self.emitter(&agent, &session);
+        if let (Some(relays), Some(rid)) = (&relays, &relay_id)
+            && relays.wants(kind)
+        {
+            relays.insert(
+                emitter.relay_id(),
+                next_seq,
+                super::relay::Relayed {
+                    origin: origin
+                        .clone()
+                        .unwrap_or_else(|| wire::instance_id().to_string()),
+                    id: rid.clone(),
+                    hops,
+                },
+            );
+        }
         loop {
             let emitted = if record.has_extras() {
                 match emitter.emit_with_extras(record.event(), &record.extras()) {
@@ -656,6 +858,10 @@ impl Worker {
                 Emit::Queued | Emit::Skipped if !self.feed.closed() => {
                     if emitted == Emit::Skipped {
                         c.skipped.fetch_add(1, Ordering::AcqRel);
+                    } else if let Some(e) = self.emitters.get_mut(&(agent.clone(), session.clone()))
+                    {
+                        // The worker numbers this emitter's queued events 0, 1, 2…
+                        e.1 += 1;
                     }
                     break;
                 }
@@ -665,17 +871,19 @@ impl Worker {
             }
         }
         c.consumed.fetch_add(1, Ordering::AcqRel);
+        let id = relay_id.or(id);
         if let Some(id) = &id {
-            self.window.insert(id);
+            self.window.insert(id, digest);
             c.window.store(self.window.len() as u64, Ordering::Relaxed);
         }
-        (Fate::Handed, id)
+        (Fate::Handed, id.map(|id| (id, digest)))
     }
 
-    fn emitter(&mut self, agent: &str, session: &str) -> crate::Emitter {
+    /// The emitter for (agent, session), and the `seq` its next queued event gets.
+    fn emitter(&mut self, agent: &str, session: &str) -> (crate::Emitter, u64) {
         let key = (agent.to_string(), session.to_string());
-        if let Some(e) = self.emitters.get(&key) {
-            return e.clone();
+        if let Some((e, next)) = self.emitters.get(&key) {
+            return (e.clone(), *next);
         }
         if self.emitters.len() >= MAX_EMITTERS
             && let Some(old) = self.emitter_order.pop_front()
@@ -683,9 +891,9 @@ impl Worker {
             self.emitters.remove(&old);
         }
         let e = self.feed.emitter(agent, session);
-        self.emitters.insert(key.clone(), e.clone());
+        self.emitters.insert(key.clone(), (e.clone(), 0));
         self.emitter_order.push_back(key);
-        e
+        (e, 0)
     }
 }
 
@@ -714,10 +922,35 @@ impl Said {
     }
 }
 
-/// The de-dup window: the ids handed over, newest last, at most `cap` of them and none older
-/// than `age`; optionally mirrored to a file of `<unix ms> <id>` lines.
+/// Whether an id was handed over before, and with what.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    No,
+    /// With the same digest (or one from a file of the older format, without digests).
+    Same,
+    /// With another body, agent or session.
+    Other,
+}
+
+/// FNV-1a, 64 bits, of the event, agent, session and payload JSON: what makes a same-id
+/// message a retry rather than another event. Stable across builds (it is persisted); not a
+/// MAC — it keeps a forged id from suppressing an event the forger has not seen.
+fn digest(kind: crate::EventKind, agent: &str, session: &str, payload: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in [kind.name(), agent, session, payload] {
+        for &b in part.as_bytes().iter().chain(&[0xff]) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The de-dup window: the ids handed over with their digests, newest last, at most `cap` of
+/// them and none older than `age`; optionally mirrored to a file of `<unix ms>\t<digest
+/// hex>\t<id>` lines (ids cannot hold a tab; the older `<unix ms> <id>` lines are read too).
 struct Window {
-    set: HashSet<String>,
+    set: HashMap<String, Option<u64>>,
     order: VecDeque<(String, u64)>,
     cap: usize,
     age: Duration,
@@ -733,7 +966,7 @@ fn now_ms() -> u64 {
 impl Window {
     fn open(cap: usize, age: Duration, path: Option<PathBuf>) -> Result<Window, ConnectError> {
         let mut w = Window {
-            set: HashSet::new(),
+            set: HashMap::new(),
             order: VecDeque::new(),
             cap,
             age,
@@ -750,11 +983,16 @@ impl Window {
             Ok(text) => {
                 for line in text.lines() {
                     // A torn last line (a crash mid-write) is skipped.
-                    if let Some((ms, id)) = line.split_once(' ')
+                    let parsed = match line.split('\t').collect::<Vec<_>>()[..] {
+                        [ms, d, id] => u64::from_str_radix(d, 16).ok().map(|d| (ms, Some(d), id)),
+                        [_] => line.split_once(' ').map(|(ms, id)| (ms, None, id)),
+                        _ => None,
+                    };
+                    if let Some((ms, d, id)) = parsed
                         && let Ok(ms) = ms.parse::<u64>()
                         && !id.is_empty()
                     {
-                        w.push(id.to_string(), ms);
+                        w.push(id.to_string(), d, ms);
                     }
                 }
             }
@@ -763,7 +1001,13 @@ impl Window {
         }
         w.expire();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(err)?;
+            // Private, as the token's directory is: the ids say what this host ran.
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(err)?;
         }
         w.rewrite(&path).map_err(err)?;
         Ok(w)
@@ -773,8 +1017,8 @@ impl Window {
         self.order.len()
     }
 
-    fn push(&mut self, id: String, ms: u64) {
-        if self.set.insert(id.clone()) {
+    fn push(&mut self, id: String, digest: Option<u64>, ms: u64) {
+        if self.set.insert(id.clone(), digest).is_none() {
             self.order.push_back((id, ms));
         }
         while self.order.len() > self.cap {
@@ -793,17 +1037,35 @@ impl Window {
         }
     }
 
-    fn contains(&mut self, id: &str) -> bool {
+    fn seen(&mut self, id: &str, digest: u64) -> Seen {
         self.expire();
-        self.set.contains(id)
+        match self.set.get(id) {
+            None => Seen::No,
+            Some(None) => Seen::Same,
+            Some(Some(d)) if *d == digest => Seen::Same,
+            Some(Some(_)) => Seen::Other,
+        }
     }
 
-    fn insert(&mut self, id: &str) {
-        self.push(id.to_string(), now_ms());
+    #[cfg(test)]
+    fn contains(&mut self, id: &str) -> bool {
+        self.seen(id, 0) != Seen::No
+    }
+
+    /// Remembers `id` as handed over with `digest` (replacing what an id conflict had).
+    fn insert(&mut self, id: &str, digest: u64) {
+        self.push(id.to_string(), Some(digest), now_ms());
+    }
+
+    fn line(ms: u64, id: &str, digest: Option<u64>) -> String {
+        match digest {
+            Some(d) => format!("{ms}\t{d:016x}\t{id}\n"),
+            None => format!("{ms} {id}\n"),
+        }
     }
 
     /// Appends the ids just handed over; rewrites the file once it holds twice the window.
-    fn persist(&mut self, ids: &[String]) {
+    fn persist(&mut self, ids: &[(String, u64)]) {
         if ids.is_empty() {
             return;
         }
@@ -811,9 +1073,9 @@ impl Window {
             return;
         };
         let ms = now_ms();
-        let mut text = String::with_capacity(ids.len() * 40);
-        for id in ids {
-            text.push_str(&format!("{ms} {id}\n"));
+        let mut text = String::with_capacity(ids.len() * 48);
+        for (id, d) in ids {
+            text.push_str(&Window::line(ms, id, Some(*d)));
         }
         if let Err(e) = file.write_all(text.as_bytes()) {
             tracing::warn!(
@@ -833,25 +1095,43 @@ impl Window {
         }
     }
 
-    /// Writes the window whole under a temporary name, renames it into place (0600), and
-    /// appends to it from then on.
+    /// Writes the window whole under a temporary name of its own (`<file>.<pid>.tmp`: the
+    /// file's whole name, so two windows never share one; created afresh, O_EXCL and
+    /// O_NOFOLLOW, so a planted file or symlink is never written through), renames it into
+    /// place (0600), and appends to it from then on (O_NOFOLLOW).
     fn rewrite(&mut self, path: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".{}.tmp", std::process::id()));
+        let tmp = PathBuf::from(name);
+        let create = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&tmp)
+        };
+        let mut f = match create() {
+            // Left by a process of the same pid that crashed (or planted): removed (a
+            // symlink itself, never its target), then created afresh.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(&tmp)?;
+                create()?
+            }
+            r => r?,
+        };
         let mut text = String::new();
         for (id, ms) in &self.order {
-            text.push_str(&format!("{ms} {id}\n"));
+            text.push_str(&Window::line(*ms, id, self.set.get(id).copied().flatten()));
         }
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
-        let f = std::fs::OpenOptions::new().append(true).open(path)?;
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path)?;
         self.file = Some((path.to_path_buf(), f, self.order.len()));
         Ok(())
     }
@@ -869,8 +1149,8 @@ mod tests {
         let mut w = Window::open(3, Duration::from_secs(60), Some(path.clone())).unwrap();
         for id in ["a", "b", "c", "d"] {
             assert!(!w.contains(id));
-            w.insert(id);
-            w.persist(&[id.to_string()]);
+            w.insert(id, 7);
+            w.persist(&[(id.to_string(), 7)]);
         }
         assert!(!w.contains("a"), "the oldest id leaves a full window");
         assert!(w.contains("b") && w.contains("d"));
@@ -892,6 +1172,35 @@ mod tests {
         std::fs::write(&path, format!("1 old\n{} new\n", now_ms())).unwrap();
         let mut w = Window::open(10, Duration::from_secs(60), Some(path)).unwrap();
         assert!(!w.contains("old") && w.contains("new"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_same_id_with_another_digest_is_no_duplicate_and_old_lines_still_match() {
+        let dir = std::env::temp_dir().join(format!("prx-nats-digest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("seen");
+        let mut w = Window::open(10, Duration::from_secs(60), Some(path.clone())).unwrap();
+        w.insert("x-1", 42);
+        w.persist(&[("x-1".to_string(), 42)]);
+        assert_eq!(w.seen("x-1", 42), Seen::Same);
+        assert_eq!(w.seen("x-1", 43), Seen::Other);
+        assert_eq!(w.seen("x-2", 42), Seen::No);
+        drop(w);
+        // Reopened: the digest came back from the file; an older line (no digest) matches any.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        writeln!(f, "{} old id with spaces", now_ms()).unwrap();
+        drop(f);
+        let mut w = Window::open(10, Duration::from_secs(60), Some(path.clone())).unwrap();
+        assert_eq!(w.seen("x-1", 43), Seen::Other);
+        assert_eq!(w.seen("x-1", 42), Seen::Same);
+        assert_eq!(w.seen("old id with spaces", 7), Seen::Same);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

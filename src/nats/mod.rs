@@ -42,12 +42,14 @@ mod consume;
 #[cfg(feature = "nats")]
 mod publish;
 #[cfg(feature = "nats")]
+pub(crate) mod relay;
+#[cfg(feature = "nats")]
 pub mod wire;
 
 #[cfg(feature = "nats")]
 pub use connect::{ConnectError, NatsOptions, redact_url};
 #[cfg(feature = "nats")]
-pub use consume::{ConsumeOptions, Consumer};
+pub use consume::{ConsumeOptions, Consumer, DEFAULT_MAX_DELIVER};
 #[cfg(feature = "nats")]
 pub use publish::{PublishOptions, Publisher};
 
@@ -90,6 +92,9 @@ pub struct PublishStats {
     /// Refused by the server for good (too large for its `max_payload`, a stream error that
     /// is not a lost connection): counted, logged, not retried.
     pub failed: u64,
+    /// Of `offered`, events the consumer of the same `Hooks` fed in, republished with the
+    /// `Prx-Origin` and `Nats-Msg-Id` they came with and `Prx-Hops` one more.
+    pub relayed: u64,
     /// Waiting to be sent or confirmed now (the queue plus the unconfirmed window).
     pub buffered: u64,
     /// The queue's capacity: what can be held while the server is unreachable.
@@ -102,7 +107,8 @@ pub struct PublishStats {
     pub reconnects: u64,
 }
 
-/// What the consumer did. `received = consumed + duplicates + own + refused + pending`, where
+/// What the consumer did. `received = consumed + duplicates + own + refused + pending`
+/// (`refused()`: every refusal, `loops` included), where
 /// `pending` is the messages taken from NATS and not yet handed over or refused.
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -144,13 +150,27 @@ pub struct ConsumeStats {
     pub slow_consumer: u64,
     /// Ids in the de-dup window now.
     pub window: u64,
+    /// Refused: `Prx-Hops` at the limit (`wire::MAX_HOPS`, 8): relays relaying to each other
+    /// in a loop.
+    pub loops: u64,
+    /// JetStream only: messages JetStream stopped delivering after the durable consumer's
+    /// `max_deliver` (its MAX_DELIVERIES advisory) — one this client cannot parse, or one
+    /// redelivered too often. Never consumed.
+    pub given_up: u64,
+    /// Messages with the `Nats-Msg-Id` of one handed over before but another body, agent or
+    /// session: handed over (not skipped as duplicates), and counted here.
+    pub id_conflicts: u64,
     pub reconnects: u64,
 }
 
 impl ConsumeStats {
     /// Every message refused, whatever the reason.
     pub fn refused(&self) -> u64 {
-        self.refused_headers + self.refused_body + self.refused_subject + self.refused_oversize
+        self.refused_headers
+            + self.refused_body
+            + self.refused_subject
+            + self.refused_oversize
+            + self.loops
     }
 }
 

@@ -19,6 +19,7 @@
 //! tail it has seen: at-least-once, recognized by `Nats-Msg-Id`).
 
 use super::connect::{ConnState, ConnectError, NatsOptions, runtime};
+use super::relay::Relays;
 use super::wire;
 use super::{PublishStats, wire::instance_id};
 use crate::bus::{Bus, Message, RecvTimeoutError, Subscription};
@@ -101,6 +102,11 @@ impl PublishOptions {
         self
     }
 
+    /// The lifecycle events the pattern takes.
+    pub(crate) fn lifecycle_mask(&self) -> crate::EventMask {
+        crate::bus::pattern_lifecycle_mask(&self.pattern)
+    }
+
     /// The NATS filter of every subject this publishes to (`prx.lifecycle.>`).
     pub fn subjects(&self) -> String {
         wire::pattern_filter(self.prefix.as_deref(), &self.pattern)
@@ -155,6 +161,7 @@ struct Counters {
     resent: AtomicU64,
     failed: AtomicU64,
     dropped_shutdown: AtomicU64,
+    relayed: AtomicU64,
 }
 
 impl Counters {
@@ -187,7 +194,11 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub(crate) fn start(bus: &Bus, opts: PublishOptions) -> Result<Publisher, ConnectError> {
+    pub(crate) fn start(
+        bus: &Bus,
+        opts: PublishOptions,
+        relays: Option<Arc<Relays>>,
+    ) -> Result<Publisher, ConnectError> {
         opts.check()?;
         let sub = bus
             .subscribe_with_capacity(&opts.pattern, opts.buffer)
@@ -218,6 +229,7 @@ impl Publisher {
             echo_subject: format!("_PRX_HOOKS.echo.{}.{}", instance_id(), unique()),
             retry_at: None,
             stream_ready: false,
+            relays,
         };
         let handle = rt.spawn(task.run(batch_rx, stop_rx.clone()));
         let feeder = {
@@ -239,6 +251,11 @@ impl Publisher {
         })
     }
 
+    /// Its bus subscription's id (the consumer's back-pressure leaves it out).
+    pub(crate) fn subscription_id(&self) -> u64 {
+        self.sub.id()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> PublishStats {
         let c = &self.counters;
@@ -257,6 +274,7 @@ impl Publisher {
             duplicates: get(&c.duplicates),
             resent: get(&c.resent),
             failed: get(&c.failed),
+            relayed: get(&c.relayed),
             buffered: self.sub.len() as u64 + taken.saturating_sub(settled),
             capacity: self.sub.capacity() as u64,
             dropped: self.sub.dropped(),
@@ -423,6 +441,8 @@ struct Task {
     /// After a failed ack: no sending again before this (a missing stream answers at once).
     retry_at: Option<Instant>,
     stream_ready: bool,
+    /// With a consumer in the same `Hooks`: what it fed in, to republish as it came.
+    relays: Option<Arc<Relays>>,
 }
 
 impl Task {
@@ -675,11 +695,25 @@ impl Task {
 
     fn take_batch(&mut self, batch: Vec<Message>, window: &mut VecDeque<Out>) {
         for msg in batch {
-            let id = wire::message_id(instance_id(), self.next_id);
-            self.next_id += 1;
+            // A relayed event keeps its first publisher's origin and id, one hop more.
+            let relayed = match (&self.relays, msg.relay()) {
+                (Some(r), relay) if relay != 0 => r.take(relay, msg.seq()),
+                _ => None,
+            };
+            let (id, origin, hops) = match relayed {
+                Some(r) => {
+                    self.counters.relayed.fetch_add(1, Ordering::AcqRel);
+                    (r.id, r.origin, Some(r.hops.saturating_add(1)))
+                }
+                None => {
+                    let id = wire::message_id(instance_id(), self.next_id);
+                    self.next_id += 1;
+                    (id, instance_id().to_string(), None)
+                }
+            };
             window.push_back(Out {
                 subject: wire::subject(self.prefix.as_deref(), msg.topic()),
-                headers: headers(&msg, &id),
+                headers: headers(&msg, &id, &origin, hops),
                 payload: Bytes::copy_from_slice(msg.json()),
                 id,
                 sent: false,
@@ -716,15 +750,23 @@ impl Task {
                             )
                         })
                 }
+                // Refused for good only when the message itself is wrong (too large, a bad
+                // subject); a send that failed (the connection going) is sent again.
                 None => c
                     .client
                     .publish_with_headers(o.subject.clone(), o.headers.clone(), o.payload.clone())
                     .await
-                    .map_err(|e| (true, e.to_string())),
+                    .map_err(|e| {
+                        use async_nats::client::PublishErrorKind as K;
+                        (
+                            matches!(e.kind(), K::MaxPayloadExceeded | K::InvalidSubject),
+                            e.to_string(),
+                        )
+                    }),
             };
             match sent {
                 Ok(()) => {}
-                // Too large for the server: never retried.
+                // Too large for the server (or a bad subject): never retried.
                 Err((true, why)) => refused.push((i, why)),
                 Err((false, why)) => {
                     tracing::debug!("NATS publisher: {}: {why}; sending again", o.id);
@@ -801,7 +843,7 @@ fn unique() -> u64 {
 }
 
 /// The headers of one message (README.md § NATS, "Wire format").
-fn headers(msg: &Message, id: &str) -> HeaderMap {
+fn headers(msg: &Message, id: &str, origin: &str, hops: Option<u32>) -> HeaderMap {
     let mut h = HeaderMap::new();
     if let Some(kind) = msg.event() {
         h.insert(wire::EVENT, kind.name());
@@ -817,7 +859,10 @@ fn headers(msg: &Message, id: &str) -> HeaderMap {
     }
     h.insert(wire::SEQ, msg.seq().to_string());
     h.insert(wire::TIMESTAMP, msg.timestamp_rfc3339());
-    h.insert(wire::ORIGIN, instance_id());
+    h.insert(wire::ORIGIN, origin);
+    if let Some(hops) = hops {
+        h.insert(wire::HOPS, hops.to_string());
+    }
     h.insert(wire::MSG_ID, id);
     h
 }

@@ -4,10 +4,12 @@
 //! * subject: the bus topic, after an optional prefix (`fleet.prx.lifecycle.tool_call`);
 //! * body: the payload JSON exactly as on the bus ([`Message::json`](crate::Message::json));
 //! * headers: `Prx-Event`, `Prx-Agent`, `Prx-Session`, `Prx-Seq`, `Prx-Timestamp` (RFC 3339,
-//!   UTC, microseconds), `Prx-Origin` (the publishing process's instance id) and
+//!   UTC, microseconds), `Prx-Origin` (the first publishing process's instance id: a relay
+//!   keeps it), `Prx-Hops` (only on a relayed message: how many bridges relayed it) and
 //!   `Nats-Msg-Id` = `<instance>-<n>`: 16 random hex digits drawn once per process, then the
 //!   publisher's own counter. Unique per event, the same on every retry, and different after a
-//!   restart — so JetStream's duplicate window never swallows a new process's events.
+//!   restart — so JetStream's duplicate window never swallows a new process's events. A relay
+//!   keeps the id it consumed.
 //!
 //! Header values cannot hold CR or LF (they would end the header), so the publisher
 //! percent-encodes `%`, every control character and a leading or trailing space; the
@@ -24,7 +26,12 @@ pub const SESSION: &str = "Prx-Session";
 pub const SEQ: &str = "Prx-Seq";
 pub const TIMESTAMP: &str = "Prx-Timestamp";
 pub const ORIGIN: &str = "Prx-Origin";
+pub const HOPS: &str = "Prx-Hops";
 pub const MSG_ID: &str = "Nats-Msg-Id";
+
+/// A consumer refuses (and counts as `loops`) a message whose `Prx-Hops` is this or more: it
+/// has been relayed from one bridge to the next this many times.
+pub const MAX_HOPS: u32 = 8;
 
 /// Longest agent or session a consumer accepts from a header (bytes, after decoding).
 pub const MAX_HEADER_VALUE: usize = 256;

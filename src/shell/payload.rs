@@ -458,6 +458,7 @@ pub fn message_from_json(
         seq,
         timestamp: SystemTime::now(),
         depth: 0,
+        relay: 0,
     };
     Message::new(json, agent, session, "", meta)
 }

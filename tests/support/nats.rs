@@ -46,6 +46,8 @@ pub fn free_port() -> u16 {
 
 pub struct NatsServer {
     child: Option<Child>,
+    /// The address it listens on (127.0.0.1 unless `start_on`).
+    pub host: String,
     pub port: u16,
     store: tempfile::TempDir,
     extra: Vec<String>,
@@ -59,8 +61,14 @@ impl NatsServer {
 
     /// With extra arguments (`--user`, `--pass`, …).
     pub fn start_with(extra: &[&str]) -> NatsServer {
+        NatsServer::start_on("127.0.0.1", extra)
+    }
+
+    /// Listening on `host` (an address of this machine) only.
+    pub fn start_on(host: &str, extra: &[&str]) -> NatsServer {
         let mut s = NatsServer {
             child: None,
+            host: host.to_string(),
             port: free_port(),
             store: tempfile::tempdir().unwrap(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -73,14 +81,7 @@ impl NatsServer {
         // PRX_HOOKS_NATS_SERVER_LOG=1: the server's debug and protocol trace on stderr.
         let log = std::env::var_os("PRX_HOOKS_NATS_SERVER_LOG").is_some();
         let child = Command::new(binary())
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
+            .args(["-a", &self.host, "-p", &self.port.to_string(), "-js", "-sd"])
             .arg(self.store.path())
             .args(&self.extra)
             .args(if log { &["-DV"][..] } else { &[][..] })
@@ -93,7 +94,7 @@ impl NatsServer {
         // Ready when it greets a connection with INFO.
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(s) = TcpStream::connect(("127.0.0.1", self.port)) {
+            if let Ok(s) = TcpStream::connect((self.host.as_str(), self.port)) {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                 let mut line = String::new();
                 if BufReader::new(s).read_line(&mut line).is_ok() && line.starts_with("INFO") {
@@ -110,7 +111,7 @@ impl NatsServer {
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://{}:{}", self.host, self.port)
     }
 
     /// SIGKILL, and reaped.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the guest plugins in examples/plugins/ (wasm32-wasip2 components) into
 # examples/plugins/target, and installs audit-hook into the sample workspace
-# (examples/workspace/plugins/audit-hook/{plugin.toml,plugin.wasm}).
+# (examples/workspace/plugins/audit-hook/plugin.wasm, git-ignored; its plugin.toml is tracked).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -15,7 +15,10 @@ cargo build --release --target wasm32-wasip2 \
 
 out=examples/plugins/target/wasm32-wasip2/release
 mkdir -p examples/workspace/plugins/audit-hook
-cp examples/plugins/audit-hook/plugin.toml examples/workspace/plugins/audit-hook/plugin.toml
+# The sample workspace's plugin.toml is tracked (the same file): written only if they differ,
+# so this script, and README's main command that runs it, leave tracked files alone.
+cmp -s examples/plugins/audit-hook/plugin.toml examples/workspace/plugins/audit-hook/plugin.toml ||
+    cp examples/plugins/audit-hook/plugin.toml examples/workspace/plugins/audit-hook/plugin.toml
 cp "$out/audit_hook.wasm" examples/workspace/plugins/audit-hook/plugin.wasm
 
 echo "built components:"

@@ -162,14 +162,7 @@ fn respond(
     etag: &str,
     headers: &HeaderMap,
 ) -> Response {
-    let fresh = headers
-        .get_all(header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().trim_start_matches("W/"))
-        .any(|t| t == "*" || t == etag);
-    let mut resp = if fresh {
+    let mut resp = if super::hooks::not_modified(headers, etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         (

@@ -1268,16 +1268,8 @@ fn parse_query(uri: &Uri) -> Result<(Filter, Start, Option<String>), ApiError> {
     let mut kinds: Option<(bool, bool, bool)> = None;
     let mut start = Start::Live;
     let mut last_id = None;
-    for pair in uri
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_encoding::percent_decode_str(value)
-            .decode_utf8()
-            .map_err(|_| ApiError::bad_request(format!("{key}: not UTF-8")).at(key.to_string()))?;
+    let known = ["pattern", "kinds", "backlog", "last_event_id"];
+    for (key, value) in super::query::pairs(uri, &known)? {
         let value = value.trim();
         match key {
             "pattern" => {
@@ -1323,18 +1315,7 @@ fn parse_query(uri: &Uri) -> Result<(Filter, Start, Option<String>), ApiError> {
             }
             // For clients that cannot set headers; parsed in `stream`, like the header.
             "last_event_id" => last_id = Some(value.to_string()),
-            other => {
-                let known = ["pattern", "kinds", "backlog", "last_event_id"];
-                let hint = crate::suggest(other, &known)
-                    .map(|s| format!("; did you mean {s:?}?"))
-                    .unwrap_or_default();
-                return Err(ApiError::bad_request(format!(
-                    "unknown query parameter {}{hint}; expected {}",
-                    crate::config::quote(other),
-                    known.join(", ")
-                ))
-                .at(other.to_string()));
-            }
+            _ => unreachable!("pairs() returns known keys only"),
         }
     }
     let (bus, runs, plugins) = kinds.unwrap_or((true, true, true));

@@ -184,7 +184,7 @@ pub(crate) async fn test(
     body: Body,
 ) -> Result<Response, ApiError> {
     let id = hook_id(id)?;
-    let honour_matcher = match query(&uri, &["matcher"])?.as_slice() {
+    let honour_matcher = match super::query::pairs(&uri, &["matcher"])?.as_slice() {
         [] => true,
         [(_, v)] if v == "ignore" => false,
         [(_, v)] if v == "honour" || v == "honor" => true,
@@ -236,7 +236,7 @@ pub(crate) async fn runs(
     uri: Uri,
 ) -> Result<Response, ApiError> {
     let id = hook_id(id)?;
-    let limit = match query(&uri, &["limit"])?.pop() {
+    let limit = match super::query::pairs(&uri, &["limit"])?.pop() {
         None => None,
         Some((_, value)) => Some(value.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(
             || {
@@ -364,7 +364,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// `If-None-Match` names the current version (or is `*`).
-fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
+pub(super) fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
     headers
         .get_all(header::IF_NONE_MATCH)
         .iter()
@@ -372,29 +372,6 @@ fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
         .flat_map(|v| v.split(','))
         .map(|t| t.trim().trim_start_matches("W/"))
         .any(|t| t == "*" || t == etag)
-}
-
-/// The query's `key=value` pairs, each key one of `known` (400 otherwise).
-fn query(uri: &Uri, known: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
-    let mut out = Vec::new();
-    for pair in uri
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if !known.contains(&key) {
-            return Err(ApiError::bad_request(format!(
-                "unknown query parameter {}; expected {}",
-                crate::config::quote(key),
-                known.join(" or ")
-            ))
-            .at(key.to_string()));
-        }
-        out.push((key.to_string(), value.to_string()));
-    }
-    Ok(out)
 }
 
 /// A body as a write takes it: what responses carry next to the hook's fields (`warnings`,

@@ -41,6 +41,7 @@ mod guard;
 mod hooks;
 mod live;
 mod metrics;
+mod query;
 mod server;
 mod status;
 pub mod token;

@@ -428,9 +428,10 @@ impl HooksBuilder {
         };
         #[cfg(feature = "nats")]
         let publisher = match self.nats_publish {
-            Some(opts) => {
-                Some(nats::Publisher::start(&bus, opts, relays.clone()).map_err(BuildError::Nats)?)
-            }
+            Some(opts) => Some(
+                nats::Publisher::start(&bus, opts, relays.clone())
+                    .map_err(|e| stop_started(&pipeline, &bus, e))?,
+            ),
             None => None,
         };
         #[cfg(feature = "nats")]
@@ -446,7 +447,10 @@ impl HooksBuilder {
                     publisher_sub: publisher.as_ref().map(nats::Publisher::subscription_id),
                     relays,
                 };
-                Some(nats::Consumer::start(feed, opts).map_err(BuildError::Nats)?)
+                Some(
+                    nats::Consumer::start(feed, opts)
+                        .map_err(|e| stop_started(&pipeline, &bus, e))?,
+                )
             }
             None => None,
         };
@@ -745,6 +749,16 @@ enum ConfigState {
     Live(config::ConfigWatcher),
     Stopped(config::ConfigStats, Arc<config::HookTable>),
     Absent,
+}
+
+/// A bridge that cannot start fails the build after the pipeline has started: its workers
+/// and sinks are stopped before the error is returned, so a caller that retries `build` does
+/// not leak a pipeline each time.
+#[cfg(feature = "nats")]
+fn stop_started(pipeline: &Pipeline, bus: &Bus, e: nats::ConnectError) -> BuildError {
+    pipeline.shutdown(Duration::ZERO);
+    bus.close();
+    BuildError::Nats(e)
 }
 
 impl Drop for Hooks {

@@ -35,6 +35,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const DEFAULT_DEDUP_IDS: usize = 100_000;
 /// Default of [`ConsumeOptions::dedup_window`]: how long an id is remembered.
 pub const DEFAULT_DEDUP_AGE: Duration = Duration::from_secs(3600);
+
+/// How long a batch's acks and their flush may take before the consumer goes on without them.
+const ACKS_WAIT: Duration = Duration::from_secs(2);
 /// Default of [`ConsumeOptions::max_deliver`].
 pub const DEFAULT_MAX_DELIVER: u32 = 5;
 /// Messages pulled at once.
@@ -525,22 +528,27 @@ impl Worker {
             }
             // The ids are on disk before the acks leave: a restart between the two finds them.
             self.window.persist(&handed);
-            let acked = rt.block_on(async {
-                let mut acked = 0u64;
-                for (m, fate) in msgs.iter().zip(&fates) {
-                    let kind = match fate {
-                        Fate::Handed | Fate::Skip => jetstream::AckKind::Ack,
-                        Fate::Refused => jetstream::AckKind::Term,
-                        Fate::Later => jetstream::AckKind::Nak(None),
-                    };
-                    let is_ack = !matches!(fate, Fate::Later);
-                    if m.ack_with(kind).await.is_ok() && is_ack {
-                        acked += 1;
+            // At most `ACKS_WAIT`: with the server gone the client neither sends nor answers
+            // the flush until it reconnects, and shutdown must not wait for that; what is not
+            // acked is delivered again (and recognized by its id).
+            let mut acked = 0u64;
+            rt.block_on(async {
+                let acks = async {
+                    for (m, fate) in msgs.iter().zip(&fates) {
+                        let kind = match fate {
+                            Fate::Handed | Fate::Skip => jetstream::AckKind::Ack,
+                            Fate::Refused => jetstream::AckKind::Term,
+                            Fate::Later => jetstream::AckKind::Nak(None),
+                        };
+                        let is_ack = !matches!(fate, Fate::Later);
+                        if m.ack_with(kind).await.is_ok() && is_ack {
+                            acked += 1;
+                        }
                     }
-                }
-                // The acks are written before the next pull (or the exit) goes out.
-                let _ = js.client().flush().await;
-                acked
+                    // The acks are written before the next pull (or the exit) goes out.
+                    let _ = js.client().flush().await;
+                };
+                let _ = tokio::time::timeout(ACKS_WAIT, acks).await;
             });
             self.counters.acked.fetch_add(acked, Ordering::AcqRel);
         }

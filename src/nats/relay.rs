@@ -57,12 +57,11 @@ impl Relays {
         if map.insert((relay, seq), r).is_none() {
             order.push_back((relay, seq));
         }
-        while map.len() > CAPACITY {
-            match order.pop_front() {
-                Some(k) => {
-                    map.remove(&k);
-                }
-                None => break,
+        // `order` holds every key inserted and not yet evicted, taken ones too (`take` leaves
+        // them): bounding it bounds the map, which is a subset of it.
+        while order.len() > CAPACITY {
+            if let Some(k) = order.pop_front() {
+                map.remove(&k);
             }
         }
     }
@@ -98,5 +97,25 @@ mod tests {
         }
         assert_eq!(r.take(7, 0), None, "evicted");
         assert!(r.take(7, CAPACITY as u64 + 2).is_some());
+    }
+
+    #[test]
+    fn records_taken_as_they_come_leave_nothing_behind() {
+        let r = Relays::new(EventMask::ALL);
+        for seq in 0..(2 * CAPACITY as u64) {
+            r.insert(
+                1,
+                seq,
+                Relayed {
+                    origin: "o".into(),
+                    id: "i".into(),
+                    hops: 0,
+                },
+            );
+            assert!(r.take(1, seq).is_some());
+        }
+        let g = r.inner.lock().unwrap();
+        assert!(g.0.is_empty());
+        assert!(g.1.len() <= CAPACITY, "the key list grew to {}", g.1.len());
     }
 }

@@ -1832,16 +1832,18 @@ fn an_edit_inside_a_symlinked_plugin_directory_is_reloaded() {
 }
 
 /// A component instance may have several linear memories; each takes a slot of the engine's
-/// pool, which all plugins share. A plugin whose instances each take three memories, with
-/// `pool_size = 64`, must not take the slots other plugins need: before, the pool held 1.5
-/// memory slots per instance, so it took all 150 with 50 instances, and a plugin added next
-/// could not instantiate (its probe failed: it never loaded).
+/// pool, which all plugins share. A plugin whose instances each take the most memories a
+/// component may have (two), with `pool_size = 64`, must not take the slots other plugins
+/// need: before, the pool held 1.5 memory slots per instance and allowed 4, so a three-memory
+/// plugin took all 150 with 50 instances, and a plugin added next could not instantiate (its
+/// probe failed: it never loaded).
 #[test]
 fn a_plugin_with_several_memories_per_instance_cannot_starve_the_others_of_pool_slots() {
     let ws = tempfile::tempdir().unwrap();
     let dir = ws.path().join("plugins/hog");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("plugin.wasm"), crafted::hook_with_memories(3)).unwrap();
+    // Two memories per instance: the most a component may have (a third is refused, below).
+    std::fs::write(dir.join("plugin.wasm"), crafted::hook_with_memories(2)).unwrap();
     std::fs::write(
         dir.join("plugin.toml"),
         manifest("hog", "\"*\"", "pool_size = 64", ""),
@@ -1849,21 +1851,16 @@ fn a_plugin_with_several_memories_per_instance_cannot_starve_the_others_of_pool_
     .unwrap();
     let h = hooks(ws.path());
     let hog_loaded = plugins(&h).plugins.iter().any(|p| p.name == "hog");
-    if hog_loaded {
-        // Events from many emitters reach every one of its 64 shards: each makes an instance.
-        for i in 0..1000 {
-            h.emitter(&format!("agent-{i}"), "s")
-                .emit(Event::TurnComplete);
-        }
-        wait_for(60, "hog's calls", || {
-            let c = plugin(&h, "hog").counts;
-            c.sent == 1000 && c.in_flight == 0
-        });
-    } else {
-        // Refused at load instead: with a reason that names its memories.
-        let errors = plugins(&h).errors;
-        assert!(errors.iter().any(|e| e.contains("memor")), "{errors:?}");
+    assert!(hog_loaded, "{:?}", plugins(&h).errors);
+    // Events from many emitters reach every one of its 64 shards: each makes an instance.
+    for i in 0..1000 {
+        h.emitter(&format!("agent-{i}"), "s")
+            .emit(Event::TurnComplete);
     }
+    wait_for(60, "hog's calls", || {
+        let c = plugin(&h, "hog").counts;
+        c.sent == 1000 && c.in_flight == 0
+    });
     misbehave(ws.path(), "good", "noop", "", "");
     wait_for(30, "the new plugin's load", || {
         let p = plugins(&h);
@@ -1877,6 +1874,26 @@ fn a_plugin_with_several_memories_per_instance_cannot_starve_the_others_of_pool_
     );
     h.emitter("another", "s").emit(Event::TurnComplete);
     wait_for(10, "its call", || plugin(&h, "good").counts.ok == 1);
+}
+
+/// A component whose instances have three memories is refused at load, saying why.
+#[test]
+fn a_component_with_three_memories_per_instance_is_refused_at_load() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = ws.path().join("plugins/hog");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("plugin.wasm"), crafted::hook_with_memories(3)).unwrap();
+    std::fs::write(dir.join("plugin.toml"), manifest("hog", "\"*\"", "", "")).unwrap();
+    let h = hooks(ws.path());
+    let p = plugins(&h);
+    assert!(p.plugins.iter().all(|p| p.name != "hog"), "it loaded");
+    assert!(
+        p.errors
+            .iter()
+            .any(|e| e.contains("3 Wasm linear memories")),
+        "{:?}",
+        p.errors
+    );
 }
 
 /// The hand-encoded component runs (so the test above exercises the pool, not the encoder).

@@ -40,7 +40,8 @@ const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 /// each instance: a Rust `wasm32-wasip2` component has one; two leave room for a component
 /// composed with one more. Every instance has its slots, so no plugin can take another's (with
 /// 1.5 slots per instance and 4 allowed, one plugin of three-memory instances took them all);
-/// a component with more is refused at load.
+/// a component with more is refused at load (by wasmtime, when it is compiled for this
+/// pool: "…contains 3 Wasm linear memories, which exceeds the configured maximum of 2…").
 pub const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 16;
 

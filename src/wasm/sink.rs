@@ -774,20 +774,6 @@ fn prepare(
             ))
         }
     })?;
-    // Each instance's memories take slots of the pool all plugins share, which holds
-    // `MEMORIES_PER_COMPONENT` per instance: refused here, with the reason, rather than at
-    // every instantiation.
-    let limit = super::engine::MEMORIES_PER_COMPONENT;
-    if let Some(r) = component.resources_required()
-        && r.num_memories > limit
-    {
-        return Err(Prepared::Failed(format!(
-            "{wasm_label}: each instance of the component has {} linear memories; at most \
-             {limit} are supported (the engine's pool holds {limit} per instance, so that no \
-             plugin can take another's)",
-            r.num_memories
-        )));
-    }
     let pre = linker.instantiate_pre(&component).map_err(|e| {
         Prepared::Failed(format!(
             "{wasm_label}: cannot link: {} (plugins may import prx:host/{{log,config,kv,events}} and WASI p2 only)",

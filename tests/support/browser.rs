@@ -201,8 +201,8 @@ impl Page {
                 Ok(c) => break c,
                 Err(e) if attempt < 3 => eprintln!("Chromium did not start ({e}); trying again"),
                 Err(e) => {
-                    let log = std::fs::read_to_string(&log).unwrap_or_default();
-                    let tail = &log[log.len().saturating_sub(4000)..];
+                    let log = std::fs::read(&log).unwrap_or_default();
+                    let tail = String::from_utf8_lossy(&log[log.len().saturating_sub(4000)..]);
                     panic!("could not start Chromium through chromedriver: {e}\n{tail}")
                 }
             }

@@ -177,9 +177,9 @@ fn audit_guest_sees_every_event_with_the_exact_payload_and_kv_survives_a_restart
 fn a_manifest_in_prx_docs_shape_loads_and_runs() {
     let ws = tempfile::tempdir().unwrap();
     let compat = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/compat/plugin.toml"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prx/plugin.toml"),
     )
-    .expect("../shared/compat/plugin.toml (the PRX sample) beside the repo");
+    .expect("tests/fixtures/prx/plugin.toml (the PRX sample)");
     install(ws.path(), "compat", "audit_hook", &compat);
     let h = hooks(ws.path());
     let p = plugin(&h, "compat");

@@ -9,15 +9,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "support/sse.rs"]
-mod sse;
+use crate::sse;
 
-#[path = "support/hooks.rs"]
-mod support;
+use crate::support;
 
 #[cfg(feature = "wasm")]
-#[path = "support/plugins.rs"]
-mod plugins;
+use crate::plugins;
 
 use sse::{Ev, Sse};
 use support::wait_for;

@@ -1109,7 +1109,7 @@ fn absolute_commands_are_kept_as_written() {
 
 #[test]
 fn blocked_variables_may_not_be_set() {
-    // The whole policy, name by name, is in tests/env_policy.rs; here the message format.
+    // The whole policy, name by name, is in tests/library/env_policy.rs; here the message format.
     for (name, why) in [
         ("LD_PRELOAD", "LD_* variables control the dynamic loader"),
         ("ld_preload", "LD_* variables control the dynamic loader"),
@@ -1278,10 +1278,10 @@ fn load_sets_the_source_and_refuses_non_files() {
 
 #[test]
 fn compat_hooks_json_loads_unchanged() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/compat/hooks.json");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prx/hooks.json");
     let text = std::fs::read(&src).unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (the compat samples live in shared/compat beside the repository)",
+            "{}: {e} (the PRX samples in tests/fixtures/prx)",
             src.display()
         )
     });

@@ -21,8 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant, SystemTime};
 
-#[path = "support/procs.rs"]
-mod procs;
+use crate::procs;
 use procs::{alive, all_pids, proc_stat, procs_exactly};
 
 // ---------------------------------------------------------------- helpers
@@ -434,7 +433,12 @@ fn env_probe() {
 fn probe_env(e: &Env, name: &str, vars: &[(&str, &str)]) -> HashMap<String, String> {
     let out = e.dir(name);
     let probe = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["env_probe", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "shell::env_probe",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env_clear()
         .env("PRX_SHELL_PROBE_OUT", &out)
         .env("TMPDIR", e.tmp.path())
@@ -1580,7 +1584,7 @@ fn a_library_host_killed_with_sigkill_takes_its_hook_leaders_along() {
     let e = Env::new();
     let out = e.dir("host");
     let mut host = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["library_host_probe", "--exact", "--test-threads=1"])
+        .args(["shell::library_host_probe", "--exact", "--test-threads=1"])
         .env("PRX_SHELL_HOST_OUT", &out)
         .env("TMPDIR", e.tmp.path())
         .stdout(std::process::Stdio::null())

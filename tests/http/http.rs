@@ -11,11 +11,9 @@ use std::time::Duration;
 use ureq::http::Request;
 
 #[cfg(feature = "wasm")]
-#[path = "support/plugins.rs"]
-mod plugins;
+use crate::plugins;
 
-#[path = "support/hooks.rs"]
-mod support;
+use crate::support;
 
 use support::{append_args, lines, wait_for};
 

@@ -315,8 +315,7 @@ fn bad_tokens_and_addresses_are_refused_before_serving() {
     assert!(err.contains("--listen"), "{err}");
 }
 
-#[path = "support/hooks.rs"]
-mod support;
+use crate::support;
 
 const TOKEN: &str = "token-for-the-cli-tests-0000";
 

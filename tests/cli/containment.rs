@@ -12,12 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-#[path = "support/hooks.rs"]
-mod support;
-use support::{lines, wait_for};
-#[path = "support/procs.rs"]
-mod procs;
+use crate::procs;
+use crate::support;
 use procs::{alive, all_pids, cmdline, proc_stat, procs_exactly};
+use support::{lines, wait_for};
 
 fn subreaper() {
     static ONCE: Once = Once::new();

@@ -570,10 +570,10 @@ mod config {
     /// (top-level `enabled` and `timeout_ms`, the `LLM-Response` key as written).
     #[test]
     fn the_compat_file_round_trips() {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/compat/hooks.json");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prx/hooks.json");
         let text = std::fs::read_to_string(&src).unwrap_or_else(|e| {
             panic!(
-                "{}: {e} (the compat samples live in shared/compat beside the repository)",
+                "{}: {e} (the PRX samples in tests/fixtures/prx)",
                 src.display()
             )
         });

@@ -13,8 +13,7 @@ fn save(ws: &Path, json: &str) {
     std::fs::rename(&tmp, ws.join("hooks.json")).unwrap();
 }
 
-#[path = "support/hooks.rs"]
-mod support;
+use crate::support;
 
 use support::{append_args, lines, wait_for};
 

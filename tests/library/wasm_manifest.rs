@@ -97,10 +97,10 @@ fn mask(kinds: &[EventKind]) -> EventMask {
 
 #[test]
 fn compat_plugin_toml_loads_unchanged() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/compat/plugin.toml");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prx/plugin.toml");
     let text = std::fs::read_to_string(&src).unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (the compat samples live in shared/compat beside the repository)",
+            "{}: {e} (the PRX samples in tests/fixtures/prx)",
             src.display()
         )
     });

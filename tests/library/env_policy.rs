@@ -1,6 +1,6 @@
 //! The environment policy of shell hooks, name by name, through the real loader
 //! (ARCHITECTURE.md § Shell hooks, issue 11 items 3 and 12). What reaches a real child process
-//! is checked in `tests/shell.rs` (`the_environment_is_sanitized`).
+//! is checked in `tests/library/shell.rs` (`the_environment_is_sanitized`).
 
 use prx_hooks::config::{self, HookTable};
 use prx_hooks::shell::env::{self as policy, Scope};

@@ -14,18 +14,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-#[path = "support/browser.rs"]
-mod browser;
+use crate::browser;
 
-#[path = "support/hooks.rs"]
-mod support;
+use crate::support;
 
-#[path = "support/proxy.rs"]
-mod proxy;
+use crate::proxy;
 
 #[cfg(feature = "wasm")]
-#[path = "support/plugins.rs"]
-mod plugins;
+use crate::plugins;
 
 use browser::{Page, Viewport, http};
 use support::wait_for;

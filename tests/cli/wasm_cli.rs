@@ -5,8 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-#[path = "support/plugins.rs"]
-mod plugins;
+use crate::plugins;
 
 use plugins::{audit_manifest, install, kv_get};
 

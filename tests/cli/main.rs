@@ -1,0 +1,18 @@
+//! The `prx-hooks` binary as a user runs it: `run`, `fire`, `validate`, `bench`, `init`, shell
+//! hooks end to end, containment under the CLI and plugins through the CLI.
+//!
+//! One test binary per area (each links the whole library): the modules are the former
+//! per-file binaries, the shared helpers are declared once here.
+
+#[path = "../support/plugins.rs"]
+mod plugins;
+#[path = "../support/procs.rs"]
+mod procs;
+#[path = "../support/hooks.rs"]
+mod support;
+
+mod cli;
+mod containment;
+mod hooks_e2e;
+mod init_cli;
+mod wasm_cli;

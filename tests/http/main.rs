@@ -1,0 +1,22 @@
+//! The HTTP API over loopback: routes and limits, the live stream, `run --listen`, `tail` and
+//! the console page in a real headless Chromium.
+//!
+//! One test binary per area (each links the whole library): the modules are the former
+//! per-file binaries, the shared helpers are declared once here.
+
+#[path = "../support/browser.rs"]
+mod browser;
+#[path = "../support/plugins.rs"]
+mod plugins;
+#[path = "../support/proxy.rs"]
+mod proxy;
+#[path = "../support/sse.rs"]
+mod sse;
+#[path = "../support/hooks.rs"]
+mod support;
+
+mod console;
+mod http;
+mod http_cli;
+mod http_events;
+mod tail_cli;

@@ -12,6 +12,7 @@ use crate::tojson;
 use prx_hooks::event::{ARGUMENTS_MAX_DEPTH, EXTRAS_MAX_DEPTH};
 use prx_hooks::{Emit, Emitter, Event, EventKind, Extras};
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use pyo3::intern;
@@ -88,14 +89,17 @@ impl PyEmitter {
         PyEmitter { em: Owned::new(em) }
     }
 
-    #[inline]
+    #[inline(always)]
     fn em(&self) -> PyResult<&Emitter> {
-        self.em.get().ok_or_else(|| fork_error("Emitter"))
+        match self.em.get() {
+            Some(em) => Ok(em),
+            None => Err(inherited()),
+        }
     }
 
-    /// Emits `event` with the optional extras; runs with this thread's buffers, whose
-    /// `arguments` part may hold `event`'s text.
-    #[inline]
+    /// Emits `event`: plain `emit` without extras (the common case, inlined), else with this
+    /// thread's extras buffer.
+    #[inline(always)]
     fn send<'py>(
         &self,
         py: Python<'py>,
@@ -103,21 +107,39 @@ impl PyEmitter {
         event: Event<'_>,
         extras: Option<&Bound<'py, PyAny>>,
         omit: Option<&Bound<'py, PyAny>>,
-        buf: &mut String,
     ) -> PyResult<Bound<'py, PyString>> {
         if extras.is_none() && omit.is_none() {
             return Ok(outcome(py, em.emit(event)));
         }
-        let fields = match extras {
-            Some(x) if !x.is_none() => json_text(x, buf, "extras", EXTRAS_MAX_DEPTH)?,
-            _ => "",
-        };
-        let names = omitted(omit)?;
-        let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        em.emit_with_extras(event, &Extras::fields(fields).omit(&names))
-            .map(|e| outcome(py, e))
-            .map_err(|e| extras_error(e.to_string()))
+        with_buffers(|b| send_with_extras(py, em, event, extras, omit, &mut b.extras))
     }
+}
+
+#[cold]
+#[inline(never)]
+fn inherited() -> PyErr {
+    fork_error("Emitter")
+}
+
+/// `emit_with_extras`, `extras=` written into `buf` when it is a dict.
+#[inline(never)]
+fn send_with_extras<'py>(
+    py: Python<'py>,
+    em: &Emitter,
+    event: Event<'_>,
+    extras: Option<&Bound<'py, PyAny>>,
+    omit: Option<&Bound<'py, PyAny>>,
+    buf: &mut String,
+) -> PyResult<Bound<'py, PyString>> {
+    let fields = match extras {
+        Some(x) if !x.is_none() => json_text(x, buf, "extras", EXTRAS_MAX_DEPTH)?,
+        _ => "",
+    };
+    let names = omitted(omit)?;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    em.emit_with_extras(event, &Extras::fields(fields).omit(&names))
+        .map(|e| outcome(py, e))
+        .map_err(|e| extras_error(e.to_string()))
 }
 
 /// The names given as `omit=` (a str or an iterable of str).
@@ -150,7 +172,19 @@ fn outcome(py: Python<'_>, e: Emit) -> Bound<'_, PyString> {
 }
 
 /// A count or a duration in milliseconds: a non-negative int.
+#[inline(always)]
 fn count(v: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    if v.is_exact_instance_of::<pyo3::types::PyInt>()
+        && let Ok(n) = v.extract::<u64>()
+    {
+        return Ok(n);
+    }
+    count_slow(v, name)
+}
+
+#[cold]
+#[inline(never)]
+fn count_slow(v: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
     if v.cast::<pyo3::types::PyBool>().is_ok() || v.cast::<pyo3::types::PyInt>().is_err() {
         return Err(PyTypeError::new_err(format!(
             "{name}: expected int, got {}",
@@ -166,12 +200,23 @@ fn count(v: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
 }
 
 /// A `success` flag: exactly True or False.
+#[inline(always)]
 fn flag(v: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
-    v.cast::<pyo3::types::PyBool>()
-        .map(|b| b.is_true())
-        .map_err(|_| {
-            PyTypeError::new_err(format!("{name}: expected bool, got {}", type_name(v)))
-        })
+    // SAFETY: the two singletons are only compared by address.
+    let (t, f) = unsafe { (ffi::Py_True(), ffi::Py_False()) };
+    if v.as_ptr() == t {
+        Ok(true)
+    } else if v.as_ptr() == f {
+        Ok(false)
+    } else {
+        Err(not_bool(v, name))
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn not_bool(v: &Bound<'_, PyAny>, name: &str) -> PyErr {
+    PyTypeError::new_err(format!("{name}: expected bool, got {}", type_name(v)))
 }
 
 #[pymethods]
@@ -195,10 +240,7 @@ impl PyEmitter {
             Some(s) if !s.is_none() => str_arg(s, "session")?,
             _ => em.session(),
         };
-        with_buffers(|b| {
-            let ev = Event::AgentStart { agent, session };
-            self.send(py, em, ev, extras, omit, &mut b.extras)
-        })
+        self.send(py, em, Event::AgentStart { agent, session }, extras, omit)
     }
 
     /// `agent_end {success, messages_count}`.
@@ -216,7 +258,7 @@ impl PyEmitter {
             success: flag(success, "success")?,
             messages_count: count(messages_count, "messages_count")?,
         };
-        with_buffers(|b| self.send(py, em, ev, extras, omit, &mut b.extras))
+        self.send(py, em, ev, extras, omit)
     }
 
     /// `llm_request {provider, model, messages_count}`.
@@ -236,7 +278,7 @@ impl PyEmitter {
             model: str_arg(model, "model")?,
             messages_count: count(messages_count, "messages_count")?,
         };
-        with_buffers(|b| self.send(py, em, ev, extras, omit, &mut b.extras))
+        self.send(py, em, ev, extras, omit)
     }
 
     /// `llm_response {provider, model, duration_ms, success}`.
@@ -259,7 +301,7 @@ impl PyEmitter {
             duration_ms: count(duration_ms, "duration_ms")?,
             success: flag(success, "success")?,
         };
-        with_buffers(|b| self.send(py, em, ev, extras, omit, &mut b.extras))
+        self.send(py, em, ev, extras, omit)
     }
 
     /// `tool_call_start {tool, arguments}`: `arguments` a dict (written as JSON here) or JSON
@@ -276,6 +318,14 @@ impl PyEmitter {
     ) -> PyResult<Bound<'py, PyString>> {
         let em = self.em()?;
         let tool = str_arg(tool, "tool")?;
+        let text = match arguments {
+            None => Some("{}"),
+            Some(a) => crate::text::exact_str(a),
+        };
+        if let Some(arguments) = text {
+            return self.send(py, em, Event::ToolCallStart { tool, arguments }, extras, omit);
+        }
+        // A dict (or None, or a str subclass): written into this thread's buffer.
         with_buffers(|b| {
             let arguments = match arguments {
                 Some(a) if !a.is_none() => {
@@ -284,7 +334,10 @@ impl PyEmitter {
                 _ => "{}",
             };
             let ev = Event::ToolCallStart { tool, arguments };
-            self.send(py, em, ev, extras, omit, &mut b.extras)
+            if extras.is_none() && omit.is_none() {
+                return Ok(outcome(py, em.emit(ev)));
+            }
+            send_with_extras(py, em, ev, extras, omit, &mut b.extras)
         })
     }
 
@@ -308,7 +361,7 @@ impl PyEmitter {
                 None => "",
             },
         };
-        with_buffers(|b| self.send(py, em, ev, extras, omit, &mut b.extras))
+        self.send(py, em, ev, extras, omit)
     }
 
     /// `turn_complete {}`.
@@ -320,7 +373,7 @@ impl PyEmitter {
         omit: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyString>> {
         let em = self.em()?;
-        with_buffers(|b| self.send(py, em, Event::TurnComplete, extras, omit, &mut b.extras))
+        self.send(py, em, Event::TurnComplete, extras, omit)
     }
 
     /// `error {component, message}`.
@@ -338,7 +391,7 @@ impl PyEmitter {
             component: str_arg(component, "component")?,
             message: str_arg(message, "message")?,
         };
-        with_buffers(|b| self.send(py, em, ev, extras, omit, &mut b.extras))
+        self.send(py, em, ev, extras, omit)
     }
 
     /// Whether an event of this kind (`"tool_call"`) would be delivered anywhere right now.

@@ -40,9 +40,33 @@ pub(crate) fn utf8<'a>(s: &'a Bound<'_, PyString>) -> Result<&'a str, Unencodabl
     })
 }
 
+/// The text of an exact `str` (not a subclass) that UTF-8 can hold, else `None`: the emit
+/// path's first try, a pointer comparison and one call; everything else goes the slow way.
+#[inline(always)]
+pub(crate) fn exact_str<'a>(v: &'a Bound<'_, PyAny>) -> Option<&'a str> {
+    // SAFETY: reading the type of a live object (we hold the GIL) is what `Py_TYPE` is for;
+    // `PyUnicode_Type` is only compared by address.
+    let exact = unsafe { ffi::Py_TYPE(v.as_ptr()) == std::ptr::addr_of_mut!(ffi::PyUnicode_Type) };
+    if !exact {
+        return None;
+    }
+    // SAFETY: `v` is an exact str.
+    utf8(unsafe { v.cast_unchecked::<PyString>() }).ok()
+}
+
 /// A `str` argument's text; `name` names the argument in the TypeError.
-#[inline]
+#[inline(always)]
 pub(crate) fn str_arg<'a>(v: &'a Bound<'_, PyAny>, name: &str) -> PyResult<&'a str> {
+    match exact_str(v) {
+        Some(s) => Ok(s),
+        None => str_arg_slow(v, name),
+    }
+}
+
+/// `str_arg` for subclasses of str, and the errors.
+#[cold]
+#[inline(never)]
+fn str_arg_slow<'a>(v: &'a Bound<'_, PyAny>, name: &str) -> PyResult<&'a str> {
     match v.cast::<PyString>() {
         Ok(s) => utf8(s).map_err(|Unencodable| surrogate_error(name)),
         Err(_) => Err(PyTypeError::new_err(format!(

@@ -6,7 +6,7 @@
 use crate::errors::{bus_error, closed_error, fork_error};
 use crate::fork::Owned;
 use crate::text::utf8;
-use crate::{seconds, to_py, tojson};
+use crate::{json_loads, seconds, tojson};
 use prx_hooks::bus::{RecvTimeoutError, TryRecvError};
 use prx_hooks::{Bus, BusError, Message, Subscription};
 use pyo3::exceptions::{PyStopIteration, PyTimeoutError};
@@ -90,7 +90,7 @@ impl PyBus {
     /// "capacity"}]`.
     fn subscribers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let subs = self.bus()?.subscribers();
-        to_py(py, &serde_json::to_value(subs).unwrap_or_default())
+        json_loads(py, &serde_json::to_string(&subs).unwrap_or_default())
     }
 
     /// Whether the hooks have shut down (no more messages will come).
@@ -302,9 +302,7 @@ impl PyMessage {
     fn payload<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.payload
             .get_or_try_init(py, || {
-                static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-                let loads = LOADS.import(py, "json", "loads")?;
-                Ok::<_, PyErr>(loads.call1((self.msg.json_str(),))?.unbind())
+                Ok::<_, PyErr>(json_loads(py, self.msg.json_str())?.unbind())
             })
             .map(|p| p.bind(py).clone())
     }

@@ -6,7 +6,7 @@ use crate::emitter::PyEmitter;
 use crate::errors::{build_error, fork_error};
 use crate::fork::Owned;
 use crate::nats::{PyNatsConsume, PyNatsPublish};
-use crate::{seconds, signals_blocked, to_py, wait_interruptibly};
+use crate::{json_loads, seconds, signals_blocked, wait_interruptibly};
 use prx_hooks::http::{EventStreamOptions, HttpOptions, Listen, Server, token};
 use prx_hooks::{Hooks, HooksBuilder, shell};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -373,8 +373,8 @@ impl PyHooks {
     /// Every counter (the same keys as `/api/stats` and `prx-hooks run`'s report).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let stats = self.core()?.hooks.stats();
-        let value = serde_json::to_value(&stats).map_err(|e| build_error(e.to_string()))?;
-        to_py(py, &value)
+        let text = serde_json::to_string(&stats).map_err(|e| build_error(e.to_string()))?;
+        json_loads(py, &text)
     }
 
     /// Events in the rings not processed yet.

@@ -18,7 +18,6 @@ mod tojson;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
 use std::time::Duration;
 
 /// How long a wait runs without the GIL before it looks at signals (Ctrl-C).
@@ -85,33 +84,10 @@ pub(crate) fn wait_interruptibly<T: Send + 'static>(
     }
 }
 
-/// JSON values (stats) as Python objects.
-pub(crate) fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
-    use serde_json::Value;
-    Ok(match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => u.into_pyobject(py)?.into_any(),
-            (None, Some(i)) => i.into_pyobject(py)?.into_any(),
-            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
-        },
-        Value::String(s) => s.into_pyobject(py)?.into_any(),
-        Value::Array(a) => {
-            let list = PyList::empty(py);
-            for x in a {
-                list.append(to_py(py, x)?)?;
-            }
-            list.into_any()
-        }
-        Value::Object(o) => {
-            let dict = PyDict::new(py);
-            for (k, x) in o {
-                dict.set_item(k, to_py(py, x)?)?;
-            }
-            dict.into_any()
-        }
-    })
+/// `json.loads(text)`: stats and payloads as Python objects, keys in the library's order.
+pub(crate) fn json_loads<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
+    static LOADS: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    LOADS.import(py, "json", "loads")?.call1((text,))
 }
 
 /// The library's warnings (a hook that cannot spawn, a plugin that fails to load, a reload

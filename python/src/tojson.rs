@@ -196,7 +196,7 @@ impl Writer<'_> {
         for (k, v) in d.iter() {
             let Ok(key) = k.cast::<PyString>() else {
                 return Err(Refusal::new(format!(
-                    "key {} is a {}, not a str (JSON object keys are strings)",
+                    "key {} ({}) is not a str (JSON object keys are strings)",
                     k.repr().map(|r| r.to_string()).unwrap_or_default(),
                     type_name(&k)
                 )));

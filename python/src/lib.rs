@@ -98,9 +98,13 @@ pub(crate) fn init_logging() {
     ONCE.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("PRX_HOOKS_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // Colours only for a person at a terminal, and not with NO_COLOR.
+        use std::io::IsTerminal;
+        let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
         // Another Rust extension may have set the global subscriber: keep it.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(ansi)
             .with_writer(std::io::stderr)
             .with_target(false)
             .try_init();

@@ -177,7 +177,7 @@ def test_text_that_is_not_a_json_object_becomes_a_string_as_in_rust():
 )
 def test_values_json_cannot_hold_are_a_type_error_naming_the_path(arguments, message):
     with prx_hooks.Hooks(workspace=None) as hooks:
-        hooks.bus.subscribe("*")
+        sub = hooks.bus.subscribe("*")  # noqa: F841 (kept: a listener)
         em = hooks.emitter("a", "s")
         with pytest.raises(TypeError) as e:
             em.tool_call_start("t", arguments)

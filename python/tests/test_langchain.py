@@ -102,22 +102,23 @@ def test_a_langgraph_agent_run_reaches_the_hooks_tool_call_by_tool_call(workspac
     assert payloads[0]["run_id"] == payloads[-1]["run_id"] == payloads[-2]["run_id"]
 
 
-def test_a_failing_tool_is_a_failed_tool_call_and_an_error(workspace):
+def test_a_failing_tool_is_a_failed_tool_call_and_a_failed_run(workspace):
     CALLS.clear()
     with prx_hooks.Hooks(workspace=None) as hooks:
         sub = hooks.bus.subscribe("prx.lifecycle.*")
         handler = PrxCallbackHandler(hooks.emitter("coder", "lg-2"))
         graph = agent([("shell", {"cmd": "false"})])
-        run(graph, handler)  # ToolNode turns the exception into a ToolMessage with status error
-        got = [sub.recv(timeout=10) for _ in range(10)]
+        with pytest.raises(ValueError, match="exit status 1"):
+            run(graph, handler)  # LangGraph's ToolNode lets a tool's own exception through
+        got = [sub.recv(timeout=10) for _ in range(9)]
     assert [m.event for m in got] == [
         "agent_start", "llm_request", "llm_response", "tool_call_start", "tool_call", "error",
-        "llm_request", "llm_response", "turn_complete", "agent_end"]
-    by_kind = {m.event: m.payload for m in got}
-    assert by_kind["error"]["component"] == "tool"
-    assert by_kind["error"]["run_id"] == by_kind["tool_call"]["run_id"]
-    assert by_kind["tool_call"]["success"] is False
-    assert "exit status 1" in by_kind["tool_call"]["output"]
+        "error", "turn_complete", "agent_end"]
+    p = [m.payload for m in got]
+    assert (p[4]["success"], p[4]["output"]) == (False, "ValueError: exit status 1")
+    assert (p[5]["component"], p[5]["run_id"]) == ("tool", p[4]["run_id"])
+    assert (p[6]["component"], p[6]["run_id"]) == ("langchain", p[0]["run_id"])
+    assert p[8]["success"] is False
 
 
 def test_a_hook_that_sleeps_10_s_does_not_slow_the_agent(workspace):

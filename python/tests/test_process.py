@@ -80,12 +80,15 @@ def test_an_os_fork_child_gets_a_clear_error_and_can_make_its_own_hooks(inherite
     assert report == "ForkError|ForkError|ForkError|ForkError|in-child"
     # The parent's pipeline is untouched: its hook still runs.
     assert INHERITED["em"].tool_call("after-fork", True, "") == "queued"
-    wait_for("the parent's hook", lambda: [p["tool"] for _, p in read_log(log)].count("after-fork") == 2)
+    wait_for("the parent's hook", lambda: "after-fork" in [p["tool"] for _, p in read_log(log)])
+    # and the child's own pipeline ran the same workspace's hook for its event
+    assert "in-child" in [p["tool"] for _, p in read_log(log)]
 
 
 def _pool_initializer(workspace: str) -> None:
-    global POOL_HOOKS
+    global POOL_HOOKS, POOL_SUB
     POOL_HOOKS = prx_hooks.Hooks(workspace=workspace)
+    POOL_SUB = POOL_HOOKS.bus.subscribe("prx.lifecycle.tool_call")
 
 
 def _pool_task(n: int) -> str:
@@ -95,7 +98,8 @@ def _pool_task(n: int) -> str:
     except prx_hooks.ForkError:
         inherited = "ForkError"
     em = POOL_HOOKS.emitter("worker", str(os.getpid()))
-    return f"{inherited}:{em.tool_call(f'task-{n}', True, '')}"
+    outcome = em.tool_call(f"task-{n}", True, "")
+    return f"{inherited}:{outcome}:{POOL_SUB.recv(timeout=20).payload['tool']}"
 
 
 def test_multiprocessing_fork_workers_make_their_own_hooks_in_the_initializer(inherited):
@@ -103,11 +107,10 @@ def test_multiprocessing_fork_workers_make_their_own_hooks_in_the_initializer(in
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(2, initializer=_pool_initializer, initargs=(str(workspace),)) as pool:
         results = pool.map_async(_pool_task, range(6)).get(timeout=120)
-    assert results == ["ForkError:queued"] * 6
-    # Each worker's pipeline ran the hooks for its events (drained at the worker's exit).
-    wait_for("six hook runs from the workers",
-             lambda: sorted(p["tool"] for _, p in read_log(log) if p["tool"].startswith("task-"))
-             == [f"task-{n}" for n in range(6)])
+    # Each worker's own pipeline delivered its events; the inherited one refused.
+    assert results == [f"ForkError:queued:task-{n}" for n in range(6)]
+    # (Pool's __exit__ terminates its workers with SIGTERM: what their pipelines still held
+    # is lost with them. A worker that must drain calls POOL_HOOKS.shutdown() itself.)
 
 
 def test_a_forked_child_that_exits_normally_does_not_hang(inherited):

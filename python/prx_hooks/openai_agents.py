@@ -12,18 +12,20 @@ Either (or both: they see different things) —
 | ``PrxRunHooks``                  | ``PrxTracingProcessor``            | event                      |
 |----------------------------------|------------------------------------|----------------------------|
 | ``on_agent_start``               | trace start                        | ``agent_start``            |
-| ``on_llm_start``                 | generation / response span start   | ``llm_request``            |
+| ``on_llm_start``                 | generation / response span end     | ``llm_request``            |
 | ``on_llm_end``                   | generation / response span end     | ``llm_response``           |
-| ``on_tool_start``                | function span start                | ``tool_call_start``        |
+| ``on_tool_start``                | function span end                  | ``tool_call_start``        |
 | ``on_tool_end``                  | function span end                  | ``tool_call``              |
 | —                                | any span ending with an error      | ``error``                  |
 | ``on_agent_end``                 | trace end                          | ``turn_complete``, ``agent_end`` |
 
-``PrxRunHooks`` gets the tool's arguments as the model wrote them (JSON text, passed on as
-is) and its call id; the SDK tells run hooks nothing about failures. The tracing processor
-sees every run of the process, failed spans included, but no arguments' call ids. Extra
-fields carry the ids to correlate by (``agent_name``, ``tool_call_id``, ``trace_id``,
-``span_id``, ``parent_id``) and token counts where the SDK reports them.
+``PrxRunHooks`` emits as things happen, with the tool's arguments as the model wrote them
+(JSON text, passed on as is) and the call's id; the SDK tells run hooks nothing about
+failures. The tracing processor sees every traced run of the process, failures included, but
+emits a span's events when the span ends: the SDK fills in a span's data (a tool's
+arguments, a model's input) after opening it. Extra fields carry the ids to correlate by
+(``agent_name``, ``tool_call_id``, ``trace_id``, ``span_id``, ``parent_id``) and token counts
+where the SDK reports them.
 """
 
 from __future__ import annotations
@@ -185,30 +187,23 @@ class PrxTracingProcessor(TracingProcessor):
         return ids
 
     def on_span_start(self, span: Any) -> None:
-        data = span.span_data
-        if isinstance(data, FunctionSpanData):
-            self.emitter.tool_call_start(
-                str(data.name), data.input if isinstance(data.input, str) else None,
-                extras=self._ids(span),
-            )
-        elif isinstance(data, GenerationSpanData):
-            model = str(data.model or "unknown")
-            self.emitter.llm_request(
-                "openai", model, len(data.input or ()), extras=self._ids(span)
-            )
-        elif isinstance(data, ResponseSpanData):
-            count = len(data.input) if isinstance(data.input, list) else int(bool(data.input))
-            self.emitter.llm_request("openai", "unknown", count, extras=self._ids(span))
+        # The SDK fills a span's data in after opening it (a tool's arguments, a model's
+        # input): each span's events are emitted when it ends, see on_span_end.
+        pass
 
     def on_span_end(self, span: Any) -> None:
         data = span.span_data
         error = span.error
-        extras = self._ids(span)
         if error:
             self._failed[span.trace_id] = True
         if isinstance(data, FunctionSpanData):
-            output = error["message"] if error else _text(data.output if data.output is not None else "")
-            self.emitter.tool_call(str(data.name), not error, output, extras=extras)
+            arguments = data.input if isinstance(data.input, str) else None
+            self.emitter.tool_call_start(str(data.name), arguments, extras=self._ids(span))
+            if error:
+                output = str(error.get("message"))
+            else:
+                output = _text(data.output if data.output is not None else "")
+            self.emitter.tool_call(str(data.name), not error, output, extras=self._ids(span))
         elif isinstance(data, (GenerationSpanData, ResponseSpanData)):
             if isinstance(data, GenerationSpanData):
                 model = str(data.model or "unknown")
@@ -217,6 +212,10 @@ class PrxTracingProcessor(TracingProcessor):
                 response = data.response
                 model = str(getattr(response, "model", None) or "unknown")
                 usage = _usage(getattr(response, "usage", None) or data.usage)
+            items = data.input
+            count = len(items) if isinstance(items, (list, tuple)) else int(bool(items))
+            self.emitter.llm_request("openai", model, count, extras=self._ids(span))
+            extras = self._ids(span)
             extras.update(usage)
             if error:
                 extras["error_message"] = str(error.get("message"))

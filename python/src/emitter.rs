@@ -13,9 +13,9 @@ use prx_hooks::event::{ARGUMENTS_MAX_DEPTH, EXTRAS_MAX_DEPTH};
 use prx_hooks::{Emit, Emitter, Event, EventKind, Extras};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
-use pyo3::intern;
 use std::cell::RefCell;
 
 /// A buffer kept by a thread that grew past this is given back after use.
@@ -323,7 +323,13 @@ impl PyEmitter {
             Some(a) => crate::text::exact_str(a),
         };
         if let Some(arguments) = text {
-            return self.send(py, em, Event::ToolCallStart { tool, arguments }, extras, omit);
+            return self.send(
+                py,
+                em,
+                Event::ToolCallStart { tool, arguments },
+                extras,
+                omit,
+            );
         }
         // A dict (or None, or a str subclass): written into this thread's buffer.
         with_buffers(|b| {

@@ -102,7 +102,8 @@ impl Writer<'_> {
             return Ok(());
         }
         if let Ok(b) = v.cast_exact::<PyBool>() {
-            self.out.push_str(if b.is_true() { "true" } else { "false" });
+            self.out
+                .push_str(if b.is_true() { "true" } else { "false" });
             return Ok(());
         }
         // SAFETY (all `ffi` type checks below): `v` is a live object and we hold the GIL.
@@ -212,7 +213,8 @@ impl Writer<'_> {
             first = false;
             string(self.out, key);
             self.out.push(':');
-            self.value(&v).map_err(|r| r.at(Step::Key(key.to_string())))?;
+            self.value(&v)
+                .map_err(|r| r.at(Step::Key(key.to_string())))?;
         }
         self.out.push('}');
         self.open.pop();

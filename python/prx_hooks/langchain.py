@@ -1,0 +1,307 @@
+"""LangChain and LangGraph: a callback handler that emits prx-hooks' lifecycle events.
+
+    from prx_hooks.langchain import PrxCallbackHandler
+    handler = PrxCallbackHandler(hooks.emitter("my-agent", "session-42"))
+    agent.invoke({"messages": [...]}, config={"callbacks": [handler]})
+
+| LangChain callback                         | event                                       |
+|--------------------------------------------|---------------------------------------------|
+| root chain start (no parent run)           | ``agent_start``                             |
+| chat model / LLM start                     | ``llm_request`` (provider, model, messages) |
+| chat model / LLM end, error                | ``llm_response`` (duration, success)        |
+| tool start                                 | ``tool_call_start`` (name, arguments)       |
+| tool end, error                            | ``tool_call`` (success, output)             |
+| any error (chain, LLM, tool)               | ``error`` (component, message)              |
+| root chain end, error                      | ``turn_complete``, then ``agent_end``       |
+
+Every event carries ``run_id`` (and ``parent_run_id`` when there is one) in its extra fields,
+LangChain's ids, so that a hook can correlate a tool's start and end, or an LLM call with its
+run; tool events carry ``tool_call_id`` when the model gave one, ``llm_response`` the token
+counts when the model reported them. The handler runs inline (``run_inline``) and costs an
+emit per callback: hooks run on prx-hooks' threads, never in the agent's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Dict, Optional, Tuple
+from uuid import UUID
+
+try:
+    from langchain_core.callbacks import BaseCallbackHandler
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "prx_hooks.langchain needs langchain-core: pip install langchain-core"
+    ) from e
+
+from ._native import Emitter
+
+__all__ = ["PrxCallbackHandler"]
+
+
+def _ids(run_id: UUID, parent_run_id: Optional[UUID]) -> Dict[str, Any]:
+    ids = {"run_id": str(run_id)}
+    if parent_run_id is not None:
+        ids["parent_run_id"] = str(parent_run_id)
+    return ids
+
+
+def _text(value: Any) -> str:
+    """A tool's output as the text the model sees (a ToolMessage's content)."""
+    content = getattr(value, "content", value)
+    if isinstance(content, str):
+        return content
+    try:
+        return json.dumps(content, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(content)
+
+
+def _error(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class PrxCallbackHandler(BaseCallbackHandler):
+    """Emits the lifecycle events of LangChain runs (chains, LangGraph graphs and prebuilt
+    agents, chat models, tools) through ``emitter``. Thread-safe: LangGraph may run tools
+    in parallel."""
+
+    run_inline = True
+    raise_error = False
+
+    def __init__(self, emitter: Emitter, *, component: str = "langchain") -> None:
+        super().__init__()
+        self.emitter = emitter
+        self.component = component
+        # run id -> (provider, model, start in ns); tool run id -> (name, start in ns);
+        # root run ids. Plain dicts: single operations on them are atomic under the GIL.
+        self._llms: Dict[UUID, Tuple[str, str, int]] = {}
+        self._tools: Dict[UUID, Tuple[str, int, Optional[str]]] = {}
+        self._roots: Dict[UUID, int] = {}
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def on_chain_start(
+        self,
+        serialized: Optional[Dict[str, Any]],
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        **kwargs: Any,
+    ) -> None:
+        if parent_run_id is not None:
+            return
+        self._roots[run_id] = time.monotonic_ns()
+        name = kwargs.get("name") or (serialized or {}).get("name")
+        extras = _ids(run_id, None)
+        if name:
+            extras["name"] = str(name)
+        self.emitter.agent_start(extras=extras)
+
+    def on_chain_end(
+        self,
+        outputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        **kwargs: Any,
+    ) -> None:
+        self._end_root(run_id, True, outputs)
+
+    def on_chain_error(
+        self,
+        error: BaseException,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        **kwargs: Any,
+    ) -> None:
+        if run_id in self._roots:
+            self.emitter.error(self.component, _error(error), extras=_ids(run_id, None))
+        self._end_root(run_id, False, None)
+
+    def _end_root(self, run_id: UUID, success: bool, outputs: Any) -> None:
+        start = self._roots.pop(run_id, None)
+        if start is None:
+            return
+        messages = outputs.get("messages") if isinstance(outputs, dict) else None
+        count = len(messages) if isinstance(messages, (list, tuple)) else 0
+        extras = {
+            "run_id": str(run_id),
+            "duration_ms": (time.monotonic_ns() - start) // 1_000_000,
+        }
+        self.emitter.turn_complete(extras={"run_id": extras["run_id"]})
+        self.emitter.agent_end(success, count, extras=extras)
+
+    # -- models -----------------------------------------------------------------------------
+
+    def _llm_start(
+        self,
+        serialized: Optional[Dict[str, Any]],
+        count: int,
+        run_id: UUID,
+        parent_run_id: Optional[UUID],
+        metadata: Optional[Dict[str, Any]],
+        kwargs: Dict[str, Any],
+    ) -> None:
+        meta = metadata or {}
+        serialized = serialized or {}
+        provider = str(meta.get("ls_provider") or serialized.get("name") or "unknown")
+        params = kwargs.get("invocation_params") or {}
+        model = str(
+            meta.get("ls_model_name")
+            or params.get("model")
+            or params.get("model_name")
+            or kwargs.get("name")
+            or serialized.get("name")
+            or "unknown"
+        )
+        self._llms[run_id] = (provider, model, time.monotonic_ns())
+        self.emitter.llm_request(provider, model, count, extras=_ids(run_id, parent_run_id))
+
+    def on_chat_model_start(
+        self,
+        serialized: Optional[Dict[str, Any]],
+        messages: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> None:
+        count = sum(len(batch) for batch in messages) if messages else 0
+        self._llm_start(serialized, count, run_id, parent_run_id, metadata, kwargs)
+
+    def on_llm_start(
+        self,
+        serialized: Optional[Dict[str, Any]],
+        prompts: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        metadata: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> None:
+        self._llm_start(serialized, len(prompts or ()), run_id, parent_run_id, metadata, kwargs)
+
+    def _llm_end(
+        self, run_id: UUID, parent_run_id: Optional[UUID], success: bool, extras: Dict[str, Any]
+    ) -> None:
+        provider, model, start = self._llms.pop(run_id, ("unknown", "unknown", 0))
+        duration = (time.monotonic_ns() - start) // 1_000_000 if start else 0
+        extras.update(_ids(run_id, parent_run_id))
+        self.emitter.llm_response(provider, model, duration, success, extras=extras)
+
+    def on_llm_end(
+        self,
+        response: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        **kwargs: Any,
+    ) -> None:
+        extras: Dict[str, Any] = {}
+        usage = _usage(response)
+        if usage:
+            extras.update(usage)
+        self._llm_end(run_id, parent_run_id, True, extras)
+
+    def on_llm_error(
+        self,
+        error: BaseException,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        **kwargs: Any,
+    ) -> None:
+        message = _error(error)
+        self._llm_end(run_id, parent_run_id, False, {"error_message": message})
+        self.emitter.error("llm", message, extras=_ids(run_id, parent_run_id))
+
+    # -- tools ------------------------------------------------------------------------------
+
+    def on_tool_start(
+        self,
+        serialized: Optional[Dict[str, Any]],
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        inputs: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> None:
+        name = str((serialized or {}).get("name") or kwargs.get("name") or "tool")
+        call_id = kwargs.get("tool_call_id")
+        self._tools[run_id] = (name, time.monotonic_ns(), call_id)
+        extras = _ids(run_id, parent_run_id)
+        if call_id:
+            extras["tool_call_id"] = str(call_id)
+        arguments: Any = inputs if isinstance(inputs, dict) else {"input": input_str}
+        try:
+            self.emitter.tool_call_start(name, arguments, extras=extras)
+        except TypeError:
+            # Inputs holding objects JSON has no form for (an injected state, a client):
+            # their text instead, never a lost event.
+            text = json.dumps(arguments, ensure_ascii=False, default=repr)
+            self.emitter.tool_call_start(name, text, extras=extras)
+
+    def _tool_end(
+        self, run_id: UUID, parent_run_id: Optional[UUID], success: bool, output: str
+    ) -> None:
+        name, start, call_id = self._tools.pop(run_id, ("tool", 0, None))
+        extras = _ids(run_id, parent_run_id)
+        if call_id:
+            extras["tool_call_id"] = str(call_id)
+        if start:
+            extras["duration_ms"] = (time.monotonic_ns() - start) // 1_000_000
+        self.emitter.tool_call(name, success, output, extras=extras)
+
+    def on_tool_end(
+        self,
+        output: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        **kwargs: Any,
+    ) -> None:
+        status = getattr(output, "status", "success")
+        self._tool_end(run_id, parent_run_id, status != "error", _text(output))
+
+    def on_tool_error(
+        self,
+        error: BaseException,
+        *,
+        run_id: UUID,
+        parent_run_id: Optional[UUID] = None,
+        **kwargs: Any,
+    ) -> None:
+        message = _error(error)
+        self._tool_end(run_id, parent_run_id, False, message)
+        self.emitter.error("tool", message, extras=_ids(run_id, parent_run_id))
+
+
+def _usage(response: Any) -> Dict[str, int]:
+    """Token counts of an LLMResult: the messages' usage_metadata, else llm_output's."""
+    total: Dict[str, int] = {}
+    for batch in getattr(response, "generations", None) or ():
+        for generation in batch:
+            meta = getattr(getattr(generation, "message", None), "usage_metadata", None)
+            if meta:
+                for key in ("input_tokens", "output_tokens", "total_tokens"):
+                    value = meta.get(key)
+                    if isinstance(value, int):
+                        total[key] = total.get(key, 0) + value
+    if total:
+        return total
+    usage = (getattr(response, "llm_output", None) or {}).get("token_usage") or {}
+    for key, ours in (
+        ("prompt_tokens", "input_tokens"),
+        ("completion_tokens", "output_tokens"),
+        ("total_tokens", "total_tokens"),
+    ):
+        if isinstance(usage.get(key), int):
+            total[ours] = usage[key]
+    return total

@@ -281,13 +281,15 @@ impl PyHooks {
         crate::init_logging();
         crate::fork::install();
         let shutdown_timeout = seconds(shutdown_timeout, "shutdown_timeout")?;
-        let mut shell_limits = shell::ShellLimits::default();
-        shell_limits.max_running = max_running;
-        shell_limits.queue_per_action = queue_per_hook;
-        shell_limits.history = run_history;
-        shell_limits.cgroup = cgroup;
-        shell_limits.detect_cgroup = detect_cgroup;
-        shell_limits.tmp_dir = tmp_dir;
+        let shell_limits = shell::ShellLimits {
+            max_running,
+            queue_per_action: queue_per_hook,
+            history: run_history,
+            cgroup,
+            detect_cgroup,
+            tmp_dir,
+            ..Default::default()
+        };
         let mut builder: HooksBuilder = Hooks::builder()
             .ring_capacity(ring_capacity)
             .workers(workers)

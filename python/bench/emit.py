@@ -12,7 +12,8 @@ machine hits them alike). Each case is timed two ways:
 
 Cases: em.tool_call_start("shell", <dict>) and with the same arguments as JSON text (str),
 both with a listener (a bus subscription, so the event is queued, not skipped); the baselines
-queue.SimpleQueue.put(<dict>), logging.info to a logger with a NullHandler, and json.dumps +
+queue.SimpleQueue.put(<dict>), em.is_listened (a call into the extension that only reads a flag:
+the floor of any PyO3 method call), logging.info to a logger with a NullHandler, and json.dumps +
 os.write to /dev/null. Then the LangChain handler's cost: a LangGraph prebuilt agent on
 LangChain's fake chat model making 3 tool calls, run with no callbacks, with a do-nothing
 BaseCallbackHandler, and with PrxCallbackHandler, alternating.
@@ -51,6 +52,8 @@ def cases(em, devnull):
         "emit dict": (em.tool_call_start, ("shell", ARGS)),
         "emit str": (em.tool_call_start, ("shell", TEXT)),
         "SimpleQueue.put": (q.put, (ARGS,)),
+        # The floor of any call into the extension: a method that reads one flag.
+        "em.is_listened (PyO3 call)": (em.is_listened, ("tool_call_start",)),
         "logging.info (NullHandler)": (log.info, ("tool_call_start %s", ARGS)),
         "json.dumps + os.write": (json_write, (ARGS,)),
     }, q

@@ -2168,3 +2168,189 @@ fn a_unix_socket_server_is_private_replaces_a_stale_socket_and_cleans_up() {
     names.sort();
     assert_eq!(names, ["not-a-socket"]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Clients without the token (ARCHITECTURE.md § HTTP API: the connection cap).
+
+/// One flood client: a keep-alive connection that asks for a public route (`/healthz`) every
+/// `every`, and connects again `retry` after the server closes it.
+struct Pest {
+    conn: Option<std::net::TcpStream>,
+    next: std::time::Instant,
+}
+
+/// Runs `clients` flood clients against `addr` until `stop` is set; returns how many requests
+/// they sent and how often the server closed one of them.
+fn flood(
+    addr: std::net::SocketAddr,
+    clients: usize,
+    every: Duration,
+    retry: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(u64, u64)> {
+    std::thread::spawn(move || {
+        use std::sync::atomic::Ordering;
+        let now = std::time::Instant::now();
+        let mut pests: Vec<Pest> = (0..clients)
+            .map(|_| Pest {
+                conn: None,
+                next: now,
+            })
+            .collect();
+        let (mut sent, mut closed) = (0u64, 0u64);
+        let mut buf = [0u8; 4096];
+        while !stop.load(Ordering::Relaxed) {
+            let now = std::time::Instant::now();
+            for p in &mut pests {
+                if let Some(s) = &mut p.conn {
+                    let gone = loop {
+                        match s.read(&mut buf) {
+                            Ok(0) => break true,
+                            Ok(_) => continue,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                            Err(_) => break true,
+                        }
+                    };
+                    if gone {
+                        closed += 1;
+                        p.conn = None;
+                        p.next = now + retry;
+                        continue;
+                    }
+                }
+                if p.next > now {
+                    continue;
+                }
+                if p.conn.is_none() {
+                    match std::net::TcpStream::connect(addr) {
+                        Ok(s) => {
+                            s.set_nonblocking(true).unwrap();
+                            p.conn = Some(s);
+                        }
+                        Err(_) => {
+                            p.next = now + retry;
+                            continue;
+                        }
+                    }
+                }
+                let s = p.conn.as_mut().unwrap();
+                if s
+                    .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    .is_ok()
+                {
+                    sent += 1;
+                }
+                p.next = now + every;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (sent, closed)
+    })
+}
+
+/// The token holder's request on a fresh connection, retried until it is answered 200 or
+/// `within` passes: (answered, attempts).
+fn served_within(addr: std::net::SocketAddr, within: Duration) -> (bool, u32) {
+    let head = format!(
+        "GET /api/stats HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    );
+    let deadline = std::time::Instant::now() + within;
+    let mut attempts = 0;
+    while std::time::Instant::now() < deadline {
+        attempts += 1;
+        if exchange(addr, head.as_bytes(), Duration::from_secs(5)).0 == 200 {
+            return (true, attempts);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (false, attempts)
+}
+
+#[test]
+fn a_connection_that_has_not_shown_the_token_is_closed_after_its_401_or_403() {
+    let api = Api::start(Some(TWO));
+    let addr = api.server.local_addr();
+    let wait = Duration::from_secs(5);
+    let (status, text, closed) = exchange(
+        addr,
+        b"GET /api/hooks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        wait,
+    );
+    assert_eq!(status, 401, "{text}");
+    assert!(closed, "a 401 left its connection open for {wait:?}");
+    let (status, text, closed) = exchange(
+        addr,
+        b"GET /healthz HTTP/1.1\r\nHost: evil.example\r\n\r\n",
+        wait,
+    );
+    assert_eq!(status, 403, "{text}");
+    assert!(closed, "a 403 left its connection open for {wait:?}");
+    // A public route answered keeps its connection (HTTP/1.1 keep-alive), as does the token
+    // holder's.
+    for head in [
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".to_string(),
+        format!("GET /api/hooks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"),
+    ] {
+        let (status, text, closed) =
+            exchange(addr, head.as_bytes(), Duration::from_millis(500));
+        assert_eq!(status, 200, "{text}");
+        assert!(!closed, "{head:?} was closed: {text}");
+    }
+    let http = api.get("/api/stats").json()["http"].clone();
+    assert_eq!(http["closed_unauthorized"], 2, "{http}");
+}
+
+#[test]
+fn clients_without_the_token_holding_every_connection_do_not_keep_the_token_holder_out() {
+    // 40 clients on a cap of 16, each asking for /healthz every 200 ms on a kept-alive
+    // connection: without eviction they hold all 16 for good (the header timeout never runs
+    // out between their requests) and the token holder is closed at once, every time.
+    let api = Api::start_with(Some(TWO), |o| o.max_connections(16));
+    let addr = api.server.local_addr();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pests = flood(
+        addr,
+        40,
+        Duration::from_millis(200),
+        Duration::from_millis(100),
+        stop.clone(),
+    );
+    wait_for_open(&api, 16);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut attempts = Vec::new();
+    for i in 0..20 {
+        let (served, n) = served_within(addr, Duration::from_secs(10));
+        assert!(
+            served,
+            "request {i} of the token holder was not served in 10 s ({n} attempts); {:?}",
+            api.server.stats()
+        );
+        attempts.push(n);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (sent, closed) = pests.join().unwrap();
+    let http = api.get("/api/stats").json()["http"].clone();
+    println!("token holder attempts {attempts:?}; flood sent {sent}, closed {closed}; {http}");
+    assert!(sent > 100, "the flood ran: {sent} requests");
+    let evicted = http["evicted"].as_u64().unwrap_or(0);
+    assert!(evicted > 0, "{http}");
+    // Counted in the metrics as in the stats (no connection came or went since).
+    let text = api.get("/metrics").text;
+    assert!(
+        text.lines()
+            .any(|l| l == format!("prx_hooks_http_connections_evicted_total {evicted}")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("prx_hooks_http_connections_authenticated ")),
+        "{text}"
+    );
+}
+
+/// Waits until the server holds `n` connections.
+fn wait_for_open(api: &Api, n: u64) {
+    support::wait_for(&format!("{n} connections open"), || {
+        api.server.stats().open >= n
+    });
+}

@@ -768,3 +768,78 @@ fn a_stalled_clients_queue_is_bounded_in_bytes_not_only_in_frames() {
     }
     assert_eq!(told, lost);
 }
+
+/// Reads a stream to its end: (bus messages received, losses announced, the last event).
+fn read_to_the_end(s: &mut Sse) -> (u64, u64, Ev) {
+    let (mut got, mut told) = (0u64, 0u64);
+    let mut last = None;
+    while let Some(e) = s.event() {
+        match e.event.as_str() {
+            "dropped" => told += e.json()["count"].as_u64().unwrap(),
+            "prx.lifecycle.tool_call" => got += 1,
+            _ => {}
+        }
+        last = Some(e);
+    }
+    (got, told, last.expect("the stream sent nothing"))
+}
+
+#[test]
+fn a_stream_whose_queue_is_full_at_shutdown_is_told_its_losses_and_shutdown_comes_last() {
+    const N: u64 = 2_000;
+    for by_server in [true, false] {
+        let Api { _ws, hooks, server } = Api::start(None, |o| {
+            o.idle_timeout(Duration::from_secs(120))
+                .events(EventStreamOptions::default().queue(16))
+        });
+        let addr = server.local_addr();
+        let auth = format!("Bearer {TOKEN}");
+        let mut stalled = Sse::over(
+            Box::new(sse::small_buffer_conn(addr, 4096)),
+            &addr.to_string(),
+            "/api/events?kinds=bus",
+            &[("Authorization", &auth)],
+        );
+        assert_eq!(stalled.status, 200);
+        stalled.until("ready");
+        // 20 MB: more than the socket's buffers hold (a few MB), so the queue is full when
+        // the stream is stopped.
+        let output = "s".repeat(10_000);
+        for _ in 0..N {
+            while tool_call(&hooks, &output) != Emit::Queued {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let stats = || server.event_stats();
+        wait_for("the hub to number every event", || stats().items == N);
+        assert!(stats().dropped_client > 0, "the queue was full");
+        // The stream is stopped while its queue is full; the client reads only afterwards.
+        let stopping = {
+            let hooks = hooks.clone();
+            std::thread::spawn(move || {
+                let mut server = server;
+                if by_server {
+                    server.shutdown(Duration::from_secs(60));
+                } else {
+                    hooks.shutdown(Duration::from_secs(5));
+                }
+                server
+            })
+        };
+        let (got, told, last) = read_to_the_end(&mut stalled);
+        let server = stopping.join().unwrap();
+        let how = if by_server { "Server::shutdown" } else { "Hooks::shutdown" };
+        assert_eq!(
+            last.event, "shutdown",
+            "{how}: the last event is not shutdown but {:?} (id {:?})",
+            last.event,
+            last.id
+        );
+        assert_eq!(
+            got + told,
+            N,
+            "{how}: {got} received + {told} announced lost != {N} sent"
+        );
+        assert_eq!(server.event_stats().dropped_client, told, "{how}");
+    }
+}

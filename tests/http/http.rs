@@ -2354,3 +2354,147 @@ fn wait_for_open(api: &Api, n: u64) {
         api.server.stats().open >= n
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// /metrics in both exposition formats, checked by Prometheus' own parsers.
+
+/// Prometheus' own tool (Debian's `prometheus` package). Missing, the test fails: it never
+/// passes without having checked anything.
+fn promtool() -> &'static str {
+    const PROMTOOL: &str = "/usr/bin/promtool";
+    assert!(
+        Path::new(PROMTOOL).exists(),
+        "{PROMTOOL} is missing: these tests check /metrics with Prometheus' own parsers; \
+         install it with `apt-get install prometheus` (the prometheus package ships promtool)"
+    );
+    PROMTOOL
+}
+
+/// `promtool check metrics` (the classic text format's parser and linter) on `text`:
+/// (exit code, what it said).
+fn promtool_check(text: &str) -> (i32, String) {
+    let mut child = std::process::Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned()
+        + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), said)
+}
+
+/// Prometheus' OpenMetrics parser (the one `promtool tsdb create-blocks-from openmetrics`
+/// imports with) on `text`, each sample given a timestamp (the importer needs one): the
+/// number of samples it imported, or what it said.
+fn promtool_openmetrics(text: &str) -> Result<u64, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let stamped: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with('#') {
+                format!("{l}\n")
+            } else {
+                format!("{l} 1700000000\n")
+            }
+        })
+        .collect();
+    let file = dir.path().join("metrics.om");
+    std::fs::write(&file, stamped).unwrap();
+    let out = std::process::Command::new(promtool())
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(&file)
+        .arg(dir.path().join("blocks"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned()
+        + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(said);
+    }
+    // BLOCK ULID  MIN TIME  MAX TIME  DURATION  NUM SAMPLES  …: the fifth column.
+    Ok(said
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse::<u64>().ok())
+        .sum())
+}
+
+#[test]
+fn metrics_speak_the_classic_format_unless_openmetrics_is_asked_for_and_prometheus_parses_both() {
+    let api = Api::start(None);
+    let log = api.ws().join("log");
+    let hook = api.create(appender("m", &log));
+    let id = hook["id"].as_str().unwrap().to_string();
+    let _sub = api.hooks.bus().subscribe("prx.lifecycle.*").unwrap();
+    tool_call(&api.hooks, "one");
+    wait_for("the run", || lines(&log).len() == 1);
+    wait_for("the run to be counted", || {
+        api.hooks.stats().shell().unwrap().clone().hooks[&id].ok == 1
+    });
+    let scrape = |accept: Option<&str>| {
+        let headers: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let r = api.raw("GET", "/metrics", Some(TOKEN), &headers, b"");
+        assert_eq!(r.status, 200, "{}", r.text);
+        r
+    };
+    // curl, a browser, `promtool check metrics`' users and Prometheus before OpenMetrics: the
+    // classic text format, which `promtool check metrics` parses and lints clean.
+    for accept in [
+        None,
+        Some("*/*"),
+        Some("text/plain"),
+        Some("text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+        Some("application/openmetrics-text;q=0,text/plain"),
+    ] {
+        let r = scrape(accept);
+        assert_eq!(
+            r.header("content-type"),
+            Some("text/plain; version=0.0.4; charset=utf-8"),
+            "Accept {accept:?}"
+        );
+        assert!(!r.text.contains("# EOF"), "Accept {accept:?}");
+        let (code, said) = promtool_check(&r.text);
+        assert_eq!(
+            (code, said.as_str()),
+            (0, ""),
+            "Accept {accept:?}: promtool check metrics:\n{said}\n{}",
+            r.text
+        );
+        assert!(
+            r.text.lines().any(|l| l
+                == format!("prx_hooks_shell_hook_executions_total{{hook=\"{id}\",outcome=\"ok\"}} 1")),
+            "{}",
+            r.text
+        );
+    }
+    // What Prometheus sends: OpenMetrics, which its OpenMetrics parser imports whole.
+    for accept in [
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        "application/openmetrics-text",
+        "text/plain;q=0.5, application/openmetrics-text; version=1.0.0",
+    ] {
+        let r = scrape(Some(accept));
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            "Accept {accept:?}"
+        );
+        let samples = r.text.lines().filter(|l| !l.starts_with('#')).count() as u64;
+        assert!(samples > 100, "{}", r.text);
+        assert_eq!(
+            promtool_openmetrics(&r.text),
+            Ok(samples),
+            "Accept {accept:?}:\n{}",
+            r.text
+        );
+    }
+}

@@ -2498,3 +2498,48 @@ fn metrics_speak_the_classic_format_unless_openmetrics_is_asked_for_and_promethe
         );
     }
 }
+
+#[test]
+fn host_ports_are_digits_from_1_to_65535() {
+    let api = Api::start(Some(TWO));
+    let addr = api.server.local_addr();
+    let ask = |host: &str| {
+        let head = format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        exchange(addr, head.as_bytes(), Duration::from_secs(30))
+    };
+    let own = addr.to_string();
+    for ok in [
+        own.as_str(),
+        "127.0.0.1",
+        "127.0.0.1:1",
+        "127.0.0.1:80",
+        "127.0.0.1:65535",
+        "localhost:9",
+        "[::1]:65535",
+        "[::1]",
+    ] {
+        let (status, text, _) = ask(ok);
+        assert_eq!(status, 200, "Host: {ok}: {text}");
+    }
+    for bad in [
+        "127.0.0.1:99999",
+        "127.0.0.1:65536",
+        "127.0.0.1:0",
+        "127.0.0.1:00",
+        "127.0.0.1:080",
+        "127.0.0.1:+80",
+        "127.0.0.1:-80",
+        "127.0.0.1: 80",
+        "127.0.0.1:8 0",
+        "127.0.0.1:",
+        "127.0.0.1:0x50",
+        "localhost:123456",
+        "[::1]:99999",
+        "[::1]:",
+        "[::1]:0",
+    ] {
+        let (status, text, _) = ask(bad);
+        assert_eq!(status, 403, "Host: {bad}: {text}");
+        assert_eq!(raw_json(&text)["kind"], "forbidden_host", "{text}");
+    }
+}

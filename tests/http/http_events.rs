@@ -843,3 +843,77 @@ fn a_stream_whose_queue_is_full_at_shutdown_is_told_its_losses_and_shutdown_come
         assert_eq!(server.event_stats().dropped_client, told, "{how}");
     }
 }
+
+#[test]
+fn last_event_ids_are_an_instance_a_dash_and_digits_nothing_else() {
+    let api = Api::start(None, |o| o);
+    let (_s, _, ready) = api.stream("?kinds=bus", &[]);
+    let inst = ready.json()["instance"].as_str().unwrap().to_string();
+    for i in 0..3 {
+        tool_call(&api.hooks, &format!("e{i}"));
+    }
+    wait_for("three items", || api.event_stats()["items"].as_u64() == Some(3));
+    let auth = format!("Bearer {TOKEN}");
+    let open = |id: &str, by_query: bool| {
+        let (path, headers): (String, Vec<(&str, &str)>) = if by_query {
+            let q = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC);
+            (
+                format!("/api/events?kinds=bus&last_event_id={q}"),
+                vec![("Authorization", auth.as_str()), ("Connection", "close")],
+            )
+        } else {
+            (
+                "/api/events?kinds=bus".to_string(),
+                vec![
+                    ("Authorization", auth.as_str()),
+                    ("Connection", "close"),
+                    ("Last-Event-ID", id),
+                ],
+            )
+        };
+        Sse::open(api.addr(), &path, &headers)
+    };
+    // Ours: the replay starts after the position given.
+    for (id, replayed) in [
+        (format!("{inst}-2"), 1),
+        (format!("{inst}-0"), 3),
+        (format!("{inst}-3"), 0),
+    ] {
+        for by_query in [false, true] {
+            let mut s = open(&id, by_query);
+            assert_eq!(s.status, 200, "{id:?}");
+            let (_, ready) = s.until("ready");
+            assert_eq!(ready.json()["replayed"], replayed, "{id:?}");
+        }
+    }
+    // The largest position is still an id (one this stream never sent: a gap).
+    let mut s = open(&format!("{inst}-18446744073709551615"), false);
+    assert_eq!(s.status, 200);
+    assert_eq!(s.event().unwrap().json()["reason"], "unknown_id");
+    for n in [
+        "+3",
+        "+0",
+        "-3",
+        " 3",
+        "3 x",
+        "03",
+        "00",
+        "3.0",
+        "0x3",
+        "3e0",
+        "18446744073709551616",
+        "",
+        "\u{ff13}",
+    ] {
+        let id = format!("{inst}-{n}");
+        for by_query in [false, true] {
+            if !by_query && !n.is_ascii() {
+                continue; // a header is ASCII (the not-ASCII refusal is tested elsewhere)
+            }
+            let s = open(&id, by_query);
+            assert_eq!(s.status, 400, "{id:?} (query: {by_query})");
+            let text = s.text();
+            assert!(text.contains("<instance>-<n>"), "{id:?}: {text}");
+        }
+    }
+}

@@ -2543,3 +2543,64 @@ fn host_ports_are_digits_from_1_to_65535() {
         assert_eq!(raw_json(&text)["kind"], "forbidden_host", "{text}");
     }
 }
+
+/// The words of a hint that are routes (`/…`).
+fn routes_in(hint: &str) -> Vec<String> {
+    hint.split([' ', ','])
+        .map(|w| w.trim_matches(|c: char| c == ';' || c == '.' || c == '"'))
+        .filter(|w| w.starts_with('/'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_404_lists_every_route_and_a_405_names_the_methods_of_its_route() {
+    let api = Api::start(Some(TWO));
+    let (e, _) = api.get("/api/nope").error(404);
+    let listed = routes_in(&e);
+    for route in [
+        "/api/hooks",
+        "/api/hooks/{id}",
+        "/api/hooks/{id}/toggle",
+        "/api/hooks/{id}/test",
+        "/api/hooks/{id}/runs",
+        "/api/plugins",
+        "/api/stats",
+        "/api/events",
+        "/metrics",
+        "/healthz",
+        "/",
+        "/console/console.js",
+    ] {
+        assert!(
+            listed.iter().any(|r| r == route),
+            "{route} is not in the 404's list: {e}"
+        );
+    }
+    for (method, path) in [
+        ("POST", "/api/events"),
+        ("DELETE", "/api/stats"),
+        ("GET", "/api/hooks/start/toggle"),
+        ("GET", "/api/hooks/start/test"),
+        ("PUT", "/metrics"),
+        ("POST", "/healthz"),
+        ("POST", "/"),
+        ("DELETE", "/console/console.js"),
+        ("POST", "/api/hooks/start"),
+    ] {
+        let r = api.raw(method, path, Some(TOKEN), &[], b"");
+        let (e, _) = r.error(405);
+        let allow = r
+            .header("allow")
+            .unwrap_or_else(|| panic!("{method} {path}: no Allow header"))
+            .to_string();
+        let allowed: Vec<&str> = allow.split(',').map(str::trim).collect();
+        assert!(!allowed.is_empty() && !allowed.contains(&method), "{allow}");
+        for m in &allowed {
+            assert!(
+                e.split([' ', ',', ';', '(', ')']).any(|w| w == *m),
+                "{method} {path}: the message does not name {m} (Allow: {allow}): {e}"
+            );
+        }
+    }
+}

@@ -845,6 +845,32 @@ fn a_stream_whose_queue_is_full_at_shutdown_is_told_its_losses_and_shutdown_come
 }
 
 #[test]
+fn a_pattern_alone_asks_for_bus_messages_and_kinds_widen_it() {
+    let hooks_json = r#"{"hooks": {"tool_call": [{"id": "t", "command": "/bin/true"}]}}"#;
+    let api = Api::start(Some(hooks_json), |o| {
+        o.events(EventStreamOptions::default().record_always(true))
+    });
+    tool_call(&api.hooks, "p");
+    // The bus message and the hook's run are both in the backlog.
+    wait_for("the message and the run", || {
+        api.event_stats()["items"].as_u64() == Some(2)
+    });
+    let names = |evs: &[Ev]| evs.iter().map(|e| e.event.clone()).collect::<Vec<_>>();
+    let (_, replay, ready) = api.stream("?pattern=prx.lifecycle.*&backlog=10", &[]);
+    assert_eq!(ready.json()["kinds"], json!(["bus"]), "{}", ready.data);
+    assert_eq!(names(&replay), ["prx.lifecycle.tool_call"]);
+    let (_, replay, ready) = api.stream("?pattern=prx.lifecycle.*&kinds=bus,runs&backlog=10", &[]);
+    assert_eq!(ready.json()["kinds"], json!(["bus", "runs"]));
+    assert_eq!(names(&replay), ["prx.lifecycle.tool_call", "run"]);
+    let (_, replay, ready) = api.stream("?backlog=10", &[]);
+    assert_eq!(ready.json()["kinds"], json!(["bus", "runs", "plugins"]));
+    assert_eq!(names(&replay), ["prx.lifecycle.tool_call", "run"]);
+    // A pattern that matches nothing still leaves runs out.
+    let (_, replay, _) = api.stream("?pattern=myapp.*&backlog=10", &[]);
+    assert!(replay.is_empty(), "{replay:?}");
+}
+
+#[test]
 fn last_event_ids_are_an_instance_a_dash_and_digits_nothing_else() {
     let api = Api::start(None, |o| o);
     let (_s, _, ready) = api.stream("?kinds=bus", &[]);

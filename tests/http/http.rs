@@ -2604,3 +2604,64 @@ fn a_404_lists_every_route_and_a_405_names_the_methods_of_its_route() {
         }
     }
 }
+
+/// `body:LINE:COL: rest` → (line, col, rest).
+fn body_place(e: &str) -> (usize, usize, String) {
+    let place = (|| {
+        let rest = e.strip_prefix("body:")?;
+        let (line, rest) = rest.split_once(':')?;
+        let (col, rest) = rest.split_once(": ")?;
+        Some((line.parse().ok()?, col.parse().ok()?, rest.to_string()))
+    })();
+    place.unwrap_or_else(|| panic!("not body:LINE:COL: …: {e}"))
+}
+
+#[test]
+fn every_error_about_a_place_in_a_body_reads_body_line_col_path_reason() {
+    let api = Api::start(Some(TWO));
+    // Hook writes: create, and both spellings of the merge patch.
+    for (method, path) in [
+        ("POST", "/api/hooks"),
+        ("PATCH", "/api/hooks/start"),
+        ("PUT", "/api/hooks/start"),
+    ] {
+        let what = format!("{method} {path}");
+        // Not JSON, on line 2, at the value that is missing.
+        let body = "{\"event\": \"error\",\n \"command\": }";
+        let (e, p) = api.send(method, path, body).error(400);
+        assert_eq!(p, "command", "{what}: {e}");
+        let (line, col, rest) = body_place(&e);
+        assert_eq!((line, col), (2, 13), "{what}: {e}");
+        assert!(rest.starts_with("command: "), "{what}: {e}");
+        // A duplicate key, at the second one.
+        let body = "{\"event\": \"error\", \"command\": \"/bin/true\",\n  \"command\": \"/bin/echo\"}";
+        let (e, p) = api.send(method, path, body).error(422);
+        assert_eq!(p, "command", "{what}: {e}");
+        let (line, col, rest) = body_place(&e);
+        assert_eq!((line, col), (2, 3), "{what}: {e}");
+        assert!(
+            rest.starts_with("command: duplicate key"),
+            "{what}: {e}"
+        );
+        // A value of the wrong type.
+        let body = "{\"event\": \"error\", \"command\": \"/bin/true\",\n  \"timeout_ms\": \"5s\"}";
+        let (e, p) = api.send(method, path, body).error(422);
+        assert_eq!(p, "timeout_ms", "{what}: {e}");
+        assert_eq!(body_place(&e).0, 2, "{what}: {e}");
+    }
+    // The test route's payload: the event's fields, placed in the body the same way.
+    let test = "/api/hooks/start/test";
+    let (e, p) = api
+        .send("POST", test, "{\n  \"agent\": 7\n}")
+        .error(422);
+    assert_eq!(p, "agent", "{e}");
+    let (line, col, rest) = body_place(&e);
+    assert_eq!((line, col), (2, 12), "{e}");
+    assert!(rest.starts_with("agent: "), "{e}");
+    let (e, _) = api.send("POST", test, "{\"agent\": \"a\",\n \"session\": \"s\"} x").error(400);
+    assert_eq!(body_place(&e).0, 2, "{e}");
+    let (e, _) = api.send("POST", test, "{\"agent\": \"a\", \"agent\": \"b\"}").error(422);
+    let (line, col, rest) = body_place(&e);
+    assert_eq!((line, col), (1, 16), "{e}");
+    assert!(rest.starts_with("agent: duplicate key"), "{e}");
+}

@@ -185,13 +185,15 @@ pub(crate) async fn check(
     axum::extract::State(api): axum::extract::State<Arc<Api>>,
     mut req: Request,
     next: Next,
-) -> Result<Response, ApiError> {
-    if let Some(policy) = &api.guard {
-        policy.check(req.headers())?;
+) -> Response {
+    if let Some(policy) = &api.guard
+        && let Err(e) = policy.check(req.headers())
+    {
+        return super::auth::refuse(&api, &req, e);
     }
     let base = base_of(&req);
     req.extensions_mut().insert(base);
-    Ok(next.run(req).await)
+    next.run(req).await
 }
 
 fn base_of(req: &Request) -> Base {

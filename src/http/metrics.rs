@@ -470,10 +470,25 @@ const HTTP: &[Def<HttpStats>] = &[
         "HTTP API connections accepted",
         |h| h.accepted,
     ),
+    gauge(
+        "http_connections_authenticated",
+        "HTTP API connections open now on which a request has shown the token",
+        |h| h.authenticated,
+    ),
     counter(
         "http_connections_refused",
-        "HTTP API connections closed at once over the cap",
+        "HTTP API connections closed at once over the cap (every open one had shown the token)",
         |h| h.refused_over_cap,
+    ),
+    counter(
+        "http_connections_evicted",
+        "HTTP API connections without the token closed to make room for a new one at the cap",
+        |h| h.evicted,
+    ),
+    counter(
+        "http_connections_closed_unauthorized",
+        "HTTP API connections closed after a 401 or 403",
+        |h| h.closed_unauthorized,
     ),
     counter(
         "http_accept_errors",

@@ -34,6 +34,7 @@
 
 mod auth;
 mod body;
+mod conns;
 mod console;
 mod error;
 mod events;

@@ -2326,6 +2326,7 @@ fn clients_without_the_token_holding_every_connection_do_not_keep_the_token_hold
             api.server.stats()
         );
         attempts.push(n);
+        std::thread::sleep(Duration::from_millis(100));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (sent, closed) = pests.join().unwrap();

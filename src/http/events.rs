@@ -27,9 +27,10 @@
 //! told as a gap.
 //!
 //! **Shutdown.** [`EventHub::close`] (called by `Server::shutdown` before it stops the
-//! connections, and when the bus closes at `Hooks::shutdown`) sends every client a `shutdown`
-//! event and ends its body, so hyper's graceful shutdown finishes at once instead of waiting
-//! for a response that never ends; later requests get 503.
+//! connections, and when the bus closes at `Hooks::shutdown`) ends every client's body after
+//! what its queue holds, the notice of what it lost and a `shutdown` event (kept beside the
+//! queue, which may be full), so hyper's graceful shutdown finishes once the clients have read
+//! instead of waiting for a response that never ends; later requests get 503.
 
 use super::ApiState;
 use super::error::ApiError;
@@ -353,6 +354,9 @@ struct ClientShared {
     /// Bytes of the frames in the queue: added before a send, taken off by the body as it
     /// takes them (or by the sender when the send fails).
     queued_bytes: AtomicUsize,
+    /// The `shutdown` frame, set when the hub closes: the body sends it after everything
+    /// queued and the notice of what was lost, whatever room the queue had.
+    shutdown: Mutex<Option<Bytes>>,
 }
 
 impl Client {
@@ -565,9 +569,10 @@ impl Hub {
             st.closed = Some(reason);
         }
         let frame = control_frame("shutdown", &serde_json::json!({ "reason": reason }));
+        // Not through the queue, which may be full: each body sends what its queue holds,
+        // then the notice of its losses, then this, and ends (its sender is dropped here).
         for c in st.clients.drain(..) {
-            let lost = c.shared.unannounced.swap(0, Ordering::Relaxed);
-            let _ = c.send(frame.clone(), lost);
+            *c.shared.shutdown.lock().unwrap_or_else(|e| e.into_inner()) = Some(frame.clone());
         }
         if st.recording {
             st.recording = false;
@@ -1155,6 +1160,27 @@ impl EventBody {
     }
 }
 
+impl EventBody {
+    /// After the queue ended: the notice of losses not yet told, then `shutdown` (when the
+    /// hub closed), then the end of the body.
+    fn last_frames(&mut self) -> Option<Bytes> {
+        let lost = self.shared.unannounced.swap(0, Ordering::Relaxed);
+        if lost > 0 {
+            return Some(self.dropped_frame(lost));
+        }
+        let shutdown = self
+            .shared
+            .shutdown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if shutdown.is_none() {
+            self.done = true;
+        }
+        shutdown
+    }
+}
+
 impl Drop for EventBody {
     fn drop(&mut self) {
         self.hub.leave(self.id);
@@ -1179,8 +1205,7 @@ impl http_body::Body for EventBody {
         let mut outs = Vec::new();
         match this.rx.poll_recv_many(cx, &mut outs, CHUNK_FRAMES) {
             Poll::Ready(0) => {
-                this.done = true;
-                Poll::Ready(None)
+                Poll::Ready(this.last_frames().map(|b| Ok(http_body::Frame::data(b))))
             }
             Poll::Ready(_) => {
                 let taken: usize = outs.iter().map(|o| o.bytes.len()).sum();

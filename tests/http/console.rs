@@ -1265,7 +1265,8 @@ fn screenshots() -> PathBuf {
 
 /// Characters that must not reach the page as they are (tail's rule: C0 but for the line
 /// breaks of multi-line blocks, DEL, C1, and the bidirectional controls), as a JS regex.
-const HAZARDS: &str = r"/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]/";
+const HAZARDS: &str =
+    r"/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]/";
 
 #[test]
 fn bidi_and_control_characters_are_shown_escaped_as_tail_shows_them() {
@@ -1333,10 +1334,7 @@ fn the_filter_menus_are_capped_and_say_that_more_exist() {
     const N: usize = 300;
     for i in 1..N {
         tool_call(&c.hooks, &format!("agent-{i}"), "shell", "x");
-        c.hooks
-            .bus()
-            .publish(&format!("topic.t{i}"), "{}")
-            .unwrap();
+        c.hooks.bus().publish(&format!("topic.t{i}"), "{}").unwrap();
     }
     let last = format!("agent-{}", N - 1);
     page.wait(
@@ -1362,13 +1360,13 @@ fn the_filter_menus_are_capped_and_say_that_more_exist() {
         );
         let more = options.last().unwrap();
         assert_eq!(more[2], true, "{menu}: the last option is a note: {more}");
-        assert!(
-            more[1].as_str().unwrap().contains("more"),
-            "{menu}: {more}"
-        );
+        assert!(more[1].as_str().unwrap().contains("more"), "{menu}: {more}");
     }
     assert_eq!(
-        page.js("return document.getElementById('filter-agent').value;", vec![]),
+        page.js(
+            "return document.getElementById('filter-agent').value;",
+            vec![]
+        ),
         "agent-0",
         "the filter in use kept its option"
     );

@@ -2234,8 +2234,7 @@ fn flood(
                     }
                 }
                 let s = p.conn.as_mut().unwrap();
-                if s
-                    .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                     .is_ok()
                 {
                     sent += 1;
@@ -2289,10 +2288,11 @@ fn a_connection_that_has_not_shown_the_token_is_closed_after_its_401_or_403() {
     // holder's.
     for head in [
         "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".to_string(),
-        format!("GET /api/hooks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"),
+        format!(
+            "GET /api/hooks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+        ),
     ] {
-        let (status, text, closed) =
-            exchange(addr, head.as_bytes(), Duration::from_millis(500));
+        let (status, text, closed) = exchange(addr, head.as_bytes(), Duration::from_millis(500));
         assert_eq!(status, 200, "{text}");
         assert!(!closed, "{head:?} was closed: {text}");
     }
@@ -2388,8 +2388,8 @@ fn promtool_check(text: &str) -> (i32, String) {
         .write_all(text.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.code().unwrap_or(-1), said)
 }
 
@@ -2416,8 +2416,8 @@ fn promtool_openmetrics(text: &str) -> Result<u64, String> {
         .arg(dir.path().join("blocks"))
         .output()
         .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         return Err(said);
     }
@@ -2472,7 +2472,9 @@ fn metrics_speak_the_classic_format_unless_openmetrics_is_asked_for_and_promethe
         );
         assert!(
             r.text.lines().any(|l| l
-                == format!("prx_hooks_shell_hook_executions_total{{hook=\"{id}\",outcome=\"ok\"}} 1")),
+                == format!(
+                    "prx_hooks_shell_hook_executions_total{{hook=\"{id}\",outcome=\"ok\"}} 1"
+                )),
             "{}",
             r.text
         );
@@ -2635,15 +2637,13 @@ fn every_error_about_a_place_in_a_body_reads_body_line_col_path_reason() {
         assert_eq!((line, col), (2, 13), "{what}: {e}");
         assert!(rest.starts_with("command: "), "{what}: {e}");
         // A duplicate key, at the second one.
-        let body = "{\"event\": \"error\", \"command\": \"/bin/true\",\n  \"command\": \"/bin/echo\"}";
+        let body =
+            "{\"event\": \"error\", \"command\": \"/bin/true\",\n  \"command\": \"/bin/echo\"}";
         let (e, p) = api.send(method, path, body).error(422);
         assert_eq!(p, "command", "{what}: {e}");
         let (line, col, rest) = body_place(&e);
         assert_eq!((line, col), (2, 3), "{what}: {e}");
-        assert!(
-            rest.starts_with("command: duplicate key"),
-            "{what}: {e}"
-        );
+        assert!(rest.starts_with("command: duplicate key"), "{what}: {e}");
         // A value of the wrong type.
         let body = "{\"event\": \"error\", \"command\": \"/bin/true\",\n  \"timeout_ms\": \"5s\"}";
         let (e, p) = api.send(method, path, body).error(422);
@@ -2652,16 +2652,18 @@ fn every_error_about_a_place_in_a_body_reads_body_line_col_path_reason() {
     }
     // The test route's payload: the event's fields, placed in the body the same way.
     let test = "/api/hooks/start/test";
-    let (e, p) = api
-        .send("POST", test, "{\n  \"agent\": 7\n}")
-        .error(422);
+    let (e, p) = api.send("POST", test, "{\n  \"agent\": 7\n}").error(422);
     assert_eq!(p, "agent", "{e}");
     let (line, col, rest) = body_place(&e);
     assert_eq!((line, col), (2, 12), "{e}");
     assert!(rest.starts_with("agent: "), "{e}");
-    let (e, _) = api.send("POST", test, "{\"agent\": \"a\",\n \"session\": \"s\"} x").error(400);
+    let (e, _) = api
+        .send("POST", test, "{\"agent\": \"a\",\n \"session\": \"s\"} x")
+        .error(400);
     assert_eq!(body_place(&e).0, 2, "{e}");
-    let (e, _) = api.send("POST", test, "{\"agent\": \"a\", \"agent\": \"b\"}").error(422);
+    let (e, _) = api
+        .send("POST", test, "{\"agent\": \"a\", \"agent\": \"b\"}")
+        .error(422);
     let (line, col, rest) = body_place(&e);
     assert_eq!((line, col), (1, 16), "{e}");
     assert!(rest.starts_with("agent: duplicate key"), "{e}");

@@ -828,12 +828,15 @@ fn a_stream_whose_queue_is_full_at_shutdown_is_told_its_losses_and_shutdown_come
         };
         let (got, told, last) = read_to_the_end(&mut stalled);
         let server = stopping.join().unwrap();
-        let how = if by_server { "Server::shutdown" } else { "Hooks::shutdown" };
+        let how = if by_server {
+            "Server::shutdown"
+        } else {
+            "Hooks::shutdown"
+        };
         assert_eq!(
             last.event, "shutdown",
             "{how}: the last event is not shutdown but {:?} (id {:?})",
-            last.event,
-            last.id
+            last.event, last.id
         );
         assert_eq!(
             got + told,
@@ -878,7 +881,9 @@ fn last_event_ids_are_an_instance_a_dash_and_digits_nothing_else() {
     for i in 0..3 {
         tool_call(&api.hooks, &format!("e{i}"));
     }
-    wait_for("three items", || api.event_stats()["items"].as_u64() == Some(3));
+    wait_for("three items", || {
+        api.event_stats()["items"].as_u64() == Some(3)
+    });
     let auth = format!("Bearer {TOKEN}");
     let open = |id: &str, by_query: bool| {
         let (path, headers): (String, Vec<(&str, &str)>) = if by_query {

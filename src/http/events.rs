@@ -1362,7 +1362,9 @@ fn parse_query(uri: &Uri) -> Result<(Filter, Start, Option<String>), ApiError> {
     Ok((filter, start, last_id))
 }
 
-/// `<instance>-<n>`: one of ours (same instance, a number) or another instance's.
+/// `<instance>-<n>`: one of ours (same instance, a number) or another instance's. `n` is
+/// digits only, without a leading zero (as the stream writes it; `query::decimal`), so one id
+/// has one spelling: `+3`, `03` or ` 3` are refused, never read as 3.
 fn parse_last_id(text: &str, instance: &str) -> Result<LastId, ApiError> {
     let bad = || {
         ApiError::bad_request(format!(
@@ -1373,7 +1375,7 @@ fn parse_last_id(text: &str, instance: &str) -> Result<LastId, ApiError> {
         .at("Last-Event-ID")
     };
     let (inst, n) = text.rsplit_once('-').ok_or_else(bad)?;
-    let n: u64 = n.parse().map_err(|_| bad())?;
+    let n = super::query::decimal(n).ok_or_else(bad)?;
     if inst.is_empty() || !inst.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return Err(bad());
     }
@@ -1425,7 +1427,9 @@ mod tests {
             Ok(LastId::Ours(7))
         ));
         assert!(matches!(parse_last_id("abcd-7", "00ff"), Ok(LastId::Other(s)) if s == "abcd-7"));
-        for bad in ["", "7", "00ff-", "00ff-x", "-7", "a b-1", "00ff--1"] {
+        for bad in [
+            "", "7", "00ff-", "00ff-x", "-7", "a b-1", "00ff--1", "00ff-+3", "00ff-03", "00ff- 3",
+        ] {
             assert!(parse_last_id(bad, "00ff").is_err(), "{bad:?}");
         }
     }

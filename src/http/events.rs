@@ -1343,7 +1343,13 @@ fn parse_query(uri: &Uri) -> Result<(Filter, Start, Option<String>), ApiError> {
             _ => unreachable!("pairs() returns known keys only"),
         }
     }
-    let (bus, runs, plugins) = kinds.unwrap_or((true, true, true));
+    // A pattern names bus topics, so given alone it asks for bus messages only (runs and
+    // plugin counts have no topic it could match); `kinds` widens it.
+    let (bus, runs, plugins) = kinds.unwrap_or(if patterns.is_empty() {
+        (true, true, true)
+    } else {
+        (true, false, false)
+    });
     if !patterns.is_empty() && !bus {
         return Err(ApiError::bad_request(
             "pattern filters bus messages, but kinds leaves out bus; add bus to kinds or drop \

@@ -32,6 +32,10 @@
 //! queue, which may be full), so hyper's graceful shutdown finishes once the clients have read
 //! instead of waiting for a response that never ends; later requests get 503.
 
+mod body;
+
+pub(crate) use body::EventBody;
+
 use super::ApiState;
 use super::error::ApiError;
 use super::server::ConnCounters;
@@ -46,10 +50,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -77,8 +79,6 @@ const HUB_BUS_QUEUE: usize = 65_536;
 const HUB_RUN_QUEUE: usize = 4096;
 /// Items the hub takes from each queue before it publishes them under the lock.
 const BATCH: usize = 256;
-/// A response body writes at most this many queued frames as one chunk.
-const CHUNK_FRAMES: usize = 64;
 
 /// Event names the stream uses for its own events; a custom bus topic spelt like one of them
 /// is sent as `message` (SSE's default type; its envelope's `topic` says which).
@@ -351,8 +351,9 @@ struct ClientShared {
     unannounced: AtomicU64,
     /// Frames lost over the stream's life.
     lost: AtomicU64,
-    /// Bytes of the frames in the queue: added before a send, taken off by the body as it
-    /// takes them (or by the sender when the send fails).
+    /// Bytes of the frames in the queue and in hyper's hands: added before a send, taken off
+    /// when hyper has written them (dropped the chunk that carried them; `body.rs`), or by the
+    /// sender when the send fails.
     queued_bytes: AtomicUsize,
     /// The `shutdown` frame, set when the hub closes: the body sends it after everything
     /// queued and the notice of what was lost, whatever room the queue had.
@@ -662,14 +663,7 @@ impl Hub {
         });
         self.open.fetch_add(1, Ordering::Relaxed);
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
-        Ok(EventBody {
-            prefix,
-            rx,
-            shared,
-            hub: self.clone(),
-            id,
-            done: false,
-        })
+        Ok(EventBody::new(prefix, rx, shared, self.clone(), id))
     }
 
     /// A resume that cannot be whole: the `gap` event's data and the position to replay
@@ -1134,106 +1128,6 @@ enum LastId {
     Ours(u64),
     /// Another instance's (a restarted or another server), as given.
     Other(String),
-}
-
-/// A client's response body: what it is sent first, then its queue. Dropping it (the client
-/// left, or the connection ended) removes the client at once.
-pub(crate) struct EventBody {
-    prefix: VecDeque<Bytes>,
-    rx: tokio::sync::mpsc::Receiver<Out>,
-    shared: Arc<ClientShared>,
-    hub: Arc<Hub>,
-    id: u64,
-    done: bool,
-}
-
-impl EventBody {
-    fn dropped_frame(&self, count: u64) -> Bytes {
-        control_frame(
-            "dropped",
-            &serde_json::json!({
-                "count": count,
-                "reason": "client_queue_full",
-                "total": self.shared.lost.load(Ordering::Relaxed),
-            }),
-        )
-    }
-}
-
-impl EventBody {
-    /// After the queue ended: the notice of losses not yet told, then `shutdown` (when the
-    /// hub closed), then the end of the body.
-    fn last_frames(&mut self) -> Option<Bytes> {
-        let lost = self.shared.unannounced.swap(0, Ordering::Relaxed);
-        if lost > 0 {
-            return Some(self.dropped_frame(lost));
-        }
-        let shutdown = self
-            .shared
-            .shutdown
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if shutdown.is_none() {
-            self.done = true;
-        }
-        shutdown
-    }
-}
-
-impl Drop for EventBody {
-    fn drop(&mut self) {
-        self.hub.leave(self.id);
-    }
-}
-
-impl http_body::Body for EventBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
-        }
-        if let Some(b) = this.prefix.pop_front() {
-            return Poll::Ready(Some(Ok(http_body::Frame::data(b))));
-        }
-        let mut outs = Vec::new();
-        match this.rx.poll_recv_many(cx, &mut outs, CHUNK_FRAMES) {
-            Poll::Ready(0) => {
-                Poll::Ready(this.last_frames().map(|b| Ok(http_body::Frame::data(b))))
-            }
-            Poll::Ready(_) => {
-                let taken: usize = outs.iter().map(|o| o.bytes.len()).sum();
-                this.shared.queued_bytes.fetch_sub(taken, Ordering::Relaxed);
-                let mut chunk = BytesMut::with_capacity(taken + 64);
-                for o in outs {
-                    if o.lost_before > 0 {
-                        chunk.put_slice(&this.dropped_frame(o.lost_before));
-                    }
-                    chunk.put_slice(&o.bytes);
-                }
-                Poll::Ready(Some(Ok(http_body::Frame::data(chunk.freeze()))))
-            }
-            Poll::Pending => {
-                // Nothing queued: losses not yet announced by a later frame are told now
-                // (they came after everything this client has been sent).
-                let lost = this.shared.unannounced.swap(0, Ordering::Relaxed);
-                if lost > 0 {
-                    return Poll::Ready(Some(Ok(http_body::Frame::data(this.dropped_frame(lost)))));
-                }
-                Poll::Pending
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-    }
 }
 
 /// `GET /api/events`.

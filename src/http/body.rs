@@ -116,7 +116,11 @@ fn placed(e: crate::config::EditError) -> ApiError {
         };
         let place = rest.split_once(" column ").and_then(|(line, rest)| {
             let (col, reason) = rest.split_once(": ")?;
-            Some((line.parse::<usize>().ok()?, col.parse::<usize>().ok()?, reason))
+            Some((
+                line.parse::<usize>().ok()?,
+                col.parse::<usize>().ok()?,
+                reason,
+            ))
         });
         if let Some((line, col, reason)) = place {
             let path = if api.path.is_empty() { "$" } else { &api.path };
@@ -284,13 +288,20 @@ mod tests {
         });
         assert_eq!(
             (e.error.as_str(), e.path.as_str(), e.kind),
-            ("body:2:13: command: invalid JSON: expected a value", "command", "bad_json")
+            (
+                "body:2:13: command: invalid JSON: expected a value",
+                "command",
+                "bad_json"
+            )
         );
         let e = placed(EditError::Invalid {
             error: "duplicate key at line 1 column 9: every key may appear once".into(),
             path: String::new(),
         });
-        assert_eq!(e.error, "body:1:9: $: duplicate key: every key may appear once");
+        assert_eq!(
+            e.error,
+            "body:1:9: $: duplicate key: every key may appear once"
+        );
         // Without a place, as it was.
         let e = placed(EditError::Malformed {
             error: "invalid JSON: eof".into(),

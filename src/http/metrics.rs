@@ -27,12 +27,12 @@ use crate::wasm::{PluginStats, PluginsStats};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use format::Format;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family as PromFamily;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use format::Format;
 
 /// The prefix of every metric's name.
 const PREFIX: &str = "prx_hooks";

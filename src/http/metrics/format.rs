@@ -48,7 +48,13 @@ impl Format {
                 let (k, v) = p.split_once('=').unwrap_or((p, ""));
                 let v = v.trim().trim_matches('"');
                 match k.trim().to_ascii_lowercase().as_str() {
-                    "q" => q = v.parse().ok().filter(|q: &f32| q.is_finite()).unwrap_or(0.0),
+                    "q" => {
+                        q = v
+                            .parse()
+                            .ok()
+                            .filter(|q: &f32| q.is_finite())
+                            .unwrap_or(0.0)
+                    }
                     "version" => version = v,
                     _ => {}
                 }
@@ -138,12 +144,21 @@ mod tests {
             (&["*/*"], Classic),
             (&["text/plain"], Classic),
             (&["application/openmetrics-text"], OpenMetrics),
-            (&["Application/OpenMetrics-Text; Version=\"1.0.0\""], OpenMetrics),
+            (
+                &["Application/OpenMetrics-Text; Version=\"1.0.0\""],
+                OpenMetrics,
+            ),
             (&["application/openmetrics-text;version=2.0.0"], Classic),
             (&["application/openmetrics-text;q=0"], Classic),
             (&["application/openmetrics-text;q=x"], Classic),
-            (&["application/openmetrics-text;q=0.4, text/plain;q=0.5"], Classic),
-            (&["text/plain;q=0.5", "application/openmetrics-text"], OpenMetrics),
+            (
+                &["application/openmetrics-text;q=0.4, text/plain;q=0.5"],
+                Classic,
+            ),
+            (
+                &["text/plain;q=0.5", "application/openmetrics-text"],
+                OpenMetrics,
+            ),
             (&["text/plain, application/openmetrics-text"], Classic),
             (&["application/json, text/plain;version=0.0.5"], Classic),
             (&["garbage;;;=, ;q=1"], Classic),

@@ -108,7 +108,8 @@ pub(crate) fn classic(prefix: &str, families: &[Family]) -> String {
 
 /// The classic format's escapes: `\` and newline in help text, and `"` too in label values.
 fn escape(s: &str, quote: bool) -> std::borrow::Cow<'_, str> {
-    if !s.contains(['\\', '\n']) && !(quote && s.contains('"')) {
+    let special = |c: char| c == '\\' || c == '\n' || (quote && c == '"');
+    if !s.contains(special) {
         return s.into();
     }
     let mut e = String::with_capacity(s.len() + 8);

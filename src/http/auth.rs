@@ -1,13 +1,15 @@
 //! Bearer-token authentication, and who is calling (for the audit warnings).
 
 use super::Api;
+use super::conns::Conn;
 use super::error::ApiError;
 use axum::extract::{ConnectInfo, Request};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, Version, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// Who made a request, as the warnings about command-running hooks name them: the peer
 /// address (when the server records it) and the User-Agent.
@@ -18,18 +20,42 @@ pub(crate) struct Caller(pub String);
 #[derive(Clone, Debug)]
 pub(crate) struct PeerName(pub String);
 
-/// Every route but `/healthz` needs `Authorization: Bearer <token>`.
+/// Every route but `/healthz` needs `Authorization: Bearer <token>`. A request that shows
+/// it marks its connection authenticated (it then keeps its place at the connection cap); a
+/// 401 closes the connection (see [`refuse`]).
 pub(crate) async fn require(
     axum::extract::State(api): axum::extract::State<Arc<Api>>,
     mut req: Request,
     next: Next,
-) -> Result<Response, ApiError> {
-    if req.uri().path() != "/healthz" {
-        check(&api, &req)?;
+) -> Response {
+    let shown = match check(&api, &req) {
+        Ok(()) => true,
+        // /healthz is open: without the token it is served, and its connection stays one
+        // without the token.
+        Err(_) if req.uri().path() == "/healthz" => false,
+        Err(e) => return refuse(&api, &req, e),
+    };
+    if shown && let Some(conn) = req.extensions().get::<Arc<Conn>>() {
+        conn.authenticate();
     }
     let caller = describe(&req);
     req.extensions_mut().insert(caller);
-    Ok(next.run(req).await)
+    next.run(req).await
+}
+
+/// The response to a request refused before any route ran (401, 403): on HTTP/1 it closes its
+/// connection (`Connection: close`), so a client that has not shown the token cannot keep a
+/// connection by asking again and again; counted in [`super::HttpStats::closed_unauthorized`].
+pub(crate) fn refuse(api: &Api, req: &Request, e: ApiError) -> Response {
+    let mut resp = e.into_response();
+    if req.version() <= Version::HTTP_11 {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        if let Some(c) = &api.conns {
+            c.closed_unauthorized.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    resp
 }
 
 fn check(api: &Api, req: &Request) -> Result<(), ApiError> {

@@ -1,7 +1,9 @@
 //! Reading request bodies: size limit, idle timeout and media type here, then the editor's
 //! strict JSON reader ([`crate::config::parse_body`]: UTF-8, syntax with line/column/path,
 //! duplicate keys). Each failure becomes the API's JSON error (axum's extractors would answer
-//! in plain text).
+//! in plain text), and every error about a place in a body reads the same, `body:LINE:COL:
+//! PATH: reason` ([`in_body`]; the editor's validation errors come that way already,
+//! `EditError::in_body`).
 
 use super::Api;
 use super::error::ApiError;
@@ -52,10 +54,81 @@ pub(crate) async fn json(
         return Ok(None);
     }
     check_media_type(headers, media)?;
-    let value = crate::config::parse_body(&bytes)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| ApiError::internal("a body read as JSON is not UTF-8"))?;
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            let bytes = e.as_bytes();
+            let valid = e.utf8_error().valid_up_to();
+            // The valid prefix is text: the place is counted in it.
+            let prefix = std::str::from_utf8(&bytes[..valid]).unwrap_or_default();
+            let (line, col) = locate(prefix, valid);
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_json",
+                format!(
+                    "body:{line}:{col}: $: not UTF-8: invalid byte 0x{:02x}",
+                    bytes[valid]
+                ),
+            )
+            .at("$"));
+        }
+    };
+    let value = crate::config::parse_body(text.as_bytes()).map_err(placed)?;
     Ok(value.map(|value| JsonBody { value, text }))
+}
+
+/// `reason` about the place at byte `pos` of `body`, as every error about a place in a body
+/// reads: `body:LINE:COL: PATH: reason` (`$`: the body itself).
+pub(crate) fn in_body(body: &str, pos: usize, path: &str, reason: &str) -> String {
+    let (line, col) = locate(body, pos);
+    let path = if path.is_empty() { "$" } else { path };
+    format!("body:{line}:{col}: {path}: {reason}")
+}
+
+/// Byte offset → 1-based line (LF-separated) and character column, as the editor counts them
+/// (a leading byte order mark is not a column).
+fn locate(text: &str, pos: usize) -> (usize, usize) {
+    let mut pos = pos.min(text.len());
+    while !text.is_char_boundary(pos) {
+        pos -= 1;
+    }
+    let before = &text[..pos];
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
+    let mut col = before[start..].chars().count() + 1;
+    if start == 0 && col > 1 && text.starts_with('\u{feff}') {
+        col -= 1;
+    }
+    (line, col)
+}
+
+/// The strict reader's errors that name a line and column (`invalid JSON at line L column C:
+/// …`, `duplicate key at line L column C: …`) in the `body:LINE:COL: PATH: reason` form.
+fn placed(e: crate::config::EditError) -> ApiError {
+    let mut api = ApiError::from(e);
+    for what in ["invalid JSON", "duplicate key"] {
+        let Some(rest) = api
+            .error
+            .strip_prefix(what)
+            .and_then(|r| r.strip_prefix(" at line "))
+        else {
+            continue;
+        };
+        let place = rest.split_once(" column ").and_then(|(line, rest)| {
+            let (col, reason) = rest.split_once(": ")?;
+            Some((
+                line.parse::<usize>().ok()?,
+                col.parse::<usize>().ok()?,
+                reason,
+            ))
+        });
+        if let Some((line, col, reason)) = place {
+            let path = if api.path.is_empty() { "$" } else { &api.path };
+            api.error = format!("body:{line}:{col}: {path}: {what}: {reason}");
+        }
+        break;
+    }
+    api
 }
 
 /// Of a body over the limit, up to this much more is read and thrown away before the 413 is
@@ -188,5 +261,52 @@ fn check_media_type(headers: &HeaderMap, media: Media) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(unsupported(&format!("{value:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EditError;
+
+    #[test]
+    fn places_are_lines_and_character_columns() {
+        let text = "{\n  \"é\": 7\n}";
+        assert_eq!(locate(text, 0), (1, 1));
+        assert_eq!(locate(text, 2), (2, 1));
+        assert_eq!(locate(text, text.find('7').unwrap()), (2, 8));
+        assert_eq!(locate(text, 999), (3, 2));
+        assert_eq!(locate("\u{feff}ab", 4), (1, 2));
+        assert_eq!(in_body(text, 0, "", "r"), "body:1:1: $: r");
+    }
+
+    #[test]
+    fn the_readers_placed_errors_read_body_line_col_path_reason() {
+        let e = placed(EditError::Malformed {
+            error: "invalid JSON at line 2 column 13: expected a value".into(),
+            path: "command".into(),
+        });
+        assert_eq!(
+            (e.error.as_str(), e.path.as_str(), e.kind),
+            (
+                "body:2:13: command: invalid JSON: expected a value",
+                "command",
+                "bad_json"
+            )
+        );
+        let e = placed(EditError::Invalid {
+            error: "duplicate key at line 1 column 9: every key may appear once".into(),
+            path: String::new(),
+        });
+        assert_eq!(
+            e.error,
+            "body:1:9: $: duplicate key: every key may appear once"
+        );
+        // Without a place, as it was.
+        let e = placed(EditError::Malformed {
+            error: "invalid JSON: eof".into(),
+            path: String::new(),
+        });
+        assert_eq!(e.error, "invalid JSON: eof");
     }
 }

@@ -26,12 +26,10 @@
 //!
 //! The `Host` / `Origin` check runs before these routes as before every other one.
 
-use axum::Router;
+use super::routes::{Table, get};
 use axum::extract::OriginalUri;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use std::sync::Arc;
 
 /// The policy of every console response (the module's doc says why each part is there).
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
@@ -105,13 +103,12 @@ pub const PUBLIC_PATHS: [&str; 4] = [
 ];
 
 /// The console's routes, merged outside the token check (see [`PUBLIC_PATHS`]).
-pub(crate) fn routes() -> Router<Arc<super::Api>> {
-    Router::new()
+pub(crate) fn routes() -> Table {
+    Table::new()
         .route("/", get(index))
         .route("/console/console.js", get(script))
         .route("/console/console.css", get(style))
         .route("/console/icon.svg", get(icon))
-        .method_not_allowed_fallback(super::error::method_not_allowed)
 }
 
 /// The page. At the root its relative URLs (`console/console.js`) resolve under `/`. Nested

@@ -1,6 +1,5 @@
 //! The API's one error shape: `{"error": "...", "path": "...", "kind": "..."}` with a status.
 
-use super::guard::Base;
 use crate::config::EditError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -87,39 +86,12 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Unknown paths (the hint names the routes under the prefix the router is mounted at).
-pub(crate) async fn not_found(
-    uri: axum::http::Uri,
-    base: Option<axum::Extension<Base>>,
-) -> ApiError {
-    let base = base.map(|b| b.0).unwrap_or_default();
-    let routes = ["/api/hooks", "/api/plugins", "/api/stats", "/metrics"]
-        .map(|r| base.url(r))
-        .join(", ");
+/// 404 for a path no route has; `hint` names the routes (`routes.rs` builds it from the
+/// route table).
+pub(crate) fn not_found(path: &str, hint: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
-        format!(
-            "no route {}; the API is under {routes} and {}",
-            crate::config::quote(&base.url(uri.path())),
-            base.url("/healthz")
-        ),
-    )
-}
-
-/// A known path with a method it does not have (axum adds the `Allow` header).
-pub(crate) async fn method_not_allowed(
-    method: axum::http::Method,
-    uri: axum::http::Uri,
-    base: Option<axum::Extension<Base>>,
-) -> ApiError {
-    let base = base.map(|b| b.0).unwrap_or_default();
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!(
-            "{method} is not allowed on {}; the Allow header lists the methods it has",
-            crate::config::quote(&base.url(uri.path()))
-        ),
+        format!("no route {}; {hint}", crate::config::quote(path)),
     )
 }

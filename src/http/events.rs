@@ -27,9 +27,14 @@
 //! told as a gap.
 //!
 //! **Shutdown.** [`EventHub::close`] (called by `Server::shutdown` before it stops the
-//! connections, and when the bus closes at `Hooks::shutdown`) sends every client a `shutdown`
-//! event and ends its body, so hyper's graceful shutdown finishes at once instead of waiting
-//! for a response that never ends; later requests get 503.
+//! connections, and when the bus closes at `Hooks::shutdown`) ends every client's body after
+//! what its queue holds, the notice of what it lost and a `shutdown` event (kept beside the
+//! queue, which may be full), so hyper's graceful shutdown finishes once the clients have read
+//! instead of waiting for a response that never ends; later requests get 503.
+
+mod body;
+
+pub(crate) use body::EventBody;
 
 use super::ApiState;
 use super::error::ApiError;
@@ -45,10 +50,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -76,8 +79,6 @@ const HUB_BUS_QUEUE: usize = 65_536;
 const HUB_RUN_QUEUE: usize = 4096;
 /// Items the hub takes from each queue before it publishes them under the lock.
 const BATCH: usize = 256;
-/// A response body writes at most this many queued frames as one chunk.
-const CHUNK_FRAMES: usize = 64;
 
 /// Event names the stream uses for its own events; a custom bus topic spelt like one of them
 /// is sent as `message` (SSE's default type; its envelope's `topic` says which).
@@ -350,9 +351,13 @@ struct ClientShared {
     unannounced: AtomicU64,
     /// Frames lost over the stream's life.
     lost: AtomicU64,
-    /// Bytes of the frames in the queue: added before a send, taken off by the body as it
-    /// takes them (or by the sender when the send fails).
+    /// Bytes of the frames in the queue and in hyper's hands: added before a send, taken off
+    /// when hyper has written them (dropped the chunk that carried them; `body.rs`), or by the
+    /// sender when the send fails.
     queued_bytes: AtomicUsize,
+    /// The `shutdown` frame, set when the hub closes: the body sends it after everything
+    /// queued and the notice of what was lost, whatever room the queue had.
+    shutdown: Mutex<Option<Bytes>>,
 }
 
 impl Client {
@@ -565,9 +570,10 @@ impl Hub {
             st.closed = Some(reason);
         }
         let frame = control_frame("shutdown", &serde_json::json!({ "reason": reason }));
+        // Not through the queue, which may be full: each body sends what its queue holds,
+        // then the notice of its losses, then this, and ends (its sender is dropped here).
         for c in st.clients.drain(..) {
-            let lost = c.shared.unannounced.swap(0, Ordering::Relaxed);
-            let _ = c.send(frame.clone(), lost);
+            *c.shared.shutdown.lock().unwrap_or_else(|e| e.into_inner()) = Some(frame.clone());
         }
         if st.recording {
             st.recording = false;
@@ -657,14 +663,7 @@ impl Hub {
         });
         self.open.fetch_add(1, Ordering::Relaxed);
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
-        Ok(EventBody {
-            prefix,
-            rx,
-            shared,
-            hub: self.clone(),
-            id,
-            done: false,
-        })
+        Ok(EventBody::new(prefix, rx, shared, self.clone(), id))
     }
 
     /// A resume that cannot be whole: the `gap` event's data and the position to replay
@@ -1131,86 +1130,6 @@ enum LastId {
     Other(String),
 }
 
-/// A client's response body: what it is sent first, then its queue. Dropping it (the client
-/// left, or the connection ended) removes the client at once.
-pub(crate) struct EventBody {
-    prefix: VecDeque<Bytes>,
-    rx: tokio::sync::mpsc::Receiver<Out>,
-    shared: Arc<ClientShared>,
-    hub: Arc<Hub>,
-    id: u64,
-    done: bool,
-}
-
-impl EventBody {
-    fn dropped_frame(&self, count: u64) -> Bytes {
-        control_frame(
-            "dropped",
-            &serde_json::json!({
-                "count": count,
-                "reason": "client_queue_full",
-                "total": self.shared.lost.load(Ordering::Relaxed),
-            }),
-        )
-    }
-}
-
-impl Drop for EventBody {
-    fn drop(&mut self) {
-        self.hub.leave(self.id);
-    }
-}
-
-impl http_body::Body for EventBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
-        }
-        if let Some(b) = this.prefix.pop_front() {
-            return Poll::Ready(Some(Ok(http_body::Frame::data(b))));
-        }
-        let mut outs = Vec::new();
-        match this.rx.poll_recv_many(cx, &mut outs, CHUNK_FRAMES) {
-            Poll::Ready(0) => {
-                this.done = true;
-                Poll::Ready(None)
-            }
-            Poll::Ready(_) => {
-                let taken: usize = outs.iter().map(|o| o.bytes.len()).sum();
-                this.shared.queued_bytes.fetch_sub(taken, Ordering::Relaxed);
-                let mut chunk = BytesMut::with_capacity(taken + 64);
-                for o in outs {
-                    if o.lost_before > 0 {
-                        chunk.put_slice(&this.dropped_frame(o.lost_before));
-                    }
-                    chunk.put_slice(&o.bytes);
-                }
-                Poll::Ready(Some(Ok(http_body::Frame::data(chunk.freeze()))))
-            }
-            Poll::Pending => {
-                // Nothing queued: losses not yet announced by a later frame are told now
-                // (they came after everything this client has been sent).
-                let lost = this.shared.unannounced.swap(0, Ordering::Relaxed);
-                if lost > 0 {
-                    return Poll::Ready(Some(Ok(http_body::Frame::data(this.dropped_frame(lost)))));
-                }
-                Poll::Pending
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-    }
-}
-
 /// `GET /api/events`.
 pub(crate) async fn stream(
     State(api): ApiState,
@@ -1318,7 +1237,13 @@ fn parse_query(uri: &Uri) -> Result<(Filter, Start, Option<String>), ApiError> {
             _ => unreachable!("pairs() returns known keys only"),
         }
     }
-    let (bus, runs, plugins) = kinds.unwrap_or((true, true, true));
+    // A pattern names bus topics, so given alone it asks for bus messages only (runs and
+    // plugin counts have no topic it could match); `kinds` widens it.
+    let (bus, runs, plugins) = kinds.unwrap_or(if patterns.is_empty() {
+        (true, true, true)
+    } else {
+        (true, false, false)
+    });
     if !patterns.is_empty() && !bus {
         return Err(ApiError::bad_request(
             "pattern filters bus messages, but kinds leaves out bus; add bus to kinds or drop \
@@ -1337,7 +1262,9 @@ fn parse_query(uri: &Uri) -> Result<(Filter, Start, Option<String>), ApiError> {
     Ok((filter, start, last_id))
 }
 
-/// `<instance>-<n>`: one of ours (same instance, a number) or another instance's.
+/// `<instance>-<n>`: one of ours (same instance, a number) or another instance's. `n` is
+/// digits only, without a leading zero (as the stream writes it; `query::decimal`), so one id
+/// has one spelling: `+3`, `03` or ` 3` are refused, never read as 3.
 fn parse_last_id(text: &str, instance: &str) -> Result<LastId, ApiError> {
     let bad = || {
         ApiError::bad_request(format!(
@@ -1348,7 +1275,7 @@ fn parse_last_id(text: &str, instance: &str) -> Result<LastId, ApiError> {
         .at("Last-Event-ID")
     };
     let (inst, n) = text.rsplit_once('-').ok_or_else(bad)?;
-    let n: u64 = n.parse().map_err(|_| bad())?;
+    let n = super::query::decimal(n).ok_or_else(bad)?;
     if inst.is_empty() || !inst.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return Err(bad());
     }
@@ -1400,7 +1327,9 @@ mod tests {
             Ok(LastId::Ours(7))
         ));
         assert!(matches!(parse_last_id("abcd-7", "00ff"), Ok(LastId::Other(s)) if s == "abcd-7"));
-        for bad in ["", "7", "00ff-", "00ff-x", "-7", "a b-1", "00ff--1"] {
+        for bad in [
+            "", "7", "00ff-", "00ff-x", "-7", "a b-1", "00ff--1", "00ff-+3", "00ff-03", "00ff- 3",
+        ] {
             assert!(parse_last_id(bad, "00ff").is_err(), "{bad:?}");
         }
     }

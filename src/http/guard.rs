@@ -9,8 +9,9 @@
 //!
 //! * `Host` (TCP only; a unix socket cannot be reached by a browser): an IP literal that is a
 //!   loopback address or the bound address (any IP literal when bound to `0.0.0.0` / `::`: a
-//!   rebinding page always sends its name), `localhost`, or an allowed name; any port. A
-//!   request without `Host` (HTTP/1.0) passes: browsers always send it.
+//!   rebinding page always sends its name), `localhost`, or an allowed name; any port from 1
+//!   to 65535, in digits without a leading zero (a `Host` no browser would send is refused).
+//!   A request without `Host` (HTTP/1.0) passes: browsers always send it.
 //! * `Origin`, when present, must be `http://` + the request's own `Host` (same origin);
 //!   `Origin: null` (sandboxed frames, `file:` pages) is refused.
 //!
@@ -156,8 +157,10 @@ fn host_name(host: &str) -> Option<&str> {
     ok.then_some(name)
 }
 
+/// A port as a browser writes it: 1 to 65535 in digits, no leading zero (`080` is refused,
+/// not read as 80), and not empty (`host:` is refused: no client writes it).
 fn valid_port(p: &str) -> bool {
-    p.is_empty() || (p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
+    super::query::decimal(p).is_some_and(|n| (1..=65535).contains(&n))
 }
 
 /// Whether `Origin` names the origin `http://<host>` (default port spelled or not).
@@ -185,13 +188,15 @@ pub(crate) async fn check(
     axum::extract::State(api): axum::extract::State<Arc<Api>>,
     mut req: Request,
     next: Next,
-) -> Result<Response, ApiError> {
-    if let Some(policy) = &api.guard {
-        policy.check(req.headers())?;
+) -> Response {
+    if let Some(policy) = &api.guard
+        && let Err(e) = policy.check(req.headers())
+    {
+        return super::auth::refuse(&api, &req, e);
     }
     let base = base_of(&req);
     req.extensions_mut().insert(base);
-    Ok(next.run(req).await)
+    next.run(req).await
 }
 
 fn base_of(req: &Request) -> Base {
@@ -224,6 +229,7 @@ mod tests {
             "127.0.0.1:7878",
             "127.0.0.1",
             "127.8.9.1:1",
+            "127.0.0.1:65535",
             "[::1]:7878",
             "localhost",
             "LOCALHOST:7878",
@@ -243,6 +249,14 @@ mod tests {
             "a b",
             "[::1",
             "prx.internal:123456",
+            "127.0.0.1:99999",
+            "127.0.0.1:65536",
+            "127.0.0.1:0",
+            "127.0.0.1:080",
+            "127.0.0.1:+80",
+            "127.0.0.1:",
+            "[::1]:",
+            "[::1]:0",
         ] {
             assert!(!p.host_allowed(bad), "{bad}");
         }

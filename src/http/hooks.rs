@@ -206,7 +206,7 @@ pub(crate) async fn test(
         .as_ref()
         .map_or(action.event.sample_payload(), |p: &JsonBody| &p.text);
     let record = crate::ndjson::parse_payload(action.event, text, TEST_AGENT, TEST_SESSION)
-        .map_err(|e| ApiError::invalid(e.message()))?;
+        .map_err(|e| payload_error(&e, payload.is_some().then_some(text)))?;
     let msg = crate::shell::message_from_json(
         action.event,
         &record.payload_json(),
@@ -323,6 +323,23 @@ fn go_live(hooks: &Hooks) {
     if let Some(Reload::Rejected) = hooks.apply_hooks_file() {
         // Only possible when a hand edit broke the file right after the API wrote it.
         tracing::warn!("hooks.json changed after the API wrote it and does not load; see stats");
+    }
+}
+
+/// A test payload the event refuses (422): placed in the body when it is the body
+/// (`body:LINE:COL: PATH: reason`, `PATH` relative to the body, which is the payload), else
+/// about the event's own sample payload.
+fn payload_error(e: &crate::ndjson::LineError, body: Option<&str>) -> ApiError {
+    let path = match e.path() {
+        "payload" | "" => "$",
+        p => p.strip_prefix("payload.").unwrap_or(p),
+    };
+    match body {
+        Some(body) => {
+            let pos = e.column().saturating_sub(1);
+            ApiError::invalid(body::in_body(body, pos, path, e.reason())).at(path)
+        }
+        None => ApiError::invalid(format!("the event's sample payload: {}", e.message())).at(path),
     }
 }
 

@@ -1,5 +1,6 @@
-//! `/metrics`: every counter of [`Stats`] in the OpenMetrics text format (which Prometheus
-//! scrapes natively), rendered by `prometheus-client`, the Prometheus project's Rust client.
+//! `/metrics`: every counter of [`Stats`], in the OpenMetrics text format when the scrape asks
+//! for it (Prometheus does), rendered by `prometheus-client`, the Prometheus project's Rust
+//! client, and in the classic text format otherwise (`format.rs`).
 //!
 //! A scrape builds a fresh registry from one `Hooks::stats()` snapshot, so the values of one
 //! scrape are as consistent with each other as the snapshot is, and nothing is kept between
@@ -13,6 +14,8 @@
 //! kept for dashboards that use them, marked `DEPRECATED` in their help text (and in
 //! README.md), beside the correct ones.
 
+mod format;
+
 use super::error::ApiError;
 use super::{ApiState, EventStreamStats, HttpStats};
 use crate::Stats;
@@ -22,27 +25,41 @@ use crate::shell::{HookCounts, ShellStats};
 use crate::stats::{SinkStats, SubscriberStats};
 use crate::wasm::{PluginStats, PluginsStats};
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use format::Format;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::Family as PromFamily;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The prefix of every metric's name.
+const PREFIX: &str = "prx_hooks";
 
-pub(crate) async fn render(State(api): ApiState) -> Response {
+pub(crate) async fn render(State(api): ApiState, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(&headers);
     let http = api.conns.as_ref().map(|c| c.snapshot());
     let events = api.events.stats();
     let stats = match super::status::snapshot(api).await {
         Ok(stats) => stats,
         Err(e) => return e.into_response(),
     };
-    match exposition(&stats, http.as_ref(), Some(&events)) {
+    let m = metrics(&stats, http.as_ref(), Some(&events));
+    let text = match format {
+        Format::OpenMetrics => m.openmetrics(),
+        Format::Classic => Ok(format::classic(PREFIX, &m.0)),
+    };
+    match text {
         Ok(text) => (
             StatusCode::OK,
-            [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE))],
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(format.content_type()),
+                ),
+                (header::VARY, HeaderValue::from_static("accept")),
+            ],
             text,
         )
             .into_response(),
@@ -50,14 +67,20 @@ pub(crate) async fn render(State(api): ApiState) -> Response {
     }
 }
 
-/// The text for one snapshot (`http`: the serving [`super::Server`]'s counters, if any;
-/// `events`: the event stream's).
+/// The OpenMetrics text for one snapshot (`http`: the serving [`super::Server`]'s counters,
+/// if any; `events`: the event stream's).
+#[cfg(test)]
 pub(crate) fn exposition(
     s: &Stats,
     http: Option<&HttpStats>,
     events: Option<&EventStreamStats>,
 ) -> Result<String, std::fmt::Error> {
-    let mut m = Metrics(Registry::with_prefix("prx_hooks"));
+    metrics(s, http, events).openmetrics()
+}
+
+/// Every family of one snapshot.
+fn metrics(s: &Stats, http: Option<&HttpStats>, events: Option<&EventStreamStats>) -> Metrics {
+    let mut m = Metrics(Vec::new());
     m.single(PIPELINE, s);
     m.split(
         "events_dropped",
@@ -208,9 +231,7 @@ pub(crate) fn exposition(
             &[(vec![], e)],
         );
     }
-    let mut text = String::new();
-    encode(&mut text, &m.0)?;
-    Ok(text)
+    m
 }
 
 /// The subscriptions of one pattern, summed (the label set stays bounded however many
@@ -470,10 +491,25 @@ const HTTP: &[Def<HttpStats>] = &[
         "HTTP API connections accepted",
         |h| h.accepted,
     ),
+    gauge(
+        "http_connections_authenticated",
+        "HTTP API connections open now on which a request has shown the token",
+        |h| h.authenticated,
+    ),
     counter(
         "http_connections_refused",
-        "HTTP API connections closed at once over the cap",
+        "HTTP API connections closed at once over the cap (every open one had shown the token)",
         |h| h.refused_over_cap,
+    ),
+    counter(
+        "http_connections_evicted",
+        "HTTP API connections without the token closed to make room for a new one at the cap",
+        |h| h.evicted,
+    ),
+    counter(
+        "http_connections_closed_unauthorized",
+        "HTTP API connections closed after a 401 or 403",
+        |h| h.closed_unauthorized,
     ),
     counter(
         "http_accept_errors",
@@ -778,23 +814,31 @@ fn label(key: &'static str, value: &str) -> Labels {
     vec![(key, value.to_string())]
 }
 
-/// One scrape's registry.
-struct Metrics(Registry);
+/// One metric family of a scrape: its name (without the prefix and `_total`), help, type
+/// and samples (label values as they are, escaped by each format).
+struct Family {
+    name: String,
+    help: String,
+    gauge: bool,
+    /// A family with labels; `false`: one unlabelled metric.
+    labelled: bool,
+    samples: Vec<(Labels, u64)>,
+}
+
+/// One scrape's families, in the order they are exposed.
+struct Metrics(Vec<Family>);
 
 impl Metrics {
     /// One unlabelled metric per definition.
     fn single<T>(&mut self, defs: &[Def<T>], x: &T) {
         for d in defs {
-            let v = (d.value)(x);
-            if d.gauge {
-                let g = Gauge::<i64>::default();
-                g.set(clamp(v));
-                self.0.register(d.name, d.help, g);
-            } else {
-                let c = Counter::<u64>::default();
-                c.inc_by(v);
-                self.0.register(d.name, d.help, c);
-            }
+            self.0.push(Family {
+                name: d.name.into(),
+                help: d.help.into(),
+                gauge: d.gauge,
+                labelled: false,
+                samples: vec![(Vec::new(), (d.value)(x))],
+            });
         }
     }
 
@@ -835,19 +879,51 @@ impl Metrics {
         gauge: bool,
         samples: impl Iterator<Item = (Labels, u64)>,
     ) {
-        if gauge {
-            let family = Family::<Labels, Gauge<i64>>::default();
-            for (labels, v) in samples {
-                family.get_or_create(&escape(labels)).set(clamp(v));
+        self.0.push(Family {
+            name: name.into(),
+            help: help.into(),
+            gauge,
+            labelled: true,
+            samples: samples.collect(),
+        });
+    }
+
+    /// The OpenMetrics text, by `prometheus-client`.
+    fn openmetrics(&self) -> Result<String, std::fmt::Error> {
+        let mut r = Registry::with_prefix(PREFIX);
+        for f in &self.0 {
+            match (f.labelled, f.gauge) {
+                (false, gauge) => {
+                    let v = f.samples.first().map_or(0, |(_, v)| *v);
+                    if gauge {
+                        let g = Gauge::<i64>::default();
+                        g.set(clamp(v));
+                        r.register(&f.name, &f.help, g);
+                    } else {
+                        let c = Counter::<u64>::default();
+                        c.inc_by(v);
+                        r.register(&f.name, &f.help, c);
+                    }
+                }
+                (true, true) => {
+                    let family = PromFamily::<Labels, Gauge<i64>>::default();
+                    for (labels, v) in &f.samples {
+                        family.get_or_create(&escape(labels.clone())).set(clamp(*v));
+                    }
+                    r.register(&f.name, &f.help, family);
+                }
+                (true, false) => {
+                    let family = PromFamily::<Labels, Counter<u64>>::default();
+                    for (labels, v) in &f.samples {
+                        family.get_or_create(&escape(labels.clone())).inc_by(*v);
+                    }
+                    r.register(&f.name, &f.help, family);
+                }
             }
-            self.0.register(name, help, family);
-        } else {
-            let family = Family::<Labels, Counter<u64>>::default();
-            for (labels, v) in samples {
-                family.get_or_create(&escape(labels)).inc_by(v);
-            }
-            self.0.register(name, help, family);
         }
+        let mut text = String::new();
+        encode(&mut text, &r)?;
+        Ok(text)
     }
 }
 
@@ -856,7 +932,7 @@ fn clamp(v: u64) -> i64 {
 }
 
 /// prometheus-client 0.24 writes label values as they are; the text format needs `\`, `"` and
-/// newlines escaped.
+/// newlines escaped (the classic format escapes its own: `format.rs`).
 fn escape(labels: Labels) -> Labels {
     labels
         .into_iter()

@@ -34,6 +34,7 @@
 
 mod auth;
 mod body;
+mod conns;
 mod console;
 mod error;
 mod events;
@@ -42,6 +43,7 @@ mod hooks;
 mod live;
 mod metrics;
 mod query;
+mod routes;
 mod server;
 mod status;
 pub mod token;
@@ -59,7 +61,6 @@ use crate::Hooks;
 use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch, post};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -261,7 +262,10 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         conns,
         events,
     });
-    Router::new()
+    // The route table (routes.rs): add a route here, with its handlers, and the 404's list
+    // and its 405 name it by themselves.
+    use routes::{get, patch, post};
+    let (app, mut listed) = routes::Table::new()
         .route("/healthz", get(status::healthz))
         .route("/api/hooks", get(hooks::list).post(hooks::create))
         .route(
@@ -278,15 +282,22 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         .route("/api/stats", get(status::stats))
         .route("/api/events", get(events::stream))
         .route("/metrics", get(metrics::render))
-        .fallback(error::not_found)
-        .method_not_allowed_fallback(error::method_not_allowed)
+        .into_parts();
+    let (console, console_listed) = console::routes().into_parts();
+    listed.extend(console_listed);
+    let listed: Arc<[routes::Route]> = listed.into();
+    let not_found = move |uri: axum::http::Uri, base: Option<axum::Extension<guard::Base>>| {
+        let listed = listed.clone();
+        async move { routes::not_found(&listed, &uri, base) }
+    };
+    app.fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             api.clone(),
             auth::require,
         ))
         // The console page's static files (console.rs): outside the token check, inside the
         // Host / Origin check.
-        .merge(console::routes())
+        .merge(console)
         // Outermost, so it runs first: no auth work for a foreign Host or Origin.
         .layer(axum::middleware::from_fn_with_state(
             api.clone(),

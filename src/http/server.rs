@@ -8,8 +8,11 @@
 //! their payload files. So the server drives connections itself:
 //!
 //! ```text
-//! accept ─► over the cap? ─► closed at once (counted `refused_over_cap`, said once a minute)
+//! accept ─► over the cap? ─► the oldest connection without the token is closed to make room
+//!        │                    (`evicted`; conns.rs); every one has shown it ─► the new one is
+//!        │                    closed at once (`refused_over_cap`, said once a minute)
 //!        └► hyper HTTP/1 connection (TokioTimer)
+//!             a 401 or 403 ─► closed after the response                (`closed_unauthorized`)
 //!             head not complete within header_timeout (from connect, or from the previous
 //!                  response on a kept-alive connection) ─► closed (`header_timeouts`)
 //!             body silent for idle_timeout ─► 408, closed            (`body_timeouts`)
@@ -26,6 +29,7 @@
 //!
 //! [`ShellSink::fds_at_limits`]: crate::shell::ShellSink::fds_at_limits
 
+use super::conns::{Admitted, Conn};
 use super::{HttpOptions, Serving, build};
 use crate::Hooks;
 use axum::Router;
@@ -92,10 +96,20 @@ pub struct HttpStats {
     pub max_connections: u64,
     /// Connections open now.
     pub open: u64,
+    /// Of those, connections on which a request has shown the token (they keep their place
+    /// when the cap is reached).
+    pub authenticated: u64,
     /// Connections accepted (including those closed at once over the cap).
     pub accepted: u64,
-    /// Connections closed at once because the cap was reached.
+    /// Connections closed at once because the cap was reached and every open connection had
+    /// shown the token.
     pub refused_over_cap: u64,
+    /// Connections without the token closed to make room for a new one at the cap (the oldest
+    /// first, those already answered before those waiting for their first answer).
+    pub evicted: u64,
+    /// Connections closed after a 401 or 403 (a request without the right token, a foreign
+    /// Host or Origin).
+    pub closed_unauthorized: u64,
     /// Failed accepts (out of file descriptors, …).
     pub accept_errors: u64,
     /// Connections closed because a request head did not arrive in time.
@@ -111,9 +125,12 @@ pub struct HttpStats {
 pub(crate) struct ConnCounters {
     listen: String,
     max: AtomicU64,
-    open: AtomicU64,
+    /// The open connections (their count is `open`).
+    table: super::conns::Table,
     accepted: AtomicU64,
     refused: AtomicU64,
+    evicted: AtomicU64,
+    pub(crate) closed_unauthorized: AtomicU64,
     accept_errors: AtomicU64,
     header_timeouts: AtomicU64,
     pub(crate) body_timeouts: AtomicU64,
@@ -128,12 +145,16 @@ impl ConnCounters {
 
     pub(crate) fn snapshot(&self) -> HttpStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (open, authenticated) = self.table.counts();
         HttpStats {
             listen: self.listen.clone(),
             max_connections: get(&self.max),
-            open: get(&self.open),
+            open,
+            authenticated,
             accepted: get(&self.accepted),
             refused_over_cap: get(&self.refused),
+            evicted: get(&self.evicted),
+            closed_unauthorized: get(&self.closed_unauthorized),
             accept_errors: get(&self.accept_errors),
             header_timeouts: get(&self.header_timeouts),
             body_timeouts: get(&self.body_timeouts),
@@ -488,12 +509,12 @@ impl Throttle {
     }
 }
 
-/// Decrements the open-connection count when a connection's task ends (or is dropped).
-struct OpenSlot(Arc<ConnCounters>);
+/// Gives the connection's place back when its task ends (or is dropped).
+struct OpenSlot(Arc<ConnCounters>, Arc<Conn>);
 
 impl Drop for OpenSlot {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.0.table.leave(&self.1);
     }
 }
 
@@ -531,20 +552,25 @@ async fn accept_loop(
         conns.accepted.fetch_add(1, Ordering::Relaxed);
         let max = cap.now();
         conns.max.store(max, Ordering::Relaxed);
-        if conns.open.load(Ordering::Relaxed) >= max {
-            conns.refused.fetch_add(1, Ordering::Relaxed);
-            over_cap.note(|n| {
-                tracing::warn!(
-                    "HTTP API: {max} connections open, the cap; closed {n} more at once \
-                     (clients that send no request are closed after {:?})",
-                    limits.header
-                )
-            });
-            drop(io);
-            continue;
-        }
-        conns.open.fetch_add(1, Ordering::Relaxed);
-        let slot = OpenSlot(conns.clone());
+        let conn = match conns.table.admit(max as usize) {
+            Some(Admitted::Free(conn)) => conn,
+            Some(Admitted::Evicted(conn)) => {
+                conns.evicted.fetch_add(1, Ordering::Relaxed);
+                conn
+            }
+            None => {
+                conns.refused.fetch_add(1, Ordering::Relaxed);
+                over_cap.note(|n| {
+                    tracing::warn!(
+                        "HTTP API: {max} connections open, the cap, every one of them \
+                         authenticated; closed {n} more at once"
+                    )
+                });
+                drop(io);
+                continue;
+            }
+        };
+        let slot = OpenSlot(conns.clone(), conn);
         let (app, stopped, conns) = (app.clone(), stopped.clone(), conns.clone());
         match io {
             Stream::Tcp(s) => {
@@ -598,15 +624,37 @@ async fn serve_connection<IO>(
     peer: Peer,
     app: Router,
     limits: Limits,
+    stopped: watch::Receiver<bool>,
+    conns: Arc<ConnCounters>,
+    slot: OpenSlot,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = slot.1.clone();
+    // Evicted (conns.rs): dropped at once, closing the socket.
+    tokio::select! {
+        () = serve_http1(io, peer, app, limits, stopped, conns, conn.clone()) => {}
+        () = conn.evicted() => {}
+    }
+    drop(slot);
+}
+
+async fn serve_http1<IO>(
+    io: IO,
+    peer: Peer,
+    app: Router,
+    limits: Limits,
     mut stopped: watch::Receiver<bool>,
     conns: Arc<ConnCounters>,
-    _slot: OpenSlot,
+    conn: Arc<Conn>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let io = TokioIo::new(WriteDeadline::new(io, limits.idle));
     let service =
         hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            // auth.rs marks the connection authenticated when the request shows the token.
+            req.extensions_mut().insert(conn.clone());
             match &peer {
                 Peer::Tcp(addr) => {
                     req.extensions_mut().insert(ConnectInfo(*addr));
@@ -617,7 +665,12 @@ async fn serve_connection<IO>(
                 }
             }
             let mut app = app.clone();
-            async move { tower_service::Service::call(&mut app, req).await }
+            let conn = conn.clone();
+            async move {
+                let resp = tower_service::Service::call(&mut app, req).await;
+                conn.answered();
+                resp
+            }
         });
     let mut builder = http1::Builder::new();
     builder

@@ -1262,3 +1262,113 @@ fn check_plugins(_: &Console, page: &Page) {
 fn screenshots() -> PathBuf {
     browser::screenshot_dir()
 }
+
+/// Characters that must not reach the page as they are (tail's rule: C0 but for the line
+/// breaks of multi-line blocks, DEL, C1, and the bidirectional controls), as a JS regex.
+const HAZARDS: &str =
+    r"/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]/";
+
+#[test]
+fn bidi_and_control_characters_are_shown_escaped_as_tail_shows_them() {
+    let c = Console::start(&hooks_file(&[]));
+    let page = c.sign_in(Viewport::Desktop);
+    // An agent name ending in RIGHT-TO-LEFT OVERRIDE would show everything after it reversed.
+    let agent = "coder\u{202e}";
+    let output = "fine\u{2066}\u{1b}[31mred\u{9b}2J\u{7f}\u{200f}end";
+    tool_call(&c.hooks, agent, "shell\u{061c}", output);
+    let row = page.wait(
+        "the event in the live list",
+        "const r = [...document.querySelectorAll('#stream-list li.row.bus')].find(li => li.textContent.includes('end')); return r ? r.textContent : null;",
+        vec![],
+    );
+    let row = row.as_str().unwrap();
+    assert!(row.contains(r"coder\u{202e}"), "{row:?}");
+    assert!(row.contains(r"shell\u{61c}"), "{row:?}");
+    assert!(
+        row.contains(r"fine\u{2066}\u{1b}[31mred\u{9b}2J\u{7f}\u{200f}end"),
+        "{row:?}"
+    );
+    // Opened, its JSON is escaped the same way.
+    page.js(
+        "document.querySelector('#stream-list li.row.bus .row-head').click();",
+        vec![],
+    );
+    let detail = page.text("#stream-list li.row.bus pre.detail");
+    assert!(detail.contains(r"coder\u{202e}"), "{detail}");
+    // Nowhere in the page's text, attributes or menus does a hazard remain.
+    let found = page.js(
+        &format!(
+            "const re = {HAZARDS}; const hits = []; \
+             for (const n of document.querySelectorAll('body *')) {{ \
+               for (const a of n.attributes) if (a.name !== 'value' && re.test(a.value)) hits.push(n.tagName + '@' + a.name + ': ' + JSON.stringify(a.value)); \
+               for (const t of n.childNodes) if (t.nodeType === 3 && re.test(t.data)) hits.push(n.tagName + ': ' + JSON.stringify(t.data)); \
+             }} return hits;"
+        ),
+        vec![],
+    );
+    assert_eq!(found, json!([]), "raw hazards in the page");
+    // The agent filter still filters by the real name (the option's value), shown escaped.
+    let option = page.js(
+        "const o = [...document.getElementById('filter-agent').options].find(o => o.value === arguments[0]); return o ? o.textContent : null;",
+        vec![json!(agent)],
+    );
+    assert_eq!(option, json!(r"coder\u{202e}"));
+    page.assert_no_script_errors();
+}
+
+#[test]
+fn the_filter_menus_are_capped_and_say_that_more_exist() {
+    let c = Console::start(&hooks_file(&[]));
+    let page = c.sign_in(Viewport::Desktop);
+    tool_call(&c.hooks, "agent-0", "shell", "first");
+    page.wait(
+        "the first agent in the menu",
+        "return [...document.getElementById('filter-agent').options].some(o => o.value === 'agent-0');",
+        vec![],
+    );
+    // A filter in use stays in its menu whatever comes after.
+    page.js(
+        "const s = document.getElementById('filter-agent'); s.value = 'agent-0'; s.dispatchEvent(new Event('change'));",
+        vec![],
+    );
+    const N: usize = 300;
+    for i in 1..N {
+        tool_call(&c.hooks, &format!("agent-{i}"), "shell", "x");
+        c.hooks.bus().publish(&format!("topic.t{i}"), "{}").unwrap();
+    }
+    let last = format!("agent-{}", N - 1);
+    page.wait(
+        "the last agent in the menu",
+        "return [...document.getElementById('filter-agent').options].some(o => o.value === arguments[0]);",
+        vec![json!(last)],
+    );
+    page.wait(
+        "the last topic in the menu",
+        "return [...document.getElementById('filter-event').options].some(o => o.value === arguments[0]);",
+        vec![json!(format!("topic.t{}", N - 1))],
+    );
+    for menu in ["filter-agent", "filter-event"] {
+        let options = page.js(
+            "return [...document.getElementById(arguments[0]).options].map(o => [o.value, o.textContent, o.disabled]);",
+            vec![json!(menu)],
+        );
+        let options = options.as_array().unwrap();
+        assert!(
+            options.len() <= 202,
+            "{menu}: {} options for {N} values",
+            options.len()
+        );
+        let more = options.last().unwrap();
+        assert_eq!(more[2], true, "{menu}: the last option is a note: {more}");
+        assert!(more[1].as_str().unwrap().contains("more"), "{menu}: {more}");
+    }
+    assert_eq!(
+        page.js(
+            "return document.getElementById('filter-agent').value;",
+            vec![]
+        ),
+        "agent-0",
+        "the filter in use kept its option"
+    );
+    page.assert_no_script_errors();
+}

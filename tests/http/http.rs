@@ -179,6 +179,12 @@ impl Api {
         self.call("GET", path, None)
     }
 
+    /// `/metrics` as Prometheus scrapes it: OpenMetrics, asked for by `Accept`.
+    fn openmetrics(&self) -> Resp {
+        let accept = [("accept", "application/openmetrics-text; version=1.0.0")];
+        self.raw("GET", "/metrics", Some(TOKEN), &accept, b"")
+    }
+
     fn create(&self, hook: Value) -> Value {
         let r = self.call("POST", "/api/hooks", Some(&hook));
         assert_eq!(r.status, 201, "{}", r.text);
@@ -507,7 +513,10 @@ fn bad_bodies_get_the_right_status_and_message() {
     };
 
     let (e, p) = post(&json_ct, b"{\"event\": \"error\",\n \"command\": }").error(400);
-    assert!(e.contains("invalid JSON at line 2 column"), "{e}");
+    assert!(
+        e.starts_with("body:2:") && e.contains(": command: invalid JSON: "),
+        "{e}"
+    );
     assert_eq!(p, "command");
     let (e, _) = post(&json_ct, b"").error(400);
     assert!(e.contains("empty"), "{e}");
@@ -721,7 +730,10 @@ fn the_test_endpoint_runs_once_and_reports_failures_with_200() {
             Some(&json!({"tool": "git"})),
         )
         .error(422);
-    assert!(e.contains("payload.success: missing"), "{e}");
+    assert!(
+        e.starts_with("body:1:") && e.contains(": success: missing"),
+        "{e}"
+    );
 
     // A failing hook: 200 with the failure, its exit status and stderr tail.
     let failing = api.create(json!({
@@ -871,7 +883,7 @@ fn metrics_parse_and_match_the_stats() {
     wait_for("the runs to be counted", || {
         api.hooks.stats().shell().unwrap().clone().hooks[&id].ok == 5
     });
-    let r = api.get("/metrics");
+    let r = api.openmetrics();
     assert_eq!(r.status, 200);
     assert!(
         r.header("content-type")
@@ -1051,7 +1063,7 @@ fn plugins_are_listed_with_their_events_state_and_counters() {
     wait_for("three plugin calls", || {
         api.get("/api/plugins").json()["plugins"][0]["ok"] == 3
     });
-    let r = api.get("/metrics");
+    let r = api.openmetrics();
     let samples = parse_metrics(&r.text);
     let find = |name: &str, extra: Option<(&str, &str)>| {
         samples
@@ -1847,7 +1859,7 @@ fn metrics_labels_are_bounded_and_the_new_series_exist() {
     let _a = api.hooks.bus().subscribe("app.*").unwrap();
     let _b = api.hooks.bus().subscribe("app.*").unwrap();
     tool_call(&api.hooks, "x");
-    let text = api.get("/metrics").text;
+    let text = api.openmetrics().text;
     let samples = parse_metrics(&text);
     assert!(
         samples
@@ -2167,4 +2179,504 @@ fn a_unix_socket_server_is_private_replaces_a_stale_socket_and_cleans_up() {
         .collect();
     names.sort();
     assert_eq!(names, ["not-a-socket"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clients without the token (ARCHITECTURE.md § HTTP API: the connection cap).
+
+/// One flood client: a keep-alive connection that asks for a public route (`/healthz`) every
+/// `every`, and connects again `retry` after the server closes it.
+struct Pest {
+    conn: Option<std::net::TcpStream>,
+    next: std::time::Instant,
+}
+
+/// Runs `clients` flood clients against `addr` until `stop` is set; returns how many requests
+/// they sent and how often the server closed one of them.
+fn flood(
+    addr: std::net::SocketAddr,
+    clients: usize,
+    every: Duration,
+    retry: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(u64, u64)> {
+    std::thread::spawn(move || {
+        use std::sync::atomic::Ordering;
+        let now = std::time::Instant::now();
+        let mut pests: Vec<Pest> = (0..clients)
+            .map(|_| Pest {
+                conn: None,
+                next: now,
+            })
+            .collect();
+        let (mut sent, mut closed) = (0u64, 0u64);
+        let mut buf = [0u8; 4096];
+        while !stop.load(Ordering::Relaxed) {
+            let now = std::time::Instant::now();
+            for p in &mut pests {
+                if let Some(s) = &mut p.conn {
+                    let gone = loop {
+                        match s.read(&mut buf) {
+                            Ok(0) => break true,
+                            Ok(_) => continue,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                            Err(_) => break true,
+                        }
+                    };
+                    if gone {
+                        closed += 1;
+                        p.conn = None;
+                        p.next = now + retry;
+                        continue;
+                    }
+                }
+                if p.next > now {
+                    continue;
+                }
+                if p.conn.is_none() {
+                    match std::net::TcpStream::connect(addr) {
+                        Ok(s) => {
+                            s.set_nonblocking(true).unwrap();
+                            p.conn = Some(s);
+                        }
+                        Err(_) => {
+                            p.next = now + retry;
+                            continue;
+                        }
+                    }
+                }
+                let s = p.conn.as_mut().unwrap();
+                if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    .is_ok()
+                {
+                    sent += 1;
+                }
+                p.next = now + every;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (sent, closed)
+    })
+}
+
+/// The token holder's request on a fresh connection, retried until it is answered 200 or
+/// `within` passes: (answered, attempts).
+fn served_within(addr: std::net::SocketAddr, within: Duration) -> (bool, u32) {
+    let head = format!(
+        "GET /api/stats HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    );
+    let deadline = std::time::Instant::now() + within;
+    let mut attempts = 0;
+    while std::time::Instant::now() < deadline {
+        attempts += 1;
+        if exchange(addr, head.as_bytes(), Duration::from_secs(5)).0 == 200 {
+            return (true, attempts);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (false, attempts)
+}
+
+#[test]
+fn a_connection_that_has_not_shown_the_token_is_closed_after_its_401_or_403() {
+    let api = Api::start(Some(TWO));
+    let addr = api.server.local_addr();
+    let wait = Duration::from_secs(5);
+    let (status, text, closed) = exchange(
+        addr,
+        b"GET /api/hooks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        wait,
+    );
+    assert_eq!(status, 401, "{text}");
+    assert!(closed, "a 401 left its connection open for {wait:?}");
+    let (status, text, closed) = exchange(
+        addr,
+        b"GET /healthz HTTP/1.1\r\nHost: evil.example\r\n\r\n",
+        wait,
+    );
+    assert_eq!(status, 403, "{text}");
+    assert!(closed, "a 403 left its connection open for {wait:?}");
+    // A public route answered keeps its connection (HTTP/1.1 keep-alive), as does the token
+    // holder's.
+    for head in [
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".to_string(),
+        format!(
+            "GET /api/hooks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+        ),
+    ] {
+        let (status, text, closed) = exchange(addr, head.as_bytes(), Duration::from_millis(500));
+        assert_eq!(status, 200, "{text}");
+        assert!(!closed, "{head:?} was closed: {text}");
+    }
+    let http = api.get("/api/stats").json()["http"].clone();
+    assert_eq!(http["closed_unauthorized"], 2, "{http}");
+}
+
+#[test]
+fn clients_without_the_token_holding_every_connection_do_not_keep_the_token_holder_out() {
+    // 40 clients on a cap of 16, each asking for /healthz every 200 ms on a kept-alive
+    // connection: without eviction they hold all 16 for good (the header timeout never runs
+    // out between their requests) and the token holder is closed at once, every time.
+    let api = Api::start_with(Some(TWO), |o| o.max_connections(16));
+    let addr = api.server.local_addr();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pests = flood(
+        addr,
+        40,
+        Duration::from_millis(200),
+        Duration::from_millis(100),
+        stop.clone(),
+    );
+    wait_for_open(&api, 16);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut attempts = Vec::new();
+    for i in 0..20 {
+        let (served, n) = served_within(addr, Duration::from_secs(10));
+        assert!(
+            served,
+            "request {i} of the token holder was not served in 10 s ({n} attempts); {:?}",
+            api.server.stats()
+        );
+        attempts.push(n);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (sent, closed) = pests.join().unwrap();
+    let http = api.get("/api/stats").json()["http"].clone();
+    println!("token holder attempts {attempts:?}; flood sent {sent}, closed {closed}; {http}");
+    assert!(sent > 100, "the flood ran: {sent} requests");
+    let evicted = http["evicted"].as_u64().unwrap_or(0);
+    assert!(evicted > 0, "{http}");
+    // Counted in the metrics as in the stats (no connection came or went since).
+    let text = api.openmetrics().text;
+    assert!(
+        text.lines()
+            .any(|l| l == format!("prx_hooks_http_connections_evicted_total {evicted}")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("prx_hooks_http_connections_authenticated ")),
+        "{text}"
+    );
+}
+
+/// Waits until the server holds `n` connections.
+fn wait_for_open(api: &Api, n: u64) {
+    support::wait_for(&format!("{n} connections open"), || {
+        api.server.stats().open >= n
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// /metrics in both exposition formats, checked by Prometheus' own parsers.
+
+/// Prometheus' own tool (Debian's `prometheus` package). Missing, the test fails: it never
+/// passes without having checked anything.
+fn promtool() -> &'static str {
+    const PROMTOOL: &str = "/usr/bin/promtool";
+    assert!(
+        Path::new(PROMTOOL).exists(),
+        "{PROMTOOL} is missing: these tests check /metrics with Prometheus' own parsers; \
+         install it with `apt-get install prometheus` (the prometheus package ships promtool)"
+    );
+    PROMTOOL
+}
+
+/// `promtool check metrics` (the classic text format's parser and linter) on `text`:
+/// (exit code, what it said).
+fn promtool_check(text: &str) -> (i32, String) {
+    let mut child = std::process::Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), said)
+}
+
+/// Prometheus' OpenMetrics parser (the one `promtool tsdb create-blocks-from openmetrics`
+/// imports with) on `text`, each sample given a timestamp (the importer needs one): the
+/// number of samples it imported, or what it said.
+fn promtool_openmetrics(text: &str) -> Result<u64, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let stamped: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with('#') {
+                format!("{l}\n")
+            } else {
+                format!("{l} 1700000000\n")
+            }
+        })
+        .collect();
+    let file = dir.path().join("metrics.om");
+    std::fs::write(&file, stamped).unwrap();
+    let out = std::process::Command::new(promtool())
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(&file)
+        .arg(dir.path().join("blocks"))
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(said);
+    }
+    // BLOCK ULID  MIN TIME  MAX TIME  DURATION  NUM SAMPLES  …: the fifth column.
+    Ok(said
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse::<u64>().ok())
+        .sum())
+}
+
+#[test]
+fn metrics_speak_the_classic_format_unless_openmetrics_is_asked_for_and_prometheus_parses_both() {
+    let api = Api::start(None);
+    let log = api.ws().join("log");
+    let hook = api.create(appender("m", &log));
+    let id = hook["id"].as_str().unwrap().to_string();
+    let _sub = api.hooks.bus().subscribe("prx.lifecycle.*").unwrap();
+    tool_call(&api.hooks, "one");
+    wait_for("the run", || lines(&log).len() == 1);
+    wait_for("the run to be counted", || {
+        api.hooks.stats().shell().unwrap().clone().hooks[&id].ok == 1
+    });
+    let scrape = |accept: Option<&str>| {
+        let headers: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let r = api.raw("GET", "/metrics", Some(TOKEN), &headers, b"");
+        assert_eq!(r.status, 200, "{}", r.text);
+        r
+    };
+    // curl, a browser, `promtool check metrics`' users and Prometheus before OpenMetrics: the
+    // classic text format, which `promtool check metrics` parses and lints clean.
+    for accept in [
+        None,
+        Some("*/*"),
+        Some("text/plain"),
+        Some("text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+        Some("application/openmetrics-text;q=0,text/plain"),
+    ] {
+        let r = scrape(accept);
+        assert_eq!(
+            r.header("content-type"),
+            Some("text/plain; version=0.0.4; charset=utf-8"),
+            "Accept {accept:?}"
+        );
+        assert!(!r.text.contains("# EOF"), "Accept {accept:?}");
+        let (code, said) = promtool_check(&r.text);
+        assert_eq!(
+            (code, said.as_str()),
+            (0, ""),
+            "Accept {accept:?}: promtool check metrics:\n{said}\n{}",
+            r.text
+        );
+        assert!(
+            r.text.lines().any(|l| l
+                == format!(
+                    "prx_hooks_shell_hook_executions_total{{hook=\"{id}\",outcome=\"ok\"}} 1"
+                )),
+            "{}",
+            r.text
+        );
+    }
+    // What Prometheus sends: OpenMetrics, which its OpenMetrics parser imports whole.
+    for accept in [
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        "application/openmetrics-text",
+        "text/plain;q=0.5, application/openmetrics-text; version=1.0.0",
+    ] {
+        let r = scrape(Some(accept));
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            "Accept {accept:?}"
+        );
+        let samples = r.text.lines().filter(|l| !l.starts_with('#')).count() as u64;
+        assert!(samples > 100, "{}", r.text);
+        assert_eq!(
+            promtool_openmetrics(&r.text),
+            Ok(samples),
+            "Accept {accept:?}:\n{}",
+            r.text
+        );
+    }
+}
+
+#[test]
+fn host_ports_are_digits_from_1_to_65535() {
+    let api = Api::start(Some(TWO));
+    let addr = api.server.local_addr();
+    let ask = |host: &str| {
+        let head = format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        exchange(addr, head.as_bytes(), Duration::from_secs(30))
+    };
+    let own = addr.to_string();
+    for ok in [
+        own.as_str(),
+        "127.0.0.1",
+        "127.0.0.1:1",
+        "127.0.0.1:80",
+        "127.0.0.1:65535",
+        "localhost:9",
+        "[::1]:65535",
+        "[::1]",
+    ] {
+        let (status, text, _) = ask(ok);
+        assert_eq!(status, 200, "Host: {ok}: {text}");
+    }
+    for bad in [
+        "127.0.0.1:99999",
+        "127.0.0.1:65536",
+        "127.0.0.1:0",
+        "127.0.0.1:00",
+        "127.0.0.1:080",
+        "127.0.0.1:+80",
+        "127.0.0.1:-80",
+        "127.0.0.1: 80",
+        "127.0.0.1:8 0",
+        "127.0.0.1:",
+        "127.0.0.1:0x50",
+        "localhost:123456",
+        "[::1]:99999",
+        "[::1]:",
+        "[::1]:0",
+    ] {
+        let (status, text, _) = ask(bad);
+        assert_eq!(status, 403, "Host: {bad}: {text}");
+        assert_eq!(raw_json(&text)["kind"], "forbidden_host", "{text}");
+    }
+}
+
+/// The words of a hint that are routes (`/…`).
+fn routes_in(hint: &str) -> Vec<String> {
+    hint.split([' ', ','])
+        .map(|w| w.trim_matches(|c: char| c == ';' || c == '.' || c == '"'))
+        .filter(|w| w.starts_with('/'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_404_lists_every_route_and_a_405_names_the_methods_of_its_route() {
+    let api = Api::start(Some(TWO));
+    let (e, _) = api.get("/api/nope").error(404);
+    let listed = routes_in(&e);
+    for route in [
+        "/api/hooks",
+        "/api/hooks/{id}",
+        "/api/hooks/{id}/toggle",
+        "/api/hooks/{id}/test",
+        "/api/hooks/{id}/runs",
+        "/api/plugins",
+        "/api/stats",
+        "/api/events",
+        "/metrics",
+        "/healthz",
+        "/",
+        "/console/console.js",
+    ] {
+        assert!(
+            listed.iter().any(|r| r == route),
+            "{route} is not in the 404's list: {e}"
+        );
+    }
+    for (method, path) in [
+        ("POST", "/api/events"),
+        ("DELETE", "/api/stats"),
+        ("GET", "/api/hooks/start/toggle"),
+        ("GET", "/api/hooks/start/test"),
+        ("PUT", "/metrics"),
+        ("POST", "/healthz"),
+        ("POST", "/"),
+        ("DELETE", "/console/console.js"),
+        ("POST", "/api/hooks/start"),
+    ] {
+        let r = api.raw(method, path, Some(TOKEN), &[], b"");
+        let (e, _) = r.error(405);
+        let allow = r
+            .header("allow")
+            .unwrap_or_else(|| panic!("{method} {path}: no Allow header"))
+            .to_string();
+        let allowed: Vec<&str> = allow.split(',').map(str::trim).collect();
+        assert!(!allowed.is_empty() && !allowed.contains(&method), "{allow}");
+        for m in &allowed {
+            assert!(
+                e.split([' ', ',', ';', '(', ')']).any(|w| w == *m),
+                "{method} {path}: the message does not name {m} (Allow: {allow}): {e}"
+            );
+        }
+    }
+}
+
+/// `body:LINE:COL: rest` → (line, col, rest).
+fn body_place(e: &str) -> (usize, usize, String) {
+    let place = (|| {
+        let rest = e.strip_prefix("body:")?;
+        let (line, rest) = rest.split_once(':')?;
+        let (col, rest) = rest.split_once(": ")?;
+        Some((line.parse().ok()?, col.parse().ok()?, rest.to_string()))
+    })();
+    place.unwrap_or_else(|| panic!("not body:LINE:COL: …: {e}"))
+}
+
+#[test]
+fn every_error_about_a_place_in_a_body_reads_body_line_col_path_reason() {
+    let api = Api::start(Some(TWO));
+    // Hook writes: create, and both spellings of the merge patch.
+    for (method, path) in [
+        ("POST", "/api/hooks"),
+        ("PATCH", "/api/hooks/start"),
+        ("PUT", "/api/hooks/start"),
+    ] {
+        let what = format!("{method} {path}");
+        // Not JSON, on line 2, at the value that is missing.
+        let body = "{\"event\": \"error\",\n \"command\": }";
+        let (e, p) = api.send(method, path, body).error(400);
+        assert_eq!(p, "command", "{what}: {e}");
+        let (line, col, rest) = body_place(&e);
+        assert_eq!((line, col), (2, 13), "{what}: {e}");
+        assert!(rest.starts_with("command: "), "{what}: {e}");
+        // A duplicate key, at the second one.
+        let body =
+            "{\"event\": \"error\", \"command\": \"/bin/true\",\n  \"command\": \"/bin/echo\"}";
+        let (e, p) = api.send(method, path, body).error(422);
+        assert_eq!(p, "command", "{what}: {e}");
+        let (line, col, rest) = body_place(&e);
+        assert_eq!((line, col), (2, 3), "{what}: {e}");
+        assert!(rest.starts_with("command: duplicate key"), "{what}: {e}");
+        // A value of the wrong type.
+        let body = "{\"event\": \"error\", \"command\": \"/bin/true\",\n  \"timeout_ms\": \"5s\"}";
+        let (e, p) = api.send(method, path, body).error(422);
+        assert_eq!(p, "timeout_ms", "{what}: {e}");
+        assert_eq!(body_place(&e).0, 2, "{what}: {e}");
+    }
+    // The test route's payload: the event's fields, placed in the body the same way.
+    let test = "/api/hooks/start/test";
+    let (e, p) = api.send("POST", test, "{\n  \"agent\": 7\n}").error(422);
+    assert_eq!(p, "agent", "{e}");
+    let (line, col, rest) = body_place(&e);
+    assert_eq!((line, col), (2, 12), "{e}");
+    assert!(rest.starts_with("agent: "), "{e}");
+    let (e, _) = api
+        .send("POST", test, "{\"agent\": \"a\",\n \"session\": \"s\"} x")
+        .error(400);
+    assert_eq!(body_place(&e).0, 2, "{e}");
+    let (e, _) = api
+        .send("POST", test, "{\"agent\": \"a\", \"agent\": \"b\"}")
+        .error(422);
+    let (line, col, rest) = body_place(&e);
+    assert_eq!((line, col), (1, 16), "{e}");
+    assert!(rest.starts_with("agent: duplicate key"), "{e}");
 }

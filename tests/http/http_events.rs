@@ -117,7 +117,8 @@ fn an_emitted_event_arrives_as_run_print_writes_it_with_its_topic_and_a_resumabl
     let instance = r["instance"].as_str().unwrap().to_string();
     assert_eq!(instance.len(), 16, "{r}");
     assert_eq!(ready.id.as_deref(), Some(format!("{instance}-0").as_str()));
-    assert_eq!(r["kinds"], json!(["bus", "runs", "plugins"]));
+    // A pattern alone asks for bus messages only.
+    assert_eq!(r["kinds"], json!(["bus"]));
     assert_eq!(r["patterns"], json!(["prx.lifecycle.*"]));
 
     assert_eq!(
@@ -767,4 +768,184 @@ fn a_stalled_clients_queue_is_bounded_in_bytes_not_only_in_frames() {
         }
     }
     assert_eq!(told, lost);
+}
+
+/// Reads a stream to its end: (bus messages received, losses announced, the last event).
+fn read_to_the_end(s: &mut Sse) -> (u64, u64, Ev) {
+    let (mut got, mut told) = (0u64, 0u64);
+    let mut last = None;
+    while let Some(e) = s.event() {
+        match e.event.as_str() {
+            "dropped" => told += e.json()["count"].as_u64().unwrap(),
+            "prx.lifecycle.tool_call" => got += 1,
+            _ => {}
+        }
+        last = Some(e);
+    }
+    (got, told, last.expect("the stream sent nothing"))
+}
+
+#[test]
+fn a_stream_whose_queue_is_full_at_shutdown_is_told_its_losses_and_shutdown_comes_last() {
+    const N: u64 = 2_000;
+    for by_server in [true, false] {
+        let Api { _ws, hooks, server } = Api::start(None, |o| {
+            o.idle_timeout(Duration::from_secs(120))
+                .events(EventStreamOptions::default().queue(16))
+        });
+        let addr = server.local_addr();
+        let auth = format!("Bearer {TOKEN}");
+        let mut stalled = Sse::over(
+            Box::new(sse::small_buffer_conn(addr, 4096)),
+            &addr.to_string(),
+            "/api/events?kinds=bus",
+            &[("Authorization", &auth)],
+        );
+        assert_eq!(stalled.status, 200);
+        stalled.until("ready");
+        // 20 MB: more than the socket's buffers hold (a few MB), so the queue is full when
+        // the stream is stopped.
+        let output = "s".repeat(10_000);
+        for _ in 0..N {
+            while tool_call(&hooks, &output) != Emit::Queued {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let stats = || server.event_stats();
+        wait_for("the hub to number every event", || stats().items == N);
+        assert!(stats().dropped_client > 0, "the queue was full");
+        // The stream is stopped while its queue is full; the client reads only afterwards.
+        let stopping = {
+            let hooks = hooks.clone();
+            std::thread::spawn(move || {
+                let mut server = server;
+                if by_server {
+                    server.shutdown(Duration::from_secs(60));
+                } else {
+                    hooks.shutdown(Duration::from_secs(5));
+                }
+                server
+            })
+        };
+        let (got, told, last) = read_to_the_end(&mut stalled);
+        let server = stopping.join().unwrap();
+        let how = if by_server {
+            "Server::shutdown"
+        } else {
+            "Hooks::shutdown"
+        };
+        assert_eq!(
+            last.event, "shutdown",
+            "{how}: the last event is not shutdown but {:?} (id {:?})",
+            last.event, last.id
+        );
+        assert_eq!(
+            got + told,
+            N,
+            "{how}: {got} received + {told} announced lost != {N} sent"
+        );
+        assert_eq!(server.event_stats().dropped_client, told, "{how}");
+    }
+}
+
+#[test]
+fn a_pattern_alone_asks_for_bus_messages_and_kinds_widen_it() {
+    let hooks_json = r#"{"hooks": {"tool_call": [{"id": "t", "command": "/bin/true"}]}}"#;
+    let api = Api::start(Some(hooks_json), |o| {
+        o.events(EventStreamOptions::default().record_always(true))
+    });
+    tool_call(&api.hooks, "p");
+    // The bus message and the hook's run are both in the backlog.
+    wait_for("the message and the run", || {
+        api.event_stats()["items"].as_u64() == Some(2)
+    });
+    let names = |evs: &[Ev]| evs.iter().map(|e| e.event.clone()).collect::<Vec<_>>();
+    let (_, replay, ready) = api.stream("?pattern=prx.lifecycle.*&backlog=10", &[]);
+    assert_eq!(ready.json()["kinds"], json!(["bus"]), "{}", ready.data);
+    assert_eq!(names(&replay), ["prx.lifecycle.tool_call"]);
+    let (_, replay, ready) = api.stream("?pattern=prx.lifecycle.*&kinds=bus,runs&backlog=10", &[]);
+    assert_eq!(ready.json()["kinds"], json!(["bus", "runs"]));
+    assert_eq!(names(&replay), ["prx.lifecycle.tool_call", "run"]);
+    let (_, replay, ready) = api.stream("?backlog=10", &[]);
+    assert_eq!(ready.json()["kinds"], json!(["bus", "runs", "plugins"]));
+    assert_eq!(names(&replay), ["prx.lifecycle.tool_call", "run"]);
+    // A pattern that matches nothing still leaves runs out.
+    let (_, replay, _) = api.stream("?pattern=myapp.*&backlog=10", &[]);
+    assert!(replay.is_empty(), "{replay:?}");
+}
+
+#[test]
+fn last_event_ids_are_an_instance_a_dash_and_digits_nothing_else() {
+    let api = Api::start(None, |o| o);
+    let (_s, _, ready) = api.stream("?kinds=bus", &[]);
+    let inst = ready.json()["instance"].as_str().unwrap().to_string();
+    for i in 0..3 {
+        tool_call(&api.hooks, &format!("e{i}"));
+    }
+    wait_for("three items", || {
+        api.event_stats()["items"].as_u64() == Some(3)
+    });
+    let auth = format!("Bearer {TOKEN}");
+    let open = |id: &str, by_query: bool| {
+        let (path, headers): (String, Vec<(&str, &str)>) = if by_query {
+            let q = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC);
+            (
+                format!("/api/events?kinds=bus&last_event_id={q}"),
+                vec![("Authorization", auth.as_str()), ("Connection", "close")],
+            )
+        } else {
+            (
+                "/api/events?kinds=bus".to_string(),
+                vec![
+                    ("Authorization", auth.as_str()),
+                    ("Connection", "close"),
+                    ("Last-Event-ID", id),
+                ],
+            )
+        };
+        Sse::open(api.addr(), &path, &headers)
+    };
+    // Ours: the replay starts after the position given.
+    for (id, replayed) in [
+        (format!("{inst}-2"), 1),
+        (format!("{inst}-0"), 3),
+        (format!("{inst}-3"), 0),
+    ] {
+        for by_query in [false, true] {
+            let mut s = open(&id, by_query);
+            assert_eq!(s.status, 200, "{id:?}");
+            let (_, ready) = s.until("ready");
+            assert_eq!(ready.json()["replayed"], replayed, "{id:?}");
+        }
+    }
+    // The largest position is still an id (one this stream never sent: a gap).
+    let mut s = open(&format!("{inst}-18446744073709551615"), false);
+    assert_eq!(s.status, 200);
+    assert_eq!(s.event().unwrap().json()["reason"], "unknown_id");
+    for n in [
+        "+3",
+        "+0",
+        "-3",
+        " 3",
+        "3 x",
+        "03",
+        "00",
+        "3.0",
+        "0x3",
+        "3e0",
+        "18446744073709551616",
+        "",
+        "\u{ff13}",
+    ] {
+        let id = format!("{inst}-{n}");
+        for by_query in [false, true] {
+            if !by_query && !n.is_ascii() {
+                continue; // a header is ASCII (the not-ASCII refusal is tested elsewhere)
+            }
+            let s = open(&id, by_query);
+            assert_eq!(s.status, 400, "{id:?} (query: {by_query})");
+            let text = s.text();
+            assert!(text.contains("<instance>-<n>"), "{id:?}: {text}");
+        }
+    }
 }

@@ -46,20 +46,41 @@
     return node;
   }
 
+  // A `value` or `data-*` attribute is what the page works with (a filter's real agent name,
+  // a hook's id), never shown as it is; every other attribute (titles, labels) is shown, so
+  // it is escaped like text.
   function setAttrs(node, attrs) {
     if (!attrs) return;
     for (const [k, v] of Object.entries(attrs)) {
       if (v === undefined || v === null || v === false) continue;
       if (k.startsWith("on")) throw new Error("event handlers go through addEventListener");
-      node.setAttribute(k, v === true ? "" : String(v));
+      node.setAttribute(k, v === true ? "" : k === "value" || k.startsWith("data-") ? String(v) : shown(String(v)));
     }
   }
 
   function append(node, children) {
     for (const c of children.flat()) {
       if (c === undefined || c === null || c === false) continue;
-      node.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+      node.appendChild(c instanceof Node ? c : document.createTextNode(shown(String(c))));
     }
+  }
+
+  // Characters shown escaped, by the rule `prx-hooks tail` prints with (src/bin/prx-hooks/
+  // tail.rs, `hazardous` and `escape`): C0 and C1 controls and DEL (Rust's char::is_control),
+  // and the bidirectional controls that reorder what follows them (embeddings and overrides
+  // U+202A–U+202E, isolates U+2066–U+2069, the marks U+200E, U+200F, U+061C). Each becomes
+  // what Rust's char::escape_default writes: \t, \r, \n, else \u{hex}. An agent named
+  // "coder\u{202e}" would otherwise show the rest of its row reversed.
+  const HAZARD = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]/g;
+  const ESCAPES = { "\t": "\\t", "\r": "\\r", "\n": "\\n" };
+
+  function shown(s) {
+    return s.replace(HAZARD, (c) => ESCAPES[c] || "\\u{" + c.charCodeAt(0).toString(16) + "}");
+  }
+
+  // A multi-line block (stderr, a row's JSON): the same, but its line breaks stay breaks.
+  function block(s) {
+    return document.createTextNode(String(s).split("\n").map(shown).join("\n"));
   }
 
   function clear(node) {
@@ -115,8 +136,6 @@
     rows: [],
     paused: false,
     unseen: 0,
-    agents: new Set(),
-    kinds: new Set(),
     lastEventId: null,
     stream: null,
     timers: [],
@@ -185,21 +204,21 @@
   function banner(text) {
     const b = $("banner");
     if (!text) { show(b, false); return; }
-    b.textContent = text;
+    b.textContent = shown(text);
     show(b, true);
   }
 
   function note(id, text, kind) {
     const n = $(id);
     if (!text) { show(n, false); return; }
-    n.textContent = text;
+    n.textContent = shown(text);
     n.dataset.kind = kind || "info";
     show(n, true);
   }
 
   function conn(text, stateName) {
     const c = $("conn");
-    c.textContent = text;
+    c.textContent = shown(text);
     c.dataset.state = stateName;
   }
 
@@ -214,9 +233,9 @@
     } catch (e) {
       if (e.status === 401) {
         sessionStorage.removeItem(TOKEN_KEY);
-        err.textContent = "Wrong token: " + e.message;
+        err.textContent = shown("Wrong token: " + e.message);
       } else {
-        err.textContent = "Could not sign in: " + e.message;
+        err.textContent = shown("Could not sign in: " + e.message);
       }
       show(err, true);
       $("token").setAttribute("aria-invalid", "true");
@@ -244,7 +263,7 @@
     conn("Signed out", "out");
     const err = $("token-error");
     if (message) {
-      err.textContent = message;
+      err.textContent = shown(message);
       show(err, true);
     } else {
       show(err, false);
@@ -431,7 +450,7 @@
       outcomeBadge(run), " ", el("span", { class: "small muted" }, "test run · " + ms(run.duration_ms) + (run.pid ? " · pid " + run.pid : ""))));
     if (run.stderr_tail) {
       box.appendChild(el("p", { class: "small muted" }, "stderr"));
-      box.appendChild(el("pre", { class: "stderr" }, run.stderr_tail));
+      box.appendChild(el("pre", { class: "stderr" }, block(run.stderr_tail)));
     }
     box.appendChild(button("Dismiss", { class: "ghost small-btn" }, () => { show(box, false); clear(box); }));
   }
@@ -461,7 +480,7 @@
   function openEditor(h) {
     state.editing = h || null;
     clearFieldErrors();
-    $("editor-title").textContent = h ? "Edit " + h.id : "New hook";
+    $("editor-title").textContent = shown(h ? "Edit " + h.id : "New hook");
     $("editor-save").textContent = h ? "Save" : "Create";
     const v = h || {};
     $("f-event").value = v.event || "tool_call";
@@ -495,7 +514,7 @@
     const box = $("f-" + field + "-error");
     const input = $("f-" + field);
     if (!box || !input) return false;
-    box.textContent = message;
+    box.textContent = shown(message);
     show(box, true);
     input.setAttribute("aria-invalid", "true");
     return true;
@@ -575,7 +594,7 @@
       return;
     }
     const box = $("editor-error");
-    box.textContent = (path && path !== "$" ? path + ": " : "") + msg;
+    box.textContent = shown((path && path !== "$" ? path + ": " : "") + msg);
     show(box, true);
     box.focus();
   }
@@ -609,7 +628,7 @@
         const why = writeFailed(e, h ? "saved" : "created");
         if (why) {
           const box = $("editor-error");
-          box.textContent = why;
+          box.textContent = shown(why);
           show(box, true);
         }
       }
@@ -619,7 +638,7 @@
   }
 
   function confirmDelete(h) {
-    $("confirm-text").textContent = "The hook " + h.id + " (" + h.event + ") is removed from hooks.json.";
+    $("confirm-text").textContent = shown("The hook " + h.id + " (" + h.event + ") is removed from hooks.json.");
     const dlg = $("confirm");
     const ok = $("confirm-ok");
     const fresh = ok.cloneNode(true);
@@ -642,7 +661,7 @@
 
   async function openRuns(id) {
     state.runsOf = id;
-    $("runs-title").textContent = "Runs of " + id;
+    $("runs-title").textContent = shown("Runs of " + id);
     $("runs-note").textContent = "Loading…";
     clear($("runs-table").tBodies[0]);
     const dlg = $("runs");
@@ -658,7 +677,7 @@
     try {
       r = await api("GET", "api/hooks/" + encodeURIComponent(id) + "/runs?limit=50", { quiet: true });
     } catch (e) {
-      $("runs-note").textContent = "Could not load the runs: " + e.message;
+      $("runs-note").textContent = shown("Could not load the runs: " + e.message);
       return;
     }
     if (state.runsOf !== id) return;
@@ -682,7 +701,7 @@
       el("td", { "data-label": "Outcome" }, outcomeBadge(run)),
       el("td", { "data-label": "Duration" }, ms(run.duration_ms)),
       el("td", { "data-label": "Source" }, (run.direct ? "test" : (run.agent ? run.agent + " / " + run.session : "pipeline")) + (run.live ? " (seen live)" : "")),
-      el("td", { "data-label": "Stderr" }, run.stderr_tail ? el("pre", { class: "stderr" }, run.stderr_tail) : el("span", { class: "muted" }, "—")));
+      el("td", { "data-label": "Stderr" }, run.stderr_tail ? el("pre", { class: "stderr" }, block(run.stderr_tail)) : el("span", { class: "muted" }, "—")));
   }
 
   // ---- the live stream -------------------------------------------------------------------
@@ -832,8 +851,8 @@
   function pushRow(row) {
     state.rows.push(row);
     if (state.rows.length > MAX_ROWS) state.rows.splice(0, state.rows.length - MAX_ROWS);
-    if (row.event && !state.kinds.has(row.event)) { state.kinds.add(row.event); addOption("filter-event", row.event, row.event === "run" ? "hook runs" : row.event); }
-    if (row.agent && !state.agents.has(row.agent)) { state.agents.add(row.agent); addOption("filter-agent", row.agent, row.agent); }
+    if (row.event) menus.event.see(row.event, row.event === "run" ? "hook runs" : row.event);
+    if (row.agent) menus.agent.see(row.agent, row.agent);
     if (state.paused) {
       state.unseen += 1;
       $("pause").textContent = "Resume (" + state.unseen + " new)";
@@ -846,10 +865,46 @@
     show($("stream-empty"), false);
   }
 
-  function addOption(selectId, value, label) {
-    const sel = $(selectId);
-    sel.appendChild(el("option", { value }, truncate(label, 60)));
+  // A filter menu holds the MAX_OPTIONS values first seen most recently (the filter in use
+  // always stays), like the list holds the last MAX_ROWS rows; a last, disabled option says
+  // how many more were seen. A value seen again after it left comes back as the newest.
+  const MAX_OPTIONS = 200;
+  // Values no longer listed, remembered (up to this many) only to count them.
+  const MAX_UNLISTED = 10000;
+
+  function menu(selectId) {
+    const listed = new Map(); // value → its <option>, oldest first
+    const unlisted = new Set();
+    let note = null;
+    function sayMore() {
+      const sel = $(selectId);
+      if (note) { note.remove(); note = null; }
+      if (!unlisted.size) return;
+      const n = unlisted.size >= MAX_UNLISTED ? "over " + MAX_UNLISTED.toLocaleString("en") : unlisted.size.toLocaleString("en");
+      note = el("option", { disabled: true, value: "" }, n + " more not shown (the " + MAX_OPTIONS + " newest are)");
+      sel.appendChild(note);
+    }
+    return {
+      see(value, label) {
+        if (listed.has(value)) return;
+        const sel = $(selectId);
+        unlisted.delete(value);
+        const option = el("option", { value }, truncate(label, 60));
+        sel.insertBefore(option, note);
+        listed.set(value, option);
+        for (const [old, node] of listed) {
+          if (listed.size <= MAX_OPTIONS) break;
+          if (old === sel.value) continue;
+          node.remove();
+          listed.delete(old);
+          if (unlisted.size < MAX_UNLISTED) unlisted.add(old);
+        }
+        sayMore();
+      },
+    };
   }
+
+  const menus = { event: menu("filter-event"), agent: menu("filter-agent") };
 
   function matches(row) {
     const ev = $("filter-event").value;
@@ -896,7 +951,7 @@
       text = summary(d.payload);
       cls = "bus";
     }
-    const detail = el("pre", { class: "detail", hidden: true }, JSON.stringify(d, null, 2));
+    const detail = el("pre", { class: "detail", hidden: true }, block(JSON.stringify(d, null, 2)));
     const head = el("button", { type: "button", class: "row-head", "aria-expanded": "false" },
       el("span", { class: "time" }, clock(d.timestamp || d.time)),
       badge,
@@ -1022,7 +1077,7 @@
     for (const li of document.querySelectorAll("#hooks-list li.hook")) {
       const st = hookStats(li.dataset.id);
       const p = li.querySelector(".hook-counts");
-      if (st && p) p.textContent = countsText(hookCounts(st));
+      if (st && p) p.textContent = shown(countsText(hookCounts(st)));
     }
   }
 

@@ -20,11 +20,17 @@
 //! * **`--json`** lines are serialized by serde_json ([`json_line`]), never pasted: one valid
 //!   JSON object per line, a server's data that is not a JSON object is not shown (counted,
 //!   said once).
-//! * **Bounded.** An event holds at most `--max-event-bytes` (32 MiB); a longer one is dropped
-//!   as it arrives ([`Parser`]), counted and said once. An event id that cannot be sent back as
-//!   `Last-Event-ID` is ignored (the last good one is kept), said once.
+//! * **Bounded.** Every field is, as it arrives ([`Parser`], `tail_sse.rs`): an event's data,
+//!   id and name together hold at most `--max-event-bytes` (32 MiB), a longer event is dropped;
+//!   an id over 256 bytes is ignored and a name over 256 bytes skips its event; comments,
+//!   `retry:` and unknown fields are never held. An event id that cannot be sent back as
+//!   `Last-Event-ID` (a control character, or too long) is ignored (the last good one is kept).
+//!   Each kind is counted and said once.
 //! * The HTTP client is hyper's client half on a current-thread tokio runtime: both are in the
 //!   binary already (the server uses them), and the same code speaks over a unix socket.
+
+#[path = "tail_sse.rs"]
+mod sse;
 
 use crate::BoxError;
 use clap::Args;
@@ -34,6 +40,7 @@ use hyper_util::rt::TokioIo;
 use prx_hooks::http::token;
 use serde_json::Value;
 use serde_json::value::RawValue;
+use sse::{Ev, MAX_ID_BYTES, MAX_NAME_BYTES, Parser};
 use std::io::Write;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -514,122 +521,6 @@ async fn read_small(body: &mut Incoming) -> String {
 /// plus the envelope, with room to spare.
 const MAX_EVENT_BYTES: usize = 32 << 20;
 
-/// One event as SSE defines it.
-#[derive(Default, Debug)]
-struct Ev {
-    id: Option<String>,
-    event: String,
-    data: String,
-    /// It was longer than the cap: its data was dropped as it arrived (never held); its other
-    /// fields are kept.
-    oversize: bool,
-}
-
-/// Incremental SSE parser: bytes in, whole events out (comments skipped).
-///
-/// Invariant: `held + line.len() <= max` — an event never holds more than `max` bytes. A line
-/// that would pass it marks the event `oversize`, frees what the event held, and the rest of
-/// that line is dropped as it arrives (`skip_line`); data lines after it are dropped too.
-struct Parser {
-    max: usize,
-    line: Vec<u8>,
-    ev: Ev,
-    data: Vec<String>,
-    /// Bytes of `data` (each line and its separator).
-    held: usize,
-    any: bool,
-    /// Dropping the rest of an over-long line, up to its `\n`.
-    skip_line: bool,
-}
-
-impl Parser {
-    fn new(max: usize) -> Parser {
-        Parser {
-            max,
-            line: Vec::new(),
-            ev: Ev::default(),
-            data: Vec::new(),
-            held: 0,
-            any: false,
-            skip_line: false,
-        }
-    }
-
-    fn feed(&mut self, mut bytes: &[u8]) -> Vec<Ev> {
-        let mut out = Vec::new();
-        while !bytes.is_empty() {
-            let (chunk, ended) = match bytes.iter().position(|&b| b == b'\n') {
-                Some(i) => {
-                    let c = &bytes[..i];
-                    bytes = &bytes[i + 1..];
-                    (c, true)
-                }
-                None => (std::mem::take(&mut bytes), false),
-            };
-            if self.skip_line {
-                // Dropped as it arrives.
-            } else if self.held + self.line.len() + chunk.len() > self.max {
-                self.skip_line = true;
-                self.ev.oversize = true;
-                self.any = true;
-                self.line = Vec::new();
-                self.data = Vec::new();
-                self.held = 0;
-            } else {
-                self.line.extend_from_slice(chunk);
-            }
-            if !ended {
-                continue;
-            }
-            if std::mem::take(&mut self.skip_line) {
-                // The over-long line ended (it was not the blank line ending the event).
-                continue;
-            }
-            if let Some(ev) = self.end_line() {
-                out.push(ev);
-            }
-        }
-        out
-    }
-
-    /// A whole line (in `self.line`): an event when it was the blank line ending one.
-    fn end_line(&mut self) -> Option<Ev> {
-        if self.line.last() == Some(&b'\r') {
-            self.line.pop();
-        }
-        let line = match String::from_utf8(std::mem::take(&mut self.line)) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        };
-        if line.is_empty() {
-            if !self.any {
-                return None;
-            }
-            let mut ev = std::mem::take(&mut self.ev);
-            ev.data = std::mem::take(&mut self.data).join("\n");
-            self.held = 0;
-            self.any = false;
-            return Some(ev);
-        }
-        if line.starts_with(':') {
-            return None;
-        }
-        self.any = true;
-        let (field, value) = line.split_once(':').unwrap_or((&line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value);
-        match field {
-            "id" => self.ev.id = Some(value.to_string()),
-            "event" => self.ev.event = value.to_string(),
-            "data" if !self.ev.oversize => {
-                self.held += value.len() + 1;
-                self.data.push(value.to_string());
-            }
-            _ => {}
-        }
-        None
-    }
-}
-
 /// What tail refused or skipped, counted across connections; each kind is said on stderr
 /// when first seen, and the totals when tail exits.
 #[derive(Default)]
@@ -640,6 +531,10 @@ struct Refused {
     oversize: u64,
     /// Event ids that cannot be sent back in `Last-Event-ID` (ignored).
     bad_id: u64,
+    /// Event ids longer than `MAX_ID_BYTES` (ignored, never held).
+    long_id: u64,
+    /// Events whose name was longer than `MAX_NAME_BYTES` (skipped, never held).
+    long_name: u64,
 }
 
 impl Refused {
@@ -656,6 +551,18 @@ impl Refused {
         }
         if self.bad_id > 0 {
             parts.push(format!("{} unusable event id(s) ignored", self.bad_id));
+        }
+        if self.long_id > 0 {
+            parts.push(format!(
+                "{} event id(s) over {MAX_ID_BYTES} bytes ignored",
+                self.long_id
+            ));
+        }
+        if self.long_name > 0 {
+            parts.push(format!(
+                "{} event(s) with a name over {MAX_NAME_BYTES} bytes skipped",
+                self.long_name
+            ));
         }
         (!parts.is_empty()).then(|| format!("in all: {}", parts.join(", ")))
     }
@@ -684,6 +591,24 @@ fn show(
             }
         }
     }
+    if ev.long_id {
+        // Sent back on every reconnect, it would make each request head that large.
+        resume.refused.long_id += 1;
+        if resume.refused.long_id == 1 {
+            say(&format!(
+                "ignored an event id from {target} longer than {MAX_ID_BYTES} bytes (this server's are <instance>-<n>, under 40), without holding it: a reconnection resumes after the last usable one (said once; counted)"
+            ));
+        }
+    }
+    if ev.long_name {
+        resume.refused.long_name += 1;
+        if resume.refused.long_name == 1 {
+            say(&format!(
+                "skipped an event from {target} whose name is longer than {MAX_NAME_BYTES} bytes (a bus topic is at most {MAX_NAME_BYTES}), without holding it (said once; counted)"
+            ));
+        }
+        return Ok(None);
+    }
     if ev.oversize {
         resume.refused.oversize += 1;
         if resume.refused.oversize == 1 {
@@ -694,9 +619,14 @@ fn show(
         }
         return Ok(None);
     }
-    let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+    if ev.data.is_empty() {
+        // No data line: SSE dispatches no event (its id, if any, was taken above).
+        return Ok(None);
+    }
+    let parse = || serde_json::from_str::<Value>(&ev.data).unwrap_or(Value::Null);
     match ev.event.as_str() {
         "ready" => {
+            let data = parse();
             resume.keepalive = data["keepalive_ms"].as_u64().map(Duration::from_millis);
             if let Some(inst) = data["instance"].as_str() {
                 resume.instance = Some(inst.to_string());
@@ -704,6 +634,7 @@ fn show(
             return Ok(None);
         }
         "shutdown" => {
+            let data = parse();
             let reason = data["reason"].as_str().unwrap_or("shutting down");
             return Ok(Some(End::Retry(format!(
                 "{target}: the server is going away ({})",
@@ -722,7 +653,19 @@ fn show(
     } else {
         None
     };
-    if !data.is_object() || (style.json && json.is_none()) {
+    // With --json a bus message, run or plugin line is serialized from the text as it is: it
+    // is parsed into a value only where one is read (a large event is not held twice more).
+    let data = if style.json && !matches!(kind, Some("gap" | "dropped")) {
+        Value::Null
+    } else {
+        parse()
+    };
+    let object = if style.json {
+        json.is_some()
+    } else {
+        data.is_object()
+    };
+    if !object {
         resume.refused.not_json += 1;
         if resume.refused.not_json == 1 {
             say(&format!(
@@ -1155,23 +1098,6 @@ mod tests {
     }
 
     #[test]
-    fn sse_is_parsed_across_chunk_boundaries() {
-        let mut p = Parser::new(MAX_EVENT_BYTES);
-        assert!(p.feed(b"id: a-1\nevent: x\nda").is_empty());
-        let evs = p.feed(b"ta: {}\n\n: keep-alive\n\nevent: y\r\ndata: 1\r\ndata: 2\r\n\r\n");
-        assert_eq!(evs.len(), 2);
-        assert_eq!(
-            (
-                evs[0].id.as_deref(),
-                evs[0].event.as_str(),
-                evs[0].data.as_str()
-            ),
-            (Some("a-1"), "x", "{}")
-        );
-        assert_eq!((evs[1].event.as_str(), evs[1].data.as_str()), ("y", "1\n2"));
-    }
-
-    #[test]
     fn agent_text_cannot_reach_the_terminal_as_escape_sequences() {
         assert_eq!(escape("a\x1b[2Jb\nc"), "a\\u{1b}[2Jb\\nc");
         assert_eq!(
@@ -1218,27 +1144,7 @@ mod tests {
     }
 
     #[test]
-    fn an_event_never_holds_more_than_the_cap() {
-        let mut p = Parser::new(1024);
-        let mut evs = p.feed(b"id: x-1\ndata: ");
-        for _ in 0..100 {
-            evs.extend(p.feed(&[b'A'; 1000]));
-            assert!(p.line.len() + p.held <= 1024);
-        }
-        evs.extend(p.feed(b"\ndata: more\n\nid: x-2\ndata: {}\n\n"));
-        assert_eq!(evs.len(), 2);
-        assert!(evs[0].oversize && evs[0].data.is_empty());
-        assert_eq!(evs[0].id.as_deref(), Some("x-1"));
-        assert!(!evs[1].oversize);
-        assert_eq!(
-            (evs[1].id.as_deref(), evs[1].data.as_str()),
-            (Some("x-2"), "{}")
-        );
-        // Many data lines, each short, add up.
-        let mut p = Parser::new(1024);
-        let evs = p.feed(&b"data: 0123456789\n".repeat(200));
-        assert!(evs.is_empty() && p.held <= 1024);
-        assert!(p.feed(b"\n")[0].oversize);
+    fn sizes_parse() {
         assert_eq!(parse_size("32MiB"), Ok(32 << 20));
         assert!(parse_size("12").is_err() && parse_size("1KB").is_err());
     }

@@ -494,3 +494,123 @@ fn init_whose_write_fails_with_efbig_leaves_nothing_at_all() {
         }
     }
 }
+
+/// `init DIR` under strace, killed with SIGKILL on entering its `when`-th rename.
+fn init_killed_at_rename(root: &Path, dir: &str, when: u32) -> Output {
+    Command::new("strace")
+        .args(["-qq", "-o", "/dev/null", "-e", "trace=renameat2", "-e"])
+        .arg(format!("inject=renameat2:signal=SIGKILL:when={when}"))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(["init", dir])
+        .current_dir(root)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn init_killed_at_any_rename_leaves_nothing_or_what_the_next_init_completes() {
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "strace is needed (apt-get install strace)"
+    );
+    // The order init puts the entries of an existing directory in place: hooks.json, which
+    // makes it a workspace, last.
+    let order = [
+        ".gitignore",
+        "README.md",
+        "events.ndjson",
+        "hooks",
+        "hooks.json",
+    ];
+    let root = tempfile::tempdir().unwrap();
+    let mut partial = 0;
+    // A missing target: one rename (the staged directory into place); an existing one: one
+    // per entry. One more: not killed at all.
+    for (existing, renames) in [(false, 1), (true, order.len() as u32)] {
+        for when in 1..=renames + 1 {
+            let name = format!("ws-{existing}-{when}");
+            let ws = root.path().join(&name);
+            if existing {
+                std::fs::create_dir(&ws).unwrap();
+                std::fs::write(ws.join("notes.txt"), "mine").unwrap();
+            }
+            let out = init_killed_at_rename(root.path(), &name, when);
+            let killed = out.status.signal() == Some(nix::libc::SIGKILL);
+            assert_eq!(
+                killed,
+                when <= renames,
+                "init {name}, killed at rename {when}: {:?}: {}",
+                out.status,
+                text(&out.stderr)
+            );
+            let temps_in = |d: &Path| -> Vec<String> {
+                entries(d).into_iter().filter(|e| is_init_temp(e)).collect()
+            };
+            let mut temps = temps_in(root.path());
+            let placed: Vec<String> = if existing {
+                temps.extend(temps_in(&ws));
+                entries(&ws)
+                    .into_iter()
+                    .filter(|e| e != "notes.txt" && !is_init_temp(e))
+                    .collect()
+            } else {
+                entries(&ws)
+            };
+            assert!(temps.len() <= 1, "rename {when}: {temps:?}");
+            let mut placed_in_order = placed.clone();
+            placed_in_order.sort_by_key(|e| order.iter().position(|o| o == e));
+            let k = placed.len();
+            if !existing || !killed {
+                assert!(
+                    k == 0 || k == order.len(),
+                    "init {name}, killed at rename {when}: a partial workspace {placed:?}"
+                );
+            } else {
+                // Between the moves into an existing directory: the entries moved so far, in
+                // order (never hooks.json before the rest), and the complete staging directory
+                // the next init finishes.
+                assert_eq!(placed_in_order, order[..k], "rename {when}");
+                if k > 0 {
+                    assert_eq!(temps.len(), 1, "rename {when}: the staging is kept");
+                    partial += 1;
+                }
+            }
+            if !killed {
+                assert!(temps.is_empty(), "{temps:?}");
+                continue;
+            }
+            let out = prx(&["init", &name], root.path());
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            let said = text(&out.stderr);
+            // Killed among the moves, the staging was complete: finished, not made again.
+            assert_eq!(
+                said.contains("completed the workspace"),
+                existing,
+                "rename {when}: {said}"
+            );
+            assert_eq!(
+                said.contains("removed") && said.contains(".prx-hooks-init-"),
+                !existing,
+                "rename {when}: {said}"
+            );
+            let mut want: Vec<&str> = order.to_vec();
+            if existing {
+                want.push("notes.txt");
+            }
+            want.sort();
+            assert_eq!(entries(&ws), want, "rename {when}: {said}");
+            assert_eq!(entries(&ws.join("hooks")), ["log-event.sh", "notify.sh"]);
+            assert!(temps_in(root.path()).is_empty() && temps_in(&ws).is_empty());
+            let out = prx(&["validate", "--strict", "--workspace", &name], root.path());
+            assert!(out.status.success(), "{}", text(&out.stdout));
+        }
+    }
+    assert_eq!(
+        partial,
+        order.len() - 1,
+        "every move between two renames was tried"
+    );
+}

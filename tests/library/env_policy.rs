@@ -215,10 +215,13 @@ fn every_rule_in_the_documented_table_is_enforced() {
             rule.in_env,
             "{example}"
         );
-        assert!(
+        assert_eq!(
             policy::refusal(&example, Scope::Passthrough).is_some(),
+            rule.in_passthrough,
             "{example}"
         );
+        // Only HOME is allowed through (with a warning): hooks always get the host's.
+        assert!(rule.in_passthrough || rule.pattern == "HOME", "{example}");
     }
 }
 

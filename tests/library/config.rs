@@ -1438,7 +1438,7 @@ fn a_256_kib_object_of_one_repeated_key_reports_capped_duplicates() {
 }
 
 /// The file: 256 KiB of `{}` hooks gave 87 k errors and 8.9 MB of text (logged on
-/// every rejected reload and kept in `last_error`).
+/// every rejected reload and kept in `last_error` while the file is rejected).
 #[test]
 fn a_256_kib_file_of_empty_hooks_gives_the_first_errors_and_a_count() {
     let n = (256 * 1024 - 40) / 3;

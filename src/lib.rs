@@ -542,13 +542,13 @@ impl Hooks {
     /// A snapshot of every counter.
     pub fn stats(&self) -> Stats {
         let mut stats = Stats::default();
-        // Read the consumer side first: a counter read later can only be larger, so
-        // `processed + dropped_shutdown <= queued` holds in every snapshot.
-        stats.processed = self.pipeline.processed();
-        stats.dropped_shutdown = self.pipeline.dropped_shutdown();
-        stats.ring.depth = self.pipeline.rings().map(|r| r.len() as u64).sum();
-        let queued = self.pipeline.rings().map(|r| r.claimed() as u64).sum();
-        self.producers.fill_stats(&mut stats, queued);
+        // One consistent read: `queued = processed + dropped_shutdown + depth` exactly
+        // (`Pipeline::accounting`, ARCHITECTURE.md § Accounting).
+        let a = self.pipeline.accounting();
+        stats.processed = a.processed;
+        stats.dropped_shutdown = a.dropped_shutdown;
+        stats.ring.depth = a.depth;
+        self.producers.fill_stats(&mut stats, a.queued);
         stats.sink_panics = self.pipeline.sink_panics();
         stats.ring.shards = self.pipeline.lanes().len() as u64;
         stats.ring.capacity = self.pipeline.rings().map(|r| r.capacity() as u64).sum();

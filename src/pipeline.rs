@@ -4,10 +4,12 @@
 //! from one emitter are consumed by one worker, in ring order — which is how per-emitter order
 //! holds for every subscriber without any cross-worker coordination.
 //!
-//! The producer never wakes a worker (a futex wake costs microseconds, far more than `emit`
-//! itself). Instead an idle worker spins briefly, yields, then parks with a short timeout (the
+//! A producer almost never wakes a worker (a futex wake costs microseconds, far more than
+//! `emit` itself). An idle worker spins briefly, yields, then parks with a short timeout (the
 //! idle tick, 1 ms by default): delivery latency when idle is at most one tick, and a busy
-//! worker never sleeps.
+//! worker never sleeps. After [`DEEP_SLEEP_TICKS`] empty ticks it parks until the next emit
+//! unparks it ([`Lane::wake`], whose only cost to `emit` is one load and a branch until then):
+//! an idle pipeline costs no CPU, and only the first event after a long idle spell pays a wake.
 //!
 //! A worker only serializes and hands off. Sinks must not block in [`Sink::deliver`]: the bus
 //! does a `try_send` per subscriber, the shell and WASM backends enqueue onto their own threads.
@@ -406,9 +408,14 @@ const SCRATCH_KEEP: usize = 64 << 10;
 /// from the threads that would give it work; yielding hands the core over instead.
 const SPIN_POLLS: u32 = 16;
 const YIELD_POLLS: u32 = 8;
+/// Empty idle ticks (about 100 ms at the default tick) before the worker's deep sleep.
+pub(crate) const DEEP_SLEEP_TICKS: u32 = 100;
+/// The deep sleep's timeout: a bound, not a poll (an emit wakes the worker at once).
+const DEEP_SLEEP: Duration = Duration::from_secs(1);
 
 impl Worker {
     fn run(mut self) {
+        self.lane.set_worker(thread::current());
         let mut idle = 0u32;
         loop {
             if self.control.stop.load(Ordering::Acquire) {
@@ -426,8 +433,10 @@ impl Worker {
                 }
             } else if idle <= SPIN_POLLS + YIELD_POLLS {
                 thread::yield_now();
-            } else {
+            } else if idle <= SPIN_POLLS + YIELD_POLLS + DEEP_SLEEP_TICKS {
                 thread::park_timeout(self.config.idle_tick);
+            } else {
+                self.lane.sleep(self.consumer.head(), DEEP_SLEEP);
             }
         }
     }

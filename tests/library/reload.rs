@@ -156,12 +156,13 @@ fn lifecycle(poll: bool) {
     );
     assert_eq!(h.calls(), calls, "no callback for a rejected file");
 
-    // Broken differently: a bad field, replaced by rename.
+    // Broken differently: a bad field, replaced by rename (the count is read before the write:
+    // the watcher may reject the file before this thread looks again).
+    let errors = h.watcher.stats().reload_errors;
     write_rename(
         &h.file(),
         r#"{"hooks": {"tool_call": [{"command": "/bin/true", "args": ["v4"], "timeout_ms": 0}]}}"#,
     );
-    let errors = h.watcher.stats().reload_errors;
     h.wait("the bad field rejected", |h| {
         h.watcher.stats().last_error.is_some_and(|e| {
             e.contains("hooks.tool_call[0].timeout_ms: must be between 1 and 300000")

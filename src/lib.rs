@@ -198,7 +198,8 @@ impl HooksBuilder {
     }
 
     /// How long an idle worker parks between polls (default 1 ms): the delivery latency of an
-    /// event that arrives while the pipeline is idle.
+    /// event that arrives while the pipeline is idle. After about 100 empty ticks the worker
+    /// parks until the next `emit` wakes it (idle costs no CPU; that first event pays the wake).
     pub fn idle_tick(mut self, tick: Duration) -> Self {
         self.idle_tick = tick;
         self
@@ -542,13 +543,13 @@ impl Hooks {
     /// A snapshot of every counter.
     pub fn stats(&self) -> Stats {
         let mut stats = Stats::default();
-        // Read the consumer side first: a counter read later can only be larger, so
-        // `processed + dropped_shutdown <= queued` holds in every snapshot.
-        stats.processed = self.pipeline.processed();
-        stats.dropped_shutdown = self.pipeline.dropped_shutdown();
-        stats.ring.depth = self.pipeline.rings().map(|r| r.len() as u64).sum();
-        let queued = self.pipeline.rings().map(|r| r.claimed() as u64).sum();
-        self.producers.fill_stats(&mut stats, queued);
+        // One consistent read: `queued = processed + dropped_shutdown + depth` exactly
+        // (`Pipeline::accounting`, ARCHITECTURE.md § Accounting).
+        let a = self.pipeline.accounting();
+        stats.processed = a.processed;
+        stats.dropped_shutdown = a.dropped_shutdown;
+        stats.ring.depth = a.depth;
+        self.producers.fill_stats(&mut stats, a.queued);
         stats.sink_panics = self.pipeline.sink_panics();
         stats.ring.shards = self.pipeline.lanes().len() as u64;
         stats.ring.capacity = self.pipeline.rings().map(|r| r.capacity() as u64).sum();

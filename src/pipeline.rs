@@ -4,10 +4,12 @@
 //! from one emitter are consumed by one worker, in ring order — which is how per-emitter order
 //! holds for every subscriber without any cross-worker coordination.
 //!
-//! The producer never wakes a worker (a futex wake costs microseconds, far more than `emit`
-//! itself). Instead an idle worker spins briefly, yields, then parks with a short timeout (the
+//! A producer almost never wakes a worker (a futex wake costs microseconds, far more than
+//! `emit` itself). An idle worker spins briefly, yields, then parks with a short timeout (the
 //! idle tick, 1 ms by default): delivery latency when idle is at most one tick, and a busy
-//! worker never sleeps.
+//! worker never sleeps. After [`DEEP_SLEEP_TICKS`] empty ticks it parks until the next emit
+//! unparks it ([`Lane::wake`], whose only cost to `emit` is one load and a branch until then):
+//! an idle pipeline costs no CPU, and only the first event after a long idle spell pays a wake.
 //!
 //! A worker only serializes and hands off. Sinks must not block in [`Sink::deliver`]: the bus
 //! does a `try_send` per subscriber, the shell and WASM backends enqueue onto their own threads.
@@ -162,12 +164,33 @@ struct Control {
     /// Set (release) after `deadline`, once every ring is closed.
     stop: AtomicBool,
     deadline: Mutex<Option<Instant>>,
-    /// Events each worker has processed; written only by that worker.
-    processed: Box<[CachePadded<AtomicU64>]>,
-    /// Queued events the shutdown deadline left unprocessed.
-    dropped_shutdown: AtomicU64,
+    /// Each worker's accounting of its ring, written only by that worker (see [`Taken`]).
+    taken: Box<[CachePadded<Taken>]>,
     /// Panics caught inside `Sink::deliver`.
     sink_panics: AtomicU64,
+}
+
+/// What one worker has taken from its ring. Both counters only grow, and each is stored
+/// (release) only after the ring positions it counts were popped or abandoned, so
+/// `processed + dropped_shutdown <= tail` at every moment (see [`Pipeline::accounting`]).
+#[derive(Default)]
+struct Taken {
+    /// Events taken from the ring for the sinks: counted when the batch is taken, before any
+    /// sink sees it (a bus subscriber never receives an event `stats` has not counted).
+    processed: AtomicU64,
+    /// Positions the shutdown deadline left unprocessed (published or still being written).
+    dropped_shutdown: AtomicU64,
+}
+
+/// The consumer side of [`crate::Stats`], read as one snapshot by [`Pipeline::accounting`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Accounting {
+    pub processed: u64,
+    pub dropped_shutdown: u64,
+    /// Claimed positions no worker has counted yet: in the ring, or being taken from it.
+    pub depth: u64,
+    /// Every successful claim (the sum of the tails).
+    pub queued: u64,
 }
 
 /// The rings, their workers and the sinks they feed.
@@ -193,10 +216,7 @@ impl Pipeline {
         let control = Arc::new(Control {
             stop: AtomicBool::new(false),
             deadline: Mutex::new(None),
-            processed: (0..workers)
-                .map(|_| CachePadded::new(AtomicU64::new(0)))
-                .collect(),
-            dropped_shutdown: AtomicU64::new(0),
+            taken: (0..workers).map(|_| CachePadded::default()).collect(),
             sink_panics: AtomicU64::new(0),
         });
         let mut lanes = Vec::with_capacity(workers);
@@ -260,20 +280,46 @@ impl Pipeline {
         &self.sinks
     }
 
-    pub(crate) fn processed(&self) -> u64 {
-        self.control
-            .processed
-            .iter()
-            .map(|p| p.load(Ordering::Relaxed))
-            .sum()
+    /// `processed`, `dropped_shutdown`, `depth` and `queued` such that
+    /// `queued == processed + dropped_shutdown + depth` exactly, even while events flow
+    /// (ARCHITECTURE.md § Accounting).
+    ///
+    /// Per ring, the worker's two counters are read first (acquire), the ring's tail after them
+    /// (acquire), and `depth` is the tail's claims the worker has not counted. It cannot be
+    /// negative: the worker stores a count (release) only after popping the positions it
+    /// counts, and a pop acquired the producer's publishing store, which follows its claim of
+    /// that position on `tail`; so the claim happens before our acquire load of the count, and
+    /// the later load of `tail` sees it or a later claim (coherence). Abandoned positions lie
+    /// below the tail `Ring::close` returned before they were counted, by the same argument.
+    /// Every counter only grows, so successive snapshots never go back. An event being popped
+    /// into a batch is still in `depth` until its batch is counted, microseconds later and
+    /// before any sink sees it.
+    pub(crate) fn accounting(&self) -> Accounting {
+        let mut a = Accounting::default();
+        for (lane, taken) in self.lanes.iter().zip(self.control.taken.iter()) {
+            let processed = taken.processed.load(Ordering::Acquire);
+            let dropped = taken.dropped_shutdown.load(Ordering::Acquire);
+            let tail = lane.ring.claimed() as u64;
+            a.processed += processed;
+            a.dropped_shutdown += dropped;
+            a.queued += tail;
+            a.depth += tail.saturating_sub(processed + dropped);
+        }
+        a
+    }
+
+    #[cfg(test)]
+    fn processed(&self) -> u64 {
+        self.accounting().processed
     }
 
     pub(crate) fn sink_panics(&self) -> u64 {
         self.control.sink_panics.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn dropped_shutdown(&self) -> u64 {
-        self.control.dropped_shutdown.load(Ordering::Relaxed)
+    #[cfg(test)]
+    fn dropped_shutdown(&self) -> u64 {
+        self.accounting().dropped_shutdown
     }
 
     /// The shutdown handshake (module docs § Shutdown): closes intake, lets the workers drain
@@ -362,9 +408,14 @@ const SCRATCH_KEEP: usize = 64 << 10;
 /// from the threads that would give it work; yielding hands the core over instead.
 const SPIN_POLLS: u32 = 16;
 const YIELD_POLLS: u32 = 8;
+/// Empty idle ticks (about 100 ms at the default tick) before the worker's deep sleep.
+pub(crate) const DEEP_SLEEP_TICKS: u32 = 100;
+/// The deep sleep's timeout: a bound, not a poll (an emit wakes the worker at once).
+const DEEP_SLEEP: Duration = Duration::from_secs(1);
 
 impl Worker {
     fn run(mut self) {
+        self.lane.set_worker(thread::current());
         let mut idle = 0u32;
         loop {
             if self.control.stop.load(Ordering::Acquire) {
@@ -382,8 +433,10 @@ impl Worker {
                 }
             } else if idle <= SPIN_POLLS + YIELD_POLLS {
                 thread::yield_now();
-            } else {
+            } else if idle <= SPIN_POLLS + YIELD_POLLS + DEEP_SLEEP_TICKS {
                 thread::park_timeout(self.config.idle_tick);
+            } else {
+                self.lane.sleep(self.consumer.head(), DEEP_SLEEP);
             }
         }
     }
@@ -468,9 +521,12 @@ impl Worker {
             }
         }
         self.producers.release(released);
-        self.control
-            .dropped_shutdown
-            .fetch_add(end.wrapping_sub(first) as u64, Ordering::Relaxed);
+        // Release: after the pops above, and `end` came from the close (see `accounting`).
+        let dropped = &self.control.taken[self.index].dropped_shutdown;
+        dropped.store(
+            dropped.load(Ordering::Relaxed) + end.wrapping_sub(first) as u64,
+            Ordering::Release,
+        );
     }
 
     /// Hands the batch to the sinks and counts it; whether there was anything.
@@ -479,14 +535,15 @@ impl Worker {
         if n == 0 {
             return false;
         }
+        // Counted before any sink sees the batch (release: after its pops; see `accounting`).
+        let processed = &self.control.taken[self.index].processed;
+        processed.store(processed.load(Ordering::Relaxed) + n, Ordering::Release);
         self.fan_out(kinds);
         self.batch.clear();
         if self.scratch.capacity() > SCRATCH_KEEP {
             // A burst of large events must not keep its memory for good.
             self.scratch = Vec::with_capacity(SCRATCH_INITIAL);
         }
-        let processed = &self.control.processed[self.index];
-        processed.store(processed.load(Ordering::Relaxed) + n, Ordering::Relaxed);
         self.lane.collect(self.consumer.head());
         true
     }

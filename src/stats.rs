@@ -44,7 +44,8 @@ pub struct Stats {
     /// `emit_with_extras` calls refused for their extra fields (an `Err` to the caller; not
     /// emits, so outside the identity above).
     pub refused_extras: u64,
-    /// Events the workers have taken from the ring and handed to the sinks.
+    /// Events the workers have taken from the ring for the sinks (counted before the sinks see
+    /// them: a received bus message is always counted here).
     pub processed: u64,
     /// Queued events that shutdown's deadline left undelivered: still in a ring when the
     /// deadline passed, counted here instead of being handed to the sinks. After shutdown,
@@ -152,7 +153,9 @@ impl Serialize for Sections {
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RingStats {
-    /// Events in the rings now (queued, not yet processed).
+    /// Events queued and not yet counted as processed (or `dropped_shutdown`): in the rings,
+    /// or being taken from them. `queued = processed + dropped_shutdown + depth` in every
+    /// snapshot.
     pub depth: u64,
     /// Slots, all rings together.
     pub capacity: u64,

@@ -47,7 +47,8 @@ pub const MAX_MAX_CONCURRENT: u64 = 1024;
 pub const SANITIZED_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// The names the first releases refused in `env` and `env_passthrough`. The policy is now
 /// [`crate::shell::env::RULES`] (every `LD_*` and `DYLD_*`, the C library's setuid list, PATH,
-/// `ZERO_HOOK_*`; interpreter start-up variables from the agent); HOME may be set in `env`.
+/// HOME in `env`, `ZERO_HOOK_*`; interpreter start-up variables from the agent); HOME in
+/// `env_passthrough` is a warning (hooks always get the host's).
 pub const BLOCKED_ENV: [&str; 6] = [
     "LD_PRELOAD",
     "LD_LIBRARY_PATH",

@@ -128,7 +128,8 @@ pub struct ConfigStats {
     pub unchanged: u64,
     /// Whether the file on disk is currently rejected (the active table is an older one).
     pub failing: bool,
-    /// Every error line of the most recent rejected load (kept after a later success).
+    /// Every error line of the file while it is rejected; `None` once a valid file is back
+    /// (a new table, or the one in force put back as it was) or the file is gone.
     pub last_error: Option<String>,
     /// Actions in the active table.
     pub actions: usize,
@@ -414,7 +415,14 @@ impl Shared {
                 if st.active.is_none() {
                     // Still no file (or the rejected one is gone): nothing to swap.
                     let mut c = lock(&self.stats);
+                    if c.failing {
+                        tracing::info!(
+                            "{} was deleted: no shell hooks until it is created again",
+                            self.label
+                        );
+                    }
                     c.failing = false;
+                    c.last_error = None;
                     c.unchanged += 1;
                     st.rejected = None;
                     return Reload::Unchanged;
@@ -432,7 +440,16 @@ impl Shared {
             Ok(Some(bytes)) => {
                 if !force && st.active.as_deref() == Some(&bytes[..]) {
                     let mut c = lock(&self.stats);
+                    if c.failing {
+                        // Put back as it was (an undo): the table in force is the file's again.
+                        tracing::info!(
+                            "{} is valid again (as in force): {}",
+                            self.label,
+                            live(&self.table.load())
+                        );
+                    }
                     c.failing = false;
+                    c.last_error = None;
                     c.unchanged += 1;
                     st.rejected = None;
                     return Reload::Unchanged;
@@ -464,29 +481,24 @@ impl Shared {
         for w in &table.warnings {
             tracing::warn!("{w}");
         }
+        let mut c = lock(&self.stats);
         if table.source.is_some() {
-            tracing::info!(
-                "{}: {} shell hook(s) live{}",
-                self.label,
-                table.actions.len(),
-                if table.enabled {
-                    ""
-                } else {
-                    " (all disabled: \"enabled\": false)"
-                }
-            );
+            if c.failing && !initial {
+                tracing::info!("{} is valid again: {}", self.label, live(&table));
+            } else {
+                tracing::info!("{}: {}", self.label, live(&table));
+            }
         }
         let table = Arc::new(table);
         self.table.store(table.clone());
         st.active = bytes;
-        {
-            let mut c = lock(&self.stats);
-            if !initial {
-                c.reloads += 1;
-                c.failing = false;
-            }
-            c.last_reload = Some(SystemTime::now());
+        if !initial {
+            c.reloads += 1;
+            c.failing = false;
+            c.last_error = None;
         }
+        c.last_reload = Some(SystemTime::now());
+        drop(c);
         let cb = &self.on_reload;
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(table))).is_err() {
             tracing::error!("the hooks.json reload callback panicked");
@@ -507,6 +519,21 @@ impl Shared {
         c.reload_errors += 1;
         c.failing = true;
         c.last_error = Some(errs.to_string());
+    }
+}
+
+/// What of `table` runs, for the log: `4 shell hook(s) live`, `3 of 4 shell hook(s) live (1
+/// disabled)`, `0 of 4 shell hook(s) live (all disabled: "enabled": false)`.
+fn live(table: &HookTable) -> String {
+    let all = table.actions.len();
+    if !table.enabled {
+        return format!("0 of {all} shell hook(s) live (all disabled: \"enabled\": false)");
+    }
+    let on = table.actions.iter().filter(|a| a.enabled).count();
+    if on == all {
+        format!("{all} shell hook(s) live")
+    } else {
+        format!("{on} of {all} shell hook(s) live ({} disabled)", all - on)
     }
 }
 

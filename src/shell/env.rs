@@ -63,12 +63,16 @@ pub enum Scope {
 }
 
 /// One row of the policy: names matching `pattern` (exact, or a prefix when it ends in `*`;
-/// compared case-insensitively) are refused from the agent always, and in `env` when `in_env`.
+/// compared case-insensitively) are refused from the agent when `in_passthrough`, and in
+/// `env` when `in_env`.
 #[derive(Debug)]
 pub struct Rule {
     pub pattern: &'static str,
-    /// Refused in a hook's `env` as well (not only in `env_passthrough`).
+    /// Refused in a hook's `env`.
     pub in_env: bool,
+    /// Refused in `env_passthrough` (every rule but `HOME`'s: hooks always get the host's
+    /// HOME, so listing it there changes nothing and the loader says so in a warning).
+    pub in_passthrough: bool,
     pub why: &'static str,
 }
 
@@ -85,278 +89,340 @@ pub const RULES: &[Rule] = &[
     Rule {
         pattern: "LD_*",
         in_env: true,
+        in_passthrough: true,
         why: LOADER,
     },
     Rule {
         pattern: "DYLD_*",
         in_env: true,
+        in_passthrough: true,
         why: DYLD,
     },
     // glibc's UNSECURE_ENVVARS (sysdeps/generic/unsecvars.h) beyond LD_*.
     Rule {
         pattern: "GCONV_PATH",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "GETCONF_DIR",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "GLIBC_TUNABLES",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "HOSTALIASES",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "LOCALDOMAIN",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "LOCPATH",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "MALLOC_*",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "NIS_PATH",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "NLSPATH",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "RESOLV_HOST_CONF",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "RES_OPTIONS",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "TMPDIR",
         in_env: true,
+        in_passthrough: true,
         why: "the C library ignores it in setuid programs; hooks get the host's TMPDIR as is",
     },
     Rule {
         pattern: "TZDIR",
         in_env: true,
+        in_passthrough: true,
         why: LIBC,
     },
     Rule {
         pattern: "PATH",
         in_env: true,
+        in_passthrough: true,
         why: "hooks get the safe PATH, or with \"path\": \"inherit\" the agent's PATH filtered",
+    },
+    Rule {
+        pattern: "HOME",
+        in_env: true,
+        in_passthrough: false,
+        why: "hooks get the host's HOME (the agent's when it is an absolute path, else the \
+              passwd entry's): it decides which configuration files every tool reads",
     },
     Rule {
         pattern: "ZERO_HOOK_*",
         in_env: true,
+        in_passthrough: true,
         why: OURS,
     },
     // Interpreter and tool start-up variables: refused from the agent only.
     Rule {
         pattern: "BASH_ENV",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "ENV",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "SHELLOPTS",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "BASHOPTS",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PS4",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PROMPT_COMMAND",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "BASH_FUNC_*",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PYTHONPATH",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PYTHONSTARTUP",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PYTHONHOME",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PYTHONUSERBASE",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PYTHONWARNINGS",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PYTHONBREAKPOINT",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PYTHONINSPECT",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "NODE_OPTIONS",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "NODE_PATH",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "NODE_REPL_EXTERNAL_MODULE",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PERL5OPT",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PERL5LIB",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PERLLIB",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PERL5DB",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "RUBYOPT",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "RUBYLIB",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "JAVA_TOOL_OPTIONS",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "_JAVA_OPTIONS",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "JDK_JAVA_OPTIONS",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "CLASSPATH",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "LUA_INIT*",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "LUA_PATH*",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "LUA_CPATH*",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "TCLLIBPATH",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PHPRC",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "PHP_INI_SCAN_DIR",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "GIT_SSH",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "GIT_SSH_COMMAND",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "GIT_EXEC_PATH",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "GIT_CONFIG*",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
     Rule {
         pattern: "GIT_TEMPLATE_DIR",
         in_env: false,
+        in_passthrough: true,
         why: STARTUP,
     },
 ];
@@ -383,11 +449,16 @@ impl Rule {
 pub fn refusal(name: &str, scope: Scope) -> Option<&'static Rule> {
     RULES
         .iter()
-        .find(|r| (r.in_env || scope == Scope::Passthrough) && r.matches(name))
+        .find(|r| {
+            match scope {
+                Scope::Env => r.in_env,
+                Scope::Passthrough => r.in_passthrough,
+            }
+        } && r.matches(name))
 }
 
-/// Whether `name` may never be passed through or set by a hook's `env` (the rules that apply
-/// to both; compared case-insensitively).
+/// Whether a hook's `env` may never set `name` (compared case-insensitively). Every such name
+/// is refused from the agent's environment as well, except `HOME`: hooks get the host's.
 pub fn is_blocked(name: &str) -> bool {
     refusal(name, Scope::Env).is_some()
 }
@@ -611,9 +682,18 @@ mod tests {
         ] {
             assert!(is_blocked(n), "{n}");
         }
-        for n in ["LANG", "ZERO_HOOKX", "ZERO_HOO", "MY_PATH", "LDX", "HOME"] {
+        for n in [
+            "LANG",
+            "ZERO_HOOKX",
+            "ZERO_HOO",
+            "MY_PATH",
+            "LDX",
+            "HOMEDIR",
+        ] {
             assert!(!is_blocked(n), "{n}");
         }
+        assert!(is_blocked("HOME") && is_blocked("home"));
+        assert!(refusal("HOME", Scope::Passthrough).is_none());
         assert!(!is_blocked("BASH_ENV"));
         assert!(refusal("BASH_ENV", Scope::Passthrough).is_some());
     }
@@ -622,6 +702,7 @@ mod tests {
     fn action_entries_are_checked() {
         assert!(action_entry_allowed("LEVEL", "info"));
         assert!(!action_entry_allowed("PATH", "/tmp"));
+        assert!(!action_entry_allowed("HOME", "/tmp"));
         assert!(!action_entry_allowed("A=B", "x"));
         assert!(!action_entry_allowed("", "x"));
         assert!(!action_entry_allowed("A", "x\0y"));

@@ -3,7 +3,8 @@
 //!
 //! One engine serves every plugin of a workspace. It is created only when plugins exist, with:
 //! the component model; fuel (refilled before every call, so `max_fuel` bounds one call, not the
-//! plugin's life); epoch interruption, advanced every [`TICK`] by a ticker thread, which is how a
+//! plugin's life); epoch interruption, advanced every [`TICK`] by a ticker thread while a guest
+//! runs ([`WasmEngine::running`]; idle, the ticker is parked and costs nothing), which is how a
 //! call that runs past `max_execution_time_ms` (or past the shutdown deadline) is stopped while it
 //! runs guest code; `concurrency_support(false)` (we never run guests concurrently inside one
 //! store); and the pooling allocator sized for the plugins present ([`Sizing`]).
@@ -23,7 +24,7 @@
 //! larger limit that crosses a power of two rebuilds the engine and recompiles every plugin once.
 
 use super::cache::CompileCache;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -70,6 +71,10 @@ pub struct WasmEngine {
     engine: Engine,
     sizing: Sizing,
     stop: Arc<AtomicBool>,
+    /// Guest calls and instantiations in progress; the ticker parks while it is 0.
+    running: Arc<AtomicUsize>,
+    /// The ticker's thread, to wake it when `running` leaves 0 and at `stop`.
+    ticker_thread: std::thread::Thread,
     ticker: Mutex<Option<JoinHandle<()>>>,
     timers: Mutex<Option<tokio::runtime::Runtime>>,
     handle: tokio::runtime::Handle,
@@ -99,11 +104,18 @@ impl WasmEngine {
             .build()
             .map_err(|e| format!("cannot start the wasm timer thread: {e}"))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (e, s) = (engine.clone(), stop.clone());
+        let running = Arc::new(AtomicUsize::new(0));
+        let (e, s, r) = (engine.clone(), stop.clone(), running.clone());
         let ticker = std::thread::Builder::new()
             .name("prx-hooks-epoch".into())
             .spawn(move || {
-                while !s.load(Ordering::Relaxed) {
+                while !s.load(Ordering::Acquire) {
+                    if r.load(Ordering::SeqCst) == 0 {
+                        // No guest runs: nothing to interrupt. `Running::new` unparks us (a
+                        // wake between the load and the park leaves the token: park returns).
+                        std::thread::park();
+                        continue;
+                    }
                     std::thread::sleep(TICK);
                     e.increment_epoch();
                 }
@@ -113,6 +125,8 @@ impl WasmEngine {
             engine,
             sizing,
             stop,
+            running,
+            ticker_thread: ticker.thread().clone(),
             ticker: Mutex::new(Some(ticker)),
             handle: timers.handle().clone(),
             timers: Mutex::new(Some(timers)),
@@ -121,6 +135,16 @@ impl WasmEngine {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Marks a guest call or instantiation as running until the guard drops: the epoch ticker
+    /// ticks only while one is. Two atomic operations per call; the first call after an idle
+    /// spell also unparks the ticker.
+    pub fn running(&self) -> Running<'_> {
+        if self.running.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.ticker_thread.unpark();
+        }
+        Running(self)
     }
 
     pub fn sizing(&self) -> Sizing {
@@ -172,7 +196,8 @@ impl WasmEngine {
     /// Stops and joins the epoch ticker and the timer runtime's thread (at shutdown, once no
     /// guest runs). Idempotent; dropping the engine does it too.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
+        self.ticker_thread.unpark();
         if let Some(t) = self.ticker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
         }
@@ -180,6 +205,15 @@ impl WasmEngine {
         if let Some(rt) = self.timers.lock().unwrap_or_else(|e| e.into_inner()).take() {
             rt.shutdown_timeout(Duration::from_millis(100));
         }
+    }
+}
+
+/// A guest call in progress ([`WasmEngine::running`]).
+pub struct Running<'a>(&'a WasmEngine);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

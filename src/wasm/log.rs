@@ -45,6 +45,8 @@ enum Entry {
         plugin: Arc<str>,
         lines: u64,
     },
+    /// Sent by [`Logger::shutdown`]: the thread looks at its stop flag (it blocks otherwise).
+    Wake,
 }
 
 /// The sink's logger: a bounded queue and the thread that empties it.
@@ -54,6 +56,10 @@ pub struct Logger {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// How often an idle logger thread looks at its stop flag without being woken (a safety net:
+/// [`Logger::shutdown`] wakes it).
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
 impl Logger {
     pub fn start() -> std::io::Result<Logger> {
         let (tx, rx) = flume::bounded(QUEUE);
@@ -62,14 +68,23 @@ impl Logger {
         let thread = std::thread::Builder::new()
             .name("prx-hooks-plugin-log".into())
             .spawn(move || {
+                // Blocks until a line comes (idle, it costs nothing); `shutdown` sets the flag
+                // and sends a Wake, and the queue drains before the flag is looked at.
                 loop {
-                    match rx.recv_timeout(Duration::from_millis(20)) {
-                        Ok(e) => write(e),
-                        Err(flume::RecvTimeoutError::Disconnected) => return,
-                        Err(flume::RecvTimeoutError::Timeout) if s.load(Ordering::Relaxed) => {
-                            return;
+                    match rx.recv_timeout(IDLE_CHECK) {
+                        Ok(Entry::Wake) | Err(flume::RecvTimeoutError::Timeout) => {
+                            if s.load(Ordering::Acquire) && rx.is_empty() {
+                                return;
+                            }
                         }
-                        Err(flume::RecvTimeoutError::Timeout) => {}
+                        Ok(e) => {
+                            write(e);
+                            // Stopping with the queue drained (a Wake refused by a full queue).
+                            if s.load(Ordering::Acquire) && rx.is_empty() {
+                                return;
+                            }
+                        }
+                        Err(flume::RecvTimeoutError::Disconnected) => return,
                     }
                 }
             })?;
@@ -99,7 +114,9 @@ impl Logger {
     /// write on its own: a thread cannot be stopped inside write(2), and waiting would break
     /// the shutdown deadline.
     pub fn shutdown(&self, deadline: Instant) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
+        // A full queue means the thread is busy writing and looks at the flag when it drains.
+        let _ = self.tx.try_send(Entry::Wake);
         let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };
@@ -116,6 +133,7 @@ impl Logger {
 
 fn write(e: Entry) {
     match e {
+        Entry::Wake => {}
         Entry::Line {
             plugin,
             stream,

@@ -358,6 +358,8 @@ impl PluginShared {
     /// the same limits as a call (fuel, memory, shutdown and retirement), and a deadline of
     /// [`start_limit_ms`].
     pub fn instantiate(&self) -> Result<Instance, CallOutcome> {
+        // Start code is interrupted by the epoch like a call: the ticker runs meanwhile.
+        let _running = self.engine.running();
         let res = &self.manifest.resources;
         let limits = InstanceLimits::new((res.max_memory_mb << 20) as usize);
         let (sub_tx, sub_rx) = flume::bounded(super::host::sub_queue_len(
@@ -429,6 +431,8 @@ impl PluginShared {
         if !force && self.breaker().suspended(now).is_some() {
             return CallOutcome::Suspended;
         }
+        // The epoch ticker runs while this call (and its instantiation) does.
+        let _running = self.engine.running();
         if slot.is_none() {
             match self.instantiate() {
                 Ok(i) => *slot = Some(i),

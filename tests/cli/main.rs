@@ -16,3 +16,4 @@ mod containment;
 mod hooks_e2e;
 mod init_cli;
 mod wasm_cli;
+mod watch_log;

@@ -19,4 +19,5 @@ mod console;
 mod http;
 mod http_cli;
 mod http_events;
+mod idle_cli;
 mod tail_cli;

@@ -711,6 +711,17 @@ fn tail_json_is_one_valid_object_per_line_serialized_never_pasted() {
     assert_eq!(types, ["run", "run", "plugin", "gap", "dropped"]);
 }
 
+/// The peak resident set of a process (`VmHWM`), in KiB.
+fn peak_rss_kib(p: &Proc) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
 #[test]
 fn tail_skips_an_endless_line_without_holding_it_and_its_memory_stays_bounded() {
     const MIB: usize = 1 << 20;
@@ -732,13 +743,7 @@ fn tail_skips_an_endless_line_without_holding_it_and_its_memory_stays_bounded() 
     let server = hostile(vec![script]);
     let (mut tail, _ws) = tail_of(&server, &["--json"]);
     tail.out_line("after the long one");
-    let status = std::fs::read_to_string(format!("/proc/{}/status", tail.child.id())).unwrap();
-    let hwm_kib: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap();
+    let hwm_kib = peak_rss_kib(&tail);
     assert!(
         hwm_kib < 128 << 10,
         "a 256 MiB line with a 32 MiB cap: peak RSS {hwm_kib} kB"
@@ -771,5 +776,119 @@ fn an_event_id_that_cannot_be_sent_back_is_ignored_and_the_reconnect_resumes_aft
     assert!(heads[1].contains("last-event-id: good-1\r\n"), "{heads:?}");
     let said = tail.err_line("ignored an event id");
     assert!(said.contains(r"bad\u{1}id"), "{said}");
+    assert!(tail.child.try_wait().unwrap().is_none(), "still following");
+}
+
+/// Every field of an event is bounded, not only `data:` (README.md § `tail`): a 31 MiB `id:`,
+/// `event:`, `retry:`, comment and unknown field each, some of them inside one event, never
+/// held; an id longer than 256 bytes is ignored (never sent back as `Last-Event-ID`), said
+/// once; an event whose name is longer than 256 bytes (a bus topic is at most 256) is skipped,
+/// said once; everything else goes on.
+#[test]
+fn tail_bounds_every_field_and_never_sends_a_long_id_back() {
+    const MIB: usize = 1 << 20;
+    fn item(id: &str, text: &str) -> String {
+        let id = if id.is_empty() {
+            String::new()
+        } else {
+            format!("id: {id}\n")
+        };
+        format!(
+            "{id}event: prx.lifecycle.error\ndata: {{\"topic\":\"prx.lifecycle.error\",\"event\":\"error\",\"payload\":{{\"component\":\"t\",\"message\":\"{text}\"}}}}\n\n"
+        )
+    }
+    /// `field` followed by 31 MiB of `byte` and a newline, written as it goes.
+    fn huge(c: &mut TcpStream, field: &str, byte: u8) -> std::io::Result<()> {
+        c.write_all(field.as_bytes())?;
+        let chunk = vec![byte; MIB];
+        for _ in 0..31 {
+            c.write_all(&chunk)?;
+        }
+        c.write_all(b"\n")
+    }
+    let first: Script = Arc::new(|c: &mut TcpStream| {
+        let mut go = || -> std::io::Result<()> {
+            c.write_all(SSE_HEAD)?;
+            c.write_all(item("good-1", "first").as_bytes())?;
+            // A 31 MiB id on an event otherwise fine: shown, its id ignored.
+            huge(c, "id: ", b'i')?;
+            c.write_all(item("", "the long id").as_bytes())?;
+            // A 31 MiB event name: skipped (its id is still where the stream is).
+            c.write_all(b"id: good-2\n")?;
+            huge(c, "event: ", b'e')?;
+            c.write_all(b"data: {\"topic\":\"x\",\"payload\":\"the long name\"}\n\n")?;
+            // Lines SSE ignores, 31 MiB each, between events and inside one.
+            huge(c, "retry: ", b'9')?;
+            huge(c, ": ", b'c')?;
+            huge(c, "x-unknown: ", b'u')?;
+            c.write_all(b"\n")?;
+            huge(c, "retry: ", b'9')?;
+            huge(c, ":", b'c')?;
+            c.write_all(item("", "after the hostile fields").as_bytes())?;
+            // An id of 300 bytes: ignored too.
+            c.write_all(item(&"j".repeat(300), "the 300-byte id").as_bytes())?;
+            Ok(())
+        };
+        // Then the connection closes: tail reconnects.
+        let _ = go();
+    });
+    let then: Script = Arc::new(|c: &mut TcpStream| {
+        let _ = c.write_all(SSE_HEAD);
+        let _ = c.write_all(item("good-3", "third").as_bytes());
+        hold(c);
+    });
+    let server = hostile(vec![first, then]);
+    let (mut tail, _ws) = tail_of(&server, &["--json"]);
+    for text in [
+        "first",
+        "the long id",
+        "after the hostile fields",
+        "the 300-byte id",
+        "third",
+    ] {
+        tail.out_line(text);
+    }
+    assert!(
+        !tail.seen_out.iter().any(|l| l.contains("the long name")),
+        "{:?}",
+        tail.seen_out
+    );
+    assert_eq!(tail.seen_out.len(), 5, "{:?}", tail.seen_out);
+    let heads = server.heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2, "one reconnection");
+    assert!(
+        heads[1].len() < 1024 && heads[1].contains("last-event-id: good-2\r\n"),
+        "the reconnection resumes after the last usable id, in a small head: {} bytes, {:?}",
+        heads[1].len(),
+        heads[1]
+            .lines()
+            .find(|l| l.starts_with("last-event-id"))
+            .map(|l| &l[..l.len().min(80)])
+    );
+    let hwm_kib = peak_rss_kib(&tail);
+    eprintln!(
+        "peak RSS of tail after 31 MiB id, event, retry, comment and unknown lines: {hwm_kib} kB"
+    );
+    assert!(
+        hwm_kib < 32 << 10,
+        "none of the 31 MiB lines may be held: peak RSS {hwm_kib} kB"
+    );
+    let said = tail.err_line("ignored an event id");
+    assert!(said.contains("longer than 256 bytes"), "{said}");
+    let said = tail.err_line("skipped an event");
+    assert!(said.contains("name is longer than 256 bytes"), "{said}");
+    let err = &tail.seen_err;
+    assert_eq!(
+        err.iter()
+            .filter(|l| l.contains("ignored an event id"))
+            .count(),
+        1,
+        "said once: {err:?}"
+    );
+    assert!(
+        err.iter().all(|l| l.len() < 1024),
+        "no hostile field is echoed whole: {:?}",
+        err.iter().map(|l| l.len()).collect::<Vec<_>>()
+    );
     assert!(tail.child.try_wait().unwrap().is_none(), "still following");
 }

@@ -1136,14 +1136,18 @@ fn blocked_variables_may_not_be_set() {
             &format!("may not set \"{name}\": {why}"),
         );
     }
-    // HOME may be set by the hook's author (hooks get the host's otherwise).
-    let (_ws, t) = ok(&tc(
-        r#"{"command": "/bin/true", "env": {"HOME": "/srv/x"}}"#,
-    ));
-    assert_eq!(
-        t.actions[0].env,
-        [("HOME".to_string(), "/srv/x".to_string())]
-    );
+    // HOME is the host's (or the passwd entry's), like PATH never the file's: refused in any
+    // case, at its line and column.
+    for name in ["HOME", "home", "Home"] {
+        let (line, col) = one_error(
+            &format!(
+                "{{\"hooks\": {{\"tool_call\": [\n  {{\"command\": \"/bin/true\",\n   \"env\": {{\"LEVEL\": \"x\", \"{name}\": \"/tmp/x\"}}}}]}}}}"
+            ),
+            &format!("hooks.tool_call[0].env.{name}"),
+            &format!("may not set \"{name}\": hooks get the host's HOME"),
+        );
+        assert_eq!((line, col), (3, 26), "{name}");
+    }
     for name in ["ZERO_HOOK_EVENT", "zero_hook_payload", "Zero_Hook_X"] {
         one_error(
             &tc(&format!(
@@ -1434,7 +1438,7 @@ fn a_256_kib_object_of_one_repeated_key_reports_capped_duplicates() {
 }
 
 /// The issue's file: 256 KiB of `{}` hooks gave 87 k errors and 8.9 MB of text (logged on
-/// every rejected reload and kept in `last_error`).
+/// every rejected reload and kept in `last_error` while the file is rejected).
 #[test]
 fn a_256_kib_file_of_empty_hooks_gives_the_first_errors_and_a_count() {
     let n = (256 * 1024 - 40) / 3;

@@ -37,6 +37,35 @@ mod config {
         }
     }
 
+    /// HOME is the host's, never the file's (like PATH): the API refuses it in a new hook and
+    /// in an edit, naming the field, and the file is left as it was.
+    #[test]
+    fn an_edit_setting_home_is_refused_and_the_file_is_unchanged() {
+        let ws = workspace();
+        write(ws.path(), TWO);
+        let ed = HooksEditor::new(ws.path());
+        let before = read(ws.path());
+        for name in ["HOME", "home"] {
+            let (error, path) = invalid(ed.create(
+                json!({"event": "tool_call", "command": "/bin/true", "env": {name: "/tmp/x"}}),
+            ));
+            assert_eq!(path, format!("env.{name}"));
+            assert!(
+                error.contains(&format!(
+                    "may not set \"{name}\": hooks get the host's HOME"
+                )),
+                "{error}"
+            );
+            assert_eq!(read(ws.path()), before);
+        }
+        let id = ids_on_disk(ws.path())[0].clone();
+        let (error, path) = invalid(ed.update(&id, json!({"env": {"HOME": "/tmp/x"}}), None));
+        assert_eq!(path, "env.HOME", "{error}");
+        assert!(error.contains("hooks get the host's HOME"), "{error}");
+        assert_eq!(read(ws.path()), before);
+        assert!(loads(ws.path()).actions.iter().all(|a| a.env.is_empty()));
+    }
+
     const TWO: &str = r#"{
   "timeout_ms": 4000,
   "hooks": {

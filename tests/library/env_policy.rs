@@ -86,7 +86,7 @@ const REFUSED_FROM_THE_AGENT: &[&str] = &[
 ];
 
 /// Fine in both.
-const ALLOWED: &[&str] = &["AWS_REGION", "CI", "MY_LD_PATH", "LDX", "PYTHON", "HOME"];
+const ALLOWED: &[&str] = &["AWS_REGION", "CI", "MY_LD_PATH", "LDX", "PYTHON", "HOMEDIR"];
 
 #[test]
 fn refused_everywhere_name_by_name() {
@@ -129,6 +129,46 @@ fn interpreter_start_up_variables_only_from_the_hooks_author() {
             "{name}"
         );
     }
+}
+
+/// HOME is the host's (or the passwd entry's) by design: a hooks.json may not set it, like
+/// PATH; listing it in `env_passthrough` changes nothing and is a warning (PRX's files list it).
+#[test]
+fn home_is_refused_in_env_and_a_warning_in_env_passthrough() {
+    let ws = tempfile::tempdir().unwrap();
+    for name in ["HOME", "home"] {
+        let errs = parse(ws.path(), &set_in_env(name)).expect_err(&format!("env {name} accepted"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("hooks.json:1:")
+                && errs[0].contains(&format!(
+                    "hooks.turn_complete[0].env.{name}: may not set \"{name}\": hooks get the host's HOME"
+                )),
+            "{}",
+            errs[0]
+        );
+        let rule = policy::refusal(name, Scope::Env).expect("a rule of RULES");
+        assert_eq!(rule.pattern, "HOME");
+        assert!(policy::is_blocked(name));
+    }
+    assert!(policy::refusal("HOME", Scope::Passthrough).is_none());
+    let t = parse(ws.path(), &pass_through("HOME")).unwrap();
+    assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
+    // Through a real file, as `validate` reads it: FILE:LINE:COL.
+    std::fs::write(
+        ws.path().join("hooks.json"),
+        "{\"hooks\": {\"error\": [\n  {\"command\": \"/bin/true\", \"env\": {\"HOME\": \"/tmp/x\"}}\n]}}\n",
+    )
+    .unwrap();
+    let errs = config::load(ws.path()).unwrap_err().lines();
+    let want = format!(
+        "{}:2:36: hooks.error[0].env.HOME: may not set \"HOME\"",
+        ws.path().join("hooks.json").display()
+    );
+    assert!(
+        errs.len() == 1 && errs[0].starts_with(&want),
+        "{errs:?}\nwant {want}"
+    );
 }
 
 #[test]
@@ -175,10 +215,13 @@ fn every_rule_in_the_documented_table_is_enforced() {
             rule.in_env,
             "{example}"
         );
-        assert!(
+        assert_eq!(
             policy::refusal(&example, Scope::Passthrough).is_some(),
+            rule.in_passthrough,
             "{example}"
         );
+        // Only HOME is allowed through (with a warning): hooks always get the host's.
+        assert!(rule.in_passthrough || rule.pattern == "HOME", "{example}");
     }
 }
 

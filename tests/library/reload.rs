@@ -156,12 +156,13 @@ fn lifecycle(poll: bool) {
     );
     assert_eq!(h.calls(), calls, "no callback for a rejected file");
 
-    // Broken differently: a bad field, replaced by rename.
+    // Broken differently: a bad field, replaced by rename (the count is read before the write:
+    // the watcher may reject the file before this thread looks again).
+    let errors = h.watcher.stats().reload_errors;
     write_rename(
         &h.file(),
         r#"{"hooks": {"tool_call": [{"command": "/bin/true", "args": ["v4"], "timeout_ms": 0}]}}"#,
     );
-    let errors = h.watcher.stats().reload_errors;
     h.wait("the bad field rejected", |h| {
         h.watcher.stats().last_error.is_some_and(|e| {
             e.contains("hooks.tool_call[0].timeout_ms: must be between 1 and 300000")
@@ -175,7 +176,10 @@ fn lifecycle(poll: bool) {
     h.wait_version("v5");
     let s = h.watcher.stats();
     assert!(!s.failing && s.reload_errors > errors);
-    assert!(s.last_error.is_some(), "the last error text is kept");
+    assert!(
+        s.last_error.is_none(),
+        "a valid file clears the error: {s:?}"
+    );
 
     // Deleted: no hooks, with a warning.
     std::fs::remove_file(h.file()).unwrap();
@@ -191,6 +195,65 @@ fn lifecycle(poll: bool) {
     // And back.
     write_rename(&h.file(), &config("v6"));
     h.wait_version("v6");
+}
+
+/// A live edit setting HOME (the host's, never the file's) is rejected like any invalid file:
+/// the error names the place, the last good table keeps running.
+#[test]
+fn a_reload_setting_home_is_refused_and_the_last_good_table_stays() {
+    let h = start(false);
+    write_rename(&h.file(), &config("v1"));
+    h.wait_version("v1");
+    let calls = h.calls();
+    write_rename(
+        &h.file(),
+        "{\"hooks\": {\"tool_call\": [\n  {\"command\": \"/bin/true\", \"args\": [\"v2\"], \"env\": {\"HOME\": \"/tmp/x\"}}]}}",
+    );
+    h.wait("the HOME edit rejected", |h| h.watcher.stats().failing);
+    let s = h.watcher.stats();
+    let err = s.last_error.unwrap_or_default();
+    assert!(
+        err.contains("hooks.json:2:52: hooks.tool_call[0].env.HOME: may not set \"HOME\""),
+        "{err}"
+    );
+    assert_eq!(
+        h.version().as_deref(),
+        Some("v1"),
+        "the last good table stays"
+    );
+    assert_eq!(h.calls(), calls, "no callback for a rejected file");
+    assert!(h.watcher.table().actions.iter().all(|a| a.env.is_empty()));
+}
+
+/// A broken file put back as it was (the table in force): no new table, but the error is
+/// cleared (`failing` false, `last_error` none), as after a fix that makes a new table live.
+#[test]
+fn restoring_a_broken_file_to_the_table_in_force_clears_the_error() {
+    for poll in [false, true] {
+        let h = start(poll);
+        write_rename(&h.file(), &config("v1"));
+        h.wait_version("v1");
+        let (calls, reloads) = (h.calls(), h.watcher.stats().reloads);
+        write_rename(&h.file(), "{\"hooks\": 1}");
+        h.wait("the broken file rejected", |h| h.watcher.stats().failing);
+        assert!(h.watcher.stats().last_error.is_some());
+        write_rename(&h.file(), &config("v1"));
+        h.wait("the error cleared", |h| {
+            let s = h.watcher.stats();
+            !s.failing && s.last_error.is_none()
+        });
+        let s = h.watcher.stats();
+        assert_eq!(s.reloads, reloads, "the same table: nothing went live");
+        assert_eq!(h.calls(), calls);
+        assert!(s.unchanged >= 1, "{s:?}");
+        // Broken again, then fixed with a new table: cleared too.
+        write_rename(&h.file(), "{\"hooks\": 2}");
+        h.wait("broken again", |h| h.watcher.stats().failing);
+        write_rename(&h.file(), &config("v2"));
+        h.wait_version("v2");
+        let s = h.watcher.stats();
+        assert!(!s.failing && s.last_error.is_none(), "poll {poll}: {s:?}");
+    }
 }
 
 #[test]
@@ -449,6 +512,23 @@ fn a_fifo_swapped_in_never_wedges(poll: bool) {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let swaps = swapper.join().unwrap();
     assert!(swaps > 100, "the swapper only managed {swaps} swaps");
+    // A FIFO left in place: a reload returns and says why the file was refused.
+    let fifo = dir.join("f.tmp");
+    mkfifo(&fifo);
+    std::fs::rename(&fifo, dir.join("hooks.json")).unwrap();
+    let w = watcher.clone();
+    assert!(
+        within(SLACK, move || w.reload_now()).is_some(),
+        "reload_now (SIGHUP) hangs on a FIFO"
+    );
+    let s = watcher.stats();
+    assert!(
+        s.failing
+            && s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("not a regular file")),
+        "a FIFO read is refused with a clear error: {s:?}"
+    );
     // Hooks.json is a regular file again; a new valid version must go live.
     write_rename(&dir.join("hooks.json"), &config("after"));
     let w = watcher.clone();
@@ -474,10 +554,8 @@ fn a_fifo_swapped_in_never_wedges(poll: bool) {
     );
     let s = watcher.stats();
     assert!(
-        s.last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("not a regular file")),
-        "a FIFO read is refused with a clear error: {s:?}"
+        !s.failing && s.last_error.is_none(),
+        "the valid file cleared the error: {s:?}"
     );
     // Shutdown: dropping the watcher returns.
     let dropped = within(SLACK, move || {

@@ -407,6 +407,7 @@ fn env_probe() {
         ("LD_PRELOAD".into(), "/evil.so".into()),
         ("LD_AUDIT".into(), "/evil-audit.so".into()),
         ("GCONV_PATH".into(), "/evil-gconv".into()),
+        ("HOME".into(), "/set-by-the-table".into()),
         // The author chooses the command: interpreter variables may be set in `env`.
         ("BASH_ENV".into(), "/set-by-author".into()),
     ];

@@ -6,15 +6,19 @@
 //! JSON: it has no comments, so they live there and in the scripts), and a `.gitignore` that
 //! keeps the API token and the logs out of version control.
 //!
-//! It never overwrites anything: every file is created with `O_EXCL` (a symbolic link counts
-//! as existing and is never followed) and `hooks/` is created, never reused; if any of them
-//! (`hooks/` as a directory or a link to one included) already exists, every one that does is
-//! named and nothing is written; if a write fails half-way, the files this run created are removed.
+//! It never overwrites anything: if any of its files (or `hooks/`, as a directory or a link to
+//! one) already exists, every one that does is named and nothing is written. It puts the whole
+//! workspace in place or nothing of it, never writing through a link swapped in while it runs,
+//! and a crash leaves at most a temporary directory the next `init` cleans up
+//! ([`stage`], `init_stage.rs`).
+
+#[path = "init_stage.rs"]
+mod stage;
 
 use crate::BoxError;
 use clap::Args;
+use std::ffi::OsString;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -163,8 +167,20 @@ fn files(dir: &Path) -> Vec<(&'static str, String, u32)> {
 
 pub fn init(args: InitArgs) -> Result<ExitCode, BoxError> {
     let dir = &args.dir;
-    let shown = dir.display().to_string();
     let files = files(dir);
+    let (base_path, missing) = split_missing(dir);
+    let base = stage::Base::lock(&base_path).map_err(|e| format!("init: {e}"))?;
+    // What an interrupted init left where this one works: cleaned, or completed when this
+    // directory was its target.
+    let recovered =
+        stage::recover(&base, &base_path, missing.is_empty()).map_err(|e| format!("init: {e}"))?;
+    for n in &recovered.notes {
+        eprintln!("prx-hooks init: {n}");
+    }
+    if recovered.completed {
+        report(dir, &files);
+        return Ok(ExitCode::SUCCESS);
+    }
     // `hooks/` is made by this run too (never reused: a symbolic link to a directory would
     // have the scripts written wherever it points), so an existing one is in the way.
     let existing: Vec<String> = std::iter::once(dir.join("hooks"))
@@ -179,22 +195,33 @@ pub fn init(args: InitArgs) -> Result<ExitCode, BoxError> {
         )
         .into());
     }
-    let mut made: Vec<PathBuf> = Vec::new();
-    let result = write_all(dir, &files, &mut made);
-    if let Err(e) = result {
-        // Leave the directory as it was: remove what this run created, newest first.
-        for p in made.iter().rev() {
-            let _ = if p.is_dir() {
-                std::fs::remove_dir(p)
-            } else {
-                std::fs::remove_file(p)
-            };
-        }
-        return Err(format!("init: {e} (nothing was left behind)").into());
+    let made = stage::Stage::create(base, &missing, umask())
+        .and_then(|mut st| {
+            for (name, text, mode) in &files {
+                st.write(name, text, *mode)?;
+            }
+            Ok(st)
+        })
+        .map_err(stage::Failure::from)
+        .and_then(|st| st.commit(&missing));
+    if let Err(f) = made {
+        let left = if f.left.is_empty() {
+            "nothing was left behind".to_string()
+        } else {
+            format!("could not be taken back: {}", f.left.join(", "))
+        };
+        return Err(format!("init: {} ({left})", f.error).into());
     }
+    report(dir, &files);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What was made and the commands to try next, on stdout.
+fn report(dir: &Path, files: &[(&str, String, u32)]) {
+    let shown = dir.display().to_string();
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "created a workspace in {shown}:");
-    for (name, _, _) in &files {
+    for (name, _, _) in files {
         let what = match *name {
             "hooks.json" => {
                 "3 hooks: audit-tool-calls (tool_call_start, with a matcher), notify-agent-end (agent_end), errors-to-file (error)"
@@ -219,56 +246,31 @@ pub fn init(args: InitArgs) -> Result<ExitCode, BoxError> {
         out,
         "  prx-hooks run --workspace {q} --listen 127.0.0.1:7878   # then: prx-hooks tail --workspace {q} --runs"
     );
-    Ok(ExitCode::SUCCESS)
 }
 
-/// Creates `dir` (if missing), `hooks/` and every file, recording each thing made.
-fn write_all(
-    dir: &Path,
-    files: &[(&str, String, u32)],
-    made: &mut Vec<PathBuf>,
-) -> std::io::Result<()> {
+/// `dir`'s nearest existing ancestor (`dir` itself when it exists) and the components below
+/// it that do not exist yet, outermost first (made inside the staging directory).
+fn split_missing(dir: &Path) -> (PathBuf, Vec<OsString>) {
     let mut missing = Vec::new();
     let mut d = dir.to_path_buf();
     while !d.as_os_str().is_empty() && d.symlink_metadata().is_err() {
-        missing.push(d.clone());
-        match d.parent() {
-            Some(p) => d = p.to_path_buf(),
-            None => break,
-        }
+        let Some(name) = d.file_name() else { break };
+        missing.push(name.to_os_string());
+        d = d.parent().map(Path::to_path_buf).unwrap_or_default();
     }
-    for d in missing.into_iter().rev() {
-        std::fs::create_dir(&d).map_err(|e| with_path(&d, e))?;
-        made.push(d);
+    if d.as_os_str().is_empty() {
+        d = PathBuf::from(".");
     }
-    let hooks = dir.join("hooks");
-    std::fs::create_dir(&hooks).map_err(|e| with_path(&hooks, e))?;
-    made.push(hooks);
-    for (name, text, mode) in files {
-        let path = dir.join(name);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(*mode)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| with_path(&path, e))?;
-        made.push(path.clone());
-        f.write_all(text.as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(|e| with_path(&path, e))?;
-        // The mode asked for, whatever the umask took away from the executables.
-        if *mode == 0o755 {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-                .map_err(|e| with_path(&path, e))?;
-        }
-    }
-    Ok(())
+    missing.reverse();
+    (d, missing)
 }
 
-fn with_path(path: &Path, e: std::io::Error) -> std::io::Error {
-    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+/// The process's umask (set and put back at once; `init` runs no other thread).
+fn umask() -> u32 {
+    use nix::sys::stat::{Mode, umask};
+    let old = umask(Mode::from_bits_truncate(0o077));
+    umask(old);
+    old.bits()
 }
 
 /// `s` as one shell word.

@@ -315,7 +315,7 @@ fn the_accounting_identity_holds_in_every_snapshot_while_events_flow() {
                 let big = "x".repeat(300); // above the inline bytes: the budget path too
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let r = if n % 4 == 0 {
+                    let r = if n.is_multiple_of(4) {
                         em.emit(Event::Error {
                             component: "c",
                             message: &big,

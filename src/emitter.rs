@@ -28,10 +28,7 @@ use crate::stats::Stats;
 use crossbeam_utils::CachePadded;
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{
-    AtomicBool, AtomicU64, AtomicUsize,
-    Ordering::{Relaxed, SeqCst},
-};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 /// What `emit` did with an event. Informational: a hook never changes the agent's flow.
@@ -80,15 +77,6 @@ pub(crate) struct Lane {
     pub(crate) ring: Arc<Ring<EventSlot>>,
     graves: Mutex<Graves>,
     has_graves: AtomicBool,
-    /// The worker in its deep sleep, for [`Lane::wake`].
-    sleeper: CachePadded<Sleeper>,
-}
-
-/// Set by a worker that found its ring empty for a while and parks until the next emit.
-#[derive(Default)]
-struct Sleeper {
-    asleep: AtomicBool,
-    thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
 #[derive(Default)]
@@ -104,47 +92,7 @@ impl Lane {
             ring,
             graves: Mutex::default(),
             has_graves: AtomicBool::new(false),
-            sleeper: CachePadded::default(),
         }
-    }
-
-    /// Called by the ring's worker once, from its own thread.
-    pub(crate) fn set_worker(&self, thread: std::thread::Thread) {
-        let _ = self.sleeper.thread.set(thread);
-    }
-
-    /// After a successful push: unparks the worker if it is in its deep sleep. One SeqCst load
-    /// of a line written only when the worker goes to sleep or wakes (a plain load on x86) and
-    /// a branch; the unpark (a futex wake) only for the first emit after a long idle spell.
-    ///
-    /// No wake is lost (ARCHITECTURE.md § Threading): the producer's claim (a SeqCst CAS on
-    /// `tail`) precedes its SeqCst load of `asleep`; the worker's SeqCst store of `asleep`
-    /// precedes its SeqCst load of `tail` ([`Lane::sleep`]). In the single total order of
-    /// SeqCst operations one of the two stores comes first, so either the worker sees the
-    /// claim and does not park, or the producer sees `asleep` and unparks it (a token left
-    /// before the park makes the park return at once).
-    #[inline]
-    pub(crate) fn wake(&self) {
-        if self.sleeper.asleep.load(SeqCst) && self.sleeper.asleep.swap(false, SeqCst) {
-            self.wake_slow();
-        }
-    }
-
-    #[cold]
-    fn wake_slow(&self) {
-        if let Some(t) = self.sleeper.thread.get() {
-            t.unpark();
-        }
-    }
-
-    /// The worker's deep sleep: parks for up to `timeout` unless a claim past `head` (its next
-    /// position) exists or comes, in which case [`Lane::wake`] unparks it.
-    pub(crate) fn sleep(&self, head: usize, timeout: std::time::Duration) {
-        self.sleeper.asleep.store(true, SeqCst);
-        if self.ring.claimed() == head {
-            std::thread::park_timeout(timeout);
-        }
-        self.sleeper.asleep.store(false, Relaxed);
     }
 
     fn bury(&self, cell: Arc<CachePadded<SeqCell>>) {
@@ -554,10 +502,7 @@ impl Emitter {
             .ring
             .push(|slot| slot.fill(&p, strs, omitted, seq, &mut heap))
         {
-            Ok(()) => {
-                e.lane.wake();
-                Emit::Queued
-            }
+            Ok(()) => Emit::Queued,
             Err(refused) => {
                 if heap.is_some() {
                     e.producers.release(total);
@@ -846,7 +791,7 @@ mod loom_tests {
                 .collect();
             drop(em);
             let mut seqs = Vec::new();
-            let mut read = |rx: &mut crate::ring::Consumer<EventSlot>, seqs: &mut Vec<u64>| {
+            let read = |rx: &mut crate::ring::Consumer<EventSlot>, seqs: &mut Vec<u64>| {
                 while let Some(((), _)) = rx.pop(|slot| slot.read(|r| seqs.push(r.seq))) {}
             };
             read(&mut rx, &mut seqs);

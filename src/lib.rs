@@ -199,7 +199,8 @@ impl HooksBuilder {
 
     /// How long an idle worker parks between polls (default 1 ms): the delivery latency of an
     /// event that arrives while the pipeline is idle. After about 100 empty ticks the worker
-    /// parks until the next `emit` wakes it (idle costs no CPU; that first event pays the wake).
+    /// parks 10 ms at a time (or this tick, if longer): the first event after a long idle spell
+    /// waits at most that, and an idle pipeline wakes 100 times a second.
     pub fn idle_tick(mut self, tick: Duration) -> Self {
         self.idle_tick = tick;
         self

@@ -4,12 +4,12 @@
 //! from one emitter are consumed by one worker, in ring order — which is how per-emitter order
 //! holds for every subscriber without any cross-worker coordination.
 //!
-//! A producer almost never wakes a worker (a futex wake costs microseconds, far more than
-//! `emit` itself). An idle worker spins briefly, yields, then parks with a short timeout (the
+//! The producer never wakes a worker (a futex wake costs microseconds, far more than `emit`
+//! itself). Instead an idle worker spins briefly, yields, then parks with a short timeout (the
 //! idle tick, 1 ms by default): delivery latency when idle is at most one tick, and a busy
-//! worker never sleeps. After [`DEEP_SLEEP_TICKS`] empty ticks it parks until the next emit
-//! unparks it ([`Lane::wake`], whose only cost to `emit` is one load and a branch until then):
-//! an idle pipeline costs no CPU, and only the first event after a long idle spell pays a wake.
+//! worker never sleeps. After [`DROWSY_TICKS`] empty ticks (about 100 ms) it parks for
+//! [`DROWSY_TICK`] (10 ms) at a time: an idle pipeline wakes 100 times a second instead of
+//! 1,000, and the first event after a long idle spell waits at most 10 ms.
 //!
 //! A worker only serializes and hands off. Sinks must not block in [`Sink::deliver`]: the bus
 //! does a `try_send` per subscriber, the shell and WASM backends enqueue onto their own threads.
@@ -408,14 +408,15 @@ const SCRATCH_KEEP: usize = 64 << 10;
 /// from the threads that would give it work; yielding hands the core over instead.
 const SPIN_POLLS: u32 = 16;
 const YIELD_POLLS: u32 = 8;
-/// Empty idle ticks (about 100 ms at the default tick) before the worker's deep sleep.
-pub(crate) const DEEP_SLEEP_TICKS: u32 = 100;
-/// The deep sleep's timeout: a bound, not a poll (an emit wakes the worker at once).
-const DEEP_SLEEP: Duration = Duration::from_secs(1);
+/// Empty idle ticks (about 100 ms at the default tick) before the worker parks longer.
+pub(crate) const DROWSY_TICKS: u32 = 100;
+/// The park of a worker idle for [`DROWSY_TICKS`] ticks (or the idle tick, if longer): the
+/// delivery latency of the first event after a long idle spell, and what idleness costs
+/// (a wake-up every 10 ms). Emit never wakes a worker, so nothing is added to its path.
+const DROWSY_TICK: Duration = Duration::from_millis(10);
 
 impl Worker {
     fn run(mut self) {
-        self.lane.set_worker(thread::current());
         let mut idle = 0u32;
         loop {
             if self.control.stop.load(Ordering::Acquire) {
@@ -433,10 +434,10 @@ impl Worker {
                 }
             } else if idle <= SPIN_POLLS + YIELD_POLLS {
                 thread::yield_now();
-            } else if idle <= SPIN_POLLS + YIELD_POLLS + DEEP_SLEEP_TICKS {
+            } else if idle <= SPIN_POLLS + YIELD_POLLS + DROWSY_TICKS {
                 thread::park_timeout(self.config.idle_tick);
             } else {
-                self.lane.sleep(self.consumer.head(), DEEP_SLEEP);
+                thread::park_timeout(self.config.idle_tick.max(DROWSY_TICK));
             }
         }
     }

@@ -124,9 +124,8 @@ impl<T> Ring<T> {
     }
 
     /// Positions claimed so far: every successful push, ever (the closed flag masked off).
-    /// SeqCst: the worker's side of the handshake in `Lane::wake` (a plain load on x86).
     pub(crate) fn claimed(&self) -> usize {
-        self.tail.load(Ordering::SeqCst) & !CLOSED
+        self.tail.load(Ordering::Acquire) & !CLOSED
     }
 
     /// Whether [`Ring::close`] has run.
@@ -158,13 +157,10 @@ impl<T> Ring<T> {
             let stamp = slot.stamp.load(Ordering::Acquire);
             let lag = stamp.wrapping_sub(pos) as isize;
             if lag == 0 {
-                // SeqCst on success (the same `lock cmpxchg` on x86): the claim and the
-                // emitter's later SeqCst load of the worker's sleep flag form one side of the
-                // store-buffering handshake in `Lane::wake` (ARCHITECTURE.md § Threading).
                 match self.tail.compare_exchange_weak(
                     pos,
                     pos.wrapping_add(1),
-                    Ordering::SeqCst,
+                    Ordering::Relaxed,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => {

@@ -15,4 +15,6 @@ mod cli;
 mod containment;
 mod hooks_e2e;
 mod init_cli;
+mod run_input;
+mod agent_cli;
 mod wasm_cli;

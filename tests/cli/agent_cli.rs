@@ -54,7 +54,13 @@ fn fire_never_exits_with_the_agents_blocking_code_for_its_own_errors() {
     assert_eq!(code(&out), Some(65), "not JSON: {out:?}");
     let out = fire(
         dir.path(),
-        &["error", "--max-event-bytes", "4", "--payload", r#"{"component":"c","message":"too long"}"#],
+        &[
+            "error",
+            "--max-event-bytes",
+            "4",
+            "--payload",
+            r#"{"component":"c","message":"too long"}"#,
+        ],
         "",
     );
     assert_eq!(code(&out), Some(65), "oversize: {out:?}");
@@ -68,7 +74,11 @@ fn fire_never_exits_with_the_agents_blocking_code_for_its_own_errors() {
     assert_eq!(code(&out), Some(64), "bad flag after a global one: {out:?}");
     let out = bin().args(["fire", "--help"]).output().unwrap();
     assert_eq!(code(&out), Some(0), "{out:?}");
-    std::fs::write(dir.path().join("hooks.json"), r#"{"hooks":{"tool_cal":[]}}"#).unwrap();
+    std::fs::write(
+        dir.path().join("hooks.json"),
+        r#"{"hooks":{"tool_cal":[]}}"#,
+    )
+    .unwrap();
     let out = fire(dir.path(), &["tool_call"], "");
     assert_eq!(code(&out), Some(78), "hooks.json does not load: {out:?}");
     // A hook that fails is 1, as before; all well is 0.
@@ -119,7 +129,10 @@ fn validate_shows_errors_and_warnings_together() {
         stdout.contains("warning: ") && stdout.contains("surely-not-a-command-prx"),
         "the hooks.json warning beside its error: {stdout}"
     );
-    assert!(stdout.contains("max_memroy_mb"), "the plugin's error: {stdout}");
+    assert!(
+        stdout.contains("max_memroy_mb"),
+        "the plugin's error: {stdout}"
+    );
     assert!(
         stdout
             .lines()
@@ -167,5 +180,8 @@ fn messages_name_each_event_with_its_article() {
             "{event}: {stdout}"
         );
     }
-    assert!(!stdout.contains(" a agent") && !stdout.contains(" a error"), "{stdout}");
+    assert!(
+        !stdout.contains(" a agent") && !stdout.contains(" a error"),
+        "{stdout}"
+    );
 }

@@ -783,7 +783,11 @@ fn per_hook_limits_from_hooks_json_and_cli_defaults() {
         .arg(ws.path())
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(
+        bad.status.code(),
+        Some(64),
+        "a usage error of fire is EX_USAGE, never 2"
+    );
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown limit \"address_space\""));
 }
 

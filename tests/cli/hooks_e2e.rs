@@ -275,7 +275,11 @@ fn validate_and_fire_exit_codes_and_output() {
         .arg(dir)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        out.status.code(),
+        Some(65),
+        "a bad payload is EX_DATAERR, never 2"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr)
             .contains("--payload:1:9: payload.tool: expected a string, found a number 1")
@@ -301,8 +305,8 @@ fn validate_and_fire_exit_codes_and_output() {
         .unwrap();
     assert_eq!(
         out.status.code(),
-        Some(2),
-        "a configuration error makes fire exit 2"
+        Some(78),
+        "a configuration error makes fire exit 78 (EX_CONFIG), never 2"
     );
 }
 

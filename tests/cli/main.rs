@@ -11,10 +11,10 @@ mod procs;
 #[path = "../support/hooks.rs"]
 mod support;
 
+mod agent_cli;
 mod cli;
 mod containment;
 mod hooks_e2e;
 mod init_cli;
 mod run_input;
-mod agent_cli;
 mod wasm_cli;

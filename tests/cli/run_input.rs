@@ -61,7 +61,12 @@ fn finish(mut child: Child) -> (std::process::ExitStatus, Vec<u8>) {
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut stderr = Vec::new();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
     (status, stderr)
 }
 
@@ -253,11 +258,17 @@ fn a_fifo_stays_open_for_writer_after_writer_and_every_event_runs_its_hook() {
         })
         .collect();
     writers.into_iter().for_each(|w| w.join().unwrap());
-    wait_for("every concurrent writer's hooks", || lines(&log).len() == 110);
+    wait_for("every concurrent writer's hooks", || {
+        lines(&log).len() == 110
+    });
     // The input of a FIFO ends with the signal; what was written is all delivered.
     sigterm(&child);
     let (status, stderr) = finish(child);
-    assert!(status.success(), "{status:?}\n{}", String::from_utf8_lossy(&stderr));
+    assert!(
+        status.success(),
+        "{status:?}\n{}",
+        String::from_utf8_lossy(&stderr)
+    );
     let r = report(&stderr);
     assert_eq!(r["input"]["lines"], 110, "{r}");
     assert_eq!(r["input"]["bad_lines"], 0, "{r}");
@@ -329,6 +340,10 @@ fn large_events_replayed_through_a_fifo_under_listen_with_a_slow_hook_are_all_de
         .find(|s| s["name"] == "shell")
         .unwrap();
     assert_eq!(shell["dropped"], 0, "{shell}");
-    assert_eq!(lines(&log).len(), N, "the hook ran for every event: {stats}");
+    assert_eq!(
+        lines(&log).len(),
+        N,
+        "the hook ran for every event: {stats}"
+    );
     assert!(status.success(), "{status:?}");
 }

@@ -470,6 +470,27 @@ impl Sessions {
         released
     }
 
+    /// Whether the map holds an emitter for (agent, session) now (a key released, evicted or
+    /// never seen is not held; its next `get` makes one, continuing its remembered `seq`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::Hooks;
+    /// let hooks = Hooks::builder().build()?;
+    /// assert!(!hooks.sessions().holds("agent", "s"));
+    /// let em = hooks.sessions().get("agent", "s")?;
+    /// assert!(hooks.sessions().holds("agent", "s"));
+    /// # drop(em);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn holds(&self, agent: &str, session: &str) -> bool {
+        let hash = self.hash(agent, session);
+        self.lock(self.shard_of(hash))
+            .find(hash, agent, session)
+            .is_some()
+    }
+
     pub fn options(&self) -> &SessionOptions {
         &self.opts
     }

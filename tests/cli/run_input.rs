@@ -132,7 +132,6 @@ fn a_new_agent_per_event_keeps_run_within_a_memory_bound_and_the_session_counter
     let (rss, hwm) = memory_kib(child.id());
     let grown = hwm.saturating_sub(base);
     eprintln!("VmRSS {base} KiB after {WARM}, then {rss} KiB (peak {hwm} KiB) after {MORE} more");
-    drop(feed);
     drop(stdin);
     let (status, stderr) = finish(child);
     reader.join().unwrap();

@@ -423,8 +423,12 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         + nats_lost(&stats);
     let failed = lost > 0 || input.read_error.load(Ordering::Relaxed);
     if lost > 0 {
+        let refused = match input.refused.load(Ordering::Relaxed) {
+            0 => String::new(),
+            n => format!(", {n} refused by the session map at shutdown"),
+        };
         eprintln!(
-            "prx-hooks: {} line(s) refused, {} event(s) dropped (ring full or byte budget), {oversize} oversize; exiting 1",
+            "prx-hooks: {} line(s) refused, {} event(s) dropped (ring full or byte budget), {oversize} oversize{refused}; exiting 1",
             input.bad_lines.load(Ordering::Relaxed),
             stats.dropped + stats.dropped_budget,
         );

@@ -14,6 +14,18 @@
 //!   `arrayqueue_push` baseline (producer + consumer). The ring (65,536) never fills.
 //! * `full_ring`: the drop path. See `full_ring` below for how the ring is held full honestly.
 //!
+//! Group `sessions` (ARCHITECTURE.md § Ingest): the same bursts as `one_listener_burst`, through
+//! the session map, against `emit/one_listener_burst` (the plain emitter) in the same process:
+//! * `held`: one `SessionEmitter` kept for the whole run (an agent's connection): `emit` plus
+//!   the note of the ring's tail.
+//! * `get_emit_drop`: `sessions().get(agent, session)`, one emit, drop — what the line ingest does
+//!   per line: two short locks of the key's shard and one `Instant::now`.
+//! * `get_emit_drop_evicting`: the same over 8,192 keys taken in turn in a map of 4,096, so
+//!   every `get` makes an emitter, evicts one (clock) and parks its `seq` — the bound at work.
+//! * `new_emitter_per_event`: its baseline without the map: `hooks.emitter(key)` made, one emit,
+//!   dropped, over the same keys (what a new key costs anyway: the emitter's allocations and
+//!   the producers' registry).
+//!
 //! Group `baseline` (same data: agent, session, tool and output copied into a 256-byte inline
 //! buffer plus scalars, i.e. what a ring slot holds):
 //! * `arrayqueue_push`: crossbeam `ArrayQueue::push` in bursts, with a consumer thread popping
@@ -503,6 +515,87 @@ fn full_ring(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Group `sessions`.
+
+/// Keys `get_emit_drop_evicting` takes in turn: twice the map's default bound.
+const EVICTING_KEYS: usize = 8192;
+
+fn bench_sessions(c: &mut Criterion) {
+    let f = fields();
+    let mut g = c.benchmark_group("sessions");
+    g.sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let keys: Vec<String> = (0..EVICTING_KEYS).map(|i| format!("agent-{i}")).collect();
+    for id in [
+        "held",
+        "get_emit_drop",
+        "get_emit_drop_evicting",
+        "new_emitter_per_event",
+    ] {
+        let h = hooks(RING);
+        let sub = h.bus().subscribe("prx.lifecycle.tool_call").unwrap();
+        let held = h.sessions().get(AGENT, SESSION).unwrap();
+        let mut next = 0usize;
+        let (mut accepted, mut drained, mut refused) = (0u64, 0u64, 0u64);
+        g.bench_function(id, |b| {
+            let mut op = || {
+                let emitted = match id {
+                    "held" => held.emit(event(f)),
+                    "get_emit_drop" => match h.sessions().get(AGENT, SESSION) {
+                        Ok(em) => em.emit(event(f)),
+                        Err(_) => Emit::Dropped,
+                    },
+                    "new_emitter_per_event" => {
+                        next = (next + 1) % EVICTING_KEYS;
+                        h.emitter(&keys[next], SESSION).emit(event(f))
+                    }
+                    _ => {
+                        next = (next + 1) % EVICTING_KEYS;
+                        match h.sessions().get(&keys[next], SESSION) {
+                            Ok(em) => em.emit(event(f)),
+                            Err(_) => Emit::Dropped,
+                        }
+                    }
+                };
+                black_box(emitted) == Emit::Queued
+            };
+            let mut settle = |n: u64| {
+                while drained < n {
+                    for msg in sub.try_iter() {
+                        black_box(msg.json());
+                        drained += 1;
+                    }
+                    std::hint::spin_loop();
+                }
+            };
+            b.iter_custom(|iters| {
+                let (t, r) = time_burst(iters, &mut accepted, &mut op, &mut settle);
+                refused += r;
+                t
+            })
+        });
+        drop(held);
+        let stats = h.stats();
+        h.shutdown(Duration::from_secs(2));
+        assert_eq!(
+            refused, 0,
+            "sessions/{id}: an emit was refused or not queued"
+        );
+        assert_eq!(stats.subscribers[0].dropped, 0);
+        let s = stats.sessions().unwrap();
+        match id {
+            "get_emit_drop_evicting" => {
+                assert!(s.evicted > 0 && s.live <= s.max, "sessions/{id}: {s:?}")
+            }
+            "new_emitter_per_event" => {}
+            _ => assert_eq!(s.opened, 1, "sessions/{id}: one key, one emitter: {s:?}"),
+        }
+    }
+    g.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Group `baseline`.
 
 fn bench_baselines(c: &mut Criterion, notes: &mut Vec<String>) {
@@ -710,6 +803,7 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     let mut notes = Vec::new();
     bench_emit(&mut c, &mut notes);
+    bench_sessions(&mut c);
     bench_baselines(&mut c, &mut notes);
     c.final_summary();
 
@@ -719,6 +813,10 @@ fn main() {
         "emit/one_listener_parked_worker",
         "emit/one_listener_burst",
         "emit/full_ring",
+        "sessions/held",
+        "sessions/get_emit_drop",
+        "sessions/get_emit_drop_evicting",
+        "sessions/new_emitter_per_event",
         "baseline/arrayqueue_push",
         "baseline/arrayqueue_push_sporadic",
         "baseline/arrayqueue_push_parked",
@@ -753,6 +851,12 @@ fn main() {
     print_time_ratio("emit/full_ring", "baseline/arrayqueue_full");
     print_time_ratio("emit/full_ring", "baseline/arrayqueue_full_u64");
     print_time_ratio("emit/nobody_listening", "baseline/relaxed_fetch_add");
+    print_time_ratio("sessions/held", "emit/one_listener_burst");
+    print_time_ratio("sessions/get_emit_drop", "emit/one_listener_burst");
+    print_time_ratio(
+        "sessions/get_emit_drop_evicting",
+        "sessions/new_emitter_per_event",
+    );
     println!("\nTARGETS (ARCHITECTURE.md § Performance targets; medians)");
     print_target("emit/nobody_listening", 5.0);
     print_target("emit/one_listener_sporadic", 50.0);

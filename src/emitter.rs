@@ -374,6 +374,15 @@ impl Producers {
     pub(crate) fn inline_bytes(&self) -> usize {
         self.inline
     }
+
+    pub(crate) fn max_event_bytes(&self) -> usize {
+        self.max_event_bytes
+    }
+
+    /// The byte budget for larger-than-inline events, and how much of it is held now.
+    pub(crate) fn budget(&self) -> (usize, usize) {
+        (self.budget, self.budget_in_use.load(Relaxed))
+    }
 }
 
 /// A handle agents emit events through, bound to one (agent, session) pair.
@@ -418,6 +427,30 @@ impl Emitter {
         session: &str,
         relay: bool,
     ) -> Emitter {
+        Emitter::build(producers, lane, agent, session, relay, 0)
+    }
+
+    /// An emitter whose first queued event is numbered `next_seq`: a key's emitter made again
+    /// by [`crate::ingest::Sessions`] after the previous one was released with nothing left in
+    /// the ring, so that `seq` goes on where it stopped (ARCHITECTURE.md § Ingest).
+    pub(crate) fn resuming(
+        producers: Arc<Producers>,
+        lane: Arc<Lane>,
+        agent: &str,
+        session: &str,
+        next_seq: u64,
+    ) -> Emitter {
+        Emitter::build(producers, lane, agent, session, false, next_seq)
+    }
+
+    fn build(
+        producers: Arc<Producers>,
+        lane: Arc<Lane>,
+        agent: &str,
+        session: &str,
+        relay: bool,
+        next_seq: u64,
+    ) -> Emitter {
         let counters = Arc::new(CachePadded::new(EmitterCounters::default()));
         let id = {
             let mut reg = producers.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -434,7 +467,7 @@ impl Emitter {
             session: session.into(),
             ring: lane.ring.clone(),
             seq: Arc::new(CachePadded::new(SeqCell {
-                next: AtomicU64::new(0),
+                next: AtomicU64::new(next_seq),
                 relay: if relay { id } else { 0 },
             })),
             lane,
@@ -542,6 +575,26 @@ impl Emitter {
     #[cfg_attr(not(feature = "nats"), allow(dead_code))]
     pub(crate) fn relay_id(&self) -> u64 {
         self.0.seq.relay
+    }
+
+    /// The ring's claimed tail now: read right after one of this thread's claims, every
+    /// position this emitter has claimed so far on this thread is below it.
+    pub(crate) fn ring_claimed(&self) -> usize {
+        self.0.ring.claimed()
+    }
+
+    /// Whether the worker has read every position below `tail` of this emitter's ring (so
+    /// none of the events claimed before `tail` was taken is still in the ring).
+    pub(crate) fn ring_read_past(&self, tail: usize) -> bool {
+        (tail.wrapping_sub(self.0.ring.read_position()) as isize) <= 0
+    }
+
+    /// The `seq` the worker will give this emitter's next event. Final (nobody else writes it)
+    /// once [`ring_read_past`](Emitter::ring_read_past) holds for a tail taken after the
+    /// emitter's last claim: the worker takes the number before it moves the ring's head
+    /// (release), and `ring_read_past` loads the head with acquire.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.0.seq.next.load(Relaxed)
     }
 
     pub fn agent(&self) -> &str {

@@ -46,6 +46,15 @@ impl EventKind {
     ];
 
     /// The event's name as it appears in hooks.json, NDJSON and `ZERO_HOOK_EVENT`: `tool_call`.
+    /// "a" or "an" before the event's name as it is read aloud: an agent_end, an error, an
+    /// llm_request (el-el-em), a tool_call, a turn_complete.
+    pub(crate) fn article(self) -> &'static str {
+        match self.name().as_bytes()[0] {
+            b'a' | b'e' | b'i' | b'o' | b'u' | b'l' => "an",
+            _ => "a",
+        }
+    }
+
     pub const fn name(self) -> &'static str {
         match self {
             EventKind::AgentStart => "agent_start",

@@ -48,6 +48,7 @@ mod emitter;
 pub mod event;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod ingest;
 mod json;
 pub mod nats;
 pub mod ndjson;
@@ -116,6 +117,7 @@ pub struct HooksBuilder {
     reload_debounce: Duration,
     shell: shell::ShellLimits,
     harden: bool,
+    sessions: ingest::SessionOptions,
     #[cfg(feature = "nats")]
     nats_publish: Option<nats::PublishOptions>,
     #[cfg(feature = "nats")]
@@ -138,6 +140,7 @@ impl Default for HooksBuilder {
             reload_debounce: Duration::from_millis(50),
             shell: shell::ShellLimits::default(),
             harden: false,
+            sessions: ingest::SessionOptions::default(),
             #[cfg(feature = "nats")]
             nats_publish: None,
             #[cfg(feature = "nats")]
@@ -232,6 +235,13 @@ impl HooksBuilder {
     /// Only the host can ask for it (never hooks.json, which the HTTP API can write).
     pub fn harden(mut self, on: bool) -> Self {
         self.harden = on;
+        self
+    }
+
+    /// The session map's bound and idle time ([`Hooks::sessions`]; default 4,096 emitters,
+    /// released after 10 s idle, 65,536 released keys' `seq` remembered).
+    pub fn sessions(mut self, opts: ingest::SessionOptions) -> Self {
+        self.sessions = opts;
         self
     }
 
@@ -419,6 +429,8 @@ impl HooksBuilder {
             },
         )
         .map_err(BuildError::Spawn)?;
+        let sessions =
+            ingest::Sessions::new(producers.clone(), pipeline.lanes().to_vec(), self.sessions);
         // The bridge last: the publisher is one more bus subscriber; the consumer feeds the
         // rings like any producer (ARCHITECTURE.md § NATS bridge).
         // Both on: what the consumer feeds in is relayed, keeping its origin and id
@@ -474,6 +486,7 @@ impl HooksBuilder {
             }),
             editor: std::sync::OnceLock::new(),
             producers,
+            sessions,
             next_ring: AtomicUsize::new(0),
             workspace: self.workspace,
             shutdown_timeout: self.shutdown_timeout,
@@ -502,6 +515,8 @@ pub struct Hooks {
     /// The one hooks.json editor of this workspace (made on first use).
     editor: std::sync::OnceLock<config::HooksEditor>,
     producers: Arc<Producers>,
+    /// One emitter per (agent, session) for every ingest path (ARCHITECTURE.md § Ingest).
+    sessions: ingest::Sessions,
     next_ring: AtomicUsize,
     workspace: Option<PathBuf>,
     shutdown_timeout: Duration,
@@ -519,6 +534,17 @@ impl Hooks {
         let lanes = self.pipeline.lanes();
         let lane = lanes[self.next_ring.fetch_add(1, Ordering::Relaxed) % lanes.len()].clone();
         Emitter::new(self.producers.clone(), lane, agent, session)
+    }
+
+    /// The session map every ingest path shares: one emitter per (agent, session), released
+    /// when idle, bounded ([`ingest::Sessions`]).
+    pub fn sessions(&self) -> &ingest::Sessions {
+        &self.sessions
+    }
+
+    /// The largest event accepted (`HooksBuilder::max_event_bytes`).
+    pub fn max_event_bytes(&self) -> usize {
+        self.producers.max_event_bytes()
     }
 
     /// The in-process event bus.
@@ -587,6 +613,7 @@ impl Hooks {
         #[cfg(not(feature = "nats"))]
         let bridge: Option<nats::NatsStats> = None;
         stats.set_section(nats::STATS_SECTION, bridge);
+        stats.set_section(ingest::STATS_SECTION, Some(self.sessions.stats()));
         stats
     }
 

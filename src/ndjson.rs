@@ -168,14 +168,6 @@ impl fmt::Display for LineError {
 
 impl std::error::Error for LineError {}
 
-/// "a" or "an" before an event's name, as it is read aloud (an llm_request, a tool_call).
-fn article(kind: EventKind) -> &'static str {
-    match kind.name().as_bytes()[0] {
-        b'a' | b'e' | b'i' | b'o' | b'u' | b'l' => "an",
-        _ => "a",
-    }
-}
-
 fn one_line(s: String) -> String {
     if !s.chars().any(char::is_control) {
         return s;
@@ -382,7 +374,7 @@ pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, Lin
                     "payload",
                     format!(
                         "missing ({} {kind} event needs {})",
-                        article(kind),
+                        kind.article(),
                         fields.join(", ")
                     ),
                 ));
@@ -508,7 +500,7 @@ fn read_payload(
             &format!("payload.{field}"),
             format!(
                 "missing ({} {kind} event needs {}){hint}",
-                article(kind),
+                kind.article(),
                 fields.join(", ")
             ),
         ));

@@ -128,6 +128,13 @@ impl<T> Ring<T> {
         self.tail.load(Ordering::Acquire) & !CLOSED
     }
 
+    /// The consumer's next position: every position below it has been read (and its slot's
+    /// contents, such as the event's `seq`, taken). Acquire: what the consumer did before
+    /// moving past a position is visible to whoever sees the new head.
+    pub(crate) fn read_position(&self) -> usize {
+        self.head.load(Ordering::Acquire)
+    }
+
     /// Whether [`Ring::close`] has run.
     pub(crate) fn is_closed(&self) -> bool {
         self.tail.load(Ordering::Acquire) & CLOSED != 0

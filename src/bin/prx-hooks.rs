@@ -5,21 +5,23 @@
 
 #[path = "prx-hooks/init.rs"]
 mod init;
+#[path = "prx-hooks/input.rs"]
+mod input;
 #[cfg(feature = "http")]
 #[path = "prx-hooks/tail.rs"]
 mod tail;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use input::InputCounters;
 use nix::sys::signal::{SigSet, Signal};
 #[cfg(feature = "wasm")]
 use prx_hooks::Sink;
-use prx_hooks::{Emit, Emitter, Event, EventKind, Hooks, ndjson};
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use prx_hooks::{Emitter, Event, EventKind, Hooks, ndjson};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -213,13 +215,25 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // `fire` runs as an agent's hook: its usage errors must not be 2, the agents'
+            // "block" (README.md § Exit codes).
+            return match e.exit_code() {
+                0 => ExitCode::SUCCESS,
+                _ if fire_invoked() => ExitCode::from(EX_USAGE),
+                code => ExitCode::from(code.clamp(1, 255) as u8),
+            };
+        }
+    };
     init_tracing(&cli.verbosity, &cli.command);
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench(args),
         Command::Validate(args) => validate(args),
-        Command::Fire(args) => fire(args),
+        Command::Fire(args) => return fire_command(args),
         Command::Init(args) => init::init(args),
         #[cfg(feature = "http")]
         Command::Tail(args) => tail::tail(args),
@@ -338,26 +352,23 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         })?;
 
     let input = Arc::new(InputCounters::default());
+    // Set at the first SIGINT/SIGTERM: the input stops (a FIFO after what it still holds).
+    let stop_input = Arc::new(AtomicBool::new(false));
+    let mut reading = args.events.is_some();
     if let Some(path) = args.events.clone() {
         let (hooks, input, tx) = (hooks.clone(), input.clone(), done_tx.clone());
-        let reader = open_events(&path)?;
+        let reader = input::open_events(&path, stop_input.clone())?;
         let name = if path.as_os_str() == "-" {
             "-".to_string()
         } else {
             path.display().to_string()
         };
-        let opts = IngestOptions {
-            parse: if args.lenient {
-                ndjson::ParseOptions::lenient()
-            } else {
-                ndjson::ParseOptions::default()
-            },
-            max_event_bytes: args.limits.max_event_bytes,
-        };
+        let opts = prx_hooks::ingest::IngestOptions::default().lenient(args.lenient);
+        let stop = stop_input.clone();
         thread::Builder::new()
             .name("ndjson".into())
             .spawn(move || {
-                if let Err(e) = ingest(&hooks, reader, &name, &input, &opts) {
+                if let Err(e) = input::ingest(&hooks, reader, &name, &input, opts, &stop) {
                     input.read_error.store(true, Ordering::Relaxed);
                     eprintln!("{name}: read error: {e}");
                 }
@@ -371,9 +382,14 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         match done_rx.recv() {
             Ok(Finish::Signal(sig)) => {
                 tracing::info!("{sig}: draining for {SIGNAL_DRAIN:?} and exiting");
+                if reading {
+                    stop_reading(&stop_input, &done_rx);
+                }
                 break Finish::Signal(sig);
             }
-            Ok(Finish::InputDone) if server.is_some() || consumes_nats(&args) => {}
+            Ok(Finish::InputDone) if server.is_some() || consumes_nats(&args) => {
+                reading = false;
+            }
             Ok(Finish::InputDone) | Err(_) => break Finish::InputDone,
         }
     };
@@ -400,14 +416,19 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     // too: the same events, counted once.
     let oversize = stats.oversize.max(input.oversize.load(Ordering::Relaxed));
     let lost = input.bad_lines.load(Ordering::Relaxed)
+        + input.refused.load(Ordering::Relaxed)
         + stats.dropped
         + stats.dropped_budget
         + oversize
         + nats_lost(&stats);
     let failed = lost > 0 || input.read_error.load(Ordering::Relaxed);
     if lost > 0 {
+        let refused = match input.refused.load(Ordering::Relaxed) {
+            0 => String::new(),
+            n => format!(", {n} refused by the session map at shutdown"),
+        };
         eprintln!(
-            "prx-hooks: {} line(s) refused, {} event(s) dropped (ring full or byte budget), {oversize} oversize; exiting 1",
+            "prx-hooks: {} line(s) refused, {} event(s) dropped (ring full or byte budget), {oversize} oversize{refused}; exiting 1",
             input.bad_lines.load(Ordering::Relaxed),
             stats.dropped + stats.dropped_budget,
         );
@@ -423,6 +444,24 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// How long the first SIGINT/SIGTERM waits for the input to stop (a FIFO: to hand over what
+/// it still holds) before the drain begins.
+const STOP_INPUT: Duration = Duration::from_secs(1);
+
+/// The first SIGINT/SIGTERM: stops the input — a file at its next line, a FIFO after the
+/// lines it still holds (written before the signal) — and waits for that, at most
+/// [`STOP_INPUT`] (stdin blocked in a read is left behind).
+fn stop_reading(stop: &AtomicBool, done: &mpsc::Receiver<Finish>) {
+    stop.store(true, Ordering::Release);
+    let deadline = Instant::now() + STOP_INPUT;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match done.recv_timeout(left) {
+            Ok(Finish::InputDone) | Err(_) => return,
+            Ok(Finish::Signal(_)) => {}
+        }
+    }
 }
 
 /// How long SIGINT/SIGTERM lets queued and running hooks finish.
@@ -721,196 +760,6 @@ fn listen_addr(addr: &str) -> Result<Listen, BoxError> {
     })
 }
 
-/// What `run` read from `--events` (the final report's `"input"`).
-#[derive(Default)]
-struct InputCounters {
-    lines: AtomicU64,
-    events: AtomicU64,
-    /// Lines refused by the parser or the extras check (each reported as FILE:LINE:COL).
-    bad_lines: AtomicU64,
-    /// Events over `max_event_bytes` (each reported as FILE:LINE).
-    oversize: AtomicU64,
-    /// `--lenient`: events accepted without a documented field, per `event.field`.
-    omitted: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
-    read_error: std::sync::atomic::AtomicBool,
-}
-
-impl InputCounters {
-    fn report(&self) -> serde_json::Value {
-        let omitted = self
-            .omitted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        serde_json::json!({
-            "lines": self.lines.load(Ordering::Relaxed),
-            "events": self.events.load(Ordering::Relaxed),
-            "bad_lines": self.bad_lines.load(Ordering::Relaxed),
-            "oversize": self.oversize.load(Ordering::Relaxed),
-            "omitted_fields": omitted,
-        })
-    }
-
-    /// Counts a lenient event's missing fields; true for each `event.field` seen first.
-    fn omit(&self, kind: EventKind, fields: &[&str]) -> Vec<String> {
-        let mut map = self.omitted.lock().unwrap_or_else(|e| e.into_inner());
-        let mut first = Vec::new();
-        for f in fields {
-            let key = format!("{}.{f}", kind.name());
-            let n = map.entry(key.clone()).or_insert(0);
-            if *n == 0 {
-                first.push(key);
-            }
-            *n += 1;
-        }
-        first
-    }
-}
-
-/// How `run` reads `--events`.
-struct IngestOptions {
-    parse: ndjson::ParseOptions,
-    max_event_bytes: usize,
-}
-
-/// The longest line read whole: the largest event JSON-escaped at worst (`\u0000` is six bytes
-/// per byte) plus room for the envelope. Longer lines are skipped unread and reported oversize,
-/// so a line without a newline cannot take all memory.
-fn max_line_bytes(max_event_bytes: usize) -> usize {
-    max_event_bytes.saturating_mul(6).saturating_add(64 << 10)
-}
-
-fn open_events(path: &PathBuf) -> Result<Box<dyn Read + Send>, BoxError> {
-    if path.as_os_str() == "-" {
-        return Ok(Box::new(std::io::stdin()));
-    }
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Box::new(file))
-}
-
-/// Reads one line into `line` (newline included), at most `max` bytes of it; the rest of a
-/// longer line is read and thrown away. Returns the line's full length (0 at the end).
-fn read_line_capped(
-    reader: &mut impl BufRead,
-    line: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<usize> {
-    let mut total = 0;
-    loop {
-        let buf = match reader.fill_buf() {
-            Ok(buf) => buf,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if buf.is_empty() {
-            return Ok(total);
-        }
-        let (chunk, done) = match memchr::memchr(b'\n', buf) {
-            Some(i) => (&buf[..=i], true),
-            None => (buf, false),
-        };
-        let room = max.saturating_sub(line.len());
-        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        let n = chunk.len();
-        total += n;
-        reader.consume(n);
-        if done {
-            return Ok(total);
-        }
-    }
-}
-
-/// Reads NDJSON lines and emits them. A replay from a file must not lose events to its own
-/// speed, so before each batch it waits while the rings are more than half full; `emit` itself
-/// stays non-blocking, as for any agent. Every refused line is said on stderr, once, as
-/// `FILE:LINE:COL: path: reason` (or `FILE:LINE: event of N bytes exceeds …`).
-fn ingest(
-    hooks: &Hooks,
-    reader: Box<dyn Read + Send>,
-    name: &str,
-    input: &InputCounters,
-    opts: &IngestOptions,
-) -> std::io::Result<()> {
-    let mut reader = BufReader::with_capacity(1 << 16, reader);
-    let mut emitters: HashMap<(String, String), Emitter> = HashMap::new();
-    let mut line = Vec::with_capacity(4096);
-    let mut number = 0u64;
-    let max_line = max_line_bytes(opts.max_event_bytes);
-    let oversize = |number: u64, bytes: String| {
-        input.oversize.fetch_add(1, Ordering::Relaxed);
-        eprintln!(
-            "{name}:{number}: event of {bytes} bytes exceeds max_event_bytes ({}); raise it with --max-event-bytes",
-            opts.max_event_bytes
-        );
-    };
-    loop {
-        line.clear();
-        let len = read_line_capped(&mut reader, &mut line, max_line)?;
-        if len == 0 {
-            return Ok(());
-        }
-        number += 1;
-        input.lines.fetch_add(1, Ordering::Relaxed);
-        if len > line.len() {
-            oversize(number, format!("more than {max_line}"));
-            continue;
-        }
-        let text = trim_line(&line);
-        if text.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let record = match ndjson::parse_line_with(text, opts.parse) {
-            Ok(record) => record,
-            Err(e) => {
-                input.bad_lines.fetch_add(1, Ordering::Relaxed);
-                eprintln!("{name}:{number}:{e}");
-                continue;
-            }
-        };
-        if record.byte_len() > opts.max_event_bytes {
-            // Said here, with its line number; `emit` refuses it too and counts it in the
-            // stats and metrics as `oversize` (it allocates nothing for it).
-            oversize(number, record.byte_len().to_string());
-        }
-        if !record.omitted().is_empty() {
-            for field in input.omit(record.kind(), record.omitted()) {
-                tracing::warn!(
-                    "{name}:{number}: {field} is missing; accepted (--lenient): hooks see the payload without it (said once per field)"
-                );
-            }
-        }
-        if number.is_multiple_of(256) {
-            pace(hooks);
-        }
-        let key = (record.agent.clone(), record.session.clone());
-        let emitter = emitters
-            .entry(key)
-            .or_insert_with(|| hooks.emitter(&record.agent, &record.session));
-        let emitted = if record.has_extras() {
-            // Checked by the parser already; an error here would be a parser bug, reported
-            // like a bad line rather than lost.
-            match emitter.emit_with_extras(record.event(), &record.extras()) {
-                Ok(emitted) => emitted,
-                Err(e) => {
-                    input.bad_lines.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("{name}:{number}: {e}");
-                    continue;
-                }
-            }
-        } else {
-            emitter.emit(record.event())
-        };
-        if emitted != Emit::Dropped {
-            input.events.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-fn trim_line(line: &[u8]) -> &[u8] {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    line.strip_suffix(b"\r").unwrap_or(line)
-}
-
 /// Waits (briefly, repeatedly) while the rings are a quarter full (so no single ring can fill)
 /// or a subscriber queue is half full.
 fn pace(hooks: &Hooks) {
@@ -960,11 +809,12 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
     if !args.workspace.is_dir() {
         return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
     }
-    let mut warned = 0;
-    let hooks_ok: Result<ExitCode, BoxError> = match prx_hooks::config::load(&args.workspace) {
+    // Errors and warnings in one pass: a file with both shows both.
+    let (loaded, warnings) = prx_hooks::config::load_with_warnings(&args.workspace);
+    let mut warned = warnings.len();
+    let hooks_ok = match &loaded {
         Ok(table) => {
-            warned += table.warnings.len();
-            for warning in &table.warnings {
+            for warning in &warnings {
                 println!("warning: {warning}");
             }
             let enabled = table.actions.iter().filter(|a| a.enabled).count();
@@ -977,31 +827,37 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
                     } else {
                         " (but the file's \"enabled\" is false)"
                     },
-                    table.warnings.len()
+                    warnings.len()
                 ),
                 None => eprintln!("{label}: not found: no shell hooks"),
             }
-            Ok(ExitCode::SUCCESS)
+            true
         }
         Err(errors) => {
             for error in errors.iter() {
                 println!("{error}");
             }
-            eprintln!("{label}: {} error(s)", errors.len());
-            Ok(ExitCode::from(1))
+            for warning in &warnings {
+                println!("warning: {warning}");
+            }
+            eprintln!(
+                "{label}: {} error(s), {} warning(s)",
+                errors.len(),
+                warnings.len()
+            );
+            false
         }
     };
     let (plugins_ok, plugin_warnings) = validate_plugins(&args.workspace);
     warned += plugin_warnings;
-    match hooks_ok? {
-        code if code != ExitCode::SUCCESS => Ok(code),
-        _ if !plugins_ok => Ok(ExitCode::from(1)),
-        _ if args.strict && warned > 0 => {
-            eprintln!("--strict: {warned} warning(s), counted as errors");
-            Ok(ExitCode::from(1))
-        }
-        code => Ok(code),
+    if !hooks_ok || !plugins_ok {
+        return Ok(ExitCode::from(1));
     }
+    if args.strict && warned > 0 {
+        eprintln!("--strict: {warned} warning(s), counted as errors");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Checks every plugin (manifest, compile, `on-event` and its type, linking, a probe
@@ -1061,31 +917,84 @@ fn fire_load_plugins(
     Ok((sink, !errors.is_empty()))
 }
 
-/// `fire`: exit 0 if every hook succeeded (or was skipped), 1 on any failure, 2 on a
-/// configuration or usage error.
-fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
+/// `fire`'s own errors, each with the exit code it ends with. `fire` is offered as a command
+/// for agents' hooks, and Claude Code, Codex and Gemini CLI read exit 2 as "block" (Cursor as
+/// "deny"), so none of these is 2 (README.md § Exit codes).
+struct FireError {
+    code: u8,
+    message: String,
+}
+
+/// sysexits.h: a bad flag, argument, event name or workspace.
+const EX_USAGE: u8 = 64;
+/// A payload that cannot be read, is not the event's, or is over `--max-event-bytes`.
+const EX_DATAERR: u8 = 65;
+/// Something that should not fail did (a thread, the plugin engine, stdout).
+const EX_SOFTWARE: u8 = 70;
+/// The operating system refused what was asked (`--harden`).
+const EX_OSERR: u8 = 71;
+/// hooks.json does not load.
+const EX_CONFIG: u8 = 78;
+
+impl FireError {
+    fn new(code: u8, message: impl std::fmt::Display) -> FireError {
+        FireError {
+            code,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Whether the command line runs `fire` (the first word that is not a flag): its usage errors
+/// exit [`EX_USAGE`], not clap's 2.
+fn fire_invoked() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .find(|a| !a.as_encoded_bytes().starts_with(b"-"))
+        .is_some_and(|a| a == "fire")
+}
+
+/// `fire` as a command: its errors on stderr, with their codes.
+fn fire_command(args: FireArgs) -> ExitCode {
+    match fire(args) {
+        Ok(code) => code,
+        Err(e) => {
+            if !e.message.is_empty() {
+                eprintln!("prx-hooks: {}", e.message);
+            }
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+/// `fire`: exit 0 if every hook succeeded (or was skipped), 1 on any failure, and its own
+/// errors as [`FireError`]s (64 usage, 65 payload, 78 hooks.json; never 2).
+fn fire(args: FireArgs) -> Result<ExitCode, FireError> {
     let name = prx_hooks::config::normalize_event_key(&args.event);
     let Some(kind) = EventKind::from_name(&name) else {
         let names: Vec<_> = EventKind::ALL.iter().map(|k| k.name()).collect();
-        return Err(format!(
-            "unknown event {:?}; expected one of {}",
-            args.event,
-            names.join(", ")
-        )
-        .into());
+        return Err(FireError::new(
+            EX_USAGE,
+            format!(
+                "unknown event {:?}; expected one of {}",
+                args.event,
+                names.join(", ")
+            ),
+        ));
     };
     let (payload, source) = match args.payload.as_deref() {
         None => (kind.sample_payload().to_string(), "--payload".to_string()),
         Some("-") => {
             let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .map_err(|e| format!("--payload -: reading stdin: {e}"))?;
+            std::io::stdin().read_to_string(&mut text).map_err(|e| {
+                FireError::new(EX_DATAERR, format!("--payload -: reading stdin: {e}"))
+            })?;
             (text, "-".to_string())
         }
         Some(arg) => match arg.strip_prefix('@') {
             Some(file) => (
-                std::fs::read_to_string(file).map_err(|e| format!("--payload @{file}: {e}"))?,
+                std::fs::read_to_string(file)
+                    .map_err(|e| FireError::new(EX_DATAERR, format!("--payload @{file}: {e}")))?,
                 file.to_string(),
             ),
             None => (arg.to_string(), "--payload".to_string()),
@@ -1094,17 +1003,22 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
     // A file's or stdin's trailing newline is not part of the JSON's meaning.
     let payload = payload.trim_end();
     let record = ndjson::parse_payload(kind, payload, "prx-hooks", "fire")
-        .map_err(|e| located(&source, payload, &e))?;
+        .map_err(|e| FireError::new(EX_DATAERR, located(&source, payload, &e)))?;
     if record.byte_len() > args.limits.max_event_bytes {
-        return Err(format!(
-            "{source}: event of {} bytes exceeds max_event_bytes ({}); raise it with --max-event-bytes",
-            record.byte_len(),
-            args.limits.max_event_bytes
-        )
-        .into());
+        return Err(FireError::new(
+            EX_DATAERR,
+            format!(
+                "{source}: event of {} bytes exceeds max_event_bytes ({}); raise it with --max-event-bytes",
+                record.byte_len(),
+                args.limits.max_event_bytes
+            ),
+        ));
     }
     if !args.workspace.is_dir() {
-        return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
+        return Err(FireError::new(
+            EX_USAGE,
+            format!("workspace {} is not a directory", args.workspace.display()),
+        ));
     }
     let table = match prx_hooks::config::load(&args.workspace) {
         Ok(table) => table,
@@ -1112,19 +1026,18 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
             for error in errors.iter() {
                 eprintln!("{error}");
             }
-            return Ok(ExitCode::from(2));
+            return Err(FireError::new(EX_CONFIG, ""));
         }
     };
     for warning in &table.warnings {
         tracing::warn!("{warning}");
     }
     #[cfg(feature = "wasm")]
-    let (plugins, plugins_failed) = fire_load_plugins(&args.workspace)?;
-    let containment = contain(&args.contain)?;
-    let shell = prx_hooks::shell::ShellSink::standalone(
-        args.workspace.clone(),
-        shell_limits(&args.contain)?,
-    );
+    let (plugins, plugins_failed) =
+        fire_load_plugins(&args.workspace).map_err(|e| FireError::new(EX_SOFTWARE, e))?;
+    let limits = shell_limits(&args.contain).map_err(|e| FireError::new(EX_USAGE, e))?;
+    let containment = contain(&args.contain).map_err(|e| FireError::new(EX_OSERR, e))?;
+    let shell = prx_hooks::shell::ShellSink::standalone(args.workspace.clone(), limits);
     shell.set_table(Arc::new(table));
     let msg = prx_hooks::shell::message_from_json(
         kind,
@@ -1141,7 +1054,10 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
     let mut failed = outcomes.iter().any(|o| o.kind.is_failure());
     for outcome in &outcomes {
         if args.json {
-            println!("{}", serde_json::to_string(outcome)?);
+            println!(
+                "{}",
+                serde_json::to_string(outcome).map_err(|e| FireError::new(EX_SOFTWARE, e))?
+            );
         } else {
             println!("{outcome}");
         }
@@ -1155,7 +1071,10 @@ fn fire(args: FireArgs) -> Result<ExitCode, BoxError> {
         plugins.shutdown(Instant::now() + Duration::from_secs(2));
         for outcome in &fired {
             if args.json {
-                println!("{}", serde_json::to_string(outcome)?);
+                println!(
+                    "{}",
+                    serde_json::to_string(outcome).map_err(|e| FireError::new(EX_SOFTWARE, e))?
+                );
             } else {
                 println!("{outcome}");
             }

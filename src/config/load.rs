@@ -184,8 +184,35 @@ pub(crate) fn io_error(label: &str, e: &std::io::Error) -> ConfigErrors {
 /// relative commands and cwds are resolved against `workspace`. The table's `source` is left
 /// `None` (the caller knows where the text came from).
 pub fn parse(text: &[u8], file_label: &str, workspace: &Path) -> Result<HookTable, ConfigErrors> {
+    parse_with_warnings(text, file_label, workspace).0
+}
+
+/// [`load`], with the warnings found also when the file has errors (on success they are the
+/// table's): what `prx-hooks validate` prints, everything in one pass.
+pub fn load_with_warnings(workspace: &Path) -> (Result<HookTable, ConfigErrors>, Vec<String>) {
+    let label = file_label(workspace);
+    match read_hooks_file(workspace) {
+        Ok(None) => (Ok(empty_table()), Vec::new()),
+        Ok(Some(bytes)) => {
+            let (mut table, warnings) = parse_with_warnings(&bytes, &label, workspace);
+            if let Ok(t) = &mut table {
+                t.source = Some(workspace.join(HOOKS_FILE));
+            }
+            (table, warnings)
+        }
+        Err(e) => (Err(io_error(&label, &e)), Vec::new()),
+    }
+}
+
+/// [`parse`], with the warnings found also when the text has errors (none when it is not
+/// JSON at all: nothing was validated). On success they are the table's.
+pub fn parse_with_warnings(
+    text: &[u8],
+    file_label: &str,
+    workspace: &Path,
+) -> (Result<HookTable, ConfigErrors>, Vec<String>) {
     let label = super::error::one_line(file_label);
-    let fail = |text: &str, errs: Vec<RawError>| Err(finish(&label, text, errs));
+    let fail = |text: &str, errs: Vec<RawError>| (Err(finish(&label, text, errs)), Vec::new());
     let bytes = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
     if bytes.len() > MAX_FILE_BYTES {
         return fail(
@@ -225,28 +252,28 @@ pub fn parse(text: &[u8], file_label: &str, workspace: &Path) -> Result<HookTabl
     };
     let mut v = Validator::new(workspace);
     v.errs = errs;
-    let table = v.document(&root);
+    let mut table = v.document(&root);
+    let lines = Lines::new(text);
+    let warnings: Vec<String> = v
+        .warns
+        .iter()
+        .map(|w| {
+            let (line, col) = lines.locate(w.pos);
+            ConfigError {
+                file: label.clone(),
+                line,
+                col,
+                path: w.path.to_string(),
+                reason: w.reason.clone(),
+            }
+            .to_string()
+        })
+        .collect();
     if v.errs.is_empty() {
-        let mut table = table;
-        let lines = Lines::new(text);
-        table.warnings = v
-            .warns
-            .iter()
-            .map(|w| {
-                let (line, col) = lines.locate(w.pos);
-                ConfigError {
-                    file: label.clone(),
-                    line,
-                    col,
-                    path: w.path.to_string(),
-                    reason: w.reason.clone(),
-                }
-                .to_string()
-            })
-            .collect();
-        Ok(table)
+        table.warnings = warnings.clone();
+        (Ok(table), warnings)
     } else {
-        fail(text, v.errs)
+        (fail(text, v.errs).0, warnings)
     }
 }
 
@@ -1039,7 +1066,8 @@ impl Validator {
                 path,
                 format!(
                     "a matcher only applies to tool_call_start and tool_call hooks (this one \
-                     is a {} hook); remove it",
+                     is {} {} hook); remove it",
+                    e.article(),
                     e.name()
                 ),
             );

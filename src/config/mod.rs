@@ -19,7 +19,8 @@ pub use load::{
     BLOCKED_ENV, HOOKS_FILE, MAX_ACTIONS, MAX_ARGS, MAX_ENV, MAX_ERRORS, MAX_FILE_BYTES,
     MAX_MAX_CONCURRENT, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, SANITIZED_PATH, SHELL_METACHARACTERS,
     empty_table, file_label, is_blocked_env, is_valid_id, is_zero_hook_var, load,
-    normalize_event_key, parse, read_hooks_file, resolve_bare, resolve_bare_in,
+    load_with_warnings, normalize_event_key, parse, parse_with_warnings, read_hooks_file,
+    resolve_bare, resolve_bare_in,
 };
 pub use model::{
     Action, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_MS, HookLimits, HookTable, Matcher,

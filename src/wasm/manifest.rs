@@ -509,7 +509,8 @@ pub struct Scan {
     /// Plugins that are not hooks (tools, middleware, …: no `hook` capability), by name with
     /// the reason; not ours to run.
     pub skipped: Vec<(String, String)>,
-    /// Directories without a plugin.toml (skipped, as PRX would not load them as hooks).
+    /// Directories without a plugin.toml (skipped, as PRX would not load them as hooks), and
+    /// the warnings of manifests that failed to load (so that they are said with the errors).
     pub warnings: Vec<ConfigError>,
     /// Every failing manifest's errors, in directory order.
     pub errors: Vec<ConfigError>,
@@ -580,8 +581,8 @@ pub fn scan_all(workspace: &Path) -> Scan {
             });
             continue;
         }
-        match load(&dir) {
-            Ok(m) if !m.is_hook() => {
+        match load_with_warnings(&dir) {
+            (Ok(m), _) if !m.is_hook() => {
                 let kinds: Vec<&str> = m.capabilities.iter().map(|c| c.kind.as_str()).collect();
                 let reason = if kinds.is_empty() {
                     "declares no capability".to_string()
@@ -590,8 +591,11 @@ pub fn scan_all(workspace: &Path) -> Scan {
                 };
                 out.skipped.push((m.name, reason));
             }
-            Ok(m) => out.manifests.push(m),
-            Err(errs) => out.errors.extend(errs),
+            (Ok(m), _) => out.manifests.push(m),
+            (Err(errs), warnings) => {
+                out.errors.extend(errs);
+                out.warnings.extend(warnings);
+            }
         }
     }
     out
@@ -601,21 +605,44 @@ pub fn scan_all(workspace: &Path) -> Scan {
 /// is the plugin's directory: the name must equal its file name (unless it has none, such as
 /// `.`), and `[plugin] wasm` is resolved and checked against it.
 pub fn parse(text: &str, file_label: &str, dir: &Path) -> Result<Manifest, ConfigErrors> {
+    parse_with_warnings(text, file_label, dir).0
+}
+
+/// [`load`], with the manifest's warnings also when it has errors (on success they are the
+/// manifest's own).
+pub fn load_with_warnings(dir: &Path) -> (Result<Manifest, ConfigErrors>, Vec<ConfigError>) {
+    let label = file_label(dir);
+    match read_manifest(dir, &label) {
+        Ok(text) => parse_with_warnings(&text, &label, dir),
+        Err(e) => (Err(e), Vec::new()),
+    }
+}
+
+/// [`parse`], with the warnings found also when the text has errors (none when it is not
+/// TOML: nothing was checked).
+pub fn parse_with_warnings(
+    text: &str,
+    file_label: &str,
+    dir: &Path,
+) -> (Result<Manifest, ConfigErrors>, Vec<ConfigError>) {
     let label = one_line(file_label);
     if text.len() as u64 > MAX_MANIFEST_BYTES {
         let reason = format!(
             "the file is larger than {} KiB (the limit)",
             MAX_MANIFEST_BYTES / 1024
         );
-        return Err(finish(
-            &label,
-            "",
-            vec![Raw {
-                pos: 0,
-                path: "$".into(),
-                reason,
-            }],
-        ));
+        return (
+            Err(finish(
+                &label,
+                "",
+                vec![Raw {
+                    pos: 0,
+                    path: "$".into(),
+                    reason,
+                }],
+            )),
+            Vec::new(),
+        );
     }
     let (root, syntax) = DeTable::parse_recoverable(text);
     if !syntax.is_empty() {
@@ -627,7 +654,7 @@ pub fn parse(text: &str, file_label: &str, dir: &Path) -> Result<Manifest, Confi
                 reason: format!("invalid TOML: {}", one_line(e.message().trim())),
             })
             .collect();
-        return Err(finish(&label, text, errs));
+        return (Err(finish(&label, text, errs)), Vec::new());
     }
     let mut c = Check {
         text,
@@ -636,11 +663,12 @@ pub fn parse(text: &str, file_label: &str, dir: &Path) -> Result<Manifest, Confi
         warns: Vec::new(),
     };
     let mut manifest = c.document(root.get_ref(), &label);
+    let warnings = finish(&label, text, c.warns).0;
     if c.errs.is_empty() {
-        manifest.warnings = finish(&label, text, c.warns).0;
-        Ok(manifest)
+        manifest.warnings = warnings.clone();
+        (Ok(manifest), warnings)
     } else {
-        Err(finish(&label, text, c.errs))
+        (Err(finish(&label, text, c.errs)), warnings)
     }
 }
 

@@ -567,7 +567,7 @@ fn fire_reads_its_payload_from_a_file_or_stdin_and_names_where_it_is_wrong() {
         None,
         &["--max-event-bytes", "4096"],
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(65), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr)
             .contains("exceeds max_event_bytes (4096); raise it with --max-event-bytes"),
@@ -580,7 +580,7 @@ fn fire_reads_its_payload_from_a_file_or_stdin_and_names_where_it_is_wrong() {
     )
     .unwrap();
     let out = fire(&format!("@{}", file.display()), None, &[]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(65), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains(&format!(
             "{}:3:14: payload.success: expected a boolean, found a string \"yes\"",
@@ -601,7 +601,7 @@ fn fire_reads_its_payload_from_a_file_or_stdin_and_names_where_it_is_wrong() {
         r#"{"tool":"s","success":false,"output":"o"}"#
     );
     let out = fire("@/nonexistent/prx-payload.json", None, &[]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(65), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--payload @/nonexistent/prx-payload.json: "),
         "{out:?}"

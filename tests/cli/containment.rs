@@ -76,10 +76,6 @@ fn kill_leftovers(marker: &str) -> Vec<(i32, String)> {
     left
 }
 
-fn mkfifo(path: &Path) {
-    assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
-}
-
 struct Ws {
     dir: tempfile::TempDir,
     tmp: tempfile::TempDir,
@@ -107,22 +103,20 @@ impl Ws {
         .unwrap();
     }
 
-    /// `prx-hooks run` on a FIFO of events, stderr captured, TMPDIR our own.
+    /// `prx-hooks run` reading events from a pipe on its stdin (closing it ends the input; a
+    /// named FIFO would stay open until a signal), stderr captured, TMPDIR our own.
     fn run(&self, extra: &[&str]) -> Run {
-        let fifo = self.path().join("events");
-        let _ = std::fs::remove_file(&fifo);
-        mkfifo(&fifo);
-        let child = bin()
+        let mut child = bin()
             .env("TMPDIR", self.tmp.path())
             .args(["run", "--workspace"])
             .arg(self.path())
-            .arg("--events")
-            .arg(&fifo)
+            .args(["--events", "-"])
             .args(extra)
+            .stdin(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let events = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        let events = stdin_file(&mut child);
         Run::new(child, events)
     }
 
@@ -188,6 +182,13 @@ impl Run {
         let line = stderr.lines().last().unwrap_or_default();
         serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {stderr}"))
     }
+}
+
+/// The child's stdin pipe as a file to write events to.
+fn stdin_file(child: &mut Child) -> std::fs::File {
+    std::fs::File::from(std::os::fd::OwnedFd::from(
+        child.stdin.take().expect("stdin piped"),
+    ))
 }
 
 fn hook(command: &str, args: &[&str], timeout_ms: u64) -> serde_json::Value {
@@ -265,14 +266,12 @@ fn an_fd_inherited_by_run_does_not_reach_hooks() {
         ),
     ));
     let file = std::fs::File::open("/etc/passwd").unwrap();
-    let fifo = ws.path().join("events");
-    mkfifo(&fifo);
     let mut cmd = bin();
     cmd.env("TMPDIR", ws.tmp.path())
         .args(["run", "--workspace"])
         .arg(ws.path())
-        .arg("--events")
-        .arg(&fifo)
+        .args(["--events", "-"])
+        .stdin(Stdio::piped())
         .stderr(Stdio::piped());
     {
         use std::os::fd::AsRawFd;
@@ -288,11 +287,9 @@ fn an_fd_inherited_by_run_does_not_reach_hooks() {
             });
         }
     }
-    let child = cmd.spawn().unwrap();
-    let mut run = Run::new(
-        child,
-        std::fs::OpenOptions::new().write(true).open(&fifo).unwrap(),
-    );
+    let mut child = cmd.spawn().unwrap();
+    let events = stdin_file(&mut child);
+    let mut run = Run::new(child, events);
     // `run` really holds fd 7 (the test is about something).
     let link = std::fs::read_link(format!("/proc/{}/fd/7", run.pid())).unwrap();
     assert_eq!(link, Path::new("/etc/passwd"));
@@ -783,7 +780,11 @@ fn per_hook_limits_from_hooks_json_and_cli_defaults() {
         .arg(ws.path())
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(
+        bad.status.code(),
+        Some(64),
+        "a usage error of fire is EX_USAGE, never 2"
+    );
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown limit \"address_space\""));
 }
 

@@ -275,7 +275,11 @@ fn validate_and_fire_exit_codes_and_output() {
         .arg(dir)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        out.status.code(),
+        Some(65),
+        "a bad payload is EX_DATAERR, never 2"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr)
             .contains("--payload:1:9: payload.tool: expected a string, found a number 1")
@@ -301,8 +305,8 @@ fn validate_and_fire_exit_codes_and_output() {
         .unwrap();
     assert_eq!(
         out.status.code(),
-        Some(2),
-        "a configuration error makes fire exit 2"
+        Some(78),
+        "a configuration error makes fire exit 78 (EX_CONFIG), never 2"
     );
 }
 
@@ -312,26 +316,19 @@ fn run_executes_hooks_and_reloads_on_sighup() {
     let log = ws.path().join("log");
     let hook = |tag: &str| format!(r#"{{"hooks":{{"tool_call":[{}]}}}}"#, appender(tag, &log));
     std::fs::write(ws.path().join("hooks.json"), hook("first")).unwrap();
-    let fifo = ws.path().join("events");
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
-    // SIGHUP must reload (or find the watcher already did) and must not end the run.
-    let child = bin()
+    // SIGHUP must reload (or find the watcher already did) and must not end the run. Events
+    // come through a pipe on stdin, whose close ends the input (a named FIFO stays open).
+    let mut child = bin()
         .env("PRX_HOOKS_POLL", "1")
         .env("RUST_LOG", "info")
         .args(["run", "--workspace"])
         .arg(ws.path())
-        .arg("--events")
-        .arg(&fifo)
+        .args(["--events", "-"])
+        .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut events = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let mut events = child.stdin.take().unwrap();
     let line = |n: u32| {
         format!(
             r#"{{"event":"tool_call","agent":"a","session":"s","payload":{{"tool":"t","success":true,"output":"n{n}"}}}}"#

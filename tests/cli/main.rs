@@ -11,9 +11,11 @@ mod procs;
 #[path = "../support/hooks.rs"]
 mod support;
 
+mod agent_cli;
 mod cli;
 mod containment;
 mod hooks_e2e;
 mod init_cli;
+mod run_input;
 mod wasm_cli;
 mod watch_log;

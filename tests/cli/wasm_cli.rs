@@ -1102,14 +1102,6 @@ fn a_slow_fsync_of_a_kv_store_does_not_hold_up_its_plugins_calls() {
             manifest("counter", "\"*\"", "mode = \"count\"")
         ),
     );
-    let events = ws.path().join("events");
-    assert!(
-        Command::new("mkfifo")
-            .arg(&events)
-            .status()
-            .unwrap()
-            .success()
-    );
     let home = std::env::temp_dir().join(format!("prx-hooks-wasm-cli-home-{}", std::process::id()));
     std::fs::create_dir_all(&home).unwrap();
     let mut child = Command::new("strace")
@@ -1122,12 +1114,13 @@ fn a_slow_fsync_of_a_kv_store_does_not_hold_up_its_plugins_calls() {
         ])
         .arg("--")
         .arg(env!("CARGO_BIN_EXE_prx-hooks"))
-        .args(["run", "--events"])
-        .arg(&events)
+        // A pipe on stdin: its close ends the input (a named FIFO would stay open).
+        .args(["run", "--events", "-"])
         .arg("--workspace")
         .arg(ws.path())
         .env("HOME", &home)
         .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -1135,10 +1128,7 @@ fn a_slow_fsync_of_a_kv_store_does_not_hold_up_its_plugins_calls() {
     let line = "{\"event\":\"turn_complete\",\"agent\":\"a\",\"session\":\"s\",\"payload\":{}}\n";
     {
         use std::io::Write;
-        let mut fifo = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&events)
-            .unwrap();
+        let mut fifo = child.stdin.take().unwrap();
         // The first call writes; 200 ms later the flusher syncs (4 s). The second call, 1.5 s
         // after the first, reads and writes the same store meanwhile.
         fifo.write_all(line.as_bytes()).unwrap();

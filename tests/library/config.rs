@@ -773,11 +773,13 @@ fn matchers_are_globs_or_regexes_on_tool_events_only() {
         "turn_complete",
         "error",
     ] {
+        // Each with its article as read aloud: an agent_end, an llm_request (el-el-em).
+        let article = if event == "turn_complete" { "a" } else { "an" };
         one_error(
             &hook(event, r#"{"command": "/bin/true", "matcher": "x"}"#),
             &format!("hooks.{event}[0].matcher"),
             &format!(
-                "a matcher only applies to tool_call_start and tool_call hooks (this one is a {event} hook)"
+                "a matcher only applies to tool_call_start and tool_call hooks (this one is {article} {event} hook)"
             ),
         );
     }

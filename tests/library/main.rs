@@ -15,5 +15,6 @@ mod pipeline;
 mod reload;
 mod run_feed;
 mod scheduling;
+mod sessions;
 mod shell;
 mod wasm_manifest;

@@ -1,0 +1,374 @@
+//! The line ingest every NDJSON input shares: parse, check the size, emit through the session
+//! map, count.
+
+use super::pace;
+use super::sessions::Refused;
+use crate::Hooks;
+use crate::emitter::Emit;
+use crate::event::EventKind;
+use crate::ndjson::{self, ParseOptions};
+use serde::Serialize;
+
+/// Errors an [`IngestReport`] keeps; later ones are only counted (`more_errors`).
+pub const MAX_ERRORS: usize = 100;
+
+/// Lines a pacing producer emits between two looks at the pipeline (more often for large
+/// events: see [`LineIngest`]).
+const PACE_LINES: u32 = 64;
+
+/// How [`LineIngest`] treats its input.
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::ingest::IngestOptions;
+/// let replay = IngestOptions::default().lenient(true).wait_for_room(true);
+/// assert!(replay.is_lenient() && replay.waits_for_room());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IngestOptions {
+    parse: ParseOptions,
+    wait: bool,
+}
+
+impl IngestOptions {
+    /// Accept events that lack documented payload fields ([`ParseOptions::lenient`]).
+    pub fn lenient(mut self, on: bool) -> Self {
+        self.parse.lenient = on;
+        self
+    }
+
+    /// Wait while the pipeline is busy, and for room in the session map, instead of losing
+    /// events to the input's own speed (a file replay; `emit` itself never waits). Off: a
+    /// full ring is `dropped` and a full session map `refused`, at once.
+    pub fn wait_for_room(mut self, on: bool) -> Self {
+        self.wait = on;
+        self
+    }
+
+    pub fn is_lenient(&self) -> bool {
+        self.parse.lenient
+    }
+
+    pub fn waits_for_room(&self) -> bool {
+        self.wait
+    }
+}
+
+/// What happened to one line.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Empty or only whitespace: not an event, not counted.
+    Blank,
+    /// In the ring.
+    Queued,
+    /// Refused by `emit`: ring full or byte budget (`stats.dropped`, `dropped_budget`).
+    Dropped,
+    /// Nobody listens to this event.
+    Skipped,
+    /// The session map had no room for its key ([`Refused`]).
+    Refused,
+    /// Not an event, or too large: see [`Ingested::error`].
+    Error,
+}
+
+/// Why a line was refused.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IngestErrorKind {
+    /// Not a valid NDJSON event (the parser's error, with its column).
+    Parse,
+    /// Larger than `max_event_bytes` (or too long to be read at all).
+    Oversize,
+    /// Extra fields `emit_with_extras` refused.
+    Extras,
+}
+
+/// One refused line: `{"line", "column", "message"}`. `message` is `PATH: REASON` for a parse
+/// error (`payload.success: expected a boolean, found "yes"`), the reason otherwise; `column`
+/// is 1-based, in bytes, and 1 for errors about the line as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IngestError {
+    pub line: u64,
+    pub column: usize,
+    pub message: String,
+    #[serde(skip)]
+    pub kind: IngestErrorKind,
+}
+
+/// The accounting of an ingest: every line that is not blank is in exactly one of `queued`,
+/// `dropped`, `skipped`, `refused` or the errors (`errors.len() + more_errors`). Serialized
+/// as `{"queued":N,"dropped":N,"skipped":N,"refused":N,"errors":[…],"more_errors":N}`.
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct IngestReport {
+    pub queued: u64,
+    pub dropped: u64,
+    pub skipped: u64,
+    pub refused: u64,
+    /// The first [`MAX_ERRORS`] refused lines.
+    pub errors: Vec<IngestError>,
+    /// Refused lines beyond those.
+    pub more_errors: u64,
+}
+
+impl IngestReport {
+    /// Lines that were events or tried to be (blank ones not counted).
+    pub fn lines(&self) -> u64 {
+        self.queued
+            + self.dropped
+            + self.skipped
+            + self.refused
+            + self.errors.len() as u64
+            + self.more_errors
+    }
+
+    fn count(&mut self, outcome: Outcome, error: Option<&IngestError>) {
+        match outcome {
+            Outcome::Blank => {}
+            Outcome::Queued => self.queued += 1,
+            Outcome::Dropped => self.dropped += 1,
+            Outcome::Skipped => self.skipped += 1,
+            Outcome::Refused => self.refused += 1,
+            Outcome::Error => match error {
+                Some(e) if self.errors.len() < MAX_ERRORS => self.errors.push(e.clone()),
+                _ => self.more_errors += 1,
+            },
+        }
+    }
+}
+
+/// One line's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ingested {
+    pub outcome: Outcome,
+    /// The event, when the line parsed.
+    pub kind: Option<EventKind>,
+    /// Documented fields the line lacked (lenient input only).
+    pub omitted: Vec<&'static str>,
+    /// Why it was refused ([`Outcome::Error`]; also set for an oversize event, which `emit`
+    /// is still given so that the stats count it).
+    pub error: Option<IngestError>,
+}
+
+impl Ingested {
+    fn just(outcome: Outcome) -> Ingested {
+        Ingested {
+            outcome,
+            kind: None,
+            omitted: Vec::new(),
+            error: None,
+        }
+    }
+}
+
+/// Reads NDJSON lines into one [`Hooks`]' pipeline through its [`Sessions`](super::Sessions).
+///
+/// Per line: [`ndjson::parse_line_with`] (unknown payload members become extra fields; with
+/// `lenient`, missing documented fields are left out), then the size check against
+/// `max_event_bytes` (an oversize event is an error, said with its line, and still handed to
+/// `emit`, which counts it as `oversize`), then an emit through the key's session emitter.
+/// With [`IngestOptions::wait_for_room`] it waits first while the pipeline is busy — every
+/// 64 lines, and as soon as the events since the last look hold more than an eighth of the
+/// byte budget (8 MiB by default), so that large events never exhaust it — and waits for
+/// room when the session map refuses a key, until the pipeline shuts down.
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::Hooks;
+/// use prx_hooks::ingest::{IngestOptions, LineIngest};
+/// let hooks = Hooks::builder().build()?;
+/// let _sub = hooks.bus().subscribe("*")?;
+/// let mut ingest = LineIngest::new(&hooks, IngestOptions::default());
+/// ingest.feed(b"{\"event\":\"turn_complete\",\"agent\":\"a\",\"session\":\"s\"}\n{\"event\":\"nope\"}\n");
+/// let report = serde_json::to_string(ingest.report())?;
+/// assert_eq!(report, r#"{"queued":1,"dropped":0,"skipped":0,"refused":0,"errors":[{"line":2,"column":1,"message":"agent: missing (a line needs event, agent and session)"}],"more_errors":0}"#);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LineIngest<'h> {
+    hooks: &'h Hooks,
+    opts: IngestOptions,
+    report: IngestReport,
+    /// Lines and bytes emitted since the pipeline was last looked at.
+    since_lines: u32,
+    since_bytes: usize,
+    /// The last line number `feed` gave.
+    fed: u64,
+}
+
+impl<'h> LineIngest<'h> {
+    pub fn new(hooks: &'h Hooks, opts: IngestOptions) -> LineIngest<'h> {
+        LineIngest {
+            hooks,
+            opts,
+            report: IngestReport::default(),
+            since_lines: 0,
+            since_bytes: 0,
+            fed: 0,
+        }
+    }
+
+    /// Every line of `text` (split at `\n`; a final line without one counts too), numbered on
+    /// from the last line `feed` took (from 1).
+    pub fn feed(&mut self, text: &[u8]) {
+        let text = text.strip_suffix(b"\n").unwrap_or(text);
+        if text.is_empty() {
+            return;
+        }
+        for line in text.split(|&b| b == b'\n') {
+            self.fed += 1;
+            self.line(self.fed, line);
+        }
+    }
+
+    /// One line (its newline, and a `\r` before it, may be left on). `number` names it in
+    /// errors.
+    pub fn line(&mut self, number: u64, line: &[u8]) -> Ingested {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let out = self.ingest(number, line);
+        self.report.count(out.outcome, out.error.as_ref());
+        out
+    }
+
+    /// A line longer than its reader holds (`bytes` is a description: "more than N"),
+    /// skipped unread: an oversize error.
+    pub fn unread(&mut self, number: u64, bytes: &str) -> Ingested {
+        let mut out = Ingested::just(Outcome::Error);
+        out.error = Some(self.oversize(number, bytes));
+        self.report.count(out.outcome, out.error.as_ref());
+        out
+    }
+
+    pub fn report(&self) -> &IngestReport {
+        &self.report
+    }
+
+    pub fn into_report(self) -> IngestReport {
+        self.report
+    }
+
+    fn oversize(&self, number: u64, bytes: &str) -> IngestError {
+        IngestError {
+            line: number,
+            column: 1,
+            message: format!(
+                "event of {bytes} bytes exceeds max_event_bytes ({})",
+                self.hooks.producers.max_event_bytes()
+            ),
+            kind: IngestErrorKind::Oversize,
+        }
+    }
+
+    fn ingest(&mut self, number: u64, line: &[u8]) -> Ingested {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ingested::just(Outcome::Blank);
+        }
+        let record = match ndjson::parse_line_with(line, self.opts.parse) {
+            Ok(record) => record,
+            Err(e) => {
+                let message = match e.path() {
+                    "" => e.reason().to_string(),
+                    p => format!("{p}: {}", e.reason()),
+                };
+                let mut out = Ingested::just(Outcome::Error);
+                out.error = Some(IngestError {
+                    line: number,
+                    column: e.column(),
+                    message,
+                    kind: IngestErrorKind::Parse,
+                });
+                return out;
+            }
+        };
+        let bytes = record.byte_len();
+        let mut out = Ingested {
+            outcome: Outcome::Queued,
+            kind: Some(record.kind()),
+            omitted: record.omitted().to_vec(),
+            error: None,
+        };
+        let oversize = bytes > self.hooks.producers.max_event_bytes();
+        if oversize {
+            out.error = Some(self.oversize(number, &bytes.to_string()));
+        } else if self.opts.wait {
+            self.pace(bytes);
+        }
+        let em = match self.session(&record.agent, &record.session) {
+            Ok(em) => em,
+            Err(_) => {
+                out.outcome = if oversize {
+                    Outcome::Error
+                } else {
+                    Outcome::Refused
+                };
+                return out;
+            }
+        };
+        let emitted = if record.has_extras() {
+            match em.emit_with_extras(record.event(), &record.extras()) {
+                Ok(emitted) => emitted,
+                Err(e) => {
+                    // Checked by the parser already: an error here is a parser bug, reported
+                    // like a bad line rather than lost.
+                    out.outcome = Outcome::Error;
+                    out.error = Some(IngestError {
+                        line: number,
+                        column: 1,
+                        message: e.to_string(),
+                        kind: IngestErrorKind::Extras,
+                    });
+                    return out;
+                }
+            }
+        } else {
+            em.emit(record.event())
+        };
+        out.outcome = match emitted {
+            // Refused for its size: counted as the error said above (and by `emit` in the
+            // stats' `oversize`), not as a drop.
+            _ if oversize => Outcome::Error,
+            Emit::Queued => Outcome::Queued,
+            Emit::Skipped => Outcome::Skipped,
+            _ => Outcome::Dropped,
+        };
+        out
+    }
+
+    /// The key's session emitter; when waiting for room, asks again until it is given or the
+    /// pipeline shuts down (then counts one refusal).
+    fn session(&self, agent: &str, session: &str) -> Result<super::SessionEmitter<'h>, Refused> {
+        let sessions = self.hooks.sessions();
+        if !self.opts.wait {
+            return sessions.get(agent, session);
+        }
+        loop {
+            match sessions.get_counted(agent, session, false) {
+                Ok(em) => return Ok(em),
+                Err(refused) if pace::closed(self.hooks) => {
+                    sessions.count_refused(agent, session);
+                    return Err(refused);
+                }
+                Err(_) => std::thread::sleep(pace::NAP),
+            }
+        }
+    }
+
+    /// Waits for room every [`PACE_LINES`] lines, and whenever the events since the last look
+    /// hold an eighth of the byte budget.
+    fn pace(&mut self, bytes: usize) {
+        let large = bytes > self.hooks.producers.inline_bytes();
+        self.since_lines += 1;
+        if large {
+            self.since_bytes = self.since_bytes.saturating_add(bytes);
+        }
+        let (budget, _) = self.hooks.producers.budget();
+        if self.since_lines >= PACE_LINES || self.since_bytes >= budget / 8 {
+            pace::wait_for_room(self.hooks, if large { bytes } else { 0 });
+            self.since_lines = 0;
+            self.since_bytes = 0;
+        }
+    }
+}

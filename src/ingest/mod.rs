@@ -1,0 +1,28 @@
+//! Event intake from outside the process: the session map and the NDJSON line ingest that
+//! every ingest path shares (`run --events`, and whatever else feeds lines in).
+//!
+//! * [`Sessions`] ([`Hooks::sessions`](crate::Hooks::sessions)): one [`Emitter`](crate::Emitter)
+//!   per (agent, session), shared by every ingest path of one `Hooks`, held while it is in use
+//!   or has events in the ring and released when idle, bounded in number, with each key's
+//!   `seq` remembered across a release.
+//! * [`LineIngest`]: an NDJSON line → [`ndjson::parse_line_with`](crate::ndjson::parse_line_with)
+//!   → the oversize check → an emit through [`Sessions`], counted per line in an
+//!   [`IngestReport`] (what an HTTP route answers: `{"queued", "dropped", "skipped",
+//!   "refused", "errors", "more_errors"}`).
+//!
+//! The rules and what proves them: ARCHITECTURE.md § Ingest.
+
+mod lines;
+mod memory;
+mod pace;
+mod sessions;
+
+pub use lines::{
+    IngestError, IngestErrorKind, IngestOptions, IngestReport, Ingested, LineIngest, Outcome,
+};
+pub use sessions::{
+    Refused, STATS_SECTION, SessionEmitter, SessionOptions, Sessions, SessionsStats,
+};
+
+#[cfg(all(test, loom))]
+mod loom_tests;

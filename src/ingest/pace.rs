@@ -1,0 +1,49 @@
+//! Back-pressure for producers that must not lose events to their own speed (a file replay):
+//! they wait while the pipeline is busy; `emit` itself never waits.
+
+use crate::Hooks;
+use std::time::Duration;
+
+/// A backend holding this many jobs (queued or running) counts as busy.
+pub(crate) const SINK_BUSY: u64 = 128;
+
+/// How long one wait for room sleeps before looking again.
+pub(crate) const NAP: Duration = Duration::from_micros(200);
+
+/// Whether an event of `bytes` (0: one that fits inline) should wait: a ring more than a
+/// quarter full, the byte budget too full to take it (more than half of it in use with it
+/// counted, unless it is empty), a bus subscriber more than half full, or a backend with
+/// [`SINK_BUSY`] jobs.
+pub(crate) fn busy(hooks: &Hooks, bytes: usize) -> bool {
+    if hooks.pipeline.rings().any(|r| r.len() > r.capacity() / 4) {
+        return true;
+    }
+    if bytes > 0 {
+        let (budget, used) = hooks.producers.budget();
+        if used > 0 && used.saturating_add(bytes) > budget / 2 {
+            return true;
+        }
+    }
+    hooks
+        .pipeline
+        .sinks()
+        .iter()
+        .any(|s| s.counts().in_flight >= SINK_BUSY)
+        || hooks
+            .bus
+            .subscribers()
+            .iter()
+            .any(|s| s.queued > s.capacity / 2)
+}
+
+/// Whether the pipeline has begun shutting down (nothing more will be delivered).
+pub(crate) fn closed(hooks: &Hooks) -> bool {
+    hooks.pipeline.rings().any(|r| r.is_closed())
+}
+
+/// Waits while [`busy`], until the pipeline shuts down.
+pub(crate) fn wait_for_room(hooks: &Hooks, bytes: usize) {
+    while busy(hooks, bytes) && !closed(hooks) {
+        std::thread::sleep(NAP);
+    }
+}

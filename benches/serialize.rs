@@ -1,9 +1,9 @@
 //! Payload JSON and NDJSON input, side by side in one run (ARCHITECTURE.md § Performance
-//! targets; issue 14's table):
+//! targets; the table):
 //!
 //! * `payload/<event>`: per event kind, the library's writer (`Event::write_json`: our field
 //!   writer with simd-json's SIMD escaper for strings of 32 bytes or more), the writer before
-//!   issue 14 (kept here verbatim as a baseline: `former`, with the former `arguments`
+//!   the rewrite (kept here verbatim as a baseline: `former`, with the former `arguments`
 //!   compactor, `fuzz/src/former_json.rs`), simd-json's whole serde serializer (`simd_json`)
 //!   and serde_json's, both with an equivalent `#[derive(Serialize)]`. All four produce the
 //!   same bytes (checked before timing).
@@ -15,7 +15,7 @@
 //!   64 KiB: ours (`json::append_compact_str`, strict, whitespace stripped: what
 //!   `Event::write_json` runs on a `&str`), `ours_bytes` (`json::append_compact`, the same on
 //!   bytes not known to be UTF-8, as `Bus::publish` runs it), `former` (the compactor before
-//!   issue 14's rewrite, `fuzz/src/former_json.rs`), serde_json (`RawValue` parse of the `&str`
+//!   the rewrite, `fuzz/src/former_json.rs`), serde_json (`RawValue` parse of the `&str`
 //!   and a copy), simd-json (parse into a borrowed value and serialize; it also needs a mutable
 //!   copy of the input, which is counted). The two inputs past 300 B are pretty-printed in part
 //!   (`"k": v, ...`), so whitespace is stripped too.
@@ -26,7 +26,7 @@
 //! At the end: RATIOS (criterion medians) and the targets.
 
 mod common;
-/// The `arguments` compactor before issue 14's rewrite (shared with the fuzz oracle).
+/// The `arguments` compactor before the rewrite (shared with the fuzz oracle).
 #[path = "../fuzz/src/former_json.rs"]
 #[allow(dead_code)]
 mod former_json;
@@ -43,7 +43,7 @@ use std::time::Duration;
 const ARGS: &str = r#"{"method":"POST","url":"https://api.example.com/v1/search?q=lock-free+ring","headers":{"content-type":"application/json","authorization":"Bearer sk-test-0123456789abcdef"},"body":{"query":"bounded mpsc \"ring\" buffer","limit":20,"filters":["code","docs"],"exact":false,"score":0.75},"timeout_ms":30000}"#;
 
 /// The former hand-written payload writer, as it was before simd-json replaced it: the
-/// baseline "today's writer" of issue 14.
+/// baseline "today's writer" before the rewrite.
 mod former {
     static ESCAPE: [u8; 256] = {
         let mut t = [0u8; 256];
@@ -660,7 +660,7 @@ fn main() {
         "ndjson/typical/parse_line",
         "ndjson/typical/simd_json_value",
     );
-    println!("\nTARGETS (issue 14; medians)");
+    println!("\nTARGETS (medians)");
     for name in &names {
         let limit = if *name == "tool_call_start" { 0.8 } else { 0.5 };
         let (Some(ours), Some(serde)) = (

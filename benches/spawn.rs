@@ -1,6 +1,6 @@
 //! Shell-hook spawn throughput (ARCHITECTURE.md § Performance targets: ≥ 90 % of a raw
 //! `Command::spawn` + `wait` loop measured in the same run, and ≥ 1,000 spawns/s per core),
-//! and the spawn path chosen for hooks measured against the alternatives (issue 11).
+//! and the spawn path chosen for hooks measured against the alternatives.
 //!
 //! Group `spawn_path`, one iteration = one `/bin/true` started and waited for, serially, on the
 //! bench thread:

@@ -1,4 +1,4 @@
-//! A burst of large events does not keep its memory once it has passed (issue 10, item 4):
+//! A burst of large events does not keep its memory once it has passed:
 //! workers recycle messages and keep a serialization buffer, and neither may stay at the size
 //! of the largest event it ever carried.
 //!

@@ -850,7 +850,7 @@ fn credentials_are_used_and_never_logged() {
     assert_eq!(out.status.code(), Some(1), "the event was lost: {stderr}");
 }
 
-// ---- issue 15's adversarial review: each test below failed on the code before its fix ----
+// ---- the adversarial review: each test below failed on the code before its fix ----
 
 /// A recording workspace whose hook also logs the message id it ran for (`ZERO_HOOK_*`
 /// carries no id: the body's `output` is the id the tests publish).

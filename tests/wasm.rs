@@ -1,4 +1,4 @@
-//! WASM plugins with real components (ARCHITECTURE.md § WASM plugins, issue 4).
+//! WASM plugins with real components (ARCHITECTURE.md § WASM plugins).
 //!
 //! The components are built from the guest crates under `examples/plugins/` by
 //! `bash examples/build-plugins.sh` (`.ci/run` does it first). A test that needs one and does not
@@ -934,7 +934,7 @@ fn a_suspended_plugin_resumes_by_itself_and_backs_off_exponentially() {
     assert!(third <= 1000, "{third}");
 }
 
-// ---------------------------------------------------------------- hostile guests (issue 13)
+// ---------------------------------------------------------------- hostile guests
 
 /// Runs `f` on a thread; panics if it has not returned within `secs` (the thread is left to
 /// finish: the point is that a hang fails the test instead of hanging it).
@@ -1444,7 +1444,7 @@ fn a_payload_that_is_not_json_is_published_as_a_json_string() {
 
 #[test]
 fn a_manifest_rewritten_while_reloads_run_ends_with_the_last_version_running() {
-    // Issue 13 item 10, with the real watcher and real reloads: plugin.toml is rewritten again
+    // with the real watcher and real reloads: plugin.toml is rewritten again
     // and again (in place, so a reload can also see it half-written, and by rename) at gaps
     // around the debounce time, so that writes land while reloads scan, parse and fingerprint.
     // A host that fingerprinted the file as it was after the parse (not the text it parsed)
@@ -1590,7 +1590,7 @@ fn kv_entries_count_their_overhead_against_the_cap() {
     assert!(file < 512 << 10, "{file} bytes on disk");
 }
 
-// ------------------------------------------- issue 13 gaps: host calls that wait on files
+// ------------------------------------------- host calls that wait on files
 
 /// Holds the kv file lock of `plugin` the way another `prx-hooks` process would (flock on its
 /// own open file description) until the returned file is dropped.

@@ -1,5 +1,4 @@
-//! What the host copies out of a guest's memory (ARCHITECTURE.md § WASM plugins, issue 13
-//! item 4): `log` and `events.publish` read the guest's strings in place. An 8 MiB log line
+//! What the host copies out of a guest's memory (ARCHITECTURE.md § WASM plugins): `log` and `events.publish` read the guest's strings in place. An 8 MiB log line
 //! becomes one line cut to the log's line limit, and a 4 MiB publication is refused for its size
 //! before anything is copied, so neither call raises the host's live heap by anything near the
 //! string's size. Measured with a counting global allocator (linear memories are mapped by

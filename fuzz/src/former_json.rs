@@ -1,5 +1,5 @@
 //! The strict JSON validator/compactor as `src/json.rs` had it before it was rewritten for
-//! speed (issue 14): a recursive descent over input checked for UTF-8 up front. Kept verbatim
+//! speed: a recursive descent over input checked for UTF-8 up front. Kept verbatim
 //! in behaviour, in one file shared by two users:
 //!
 //! * the `json_compact` fuzz target, as an oracle: the new code must accept the same texts,

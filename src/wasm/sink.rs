@@ -1003,7 +1003,7 @@ mod swap_tests {
         dir
     }
 
-    /// Issue 13 item 10: the scan checked `plugin.wasm`; then it is swapped before the load
+    /// The scan checked `plugin.wasm`; then it is swapped before the load
     /// reads it. What is read is checked again, on the descriptor actually read.
     #[test]
     fn a_component_swapped_for_a_link_outside_after_the_scan_is_refused() {

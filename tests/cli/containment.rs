@@ -1,4 +1,4 @@
-//! Shell-hook containment under the real CLI (issue 11 part A): `prx-hooks run` and `fire`
+//! Shell-hook containment under the real CLI: `prx-hooks run` and `fire`
 //! with real hooks.json files, real processes, real signals (ARCHITECTURE.md § Shell hooks).
 //!
 //! This binary is a child subreaper, so whatever a `run` leaves behind after it exits (or is
@@ -612,7 +612,7 @@ fn a_hook_of_the_same_user_reads_the_hosts_environ_unless_harden() {
 
 // ---------------------------------------------------------------- acceptance
 
-/// Issue 11's acceptance: N hook runs under `run` (`PRX_HOOKS_ACCEPT_RUNS`, default 400; the
+/// The acceptance run: N hook runs under `run` (`PRX_HOOKS_ACCEPT_RUNS`, default 400; the
 /// report's figure is 10,000), 10 % of them timing out with a setsid grandchild and the rest
 /// leaving a short background job, leave no process, no fd and no temp file behind.
 fn acceptance(cgroup: &str) {

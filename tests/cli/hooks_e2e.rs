@@ -366,7 +366,7 @@ fn run_executes_hooks_and_reloads_on_sighup() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 11: run's end-of-input drain (item 13), matchers in fire (item 14), logging (item 15)
+// run's end-of-input drain, matchers in fire, logging
 
 /// `run --events FILE` over `json`, with `extra` arguments; returns (status, stderr, elapsed).
 fn run_over(

@@ -677,7 +677,7 @@ fn a_prx_runtime_stream_reaches_shell_hooks_plugins_and_subscribers_byte_exact()
     }
 }
 
-// ------------------------------------------------------------------ issue 13 gaps
+// ------------------------------------------------------------------ guests that wait
 
 /// A manifest for `misbehave` with every permission, `[resources]` and `[config]` lines.
 fn misbehave_manifest(name: &str, resources: &str, config: &str) -> String {
@@ -736,7 +736,7 @@ fn fire_reports_a_guest_sleeping_in_a_host_call_as_timed_out_and_exits() {
         "misbehave",
         &misbehave_manifest("sleeper", "max_execution_time_ms = 300", "mode = \"sleep\""),
     );
-    // The symptom of issue 13: `fire` never exited (the guest parked in wasi:io/poll).
+    // The symptom before the fix: `fire` never exited (the guest parked in wasi:io/poll).
     let (code, took, out, err) = run_within(
         bin()
             .args(["fire", "tool_call", "--workspace"])

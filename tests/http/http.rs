@@ -1180,7 +1180,7 @@ fn a_hand_edit_still_goes_live_through_the_watcher() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Hostile clients and standard HTTP (issue 12). Raw sockets where a client library would hide
+// Hostile clients and standard HTTP. Raw sockets where a client library would hide
 // what is on the wire.
 
 /// Sends `request` (head and body as written) on a fresh connection and reads until the server

@@ -804,7 +804,7 @@ fn invalid_regexes_are_errors() {
     );
 }
 
-/// Issue 11 item 14: Claude Code's regex matchers (`Edit|Write`, `mcp__.*`) were read as globs
+/// Claude Code's regex matchers (`Edit|Write`, `mcp__.*`) were read as globs
 /// and never matched. The rule: `/re/` or any matcher with one of `|().+[]^$\` is a regex
 /// matched against the whole tool name; name characters with `*`/`?` stay a glob; `*` or
 /// empty match every tool.
@@ -1373,7 +1373,7 @@ fn the_watcher_and_errors_can_be_shared_across_threads() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Linear time and capped errors (issue 11 item 11)
+// Linear time and capped errors
 
 /// The parse of `text`, and how long it took.
 fn timed_errors(text: &str) -> (Vec<String>, Duration) {
@@ -1439,7 +1439,7 @@ fn a_256_kib_object_of_one_repeated_key_reports_capped_duplicates() {
     assert!(took < LINEAR_BOUND, "{n} duplicate keys took {took:?}");
 }
 
-/// The issue's file: 256 KiB of `{}` hooks gave 87 k errors and 8.9 MB of text (logged on
+/// A hostile file: 256 KiB of `{}` hooks gave 87 k errors and 8.9 MB of text (logged on
 /// every rejected reload and kept in `last_error` while the file is rejected).
 #[test]
 fn a_256_kib_file_of_empty_hooks_gives_the_first_errors_and_a_count() {

@@ -1,4 +1,4 @@
-//! The core's promises under races and overload (issue 10): shutdown keeps its deadline while
+//! The core's promises under races and overload: shutdown keeps its deadline while
 //! producers keep emitting, emits racing shutdown are never stranded, `seq` follows delivery
 //! order for clones on several threads, and the byte budget never refuses an event it has room
 //! for. Real threads, real pipeline; liveness is asserted with generous slack, never speed.

@@ -1,5 +1,5 @@
 //! The environment policy of shell hooks, name by name, through the real loader
-//! (ARCHITECTURE.md § Shell hooks, issue 11 items 3 and 12). What reaches a real child process
+//! (ARCHITECTURE.md § Shell hooks). What reaches a real child process
 //! is checked in `tests/library/shell.rs` (`the_environment_is_sanitized`).
 
 use prx_hooks::config::{self, HookTable};

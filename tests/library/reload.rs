@@ -460,7 +460,7 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
     rx.recv_timeout(limit).ok()
 }
 
-/// Issue 11 item 7: a FIFO swapped in for hooks.json (between the watcher's `stat` and its
+/// A FIFO swapped in for hooks.json (between the watcher's `stat` and its
 /// `open`) used to block the open forever: later valid files never went live, and SIGHUP
 /// (`reload_now`) and shutdown (dropping the watcher) hung. A swapper alternates a FIFO and a
 /// regular file under the name as fast as it can while reloads run from the watcher and from
@@ -598,7 +598,7 @@ fn a_fifo_at_start_is_refused_not_waited_on() {
     h.wait_version("ok");
 }
 
-/// Issue 11 item 9: hooks.json as a symbolic link (dotfiles managers do this). inotify on the
+/// hooks.json as a symbolic link (dotfiles managers do this). inotify on the
 /// workspace sees nothing when the target is edited in its own directory; the watcher must
 /// watch every directory along the link chain and follow the link when it is re-pointed.
 #[test]

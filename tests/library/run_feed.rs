@@ -1,4 +1,4 @@
-//! The finished-runs hook point (issue 11 item 15): `ShellSink::subscribe_runs`, with real
+//! The finished-runs hook point: `ShellSink::subscribe_runs`, with real
 //! processes through the whole pipeline (`Hooks` over a real workspace).
 
 use prx_hooks::shell::OutcomeKind;

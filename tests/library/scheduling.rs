@@ -1,4 +1,4 @@
-//! Scheduling of shell hooks with real processes (issue 11 item 10): slow hooks holding every
+//! Scheduling of shell hooks with real processes: slow hooks holding every
 //! shared slot cannot starve a fast one, `max_running` caps only the shared slots, and the
 //! stats and the run feed say which events were dropped and why.
 
@@ -40,7 +40,7 @@ fn wait(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// The issue's reproduction: 8 hooks sleeping 20 s (8 processes each: every one of the 64
+/// The reproduction: 8 hooks sleeping 20 s (8 processes each: every one of the 64
 /// global slots) and one `/bin/true` hook, 300 events. Today's main gave the fast hook ok 7,
 /// dropped 44, cancelled 249. The fast hook must run every event its queue had room for,
 /// while the slow ones still hold their slots.

@@ -1,4 +1,4 @@
-//! Shell hooks with real processes and real files (ARCHITECTURE.md § Shell hooks, issue 3).
+//! Shell hooks with real processes and real files (ARCHITECTURE.md § Shell hooks).
 //!
 //! Every payload channel is checked from inside a real child (`tests/fixtures/record.sh` writes
 //! what it received). The tests build their `HookTable`s directly, with absolute program paths,
@@ -973,7 +973,7 @@ fn counts_balance_at_every_moment() {
                 let st = sink.stats();
                 check_balanced(&st);
                 assert!(sink.counts().balanced());
-                // max_running caps the shared slots; each hook has one of its own (issue 11).
+                // max_running caps the shared slots; each hook has one of its own.
                 assert!(st.shared_running <= 6, "global limit: {st:?}");
                 assert!(st.totals.running <= 6 + 3, "global limit: {:?}", st.totals);
                 looks += 1;
@@ -1268,7 +1268,7 @@ fn a_real_hooks_json_through_the_config_watcher() {
     assert!(e.tmp_files().is_empty());
 }
 
-// ---------------------------------------------------------------- containment (issue 11)
+// ---------------------------------------------------------------- containment
 
 /// A `sleep` whose command line carries `marker` (GNU sleep adds up its arguments).
 fn sleeper(secs: u32, marker: &str) -> String {

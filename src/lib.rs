@@ -562,6 +562,22 @@ impl Hooks {
         self.pipeline.rings().map(|r| r.len()).sum()
     }
 
+    /// Events the workers have handed to every sink so far. `stats().processed` counts an
+    /// event when a worker takes it from its ring, before the sinks see it; this counts it
+    /// once every sink's `deliver` returned. A producer waiting for its events to reach the
+    /// hooks (as `prx-hooks run` does at the end of its input) compares this with the events
+    /// it queued, then reads the sinks' `in_flight` in a `stats()` taken after it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build().unwrap();
+    /// assert_eq!(hooks.handed_over(), 0);
+    /// ```
+    pub fn handed_over(&self) -> u64 {
+        self.pipeline.handed_over()
+    }
+
     /// Ring slots, all rings together.
     pub fn capacity(&self) -> usize {
         self.pipeline.rings().map(|r| r.capacity()).sum()

@@ -180,6 +180,10 @@ struct Taken {
     processed: AtomicU64,
     /// Positions the shutdown deadline left unprocessed (published or still being written).
     dropped_shutdown: AtomicU64,
+    /// Events every sink has been handed (`deliver_batch` returned): stored (release) after
+    /// the batch's fan-out, so it trails `processed` by the batch in hand. What a sink did
+    /// with them (its `in_flight`) is visible to whoever acquires this count.
+    handed: AtomicU64,
 }
 
 /// The consumer side of [`crate::Stats`], read as one snapshot by [`Pipeline::accounting`].
@@ -306,6 +310,16 @@ impl Pipeline {
             a.depth += tail.saturating_sub(processed + dropped);
         }
         a
+    }
+
+    /// Events the workers have handed to every sink (see [`Taken::handed`]): together with the
+    /// sinks' `in_flight`, read after it, whether everything queued has reached the sinks.
+    pub(crate) fn handed_over(&self) -> u64 {
+        self.control
+            .taken
+            .iter()
+            .map(|t| t.handed.load(Ordering::Acquire))
+            .sum()
     }
 
     #[cfg(test)]
@@ -540,6 +554,8 @@ impl Worker {
         let processed = &self.control.taken[self.index].processed;
         processed.store(processed.load(Ordering::Relaxed) + n, Ordering::Release);
         self.fan_out(kinds);
+        let handed = &self.control.taken[self.index].handed;
+        handed.store(handed.load(Ordering::Relaxed) + n, Ordering::Release);
         self.batch.clear();
         if self.scratch.capacity() > SCRATCH_KEEP {
             // A burst of large events must not keep its memory for good.

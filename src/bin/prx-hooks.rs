@@ -537,9 +537,13 @@ fn drain_input_end(
 /// Nothing queued in the rings or being delivered, and no backend with work in flight.
 fn idle(hooks: &Hooks) -> bool {
     let stats = hooks.stats();
-    stats.processed + stats.dropped_shutdown >= stats.queued
-        && stats.sinks.iter().all(|s| s.counts.in_flight == 0)
-        && nats_idle(&stats)
+    // `processed` counts a batch before the sinks get it: what settles the drain is what the
+    // sinks were handed, then their in_flight, read after it.
+    if hooks.handed_over() + stats.dropped_shutdown < stats.queued {
+        return false;
+    }
+    let stats = hooks.stats();
+    stats.sinks.iter().all(|s| s.counts.in_flight == 0) && nats_idle(&stats)
 }
 
 /// The NATS publisher has sent and had confirmed everything it was given.

@@ -88,11 +88,13 @@ impl Table {
 
     /// Lets a new connection in under `max`: into a free place, or into the place of the
     /// oldest connection that has not shown the token (answered ones first), which is told
-    /// to close. `None` when every place is held by an authenticated connection.
+    /// to close. When `max` has shrunk below the open count (a reload left the API fewer
+    /// descriptors), as many such connections go as it takes to get under it. `None` when
+    /// the rest are authenticated connections.
     pub(crate) fn admit(&self, max: usize) -> Option<Admitted> {
         let mut t = self.lock();
         let mut evicted = false;
-        if t.open.len() >= max.max(1) {
+        while t.open.len() >= max.max(1) {
             let victim = {
                 let without_token = t.open.values().filter(|c| !c.is_authenticated());
                 let mut waiting = None;
@@ -153,6 +155,23 @@ mod tests {
 
     fn ids(t: &Table) -> Vec<u64> {
         t.lock().open.keys().copied().collect()
+    }
+
+    /// The cap shrinks when a reload leaves fewer descriptors for the API: a newcomer then
+    /// takes as many places as it takes to get under the new cap, not one.
+    #[test]
+    fn a_lowered_cap_brings_the_open_count_under_it() {
+        let t = Table::default();
+        let held: Vec<_> = (0..6).map(|_| t.admit(6).unwrap().conn().clone()).collect();
+        held[0].authenticate();
+        assert!(matches!(t.admit(3), Some(Admitted::Evicted(_))));
+        assert_eq!(ids(&t).len(), 3, "{:?}", ids(&t));
+        assert!(ids(&t).contains(&0), "the token holder stays");
+        // Only token holders left over the cap: the newcomer is refused.
+        for c in t.lock().open.values() {
+            c.authenticate();
+        }
+        assert!(t.admit(2).is_none());
     }
 
     #[test]

@@ -121,7 +121,12 @@ pub(crate) fn open_events(path: &Path, stop: Arc<AtomicBool>) -> Result<Input, B
                 "{}: cannot hold the FIFO open for writing ({e}): its input ends when its first writer closes it",
                 shown()
             );
-            Ok(plain(Box::new(blocking(file)?)))
+            // The descriptor above was opened without waiting for a writer: a read now would
+            // see the end at once. Open it again, blocking, which waits for the first writer.
+            match std::fs::File::open(&proc_fd) {
+                Ok(waiting) => Ok(plain(Box::new(waiting))),
+                Err(_) => Ok(plain(Box::new(blocking(file)?))),
+            }
         }
     }
 }

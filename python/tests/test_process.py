@@ -188,7 +188,10 @@ def threading_ident_names():
 def test_ctrl_c_interrupts_a_blocking_call(workspace, call):
     write_hooks(workspace, {"tool_call": [{"command": "/bin/sleep", "args": ["60"], "timeout_ms": 120000}]})
     code = textwrap.dedent(f"""
-        import sys, time, prx_hooks
+        import signal, sys, time, prx_hooks
+        # Python installs KeyboardInterrupt only where SIGINT was not ignored at start (a
+        # background job of a shell without job control starts with it ignored).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         hooks = prx_hooks.Hooks(workspace={str(workspace)!r}, shutdown_timeout=30)
         sub = hooks.bus.subscribe("prx.lifecycle.error")
         hooks.emitter("a", "s").tool_call("t", True, "")

@@ -43,6 +43,8 @@ struct Inner {
     session_end: usize,
     topic: Option<&'static str>,
     meta: Meta,
+    /// A consumed event's origin and ticket ([`crate::settle`]); never on a recycled message.
+    attached: Option<Box<crate::settle::Attached>>,
 }
 
 /// A message's metadata besides its strings.
@@ -87,9 +89,60 @@ impl Message {
             session_end: 0,
             topic: None,
             meta,
+            attached: None,
         };
         inner.set(json, agent, session, custom_topic, meta);
         Message(Arc::new(inner))
+    }
+
+    /// A lifecycle event's message carrying what the NATS consumer attached to it: the
+    /// agent's timestamp and seq, and the ticket its last holder's drop reports.
+    pub(crate) fn new_attached(
+        json: &str,
+        agent: &str,
+        session: &str,
+        meta: Meta,
+        attached: crate::settle::Attached,
+    ) -> Message {
+        let mut m = Message::new(json, agent, session, "", meta);
+        if let Some(inner) = Arc::get_mut(&mut m.0) {
+            inner.attached = Some(Box::new(attached));
+        }
+        m
+    }
+
+    /// A sink dropped this event (a full queue, shutdown) instead of running it: a consumed
+    /// event is then not acked to NATS but delivered again. No-op for every other message.
+    pub(crate) fn mark_dropped(&self) {
+        if let Some(a) = &self.0.attached {
+            a.mark_dropped();
+        }
+    }
+
+    /// A hold on a consumed event's ticket, for a sink that keeps work for it: the event is
+    /// acked once every hold is gone ([`crate::settle`]). `None` for every other message.
+    pub(crate) fn hold(&self) -> Option<crate::settle::Hold> {
+        self.0.attached.as_ref()?.hold()
+    }
+
+    /// After the fan-out: the message lets its own hold go (bus subscribers hold none).
+    #[inline]
+    pub(crate) fn release_hold(&self) {
+        if let Some(a) = &self.0.attached {
+            a.release();
+        }
+    }
+
+    /// For an event consumed from NATS: the timestamp its agent published (`Prx-Timestamp`,
+    /// RFC 3339 UTC), where [`timestamp`](Message::timestamp) is this host's.
+    pub fn origin_timestamp(&self) -> Option<&str> {
+        self.0.attached.as_ref()?.origin_timestamp.as_deref()
+    }
+
+    /// For an event consumed from NATS: the agent's own sequence number (`Prx-Seq`), where
+    /// [`seq`](Message::seq) is this host's numbering.
+    pub fn origin_seq(&self) -> Option<u64> {
+        self.0.attached.as_ref()?.origin_seq
     }
 
     /// Rewrites this message in place (keeping its allocations) if nobody else holds it any
@@ -107,6 +160,7 @@ impl Message {
                     inner.text = String::with_capacity(len);
                 }
                 inner.set(json, agent, session, "", meta);
+                inner.attached = None;
                 true
             }
             None => false,
@@ -133,12 +187,12 @@ impl Message {
         self.0.meta.kind
     }
 
-    /// The emitter's agent (empty for custom topics).
+    /// The emitter's agent (for custom topics: the agent that sent it, or empty).
     pub fn agent(&self) -> &str {
         &self.0.text[self.0.json_end..self.0.agent_end]
     }
 
-    /// The emitter's session (empty for custom topics).
+    /// The emitter's session (for custom topics: the sender's, or empty).
     pub fn session(&self) -> &str {
         &self.0.text[self.0.agent_end..self.0.session_end]
     }
@@ -162,7 +216,8 @@ impl Message {
 
     /// Appends the message as one line of JSON (no trailing newline), the form `prx-hooks run
     /// --print` writes: `{"topic","event","agent","session","seq","timestamp","payload"}`, with
-    /// `event` null for custom topics.
+    /// `event` null for custom topics; an event consumed from NATS has `origin_timestamp` and
+    /// `origin_seq` after `timestamp` when its agent sent them.
     pub fn write_envelope(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"topic\":");
         json::write_str(out, self.topic());
@@ -179,6 +234,14 @@ impl Message {
         json::write_u64(out, self.seq());
         out.extend_from_slice(b",\"timestamp\":");
         json::write_str(out, &self.timestamp_rfc3339());
+        if let Some(ts) = self.origin_timestamp() {
+            out.extend_from_slice(b",\"origin_timestamp\":");
+            json::write_str(out, ts);
+        }
+        if let Some(seq) = self.origin_seq() {
+            out.extend_from_slice(b",\"origin_seq\":");
+            json::write_u64(out, seq);
+        }
         out.extend_from_slice(b",\"payload\":");
         out.extend_from_slice(self.json());
         out.push(b'}');
@@ -321,7 +384,7 @@ pub(crate) fn pattern_lifecycle_mask(pattern: &str) -> EventMask {
 }
 
 /// Checks a concrete topic; the reason says what is wrong.
-fn check_topic(topic: &str) -> Result<(), String> {
+pub(crate) fn check_topic(topic: &str) -> Result<(), String> {
     if topic.is_empty() {
         return Err("it is empty".into());
     }
@@ -393,7 +456,11 @@ struct Shared {
     interest: InterestHandle,
     counters: SinkCounters,
     queue_capacity: usize,
+    /// The largest payload [`Bus::publish`] takes.
     max_payload: usize,
+    /// The largest [`Bus::publish_from`] takes: an agent's event that no lifecycle event fits
+    /// is bounded like an event (`max_event_bytes`), not like a plugin's publication.
+    max_agent_payload: usize,
     publish_seq: AtomicU64,
     closed: AtomicBool,
 }
@@ -403,7 +470,18 @@ struct Shared {
 pub struct Bus(Arc<Shared>);
 
 impl Bus {
+    #[cfg(any(test, feature = "wasm"))]
     pub(crate) fn new(interest: InterestHandle, queue_capacity: usize, max_payload: usize) -> Bus {
+        Bus::with_limits(interest, queue_capacity, max_payload, max_payload)
+    }
+
+    /// [`Bus::new`] whose [`publish_from`](Bus::publish_from) takes up to `max_agent_payload`.
+    pub(crate) fn with_limits(
+        interest: InterestHandle,
+        queue_capacity: usize,
+        max_payload: usize,
+        max_agent_payload: usize,
+    ) -> Bus {
         Bus(Arc::new(Shared {
             subs: ArcSwap::from_pointee(Vec::new()),
             write: Mutex::default(),
@@ -411,6 +489,7 @@ impl Bus {
             counters: SinkCounters::default(),
             queue_capacity: queue_capacity.max(1),
             max_payload,
+            max_agent_payload: max_agent_payload.max(max_payload),
             publish_seq: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         }))
@@ -482,12 +561,49 @@ impl Bus {
         self.publish_at_depth(topic, json.as_ref(), 1)
     }
 
+    /// [`publish`](Bus::publish) for an event an agent sent that no lifecycle event fits
+    /// (an ingest topic line, [`ndjson::TopicRecord`](crate::ndjson::TopicRecord)): the
+    /// message carries the sender's `agent` and `session`, which subscribers, the live stream
+    /// and `tail` show.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("prx.agent.*")?;
+    /// hooks.bus().publish_from("prx.agent.codex.turn", "codex", "t1", r#"{"n": 1}"#)?;
+    /// let msg = sub.recv()?;
+    /// assert_eq!((msg.agent(), msg.session(), msg.json_str()), ("codex", "t1", r#"{"n":1}"#));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn publish_from(
+        &self,
+        topic: &str,
+        agent: &str,
+        session: &str,
+        json: impl AsRef<[u8]>,
+    ) -> Result<usize, BusError> {
+        let max = self.0.max_agent_payload;
+        self.publish_as(topic, json.as_ref(), 1, (agent, session), max)
+    }
+
     /// `publish` for a message caused by another one at `depth - 1` (plugins republishing).
     pub(crate) fn publish_at_depth(
         &self,
         topic: &str,
         json: &[u8],
         depth: u8,
+    ) -> Result<usize, BusError> {
+        self.publish_as(topic, json, depth, ("", ""), self.0.max_payload)
+    }
+
+    fn publish_as(
+        &self,
+        topic: &str,
+        json: &[u8],
+        depth: u8,
+        (agent, session): (&str, &str),
+        max: usize,
     ) -> Result<usize, BusError> {
         check_topic(topic).map_err(|reason| BusError::InvalidTopic {
             topic: topic.into(),
@@ -505,11 +621,11 @@ impl Bus {
                 max: MAX_DEPTH,
             });
         }
-        if json.len() > self.0.max_payload {
+        if json.len() > max {
             return Err(BusError::PayloadTooLarge {
                 topic: topic.into(),
                 len: json.len(),
-                max: self.0.max_payload,
+                max,
             });
         }
         let mut compact = Vec::with_capacity(json.len());
@@ -534,7 +650,7 @@ impl Bus {
             depth,
             relay: 0,
         };
-        let msg = Message::new(&text, "", "", topic, meta);
+        let msg = Message::new(&text, agent, session, topic, meta);
         Ok(self.fan_out(&msg, |s| s.pattern.matches(topic)))
     }
 
@@ -809,6 +925,26 @@ mod tests {
     fn bus(capacity: usize) -> (Bus, Arc<Interest>) {
         let interest = Interest::new(1);
         (Bus::new(interest.handle(0), capacity, 1024), interest)
+    }
+
+    #[test]
+    fn an_agents_topic_is_bounded_like_an_event_a_publication_by_max_payload() {
+        let interest = Interest::new(1);
+        let bus = Bus::with_limits(interest.handle(0), 8, 1024, 4096);
+        let sub = bus.subscribe("prx.agent.*").unwrap();
+        let big = format!("{{\"content\":\"{}\"}}", "x".repeat(2000));
+        assert!(matches!(
+            bus.publish("prx.agent.cursor.beforeReadFile", &big),
+            Err(BusError::PayloadTooLarge { max: 1024, .. })
+        ));
+        bus.publish_from("prx.agent.cursor.beforeReadFile", "cursor", "c", &big)
+            .unwrap();
+        assert_eq!(sub.try_recv().unwrap().json().len(), big.len());
+        let huge = format!("{{\"content\":\"{}\"}}", "x".repeat(5000));
+        assert!(matches!(
+            bus.publish_from("prx.agent.cursor.beforeReadFile", "cursor", "c", &huge),
+            Err(BusError::PayloadTooLarge { max: 4096, .. })
+        ));
     }
 
     fn msg(kind: EventKind, seq: u64) -> Message {

@@ -308,6 +308,9 @@ pub(crate) struct Producers {
     budget: usize,
     budget_in_use: CachePadded<AtomicUsize>,
     registry: Mutex<Registry>,
+    /// What the NATS consumer attaches to the events it emits, taken by the workers
+    /// ([`crate::settle`]).
+    pub(crate) attachments: crate::settle::Attachments,
 }
 
 #[derive(Default)]
@@ -332,6 +335,7 @@ impl Producers {
             budget,
             budget_in_use: CachePadded::new(AtomicUsize::new(0)),
             registry: Mutex::default(),
+            attachments: crate::settle::Attachments::default(),
         }
     }
 
@@ -811,18 +815,24 @@ mod tests {
 /// loom: the real emitter's `seq` assignment with two clones racing on one ring, and the
 /// consumer numbering at pop time, in every interleaving.
 #[cfg(all(test, loom))]
-mod loom_tests {
+pub(crate) mod loom_tests {
     use super::*;
     use crate::event::EventMask;
+
+    /// The loom models' pipeline: one ring of 4 slots (32 inline bytes each), every event
+    /// wanted, and its consumer.
+    pub(crate) fn one_ring() -> (Arc<Producers>, Arc<Lane>, crate::ring::Consumer<EventSlot>) {
+        let interest = Interest::new(1);
+        interest.handle(0).set(EventMask::ALL);
+        let producers = Arc::new(Producers::new(interest, 32, 1 << 10, 1 << 10));
+        let (ring, rx) = Ring::new(4, || EventSlot::new(32));
+        (producers, Arc::new(Lane::new(ring)), rx)
+    }
 
     #[test]
     fn clones_racing_get_seq_in_delivery_order() {
         loom::model(|| {
-            let interest = Interest::new(1);
-            interest.handle(0).set(EventMask::ALL);
-            let producers = Arc::new(Producers::new(interest, 32, 1 << 10, 1 << 10));
-            let (ring, mut rx) = Ring::new(4, || EventSlot::new(32));
-            let lane = Arc::new(Lane::new(ring));
+            let (producers, lane, mut rx) = one_ring();
             let em = Emitter::new(producers, lane.clone(), "a", "s");
             let threads: Vec<_> = ["x", "y"]
                 .into_iter()

@@ -234,18 +234,16 @@ impl<'a> Extras<'a> {
         if self.fields.is_empty() {
             return Ok(omitted);
         }
-        // Members are few: a linear scan over the ones seen beats hashing them.
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen = json::Seen::<String>::new();
         let mut key = |k: &str| {
             if documented.contains(&k) {
                 return Err(format!(
                     "member \"{k}\" repeats a documented field of {kind}"
                 ));
             }
-            if seen.iter().any(|s| s == k) {
+            if !seen.insert(k.to_string()) {
                 return Err(format!("member \"{k}\" appears twice"));
             }
-            seen.push(k.to_string());
             Ok(())
         };
         json::check_object(self.fields.as_bytes(), EXTRAS_MAX_DEPTH, &mut key)

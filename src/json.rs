@@ -780,9 +780,62 @@ fn scan_words<const UTF8: bool>(bytes: &[u8], mut from: usize, high: &mut u32) -
     from
 }
 
+/// The member names of one object seen so far, for "appears twice": a scan while they are few
+/// (faster than hashing), a set past [`Seen::SCAN`] (a scan made many members quadratic).
+pub(crate) struct Seen<T> {
+    names: Vec<T>,
+    index: std::collections::HashSet<T>,
+}
+
+impl<T: Eq + std::hash::Hash + Clone> Seen<T> {
+    const SCAN: usize = 32;
+
+    pub(crate) fn new() -> Seen<T> {
+        Seen {
+            names: Vec::new(),
+            index: std::collections::HashSet::new(),
+        }
+    }
+
+    /// Adds `name`; `false` (and nothing added) when it was seen already.
+    pub(crate) fn insert(&mut self, name: T) -> bool {
+        let repeated = if self.index.is_empty() {
+            self.names.contains(&name)
+        } else {
+            self.index.contains(&name)
+        };
+        if repeated {
+            return false;
+        }
+        if !self.index.is_empty() {
+            self.index.insert(name.clone());
+        } else if self.names.len() + 1 == Self::SCAN {
+            self.index.extend(self.names.iter().cloned());
+            self.index.insert(name.clone());
+        }
+        self.names.push(name);
+        true
+    }
+
+    /// Every name, in the order added.
+    pub(crate) fn names(&self) -> &[T] {
+        &self.names
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seen_finds_repeats_before_and_past_its_scan_and_keeps_the_order() {
+        let mut seen = Seen::new();
+        for i in 0..100 {
+            assert!(seen.insert(i), "{i}");
+            assert!(!seen.insert(i / 2), "{i}: {} was seen", i / 2);
+        }
+        assert_eq!(seen.names(), (0..100).collect::<Vec<_>>());
+    }
 
     fn compact(s: &str, top: Top) -> Option<String> {
         let mut out = b"prefix".to_vec();

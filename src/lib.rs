@@ -25,7 +25,8 @@
 //! (the producer side), `pipeline` (workers and the [`Sink`] trait), [`bus`] (topics and
 //! subscriptions), [`stats`] (counters), [`config`] (hooks.json: model, validation, watcher),
 //! [`shell`] (running hooks), [`wasm`] (plugin manifests; with feature `wasm` the plugin host),
-//! [`ndjson`] (the `run` input format), `http` (with feature `http`: the management API over
+//! [`ndjson`] (the `run` input format), [`ingest`] (the session map and the line ingest every
+//! input shares), [`agents`] (other agents' hook payloads as lines), `http` (with feature `http`: the management API over
 //! [`config::HooksEditor`], run history and stats). Every guarantee is written down in
 //! ARCHITECTURE.md § Data flow.
 //!
@@ -42,6 +43,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod agents;
 pub mod bus;
 pub mod config;
 mod emitter;
@@ -52,8 +54,12 @@ pub mod ingest;
 mod json;
 pub mod nats;
 pub mod ndjson;
+pub mod otel;
 mod pipeline;
 mod ring;
+// Without `nats` nothing attaches (the sinks' side stays: holds and marks are no-ops).
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
+mod settle;
 pub mod shell;
 pub mod stats;
 mod sync;
@@ -99,6 +105,10 @@ pub enum BuildError {
     #[cfg(feature = "nats")]
     #[error("NATS: {0}")]
     Nats(nats::ConnectError),
+    /// The OpenTelemetry exporter could not start its threads or runtime.
+    #[cfg(feature = "otel")]
+    #[error("OpenTelemetry exporter: {0}")]
+    Otel(std::io::Error),
 }
 
 /// Configures and starts [`Hooks`]. Every option has a default (see README).
@@ -122,6 +132,8 @@ pub struct HooksBuilder {
     nats_publish: Option<nats::PublishOptions>,
     #[cfg(feature = "nats")]
     nats_consume: Option<nats::ConsumeOptions>,
+    #[cfg(feature = "otel")]
+    otlp: Option<otel::OtlpOptions>,
 }
 
 impl Default for HooksBuilder {
@@ -145,6 +157,8 @@ impl Default for HooksBuilder {
             nats_publish: None,
             #[cfg(feature = "nats")]
             nats_consume: None,
+            #[cfg(feature = "otel")]
+            otlp: None,
         }
     }
 }
@@ -194,7 +208,9 @@ impl HooksBuilder {
         self
     }
 
-    /// Largest payload [`Bus::publish`] accepts (default 1 MiB).
+    /// Largest payload [`Bus::publish`] accepts (default 1 MiB). An agent's event published
+    /// with [`Bus::publish_from`] (the ingest's topic lines) may be as large as an event
+    /// ([`max_event_bytes`](Self::max_event_bytes)).
     pub fn max_publish_bytes(mut self, bytes: usize) -> Self {
         self.max_publish_bytes = bytes;
         self
@@ -260,6 +276,14 @@ impl HooksBuilder {
     #[cfg(feature = "nats")]
     pub fn nats_consume(mut self, opts: nats::ConsumeOptions) -> Self {
         self.nats_consume = Some(opts);
+        self
+    }
+
+    /// Exports the lifecycle as OpenTelemetry GenAI spans, every hook run a child span
+    /// ([`otel::OtelSink`], README.md § OpenTelemetry traces).
+    #[cfg(feature = "otel")]
+    pub fn otlp(mut self, opts: otel::OtlpOptions) -> Self {
+        self.otlp = Some(opts);
         self
     }
 
@@ -347,12 +371,18 @@ impl HooksBuilder {
         if self.harden {
             shell::supervisor::harden().map_err(BuildError::Harden)?;
         }
-        // Interest parts: 0 the bus, 1 shell hooks, 2 WASM plugins.
-        let interest = Interest::new(3);
-        let bus = BusSink::new(
+        // Interest parts, one per sink in the sinks' order (the workers pair them by index):
+        // 0 the bus, [the OTel exporter], shell hooks, WASM plugins.
+        let interest = Interest::new(4);
+        #[cfg(feature = "otel")]
+        let first_backend = 1 + usize::from(self.otlp.is_some());
+        #[cfg(not(feature = "otel"))]
+        let first_backend = 1;
+        let bus = BusSink::with_limits(
             interest.handle(0),
             self.subscriber_queue,
             self.max_publish_bytes,
+            self.max_event_bytes,
         );
         let producers = Arc::new(Producers::new(
             interest,
@@ -363,13 +393,29 @@ impl HooksBuilder {
         let per_ring = self.ring_capacity.div_ceil(self.workers);
         let mut sinks: Vec<Arc<dyn Sink>> = vec![Arc::new(bus.clone())];
         let shell = self.workspace.as_ref().map(|ws| {
-            let handle = producers.interest.handle(1);
+            let handle = producers.interest.handle(first_backend);
             Arc::new(shell::ShellSink::new(
                 ws.clone(),
                 handle,
                 self.shell.clone(),
             ))
         });
+        // Before the shell sink: a hook outcome's event is then always queued to the span
+        // builder before the outcome exists (ARCHITECTURE.md § OpenTelemetry traces).
+        #[cfg(feature = "otel")]
+        let otel = match self.otlp {
+            Some(opts) => {
+                let runs = shell
+                    .as_ref()
+                    .map(|s| s.subscribe_runs(shell::DEFAULT_RUN_QUEUE * 16));
+                let sink = otel::OtelSink::start(opts, producers.interest.handle(1), runs)
+                    .map_err(BuildError::Otel)?;
+                let sink = Arc::new(sink);
+                sinks.push(sink.clone());
+                Some(sink)
+            }
+            None => None,
+        };
         if let Some(shell) = &shell {
             sinks.push(shell.clone());
         }
@@ -383,9 +429,12 @@ impl HooksBuilder {
         #[cfg(feature = "wasm")]
         let plugins = match &self.workspace {
             Some(ws) => {
-                let sink =
-                    wasm::WasmSink::new(ws.clone(), bus.clone(), producers.interest.handle(2))
-                        .map_err(BuildError::Spawn)?;
+                let sink = wasm::WasmSink::new(
+                    ws.clone(),
+                    bus.clone(),
+                    producers.interest.handle(first_backend + 1),
+                )
+                .map_err(BuildError::Spawn)?;
                 for e in sink.errors() {
                     tracing::warn!("plugin: {e}");
                 }
@@ -396,6 +445,10 @@ impl HooksBuilder {
         #[cfg(feature = "wasm")]
         if let Some(p) = &plugins {
             sinks.push(p.clone());
+        }
+        #[cfg(all(feature = "otel", feature = "wasm"))]
+        if let (Some(o), Some(p)) = (&otel, &plugins) {
+            o.watch_plugins(p);
         }
         #[cfg(feature = "wasm")]
         let plugin_watcher = match (armed, &plugins) {
@@ -469,6 +522,8 @@ impl HooksBuilder {
             None => None,
         };
         Ok(Hooks {
+            #[cfg(feature = "otel")]
+            otel,
             #[cfg(feature = "nats")]
             publisher,
             #[cfg(feature = "nats")]
@@ -499,6 +554,8 @@ impl HooksBuilder {
 /// `Send + Sync`; share it behind an `Arc`. Dropping it shuts down with the builder's
 /// `shutdown_timeout` (default 2 s).
 pub struct Hooks {
+    #[cfg(feature = "otel")]
+    otel: Option<Arc<otel::OtelSink>>,
     #[cfg(feature = "nats")]
     publisher: Option<nats::Publisher>,
     #[cfg(feature = "nats")]
@@ -629,6 +686,11 @@ impl Hooks {
         #[cfg(not(feature = "nats"))]
         let bridge: Option<nats::NatsStats> = None;
         stats.set_section(nats::STATS_SECTION, bridge);
+        #[cfg(feature = "otel")]
+        let traces = self.otel.as_ref().map(|o| o.stats());
+        #[cfg(not(feature = "otel"))]
+        let traces: Option<otel::OtelStats> = None;
+        stats.set_section(otel::STATS_SECTION, traces);
         stats.set_section(ingest::STATS_SECTION, Some(self.sessions.stats()));
         stats
     }
@@ -706,7 +768,7 @@ impl Hooks {
         // Nothing more from NATS: what it still holds is delivered again to the next consumer.
         #[cfg(feature = "nats")]
         if let Some(c) = &self.consumer {
-            c.stop();
+            c.stop(deadline);
         }
         // Stop reloading first: the table in force now is the one the drain runs under.
         #[cfg(feature = "wasm")]
@@ -763,7 +825,9 @@ impl Feed {
             lane,
             agent,
             session,
-            self.relays.is_some(),
+            // Always: the consumer attaches its tickets and the agents' time by relay id
+            // (`settle`); the publisher relays only with `relays`.
+            true,
         )
     }
 
@@ -782,6 +846,17 @@ impl Feed {
                 .sinks
                 .iter()
                 .any(|s| s.counts().in_flight >= Self::SINK_BUSY)
+    }
+
+    /// Whether every backend can take `more` events of `kind` now without dropping one for
+    /// a full queue (per-message back-pressure, ARCHITECTURE.md § NATS bridge).
+    pub(crate) fn room(&self, kind: EventKind, more: usize) -> bool {
+        self.sinks.iter().all(|s| s.room(kind, more))
+    }
+
+    /// The attachments the workers take ([`settle`]).
+    pub(crate) fn attachments(&self) -> &settle::Attachments {
+        &self.producers.attachments
     }
 
     /// Shut down: nothing emitted now would be delivered.

@@ -168,7 +168,8 @@ impl fmt::Display for LineError {
 
 impl std::error::Error for LineError {}
 
-fn one_line(s: String) -> String {
+/// `s` with its control characters escaped (`\n`), so an error stays on one line.
+pub(crate) fn one_line(s: String) -> String {
     if !s.chars().any(char::is_control) {
         return s;
     }
@@ -311,8 +312,55 @@ pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
     parse_line_with(line, ParseOptions::default())
 }
 
-/// Parses one line (without its newline) with `options`.
+/// Parses one line (without its newline) with `options`. A topic line is refused here (its
+/// error says so): [`parse_input_with`] reads both forms.
 pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, LineError> {
+    match parse(line, options, false)? {
+        Input::Event(record) => Ok(record),
+        // `parse` refuses topic lines when they are not allowed.
+        Input::Topic(_) => Err(LineError::new(1, "topic", "not an event line".into())),
+    }
+}
+
+/// A line of either form: a lifecycle event, or an agent's own event for a custom topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    Event(Record),
+    Topic(TopicRecord),
+}
+
+/// A topic line, `{"topic":"prx.agent.<agent>.<event>","agent":…,"session":…,"payload":{…}}`:
+/// an event an agent sends that no lifecycle event fits (Claude Code's `Notification`, …),
+/// published on the bus under `topic` with the line's agent and session
+/// ([`Bus::publish_from`](crate::Bus::publish_from)). Shell hooks, which run on lifecycle
+/// events, do not see it; plugins, the live stream, `tail` and NATS do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicRecord {
+    pub topic: String,
+    pub agent: String,
+    pub session: String,
+    /// The payload object's text as the line spelled it.
+    pub payload: String,
+}
+
+/// Topics a topic line may name start with this.
+pub const AGENT_TOPIC_PREFIX: &str = "prx.agent.";
+
+/// Parses one line of either form (without its newline) with `options`.
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::ndjson::{Input, ParseOptions, parse_input_with};
+/// let line = br#"{"topic":"prx.agent.claude-code.Notification","agent":"claude-code","session":"s1","payload":{"message":"waiting"}}"#;
+/// let Ok(Input::Topic(t)) = parse_input_with(line, ParseOptions::default()) else { panic!() };
+/// assert_eq!((t.topic.as_str(), t.payload.as_str()), ("prx.agent.claude-code.Notification", r#"{"message":"waiting"}"#));
+/// ```
+pub fn parse_input_with(line: &[u8], options: ParseOptions) -> Result<Input, LineError> {
+    parse(line, options, true)
+}
+
+fn parse(line: &[u8], options: ParseOptions, topics: bool) -> Result<Input, LineError> {
     let text = std::str::from_utf8(line).map_err(|e| {
         LineError::new(
             e.valid_up_to() + 1,
@@ -321,11 +369,13 @@ pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, Lin
         )
     })?;
     let envelope = members(text, 0, "")?;
-    let (mut event, mut agent, mut session, mut payload) = (None, None, None, None);
+    let (mut event, mut topic, mut agent, mut session, mut payload) =
+        (None, None, None, None, None);
     for (key, raw) in &envelope.0 {
         let at = column_of(raw, text, 0);
         let slot = match &**key {
             "event" => &mut event,
+            "topic" => &mut topic,
             "agent" => &mut agent,
             "session" => &mut session,
             "payload" => {
@@ -357,6 +407,23 @@ pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, Lin
             "missing (a line needs event, agent and session)".into(),
         )
     };
+    if let Some((topic, at)) = topic {
+        if !topics {
+            return Err(LineError::new(
+                at,
+                "topic",
+                "a topic line is not read here (only the ingest reads topic lines)".into(),
+            ));
+        }
+        if event.is_some() {
+            return Err(LineError::new(
+                at,
+                "topic",
+                "a line has either event or topic, not both".into(),
+            ));
+        }
+        return topic_line(text, topic, at, agent, session, payload).map(Input::Topic);
+    }
     let (event, at) = event.ok_or_else(|| missing("event"))?;
     let (agent, _) = agent.ok_or_else(|| missing("agent"))?;
     let (session, _) = session.ok_or_else(|| missing("session"))?;
@@ -364,7 +431,7 @@ pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, Lin
     match payload {
         Some(raw) => {
             let base = column_of(raw, text, 0) - 1;
-            read_payload(kind, raw.get(), base, agent, session, options)
+            read_payload(kind, raw.get(), base, agent, session, options).map(Input::Event)
         }
         None => {
             let fields = kind.fields();
@@ -379,9 +446,64 @@ pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, Lin
                     ),
                 ));
             }
-            read_payload(kind, "{}", 0, agent, session, options)
+            read_payload(kind, "{}", 0, agent, session, options).map(Input::Event)
         }
     }
+}
+
+/// The rest of a topic line: its topic's shape, agent, session and an object payload.
+fn topic_line(
+    text: &str,
+    topic: String,
+    at: usize,
+    agent: Option<(String, usize)>,
+    session: Option<(String, usize)>,
+    payload: Option<&RawValue>,
+) -> Result<TopicRecord, LineError> {
+    let missing = |name: &str| {
+        LineError::new(
+            1,
+            name,
+            "missing (a topic line needs topic, agent, session and payload)".into(),
+        )
+    };
+    let shape = match topic.strip_prefix(AGENT_TOPIC_PREFIX) {
+        Some(rest) if rest.split('.').count() >= 2 => crate::bus::check_topic(&topic),
+        _ => Err(format!(
+            "expected \"{AGENT_TOPIC_PREFIX}<agent>.<event>\", found {topic:?}"
+        )),
+    };
+    if let Err(reason) = shape {
+        return Err(LineError::new(at, "topic", reason));
+    }
+    let (agent, _) = agent.ok_or_else(|| missing("agent"))?;
+    let (session, _) = session.ok_or_else(|| missing("session"))?;
+    let raw = payload.ok_or_else(|| missing("payload"))?;
+    let at = column_of(raw, text, 0);
+    if !raw.get().starts_with('{') {
+        return Err(LineError::new(
+            at,
+            "payload",
+            format!("expected a JSON object, found {}", describe(raw.get())),
+        ));
+    }
+    let depth = crate::event::EXTRAS_MAX_DEPTH;
+    if let Err(r) = crate::json::check_value(raw.get().as_bytes(), depth) {
+        return Err(LineError::new(
+            at + r.at,
+            "payload",
+            format!(
+                "{} (a topic payload must be strict JSON, at most {depth} levels deep)",
+                r.reason
+            ),
+        ));
+    }
+    Ok(TopicRecord {
+        topic,
+        agent,
+        session,
+        payload: raw.get().to_string(),
+    })
 }
 
 /// Parses a payload alone (the `payload` member of a line), strictly, for an event of `kind`:
@@ -429,12 +551,12 @@ fn read_payload(
     let (mut num, mut flag): (Option<u64>, Option<bool>) = (None, None);
     let mut present = 0u8;
     let mut extras = String::new();
-    let mut extra_names: Vec<&str> = Vec::new();
+    let mut extra_names = crate::json::Seen::<&str>::new();
     for (key, raw) in &members.0 {
         let at = column_of(raw, text, base);
         let path = format!("payload.{key}");
         let Some(index) = fields.iter().position(|f| *f == key.as_ref()) else {
-            if extra_names.contains(&key.as_ref()) {
+            if !extra_names.insert(key.as_ref()) {
                 return Err(LineError::new(at, &path, "appears twice".into()));
             }
             // serde_json read the value leniently (it lets a lone `\u` surrogate through): an
@@ -450,7 +572,6 @@ fn read_payload(
                     ),
                 ));
             }
-            extra_names.push(key);
             extras.push(if extras.is_empty() { '{' } else { ',' });
             // The name re-quoted (JSON-equal; byte-equal unless it held escapes), the value
             // byte-exact.
@@ -492,7 +613,7 @@ fn read_payload(
             omitted.push(field);
             continue;
         }
-        let hint = crate::suggest(field, &extra_names)
+        let hint = crate::suggest(field, extra_names.names())
             .map(|s| format!("; did you mean to write \"{field}\" instead of \"{s}\"?"))
             .unwrap_or_default();
         return Err(LineError::new(

@@ -66,6 +66,14 @@ pub trait Sink: Send + Sync {
     /// This sink's counters; `sent = delivered + dropped + failed + in_flight` must hold.
     fn counts(&self) -> SinkCounts;
 
+    /// Whether `more` events of `kind` would be taken now rather than dropped for a full
+    /// queue: the NATS consumer's per-message back-pressure (ARCHITECTURE.md § NATS bridge).
+    /// Default: always.
+    fn room(&self, kind: EventKind, more: usize) -> bool {
+        let _ = (kind, more);
+        true
+    }
+
     /// Finishes queued work, stopping what still runs at `deadline` — the contract every sink
     /// keeps (ARCHITECTURE.md § Shutdown):
     ///
@@ -322,7 +330,7 @@ impl Pipeline {
             .sum()
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn processed(&self) -> u64 {
         self.accounting().processed
     }
@@ -331,7 +339,7 @@ impl Pipeline {
         self.control.sink_panics.load(Ordering::Relaxed)
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn dropped_shutdown(&self) -> u64 {
         self.accounting().dropped_shutdown
     }
@@ -461,8 +469,10 @@ impl Worker {
         let mut kinds = EventMask::NONE;
         while self.batch.len() < BATCH {
             let (scratch, recycle) = (&mut self.scratch, &mut self.recycle);
-            let Some((msg, budget_bytes)) =
-                self.consumer.pop(|slot| read_slot(slot, scratch, recycle))
+            let producers = &*self.producers;
+            let Some((msg, budget_bytes)) = self
+                .consumer
+                .pop(|slot| read_slot(slot, scratch, recycle, producers))
             else {
                 break;
             };
@@ -496,10 +506,11 @@ impl Worker {
             let mut kinds = EventMask::NONE;
             let mut released = 0;
             let (scratch, recycle, batch) = (&mut self.scratch, &mut self.recycle, &mut self.batch);
+            let producers = &*self.producers;
             self.consumer.drain_closed(
                 batch_end,
                 |slot| {
-                    let (msg, budget_bytes) = read_slot(slot, scratch, recycle);
+                    let (msg, budget_bytes) = read_slot(slot, scratch, recycle, producers);
                     released += budget_bytes;
                     kinds |= msg.event().map_or(EventMask::NONE, EventKind::mask);
                     batch.push(msg);
@@ -554,6 +565,11 @@ impl Worker {
         let processed = &self.control.taken[self.index].processed;
         processed.store(processed.load(Ordering::Relaxed) + n, Ordering::Release);
         self.fan_out(kinds);
+        // A consumed event's ticket is now held by the sinks that kept work for it only
+        // (`crate::settle`): bus subscribers do not delay its ack.
+        for m in &self.batch {
+            m.release_hold();
+        }
         let handed = &self.control.taken[self.index].handed;
         handed.store(handed.load(Ordering::Relaxed) + n, Ordering::Release);
         self.batch.clear();
@@ -585,11 +601,13 @@ impl Worker {
 }
 
 /// Numbers, serializes and wraps the event in `slot` (see `build_message`); also returns the
-/// budget bytes the slot held.
+/// budget bytes the slot held. A relay emitter's event (the NATS consumer's) takes what the
+/// consumer attached to it, in a message of its own ([`crate::settle`]).
 fn read_slot(
     slot: &mut EventSlot,
     scratch: &mut Vec<u8>,
     recycle: &mut std::collections::VecDeque<Message>,
+    producers: &Producers,
 ) -> (Message, usize) {
     slot.read(|r| {
         scratch.clear();
@@ -603,6 +621,11 @@ fn read_slot(
             depth: 0,
             relay: r.relay,
         };
+        if r.relay != 0
+            && let Some(a) = producers.attachments.take(r.relay, r.seq)
+        {
+            return Message::new_attached(json, r.agent, r.session, meta, a);
+        }
         build_message(recycle, json, r.agent, r.session, meta)
     })
 }

@@ -8,6 +8,9 @@
 #[path = "support/nats.rs"]
 mod nats_support;
 
+#[path = "nats/fleet.rs"]
+mod fleet;
+
 use nats_support::{Client, Gate, NatsServer};
 use prx_hooks::nats::{ConsumeOptions, NatsOptions, PublishOptions};
 use prx_hooks::{Event, Hooks};
@@ -551,18 +554,9 @@ fn consume_mode_runs_the_hook_once_per_message_id_also_after_a_restart() {
 fn consume_mode_with_a_durable_consumer_runs_each_id_once_across_a_restart() {
     let server = NatsServer::start();
     let client = Client::connect(&server.url());
-    let js = client.jetstream();
-    client
-        .rt
-        .block_on(js.create_stream(async_nats::jetstream::stream::Config {
-            name: "FLEET".into(),
-            subjects: vec!["prx.lifecycle.>".into()],
-            // Short, so that a late duplicate is stored again and the consumer's own window is
-            // what recognizes it.
-            duplicate_window: Duration::from_secs(1),
-            ..Default::default()
-        }))
-        .unwrap();
+    // A short duplicate window, so that a late duplicate is stored again and the consumer's
+    // own window is what recognizes it.
+    let _js = fleet::short_duplicate_window_stream(&client);
     let ws = tempfile::tempdir().unwrap();
     let log = recording_workspace(ws.path());
     // Published before any consumer exists: the durable consumer delivers them.
@@ -1322,4 +1316,33 @@ fn a_forged_message_id_does_not_suppress_the_real_event() {
     assert_eq!(runs_of(&log, "forged"), 1);
     assert_eq!(s["id_conflicts"], 1, "{s}");
     assert!(s["duplicates"].as_u64().unwrap() >= 1, "{s}");
+}
+
+/// `run`'s NATS options say a note with `eprintln!`, which panics on a closed stderr (a pipe
+/// whose reader is gone): `run` died with 101 and no word instead of its usage answer (2).
+/// No NATS server is needed: the flags are refused before any connection.
+#[test]
+fn run_with_a_closed_stderr_answers_a_nats_usage_error_with_2_not_a_panic() {
+    let ws = tempfile::tempdir().unwrap();
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let status = Command::new(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(["run", "--workspace"])
+        .arg(ws.path())
+        .args([
+            "--from-nats",
+            "nats://127.0.0.1:1",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--nats-stream",
+            "S",
+            "--durable",
+            "D",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write))
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{status:?}");
 }

@@ -3,13 +3,50 @@
 //! README.md § `prx-hooks` command line is the contract for flags and output: data (bus messages, bench results) goes
 //! to stdout; logs, line errors and stats go to stderr.
 
+/// `eprintln!` that never panics: `run` goes on serving when its stderr is closed (a terminal
+/// gone, `2>&1 | head -1`), and what it would have said is lost, not its work.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `println!` that never panics: `validate`'s findings on a stdout that is gone (a closed
+/// pipe, a full disk) are lost, its exit code is not.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+#[cfg(feature = "http")]
+#[path = "prx-hooks/client.rs"]
+mod client;
+#[cfg(feature = "http")]
+#[path = "prx-hooks/connect.rs"]
+mod connect;
+#[path = "prx-hooks/fire.rs"]
+mod fire;
 #[path = "prx-hooks/init.rs"]
 mod init;
 #[path = "prx-hooks/input.rs"]
 mod input;
 #[cfg(feature = "http")]
+#[path = "prx-hooks/send.rs"]
+mod send;
+#[cfg(feature = "http")]
+#[path = "prx-hooks/socket_ingest.rs"]
+mod socket_ingest;
+#[path = "prx-hooks/spool.rs"]
+mod spool;
+#[cfg(feature = "http")]
 #[path = "prx-hooks/tail.rs"]
 mod tail;
+#[path = "prx-hooks/units.rs"]
+mod units;
+use units::parse_duration;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -30,6 +67,11 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "nats")]
 #[path = "../cli/nats.rs"]
 mod nats_cli;
+
+/// `run --otlp` (README.md § OpenTelemetry traces).
+#[cfg(feature = "otel")]
+#[path = "../cli/otel.rs"]
+mod otel_cli;
 
 #[derive(Parser)]
 #[command(
@@ -71,6 +113,14 @@ enum Command {
     /// Follow a running server's live stream: one line per event and per hook run.
     #[cfg(feature = "http")]
     Tail(tail::TailArgs),
+    /// Deliver an agent hook's event(s) to the workspace's running server (or its spool):
+    /// the command an agent's hook runs. Exits 0 unless --strict.
+    #[cfg(feature = "http")]
+    Send(send::SendArgs),
+    /// Set an agent up to feed prx-hooks: write `send` (or an http hook) into Claude Code's,
+    /// Codex's, Gemini CLI's or Cursor's own settings, keeping everything else byte for byte.
+    #[cfg(feature = "http")]
+    Connect(connect::ConnectArgs),
 }
 
 #[derive(Args)]
@@ -143,6 +193,12 @@ struct RunArgs {
     /// <workspace>/.prx-hooks/address.
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Also read NDJSON lines (the --events format) on a unix stream socket at PATH, mode
+    /// 0600 (the file mode is the access rule: no token), until SIGINT/SIGTERM; each refused
+    /// line is answered on the connection (docs/ingest.md).
+    #[cfg(feature = "http")]
+    #[arg(long, value_name = "unix:PATH")]
+    ingest: Option<String>,
     /// Another name the API answers to in `Host` (repeatable; besides loopback addresses, the
     /// bound address and localhost); `*` turns the Host/Origin check off.
     #[arg(long, value_name = "NAME", requires = "listen")]
@@ -170,6 +226,9 @@ struct RunArgs {
     #[cfg(feature = "nats")]
     #[command(flatten)]
     nats: Box<nats_cli::NatsArgs>,
+    #[cfg(feature = "otel")]
+    #[command(flatten)]
+    otel: otel_cli::OtelArgs,
 }
 
 /// The size limit of one event (`run`, `fire`, `bench`).
@@ -223,7 +282,9 @@ fn main() -> ExitCode {
             // "block" (README.md § Exit codes).
             return match e.exit_code() {
                 0 => ExitCode::SUCCESS,
-                _ if fire_invoked() => ExitCode::from(EX_USAGE),
+                _ if fire::fire_invoked() => ExitCode::from(fire::EX_USAGE),
+                #[cfg(feature = "http")]
+                _ if send_invoked() => ExitCode::from(send::EX_USAGE),
                 code => ExitCode::from(code.clamp(1, 255) as u8),
             };
         }
@@ -233,18 +294,31 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench(args),
         Command::Validate(args) => validate(args),
-        Command::Fire(args) => return fire_command(args),
+        Command::Fire(args) => return fire::fire_command(args),
         Command::Init(args) => init::init(args),
         #[cfg(feature = "http")]
         Command::Tail(args) => tail::tail(args),
+        #[cfg(feature = "http")]
+        Command::Send(args) => send::send(args),
+        #[cfg(feature = "http")]
+        Command::Connect(args) => connect::connect(args),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("prx-hooks: {e}");
+            say!("prx-hooks: {e}");
             ExitCode::from(2)
         }
     }
+}
+
+#[cfg(feature = "http")]
+/// Whether the command line runs `send` (its usage errors exit [`EX_USAGE`]).
+pub fn send_invoked() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .find(|a| !a.as_encoded_bytes().starts_with(b"-"))
+        .is_some_and(|a| a == "send")
 }
 
 /// The log filter: `-v`/`-q` when given, else `RUST_LOG`, else the command's default — info
@@ -266,28 +340,36 @@ fn log_filter(v: &Verbosity, command: &Command) -> tracing_subscriber::EnvFilter
         EnvFilter::new(match command {
             Command::Fire(_) => "warn",
             #[cfg(feature = "http")]
-            Command::Tail(_) => "warn",
+            Command::Tail(_) | Command::Send(_) => "warn",
             _ => "info",
         })
     })
-}
-
-/// `30s`, `1500ms`, `2m`, `1h 30m` (humantime), or a bare number of seconds (`2.5`).
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.trim().parse::<f64>() {
-        return Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"));
-    }
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{s:?}: {e} (write 30s, 1500ms, 2m or a number of seconds)"))
 }
 
 fn init_tracing(v: &Verbosity, command: &Command) {
     let filter = log_filter(v, command);
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| QuietStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+/// stderr for the log, whose write errors are dropped: tracing-subscriber reports a failed
+/// write with `eprintln!`, which panics when stderr is closed, and a panicking log call would
+/// take the hook worker that logged with it.
+struct QuietStderr;
+
+impl std::io::Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -315,16 +397,40 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         .max_event_bytes(args.limits.max_event_bytes);
     #[cfg(feature = "nats")]
     let builder = args.nats.apply(builder, &args.workspace, args.lenient)?;
+    #[cfg(feature = "otel")]
+    let builder = args.otel.apply(builder)?;
     let hooks = Arc::new(builder.build()?);
-    let mut server = match &args.listen {
-        Some(addr) => Some(start_api(&hooks, &args, addr)?),
-        None => None,
-    };
+    // The printer subscribes before the API opens: what a client posts as soon as the
+    // address file exists is printed too.
     let printer = if args.print {
         Some(start_printer(&hooks)?)
     } else {
         None
     };
+    let mut server = match &args.listen {
+        Some(addr) => Some(start_api(&hooks, &args, addr)?),
+        None => None,
+    };
+    // What `prx-hooks send` kept while no server answered (spool.rs), before any new input.
+    let spooled = spool::replay_at_start(&hooks, &args.workspace);
+    #[cfg(feature = "http")]
+    let socket = match &args.ingest {
+        Some(arg) => {
+            let s = socket_ingest::SocketIngest::start_arg(
+                hooks.clone(),
+                arg,
+                args.lenient,
+                args.limits.max_event_bytes,
+            )?;
+            tracing::info!("reading NDJSON on unix:{}", s.path().display());
+            Some(s)
+        }
+        None => None,
+    };
+    #[cfg(feature = "http")]
+    let serving = server.is_some() || socket.is_some();
+    #[cfg(not(feature = "http"))]
+    let serving = server.is_some();
 
     let (done_tx, done_rx) = mpsc::channel();
     let tx = done_tx.clone();
@@ -370,7 +476,7 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
             .spawn(move || {
                 if let Err(e) = input::ingest(&hooks, reader, &name, &input, opts, &stop) {
                     input.read_error.store(true, Ordering::Relaxed);
-                    eprintln!("{name}: read error: {e}");
+                    say!("{name}: read error: {e}");
                 }
                 let _ = tx.send(Finish::InputDone);
             })?;
@@ -387,7 +493,7 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
                 }
                 break Finish::Signal(sig);
             }
-            Ok(Finish::InputDone) if server.is_some() || consumes_nats(&args) => {
+            Ok(Finish::InputDone) if serving || consumes_nats(&args) => {
                 reading = false;
             }
             Ok(Finish::InputDone) | Err(_) => break Finish::InputDone,
@@ -404,7 +510,11 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         #[cfg(feature = "http")]
         prx_hooks::http::token::remove_address(&args.workspace, &server.listen().to_string());
     }
-    hooks.shutdown(deadline.saturating_duration_since(Instant::now()));
+    #[cfg(feature = "http")]
+    let socket_stats = socket.map(|s| s.shutdown());
+    #[cfg(not(feature = "http"))]
+    let socket_stats: Option<()> = None;
+    hooks.shutdown(otel_flush(&args, deadline).saturating_duration_since(Instant::now()));
     let contained = containment.finish();
     if let Some(printer) = printer {
         let _ = printer.join();
@@ -427,7 +537,7 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
             0 => String::new(),
             n => format!(", {n} refused by the session map at shutdown"),
         };
-        eprintln!(
+        say!(
             "prx-hooks: {} line(s) refused, {} event(s) dropped (ring full or byte budget), {oversize} oversize{refused}; exiting 1",
             input.bad_lines.load(Ordering::Relaxed),
             stats.dropped + stats.dropped_budget,
@@ -437,8 +547,10 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         "input": input.report(),
         "stats": &stats,
         "containment": contained,
+        "spool": spooled,
+        "ingest_socket": socket_stats,
     });
-    eprintln!("{report}");
+    say!("{report}");
     Ok(if failed {
         ExitCode::from(1)
     } else {
@@ -561,9 +673,11 @@ fn nats_lost(_stats: &prx_hooks::Stats) -> u64 {
     if let Some(p) = _stats.nats().and_then(|n| n.publish.as_ref()) {
         let lost = p.dropped + p.dropped_shutdown + p.failed;
         if lost > 0 {
-            eprintln!(
+            say!(
                 "prx-hooks: NATS publisher lost {lost} event(s): {} to a full buffer, {} left at shutdown, {} refused by the server",
-                p.dropped, p.dropped_shutdown, p.failed
+                p.dropped,
+                p.dropped_shutdown,
+                p.failed
             );
         }
         return lost;
@@ -577,6 +691,16 @@ fn consumes_nats(_args: &RunArgs) -> bool {
     return _args.nats.consumes();
     #[cfg(not(feature = "nats"))]
     false
+}
+
+/// The shutdown deadline, giving the OpenTelemetry exporter time to send the spans that only
+/// end at shutdown (open ones) and what it still holds; it returns as soon as they are sent.
+fn otel_flush(_args: &RunArgs, deadline: Instant) -> Instant {
+    #[cfg(feature = "otel")]
+    if _args.otel.exports() {
+        return deadline.max(Instant::now() + otel_cli::FLUSH);
+    }
+    deadline
 }
 
 /// How long the end of the input waits at least (the NATS publisher may be reconnecting).
@@ -709,9 +833,9 @@ fn start_api(hooks: &Arc<Hooks>, args: &RunArgs, addr: &str) -> Result<ApiServer
     }
     let address = server.listen().to_string();
     let file = token::write_address(&args.workspace, &address)?;
-    eprintln!("prx-hooks: HTTP API on {address}");
-    eprintln!("prx-hooks: address written to {}", file.display());
-    eprintln!("prx-hooks: {source}");
+    say!("prx-hooks: HTTP API on {address}");
+    say!("prx-hooks: address written to {}", file.display());
+    say!("prx-hooks: {source}");
     Ok(server)
 }
 
@@ -819,11 +943,11 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
     let hooks_ok = match &loaded {
         Ok(table) => {
             for warning in &warnings {
-                println!("warning: {warning}");
+                out!("warning: {warning}");
             }
             let enabled = table.actions.iter().filter(|a| a.enabled).count();
             match &table.source {
-                Some(_) => eprintln!(
+                Some(_) => say!(
                     "{label}: ok: {} hook(s), {enabled} enabled{}, {} warning(s)",
                     table.actions.len(),
                     if table.enabled {
@@ -833,18 +957,18 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
                     },
                     warnings.len()
                 ),
-                None => eprintln!("{label}: not found: no shell hooks"),
+                None => say!("{label}: not found: no shell hooks"),
             }
             true
         }
         Err(errors) => {
             for error in errors.iter() {
-                println!("{error}");
+                out!("{error}");
             }
             for warning in &warnings {
-                println!("warning: {warning}");
+                out!("warning: {warning}");
             }
-            eprintln!(
+            say!(
                 "{label}: {} error(s), {} warning(s)",
                 errors.len(),
                 warnings.len()
@@ -858,7 +982,7 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
         return Ok(ExitCode::from(1));
     }
     if args.strict && warned > 0 {
-        eprintln!("--strict: {warned} warning(s), counted as errors");
+        say!("--strict: {warned} warning(s), counted as errors");
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
@@ -881,20 +1005,20 @@ fn validate_plugins(workspace: &std::path::Path) -> (bool, usize) {
         .map(|w| w.to_string())
         .collect();
     for line in &lines {
-        println!("{line}");
+        out!("{line}");
     }
     for w in &warnings {
-        println!("warning: {w}");
+        out!("warning: {w}");
     }
     for (name, why) in &scan.skipped {
-        eprintln!("note: plugin {name}: {why}; skipped (not ours to run)");
+        say!("note: plugin {name}: {why}; skipped (not ours to run)");
     }
     let dir = workspace.join(prx_hooks::wasm::manifest::PLUGINS_DIR);
     if scan.manifests.is_empty() && lines.is_empty() {
-        eprintln!("{}: no plugins", dir.display());
+        say!("{}: no plugins", dir.display());
     } else if lines.is_empty() {
         let names: Vec<&str> = scan.manifests.iter().map(|m| m.name.as_str()).collect();
-        eprintln!(
+        say!(
             "{}: ok: {} plugin(s): {}, {} warning(s)",
             dir.display(),
             names.len(),
@@ -902,217 +1026,9 @@ fn validate_plugins(workspace: &std::path::Path) -> (bool, usize) {
             warnings.len()
         );
     } else {
-        eprintln!("{}: {} error(s)", dir.display(), lines.len());
+        say!("{}: {} error(s)", dir.display(), lines.len());
     }
     (lines.is_empty(), warnings.len())
-}
-
-/// `fire`'s plugin side: loads the workspace's plugins once; each plugin that fails to load
-/// is reported on stderr and the others run (the caller exits 1 when any failed).
-#[cfg(feature = "wasm")]
-fn fire_load_plugins(
-    workspace: &std::path::Path,
-) -> Result<(prx_hooks::wasm::WasmSink, bool), BoxError> {
-    let sink = prx_hooks::wasm::WasmSink::standalone(workspace.to_path_buf())?;
-    let errors = sink.errors();
-    for error in &errors {
-        eprintln!("{error}");
-    }
-    Ok((sink, !errors.is_empty()))
-}
-
-/// `fire`'s own errors, each with the exit code it ends with. `fire` is offered as a command
-/// for agents' hooks, and Claude Code, Codex and Gemini CLI read exit 2 as "block" (Cursor as
-/// "deny"), so none of these is 2 (README.md § Exit codes).
-struct FireError {
-    code: u8,
-    message: String,
-}
-
-/// sysexits.h: a bad flag, argument, event name or workspace.
-const EX_USAGE: u8 = 64;
-/// A payload that cannot be read, is not the event's, or is over `--max-event-bytes`.
-const EX_DATAERR: u8 = 65;
-/// Something that should not fail did (a thread, the plugin engine, stdout).
-const EX_SOFTWARE: u8 = 70;
-/// The operating system refused what was asked (`--harden`).
-const EX_OSERR: u8 = 71;
-/// hooks.json does not load.
-const EX_CONFIG: u8 = 78;
-
-impl FireError {
-    fn new(code: u8, message: impl std::fmt::Display) -> FireError {
-        FireError {
-            code,
-            message: message.to_string(),
-        }
-    }
-}
-
-/// Whether the command line runs `fire` (the first word that is not a flag): its usage errors
-/// exit [`EX_USAGE`], not clap's 2.
-fn fire_invoked() -> bool {
-    std::env::args_os()
-        .skip(1)
-        .find(|a| !a.as_encoded_bytes().starts_with(b"-"))
-        .is_some_and(|a| a == "fire")
-}
-
-/// `fire` as a command: its errors on stderr, with their codes.
-fn fire_command(args: FireArgs) -> ExitCode {
-    match fire(args) {
-        Ok(code) => code,
-        Err(e) => {
-            if !e.message.is_empty() {
-                eprintln!("prx-hooks: {}", e.message);
-            }
-            ExitCode::from(e.code)
-        }
-    }
-}
-
-/// `fire`: exit 0 if every hook succeeded (or was skipped), 1 on any failure, and its own
-/// errors as [`FireError`]s (64 usage, 65 payload, 78 hooks.json; never 2).
-fn fire(args: FireArgs) -> Result<ExitCode, FireError> {
-    let name = prx_hooks::config::normalize_event_key(&args.event);
-    let Some(kind) = EventKind::from_name(&name) else {
-        let names: Vec<_> = EventKind::ALL.iter().map(|k| k.name()).collect();
-        return Err(FireError::new(
-            EX_USAGE,
-            format!(
-                "unknown event {:?}; expected one of {}",
-                args.event,
-                names.join(", ")
-            ),
-        ));
-    };
-    let (payload, source) = match args.payload.as_deref() {
-        None => (kind.sample_payload().to_string(), "--payload".to_string()),
-        Some("-") => {
-            let mut text = String::new();
-            std::io::stdin().read_to_string(&mut text).map_err(|e| {
-                FireError::new(EX_DATAERR, format!("--payload -: reading stdin: {e}"))
-            })?;
-            (text, "-".to_string())
-        }
-        Some(arg) => match arg.strip_prefix('@') {
-            Some(file) => (
-                std::fs::read_to_string(file)
-                    .map_err(|e| FireError::new(EX_DATAERR, format!("--payload @{file}: {e}")))?,
-                file.to_string(),
-            ),
-            None => (arg.to_string(), "--payload".to_string()),
-        },
-    };
-    // A file's or stdin's trailing newline is not part of the JSON's meaning.
-    let payload = payload.trim_end();
-    let record = ndjson::parse_payload(kind, payload, "prx-hooks", "fire")
-        .map_err(|e| FireError::new(EX_DATAERR, located(&source, payload, &e)))?;
-    if record.byte_len() > args.limits.max_event_bytes {
-        return Err(FireError::new(
-            EX_DATAERR,
-            format!(
-                "{source}: event of {} bytes exceeds max_event_bytes ({}); raise it with --max-event-bytes",
-                record.byte_len(),
-                args.limits.max_event_bytes
-            ),
-        ));
-    }
-    if !args.workspace.is_dir() {
-        return Err(FireError::new(
-            EX_USAGE,
-            format!("workspace {} is not a directory", args.workspace.display()),
-        ));
-    }
-    let table = match prx_hooks::config::load(&args.workspace) {
-        Ok(table) => table,
-        Err(errors) => {
-            for error in errors.iter() {
-                eprintln!("{error}");
-            }
-            return Err(FireError::new(EX_CONFIG, ""));
-        }
-    };
-    for warning in &table.warnings {
-        tracing::warn!("{warning}");
-    }
-    #[cfg(feature = "wasm")]
-    let (plugins, plugins_failed) =
-        fire_load_plugins(&args.workspace).map_err(|e| FireError::new(EX_SOFTWARE, e))?;
-    let limits = shell_limits(&args.contain).map_err(|e| FireError::new(EX_USAGE, e))?;
-    let containment = contain(&args.contain).map_err(|e| FireError::new(EX_OSERR, e))?;
-    let shell = prx_hooks::shell::ShellSink::standalone(args.workspace.clone(), limits);
-    shell.set_table(Arc::new(table));
-    let msg = prx_hooks::shell::message_from_json(
-        kind,
-        &record.payload_json(),
-        &record.agent,
-        &record.session,
-        0,
-    );
-    let opts = prx_hooks::shell::RunOptions::default().ignore_matcher(args.ignore_matcher);
-    let outcomes = shell.run_matching_with(&msg, &opts);
-    shell.shutdown(Instant::now() + Duration::from_secs(2));
-    containment.finish();
-    #[allow(unused_mut)]
-    let mut failed = outcomes.iter().any(|o| o.kind.is_failure());
-    for outcome in &outcomes {
-        if args.json {
-            println!(
-                "{}",
-                serde_json::to_string(outcome).map_err(|e| FireError::new(EX_SOFTWARE, e))?
-            );
-        } else {
-            println!("{outcome}");
-        }
-    }
-    #[allow(unused_mut)]
-    let mut ran = outcomes.len();
-    #[cfg(feature = "wasm")]
-    {
-        let fired = plugins.fire(kind, &msg);
-        // Writes the plugins' kv stores, so the next `fire` sees them.
-        plugins.shutdown(Instant::now() + Duration::from_secs(2));
-        for outcome in &fired {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(outcome).map_err(|e| FireError::new(EX_SOFTWARE, e))?
-                );
-            } else {
-                println!("{outcome}");
-            }
-        }
-        failed |= plugins_failed || fired.iter().any(|o| !o.is_ok());
-        ran += fired.len();
-    }
-    if ran == 0 {
-        eprintln!("no hooks or plugins for {name}");
-    }
-    Ok(if failed {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
-}
-
-/// `SOURCE:LINE:COL: path: reason` for an error in a payload that may span lines (a
-/// pretty-printed `@FILE`): the error's byte column becomes a line and a column.
-fn located(source: &str, text: &str, e: &ndjson::LineError) -> String {
-    let offset = e.column().saturating_sub(1).min(text.len());
-    let before = &text.as_bytes()[..offset];
-    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let col = offset
-        - before
-            .iter()
-            .rposition(|&b| b == b'\n')
-            .map_or(0, |i| i + 1)
-        + 1;
-    let path = match e.path() {
-        "" => String::new(),
-        p => format!("{p}: "),
-    };
-    format!("{source}:{line}:{col}: {path}{}", e.reason())
 }
 
 /// Results of `prx-hooks bench`.
@@ -1197,7 +1113,7 @@ fn bench(args: BenchArgs) -> Result<ExitCode, BoxError> {
     // An event is agent + session + tool + output (see `produce`).
     let event_bytes = "bench".len() + "producer-0".len() + "bench".len() + args.payload_bytes;
     if event_bytes > args.limits.max_event_bytes {
-        eprintln!(
+        say!(
             "prx-hooks bench: every event is {event_bytes} bytes, over max_event_bytes ({}): all are refused as oversize; raise it with --max-event-bytes",
             args.limits.max_event_bytes
         );

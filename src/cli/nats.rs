@@ -62,6 +62,20 @@ pub struct NatsArgs {
     /// back-pressure without loss; remembered across restarts).
     #[arg(long, value_name = "NAME", requires = "from_nats")]
     pub durable: Option<String>,
+    /// Core NATS: join this queue group, so that consumers sharing it split the events (each
+    /// to one of them; no order or de-dup across them).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "from_nats",
+        conflicts_with = "durable"
+    )]
+    pub queue: Option<String>,
+    /// With --durable: share what ran with the other hosts of the durable consumer in this
+    /// JetStream key-value bucket (created if missing), so a redelivery to another host is
+    /// recognized too.
+    #[arg(long, value_name = "BUCKET", requires = "durable")]
+    pub nats_dedup_bucket: Option<String>,
     /// Message ids remembered to skip duplicates.
     #[arg(
         long,
@@ -157,15 +171,26 @@ impl NatsArgs {
             if let Some(d) = &self.durable {
                 c = c.durable(d);
             }
+            if let Some(q) = &self.queue {
+                c = c.queue(q);
+            }
+            if let Some(b) = &self.nats_dedup_bucket {
+                c = c.shared_dedup(b);
+            }
             c = c.max_deliver(self.nats_max_deliver);
             // --nats-stream is the publisher's when there is one (README.md § NATS, flags).
             match (&self.from_nats_stream, &self.nats_stream, &self.nats) {
                 (Some(s), _, _) => c = c.stream(s),
                 (None, Some(s), None) => c = c.stream(s),
-                (None, Some(s), Some(_)) if self.durable.is_some() => eprintln!(
-                    "prx-hooks: --nats-stream {s} is the stream published to (with --nats); the durable consumer reads the stream holding {} (give --from-nats-stream NAME to name it)",
-                    self.subject
-                ),
+                // Not `eprintln!`: it panics when stderr is closed.
+                (None, Some(s), Some(_)) if self.durable.is_some() => {
+                    use std::io::Write as _;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "prx-hooks: --nats-stream {s} is the stream published to (with --nats); the durable consumer reads the stream holding {} (give --from-nats-stream NAME to name it)",
+                        self.subject
+                    );
+                }
                 _ => {}
             }
             builder = builder.nats_consume(c);
@@ -223,6 +248,11 @@ pub struct NatsBench {
     pub dropped: u64,
     /// The same events read back by a NATS subscriber of this bench (core NATS only).
     pub subscriber_received: Option<u64>,
+    /// The same number of messages (same subject, body and headers) from a plain async-nats
+    /// publisher on the same server in the same run, confirmed the same way (core: a flush
+    /// and a round trip; JetStream: every ack, 4,096 in flight): what the client library
+    /// can do here, beside what the bridge did.
+    pub raw_events_per_s: f64,
     pub timer_overhead_ns: u64,
 }
 
@@ -352,6 +382,7 @@ pub fn bench(
         let _ = rt.block_on(h);
         received.load(Ordering::Relaxed)
     });
+    let raw_events_per_s = raw_publisher(&rt, url, stream, events, &output)?;
     drop(rt);
     let elapsed = end.duration_since(start).as_secs_f64();
     Ok(NatsBench {
@@ -366,8 +397,86 @@ pub fn bench(
         published: p.published,
         dropped: p.dropped + p.dropped_shutdown,
         subscriber_received,
+        raw_events_per_s,
         timer_overhead_ns: overhead,
     })
+}
+
+/// A plain async-nats publisher sending `events` messages like the bridge's (subject, headers,
+/// body): events/s until the server confirmed the last (core: flush, then a request through
+/// the server; JetStream: acks awaited with up to 4,096 in flight).
+fn raw_publisher(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    stream: Option<&str>,
+    events: u64,
+    output: &str,
+) -> Result<f64, BoxError> {
+    let body = bytes_body(output);
+    rt.block_on(async {
+        let client = async_nats::connect(strip_userinfo(url)).await?;
+        let headers = |i: u64| {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Prx-Event", "tool_call");
+            h.insert("Prx-Agent", "bench");
+            h.insert("Prx-Session", "raw");
+            h.insert("Prx-Seq", i.to_string().as_str());
+            h.insert("Prx-Timestamp", "2026-01-01T00:00:00.000000Z");
+            h.insert("Prx-Origin", "0000000000000000");
+            h.insert(
+                "Nats-Msg-Id",
+                format!("raw-{}-{i}", std::process::id()).as_str(),
+            );
+            h
+        };
+        let subject = "prx.lifecycle.tool_call";
+        let start = Instant::now();
+        match stream {
+            None => {
+                for i in 0..events {
+                    client
+                        .publish_with_headers(subject, headers(i), body.clone().into())
+                        .await?;
+                }
+                client.flush().await?;
+                // A round trip through the server: everything before it was processed.
+                let inbox = client.new_inbox();
+                let mut sub = client.subscribe(inbox.clone()).await?;
+                client.publish(inbox, "".into()).await?;
+                use futures_util::StreamExt;
+                let _ = tokio::time::timeout(Duration::from_secs(30), sub.next()).await;
+            }
+            Some(_) => {
+                let js = async_nats::jetstream::new(client.clone());
+                let mut acks = std::collections::VecDeque::new();
+                for i in 0..events {
+                    if acks.len() >= 4096
+                        && let Some(ack) = acks.pop_front()
+                    {
+                        let _ = std::future::IntoFuture::into_future(ack).await;
+                    }
+                    acks.push_back(
+                        js.publish_with_headers(subject, headers(i), body.clone().into())
+                            .await?,
+                    );
+                }
+                for ack in acks {
+                    let _ = std::future::IntoFuture::into_future(ack).await;
+                }
+            }
+        }
+        Ok(events as f64 / start.elapsed().as_secs_f64().max(1e-9))
+    })
+}
+
+/// The bench's body, as the bridge sends it: the payload JSON of its events.
+fn bytes_body(output: &str) -> String {
+    Event::ToolCall {
+        tool: "bench",
+        success: true,
+        output,
+    }
+    .to_json()
 }
 
 /// The bench's own subscriber connects without the URL's credentials in its address.
@@ -413,4 +522,9 @@ pub fn print_bench(b: &NatsBench) {
     if let Some(n) = b.subscriber_received {
         println!("  read back by a NATS subscriber  {n}");
     }
+    println!(
+        "  a raw async-nats publisher, same messages, same server  {:.0} events/s (the bridge: {:.2}x)",
+        b.raw_events_per_s,
+        b.bridge_events_per_s / b.raw_events_per_s.max(1e-9)
+    );
 }

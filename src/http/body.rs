@@ -21,6 +21,9 @@ pub(crate) enum Media {
     Json,
     /// `PATCH`: `application/merge-patch+json` (RFC 7396) or `application/json`.
     MergePatch,
+    /// `POST /api/events`: NDJSON (`application/x-ndjson`, `application/ndjson`,
+    /// `application/jsonl`) or `application/json`.
+    Ndjson,
 }
 
 /// A parsed JSON body and its text.
@@ -75,6 +78,34 @@ pub(crate) async fn json(
     };
     let value = crate::config::parse_body(text.as_bytes()).map_err(placed)?;
     Ok(value.map(|value| JsonBody { value, text }))
+}
+
+/// The body's bytes, at most `limit` of them (413 past it), in the media type `media` (415
+/// otherwise; an empty body needs none): what the ingest routes read, parsing it themselves.
+pub(crate) async fn raw(
+    api: &Api,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    media: Media,
+) -> Result<Vec<u8>, ApiError> {
+    let read = Reader {
+        limit,
+        idle: api.opts.idle_timeout,
+    };
+    let bytes = match read.limited(headers, body).await {
+        Err(e) if e.status == StatusCode::REQUEST_TIMEOUT => {
+            if let Some(c) = &api.conns {
+                c.body_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        r => r?,
+    };
+    if !bytes.is_empty() {
+        check_media_type(headers, media)?;
+    }
+    Ok(bytes)
 }
 
 /// `reason` about the place at byte `pos` of `body`, as every error about a place in a body
@@ -227,6 +258,10 @@ fn check_media_type(headers: &HeaderMap, media: Media) -> Result<(), ApiError> {
                  application/merge-patch+json\" (or application/json); JSON Patch (RFC 6902) is \
                  not supported"
             }
+            Media::Ndjson => {
+                "NDJSON (one event per line) sent as \"Content-Type: application/x-ndjson\" \
+                 (or application/json)"
+            }
         };
         ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -250,6 +285,13 @@ fn check_media_type(headers: &HeaderMap, media: Media) -> Result<(), ApiError> {
         Media::MergePatch => {
             essence == "application/json" || essence == "application/merge-patch+json"
         }
+        Media::Ndjson => matches!(
+            essence.as_str(),
+            "application/x-ndjson"
+                | "application/ndjson"
+                | "application/jsonl"
+                | "application/json"
+        ),
     };
     let utf8 = parts.all(|p| match p.split_once('=') {
         Some((k, v)) if k.trim().eq_ignore_ascii_case("charset") => {

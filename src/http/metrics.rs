@@ -21,6 +21,7 @@ use super::{ApiState, EventStreamStats, HttpStats};
 use crate::Stats;
 use crate::config::ConfigStats;
 use crate::nats::{ConsumeStats, PublishStats};
+use crate::otel::OtelStats;
 use crate::shell::{HookCounts, ShellStats};
 use crate::stats::{SinkStats, SubscriberStats};
 use crate::wasm::{PluginStats, PluginsStats};
@@ -202,6 +203,16 @@ fn metrics(s: &Stats, http: Option<&HttpStats>, events: Option<&EventStreamStats
                 &[(vec![], c)],
             );
         }
+    }
+    if let Some(o) = s.section::<OtelStats>(crate::otel::STATS_SECTION) {
+        m.single(OTEL, o);
+        m.split(
+            "otel_spans_dropped",
+            "spans the OpenTelemetry exporter lost, by reason",
+            "reason",
+            &[OTEL_DROPS],
+            &[(vec![], o)],
+        );
     }
     if let Some(h) = http {
         m.single(HTTP, h);
@@ -575,6 +586,57 @@ const TIMEOUTS: Parts<HttpStats> = &[
     ("write", |h| h.write_timeouts),
 ];
 
+const OTEL: &[Def<OtelStats>] = &[
+    counter(
+        "otel_events",
+        "lifecycle events the span builder read",
+        |o| o.events,
+    ),
+    counter("otel_spans", "spans finished", |o| o.spans),
+    counter(
+        "otel_spans_exported",
+        "spans the OTLP receiver accepted",
+        |o| o.exported,
+    ),
+    counter(
+        "otel_unmatched_starts",
+        "starts never ended, ended at the idle limit, at shutdown or by the bounds",
+        |o| o.unmatched_starts,
+    ),
+    counter(
+        "otel_unmatched_ends",
+        "ends without a start, exported as zero-length spans",
+        |o| o.unmatched_ends,
+    ),
+    counter(
+        "otel_hook_spans",
+        "execute_hook spans made from hook outcomes",
+        |o| o.hook_spans,
+    ),
+    counter(
+        "otel_runs_missed",
+        "hook outcomes the run feed could not hand to the span builder",
+        |o| o.runs_missed,
+    ),
+    counter("otel_requests", "OTLP export requests sent", |o| o.requests),
+    counter("otel_retries", "OTLP export requests retried", |o| {
+        o.retries
+    }),
+    gauge(
+        "otel_queued",
+        "spans waiting in the export queue or in a request",
+        |o| o.queued,
+    ),
+    gauge("otel_capacity", "the export queue's bound", |o| o.capacity),
+];
+
+const OTEL_DROPS: Parts<OtelStats> = &[
+    ("queue_full", |o| o.dropped_queue_full),
+    ("retries", |o| o.dropped_retries),
+    ("rejected", |o| o.rejected),
+    ("shutdown", |o| o.dropped_shutdown),
+];
+
 const NATS_PUBLISH: &[Def<PublishStats>] = &[
     gauge(
         "nats_publish_connected",
@@ -698,6 +760,36 @@ const NATS_CONSUME: &[Def<ConsumeStats>] = &[
         "nats_consume_window",
         "message ids in the de-dup window",
         |c| c.window,
+    ),
+    counter(
+        "nats_consume_retried",
+        "JetStream messages a hook's queue dropped: nak'ed for redelivery",
+        |c| c.retried,
+    ),
+    counter(
+        "nats_consume_shared_duplicates",
+        "duplicates recognized by the shared de-dup bucket",
+        |c| c.shared_duplicates,
+    ),
+    counter(
+        "nats_consume_dropped_full",
+        "core NATS messages dropped by the consumer's full buffer",
+        |c| c.dropped_full,
+    ),
+    gauge(
+        "nats_consume_in_flight",
+        "JetStream messages handed over and waiting for their hooks before the ack",
+        |c| c.in_flight,
+    ),
+    gauge(
+        "nats_consume_buffered",
+        "core NATS messages in the consumer's buffer",
+        |c| c.buffered,
+    ),
+    gauge(
+        "nats_consume_buffered_bytes",
+        "bytes of the core NATS messages in the consumer's buffer",
+        |c| c.buffered_bytes,
     ),
 ];
 
@@ -953,6 +1045,34 @@ fn escape(labels: Labels) -> Labels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_otel_exporter_has_its_families() {
+        let mut s = Stats::default();
+        let o = OtelStats {
+            spans: 9,
+            exported: 5,
+            dropped_queue_full: 2,
+            dropped_retries: 1,
+            rejected: 1,
+            queued: 0,
+            ..Default::default()
+        };
+        s.set_section(crate::otel::STATS_SECTION, Some(o));
+        let text = exposition(&s, None, None).unwrap();
+        for line in [
+            "prx_hooks_otel_spans_total 9",
+            "prx_hooks_otel_spans_exported_total 5",
+            r#"prx_hooks_otel_spans_dropped_total{reason="queue_full"} 2"#,
+            r#"prx_hooks_otel_spans_dropped_total{reason="retries"} 1"#,
+            r#"prx_hooks_otel_spans_dropped_total{reason="rejected"} 1"#,
+            "prx_hooks_otel_queued 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in {text}");
+        }
+        let text = exposition(&Stats::default(), None, None).unwrap();
+        assert!(!text.contains("otel_"), "{text}");
+    }
 
     #[test]
     fn the_nats_bridge_has_its_families() {

@@ -16,8 +16,10 @@
 //!              ├─ …/test        ─► ShellSink::start_once (a slot in the hook's limits or 429;
 //!              │                   awaited without a pool thread; killed if the client leaves)
 //!              ├─ …/runs        ─► run history
-//!              ├─ /api/events   ─► the live stream (SSE; events.rs: one hub thread, a bounded
-//!              │                   queue per client, a backlog for Last-Event-ID)
+//!              ├─ GET /api/events ─► the live stream (SSE; events.rs: one hub thread, a
+//!              │                   bounded queue per client, a backlog for Last-Event-ID)
+//!              ├─ POST /api/events ─► ingest.rs: NDJSON lines ─► LineIngest ─► the ring
+//!              ├─ POST /api/ingest/{agent} ─► agents::translate ─► one line ─► LineIngest
 //!              └─ /api/stats, /api/plugins, /metrics ─► Hooks::stats()
 //! request ─► guard ─► / and /console/* ─► the console page (console.rs: embedded, no token;
 //!                                          its API calls carry the token like any client's)
@@ -40,6 +42,7 @@ mod error;
 mod events;
 mod guard;
 mod hooks;
+mod ingest;
 mod live;
 mod metrics;
 mod query;
@@ -54,7 +57,8 @@ pub use events::{
     DEFAULT_STREAM_QUEUE, DEFAULT_STREAM_QUEUE_BYTES, EventStreamOptions, EventStreamStats,
     PLUGIN_INTERVAL, RESERVED_NAMES,
 };
-pub use server::{HttpStats, Listen, Server};
+pub use ingest::IngestStats;
+pub use server::{HttpStats, Listen, Server, bind_unix};
 pub use token::{Token, TokenError, TokenSource};
 
 use crate::Hooks;
@@ -68,6 +72,10 @@ use std::time::Duration;
 /// Largest request body accepted by default (ARCHITECTURE.md § HTTP API): 256 KiB.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
+/// Largest `POST /api/events` body accepted by default: 16 MiB (a batch of thousands of events,
+/// or one agent payload carrying a large tool output).
+pub const MAX_INGEST_BYTES: usize = 16 * 1024 * 1024;
+
 /// Default of [`HttpOptions::header_timeout`].
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -80,8 +88,11 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct HttpOptions {
     /// Every route but `/healthz` needs `Authorization: Bearer <token>`.
     pub token: Token,
-    /// Larger bodies get 413 (default [`MAX_BODY_BYTES`]).
+    /// Larger bodies get 413 (default [`MAX_BODY_BYTES`]), but for the ingest routes.
     pub max_body_bytes: usize,
+    /// `POST /api/events` and `POST /api/ingest/{agent}`: larger bodies get 413 (default
+    /// [`MAX_INGEST_BYTES`]). An event is still bounded by `max_event_bytes`.
+    pub max_ingest_bytes: usize,
     /// [`Server`]: a request head must arrive whole within this, counted from the connection's
     /// start or from the previous response on a kept-alive connection; otherwise the
     /// connection is closed (default [`DEFAULT_HEADER_TIMEOUT`]). A host serving [`router`]
@@ -122,6 +133,7 @@ impl HttpOptions {
         HttpOptions {
             token,
             max_body_bytes: MAX_BODY_BYTES,
+            max_ingest_bytes: MAX_INGEST_BYTES,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: None,
@@ -138,6 +150,21 @@ impl HttpOptions {
 
     pub fn max_body_bytes(mut self, bytes: usize) -> HttpOptions {
         self.max_body_bytes = bytes;
+        self
+    }
+
+    /// See [`HttpOptions::max_ingest_bytes`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::http::{HttpOptions, Token};
+    /// let opts = HttpOptions::new(Token::generate()?).max_ingest_bytes(1 << 20);
+    /// assert_eq!(opts.max_ingest_bytes, 1 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_ingest_bytes(mut self, bytes: usize) -> HttpOptions {
+        self.max_ingest_bytes = bytes;
         self
     }
 
@@ -203,6 +230,8 @@ pub(crate) struct Api {
     pub conns: Option<Arc<server::ConnCounters>>,
     /// `/api/events`.
     pub events: events::EventHub,
+    /// `POST /api/events`, `POST /api/ingest/{agent}`.
+    pub ingest: ingest::IngestCounters,
 }
 
 impl Drop for Api {
@@ -261,6 +290,7 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         guard,
         conns,
         events,
+        ingest: ingest::IngestCounters::default(),
     });
     // The route table (routes.rs): add a route here, with its handlers, and the 404's list
     // and its 405 name it by themselves.
@@ -280,7 +310,8 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         .route("/api/hooks/{id}/runs", get(hooks::runs))
         .route("/api/plugins", get(status::plugins))
         .route("/api/stats", get(status::stats))
-        .route("/api/events", get(events::stream))
+        .route("/api/events", get(events::stream).post(ingest::post))
+        .route("/api/ingest/{agent}", post(ingest::agent))
         .route("/metrics", get(metrics::render))
         .into_parts();
     let (console, console_listed) = console::routes().into_parts();

@@ -438,8 +438,24 @@ impl Cap {
     }
 }
 
-/// Binds a unix socket at `path` with mode 0600, never reachable at `path` with a looser one.
-fn bind_unix(path: &Path) -> io::Result<(std::os::unix::net::UnixListener, (u64, u64))> {
+/// Binds a unix socket at `path` with mode 0600, never reachable at `path` with a looser one:
+/// it is bound at a random name beside it, made 0600, then renamed over `path`. A live
+/// socket at `path` is refused (another server listens), a dead one replaced, anything else
+/// refused. Returns the listener and the socket file's (device, inode), so that its owner can
+/// remove it later only if it is still the same file. `prx-hooks run --ingest` binds with it.
+///
+/// # Examples
+///
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("ingest.sock");
+/// let (_listener, _id) = prx_hooks::http::bind_unix(&path)?;
+/// use std::os::unix::fs::PermissionsExt;
+/// assert_eq!(std::fs::metadata(&path)?.permissions().mode() & 0o777, 0o600);
+/// assert!(prx_hooks::http::bind_unix(&path).is_err(), "a live socket is refused");
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn bind_unix(path: &Path) -> io::Result<(std::os::unix::net::UnixListener, (u64, u64))> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {

@@ -31,6 +31,7 @@ pub(crate) async fn healthz(State(api): ApiState) -> Response {
 pub(crate) async fn stats(State(api): ApiState) -> Response {
     let http = api.conns.as_ref().map(|c| c.snapshot());
     let events = api.events.stats();
+    let api_ingest = api.ingest.snapshot();
     match snapshot(api).await {
         Ok(stats) => match serde_json::to_value(&stats) {
             Ok(Value::Object(mut m)) => {
@@ -38,6 +39,7 @@ pub(crate) async fn stats(State(api): ApiState) -> Response {
                     m.insert("http".into(), json!(http));
                 }
                 m.insert("events".into(), json!(events));
+                m.insert("ingest".into(), json!(api_ingest));
                 json_response(StatusCode::OK, &m)
             }
             _ => json_response(StatusCode::OK, &stats),

@@ -32,6 +32,11 @@ pub const TOKEN_FILE: &str = ".prx-hooks/token";
 /// Where a running server's address is written, relative to the workspace.
 pub const ADDRESS_FILE: &str = ".prx-hooks/address";
 
+/// Beside the address: the process id of the server that wrote it. A client that finds that
+/// process gone treats the address as stale (a server killed with SIGKILL could not remove it)
+/// and never sends the token there: another program may listen on that port now.
+pub const SERVER_PID_FILE: &str = ".prx-hooks/server.pid";
+
 /// Token and address files are at most this large.
 const MAX_FILE_BYTES: u64 = 4096;
 
@@ -186,11 +191,38 @@ pub fn find(
 /// Where the server of `workspace` listens, as `prx-hooks run --listen` wrote it
 /// (`http://127.0.0.1:7878` or `unix:/path`); `None` when no server has written it (or the
 /// last one removed it at exit). The file is checked like a token file.
+///
+/// Also `None` when the process that wrote it has exited (its id in [`SERVER_PID_FILE`]): the
+/// address is stale and its port may be another program's. A file without that id (written
+/// by an older server) is taken as it is.
 pub fn read_address(workspace: &Path) -> Result<Option<String>, TokenError> {
     let path = workspace.join(ADDRESS_FILE);
-    Ok(read_private(&path, Follow::No)?
+    let address = read_private(&path, Follow::No)?
         .map(|text| first_line(&text).to_string())
-        .filter(|a| !a.is_empty()))
+        .filter(|a| !a.is_empty());
+    if address.is_some() && server_gone(workspace)? {
+        return Ok(None);
+    }
+    Ok(address)
+}
+
+/// Whether [`SERVER_PID_FILE`] names a process that no longer exists.
+fn server_gone(workspace: &Path) -> Result<bool, TokenError> {
+    let path = workspace.join(SERVER_PID_FILE);
+    let Some(text) = read_private(&path, Follow::No)? else {
+        return Ok(false);
+    };
+    let Ok(pid) = first_line(&text).parse::<i32>() else {
+        return Ok(false);
+    };
+    if pid <= 0 {
+        return Ok(false);
+    }
+    // Signal 0 checks existence only; EPERM means it exists (another user's).
+    Ok(matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+        Err(nix::errno::Errno::ESRCH)
+    ))
 }
 
 /// Writes `<workspace>/.prx-hooks/address` (whole, mode 0600): where this server listens, as
@@ -198,7 +230,13 @@ pub fn read_address(workspace: &Path) -> Result<Option<String>, TokenError> {
 pub fn write_address(workspace: &Path, address: &str) -> Result<PathBuf, TokenError> {
     let path = workspace.join(ADDRESS_FILE);
     let _lock = lock_dir(&path)?;
+    // The address first: between the two writes a client sees the new address beside the old
+    // (dead) id and waits, rather than the old address beside a live id.
     write_private(&path, &format!("{address}\n"))?;
+    write_private(
+        &workspace.join(SERVER_PID_FILE),
+        &format!("{}\n", std::process::id()),
+    )?;
     Ok(path)
 }
 
@@ -211,6 +249,7 @@ pub fn remove_address(workspace: &Path, address: &str) {
         && first_line(&text) == address
     {
         let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(workspace.join(SERVER_PID_FILE));
     }
 }
 
@@ -385,6 +424,28 @@ mod tests {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = resolve(Some(&file), None, dir.path()).unwrap_err();
         assert!(e.to_string().contains("chmod 600"), "{e}");
+    }
+
+    #[test]
+    fn an_address_whose_server_has_exited_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        write_address(dir.path(), "http://127.0.0.1:7878").unwrap();
+        assert_eq!(
+            read_address(dir.path()).unwrap().as_deref(),
+            Some("http://127.0.0.1:7878"),
+            "this process wrote it and lives"
+        );
+        // A process that has exited (reaped: its id is free).
+        let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        write_private(&dir.path().join(SERVER_PID_FILE), &format!("{dead}\n")).unwrap();
+        assert_eq!(read_address(dir.path()).unwrap(), None);
+        // No id (an older server's file): taken as it is.
+        std::fs::remove_file(dir.path().join(SERVER_PID_FILE)).unwrap();
+        assert!(read_address(dir.path()).unwrap().is_some());
+        remove_address(dir.path(), "http://127.0.0.1:7878");
+        assert!(!dir.path().join(ADDRESS_FILE).exists());
     }
 
     #[test]

@@ -4,9 +4,10 @@
 use super::pace;
 use super::sessions::Refused;
 use crate::Hooks;
+use crate::bus::BusError;
 use crate::emitter::Emit;
 use crate::event::EventKind;
-use crate::ndjson::{self, ParseOptions};
+use crate::ndjson::{self, Input, ParseOptions, TopicRecord};
 use serde::Serialize;
 
 /// Errors an [`IngestReport`] keeps; later ones are only counted (`more_errors`).
@@ -143,8 +144,10 @@ impl IngestReport {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ingested {
     pub outcome: Outcome,
-    /// The event, when the line parsed.
+    /// The event, when the line parsed as a lifecycle event.
     pub kind: Option<EventKind>,
+    /// The custom topic, when the line was a topic line (`prx.agent.<agent>.<event>`).
+    pub topic: Option<String>,
     /// Documented fields the line lacked (lenient input only).
     pub omitted: Vec<&'static str>,
     /// Why it was refused ([`Outcome::Error`]; also set for an oversize event, which `emit`
@@ -157,6 +160,7 @@ impl Ingested {
         Ingested {
             outcome,
             kind: None,
+            topic: None,
             omitted: Vec::new(),
             error: None,
         }
@@ -242,6 +246,52 @@ impl<'h> LineIngest<'h> {
         out
     }
 
+    /// Reads the next lines leniently or not ([`IngestOptions::lenient`]): a translated agent
+    /// payload that leaves out a field its agent never sends
+    /// ([`Translated::lenient`](crate::agents::Translated::lenient)) among strict lines.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::Hooks;
+    /// use prx_hooks::ingest::{IngestOptions, LineIngest};
+    /// let hooks = Hooks::builder().build()?;
+    /// let mut ingest = LineIngest::new(&hooks, IngestOptions::default());
+    /// ingest.set_lenient(true);
+    /// ingest.line(1, br#"{"event":"agent_end","agent":"a","session":"s"}"#);
+    /// assert!(ingest.report().errors.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_lenient(&mut self, on: bool) {
+        self.opts = self.opts.lenient(on);
+    }
+
+    /// A line refused before it could be read as an event (an agent payload that could not
+    /// be translated, …): an error at `column` with `message`, counted like any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::Hooks;
+    /// use prx_hooks::ingest::{IngestOptions, LineIngest};
+    /// let hooks = Hooks::builder().build()?;
+    /// let mut ingest = LineIngest::new(&hooks, IngestOptions::default());
+    /// ingest.refuse(1, 3, "session_id: missing");
+    /// assert_eq!(ingest.report().errors[0].message, "session_id: missing");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refuse(&mut self, number: u64, column: usize, message: &str) -> Ingested {
+        let mut out = Ingested::just(Outcome::Error);
+        out.error = Some(IngestError {
+            line: number,
+            column,
+            message: message.to_string(),
+            kind: IngestErrorKind::Parse,
+        });
+        self.report.count(out.outcome, out.error.as_ref());
+        out
+    }
+
     pub fn report(&self) -> &IngestReport {
         &self.report
     }
@@ -266,8 +316,9 @@ impl<'h> LineIngest<'h> {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ingested::just(Outcome::Blank);
         }
-        let record = match ndjson::parse_line_with(line, self.opts.parse) {
-            Ok(record) => record,
+        let record = match ndjson::parse_input_with(line, self.opts.parse) {
+            Ok(Input::Event(record)) => record,
+            Ok(Input::Topic(topic)) => return self.publish(number, topic),
             Err(e) => {
                 let message = match e.path() {
                     "" => e.reason().to_string(),
@@ -287,6 +338,7 @@ impl<'h> LineIngest<'h> {
         let mut out = Ingested {
             outcome: Outcome::Queued,
             kind: Some(record.kind()),
+            topic: None,
             omitted: record.omitted().to_vec(),
             error: None,
         };
@@ -334,6 +386,33 @@ impl<'h> LineIngest<'h> {
             Emit::Skipped => Outcome::Skipped,
             _ => Outcome::Dropped,
         };
+        out
+    }
+
+    /// A topic line, published on the bus at once (custom topics have no ring): taken by a
+    /// subscriber → queued, by none → skipped, refused by the bus → an error with its reason.
+    fn publish(&mut self, number: u64, line: TopicRecord) -> Ingested {
+        let published =
+            self.hooks
+                .bus()
+                .publish_from(&line.topic, &line.agent, &line.session, &line.payload);
+        let mut out = Ingested::just(match published {
+            Ok(0) => Outcome::Skipped,
+            Ok(_) => Outcome::Queued,
+            Err(_) => Outcome::Error,
+        });
+        if let Err(e) = published {
+            out.error = Some(IngestError {
+                line: number,
+                column: 1,
+                message: e.to_string(),
+                kind: match e {
+                    BusError::PayloadTooLarge { .. } => IngestErrorKind::Oversize,
+                    _ => IngestErrorKind::Parse,
+                },
+            });
+        }
+        out.topic = Some(line.topic);
         out
     }
 

@@ -4,20 +4,14 @@
 //! emitter goes on from it — in every interleaving with the consumer, the numbers are 0, 1, 2
 //! in delivery order (never a repeat: the consumer took each number before moving its head).
 
-use crate::emitter::{Emit, Emitter, EventSlot, Lane, Producers};
-use crate::event::{Event, EventMask};
-use crate::pipeline::Interest;
-use crate::ring::Ring;
-use std::sync::Arc;
+use crate::emitter::loom_tests::one_ring;
+use crate::emitter::{Emit, Emitter};
+use crate::event::Event;
 
 #[test]
 fn a_released_keys_next_emitter_continues_its_seq_in_delivery_order() {
     loom::model(|| {
-        let interest = Interest::new(1);
-        interest.handle(0).set(EventMask::ALL);
-        let producers = Arc::new(Producers::new(interest, 32, 1 << 10, 1 << 10));
-        let (ring, mut rx) = Ring::new(4, || EventSlot::new(32));
-        let lane = Arc::new(Lane::new(ring));
+        let (producers, lane, mut rx) = one_ring();
         let consumer = {
             let lane = lane.clone();
             loom::thread::spawn(move || {

@@ -1,20 +1,22 @@
 //! The consumer: NATS messages → the local pipeline (ARCHITECTURE.md § NATS bridge).
 //!
 //! ```text
-//! NATS ─► core subscription            (no flow control: while intake pauses the client's
-//!      │                                buffer fills, then it drops — `slow_consumer`)
-//!      └► JetStream durable pull consumer (pulls only while the pipeline has room)
+//! NATS ─► core subscription (or a queue group)
+//!      │     └► our buffer, bounded in messages and bytes (drops counted: dropped_full)
+//!      └► JetStream durable pull consumer (at most 128 in flight; a pull for the room left)
 //!            └─► per message: subject → event · Prx-Origin our own? skip · headers checked ·
-//!                Nats-Msg-Id seen? skip · body parsed (ndjson payload parser) ·
-//!                wait while the pipeline is busy · emit (retried until queued) ·
-//!                id into the window (and its file) · then ack
+//!                Nats-Msg-Id seen (window, shared bucket, in flight)? skip · body parsed ·
+//!                wait until its hooks' queues have room · emit with a ticket (`settle`) ·
+//!                … its hooks ran or skipped it: id into the window (its file, the bucket) ·
+//!                then ack; a hook's queue dropped it: nak with a delay
 //! ```
 //!
-//! Delivery is at-least-once: an ack lost on the way, or a process stopped between hand-off
-//! and ack, makes JetStream deliver the message again, and the de-dup window (bounded in
-//! size and age, persisted when given a file) is what recognizes it. A refused message is
-//! terminated (JetStream never redelivers it); one taken but not handed over when the
-//! consumer stops is nak'ed, so the next consumer gets it at once.
+//! Delivery is at-least-once: an ack lost on the way, or a process stopped before its hooks
+//! settled a message, makes JetStream deliver it again, and the de-dup window (bounded in
+//! size and age, persisted when given a file; shared between hosts through a key-value bucket
+//! when given one) is what recognizes it. A refused message is terminated (JetStream never
+//! redelivers it); one taken but not handed over when the consumer stops is nak'ed, so the
+//! next consumer gets it at once.
 
 use super::connect::{ConnState, ConnectError, NatsOptions, runtime};
 use super::publish::check_name;
@@ -38,10 +40,30 @@ pub const DEFAULT_DEDUP_AGE: Duration = Duration::from_secs(3600);
 
 /// How long a batch's acks and their flush may take before the consumer goes on without them.
 const ACKS_WAIT: Duration = Duration::from_secs(2);
+/// Default of [`ConsumeOptions::buffer`]: messages.
+pub const DEFAULT_BUFFER_MESSAGES: usize = 65_536;
+/// Default of [`ConsumeOptions::buffer`]: bytes.
+pub const DEFAULT_BUFFER_BYTES: usize = 64 << 20;
 /// Default of [`ConsumeOptions::max_deliver`].
 pub const DEFAULT_MAX_DELIVER: u32 = 5;
-/// Messages pulled at once.
+/// Messages pulled at once, at most.
 const BATCH: usize = 256;
+/// Core NATS: messages handed over per look at `Feed::busy` (what intake can overshoot by).
+const CORE_BATCH: usize = 32;
+/// The client's channel per subscription, in messages (see `Consumer::start`).
+const CLIENT_CHANNEL: usize = 1 << 20;
+/// JetStream: messages handed over and not yet settled by their hooks, at most. With the
+/// default queue of 256 per hook, the consumer alone never fills a hook's queue; a pull asks
+/// for no more than the room left.
+const MAX_IN_FLIGHT: usize = 128;
+/// A pull's expiry. Messages are handled as they arrive, so this bounds only how long an idle
+/// pull stands.
+const PULL_EXPIRES: Duration = Duration::from_millis(500);
+/// How long a message a sink dropped waits before JetStream delivers it again.
+const RETRY_DELAY: Duration = Duration::from_millis(500);
+/// An in-flight message gets an in-progress ack this often, so that the 10 s ack wait does not
+/// redeliver it while its hooks still run.
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 /// Emitters kept (one per agent and session seen; the oldest goes first).
 const MAX_EMITTERS: usize = 4096;
 
@@ -51,12 +73,16 @@ pub struct ConsumeOptions {
     nats: NatsOptions,
     subject: String,
     durable: Option<String>,
+    queue: Option<String>,
     stream: Option<String>,
+    shared_dedup: Option<String>,
     dedup_ids: usize,
     dedup_age: Duration,
     dedup_file: Option<PathBuf>,
     parse: ParseOptions,
     max_deliver: u32,
+    buffer_messages: usize,
+    buffer_bytes: usize,
 }
 
 impl ConsumeOptions {
@@ -66,13 +92,26 @@ impl ConsumeOptions {
             nats,
             subject: wire::LIFECYCLE_SUBJECTS.into(),
             durable: None,
+            queue: None,
             stream: None,
+            shared_dedup: None,
             dedup_ids: DEFAULT_DEDUP_IDS,
             dedup_age: DEFAULT_DEDUP_AGE,
             dedup_file: None,
             parse: ParseOptions::default(),
             max_deliver: DEFAULT_MAX_DELIVER,
+            buffer_messages: DEFAULT_BUFFER_MESSAGES,
+            buffer_bytes: DEFAULT_BUFFER_BYTES,
         }
+    }
+
+    /// Core NATS: the consumer's buffer between the client and the pipeline holds at most
+    /// `messages` messages and `bytes` bytes (defaults 65,536 and 64 MiB; at least 1 and
+    /// 1 MiB); what arrives while it is full is dropped and counted (`dropped_full`).
+    pub fn buffer(mut self, messages: usize, bytes: usize) -> ConsumeOptions {
+        self.buffer_messages = messages.max(1);
+        self.buffer_bytes = bytes.max(1 << 20);
+        self
     }
 
     /// The subject filter, in NATS's syntax (`*` one token, `>` the rest) — not the bus's.
@@ -85,6 +124,27 @@ impl ConsumeOptions {
     /// restarts, and is pulled from only while the pipeline has room.
     pub fn durable(mut self, name: impl Into<String>) -> ConsumeOptions {
         self.durable = Some(name.into());
+        self
+    }
+
+    /// Core NATS: subscribe in this queue group, so that the consumers sharing it split the
+    /// events (NATS gives each message to one member). Nothing orders or de-duplicates across
+    /// the members: an agent's events may run on several hosts at once, out of order.
+    /// Ignored with [`durable`](ConsumeOptions::durable) (a durable consumer's pullers share
+    /// its messages already).
+    pub fn queue(mut self, group: impl Into<String>) -> ConsumeOptions {
+        self.queue = Some(group.into());
+        self
+    }
+
+    /// JetStream: hosts sharing the durable consumer also share what ran, in a key-value
+    /// bucket of this name (the stream `KV_<name>`, one entry per message id, kept for the
+    /// window's age): a message redelivered to another host after a lost ack, or stored again
+    /// after the stream's duplicate window, is recognized there too. Per event it costs a
+    /// lookup (a request to the server) before the hand-off and a create-if-absent write
+    /// (a JetStream publish, acked) after the hooks ran, before the ack.
+    pub fn shared_dedup(mut self, bucket: impl Into<String>) -> ConsumeOptions {
+        self.shared_dedup = Some(bucket.into());
         self
     }
 
@@ -143,6 +203,12 @@ impl ConsumeOptions {
         if let Some(s) = &self.stream {
             check_name(s, "JetStream stream name")?;
         }
+        if let Some(q) = &self.queue {
+            check_name(q, "NATS queue group name")?;
+        }
+        if let Some(b) = &self.shared_dedup {
+            check_name(b, "JetStream key-value bucket name")?;
+        }
         self.nats.check(true)
     }
 }
@@ -165,6 +231,12 @@ struct Counters {
     loops: AtomicU64,
     given_up: AtomicU64,
     id_conflicts: AtomicU64,
+    in_flight: AtomicU64,
+    retried: AtomicU64,
+    dropped_full: AtomicU64,
+    shared_duplicates: AtomicU64,
+    buffered: AtomicU64,
+    buffered_bytes: AtomicU64,
 }
 
 /// The consuming half of the bridge: a thread pulling from NATS into the pipeline. Made by
@@ -177,6 +249,8 @@ pub struct Consumer {
     subject: String,
     durable: Option<String>,
     stop: Arc<AtomicBool>,
+    /// Until when a stopping JetStream consumer waits for what is in flight to settle.
+    drain_until: Arc<Mutex<Option<Instant>>>,
     wake: Arc<tokio::sync::Notify>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -187,6 +261,12 @@ impl Consumer {
         let server = opts.nats.redacted();
         let state = ConnState::new(format!("NATS consumer ({server})"));
         let (connect, addrs) = opts.nats.connect_options(state.clone(), "consume", true)?;
+        // The client's channel for a subscription is drained at once into the core
+        // consumer's own bounded buffer, but only when the client's connection task yields,
+        // and it reads many messages per turn: room enough that a flood on loopback never
+        // overflows it (async-nats reports such drops through a 128-slot event channel, which
+        // misses most of them). Its slots are allocated as used.
+        let connect = connect.subscription_capacity(CLIENT_CHANNEL);
         let window = Window::open(opts.dedup_ids, opts.dedup_age, opts.dedup_file.clone())?;
         let rt = runtime("prx-nats-consume")?;
         let client = rt
@@ -222,7 +302,21 @@ impl Consumer {
             .store(window.len() as u64, Ordering::Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(tokio::sync::Notify::new());
+        let drain_until = Arc::new(Mutex::new(None));
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let settled = {
+            let notify = notify.clone();
+            crate::settle::Settled::new(Box::new(move || notify.notify_one()))
+        };
         let worker = Worker {
+            drain_until: drain_until.clone(),
+            notify,
+            settled,
+            flights: HashMap::new(),
+            flying: HashMap::new(),
+            next_key: 0,
+            shared: None,
+            shared_digest: None,
             auth_check: opts.nats.needs_auth_check(),
             state: state.clone(),
             server: server.clone(),
@@ -251,6 +345,7 @@ impl Consumer {
             subject: opts.subject,
             durable: opts.durable,
             stop,
+            drain_until,
             wake,
             thread: Mutex::new(Some(thread)),
         })
@@ -281,6 +376,12 @@ impl Consumer {
             loops: get(&c.loops),
             given_up: get(&c.given_up),
             id_conflicts: get(&c.id_conflicts),
+            in_flight: get(&c.in_flight),
+            retried: get(&c.retried),
+            dropped_full: get(&c.dropped_full),
+            shared_duplicates: get(&c.shared_duplicates),
+            buffered: get(&c.buffered),
+            buffered_bytes: get(&c.buffered_bytes),
             reconnects: self.state.reconnects(),
             ..ConsumeStats::default()
         };
@@ -288,9 +389,16 @@ impl Consumer {
         s
     }
 
-    /// Stops taking messages and waits for the thread (it finishes the message in hand, acks
-    /// what it handed over, naks the rest). Idempotent.
-    pub(crate) fn stop(&self) {
+    /// Stops taking messages and waits for the thread: it naks what it took and did not hand
+    /// over; with JetStream it waits until `deadline` for the hooks of what it handed over to
+    /// settle, acks those, and naks the rest. Idempotent.
+    pub(crate) fn stop(&self, deadline: Instant) {
+        {
+            let mut d = self.drain_until.lock().unwrap_or_else(|e| e.into_inner());
+            if d.is_none() {
+                *d = Some(deadline);
+            }
+        }
         self.stop.store(true, Ordering::Release);
         self.wake.notify_one();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -301,7 +409,7 @@ impl Consumer {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(Instant::now());
     }
 }
 
@@ -315,6 +423,9 @@ enum Fate {
     Refused,
     /// Not handed (stopping): nak, so it is delivered again at once.
     Later,
+    /// JetStream: a redelivery of the message in flight under this key (its hooks still
+    /// run); acked with it.
+    InFlight(u64),
 }
 
 /// One message, whichever way it came.
@@ -349,6 +460,79 @@ struct Worker {
     said: Said,
     /// Ids made for relayed messages that had none.
     made_ids: u64,
+    drain_until: Arc<Mutex<Option<Instant>>>,
+    /// Woken by a ticket's report.
+    notify: Arc<tokio::sync::Notify>,
+    /// Where the tickets of what was handed over report (`crate::settle`).
+    settled: Arc<crate::settle::Settled>,
+    /// JetStream: handed over, not yet settled, by ticket key.
+    flights: HashMap<u64, Flight>,
+    /// Their ids.
+    flying: HashMap<String, u64>,
+    next_key: u64,
+    /// The shared de-dup bucket ([`ConsumeOptions::shared_dedup`]), once opened.
+    shared: Option<Shared>,
+    /// What the bucket holds for the message in hand: the digest it ran with.
+    shared_digest: Option<u64>,
+}
+
+/// The shared de-dup bucket: a stream `KV_<bucket>` of subjects `$KV.<bucket>.<key>`, one
+/// message per key (the key-value layout), the value the digest the event ran with.
+struct Shared {
+    js: jetstream::Context,
+    stream: jetstream::stream::Stream,
+    bucket: String,
+}
+
+impl Shared {
+    /// `$KV.<bucket>.<FNV-1a of the id, hex>`: any id, one subject token.
+    fn subject(&self, id: &str) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in id.as_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("$KV.{}.{h:016x}{:04x}", self.bucket, id.len() & 0xffff)
+    }
+
+    async fn open(js: &jetstream::Context, bucket: &str, age: Duration) -> Result<Shared, String> {
+        let config = jetstream::stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_age: age,
+            allow_direct: true,
+            ..Default::default()
+        };
+        let stream = js
+            .get_or_create_stream(config)
+            .await
+            .map_err(|e| format!("the de-dup bucket {bucket:?}: {e}"))?;
+        Ok(Shared {
+            js: js.clone(),
+            stream,
+            bucket: bucket.to_string(),
+        })
+    }
+
+    /// The digest an event of this id ran with on any host, if one did.
+    async fn ran(&self, id: &str) -> Option<u64> {
+        let m = self
+            .stream
+            .get_last_raw_message_by_subject(&self.subject(id))
+            .await
+            .ok()?;
+        let text = std::str::from_utf8(&m.payload).ok()?;
+        u64::from_str_radix(text.trim(), 16).ok()
+    }
+}
+
+/// A JetStream message handed over whose hooks have not all settled it.
+struct Flight {
+    msg: jetstream::Message,
+    id: Option<(String, u64)>,
+    /// When it was handed over, or last said to be in progress.
+    last: Instant,
 }
 
 impl Worker {
@@ -364,8 +548,13 @@ impl Worker {
     }
 
     fn run_core(&mut self, rt: &tokio::runtime::Runtime, client: async_nats::Client) {
-        let mut sub = loop {
-            match rt.block_on(client.subscribe(self.opts.subject.clone())) {
+        let subject = self.opts.subject.clone();
+        let sub = loop {
+            let subscribed = match &self.opts.queue {
+                Some(q) => rt.block_on(client.queue_subscribe(subject.clone(), q.clone())),
+                None => rt.block_on(client.subscribe(subject.clone())),
+            };
+            match subscribed {
                 Ok(s) => break s,
                 Err(e) => {
                     tracing::warn!("NATS consumer: subscribing to {}: {e}", self.opts.subject);
@@ -375,29 +564,33 @@ impl Worker {
                 }
             }
         };
+        // The client's channel is drained at once into a buffer of our own, bounded in
+        // messages and bytes, whose drops are counted here, each one (ARCHITECTURE.md § NATS
+        // bridge, "Core intake").
+        let intake = Arc::new(Intake {
+            q: Mutex::new((VecDeque::new(), 0)),
+            ready: tokio::sync::Notify::new(),
+            max_messages: self.opts.buffer_messages,
+            max_bytes: self.opts.buffer_bytes,
+            counters: self.counters.clone(),
+        });
+        let drain = rt.spawn(intake.clone().fill(sub));
         let mut batch: Vec<async_nats::Message> = Vec::with_capacity(BATCH);
         let mut checked = 0;
         while !self.stopping() {
             if !self.wait_for_room() || self.server_refused(&client, &mut checked) {
                 break;
             }
-            rt.block_on(async {
-                use futures_util::FutureExt;
-                use futures_util::StreamExt;
-                let first = tokio::select! {
-                    m = tokio::time::timeout(Duration::from_secs(1), sub.next()) => m,
-                    _ = self.wake.notified() => return,
-                };
-                if let Ok(Some(m)) = first {
-                    batch.push(m);
-                    while batch.len() < BATCH {
-                        match sub.next().now_or_never() {
-                            Some(Some(m)) => batch.push(m),
-                            _ => break,
-                        }
+            if !intake.take(&mut batch, CORE_BATCH) {
+                rt.block_on(async {
+                    tokio::select! {
+                        _ = intake.ready.notified() => {}
+                        _ = self.wake.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     }
-                }
-            });
+                });
+                continue;
+            }
             let mut handed = Vec::new();
             for m in batch.drain(..) {
                 let incoming = Incoming {
@@ -405,13 +598,15 @@ impl Worker {
                     headers: m.headers.as_ref(),
                     payload: &m.payload,
                 };
-                if let (Fate::Handed, Some(id)) = self.handle(&incoming) {
+                if let (Fate::Handed, Some(id)) = self.handle(&incoming, None) {
                     handed.push(id);
                 }
             }
             self.window.persist(&handed);
         }
-        let _ = rt.block_on(sub.unsubscribe());
+        // The task owns the subscription: aborted, it drops it (an unsubscribe).
+        drain.abort();
+        let _ = rt.block_on(drain);
     }
 
     fn run_jetstream(
@@ -439,6 +634,22 @@ impl Worker {
                 }
             }
         };
+        if let Some(bucket) = self.opts.shared_dedup.clone() {
+            loop {
+                match rt.block_on(Shared::open(&js, &bucket, self.opts.dedup_age)) {
+                    Ok(s) => {
+                        self.shared = Some(s);
+                        break;
+                    }
+                    Err(e) => {
+                        self.said.warn(format_args!("NATS consumer: {e}; retrying"));
+                        if self.pause_or_stop(Duration::from_secs(1)) {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
         // JetStream's MAX_DELIVERIES advisory: a message it stopped delivering (one this
         // client could never take, or one redelivered past the limit).
         let advisory = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}");
@@ -467,91 +678,256 @@ impl Worker {
         // message async-nats cannot parse (it drops the connection) is then delivered alone,
         // and reaches JetStream's delivery limit alone.
         let mut careful = false;
+        let mut pausing = false;
+        let (notify, wake) = (self.notify.clone(), self.wake.clone());
         while !self.stopping() {
-            if !self.wait_for_room() || self.server_refused(&client, &mut checked) {
+            if self.server_refused(&client, &mut checked) {
                 break;
             }
+            rt.block_on(self.settle());
+            // Back-pressure: pull only what can be in flight, and only while the pipeline
+            // has room (ARCHITECTURE.md § NATS bridge, "Acks after the hooks ran").
+            let room = MAX_IN_FLIGHT.saturating_sub(self.flights.len());
+            if room == 0 || self.feed.busy() {
+                if !std::mem::replace(&mut pausing, true) {
+                    self.counters.paused.fetch_add(1, Ordering::Relaxed);
+                }
+                rt.block_on(async {
+                    tokio::select! {
+                        _ = notify.notified() => {}
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+                    }
+                });
+                continue;
+            }
+            pausing = false;
             let connects = self.state.connects.load(Ordering::Acquire);
-            let size = if careful { 1 } else { BATCH };
-            let msgs: Vec<jetstream::Message> = rt.block_on(async {
+            let size = if careful { 1 } else { room.min(BATCH) };
+            let got = rt.block_on(async {
                 use futures_util::StreamExt;
-                let pull = async {
-                    let batch = consumer
-                        .batch()
-                        .max_messages(size)
-                        .expires(Duration::from_secs(1))
-                        .messages()
-                        .await?;
-                    Ok::<_, jetstream::consumer::pull::BatchError>(
-                        batch
-                            .filter_map(|m| async { m.ok() })
-                            .collect::<Vec<_>>()
-                            .await,
-                    )
-                };
-                let pulled = tokio::select! {
-                    r = pull => r,
-                    _ = self.wake.notified() => Ok(Vec::new()),
-                };
-                match pulled {
-                    Ok(msgs) => msgs,
+                let mut got = false;
+                let batch = consumer
+                    .batch()
+                    .max_messages(size)
+                    .expires(PULL_EXPIRES)
+                    .messages()
+                    .await;
+                let mut batch = match batch {
+                    Ok(b) => b,
                     Err(e) => {
                         tracing::debug!("NATS consumer: pull: {e}");
                         tokio::time::sleep(Duration::from_millis(100)).await;
-                        Vec::new()
+                        return got;
+                    }
+                };
+                // Each message is handled as it arrives (a quiet fleet's event does not
+                // wait for the pull to expire); settled ones are acked meanwhile.
+                loop {
+                    tokio::select! {
+                        m = batch.next() => match m {
+                            Some(Ok(m)) => {
+                                got = true;
+                                self.take(m).await;
+                            }
+                            Some(Err(e)) => tracing::debug!("NATS consumer: pull: {e}"),
+                            None => break,
+                        },
+                        _ = notify.notified() => self.settle().await,
+                        _ = wake.notified() => break,
                     }
                 }
+                got
             });
             if self.state.connects.load(Ordering::Acquire) != connects || !self.state.is_connected()
             {
                 careful = true;
-            } else if !msgs.is_empty() {
+            } else if got {
                 careful = false;
             }
-            let mut fates = Vec::with_capacity(msgs.len());
-            let mut handed = Vec::new();
-            for m in &msgs {
-                let incoming = Incoming {
-                    subject: m.subject.as_str(),
-                    headers: m.headers.as_ref(),
-                    payload: &m.payload,
-                };
-                let (fate, id) = if self.stopping() {
-                    (Fate::Later, None)
-                } else {
-                    self.handle(&incoming)
-                };
-                if let (Fate::Handed, Some(id)) = (&fate, id) {
-                    handed.push(id);
-                }
-                fates.push(fate);
-            }
-            // The ids are on disk before the acks leave: a restart between the two finds them.
-            self.window.persist(&handed);
-            // At most `ACKS_WAIT`: with the server gone the client neither sends nor answers
-            // the flush until it reconnects, and shutdown must not wait for that; what is not
-            // acked is delivered again (and recognized by its id).
-            let mut acked = 0u64;
-            rt.block_on(async {
-                let acks = async {
-                    for (m, fate) in msgs.iter().zip(&fates) {
-                        let kind = match fate {
-                            Fate::Handed | Fate::Skip => jetstream::AckKind::Ack,
-                            Fate::Refused => jetstream::AckKind::Term,
-                            Fate::Later => jetstream::AckKind::Nak(None),
-                        };
-                        let is_ack = !matches!(fate, Fate::Later);
-                        if m.ack_with(kind).await.is_ok() && is_ack {
-                            acked += 1;
-                        }
-                    }
-                    // The acks are written before the next pull (or the exit) goes out.
-                    let _ = js.client().flush().await;
-                };
-                let _ = tokio::time::timeout(ACKS_WAIT, acks).await;
-            });
-            self.counters.acked.fetch_add(acked, Ordering::AcqRel);
         }
+        rt.block_on(self.finish(&js));
+    }
+
+    /// One pulled message: waits until its hooks' queues have room for it (and for what is
+    /// already in flight), hands it over, and acks it at once if nothing is to run.
+    async fn take(&mut self, m: jetstream::Message) {
+        let kind = wire::event_of_subject(m.subject.as_str());
+        if let Some(kind) = kind {
+            let mut paused = false;
+            while !self.stopping() && !self.feed.room(kind, self.flights.len() + 1) {
+                if !std::mem::replace(&mut paused, true) {
+                    self.counters.paused.fetch_add(1, Ordering::Relaxed);
+                }
+                let notify = self.notify.clone();
+                tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+                self.settle().await;
+            }
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        self.shared_digest = None;
+        if let Some(shared) = &self.shared
+            && let Some(id) = m.headers.as_ref().and_then(|h| h.get(wire::MSG_ID))
+        {
+            self.shared_digest = tokio::time::timeout(ACKS_WAIT, shared.ran(id.as_str()))
+                .await
+                .ok()
+                .flatten();
+        }
+        let (fate, id) = if self.stopping() {
+            (Fate::Later, None)
+        } else {
+            let incoming = Incoming {
+                subject: m.subject.as_str(),
+                headers: m.headers.as_ref(),
+                payload: &m.payload,
+            };
+            self.handle(&incoming, Some(key))
+        };
+        let kind = match fate {
+            Fate::Handed => {
+                if let Some((id, _)) = &id {
+                    self.flying.insert(id.clone(), key);
+                }
+                self.flights.insert(
+                    key,
+                    Flight {
+                        msg: m,
+                        id,
+                        last: Instant::now(),
+                    },
+                );
+                self.counters
+                    .in_flight
+                    .store(self.flights.len() as u64, Ordering::Relaxed);
+                return;
+            }
+            // A redelivery of one whose hooks still run: its ack goes to this delivery.
+            Fate::InFlight(k) => {
+                if let Some(f) = self.flights.get_mut(&k) {
+                    f.msg = m;
+                }
+                return;
+            }
+            Fate::Skip => jetstream::AckKind::Ack,
+            Fate::Refused => jetstream::AckKind::Term,
+            Fate::Later => jetstream::AckKind::Nak(None),
+        };
+        let is_ack = !matches!(kind, jetstream::AckKind::Nak(_));
+        if tokio::time::timeout(ACKS_WAIT, m.ack_with(kind))
+            .await
+            .is_ok_and(|r| r.is_ok())
+            && is_ack
+        {
+            self.counters.acked.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Takes what the hooks settled: the ids of what ran into the window (and its file,
+    /// before the acks leave), acks for them, a nak with a delay for what a sink dropped;
+    /// and an in-progress ack for what has been running a while.
+    async fn settle(&mut self) {
+        let done = self.settled.take();
+        let mut ran_ids = Vec::new();
+        let mut out = Vec::with_capacity(done.len());
+        for (key, ran) in done {
+            let Some(f) = self.flights.remove(&key) else {
+                continue;
+            };
+            if let Some((id, d)) = &f.id {
+                self.flying.remove(id);
+                if ran {
+                    self.window.insert(id, *d);
+                    ran_ids.push((id.clone(), *d));
+                }
+            }
+            out.push((f.msg, ran));
+        }
+        let c = self.counters.clone();
+        c.in_flight
+            .store(self.flights.len() as u64, Ordering::Relaxed);
+        if let Some(shared) = &self.shared
+            && !ran_ids.is_empty()
+        {
+            // Create-if-absent: the first host to record an id wins; a second write fails and
+            // changes nothing. Written before the acks leave.
+            let writes = async {
+                let mut acks = Vec::with_capacity(ran_ids.len());
+                for (id, d) in &ran_ids {
+                    let mut h = async_nats::HeaderMap::new();
+                    h.insert("Nats-Expected-Last-Subject-Sequence", "0");
+                    if let Ok(ack) = shared
+                        .js
+                        .publish_with_headers(shared.subject(id), h, format!("{d:016x}").into())
+                        .await
+                    {
+                        acks.push(ack);
+                    }
+                }
+                for ack in acks {
+                    let _ = std::future::IntoFuture::into_future(ack).await;
+                }
+            };
+            let _ = tokio::time::timeout(ACKS_WAIT, writes).await;
+        }
+        if !out.is_empty() {
+            self.window.persist(&ran_ids);
+            c.window.store(self.window.len() as u64, Ordering::Relaxed);
+            let acks = async {
+                for (m, ran) in &out {
+                    if *ran {
+                        if m.ack().await.is_ok() {
+                            c.acked.fetch_add(1, Ordering::AcqRel);
+                        }
+                    } else {
+                        c.retried.fetch_add(1, Ordering::AcqRel);
+                        let _ = m.ack_with(jetstream::AckKind::Nak(Some(RETRY_DELAY))).await;
+                    }
+                }
+            };
+            // With the server gone the client holds the acks until it reconnects; what is
+            // not acked is delivered again (and recognized by its id).
+            let _ = tokio::time::timeout(ACKS_WAIT, acks).await;
+        }
+        let now = Instant::now();
+        let progress = async {
+            for f in self.flights.values_mut() {
+                if now.duration_since(f.last) >= PROGRESS_EVERY {
+                    f.last = now;
+                    let _ = f.msg.ack_with(jetstream::AckKind::Progress).await;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(ACKS_WAIT, progress).await;
+    }
+
+    /// Stopping: waits (until the deadline `stop` was given) for what is in flight to
+    /// settle, acks it, naks the rest (delivered again at once), flushes.
+    async fn finish(&mut self, js: &jetstream::Context) {
+        let until = *self.drain_until.lock().unwrap_or_else(|e| e.into_inner());
+        let until = until.unwrap_or_else(Instant::now);
+        while !self.flights.is_empty() && Instant::now() < until {
+            let notify = self.notify.clone();
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            self.settle().await;
+        }
+        let left: Vec<Flight> = self.flights.drain().map(|(_, f)| f).collect();
+        self.flying.clear();
+        self.counters.in_flight.store(0, Ordering::Relaxed);
+        let naks = async {
+            for f in &left {
+                let _ = f.msg.ack_with(jetstream::AckKind::Nak(None)).await;
+            }
+            let _ = js.client().flush().await;
+        };
+        let _ = tokio::time::timeout(ACKS_WAIT, naks).await;
     }
 
     async fn durable_consumer(
@@ -650,7 +1026,11 @@ impl Worker {
     }
 
     /// Everything that happens to one message; the id it was handed over under.
-    fn handle(&mut self, m: &Incoming<'_>) -> (Fate, Option<(String, u64)>) {
+    ///
+    /// `ticket`: JetStream's key for this message; its hooks report under it when they have
+    /// settled it, and its id enters the window only then (`settle`). Without one (core NATS)
+    /// the id enters the window at hand-off.
+    fn handle(&mut self, m: &Incoming<'_>, ticket: Option<u64>) -> (Fate, Option<(String, u64)>) {
         let c = self.counters.clone();
         c.received.fetch_add(1, Ordering::AcqRel);
         let refuse = |this: &mut Self, counter: &AtomicU64, why: std::fmt::Arguments<'_>| {
@@ -746,7 +1126,17 @@ impl Worker {
                 ident(wire::ORIGIN)?,
             ))
         });
-        let (agent, session, origin) = match identity {
+        // The agent's own time and numbering, for the hooks beside this host's.
+        let origin_time = m
+            .header(wire::TIMESTAMP)
+            .map(wire::check_timestamp)
+            .transpose()
+            .and_then(|t| {
+                let n = m.header(wire::SEQ).map(wire::parse_seq).transpose()?;
+                Ok((t.map(str::to_string), n))
+            });
+        let identity = identity.and_then(|(a, s, o)| Ok((a, s, o, origin_time?)));
+        let (agent, session, origin, origin_time) = match identity {
             Ok(pair) => pair,
             Err(why) => {
                 return refuse(
@@ -783,7 +1173,27 @@ impl Worker {
         // De-dup on what the event is (its event, agent, session and payload as the bus will
         // carry it), so that a relayed copy, re-serialized, is still recognized.
         let digest = digest(kind, &agent, &session, &record.payload_json());
+        // A redelivery of a message whose hooks still run (JetStream's ack wait passed, or
+        // an in-progress ack was lost): it is acked with the first when they settle.
+        if ticket.is_some()
+            && let Some(id) = &id
+            && let Some(&k) = self.flying.get(id)
+            && self
+                .flights
+                .get(&k)
+                .is_some_and(|f| f.id.as_ref().is_some_and(|(_, d)| *d == digest))
+        {
+            c.duplicates.fetch_add(1, Ordering::AcqRel);
+            return (Fate::InFlight(k), None);
+        }
+        let shared_ran = self.shared_digest.take() == Some(digest);
         match &id {
+            // Ran on a host sharing the bucket (this one included).
+            Some(_) if shared_ran => {
+                c.duplicates.fetch_add(1, Ordering::AcqRel);
+                c.shared_duplicates.fetch_add(1, Ordering::AcqRel);
+                return (Fate::Skip, None);
+            }
             Some(id) => match self.window.seen(id, digest) {
                 Seen::Same => {
                     c.duplicates.fetch_add(1, Ordering::AcqRel);
@@ -847,11 +1257,36 @@ impl Worker {
                 },
             );
         }
+        // What the message of this event carries to the hooks: the agent's time and
+        // numbering, and the ticket its hooks report through (`crate::settle`).
+        let attached = ticket.is_some() || origin_time.0.is_some() || origin_time.1.is_some();
+        if attached {
+            self.feed.attachments().insert(
+                emitter.relay_id(),
+                next_seq,
+                crate::settle::Attached::new(
+                    origin_time.0,
+                    origin_time.1,
+                    ticket.map(|k| crate::settle::Ticket::new(k, self.settled.clone())),
+                ),
+            );
+        }
+        // Not emitted after all: the attachment is taken back (a ticket then reports `ran`
+        // for a skipped event, `dropped` for one not handed over — ignored, it is nak'ed).
+        let take_back = |this: &Self, dropped: bool| {
+            if let Some(a) = this.feed.attachments().take(emitter.relay_id(), next_seq) {
+                if dropped {
+                    a.mark_dropped();
+                }
+                drop(a);
+            }
+        };
         loop {
             let emitted = if record.has_extras() {
                 match emitter.emit_with_extras(record.event(), &record.extras()) {
                     Ok(e) => e,
                     Err(e) => {
+                        take_back(self, true);
                         return refuse(
                             self,
                             &c.refused_body,
@@ -866,6 +1301,7 @@ impl Worker {
                 Emit::Queued | Emit::Skipped if !self.feed.closed() => {
                     if emitted == Emit::Skipped {
                         c.skipped.fetch_add(1, Ordering::AcqRel);
+                        take_back(self, false);
                     } else if let Some(e) = self.emitters.get_mut(&(agent.clone(), session.clone()))
                     {
                         // The worker numbers this emitter's queued events 0, 1, 2…
@@ -874,13 +1310,18 @@ impl Worker {
                     break;
                 }
                 // The ring was full after all (another producer): wait, never drop.
-                _ if self.stopping() || self.feed.closed() => return (Fate::Later, None),
+                _ if self.stopping() || self.feed.closed() => {
+                    take_back(self, true);
+                    return (Fate::Later, None);
+                }
                 _ => std::thread::sleep(Duration::from_micros(200)),
             }
         }
         c.consumed.fetch_add(1, Ordering::AcqRel);
         let id = relay_id.or(id);
-        if let Some(id) = &id {
+        if let Some(id) = &id
+            && ticket.is_none()
+        {
             self.window.insert(id, digest);
             c.window.store(self.window.len() as u64, Ordering::Relaxed);
         }
@@ -902,6 +1343,67 @@ impl Worker {
         self.emitters.insert(key.clone(), (e.clone(), 0));
         self.emitter_order.push_back(key);
         (e, 0)
+    }
+}
+
+/// Core NATS: the consumer's own buffer between the client's subscription channel and the
+/// worker, bounded in messages and bytes; what does not fit is dropped and counted
+/// (`dropped_full`).
+struct Intake {
+    /// The messages and their bytes (subject, headers and body as the client read them).
+    q: Mutex<(VecDeque<async_nats::Message>, usize)>,
+    ready: tokio::sync::Notify,
+    max_messages: usize,
+    max_bytes: usize,
+    /// `dropped_full`, and the `buffered` gauges (left as they are when the consumer stops:
+    /// what was still buffered then).
+    counters: Arc<Counters>,
+}
+
+impl Intake {
+    /// The task: moves every message the subscription yields into the buffer at once, so the
+    /// client's own channel stays near empty.
+    async fn fill(self: Arc<Self>, mut sub: async_nats::Subscriber) {
+        use futures_util::StreamExt;
+        let counters = &self.counters;
+        while let Some(m) = sub.next().await {
+            let size = m.length.max(m.payload.len());
+            let kept = {
+                let mut g = self.q.lock().unwrap_or_else(|e| e.into_inner());
+                let (q, bytes) = &mut *g;
+                let fits = q.len() < self.max_messages && *bytes + size <= self.max_bytes;
+                if fits {
+                    q.push_back(m);
+                    *bytes += size;
+                    self.gauges(q.len(), *bytes);
+                }
+                fits
+            };
+            if kept {
+                self.ready.notify_one();
+            } else {
+                counters.dropped_full.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Up to `n` messages into `out`; false if there were none.
+    fn take(&self, out: &mut Vec<async_nats::Message>, n: usize) -> bool {
+        let mut g = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        let (q, bytes) = &mut *g;
+        while out.len() < n {
+            let Some(m) = q.pop_front() else { break };
+            *bytes -= m.length.max(m.payload.len());
+            out.push(m);
+        }
+        self.gauges(q.len(), *bytes);
+        !out.is_empty()
+    }
+
+    fn gauges(&self, messages: usize, bytes: usize) {
+        let c = &self.counters;
+        c.buffered.store(messages as u64, Ordering::Relaxed);
+        c.buffered_bytes.store(bytes as u64, Ordering::Relaxed);
     }
 }
 

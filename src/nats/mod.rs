@@ -21,7 +21,8 @@
 //! * [`Consumer`] subscribes (core NATS, or a JetStream durable pull consumer), checks the
 //!   headers, parses the body with the NDJSON payload parser, skips ids it has already handed
 //!   over (a window bounded in size and time, persisted to a file when given one), waits while
-//!   the local pipeline is busy, emits, and only then acks.
+//!   the local pipeline is busy, emits, and (JetStream) acks once the event's hooks have run or
+//!   skipped it (`crate::settle`), naks what a hook's queue dropped.
 //!
 //! Both own a small tokio runtime (as [`http::Server`](crate::http) does); the host needs
 //! none. They are configured by [`PublishOptions`] and [`ConsumeOptions`] given to
@@ -160,6 +161,21 @@ pub struct ConsumeStats {
     /// Messages with the `Nats-Msg-Id` of one handed over before but another body, agent or
     /// session: handed over (not skipped as duplicates), and counted here.
     pub id_conflicts: u64,
+    /// JetStream only: handed over, waiting for their hooks to settle them before the ack
+    /// (a hook ran, whatever its exit, or skipped it), now.
+    pub in_flight: u64,
+    /// JetStream only: handed over but dropped by a sink (a full queue, shutdown): nak'ed,
+    /// JetStream delivers them again.
+    pub retried: u64,
+    /// Core NATS only: dropped by the consumer's own buffer, full in messages or in bytes
+    /// (`ConsumeOptions::buffer`): every such drop, counted by the bridge.
+    pub dropped_full: u64,
+    /// Of `duplicates`, those recognized by the shared de-dup bucket (they ran on a host
+    /// sharing it, maybe this one).
+    pub shared_duplicates: u64,
+    /// Core NATS only: in that buffer now, and their bytes.
+    pub buffered: u64,
+    pub buffered_bytes: u64,
     pub reconnects: u64,
 }
 

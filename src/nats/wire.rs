@@ -112,6 +112,46 @@ pub fn decode_value(value: &str) -> Cow<'_, str> {
     Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// Checks a `Prx-Timestamp` before it becomes `ZERO_HOOK_ORIGIN_TIMESTAMP`: RFC 3339 in UTC
+/// (`2026-11-29T22:16:48.123456Z`: a `Z`, no offset, at most nanoseconds), as
+/// [`check_identity`] otherwise. Returns it as given.
+pub fn check_timestamp(value: &str) -> Result<&str, String> {
+    check_identity(TIMESTAMP, value)?;
+    let b = value.as_bytes();
+    let shape = b.len() >= 20
+        && b.len() <= 30
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && b[16] == b':'
+        && b[b.len() - 1] == b'Z'
+        && (b.len() == 20 || (b[19] == b'.' && b.len() > 21))
+        && b.iter().enumerate().all(|(i, c)| {
+            matches!(i, 4 | 7 | 10 | 13 | 16 | 19) || i == b.len() - 1 || c.is_ascii_digit()
+        });
+    if !shape || humantime::parse_rfc3339(value).is_err() {
+        return Err(format!(
+            "{TIMESTAMP} {:?} is not an RFC 3339 UTC time (2026-11-29T22:16:48.123456Z)",
+            encode_value(value)
+        ));
+    }
+    Ok(value)
+}
+
+/// Reads a `Prx-Seq` before it becomes `ZERO_HOOK_ORIGIN_SEQ`: decimal digits only, a `u64`.
+pub fn parse_seq(value: &str) -> Result<u64, String> {
+    let digits =
+        !value.is_empty() && value.len() <= 20 && value.bytes().all(|c| c.is_ascii_digit());
+    match value.parse::<u64>() {
+        Ok(n) if digits => Ok(n),
+        _ => Err(format!(
+            "{SEQ} {:?} is not a decimal sequence number",
+            encode_value(value)
+        )),
+    }
+}
+
 /// Checks a decoded agent or session before it becomes `ZERO_HOOK_AGENT` / `…_SESSION`:
 /// not empty, at most [`MAX_HEADER_VALUE`] bytes, no control character (NUL, CR, LF, ESC…),
 /// no U+FFFD (what invalid UTF-8 decodes to). The reason says what is wrong.
@@ -228,6 +268,47 @@ pub fn event_of_subject(subject: &str) -> Option<EventKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn origin_timestamps_and_seqs_are_checked_strictly() {
+        for ok in [
+            "2026-11-29T22:16:48.123456Z",
+            "2020-01-01T00:00:00Z",
+            "2020-01-01T00:00:00.1Z",
+            "2020-01-01T00:00:00.123456789Z",
+        ] {
+            assert_eq!(check_timestamp(ok), Ok(ok));
+        }
+        for bad in [
+            "",
+            "yesterday",
+            "2020-01-01 00:00:00Z",
+            "2020-01-01T00:00:00+01:00",
+            "2020-01-01T00:00:00.Z",
+            "2020-13-01T00:00:00Z",
+            "2020-01-01T25:00:00Z",
+            "2020-01-01T00:00:00\nZ",
+            "2020-01-01T00:00:00.1234567890Z",
+            " 2020-01-01T00:00:00Z",
+        ] {
+            assert!(check_timestamp(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_seq("0"), Ok(0));
+        assert_eq!(parse_seq("2499"), Ok(2499));
+        assert_eq!(parse_seq("18446744073709551615"), Ok(u64::MAX));
+        for bad in [
+            "",
+            "-1",
+            "+1",
+            " 1",
+            "1.0",
+            "0x10",
+            "18446744073709551616",
+            "1e3",
+        ] {
+            assert!(parse_seq(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn values_round_trip_and_never_hold_cr_or_lf() {

@@ -619,6 +619,13 @@ impl ChildEnv {
         for (k, v) in zero {
             vars.push(entry(k.as_bytes(), v));
         }
+        // An event consumed from NATS: its agent's time and numbering beside this host's.
+        if let Some(t) = &s.origin_timestamp {
+            vars.push(entry(b"ZERO_HOOK_ORIGIN_TIMESTAMP", t.as_bytes()));
+        }
+        if let Some(n) = &s.origin_seq {
+            vars.push(entry(b"ZERO_HOOK_ORIGIN_SEQ", n.as_bytes()));
+        }
         if json.len() <= MAX_ENV_PAYLOAD && !json.contains('\0') {
             vars.push(entry(b"ZERO_HOOK_PAYLOAD", json.as_bytes()));
         } else {

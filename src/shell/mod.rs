@@ -57,7 +57,7 @@ pub use spawn::Rlimits;
 
 use crate::bus::Message;
 use crate::config::{Action, HookLimits, HookTable};
-use crate::event::EventMask;
+use crate::event::{EventKind, EventMask};
 use crate::pipeline::{InterestHandle, Sink};
 use crate::stats::SinkCounts;
 use arc_swap::ArcSwap;
@@ -1110,6 +1110,8 @@ impl Sink for ShellSink {
                     }
                 }
                 Offer::Dropped { why, first } => {
+                    // Not run: an event consumed from NATS is then not acked (`crate::settle`).
+                    msg.mark_dropped();
                     if first {
                         notes.push((a, Note::StreakStart));
                     }
@@ -1162,6 +1164,19 @@ impl Sink for ShellSink {
 
     fn counts(&self) -> SinkCounts {
         lock(&self.shared.sched).totals.sink_counts()
+    }
+
+    /// Every enabled hook of `kind` has room for `more` jobs in its queue (matchers are not
+    /// looked at: a hook that may skip the event still counts).
+    fn room(&self, kind: EventKind, more: usize) -> bool {
+        let prepared = self.shared.table.load();
+        let table = &prepared.table;
+        let cap = self.shared.queue_per_action;
+        let s = lock(&self.shared.sched);
+        table
+            .actions_for(kind)
+            .filter(|a| skip_reason(table, a).is_none())
+            .all(|a| s.hooks.get(&a.id).map_or(0, |h| h.queue.len()) + more <= cap)
     }
 
     fn shutdown(&self, deadline: Instant) {

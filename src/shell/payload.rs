@@ -341,6 +341,9 @@ pub(crate) struct EventRun {
     dir: Arc<PayloadDir>,
     file: OnceLock<Result<PathBuf, String>>,
     strings: OnceLock<Strings>,
+    /// An event consumed from NATS: its ticket, held until the last hook process of the event
+    /// was reaped (dropped after the payload file is removed; `crate::settle`).
+    hold: Option<crate::settle::Hold>,
 }
 
 /// The per-event `ZERO_HOOK_*` values, formatted once.
@@ -349,6 +352,9 @@ pub(crate) struct Strings {
     pub(crate) timestamp: String,
     pub(crate) agent: String,
     pub(crate) session: String,
+    /// An event consumed from NATS: its agent's `Prx-Timestamp` and `Prx-Seq`.
+    pub(crate) origin_timestamp: Option<String>,
+    pub(crate) origin_seq: Option<String>,
 }
 
 impl EventRun {
@@ -358,11 +364,19 @@ impl EventRun {
         dir: Arc<PayloadDir>,
     ) -> EventRun {
         EventRun {
+            hold: msg.hold(),
             msg,
             base_env,
             dir,
             file: OnceLock::new(),
             strings: OnceLock::new(),
+        }
+    }
+
+    /// Its hooks will not run (shutdown): a consumed event is then not acked.
+    pub(crate) fn mark_dropped(&self) {
+        if let Some(t) = &self.hold {
+            t.mark_dropped();
         }
     }
 
@@ -388,6 +402,11 @@ impl EventRun {
             timestamp: self.msg.timestamp_rfc3339(),
             agent: env_safe(self.msg.agent()).into_owned(),
             session: env_safe(self.msg.session()).into_owned(),
+            origin_timestamp: self
+                .msg
+                .origin_timestamp()
+                .map(|t| env_safe(t).into_owned()),
+            origin_seq: self.msg.origin_seq().map(|n| n.to_string()),
         })
     }
 }

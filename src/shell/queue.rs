@@ -263,6 +263,10 @@ impl Sched {
             self.totals.cancelled += n;
             out.extend(h.queue.drain(..));
         }
+        // Not run: an event consumed from NATS is then not acked (`crate::settle`).
+        for j in &out {
+            j.run.mark_dropped();
+        }
         out
     }
 

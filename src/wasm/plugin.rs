@@ -624,6 +624,8 @@ impl Plugin {
         } else {
             c.dropped += 1;
             c.dropped_queue_full += 1;
+            // Not run: an event consumed from NATS is then not acked (`crate::settle`).
+            msg.mark_dropped();
         }
     }
 

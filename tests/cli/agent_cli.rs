@@ -185,3 +185,51 @@ fn messages_name_each_event_with_its_article() {
         "{stdout}"
     );
 }
+
+/// An outcome `fire` cannot print (stdout a full disk, a pipe whose reader is gone) is an
+/// internal error, 70 (README.md § Exit codes: "70, 71: internal error (plugin engine,
+/// stdout)"); `println!` panicked instead: exit 101 and a backtrace on the agent's stderr.
+/// Likewise `validate`: 1 for its errors, never a panic.
+#[test]
+fn fire_and_validate_with_an_unwritable_stdout_do_not_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("hooks.json"),
+        r#"{"hooks":{"turn_complete":[{"command":"/bin/true"}]}}"#,
+    )
+    .unwrap();
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let out = bin()
+        .args(["fire", "turn_complete", "--workspace"])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(full())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(70), "{stderr}");
+    // An error to print: 1, on a stdout that takes it or not.
+    let bad = tempfile::tempdir().unwrap();
+    std::fs::write(
+        bad.path().join("hooks.json"),
+        r#"{"hooks":{"turn_complete":[{"command":"/bin/true","bogus":1}]}}"#,
+    )
+    .unwrap();
+    let out = bin()
+        .args(["validate", "--workspace"])
+        .arg(bad.path())
+        .stdout(full())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+}

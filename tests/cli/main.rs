@@ -1,4 +1,5 @@
-//! The `prx-hooks` binary as a user runs it: `run`, `fire`, `validate`, `bench`, `init`, shell
+//! The `prx-hooks` binary as a user runs it: `run`, `fire`, `validate`, `bench`, `init`,
+//! `connect`, shell
 //! hooks end to end, containment under the CLI and plugins through the CLI.
 //!
 //! One test binary per area (each links the whole library): the modules are the former
@@ -8,11 +9,15 @@
 mod plugins;
 #[path = "../support/procs.rs"]
 mod procs;
+#[path = "../support/stderr.rs"]
+mod stderr;
 #[path = "../support/hooks.rs"]
 mod support;
 
 mod agent_cli;
 mod cli;
+#[cfg(feature = "http")]
+mod connect_cli;
 mod containment;
 mod hooks_e2e;
 mod init_cli;

@@ -2,17 +2,14 @@
 //! real watcher's log lines after an edit, a broken file and its repair, and `validate`'s
 //! refusal of a HOME set in `env`. Real processes and files; liveness with generous slack.
 
-use std::io::{BufRead, BufReader};
+use crate::stderr::Lines;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 /// `prx-hooks run` over `ws` at log level info, its input held open; its stderr line by line.
 struct Run {
     child: Child,
-    err: mpsc::Receiver<String>,
-    seen: Vec<String>,
+    err: Lines,
 }
 
 impl Run {
@@ -27,40 +24,13 @@ impl Run {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let (tx, err) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Run {
-            child,
-            err,
-            seen: Vec::new(),
-        }
+        let err = Lines::of(&mut child);
+        Run { child, err }
     }
 
     /// The next stderr line containing `needle` (30 s at most); the lines before it are kept.
     fn line(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.err.recv_timeout(left) {
-                Ok(l) => {
-                    self.seen.push(l.clone());
-                    if l.contains(needle) {
-                        return l;
-                    }
-                }
-                Err(_) => panic!(
-                    "no stderr line with {needle:?}; saw:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
+        self.err.next_with(needle)
     }
 }
 

@@ -2582,6 +2582,7 @@ fn a_404_lists_every_route_and_a_405_names_the_methods_of_its_route() {
         "/api/plugins",
         "/api/stats",
         "/api/events",
+        "/api/ingest/{agent}",
         "/metrics",
         "/healthz",
         "/",
@@ -2593,7 +2594,8 @@ fn a_404_lists_every_route_and_a_405_names_the_methods_of_its_route() {
         );
     }
     for (method, path) in [
-        ("POST", "/api/events"),
+        ("DELETE", "/api/events"),
+        ("GET", "/api/ingest/claude-code"),
         ("DELETE", "/api/stats"),
         ("GET", "/api/hooks/start/toggle"),
         ("GET", "/api/hooks/start/test"),

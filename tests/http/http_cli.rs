@@ -1,19 +1,17 @@
 //! `prx-hooks run --listen` as a real process: the token (generated, from a file, from the
 //! environment), the API beside NDJSON ingestion, the audit warning, and SIGTERM draining.
 
+use crate::stderr::Lines;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// A running `prx-hooks run --listen`, its stderr collected line by line.
 struct Daemon {
     child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
+    lines: Lines,
 }
 
 impl Daemon {
@@ -36,43 +34,13 @@ impl Daemon {
             cmd.env("PRX_HOOKS_TOKEN", t);
         }
         let mut child = cmd.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Daemon {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
+        let lines = Lines::of(&mut child);
+        Daemon { child, lines }
     }
 
     /// Waits for a stderr line containing `needle`; returns it.
     fn wait_line(&mut self, needle: &str) -> String {
-        if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
-            return l.clone();
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.seen.push(l.clone());
-                    if l.contains(needle) {
-                        return l;
-                    }
-                }
-                Err(_) => panic!(
-                    "no stderr line with {needle:?}; saw:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
+        self.lines.find(needle)
     }
 
     fn base(&mut self) -> String {
@@ -88,8 +56,7 @@ impl Daemon {
         )
         .unwrap();
         let status = self.child.wait().unwrap();
-        self.seen.extend(self.lines.iter());
-        (status.code().unwrap_or(-1), std::mem::take(&mut self.seen))
+        (status.code().unwrap_or(-1), self.lines.all())
     }
 }
 

@@ -12,12 +12,17 @@ mod plugins;
 mod proxy;
 #[path = "../support/sse.rs"]
 mod sse;
+#[path = "../support/stderr.rs"]
+mod stderr;
 #[path = "../support/hooks.rs"]
 mod support;
 
+mod agents_cli;
 mod console;
 mod http;
 mod http_cli;
 mod http_events;
 mod idle_cli;
+mod ingest;
+mod send_cli;
 mod tail_cli;

@@ -7,6 +7,7 @@
 #[path = "../support/procs.rs"]
 mod procs;
 
+mod agents;
 mod config;
 mod config_edit;
 mod core_races;

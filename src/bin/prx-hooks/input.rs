@@ -268,18 +268,18 @@ pub(crate) fn ingest(
             match e.kind {
                 IngestErrorKind::Oversize => {
                     input.oversize.fetch_add(1, Ordering::Relaxed);
-                    eprintln!(
+                    say!(
                         "{name}:{number}: {}; raise it with --max-event-bytes",
                         e.message
                     );
                 }
                 IngestErrorKind::Parse => {
                     input.bad_lines.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("{name}:{number}:{}: {}", e.column, e.message);
+                    say!("{name}:{number}:{}: {}", e.column, e.message);
                 }
                 _ => {
                     input.bad_lines.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("{name}:{number}: {}", e.message);
+                    say!("{name}:{number}: {}", e.message);
                 }
             }
         }

@@ -35,6 +35,8 @@ mod render;
 mod sse;
 
 use crate::BoxError;
+use crate::client::{Target, connect, parse_url};
+use crate::units::parse_size;
 use clap::Args;
 use http_body::Body as _;
 use hyper::body::Incoming;
@@ -83,92 +85,12 @@ pub struct TailArgs {
     color: String,
     /// Exit 1 when no connection could be made for this long (`30s`, `2m`). Default: keep
     /// trying.
-    #[arg(long, value_name = "DURATION", value_parser = crate::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration)]
     give_up: Option<Duration>,
     /// The most one event may hold (`33554432`, `64MiB`); a longer one is skipped without
     /// being held, counted and said once. Default 32 MiB.
     #[arg(long, value_name = "BYTES", default_value_t = MAX_EVENT_BYTES, value_parser = parse_size)]
     max_event_bytes: usize,
-}
-
-/// `N`, `NKiB`, `NMiB` or `NGiB` bytes, at least 1 KiB.
-fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (n, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => (&s[..i], &s[i..]),
-        None => (s, ""),
-    };
-    let mult: usize = match unit {
-        "" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        _ => return Err(format!("{s:?}: expected bytes as N, NKiB, NMiB or NGiB")),
-    };
-    n.parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .filter(|&n| n >= 1 << 10)
-        .ok_or_else(|| format!("{s:?}: expected bytes as N, NKiB, NMiB or NGiB, at least 1KiB"))
-}
-
-/// Where the server is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Target {
-    /// `host:port` to connect to, and the path prefix the API is mounted under.
-    Tcp {
-        authority: String,
-        prefix: String,
-    },
-    Unix(PathBuf),
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Target::Tcp { authority, prefix } => write!(f, "http://{authority}{prefix}"),
-            Target::Unix(p) => write!(f, "unix:{}", p.display()),
-        }
-    }
-}
-
-/// `http://HOST:PORT[/PREFIX]`, `HOST:PORT`, or `unix:PATH`.
-fn parse_url(url: &str) -> Result<Target, String> {
-    let url = url.trim();
-    if let Some(path) = url.strip_prefix("unix:") {
-        if path.is_empty() {
-            return Err(format!("{url:?}: expected unix:PATH"));
-        }
-        return Ok(Target::Unix(path.into()));
-    }
-    if url.starts_with("https://") {
-        return Err(format!(
-            "{url:?}: TLS is not supported; use http:// (the API serves loopback) or unix:PATH"
-        ));
-    }
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    let (authority, prefix) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-        None => (rest, ""),
-    };
-    if authority.is_empty() || authority.contains('@') {
-        return Err(format!(
-            "{url:?}: expected http://HOST:PORT[/PREFIX] or unix:PATH"
-        ));
-    }
-    let authority = if authority
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        && !authority.ends_with(']')
-    {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
-    };
-    Ok(Target::Tcp {
-        authority,
-        prefix: prefix.to_string(),
-    })
 }
 
 /// Why following stopped or paused.
@@ -351,28 +273,6 @@ fn locate(
     }
 }
 
-/// The connection's I/O, TCP or unix.
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
-
-async fn connect(target: &Target) -> std::io::Result<Box<dyn Io>> {
-    let timeout = Duration::from_secs(10);
-    let io: Box<dyn Io> = match target {
-        Target::Tcp { authority, .. } => {
-            let s =
-                tokio::time::timeout(timeout, tokio::net::TcpStream::connect(authority.as_str()))
-                    .await
-                    .map_err(|_| {
-                        std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
-                    })??;
-            s.set_nodelay(true)?;
-            Box::new(s)
-        }
-        Target::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
-    };
-    Ok(io)
-}
-
 /// One connection: request, then events until the stream ends.
 async fn stream(
     target: &Target,
@@ -383,7 +283,7 @@ async fn stream(
     stdout: &std::io::Stdout,
     on_connect: &mut dyn FnMut(&Target),
 ) -> End {
-    let io = match connect(target).await {
+    let io = match connect(target, Duration::from_secs(10)).await {
         Ok(io) => io,
         Err(e) => return End::Retry(format!("cannot connect to {target}: {e}")),
     };
@@ -714,30 +614,6 @@ fn show(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_and_addresses_parse() {
-        assert_eq!(
-            parse_url("http://127.0.0.1:7878").unwrap(),
-            Target::Tcp {
-                authority: "127.0.0.1:7878".into(),
-                prefix: String::new()
-            }
-        );
-        assert_eq!(
-            parse_url("localhost:9/prx/").unwrap(),
-            Target::Tcp {
-                authority: "localhost:9".into(),
-                prefix: "/prx".into()
-            }
-        );
-        assert_eq!(
-            parse_url("unix:/run/p.sock").unwrap(),
-            Target::Unix("/run/p.sock".into())
-        );
-        assert!(parse_url("https://x:1").unwrap_err().contains("TLS"));
-        assert!(parse_url("unix:").is_err());
-    }
 
     #[test]
     fn sizes_parse() {

@@ -1,0 +1,238 @@
+//! The OpenTelemetry exporter's costs (README.md § OpenTelemetry has the figures):
+//!
+//! * `otel_emit/exporter_off` vs `otel_emit/exporter_on`: one `tool_call_start` +
+//!   `tool_call` pair emitted, with a drained bus subscriber in both, the exporter sending to a
+//!   real in-process OTLP receiver in the second (criterion, same run);
+//! * spans/s end to end and CPU per span: N tool-call spans emitted and exported by prx-hooks,
+//!   against the OpenTelemetry Rust SDK's batch span processor and OTLP/HTTP protobuf
+//!   exporter sending spans of the same name and attributes to the same receiver, same queue,
+//!   batch size and delay; alternated rounds in one run. CPU is the process's, less the
+//!   receiver thread's.
+//!
+//! `cargo bench --features otel --bench otel` (PRX_HOOKS_OTEL_SPANS sets N, 50,000).
+
+#[path = "../tests/otel/receiver.rs"]
+mod receiver;
+
+use criterion::Criterion;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{Span as _, SpanKind, Tracer as _, TracerProvider as _};
+use prx_hooks::otel::OtlpOptions;
+use prx_hooks::{Emit, Event, Hooks};
+use receiver::Receiver;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+const BATCH: usize = 512;
+const DELAY: Duration = Duration::from_millis(20);
+
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a pointer to a local timespec.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Hooks with a drained bus subscriber (so events are queued, not skipped), with or without
+/// the exporter.
+fn hooks(rx: Option<&Receiver>) -> (Hooks, std::thread::JoinHandle<()>) {
+    let mut b = Hooks::builder();
+    if let Some(rx) = rx {
+        b = b.otlp(OtlpOptions::new(&rx.url()).unwrap());
+    }
+    let hooks = b.build().unwrap();
+    let sub = hooks.bus().subscribe("prx.lifecycle.*").unwrap();
+    let drain = std::thread::spawn(move || while sub.recv().is_ok() {});
+    (hooks, drain)
+}
+
+fn emit_on_off(c: &mut Criterion) {
+    let rx = Receiver::start();
+    let (off, off_drain) = hooks(None);
+    let (on, on_drain) = hooks(Some(&rx));
+    let mut g = c.benchmark_group("otel_emit");
+    for (name, h) in [("exporter_off", &off), ("exporter_on", &on)] {
+        let em = h.emitter("bench", "s");
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                black_box(em.emit(Event::ToolCallStart {
+                    tool: "grep",
+                    arguments: "{}",
+                }));
+                black_box(em.emit(Event::ToolCall {
+                    tool: "grep",
+                    success: true,
+                    output: "",
+                }))
+            })
+        });
+    }
+    g.finish();
+    for (h, d) in [(off, off_drain), (on, on_drain)] {
+        h.shutdown(Duration::from_secs(2));
+        let _ = d.join();
+    }
+}
+
+struct Round {
+    secs: f64,
+    cpu: Duration,
+}
+
+fn emit_retrying(em: &prx_hooks::Emitter, e: Event<'_>) {
+    while em.emit(e) == Emit::Dropped {
+        std::thread::yield_now();
+    }
+}
+
+fn prx_round(rx: &Receiver, n: usize) -> Round {
+    rx.clear();
+    let opts = OtlpOptions::new(&rx.url())
+        .unwrap()
+        .queue(n + 16)
+        .batch(BATCH, DELAY);
+    let hooks = Hooks::builder().otlp(opts).build().unwrap();
+    let em = hooks.emitter("bench", "s");
+    let (t0, c0, r0) = (Instant::now(), process_cpu(), rx.cpu());
+    for _ in 0..n {
+        emit_retrying(
+            &em,
+            Event::ToolCallStart {
+                tool: "grep",
+                arguments: "{}",
+            },
+        );
+        emit_retrying(
+            &em,
+            Event::ToolCall {
+                tool: "grep",
+                success: true,
+                output: "",
+            },
+        );
+    }
+    emit_retrying(&em, Event::TurnComplete);
+    let got = rx.wait_count(n + 1, Duration::from_secs(120));
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = (process_cpu() - c0).saturating_sub(rx.cpu() - r0);
+    assert_eq!(got, n + 1, "prx-hooks: every span arrived");
+    hooks.shutdown(Duration::from_secs(2));
+    Round { secs, cpu }
+}
+
+/// The SDK's HTTP client: a blocking request on the batch processor's own thread, as the
+/// SDK's default (reqwest-blocking) client does.
+#[derive(Debug)]
+struct Blocking(ureq::Agent);
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for Blocking {
+    async fn send_bytes(
+        &self,
+        request: http::Request<bytes::Bytes>,
+    ) -> Result<http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
+        let (parts, body) = request.into_parts();
+        let mut req = self.0.post(parts.uri.to_string());
+        for (k, v) in &parts.headers {
+            req = req.header(k.as_str(), v.to_str()?);
+        }
+        let resp = req.send(&body[..])?;
+        let status = resp.status();
+        let body = resp.into_body().read_to_vec()?;
+        Ok(http::Response::builder().status(status).body(body.into())?)
+    }
+}
+
+fn sdk_round(rx: &Receiver, n: usize) -> Round {
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+    rx.clear();
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(format!("{}/v1/traces", rx.url()))
+        .with_http_client(Blocking(agent))
+        .build()
+        .unwrap();
+    let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+        .with_max_queue_size(n + 16)
+        .with_max_export_batch_size(BATCH)
+        .with_scheduled_delay(DELAY)
+        .build();
+    let bsp = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
+        .with_batch_config(config)
+        .build();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_span_processor(bsp)
+        .build();
+    let tracer = provider.tracer("bench");
+    let (t0, c0, r0) = (Instant::now(), process_cpu(), rx.cpu());
+    for _ in 0..n {
+        let mut span = tracer
+            .span_builder("execute_tool grep")
+            .with_kind(SpanKind::Internal)
+            .with_attributes([
+                KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                KeyValue::new("gen_ai.conversation.id", "s"),
+                KeyValue::new("gen_ai.agent.name", "bench"),
+                KeyValue::new("gen_ai.tool.name", "grep"),
+            ])
+            .start(&tracer);
+        span.end();
+    }
+    let got = rx.wait_count(n, Duration::from_secs(120));
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = (process_cpu() - c0).saturating_sub(rx.cpu() - r0);
+    assert_eq!(got, n, "SDK: every span arrived");
+    let _ = provider.shutdown();
+    Round { secs, cpu }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn export_rates() {
+    let n: usize = std::env::var("PRX_HOOKS_OTEL_SPANS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
+    let rx = Receiver::start();
+    let (mut ours, mut sdk) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        ours.push(prx_round(&rx, n));
+        sdk.push(sdk_round(&rx, n));
+    }
+    println!(
+        "\nexport end to end, {n} spans to one in-process OTLP/HTTP receiver, 3 rounds each (median):"
+    );
+    println!("{:<28} {:>12} {:>16}", "", "spans/s", "CPU µs/span");
+    for (name, rounds) in [
+        ("prx-hooks exporter", &ours),
+        ("OTel SDK batch processor", &sdk),
+    ] {
+        let rate = median(rounds.iter().map(|r| n as f64 / r.secs).collect());
+        let cpu = median(
+            rounds
+                .iter()
+                .map(|r| r.cpu.as_secs_f64() * 1e6 / n as f64)
+                .collect(),
+        );
+        println!("{name:<28} {rate:>12.0} {cpu:>16.2}");
+    }
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    emit_on_off(&mut c);
+    c.final_summary();
+    export_rates();
+}

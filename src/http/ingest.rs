@@ -1,0 +1,271 @@
+//! `POST /api/events` and `POST /api/ingest/{agent}`: events into the pipeline over HTTP,
+//! answered as soon as they are in the ring (ARCHITECTURE.md § Ingest).
+//!
+//! The body is read whole (at most [`HttpOptions::max_ingest_bytes`](super::HttpOptions), 413
+//! past it), then every line goes through the one line ingest every input shares
+//! ([`LineIngest`]: the `run --events` parser, the oversize check, the session map), so the
+//! per-(agent, session) order holds across requests and connections. The answer is the
+//! [`IngestReport`]: `{"queued","dropped","skipped","refused","errors","more_errors"}`. A hook
+//! is never waited for: `emit` never blocks, and a full ring is `dropped`, counted.
+
+use super::body::{self, Media};
+use super::error::ApiError;
+use super::json_response;
+use super::query;
+use super::{Api, ApiState};
+use crate::agents::{Agent, TranslateOptions};
+use crate::ingest::{IngestOptions, IngestReport, LineIngest, Outcome};
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::Response;
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bodies up to this size are read on the connection's task; larger ones on the blocking pool
+/// (parsing a few MiB takes milliseconds, which other connections must not wait for).
+const INLINE_BYTES: usize = 256 * 1024;
+
+/// What the ingest routes did since the API started: `ingest` in `/api/stats`.
+#[derive(Debug, Default)]
+pub(crate) struct IngestCounters {
+    requests: AtomicU64,
+    /// Requests refused whole (413, 415, 400 on the query, 408, 503).
+    refused_requests: AtomicU64,
+    queued: AtomicU64,
+    dropped: AtomicU64,
+    skipped: AtomicU64,
+    refused: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// A snapshot of [`IngestCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct IngestStats {
+    /// Requests to `POST /api/events` and `POST /api/ingest/{agent}`.
+    pub requests: u64,
+    /// Of those, refused whole (body too large, wrong media type, bad query, stalled body,
+    /// shutting down, an agent payload that could not be read).
+    pub refused_requests: u64,
+    /// Lines in the ring (or, for topic lines, taken by a bus subscriber).
+    pub queued: u64,
+    /// Lines `emit` refused (ring full, byte budget).
+    pub dropped: u64,
+    /// Lines nobody listens to.
+    pub skipped: u64,
+    /// Lines the session map had no room for.
+    pub refused: u64,
+    /// Lines that were not events, or too large.
+    pub errors: u64,
+}
+
+impl IngestCounters {
+    pub(crate) fn snapshot(&self) -> IngestStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        IngestStats {
+            requests: get(&self.requests),
+            refused_requests: get(&self.refused_requests),
+            queued: get(&self.queued),
+            dropped: get(&self.dropped),
+            skipped: get(&self.skipped),
+            refused: get(&self.refused),
+            errors: get(&self.errors),
+        }
+    }
+
+    pub(crate) fn count(&self, report: &IngestReport) {
+        let add = |c: &AtomicU64, n: u64| {
+            if n > 0 {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        };
+        add(&self.queued, report.queued);
+        add(&self.dropped, report.dropped);
+        add(&self.skipped, report.skipped);
+        add(&self.refused, report.refused);
+        add(
+            &self.errors,
+            report.errors.len() as u64 + report.more_errors,
+        );
+    }
+
+    pub(crate) fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused_request(&self) {
+        self.refused_requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `POST /api/events[?lenient=true]`: the body's NDJSON lines into the ring; 200 with the
+/// [`IngestReport`].
+pub(crate) async fn post(
+    State(api): ApiState,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    api.ingest.request();
+    let refused = |e: ApiError| {
+        api.ingest.refused_request();
+        e
+    };
+    let lenient = lenient(&uri).map_err(refused)?;
+    shutting_down(&api).map_err(refused)?;
+    let limit = api.opts.max_ingest_bytes;
+    let bytes = body::raw(&api, &headers, body, limit, Media::Ndjson)
+        .await
+        .map_err(refused)?;
+    let opts = IngestOptions::default().lenient(lenient);
+    let report = feed(&api, opts, bytes).await?;
+    api.ingest.count(&report);
+    Ok(json_response(StatusCode::OK, &report))
+}
+
+/// Feeds `bytes` through a [`LineIngest`] of its own (its lines are numbered from 1), on the
+/// blocking pool when they are many.
+pub(crate) async fn feed(
+    api: &Arc<Api>,
+    opts: IngestOptions,
+    bytes: Vec<u8>,
+) -> Result<IngestReport, ApiError> {
+    let run = move |hooks: &crate::Hooks, bytes: &[u8]| {
+        let mut lines = LineIngest::new(hooks, opts);
+        lines.feed(bytes);
+        lines.into_report()
+    };
+    if bytes.len() <= INLINE_BYTES {
+        return Ok(run(&api.hooks, &bytes));
+    }
+    let hooks = api.hooks.clone();
+    tokio::task::spawn_blocking(move || run(&hooks, &bytes))
+        .await
+        .map_err(|e| ApiError::internal(format!("the ingest failed: {e}")))
+}
+
+/// 503 once the hook system is shutting down: nothing would reach a hook.
+pub(crate) fn shutting_down(api: &Api) -> Result<(), ApiError> {
+    if api.hooks.is_shut_down() {
+        return Err(ApiError::unavailable(
+            "the hook system is shutting down; nothing was queued",
+        ));
+    }
+    Ok(())
+}
+
+/// `?lenient=true|false` (also `1`, `0`, or the key alone for true).
+fn lenient(uri: &Uri) -> Result<bool, ApiError> {
+    let mut on = false;
+    for (key, value) in query::pairs(uri, &["lenient"])? {
+        on = flag(key, &value)?;
+    }
+    Ok(on)
+}
+
+/// A boolean query parameter's value: empty, `true` or `1`; `false` or `0`.
+fn flag(key: &str, value: &str) -> Result<bool, ApiError> {
+    match value {
+        "" | "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        other => Err(ApiError::bad_request(format!(
+            "{key}: expected true or false, found {}",
+            crate::config::quote(other)
+        ))
+        .at(key.to_string())),
+    }
+}
+
+/// `POST /api/ingest/{agent}[?agent=NAME&session=ID&report=true]`: one payload of an agent's own hook
+/// (Claude Code's `http` hook type posts it; `prx-hooks send --from` too), translated by
+/// [`agents::translate`](crate::agents::translate) into its lifecycle event or its
+/// `prx.agent.<agent>.<event>` topic, then ingested like a line of `POST /api/events`.
+///
+/// The answer is the agents' "no decision, carry on" at once: `200 {}`, with the line's
+/// outcome in `X-Prx-Hooks-Outcome` (`queued`, `skipped`, `dropped`, `refused`, `error`). A
+/// payload that cannot be translated is a 400 naming its place (for Claude Code a non-2xx
+/// answer is a non-blocking error: the agent goes on and shows it); an unknown agent a 404.
+/// With `report=true` (what `prx-hooks send` asks) the body is the line's [`IngestReport`]
+/// instead, so a refusal's reason reaches the sender.
+pub(crate) async fn agent(
+    State(api): ApiState,
+    name: Result<Path<String>, PathRejection>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    api.ingest.request();
+    let refused = |e: ApiError| {
+        api.ingest.refused_request();
+        e
+    };
+    let name = name.map(|Path(n)| n).unwrap_or_default();
+    let Some(from) = Agent::from_name(&name) else {
+        let known: Vec<&str> = Agent::ALL.iter().map(|a| a.name()).collect();
+        return Err(refused(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "no agent {}: expected one of {}",
+                crate::config::quote(&name),
+                known.join(", ")
+            ),
+        )));
+    };
+    let mut opts = TranslateOptions::default();
+    let mut with_report = false;
+    for (key, value) in query::pairs(&uri, &["agent", "session", "report"]).map_err(refused)? {
+        match key {
+            "agent" => opts.agent = Some(value),
+            "session" => opts.session = Some(value),
+            _ => with_report = flag(key, &value).map_err(refused)?,
+        }
+    }
+    shutting_down(&api).map_err(refused)?;
+    let limit = api.opts.max_ingest_bytes;
+    let bytes = body::raw(&api, &headers, body, limit, Media::Json)
+        .await
+        .map_err(refused)?;
+    let small = bytes.len() <= INLINE_BYTES;
+    let hooks = api.hooks.clone();
+    let work = move || {
+        let translated = crate::agents::translate(from, &bytes, &opts)?;
+        let opts = IngestOptions::default().lenient(translated.lenient);
+        let mut lines = LineIngest::new(&hooks, opts);
+        let got = lines.line(1, translated.line.as_bytes());
+        Ok::<_, crate::agents::TranslateError>((got.outcome, lines.into_report()))
+    };
+    let done = if small {
+        work()
+    } else {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| ApiError::internal(format!("the ingest failed: {e}")))?
+    };
+    let (outcome, report) = match done {
+        Ok(x) => x,
+        Err(e) => {
+            return Err(refused(
+                ApiError::bad_request(format!("body:{e}")).at(e.path().to_string()),
+            ));
+        }
+    };
+    api.ingest.count(&report);
+    let outcome = match outcome {
+        Outcome::Queued => "queued",
+        Outcome::Skipped => "skipped",
+        Outcome::Dropped => "dropped",
+        Outcome::Refused => "refused",
+        _ => "error",
+    };
+    let mut resp = if with_report {
+        json_response(StatusCode::OK, &report)
+    } else {
+        json_response(StatusCode::OK, &serde_json::json!({}))
+    };
+    resp.headers_mut()
+        .insert("x-prx-hooks-outcome", HeaderValue::from_static(outcome));
+    Ok(resp)
+}

@@ -1,0 +1,228 @@
+//! What a consumed event carries beside the bus's own fields (ARCHITECTURE.md § NATS bridge,
+//! "Acks after the hooks ran"): the agent's own timestamp and sequence number, and a
+//! [`Ticket`] that tells the NATS consumer when every hook the event was handed to has settled
+//! it and whether one of them dropped it.
+//!
+//! The consumer emits through a relay emitter, so the event's bus message carries the
+//! emitter's id and a `seq` the consumer knows in advance (see `nats::relay`). Before emitting
+//! it puts an [`Attached`] in [`Attachments`] under that key; the pipeline worker takes it when
+//! it builds the message (a message of its own, never a recycled one). The message holds the
+//! ticket while the worker fans it out; a sink that keeps work for it takes a hold of its own
+//! ([`crate::bus::Message::hold`]: the shell's `EventRun`, which lives until the event's last
+//! hook process was reaped); after the fan-out the worker lets the message's hold go
+//! ([`crate::bus::Message::release_hold`]). The last hold dropped reports to the consumer. A
+//! sink that drops the event instead of running it (a full hook or plugin queue, shutdown)
+//! marks the ticket first, and the report then says dropped. Bus subscribers take no hold: a
+//! subscriber reads at its own pace and its drops are counted on it.
+//!
+//! `Arc`'s last decrement synchronizes with every earlier one, so a mark made before any
+//! hold's drop is seen by the ticket's `Drop` (which loads it with `Acquire` anyway).
+
+use std::collections::HashMap;
+
+// loom's under `--cfg loom` (the model below checks the mark-then-drop protocol).
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicBool, Ordering};
+#[cfg(loom)]
+use loom::sync::{Arc, Mutex, MutexGuard};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(not(loom))]
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A sink's hold on a consumed event's ticket.
+pub(crate) type Hold = Arc<Ticket>;
+
+/// Where tickets report: `(key, ran)` pairs for the consumer to take, and how to wake it.
+pub(crate) struct Settled {
+    done: Mutex<Vec<(u64, bool)>>,
+    wake: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Settled {
+    pub(crate) fn new(wake: Box<dyn Fn() + Send + Sync>) -> Arc<Settled> {
+        Arc::new(Settled {
+            done: Mutex::new(Vec::new()),
+            wake,
+        })
+    }
+
+    /// Everything reported since the last call: `(key, ran)`, `ran` false when a sink dropped
+    /// the event.
+    pub(crate) fn take(&self) -> Vec<(u64, bool)> {
+        std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// One consumed message's settlement: reported exactly once, when dropped.
+pub(crate) struct Ticket {
+    key: u64,
+    dropped: AtomicBool,
+    to: Arc<Settled>,
+}
+
+impl Ticket {
+    pub(crate) fn new(key: u64, to: Arc<Settled>) -> Ticket {
+        Ticket {
+            key,
+            dropped: AtomicBool::new(false),
+            to,
+        }
+    }
+
+    pub(crate) fn mark_dropped(&self) {
+        self.dropped.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let ran = !self.dropped.load(Ordering::Acquire);
+        self.to
+            .done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((self.key, ran));
+        (self.to.wake)();
+    }
+}
+
+/// The agent's side of a consumed event, and the message's hold on its ticket (taken out
+/// after the fan-out).
+#[derive(Default)]
+pub(crate) struct Attached {
+    /// `Prx-Timestamp` as published (checked RFC 3339, UTC).
+    pub origin_timestamp: Option<String>,
+    /// `Prx-Seq` as published.
+    pub origin_seq: Option<u64>,
+    pub ticket: Mutex<Option<Arc<Ticket>>>,
+}
+
+impl Attached {
+    pub(crate) fn new(
+        origin_timestamp: Option<String>,
+        origin_seq: Option<u64>,
+        ticket: Option<Ticket>,
+    ) -> Attached {
+        Attached {
+            origin_timestamp,
+            origin_seq,
+            ticket: Mutex::new(ticket.map(Arc::new)),
+        }
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<Arc<Ticket>>> {
+        self.ticket.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Another hold on the ticket, while the message still has its own.
+    pub(crate) fn hold(&self) -> Option<Arc<Ticket>> {
+        self.slot().clone()
+    }
+
+    pub(crate) fn release(&self) {
+        let t = self.slot().take();
+        drop(t);
+    }
+
+    pub(crate) fn mark_dropped(&self) {
+        if let Some(t) = &*self.slot() {
+            t.mark_dropped();
+        }
+    }
+}
+
+/// `(relay id, seq)` → what the message of that event carries. Put by the consumer before it
+/// emits, taken by the worker that builds the message.
+#[derive(Default)]
+pub(crate) struct Attachments {
+    map: Mutex<HashMap<(u64, u64), Attached>>,
+}
+
+impl Attachments {
+    pub(crate) fn insert(&self, relay: u64, seq: u64, a: Attached) {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((relay, seq), a);
+    }
+
+    pub(crate) fn take(&self, relay: u64, seq: u64) -> Option<Attached> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(relay, seq))
+    }
+}
+
+/// The protocol under every interleaving: a sink marks and drops its hold on one thread,
+/// another sink drops its hold on another, the worker releases the message's: the report comes
+/// once, after the last of them, and says dropped.
+#[cfg(loom)]
+mod loom_tests {
+    use super::*;
+
+    #[test]
+    fn a_mark_before_any_drop_reaches_the_one_report() {
+        loom::model(|| {
+            let s = Settled::new(Box::new(|| {}));
+            let a = Attached::new(None, None, Some(Ticket::new(9, s.clone())));
+            let (h1, h2) = (a.hold().unwrap(), a.hold().unwrap());
+            let t1 = loom::thread::spawn(move || {
+                h1.mark_dropped();
+                drop(h1);
+            });
+            let t2 = loom::thread::spawn(move || drop(h2));
+            a.release();
+            t1.join().unwrap();
+            t2.join().unwrap();
+            assert_eq!(s.take(), vec![(9, false)]);
+        });
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ticket_reports_once_when_dropped_and_says_whether_a_sink_dropped_it() {
+        let s = Settled::new(Box::new(|| {}));
+        let a = Ticket::new(1, s.clone());
+        let b = Ticket::new(2, s.clone());
+        b.mark_dropped();
+        drop(a);
+        drop(b);
+        assert_eq!(s.take(), vec![(1, true), (2, false)]);
+        assert!(s.take().is_empty());
+        let at = Attachments::default();
+        at.insert(
+            5,
+            0,
+            Attached::new(None, None, Some(Ticket::new(3, s.clone()))),
+        );
+        assert!(at.take(5, 1).is_none());
+        let a = at.take(5, 0).expect("put");
+        a.mark_dropped();
+        drop(a);
+        assert_eq!(s.take(), vec![(3, false)]);
+        // Reported when the last hold goes, not the message's own.
+        let a = Attached::new(None, None, Some(Ticket::new(4, s.clone())));
+        let hold = a.hold();
+        a.release();
+        assert!(s.take().is_empty());
+        a.mark_dropped();
+        drop(hold);
+        assert_eq!(
+            s.take(),
+            vec![(4, true)],
+            "marked after the release: no effect"
+        );
+        let a = Attached::new(None, None, Some(Ticket::new(5, s.clone())));
+        let hold = a.hold();
+        a.mark_dropped();
+        a.release();
+        drop(hold);
+        assert_eq!(s.take(), vec![(5, false)]);
+    }
+}

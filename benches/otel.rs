@@ -1,4 +1,4 @@
-//! The OpenTelemetry exporter's costs (README.md § OpenTelemetry has the figures):
+//! The OpenTelemetry exporter's costs (docs/otel.md § OpenTelemetry has the figures):
 //!
 //! * `otel_emit/exporter_off` vs `otel_emit/exporter_on`: one `tool_call_start` +
 //!   `tool_call` pair emitted, with a drained bus subscriber in both, the exporter sending to a

@@ -262,7 +262,7 @@ impl HooksBuilder {
     }
 
     /// Publishes the bus messages matching the options' pattern to NATS ([`nats::Publisher`],
-    /// README.md § NATS). Built with the rest; nothing waits for the server, which may be
+    /// docs/nats.md § NATS). Built with the rest; nothing waits for the server, which may be
     /// unreachable at first (events are buffered).
     #[cfg(feature = "nats")]
     pub fn nats_publish(mut self, opts: nats::PublishOptions) -> Self {
@@ -270,7 +270,7 @@ impl HooksBuilder {
         self
     }
 
-    /// Feeds events from NATS into this pipeline ([`nats::Consumer`], README.md § NATS).
+    /// Feeds events from NATS into this pipeline ([`nats::Consumer`], docs/nats.md § NATS).
     /// Refused with [`nats_publish`](HooksBuilder::nats_publish) when the two subjects
     /// overlap: what is consumed would be published again, and consumed again.
     #[cfg(feature = "nats")]
@@ -280,7 +280,7 @@ impl HooksBuilder {
     }
 
     /// Exports the lifecycle as OpenTelemetry GenAI spans, every hook run a child span
-    /// ([`otel::OtelSink`], README.md § OpenTelemetry traces).
+    /// ([`otel::OtelSink`], docs/otel.md § OpenTelemetry traces).
     #[cfg(feature = "otel")]
     pub fn otlp(mut self, opts: otel::OtlpOptions) -> Self {
         self.otlp = Some(opts);

@@ -1,6 +1,6 @@
 //! `Emitter`: one method per lifecycle event, the Python side of `prx_hooks::Emitter::emit`.
 //!
-//! The cost that matters is the call from Python (docs/python.md § Performance): arguments are
+//! The cost that matters is the call from Python (docs/python.md § What `emit` costs): arguments are
 //! borrowed, not copied (`text::utf8`); dicts are written as JSON text into a buffer of the
 //! calling thread ([`tojson`](crate::tojson)); the event goes into the ring with the GIL held
 //! (releasing it would cost more than the push, which never blocks and takes no lock).

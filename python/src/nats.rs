@@ -1,4 +1,4 @@
-//! `NatsPublish` and `NatsConsume`: the NATS bridge's options (README.md § NATS), for
+//! `NatsPublish` and `NatsConsume`: the NATS bridge's options (docs/nats.md § NATS), for
 //! `Hooks(nats=…, from_nats=…)`. A plain URL string there means these with their defaults.
 
 use crate::seconds;

@@ -63,12 +63,12 @@ use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// `run --nats`, `run --from-nats`, `bench --nats` (README.md § NATS).
+/// `run --nats`, `run --from-nats`, `bench --nats` (docs/nats.md § NATS).
 #[cfg(feature = "nats")]
 #[path = "../cli/nats.rs"]
 mod nats_cli;
 
-/// `run --otlp` (README.md § OpenTelemetry traces).
+/// `run --otlp` (docs/otel.md § OpenTelemetry traces).
 #[cfg(feature = "otel")]
 #[path = "../cli/otel.rs"]
 mod otel_cli;
@@ -86,7 +86,7 @@ struct Cli {
     verbosity: Verbosity,
 }
 
-/// `-v`/`-q`: how much is logged on stderr (README.md § Logging).
+/// `-v`/`-q`: how much is logged on stderr (docs/cli.md § Logging).
 #[derive(Args)]
 struct Verbosity {
     /// Log more: -v adds debug (each hook's stderr tail), -vv trace. Overrides RUST_LOG.
@@ -240,7 +240,7 @@ struct EventLimitArgs {
     max_event_bytes: usize,
 }
 
-/// The library's default `max_event_bytes` (README.md § Configuration).
+/// The library's default `max_event_bytes` (docs/library.md § Configuration).
 const DEFAULT_MAX_EVENT_BYTES: usize = 4 << 20;
 
 #[derive(Args)]
@@ -279,7 +279,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = e.print();
             // `fire` runs as an agent's hook: its usage errors must not be 2, the agents'
-            // "block" (README.md § Exit codes).
+            // "block" (docs/cli.md § Exit codes).
             return match e.exit_code() {
                 0 => ExitCode::SUCCESS,
                 _ if fire::fire_invoked() => ExitCode::from(fire::EX_USAGE),
@@ -520,7 +520,7 @@ fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         let _ = printer.join();
     }
     let stats = hooks.stats();
-    // README.md § Exit codes: a line refused (or lost to a full ring or byte budget) is 1. Said
+    // docs/cli.md § Exit codes: a line refused (or lost to a full ring or byte budget) is 1. Said
     // before the report, which stays the last line of stderr.
     // Every oversize line was said by `ingest` and (when anything listens) refused by `emit`
     // too: the same events, counted once.

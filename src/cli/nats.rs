@@ -1,5 +1,5 @@
 //! `prx-hooks run --nats …` / `run --from-nats …` and `bench --nats URL`: the CLI side of the
-//! NATS bridge (README.md § NATS). Kept apart from the rest of the command line so the flags,
+//! NATS bridge (docs/nats.md § NATS). Kept apart from the rest of the command line so the flags,
 //! the builder wiring and the bench live in one place.
 
 use clap::Args;
@@ -178,7 +178,7 @@ impl NatsArgs {
                 c = c.shared_dedup(b);
             }
             c = c.max_deliver(self.nats_max_deliver);
-            // --nats-stream is the publisher's when there is one (README.md § NATS, flags).
+            // --nats-stream is the publisher's when there is one (docs/nats.md § NATS, flags).
             match (&self.from_nats_stream, &self.nats_stream, &self.nats) {
                 (Some(s), _, _) => c = c.stream(s),
                 (None, Some(s), None) => c = c.stream(s),

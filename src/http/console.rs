@@ -1,4 +1,4 @@
-//! The console page at `/` (README.md § Console page; ARCHITECTURE.md § Console page): one
+//! The console page at `/` (docs/http.md § Console page; ARCHITECTURE.md § Console page): one
 //! HTML page, its script, its style sheet and its icon, embedded in the binary with
 //! `include_str!` / `include_bytes!`, so the page needs no build step, no network and no file
 //! on disk.

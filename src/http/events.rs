@@ -1,5 +1,5 @@
 //! `GET /api/events`: the live stream as Server-Sent Events (ARCHITECTURE.md § The live
-//! stream; the wire contract is README.md § The live stream).
+//! stream; the wire contract is docs/http.md § The live stream).
 //!
 //! ```text
 //! bus ──(one subscription, pattern *)──┐
@@ -88,7 +88,7 @@ pub const RESERVED_NAMES: &[&str] = &[
 
 const KEEPALIVE_FRAME: &[u8] = b": keep-alive\n\n";
 
-/// How the event stream is served (see README.md § The live stream).
+/// How the event stream is served (see docs/http.md § The live stream).
 #[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct EventStreamOptions {

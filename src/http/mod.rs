@@ -108,7 +108,7 @@ pub struct HttpOptions {
     /// at most [`server::MAX_AUTO_CONNECTIONS`](Server::MAX_AUTO_CONNECTIONS). A value larger
     /// than that budget is lowered to it (with a warning): the hooks' descriptors come first.
     pub max_connections: Option<usize>,
-    /// `GET /api/events`: queues, backlog, stream cap, keep-alive (README.md § The live
+    /// `GET /api/events`: queues, backlog, stream cap, keep-alive (docs/http.md § The live
     /// stream).
     pub events: EventStreamOptions,
     hosts: HostCheck,

@@ -842,7 +842,7 @@ fn unique() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The headers of one message (README.md § NATS, "Wire format").
+/// The headers of one message (docs/nats.md § NATS, "Wire format").
 fn headers(msg: &Message, id: &str, origin: &str, hops: Option<u32>) -> HeaderMap {
     let mut h = HeaderMap::new();
     if let Some(kind) = msg.event() {

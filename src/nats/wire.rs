@@ -1,4 +1,4 @@
-//! The wire format (README.md § NATS, "Wire format"): subjects, headers, message ids, and the
+//! The wire format (docs/nats.md § NATS, "Wire format"): subjects, headers, message ids, and the
 //! checks the consumer makes before a header value becomes a hook's environment variable.
 //!
 //! * subject: the bus topic, after an optional prefix (`fleet.prx.lifecycle.tool_call`);

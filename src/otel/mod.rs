@@ -37,7 +37,7 @@ use serde::Serialize;
 /// The name of the OpenTelemetry section in [`Stats`](crate::Stats).
 pub const STATS_SECTION: &str = "otel";
 
-/// The GenAI semantic conventions version the spans follow (README.md § OpenTelemetry traces).
+/// The GenAI semantic conventions version the spans follow (docs/otel.md § OpenTelemetry traces).
 pub const SEMCONV_VERSION: &str = "1.41.0";
 
 /// What the exporter did. At any moment

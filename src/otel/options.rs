@@ -107,7 +107,7 @@ impl Endpoint {
 }
 
 /// How the OpenTelemetry exporter runs ([`HooksBuilder::otlp`](crate::HooksBuilder::otlp),
-/// `prx-hooks run --otlp URL`; README.md § OpenTelemetry traces). Defaults are the OTel SDK's batch
+/// `prx-hooks run --otlp URL`; docs/otel.md § OpenTelemetry traces). Defaults are the OTel SDK's batch
 /// span processor's (queue 2,048, batches of 512, every 5 s, 10 s timeout).
 #[derive(Clone)]
 pub struct OtlpOptions {

@@ -1,5 +1,5 @@
 //! The environment of a hook process and the policy behind it (ARCHITECTURE.md § Shell hooks;
-//! README.md § Shell hooks has the same table).
+//! docs/hooks.md § Shell hooks has the same table).
 //!
 //! A hook's environment is built from nothing, in this order (a later entry of the same name
 //! wins):
@@ -84,7 +84,7 @@ const OURS: &str = "ZERO_HOOK_* variables are set by prx-hooks";
 const STARTUP: &str = "it runs code when an interpreter starts; only the hook's own \"env\" may \
      set it (its author chooses the command), never the agent's environment";
 
-/// The whole policy, in the order it is checked. README.md § Shell hooks documents this table.
+/// The whole policy, in the order it is checked. docs/hooks.md § Shell hooks documents this table.
 pub const RULES: &[Rule] = &[
     Rule {
         pattern: "LD_*",

@@ -1,5 +1,5 @@
 //! What an agent or a person reads from the commands beside `run`: `fire`'s exit codes never
-//! say "block" to an agent (README.md § Exit codes), `validate` shows errors and warnings in
+//! say "block" to an agent (docs/cli.md § Exit codes), `validate` shows errors and warnings in
 //! one pass, and messages name events with the right article.
 
 use std::io::Write;
@@ -187,7 +187,7 @@ fn messages_name_each_event_with_its_article() {
 }
 
 /// An outcome `fire` cannot print (stdout a full disk, a pipe whose reader is gone) is an
-/// internal error, 70 (README.md § Exit codes: "70, 71: internal error (plugin engine,
+/// internal error, 70 (docs/cli.md § Exit codes: "70, 71: internal error (plugin engine,
 /// stdout)"); `println!` panicked instead: exit 101 and a backtrace on the agent's stderr.
 /// Likewise `validate`: 1 for its errors, never a panic.
 #[test]

@@ -1,4 +1,4 @@
-//! `prx-hooks connect AGENT` as a user runs it (README.md § `connect`, docs/connect.md): the
+//! `prx-hooks connect AGENT` as a user runs it (docs/cli.md § `connect`, docs/connect.md): the
 //! user's settings stay byte for byte, a second connect writes nothing, `--remove` gives the
 //! original bytes back, `--dry-run` writes nothing, broken or odd files are refused untouched,
 //! and the entries written really deliver: each agent's command, run as the agent runs it,

@@ -1,4 +1,4 @@
-//! `prx-hooks init` as a real process (README.md § `init`): the workspace it makes validates
+//! `prx-hooks init` as a real process (docs/cli.md § `init`): the workspace it makes validates
 //! (strictly) and runs its sample events through its real hooks; it never overwrites anything,
 //! a symbolic link included, and names everything that is in the way.
 

@@ -284,7 +284,7 @@ fn a_fifo_stays_open_for_writer_after_writer_and_every_event_runs_its_hook() {
     assert_eq!(tools.len(), 25, "tools t0..t24 from every writer");
 }
 
-/// A file replay must not lose events to its own speed (README.md § `run`): 400 events of
+/// A file replay must not lose events to its own speed (docs/cli.md § `run`): 400 events of
 /// 1 MiB through a FIFO under `--listen` (the live stream's hub is one more subscriber), with
 /// a hook that takes 100 ms a run. Pacing every 256 lines on ring slots alone lost 123–192 of
 /// them to the 64 MiB byte budget in some runs, and the hook's queue (256) overflows unless the

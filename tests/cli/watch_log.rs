@@ -1,4 +1,4 @@
-//! hooks.json under `prx-hooks run` as a user sees it on stderr (README.md § Shell hooks): the
+//! hooks.json under `prx-hooks run` as a user sees it on stderr (docs/hooks.md § Shell hooks): the
 //! real watcher's log lines after an edit, a broken file and its repair, and `validate`'s
 //! refusal of a HOME set in `env`. Real processes and files; liveness with generous slack.
 

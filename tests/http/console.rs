@@ -1,4 +1,4 @@
-//! The console page at `/` (README.md § Console page; ARCHITECTURE.md § Console page) in a
+//! The console page at `/` (docs/http.md § Console page; ARCHITECTURE.md § Console page) in a
 //! real headless Chromium (chromedriver + fantoccini), against a real `http::Server` over
 //! loopback, on a real workspace whose hooks are real shell commands.
 //!

@@ -1,4 +1,4 @@
-//! `GET /api/events` (README.md § The live stream; ARCHITECTURE.md § The live stream) over real
+//! `GET /api/events` (docs/http.md § The live stream; ARCHITECTURE.md § The live stream) over real
 //! loopback TCP: a real `Hooks` on a temporary workspace, real hook processes, real guest
 //! plugins, and an SSE client that reads the wire format from a raw socket.
 

@@ -779,7 +779,7 @@ fn an_event_id_that_cannot_be_sent_back_is_ignored_and_the_reconnect_resumes_aft
     assert!(tail.child.try_wait().unwrap().is_none(), "still following");
 }
 
-/// Every field of an event is bounded, not only `data:` (README.md § `tail`): a 31 MiB `id:`,
+/// Every field of an event is bounded, not only `data:` (docs/cli.md § `tail`): a 31 MiB `id:`,
 /// `event:`, `retry:`, comment and unknown field each, some of them inside one event, never
 /// held; an id longer than 256 bytes is ignored (never sent back as `Last-Event-ID`), said
 /// once; an event whose name is longer than 256 bytes (a bus topic is at most 256) is skipped,

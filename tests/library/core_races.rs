@@ -293,7 +293,7 @@ fn the_byte_budget_never_refuses_an_event_it_has_room_for() {
     assert_eq!(hooks.stats().dropped_budget, hog_tries);
 }
 
-/// README.md § Stats: `queued = processed + dropped_shutdown + ring.depth` holds in every
+/// docs/stats.md § Stats: `queued = processed + dropped_shutdown + ring.depth` holds in every
 /// snapshot, not only at rest: two threads emit, one receives, one takes snapshots as fast as
 /// it can and checks each (and that the counters never go back); the receiver checks that what
 /// it received is counted as processed.

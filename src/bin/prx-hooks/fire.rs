@@ -19,7 +19,7 @@ fn fire_load_plugins(
 
 /// `fire`'s own errors, each with the exit code it ends with. `fire` is offered as a command
 /// for agents' hooks, and Claude Code, Codex and Gemini CLI read exit 2 as "block" (Cursor as
-/// "deny"), so none of these is 2 (README.md § Exit codes).
+/// "deny"), so none of these is 2 (docs/cli.md § Exit codes).
 struct FireError {
     code: u8,
     message: String,

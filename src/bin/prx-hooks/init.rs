@@ -1,4 +1,4 @@
-//! `prx-hooks init [DIR]`: a working workspace to start from (README.md § `init`).
+//! `prx-hooks init [DIR]`: a working workspace to start from (docs/cli.md § `init`).
 //!
 //! It writes a hooks.json with one hook per common use — an audit log of tool calls (with a
 //! matcher), a notifier on `agent_end`, errors to a file — the scripts they run, a sample

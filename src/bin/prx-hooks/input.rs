@@ -1,5 +1,5 @@
 //! `run --events`: reading the input (a file, stdin, or a FIFO kept open for writer after
-//! writer) and handing each line to the library's line ingest (README.md § `run`,
+//! writer) and handing each line to the library's line ingest (docs/cli.md § `run`,
 //! ARCHITECTURE.md § Ingest).
 
 use prx_hooks::Hooks;

@@ -1,4 +1,4 @@
-//! `prx-hooks tail`: follows a server's live stream (`GET /api/events`, README.md § The live
+//! `prx-hooks tail`: follows a server's live stream (`GET /api/events`, docs/http.md § The live
 //! stream) and prints one line per event and per run, or one JSON object per line with
 //! `--json`.
 //!

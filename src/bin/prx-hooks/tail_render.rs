@@ -1,6 +1,6 @@
 //! How `tail` shows what the server sends: one line per event, run and plugin aggregate, or
 //! one JSON object per line (`--json`), and the one path by which server text reaches a
-//! terminal ([`escape`], through [`Line::render`] and [`say`]). README.md § `tail`.
+//! terminal ([`escape`], through [`Line::render`] and [`say`]). docs/cli.md § `tail`.
 
 use serde_json::Value;
 use serde_json::value::RawValue;

@@ -1,5 +1,5 @@
 //! `tail`'s incremental SSE parser: bytes in as they arrive, whole events out, never holding
-//! more than a bound, whatever the server sends (README.md § `tail`).
+//! more than a bound, whatever the server sends (docs/cli.md § `tail`).
 //!
 //! Every field is bounded, not only `data:`:
 //!

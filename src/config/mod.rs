@@ -5,6 +5,7 @@
 //! with `ArcSwap`. An invalid file is reported and the last good table stays active.
 
 pub mod edit;
+pub(crate) mod env_policy;
 mod error;
 mod load;
 pub mod model;

@@ -19,10 +19,88 @@
 //! connection without the token has lost its: a client sending its request at once is
 //! served however many others connect.
 
+use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
+
+/// The connection counters of a [`Server`](super::Server) (`/api/stats` → `http`, `/metrics` → `http_*`).
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HttpStats {
+    /// Where it listens (`http://…` or `unix:…`).
+    pub listen: String,
+    /// The connection cap in force.
+    pub max_connections: u64,
+    /// Connections open now.
+    pub open: u64,
+    /// Of those, connections on which a request has shown the token (they keep their place
+    /// when the cap is reached).
+    pub authenticated: u64,
+    /// Connections accepted (including those closed at once over the cap).
+    pub accepted: u64,
+    /// Connections closed at once because the cap was reached and every open connection had
+    /// shown the token.
+    pub refused_over_cap: u64,
+    /// Connections without the token closed to make room for a new one at the cap (the oldest
+    /// first, those already answered before those waiting for their first answer).
+    pub evicted: u64,
+    /// Connections closed after a 401 or 403 (a request without the right token, a foreign
+    /// Host or Origin).
+    pub closed_unauthorized: u64,
+    /// Failed accepts (out of file descriptors, …).
+    pub accept_errors: u64,
+    /// Connections closed because a request head did not arrive in time.
+    pub header_timeouts: u64,
+    /// Requests answered 408 because their body stalled.
+    pub body_timeouts: u64,
+    /// Connections closed because the client read nothing of a response.
+    pub write_timeouts: u64,
+}
+
+/// The live counters behind [`HttpStats`].
+#[derive(Debug, Default)]
+pub(crate) struct ConnCounters {
+    pub(super) listen: String,
+    pub(super) max: AtomicU64,
+    /// The open connections (their count is `open`).
+    pub(super) table: Table,
+    pub(super) accepted: AtomicU64,
+    pub(super) refused: AtomicU64,
+    pub(super) evicted: AtomicU64,
+    pub(crate) closed_unauthorized: AtomicU64,
+    pub(super) accept_errors: AtomicU64,
+    pub(super) header_timeouts: AtomicU64,
+    pub(crate) body_timeouts: AtomicU64,
+    pub(super) write_timeouts: AtomicU64,
+}
+
+impl ConnCounters {
+    /// The connection cap in force now (the event stream's cap follows it).
+    pub(crate) fn max_now(&self) -> usize {
+        self.max.load(Ordering::Relaxed) as usize
+    }
+
+    pub(crate) fn snapshot(&self) -> HttpStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (open, authenticated) = self.table.counts();
+        HttpStats {
+            listen: self.listen.clone(),
+            max_connections: get(&self.max),
+            open,
+            authenticated,
+            accepted: get(&self.accepted),
+            refused_over_cap: get(&self.refused),
+            evicted: get(&self.evicted),
+            closed_unauthorized: get(&self.closed_unauthorized),
+            accept_errors: get(&self.accept_errors),
+            header_timeouts: get(&self.header_timeouts),
+            body_timeouts: get(&self.body_timeouts),
+            write_timeouts: get(&self.write_timeouts),
+        }
+    }
+}
 
 /// One open connection, shared by its task, its requests (as an extension) and the table.
 #[derive(Debug, Default)]

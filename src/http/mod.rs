@@ -51,6 +51,7 @@ mod server;
 mod status;
 pub mod token;
 
+pub use conns::HttpStats;
 pub use console::{CONTENT_SECURITY_POLICY, PUBLIC_PATHS as CONSOLE_PATHS};
 pub use events::{
     DEFAULT_BACKLOG, DEFAULT_BACKLOG_BYTES, DEFAULT_KEEPALIVE, DEFAULT_LINGER, DEFAULT_MAX_STREAMS,
@@ -58,7 +59,7 @@ pub use events::{
     PLUGIN_INTERVAL, RESERVED_NAMES,
 };
 pub use ingest::IngestStats;
-pub use server::{HttpStats, Listen, Server, bind_unix};
+pub use server::{Listen, Server, bind_unix};
 pub use token::{Token, TokenError, TokenSource};
 
 use crate::Hooks;
@@ -227,7 +228,7 @@ pub(crate) struct Api {
     /// The Host / Origin policy (`None`: no check).
     pub guard: Option<guard::Policy>,
     /// Connection counters of the [`Server`] serving this router, if one does.
-    pub conns: Option<Arc<server::ConnCounters>>,
+    pub conns: Option<Arc<conns::ConnCounters>>,
     /// `/api/events`.
     pub events: events::EventHub,
     /// `POST /api/events`, `POST /api/ingest/{agent}`.
@@ -248,7 +249,7 @@ pub(crate) enum Serving {
     Hosted,
     Own {
         listen: Listen,
-        conns: Arc<server::ConnCounters>,
+        conns: Arc<conns::ConnCounters>,
         events: events::EventHub,
     },
 }

@@ -29,14 +29,13 @@
 //!
 //! [`ShellSink::fds_at_limits`]: crate::shell::ShellSink::fds_at_limits
 
-use super::conns::{Admitted, Conn};
+use super::conns::{Admitted, Conn, ConnCounters, HttpStats};
 use super::{HttpOptions, Serving, build};
 use crate::Hooks;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde::Serialize;
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -82,83 +81,6 @@ impl fmt::Display for Listen {
         match self {
             Listen::Tcp(addr) => write!(f, "http://{addr}"),
             Listen::Unix(path) => write!(f, "unix:{}", path.display()),
-        }
-    }
-}
-
-/// The connection counters of a [`Server`] (`/api/stats` → `http`, `/metrics` → `http_*`).
-#[non_exhaustive]
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct HttpStats {
-    /// Where it listens (`http://…` or `unix:…`).
-    pub listen: String,
-    /// The connection cap in force.
-    pub max_connections: u64,
-    /// Connections open now.
-    pub open: u64,
-    /// Of those, connections on which a request has shown the token (they keep their place
-    /// when the cap is reached).
-    pub authenticated: u64,
-    /// Connections accepted (including those closed at once over the cap).
-    pub accepted: u64,
-    /// Connections closed at once because the cap was reached and every open connection had
-    /// shown the token.
-    pub refused_over_cap: u64,
-    /// Connections without the token closed to make room for a new one at the cap (the oldest
-    /// first, those already answered before those waiting for their first answer).
-    pub evicted: u64,
-    /// Connections closed after a 401 or 403 (a request without the right token, a foreign
-    /// Host or Origin).
-    pub closed_unauthorized: u64,
-    /// Failed accepts (out of file descriptors, …).
-    pub accept_errors: u64,
-    /// Connections closed because a request head did not arrive in time.
-    pub header_timeouts: u64,
-    /// Requests answered 408 because their body stalled.
-    pub body_timeouts: u64,
-    /// Connections closed because the client read nothing of a response.
-    pub write_timeouts: u64,
-}
-
-/// The live counters behind [`HttpStats`].
-#[derive(Debug, Default)]
-pub(crate) struct ConnCounters {
-    listen: String,
-    max: AtomicU64,
-    /// The open connections (their count is `open`).
-    table: super::conns::Table,
-    accepted: AtomicU64,
-    refused: AtomicU64,
-    evicted: AtomicU64,
-    pub(crate) closed_unauthorized: AtomicU64,
-    accept_errors: AtomicU64,
-    header_timeouts: AtomicU64,
-    pub(crate) body_timeouts: AtomicU64,
-    write_timeouts: AtomicU64,
-}
-
-impl ConnCounters {
-    /// The connection cap in force now (the event stream's cap follows it).
-    pub(crate) fn max_now(&self) -> usize {
-        self.max.load(Ordering::Relaxed) as usize
-    }
-
-    pub(crate) fn snapshot(&self) -> HttpStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let (open, authenticated) = self.table.counts();
-        HttpStats {
-            listen: self.listen.clone(),
-            max_connections: get(&self.max),
-            open,
-            authenticated,
-            accepted: get(&self.accepted),
-            refused_over_cap: get(&self.refused),
-            evicted: get(&self.evicted),
-            closed_unauthorized: get(&self.closed_unauthorized),
-            accept_errors: get(&self.accept_errors),
-            header_timeouts: get(&self.header_timeouts),
-            body_timeouts: get(&self.body_timeouts),
-            write_timeouts: get(&self.write_timeouts),
         }
     }
 }

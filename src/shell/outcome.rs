@@ -234,11 +234,11 @@ impl HookCounts {
     }
 
     /// Counts one dropped run.
-    pub(crate) fn drop(&mut self, why: super::queue::DropReason) {
+    pub(crate) fn drop(&mut self, why: DropReason) {
         self.dropped += 1;
         match why {
-            super::queue::DropReason::QueueFull => self.dropped_queue_full += 1,
-            super::queue::DropReason::Shutdown => self.dropped_shutdown += 1,
+            DropReason::QueueFull => self.dropped_queue_full += 1,
+            DropReason::Shutdown => self.dropped_shutdown += 1,
         }
     }
 
@@ -289,5 +289,32 @@ pub struct ShellStats {
     /// `ShellLimits::max_running` (a hook's first process is its reserved slot).
     pub shared_running: u64,
     /// The finished-runs hook point ([`ShellSink::subscribe_runs`](super::ShellSink::subscribe_runs)).
-    pub run_feed: super::runs::RunFeedStats,
+    pub run_feed: RunFeedStats,
+}
+
+/// Why an event was dropped for a hook (each counted apart in [`HookCounts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DropReason {
+    /// The hook's queue held `queue_per_action` jobs.
+    QueueFull,
+    /// Delivered after shutdown began.
+    Shutdown,
+}
+
+impl DropReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue full",
+            DropReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// The feed's counters, for [`ShellStats`](ShellStats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RunFeedStats {
+    /// Live subscriptions.
+    pub subscribers: u64,
+    /// Outcomes dropped because a subscription's queue was full (all subscriptions, ever).
+    pub dropped: u64,
 }

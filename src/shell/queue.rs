@@ -24,7 +24,7 @@
 //! runner once per job it starts and once per process it reaps, and readers of stats.
 //! Nobody does I/O, spawns, or frees a payload file while holding it.
 
-use super::outcome::{HookCounts, Outcome};
+use super::outcome::{DropReason, HookCounts, Outcome};
 use super::payload::EventRun;
 use crate::config::Action;
 use std::collections::{HashMap, VecDeque};
@@ -37,24 +37,6 @@ pub(crate) enum Offer {
     Queued { after_drops: u64 },
     /// Dropped; `first`: the first queue-full drop since the hook last queued a job.
     Dropped { why: DropReason, first: bool },
-}
-
-/// Why an event was dropped for a hook (each counted apart in [`HookCounts`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DropReason {
-    /// The hook's queue held `queue_per_action` jobs.
-    QueueFull,
-    /// Delivered after shutdown began.
-    Shutdown,
-}
-
-impl DropReason {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            DropReason::QueueFull => "queue full",
-            DropReason::Shutdown => "shutdown",
-        }
-    }
 }
 
 /// One (event, hook) run waiting for, or holding, a process slot.

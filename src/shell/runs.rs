@@ -15,7 +15,7 @@
 //! * a subscription ends when it is dropped (its queue goes with it), or when the sink shuts
 //!   down (receivers then read what is left and see the end).
 
-use super::outcome::Outcome;
+use super::outcome::{Outcome, RunFeedStats};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -120,15 +120,6 @@ pub(crate) struct RunFeed {
     /// Outcomes dropped for subscriptions since gone (their own counters went with them).
     dropped_gone: AtomicU64,
     closed: std::sync::atomic::AtomicBool,
-}
-
-/// The feed's counters, for [`ShellStats`](super::ShellStats).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct RunFeedStats {
-    /// Live subscriptions.
-    pub subscribers: u64,
-    /// Outcomes dropped because a subscription's queue was full (all subscriptions, ever).
-    pub dropped: u64,
 }
 
 impl RunFeed {

@@ -40,6 +40,10 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+mod flush;
+
+pub use flush::KvFlusher;
+
 /// How long after a change the log is fsynced (the promise is "durable within 1 s").
 pub const FLUSH_DELAY: Duration = Duration::from_millis(200);
 /// The longest key the store accepts.
@@ -847,112 +851,6 @@ fn tempfile_in(dir: &Path, path: &Path) -> io::Result<(PathBuf, std::fs::File)> 
         }
     }
     unreachable!("the loop returns")
-}
-
-/// The thread that writes changed stores: woken by [`KvFlusher::touch`], it waits
-/// [`FLUSH_DELAY`] to gather a burst of writes, then writes every dirty store.
-pub struct KvFlusher {
-    shared: Arc<FlushShared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-struct FlushShared {
-    state: Mutex<FlushState>,
-    wake: Condvar,
-}
-
-#[derive(Default)]
-struct FlushState {
-    stores: Vec<Weak<KvStore>>,
-    /// When the earliest unflushed change happened.
-    pending_since: Option<Instant>,
-    stop: bool,
-}
-
-impl KvFlusher {
-    pub fn start() -> io::Result<KvFlusher> {
-        let shared = Arc::new(FlushShared {
-            state: Mutex::new(FlushState::default()),
-            wake: Condvar::new(),
-        });
-        let s = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("prx-hooks-kv".into())
-            .spawn(move || flush_loop(&s))?;
-        Ok(KvFlusher {
-            shared,
-            thread: Mutex::new(Some(thread)),
-        })
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, FlushState> {
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Registers a store to be flushed when it changes.
-    pub fn register(&self, store: &Arc<KvStore>) {
-        let mut st = self.state();
-        st.stores.retain(|w| w.strong_count() > 0);
-        if !st.stores.iter().any(|w| w.as_ptr() == Arc::as_ptr(store)) {
-            st.stores.push(Arc::downgrade(store));
-        }
-    }
-
-    /// A store changed: write it within [`FLUSH_DELAY`].
-    pub fn touch(&self) {
-        let mut st = self.state();
-        if st.pending_since.is_none() {
-            st.pending_since = Some(Instant::now());
-            self.shared.wake.notify_one();
-        }
-    }
-
-    /// Writes every dirty store now and stops the thread. Idempotent.
-    pub fn stop(&self) {
-        self.state().stop = true;
-        self.shared.wake.notify_one();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for KvFlusher {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn flush_loop(shared: &FlushShared) {
-    let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let due = st.pending_since.map(|t| t + FLUSH_DELAY);
-        let now = Instant::now();
-        if st.stop || due.is_some_and(|d| d <= now) {
-            st.pending_since = None;
-            let stores: Vec<_> = st.stores.iter().filter_map(Weak::upgrade).collect();
-            let stop = st.stop;
-            drop(st);
-            for store in stores {
-                let _ = store.flush();
-            }
-            if stop {
-                return;
-            }
-            st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            continue;
-        }
-        st = match due {
-            Some(d) => {
-                shared
-                    .wake
-                    .wait_timeout(st, d - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0
-            }
-            None => shared.wake.wait(st).unwrap_or_else(|e| e.into_inner()),
-        };
-    }
 }
 
 #[cfg(test)]

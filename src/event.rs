@@ -199,7 +199,7 @@ impl<'a> Extras<'a> {
         }
     }
 
-    /// Leaves these documented fields out of the payload (names as in README's table).
+    /// Leaves these documented fields out of the payload (names as in the table of docs/events.md).
     pub const fn omit(self, fields: &'a [&'a str]) -> Extras<'a> {
         Extras {
             fields: self.fields,
@@ -561,7 +561,7 @@ fn append_extras(out: &mut Vec<u8>, start: usize, extras: &str) {
 /// at 127 levels. Every payload we write stays readable.
 pub const ARGUMENTS_MAX_DEPTH: u32 = json::MAX_DEPTH - 2;
 
-/// Writes one payload object, field by field in README's order. Field `index` (counted in
+/// Writes one payload object, field by field in the order of docs/events.md's table. Field `index` (counted in
 /// calls to `key`) is skipped when its bit is set in `omitted` (lenient input).
 struct ObjectWriter<'a> {
     out: &'a mut Vec<u8>,

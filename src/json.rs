@@ -5,9 +5,8 @@
 //!   characters as `\n`-style or `\u00XX` escapes, everything else (non-ASCII included) copied as
 //!   UTF-8, which JSON allows. Strings of [`SIMD_MIN`] bytes or more are written by simd-json's
 //!   SIMD escaper (32 bytes per step with AVX2), shorter ones by our word-at-a-time scan, which
-//!   costs less per call: measured in `benches/serialize.rs` (`strings/`): simd-json is 2× slower
-//!   at 16 bytes, even at 32, and 2.5× / 3.3× / 5.8× faster at 256 B / 4 KiB / 64 KiB of plain
-//!   text. Both produce the same bytes, which are serde_json's.
+//!   costs less per call at small sizes (`benches/serialize.rs`, `strings/`; the figures are in
+//!   docs/performance.md). Both produce the same bytes, which are serde_json's.
 //! * [`append_compact`]: a strict validator that copies a JSON text without its insignificant
 //!   whitespace. Two parts of a payload are JSON *text* that must reach hooks byte-exact —
 //!   `tool_call_start.arguments` and extra fields ([`crate::Extras`]) — and no serializer

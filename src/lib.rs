@@ -111,7 +111,7 @@ pub enum BuildError {
     Otel(std::io::Error),
 }
 
-/// Configures and starts [`Hooks`]. Every option has a default (see README).
+/// Configures and starts [`Hooks`]. Every option has a default (docs/library.md lists them).
 #[derive(Clone, Debug)]
 pub struct HooksBuilder {
     workspace: Option<PathBuf>,

@@ -336,7 +336,7 @@ fn server_killed_for_two_seconds_without_jetstream_losses_equal_the_drop_counter
     let mut server = NatsServer::start();
     // The subscriber reaches the server directly, the bridge through a gate: the gate is cut a
     // moment before the kill (so that what the dying server still held for the subscriber —
-    // which no core NATS publisher can know of, README § NATS — does not blur the count) and
+    // which no core NATS publisher can know of, docs/nats.md says so — does not blur the count) and
     // opened after the subscriber is back, as a core NATS subscriber must be to see anything.
     let gate = Gate::new(server.port);
     let sub = Collector::start(&server.url(), "prx.lifecycle.>");

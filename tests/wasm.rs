@@ -1293,7 +1293,7 @@ fn a_forced_fire_does_not_lift_a_suspension() {
     prx_hooks::Sink::shutdown(&sink, Instant::now() + Duration::from_secs(2));
 }
 
-/// README § WASM plugins: a suspended plugin "resumes by itself or at once when its files
+/// docs/plugins.md § WASM plugins: a suspended plugin "resumes by itself or at once when its files
 /// change" (and the host's suspension warning says so). The record carries over by name, so the
 /// new version is on probation, but the suspension of the old code does not hold the new code.
 #[test]

@@ -78,7 +78,7 @@ fn json_text<'a>(
 /// `"dropped"` (ring full, byte budget exhausted or larger than `max_event_bytes`; counted) or
 /// `"skipped"` (nobody listens to this event, or the hooks have shut down). `extras=` (a dict
 /// or the JSON text of an object) adds payload fields after the documented ones; `omit=`
-/// leaves documented fields out (README § Extra fields).
+/// leaves documented fields out (docs/events.md § Extra fields).
 #[pyclass(frozen, module = "prx_hooks", name = "Emitter")]
 pub struct PyEmitter {
     em: Owned<Emitter>,

@@ -1,6 +1,6 @@
 //! `prx-hooks`: run the hook pipeline over a workspace, or measure it.
 //!
-//! README.md § `prx-hooks` command line is the contract for flags and output: data (bus messages, bench results) goes
+//! docs/cli.md is the contract for flags and output: data (bus messages, bench results) goes
 //! to stdout; logs, line errors and stats go to stderr.
 
 /// `eprintln!` that never panics: `run` goes on serving when its stderr is closed (a terminal
@@ -713,7 +713,7 @@ fn drain_floor(_args: &RunArgs) -> Duration {
 }
 
 /// What `run` and `fire` do to their own process before any hook runs: `--harden`, and
-/// becoming the child subreaper of everything the hooks leave behind (README.md § Security).
+/// becoming the child subreaper of everything the hooks leave behind (docs/hooks.md § Security: what holds where).
 struct Containment {
     subreaper: Option<prx_hooks::shell::supervisor::Subreaper>,
     hardened: bool,

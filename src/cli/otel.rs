@@ -1,5 +1,4 @@
-//! `prx-hooks run --otlp [URL] …`: the CLI side of the OpenTelemetry exporter (README.md §
-//! OpenTelemetry traces). The flags, the `OTEL_*` variables and the builder wiring in one place.
+//! `prx-hooks run --otlp [URL] …`: the CLI side of the OpenTelemetry exporter (docs/otel.md). The flags, the `OTEL_*` variables and the builder wiring in one place.
 
 use clap::Args;
 use prx_hooks::HooksBuilder;

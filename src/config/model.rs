@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Defaults of ARCHITECTURE.md § Shell hooks (the documented values; PRX's own code differs, see README).
+/// Defaults of ARCHITECTURE.md § Shell hooks (the documented values; PRX's own code differs, see docs/hooks.md).
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_MAX_CONCURRENT: usize = 8;
 
@@ -165,7 +165,7 @@ impl HookLimits {
 
 /// Which tool names a hook fires for.
 ///
-/// hooks.json's rule ([`Matcher::parse`], README § Matchers, Claude Code's convention):
+/// hooks.json's rule ([`Matcher::parse`], docs/hooks.md § Matchers, Claude Code's convention):
 ///
 /// | written | is | matches |
 /// |---|---|---|

@@ -95,7 +95,7 @@ pub(crate) async fn create(
 
 /// `PATCH`: an RFC 7396 merge patch (`application/merge-patch+json` or `application/json`).
 /// `PUT`: the same merge patch with any JSON media type, as it always was (deprecated in
-/// favour of `PATCH`; README.md).
+/// favour of `PATCH`; docs/http.md).
 pub(crate) async fn update(
     State(api): ApiState,
     Extension(caller): Extension<Caller>,

@@ -4,7 +4,7 @@
 //!
 //! A scrape builds a fresh registry from one `Hooks::stats()` snapshot, so the values of one
 //! scrape are as consistent with each other as the snapshot is, and nothing is kept between
-//! scrapes. The metrics are the tables below: the names are a stable contract (README.md lists
+//! scrapes. The metrics are the tables below: the names are a stable contract (docs/stats.md lists
 //! them): prefix `prx_hooks_`, counters end in `_total`, labels `reason`, `sink`, `pattern`,
 //! `hook`, `outcome`, `plugin`, `result`, `phase`.
 //!
@@ -12,7 +12,7 @@
 //! `pattern` (a numeric subscriber id grew forever over a long run), hooks and plugins are
 //! what the files define. Series that counted something twice or counted non-runs as runs are
 //! kept for dashboards that use them, marked `DEPRECATED` in their help text (and in
-//! README.md), beside the correct ones.
+//! docs/stats.md), beside the correct ones.
 
 mod format;
 

@@ -20,7 +20,7 @@
 //! What this protects and what it does not: a secret in the agent's environment does not reach
 //! a hook *through its environment*. A hook runs as the same user as the agent, so it can read
 //! `/proc/<agent pid>/environ` (and its memory) unless the host is made non-dumpable
-//! (`harden`, README.md § Security).
+//! (`harden`, docs/hooks.md § Security: what holds where).
 
 use super::payload::{EventRun, MAX_ENV_PAYLOAD};
 use crate::config::Action;

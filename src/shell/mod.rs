@@ -17,9 +17,10 @@
 //!   the runner thread. One thread both starts and reaps, so a finished hook frees its slot for
 //!   the next job without any cross-thread wake-up; `deliver` wakes the runner only when it is
 //!   idle.
-//! * **Environment**: cleared, then LANG, LC_*, TZ, TERM, USER, LOGNAME, TMPDIR and the table's
-//!   `env_passthrough` from the parent (taken when the table is set), `PATH` =
-//!   [`SANITIZED_PATH`], the `ZERO_HOOK_*` variables, then the action's `env`. See [`mod@env`].
+//! * **Environment**: built from nothing by the rules of [`mod@env`] (the one statement of
+//!   them): a few host variables, the real locale categories (not any `LC_*`), `HOME`, the
+//!   table's `env_passthrough`, `PATH` = [`SANITIZED_PATH`], the `ZERO_HOOK_*` variables, then
+//!   the action's `env`.
 //! * **Payload**: `ZERO_HOOK_PAYLOAD` (≤ [`MAX_ENV_PAYLOAD`] bytes, else unset and
 //!   `ZERO_HOOK_PAYLOAD_TRUNCATED=1`), `ZERO_HOOK_PAYLOAD_FILE` (shared by the event's hooks,
 //!   removed after the last one exits) and, with `stdin_json`, stdin.

@@ -73,7 +73,7 @@ impl fmt::Display for OutcomeKind {
 
 /// One hook run: what happened, how long it took, the end of its stderr.
 ///
-/// `Display` is the line `prx-hooks fire` prints (README.md § `prx-hooks` command line):
+/// `Display` is the line `prx-hooks fire` prints (docs/cli.md):
 /// `hook audit tool_call: exit 3 (12.4 ms); stderr: "no such file"`.
 #[non_exhaustive]
 #[derive(Clone, Debug, Serialize)]

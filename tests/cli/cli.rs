@@ -69,7 +69,7 @@ fn every_kind_of_bad_line_is_reported_and_nothing_after_it_is_lost() {
         .arg(&events)
         .output()
         .unwrap();
-    // Refused lines make the exit code 1 (README § Exit codes); every good line still went on.
+    // Refused lines make the exit code 1 (docs/cli.md § Exit codes); every good line still went on.
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -419,7 +419,7 @@ fn oversize_events_are_refused_with_their_line_and_counted_apart_from_drops() {
     assert_eq!(printed(&out.stdout).len(), 5);
 }
 
-/// README § `run`: `input.oversize` counts every line refused for its size; `stats.oversize`
+/// docs/cli.md § `run`: `input.oversize` counts every line refused for its size; `stats.oversize`
 /// only what reached `emit` and was refused there — not a line too long to be read whole, and
 /// not an event nobody listens to (`emit` counts that one as `skipped` before measuring it).
 #[test]

@@ -590,7 +590,7 @@ fn a_hook_of_the_same_user_reads_the_hosts_environ_unless_harden() {
     let seen = read_parent_proc(false);
     assert!(
         seen.contains("AWS_SECRET_ACCESS_KEY=hunter7"),
-        "README says this is readable; it was not: {seen}"
+        "docs/hooks.md says this is readable; it was not: {seen}"
     );
     assert!(seen.contains("maps-read"), "{seen}");
     assert!(seen.contains("fd-listed"), "{seen}");

@@ -1,6 +1,6 @@
 //! `run`'s input as an agent host feeds it: a new session per run (memory stays bounded and
 //! the session map's counters add up), large events replayed through a FIFO under `--listen`
-//! with a slow hook (nothing lost), and a FIFO written by one writer per event (README.md
+//! with a slow hook (nothing lost), and a FIFO written by one writer per event (docs/cli.md
 //! § `run`, ARCHITECTURE.md § Ingest).
 
 use crate::support::{append_args, lines, wait_for};

@@ -1,7 +1,7 @@
-//! What an idle `prx-hooks run --listen` costs (README.md § Performance): with the sample
+//! What an idle `prx-hooks run --listen` costs (docs/performance.md): with the sample
 //! workspace (its shell hooks and the audit plugin) and no client, its CPU time over 10 s
 //! stays under 1 % of one CPU — a behaviour with generous slack, not a speed figure (the
-//! measured figures and the command are in README.md).
+//! measured figures and the command are in docs/performance.md).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! `prx-hooks tail` as a real process following a real `prx-hooks run --listen` (README.md §
+//! `prx-hooks tail` as a real process following a real `prx-hooks run --listen` (docs/cli.md §
 //! `tail`): events and runs as lines and as JSON, finding the server from the workspace (TCP
 //! and unix socket), reconnecting with `Last-Event-ID` through a real TCP proxy the test cuts,
 //! a restarted server told once on stderr, and the exit codes.

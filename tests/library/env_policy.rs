@@ -206,7 +206,7 @@ fn only_real_locale_categories_come_from_the_agent() {
 
 #[test]
 fn every_rule_in_the_documented_table_is_enforced() {
-    // The table README documents is the one the code checks: each row's example is refused
+    // The table docs/hooks.md documents is the one the code checks: each row's example is refused
     // exactly where the row says.
     for rule in policy::RULES {
         let example = rule.example();

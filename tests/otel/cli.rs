@@ -1,6 +1,6 @@
 //! `prx-hooks run --otlp URL` as a user runs it: the sample workspace's events replayed
 //! through its hooks, exported to a real receiver, the span tree printed (README.md §
-//! OpenTelemetry shows it).
+//! Traces shows it).
 
 use crate::receiver::{Receiver, attr, render_tree};
 use crate::*;

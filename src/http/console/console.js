@@ -1,4 +1,4 @@
-// The prx-hooks console (README.md § Console page; ARCHITECTURE.md § Console page).
+// The prx-hooks console (docs/http.md § Console page; ARCHITECTURE.md § Console page).
 //
 // Everything shown here may come from agents, LLMs or hook processes (tool names, outputs,
 // stderr, topics, agent names), so text only ever enters the page as text: through `el()`

@@ -1,0 +1,105 @@
+//! `prx-hooks validate`: hooks.json and every plugin manifest checked as `run` would load them
+//! (docs/cli.md § `validate`).
+
+use super::*;
+
+/// `validate`: every error and warning on stdout, one per line; a summary on stderr; exit 1 on
+/// any error (and with `--strict` on any warning).
+pub(super) fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
+    let label = prx_hooks::config::file_label(&args.workspace);
+    if !args.workspace.is_dir() {
+        return Err(format!("workspace {} is not a directory", args.workspace.display()).into());
+    }
+    // Errors and warnings in one pass: a file with both shows both.
+    let (loaded, warnings) = prx_hooks::config::load_with_warnings(&args.workspace);
+    let mut warned = warnings.len();
+    let hooks_ok = match &loaded {
+        Ok(table) => {
+            for warning in &warnings {
+                out!("warning: {warning}");
+            }
+            let enabled = table.actions.iter().filter(|a| a.enabled).count();
+            match &table.source {
+                Some(_) => say!(
+                    "{label}: ok: {} hook(s), {enabled} enabled{}, {} warning(s)",
+                    table.actions.len(),
+                    if table.enabled {
+                        ""
+                    } else {
+                        " (but the file's \"enabled\" is false)"
+                    },
+                    warnings.len()
+                ),
+                None => say!("{label}: not found: no shell hooks"),
+            }
+            true
+        }
+        Err(errors) => {
+            for error in errors.iter() {
+                out!("{error}");
+            }
+            for warning in &warnings {
+                out!("warning: {warning}");
+            }
+            say!(
+                "{label}: {} error(s), {} warning(s)",
+                errors.len(),
+                warnings.len()
+            );
+            false
+        }
+    };
+    let (plugins_ok, plugin_warnings) = validate_plugins(&args.workspace);
+    warned += plugin_warnings;
+    if !hooks_ok || !plugins_ok {
+        return Ok(ExitCode::from(1));
+    }
+    if args.strict && warned > 0 {
+        say!("--strict: {warned} warning(s), counted as errors");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Checks every plugin (manifest, compile, `on-event` and its type, linking, a probe
+/// instantiation); prints each problem on stdout (warnings prefixed `warning: `), plugins that
+/// are not hooks as notes on stderr, and a summary on stderr. Whether there were no errors,
+/// and how many warnings.
+pub(super) fn validate_plugins(workspace: &std::path::Path) -> (bool, usize) {
+    let scan = prx_hooks::wasm::manifest::scan_all(workspace);
+    #[cfg(feature = "wasm")]
+    let lines = prx_hooks::wasm::check_workspace(workspace);
+    #[cfg(not(feature = "wasm"))]
+    let lines: Vec<String> = scan.errors.iter().map(|e| e.to_string()).collect();
+    let warnings: Vec<String> = scan
+        .warnings
+        .iter()
+        .chain(scan.manifests.iter().flat_map(|m| &m.warnings))
+        .map(|w| w.to_string())
+        .collect();
+    for line in &lines {
+        out!("{line}");
+    }
+    for w in &warnings {
+        out!("warning: {w}");
+    }
+    for (name, why) in &scan.skipped {
+        say!("note: plugin {name}: {why}; skipped (not ours to run)");
+    }
+    let dir = workspace.join(prx_hooks::wasm::manifest::PLUGINS_DIR);
+    if scan.manifests.is_empty() && lines.is_empty() {
+        say!("{}: no plugins", dir.display());
+    } else if lines.is_empty() {
+        let names: Vec<&str> = scan.manifests.iter().map(|m| m.name.as_str()).collect();
+        say!(
+            "{}: ok: {} plugin(s): {}, {} warning(s)",
+            dir.display(),
+            names.len(),
+            names.join(", "),
+            warnings.len()
+        );
+    } else {
+        say!("{}: {} error(s)", dir.display(), lines.len());
+    }
+    (lines.is_empty(), warnings.len())
+}

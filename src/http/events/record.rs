@@ -128,48 +128,98 @@ pub(super) fn record(
     hub: Arc<Hub>,
     bus: Subscription,
     runs: Option<RunSubscription>,
-    mut plugins: Option<PluginCounter>,
-    mut next: u64,
+    plugins: Option<PluginCounter>,
+    next: u64,
 ) {
-    let mut msgs: Vec<Message> = Vec::with_capacity(BATCH);
-    let mut outs: Vec<Arc<Outcome>> = Vec::with_capacity(BATCH);
-    let mut items: Vec<(What, Bytes)> = Vec::with_capacity(2 * BATCH);
-    let (mut bus_lost, mut runs_lost) = (0u64, 0u64);
-    let mut bus_open = true;
-    let mut runs_open = runs.is_some();
-    let mut last_plugins = Instant::now();
     let tick = hub
         .opts
         .keepalive
         .min(PLUGIN_INTERVAL)
         .min(Duration::from_millis(250).max(hub.opts.linger / 4))
         .max(Duration::from_millis(5));
+    let mut r = Recorder {
+        runs_open: runs.is_some(),
+        hub,
+        bus,
+        runs,
+        plugins,
+        next,
+        msgs: Vec::with_capacity(BATCH),
+        outs: Vec::with_capacity(BATCH),
+        items: Vec::with_capacity(2 * BATCH),
+        bus_lost: 0,
+        runs_lost: 0,
+        bus_open: true,
+        last_plugins: Instant::now(),
+    };
     loop {
-        while msgs.len() < BATCH {
-            match bus.receiver().try_recv() {
-                Ok(m) => msgs.push(m),
+        let busy = r.take();
+        // Render outside the lock; only the hub thread assigns positions.
+        r.render();
+        r.losses();
+        let now = Instant::now();
+        r.plugin_aggregates(now);
+        if !r.publish(now) {
+            return;
+        }
+        if !busy {
+            r.wait(tick, now);
+        }
+    }
+}
+
+/// The hub thread's state between two batches.
+struct Recorder {
+    hub: Arc<Hub>,
+    bus: Subscription,
+    runs: Option<RunSubscription>,
+    plugins: Option<PluginCounter>,
+    /// The position the next item gets.
+    next: u64,
+    msgs: Vec<Message>,
+    outs: Vec<Arc<Outcome>>,
+    /// Rendered, numbered items waiting to be published (positions `next - len .. next`).
+    items: Vec<(What, Bytes)>,
+    /// The subscriptions' drop counters as last announced.
+    bus_lost: u64,
+    runs_lost: u64,
+    bus_open: bool,
+    runs_open: bool,
+    last_plugins: Instant,
+}
+
+impl Recorder {
+    /// Takes up to a batch from the bus and from the run feed without waiting; true when
+    /// either gave a full batch (more may be waiting).
+    fn take(&mut self) -> bool {
+        while self.msgs.len() < BATCH {
+            match self.bus.receiver().try_recv() {
+                Ok(m) => self.msgs.push(m),
                 Err(flume::TryRecvError::Empty) => break,
                 Err(flume::TryRecvError::Disconnected) => {
-                    bus_open = false;
+                    self.bus_open = false;
                     break;
                 }
             }
         }
-        if let Some(r) = runs.as_ref().filter(|_| runs_open) {
-            while outs.len() < BATCH {
+        if let Some(r) = self.runs.as_ref().filter(|_| self.runs_open) {
+            while self.outs.len() < BATCH {
                 match r.receiver().try_recv() {
-                    Ok(o) => outs.push(o),
+                    Ok(o) => self.outs.push(o),
                     Err(flume::TryRecvError::Empty) => break,
                     Err(flume::TryRecvError::Disconnected) => {
-                        runs_open = false;
+                        self.runs_open = false;
                         break;
                     }
                 }
             }
         }
-        let busy = msgs.len() == BATCH || outs.len() == BATCH;
-        // Render outside the lock; only the hub thread assigns positions.
-        for m in msgs.drain(..) {
+        self.msgs.len() == BATCH || self.outs.len() == BATCH
+    }
+
+    /// Numbers and renders what `take` took.
+    fn render(&mut self) {
+        for m in self.msgs.drain(..) {
             let topic = match m.event() {
                 Some(k) => Topic::Lifecycle(k),
                 None => Topic::Custom(m.topic().into()),
@@ -178,62 +228,77 @@ pub(super) fn record(
                 t if RESERVED_NAMES.contains(&t) => "message",
                 t => t,
             };
-            items.push((What::Bus(topic), bus_frame(&hub.instance, next, name, &m)));
-            next += 1;
+            let frame = bus_frame(&self.hub.instance, self.next, name, &m);
+            self.items.push((What::Bus(topic), frame));
+            self.next += 1;
         }
-        for o in outs.drain(..) {
-            let id = hub.id(next);
-            next += 1;
-            items.push((
-                What::Run,
-                frame(Some(&id), "run", &super::super::hooks::run_json(&o)),
-            ));
+        for o in self.outs.drain(..) {
+            let id = self.hub.id(self.next);
+            self.next += 1;
+            let run = super::super::hooks::run_json(&o);
+            self.items.push((What::Run, frame(Some(&id), "run", &run)));
         }
-        for (source, now_lost, seen) in [
-            (Source::Bus, bus.dropped(), &mut bus_lost),
-            (
-                Source::Runs,
-                runs.as_ref().map_or(0, |r| r.dropped()),
-                &mut runs_lost,
-            ),
-        ] {
+    }
+
+    /// A `dropped` item for what the subscriptions lost since the last batch.
+    fn losses(&mut self) {
+        let runs_now = self.runs.as_ref().map_or(0, |r| r.dropped());
+        for (source, now_lost) in [(Source::Bus, self.bus.dropped()), (Source::Runs, runs_now)] {
+            let seen = match source {
+                Source::Bus => &mut self.bus_lost,
+                Source::Runs => &mut self.runs_lost,
+            };
             if now_lost > *seen {
                 let d = now_lost - *seen;
                 *seen = now_lost;
-                hub.counters.dropped_server.fetch_add(d, Ordering::Relaxed);
-                let id = hub.id(next);
-                next += 1;
+                self.hub
+                    .counters
+                    .dropped_server
+                    .fetch_add(d, Ordering::Relaxed);
+                let id = self.hub.id(self.next);
+                self.next += 1;
                 let data = serde_json::json!({
                     "count": d,
                     "reason": "server_queue_full",
                     "source": source.name(),
                 });
-                items.push((What::Lost(source, d), frame(Some(&id), "dropped", &data)));
+                self.items
+                    .push((What::Lost(source, d), frame(Some(&id), "dropped", &data)));
             }
         }
-        let now = Instant::now();
-        if let Some(p) = plugins.as_mut()
-            && now.duration_since(last_plugins) >= PLUGIN_INTERVAL
+    }
+
+    /// The plugin aggregates, once a [`PLUGIN_INTERVAL`].
+    fn plugin_aggregates(&mut self, now: Instant) {
+        if let Some(p) = self.plugins.as_mut()
+            && now.duration_since(self.last_plugins) >= PLUGIN_INTERVAL
         {
-            for agg in p.aggregates(SystemTime::now(), now - last_plugins) {
-                let id = hub.id(next);
-                next += 1;
-                items.push((What::Plugin, frame(Some(&id), "plugin", &agg)));
+            for agg in p.aggregates(SystemTime::now(), now - self.last_plugins) {
+                let id = self.hub.id(self.next);
+                self.next += 1;
+                self.items
+                    .push((What::Plugin, frame(Some(&id), "plugin", &agg)));
             }
-            last_plugins = now;
+            self.last_plugins = now;
         }
-        // Publish: backlog, then every client that wants it, in position order.
+    }
+
+    /// Publishes the batch (backlog, then every client that wants it, in position order),
+    /// sends keep-alives to quiet clients, and decides whether recording goes on: false when
+    /// the hub closed, the bus closed, or nobody has watched for `linger`.
+    fn publish(&mut self, now: Instant) -> bool {
+        let hub = &self.hub;
         let mut st = hub.lock();
         if st.closed.is_some() || !st.recording {
-            return;
+            return false;
         }
-        if !items.is_empty() {
-            let first = next - items.len() as u64;
+        if !self.items.is_empty() {
+            let first = self.next - self.items.len() as u64;
             hub.counters
                 .items
-                .fetch_add(items.len() as u64, Ordering::Relaxed);
+                .fetch_add(self.items.len() as u64, Ordering::Relaxed);
             let (max, max_bytes) = (hub.opts.backlog, hub.opts.backlog_bytes);
-            for (i, (what, frame)) in items.drain(..).enumerate() {
+            for (i, (what, frame)) in self.items.drain(..).enumerate() {
                 let weight = what.weight();
                 for c in st.clients.iter_mut().filter(|c| c.filter.wants(&what)) {
                     c.offer(&frame, weight, &hub.counters, now, hub.opts.queue_bytes);
@@ -242,10 +307,10 @@ pub(super) fn record(
                 st.journal.push(Entry { pos, what, frame }, max, max_bytes);
             }
         }
-        if !bus_open {
+        if !self.bus_open {
             drop(st);
             let _ = hub.close("the hook system shut down");
-            return;
+            return false;
         }
         let keepalive = Bytes::from_static(KEEPALIVE_FRAME);
         for c in st
@@ -267,24 +332,27 @@ pub(super) fn record(
             st.recording = false;
             st.journal.pause();
             drop(st.thread.take());
-            return;
+            return false;
         }
-        drop(st);
-        if busy {
-            continue;
-        }
-        let wait = tick.min(PLUGIN_INTERVAL.saturating_sub(now.duration_since(last_plugins)));
+        true
+    }
+
+    /// Waits for the next message, run or poke, at most until the next keep-alive or plugin
+    /// tick.
+    fn wait(&mut self, tick: Duration, now: Instant) {
+        let since = now.duration_since(self.last_plugins);
+        let wait = tick.min(PLUGIN_INTERVAL.saturating_sub(since));
         let mut sel = flume::Selector::new()
-            .recv(bus.receiver(), Woke::Bus)
-            .recv(&hub.poked, |_| Woke::Poke);
-        if let Some(r) = runs.as_ref().filter(|_| runs_open) {
+            .recv(self.bus.receiver(), Woke::Bus)
+            .recv(&self.hub.poked, |_| Woke::Poke);
+        if let Some(r) = self.runs.as_ref().filter(|_| self.runs_open) {
             sel = sel.recv(r.receiver(), Woke::Run);
         }
         match sel.wait_timeout(wait.max(Duration::from_millis(1))) {
-            Ok(Woke::Bus(Ok(m))) => msgs.push(m),
-            Ok(Woke::Bus(Err(_))) => bus_open = false,
-            Ok(Woke::Run(Ok(o))) => outs.push(o),
-            Ok(Woke::Run(Err(_))) => runs_open = false,
+            Ok(Woke::Bus(Ok(m))) => self.msgs.push(m),
+            Ok(Woke::Bus(Err(_))) => self.bus_open = false,
+            Ok(Woke::Run(Ok(o))) => self.outs.push(o),
+            Ok(Woke::Run(Err(_))) => self.runs_open = false,
             Ok(Woke::Poke) | Err(_) => {}
         }
     }

@@ -155,8 +155,9 @@ impl ConsumeOptions {
     /// bucket of this name (the stream `KV_<name>`, one entry per message id, kept for the
     /// window's age): a message redelivered to another host after a lost ack, or stored again
     /// after the stream's duplicate window, is recognized there too. Per event it costs a
-    /// lookup (a request to the server) before the hand-off and a create-if-absent write
-    /// (a JetStream publish, acked) after the hooks ran, before the ack.
+    /// claim before the hand-off and a done record after the hooks ran, before the ack (two
+    /// JetStream publishes, acked); a message found claimed by another host and not done runs
+    /// and is counted (`reclaimed`): every event run twice is among those.
     pub fn shared_dedup(mut self, bucket: impl Into<String>) -> ConsumeOptions {
         self.shared_dedup = Some(bucket.into());
         self
@@ -551,7 +552,8 @@ impl Shared {
     async fn read(&self, id: &str) -> Record {
         let got = tokio::time::timeout(
             ACKS_WAIT,
-            self.stream.get_last_raw_message_by_subject(&self.subject(id)),
+            self.stream
+                .get_last_raw_message_by_subject(&self.subject(id)),
         )
         .await;
         let Ok(Ok(m)) = got else {
@@ -599,7 +601,10 @@ enum Record {
     /// It ran (its hooks settled it) with this digest: `<digest hex>`.
     Done(u64),
     /// A host took it and has not recorded it done: `c <host's instance id>`.
-    Claimed { host: String, seq: u64 },
+    Claimed {
+        host: String,
+        seq: u64,
+    },
 }
 
 type PullConsumer = jetstream::consumer::Consumer<jetstream::consumer::pull::Config>;

@@ -45,7 +45,10 @@ pub(crate) async fn write_if(
 ) -> Result<u64, bool> {
     let mut h = async_nats::HeaderMap::new();
     if let Some(e) = expect {
-        h.insert("Nats-Expected-Last-Subject-Sequence", e.to_string().as_str());
+        h.insert(
+            "Nats-Expected-Last-Subject-Sequence",
+            e.to_string().as_str(),
+        );
     }
     let sent = async {
         let ack = js
@@ -170,9 +173,7 @@ impl Leases {
                 String::from_utf8_lossy(&m.payload).into_owned(),
                 m.sequence,
             ))),
-            Err(e)
-                if e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-            {
+            Err(e) if e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
                 Ok(None)
             }
             Err(_) => Err(()),
@@ -286,10 +287,7 @@ impl Leases {
                 let mut t = lock(&self.table);
                 t.held.remove(&k);
                 t.idle.remove(&k);
-                tracing::info!(
-                    "NATS consumer {}: freed partition {k}",
-                    wire::instance_id()
-                );
+                tracing::info!("NATS consumer {}: freed partition {k}", wire::instance_id());
             }
         }
     }
@@ -325,5 +323,4 @@ impl Leases {
             }
         }
     }
-
 }

@@ -316,8 +316,14 @@ mod tests {
         );
         assert_eq!(event_of_subject("prx.lifecycle.3"), None);
         // FNV-1a 64 of "" is its offset basis; of "a" a known value.
-        assert_eq!(partition("", 1 << 31), (0xcbf2_9ce4_8422_2325u64 % (1 << 31)) as u32);
-        assert_eq!(partition("a", 1000), (0xaf63_dc4c_8601_ec8cu64 % 1000) as u32);
+        assert_eq!(
+            partition("", 1 << 31),
+            (0xcbf2_9ce4_8422_2325u64 % (1 << 31)) as u32
+        );
+        assert_eq!(
+            partition("a", 1000),
+            (0xaf63_dc4c_8601_ec8cu64 % 1000) as u32
+        );
         assert_eq!(partition_filter("prx.lifecycle.>", 2), "prx.lifecycle.*.2");
         assert_eq!(
             partition_filter("prx.lifecycle.tool_call", 0),

@@ -848,3 +848,34 @@ mod breaker_tests {
         assert_eq!(b.record(true, at, at), Some(FIRST_BACKOFF));
     }
 }
+
+#[cfg(test)]
+mod call_hold_tests {
+    use super::*;
+    use crate::settle::{Attached, Settled, Ticket};
+
+    #[test]
+    fn a_queued_call_settles_its_event_when_it_ran_and_marks_it_dropped_when_not() {
+        let s = Settled::new(Box::new(|| {}));
+        let a = Attached::new(None, None, Some(Ticket::new(1, s.clone())));
+        let b = Attached::new(None, None, Some(Ticket::new(2, s.clone())));
+        let (ran, unrun) = (CallHold(a.hold()), CallHold(b.hold()));
+        // The worker lets the messages' holds go after the fan-out: the queued calls keep them.
+        a.release();
+        b.release();
+        assert!(s.take().is_empty(), "still queued: nothing settled");
+        ran.ran();
+        drop(unrun);
+        assert_eq!(s.take(), vec![(1, true), (2, false)]);
+        assert!(CallOutcome::Trap("x".into()).ran() && CallOutcome::Timeout.ran());
+        assert!(CallOutcome::Interrupted { shutdown: true }.ran());
+        for not in [
+            CallOutcome::Suspended,
+            CallOutcome::Aborted,
+            CallOutcome::Busy("full".into()),
+            CallOutcome::Instantiate("no".into()),
+        ] {
+            assert!(!not.ran());
+        }
+    }
+}

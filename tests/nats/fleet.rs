@@ -923,8 +923,7 @@ fn partitions_survive_a_killed_host(hosts: usize) {
     let held_by_dead = before.values().filter(|h| **h == dead_id).count();
     let handoff = loop {
         let now = lease_holders(&client, partitions);
-        if now.len() == partitions as usize
-            && now.values().all(|h| !h.is_empty() && *h != dead_id)
+        if now.len() == partitions as usize && now.values().all(|h| !h.is_empty() && *h != dead_id)
         {
             break killed.elapsed();
         }
@@ -980,13 +979,19 @@ fn partitions_survive_a_killed_host(hosts: usize) {
         "partitions, {hosts} hosts: {n} events of {agents} agents; the killed host held {held_by_dead} of {partitions} partitions, all held by the others {:.1} s after the kill; {inversions} inversions, {twice} ran twice, {reclaimed} reclaimed; survivors: {stats:?}",
         handoff.as_secs_f64()
     );
-    assert!(held_by_dead > 0, "the killed host held partitions: {before:?}");
+    assert!(
+        held_by_dead > 0,
+        "the killed host held partitions: {before:?}"
+    );
     assert_eq!(first.len(), agents);
     for (a, seqs) in &first {
         assert_eq!(seqs.len(), per_agent, "{a}: every event ran");
     }
     assert_eq!(inversions, 0, "an agent's events ran out of order");
-    assert!(twice <= reclaimed, "{twice} ran twice, {reclaimed} reclaimed");
+    assert!(
+        twice <= reclaimed,
+        "{twice} ran twice, {reclaimed} reclaimed"
+    );
 }
 
 #[test]

@@ -830,10 +830,10 @@ impl Worker {
                     };
                     let mut v = Vec::with_capacity(active.len());
                     for k in active {
-                        if !parts.contains_key(&k) {
+                        if let std::collections::hash_map::Entry::Vacant(slot) = parts.entry(k) {
                             match rt.block_on(self.partition_consumer(&js, &stream, durable, k)) {
                                 Ok(c) => {
-                                    parts.insert(k, c);
+                                    slot.insert(c);
                                 }
                                 Err(e) => {
                                     self.said.warn(format_args!(

@@ -216,11 +216,12 @@ impl Leases {
             let held = {
                 let mut t = lock(&self.table);
                 let held = t.held.len();
-                if held > target && !t.held.values().any(|h| h.draining) {
-                    if let Some((k, h)) = t.held.iter_mut().next_back() {
-                        h.draining = true;
-                        tracing::info!("NATS consumer {me}: draining partition {k} (rebalancing)");
-                    }
+                if held > target
+                    && !t.held.values().any(|h| h.draining)
+                    && let Some((k, h)) = t.held.iter_mut().next_back()
+                {
+                    h.draining = true;
+                    tracing::info!("NATS consumer {me}: draining partition {k} (rebalancing)");
                 }
                 held
             };

@@ -76,6 +76,12 @@ pub struct NatsArgs {
     /// recognized too.
     #[arg(long, value_name = "BUCKET", requires = "durable")]
     pub nats_dedup_bucket: Option<String>,
+    /// Per-agent order across hosts: with --nats, lifecycle subjects get a last token, the
+    /// agent's partition among N (FNV-1a of the agent, mod N); with --durable, the hosts
+    /// sharing the durable consumer split the N partitions between them through leases, one
+    /// host per partition at a time (docs/nats.md § Per-agent order across hosts).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub nats_partitions: Option<u32>,
     /// Message ids remembered to skip duplicates.
     #[arg(
         long,
@@ -154,6 +160,9 @@ impl NatsArgs {
             if let Some(n) = self.nats_buffer {
                 p = p.buffer(n);
             }
+            if let Some(n) = self.nats_partitions {
+                p = p.partitions(n);
+            }
             builder = builder.nats_publish(p);
         }
         if let Some(url) = &self.from_nats {
@@ -176,6 +185,9 @@ impl NatsArgs {
             }
             if let Some(b) = &self.nats_dedup_bucket {
                 c = c.shared_dedup(b);
+            }
+            if let (Some(n), Some(_)) = (self.nats_partitions, &self.durable) {
+                c = c.partitions(n);
             }
             c = c.max_deliver(self.nats_max_deliver);
             // --nats-stream is the publisher's when there is one (docs/nats.md § NATS, flags).

@@ -772,6 +772,11 @@ const NATS_CONSUME: &[Def<ConsumeStats>] = &[
         |c| c.shared_duplicates,
     ),
     counter(
+        "nats_consume_reclaimed",
+        "JetStream messages run although another host had claimed them in the de-dup bucket (maybe run twice)",
+        |c| c.reclaimed,
+    ),
+    counter(
         "nats_consume_dropped_full",
         "core NATS messages dropped by the consumer's full buffer",
         |c| c.dropped_full,

@@ -83,6 +83,7 @@ pub struct ConsumeOptions {
     max_deliver: u32,
     buffer_messages: usize,
     buffer_bytes: usize,
+    partitions: Option<u32>,
 }
 
 impl ConsumeOptions {
@@ -102,7 +103,20 @@ impl ConsumeOptions {
             max_deliver: DEFAULT_MAX_DELIVER,
             buffer_messages: DEFAULT_BUFFER_MESSAGES,
             buffer_bytes: DEFAULT_BUFFER_BYTES,
+            partitions: None,
         }
+    }
+
+    /// With [`durable`](ConsumeOptions::durable): per-agent order across hosts. The subjects
+    /// carry their agent's partition among `n` (publishers with the same
+    /// [`PublishOptions::partitions`](super::PublishOptions::partitions)); each partition has
+    /// a durable consumer of its own (`<durable>-<k>`), and the hosts sharing them hold at
+    /// most one lease per partition each at a time, in the key-value bucket
+    /// `PRXH_<stream>_<durable>`: one host pulls a partition at a time, and a host that dies
+    /// has its partitions taken over by the others once its leases expire (15 s).
+    pub fn partitions(mut self, n: u32) -> ConsumeOptions {
+        self.partitions = Some(n.max(1));
+        self
     }
 
     /// Core NATS: the consumer's buffer between the client and the pipeline holds at most
@@ -141,8 +155,9 @@ impl ConsumeOptions {
     /// bucket of this name (the stream `KV_<name>`, one entry per message id, kept for the
     /// window's age): a message redelivered to another host after a lost ack, or stored again
     /// after the stream's duplicate window, is recognized there too. Per event it costs a
-    /// lookup (a request to the server) before the hand-off and a create-if-absent write
-    /// (a JetStream publish, acked) after the hooks ran, before the ack.
+    /// claim before the hand-off and a done record after the hooks ran, before the ack (two
+    /// JetStream publishes, acked); a message found claimed by another host and not done runs
+    /// and is counted (`reclaimed`): every event run twice is among those.
     pub fn shared_dedup(mut self, bucket: impl Into<String>) -> ConsumeOptions {
         self.shared_dedup = Some(bucket.into());
         self
@@ -209,6 +224,15 @@ impl ConsumeOptions {
         if let Some(b) = &self.shared_dedup {
             check_name(b, "JetStream key-value bucket name")?;
         }
+        if self.partitions.is_some() && !wire::partitionable(&self.subject) {
+            return Err(ConnectError::Invalid {
+                what: "NATS subject with partitions",
+                reason: format!(
+                    "{:?}: must end in prx.lifecycle.>, prx.lifecycle.* or prx.lifecycle.<event>",
+                    self.subject
+                ),
+            });
+        }
         self.nats.check(true)
     }
 }
@@ -235,6 +259,7 @@ struct Counters {
     retried: AtomicU64,
     dropped_full: AtomicU64,
     shared_duplicates: AtomicU64,
+    reclaimed: AtomicU64,
     buffered: AtomicU64,
     buffered_bytes: AtomicU64,
 }
@@ -380,6 +405,7 @@ impl Consumer {
             retried: get(&c.retried),
             dropped_full: get(&c.dropped_full),
             shared_duplicates: get(&c.shared_duplicates),
+            reclaimed: get(&c.reclaimed),
             buffered: get(&c.buffered),
             buffered_bytes: get(&c.buffered_bytes),
             reconnects: self.state.reconnects(),
@@ -515,22 +541,82 @@ impl Shared {
         })
     }
 
-    /// The digest an event of this id ran with on any host, if one did.
-    async fn ran(&self, id: &str) -> Option<u64> {
-        let m = self
-            .stream
-            .get_last_raw_message_by_subject(&self.subject(id))
-            .await
-            .ok()?;
-        let text = std::str::from_utf8(&m.payload).ok()?;
-        u64::from_str_radix(text.trim(), 16).ok()
+    /// Writes `value` under `id`'s key if the key's last write is `expect` (0: the key holds
+    /// nothing): the write's sequence; `Err(true)` when the key held something else (another
+    /// write won), `Err(false)` when the server did not answer in time.
+    async fn write(&self, id: &str, value: String, expect: u64) -> Result<u64, bool> {
+        super::lease::write_if(&self.js, self.subject(id), value, Some(expect)).await
+    }
+
+    /// What the key of `id` holds now.
+    async fn read(&self, id: &str) -> Record {
+        let got = tokio::time::timeout(
+            ACKS_WAIT,
+            self.stream
+                .get_last_raw_message_by_subject(&self.subject(id)),
+        )
+        .await;
+        let Ok(Ok(m)) = got else {
+            return Record::Absent;
+        };
+        let text = std::str::from_utf8(&m.payload).unwrap_or("").trim();
+        match text.strip_prefix("c ") {
+            Some(host) => Record::Claimed {
+                host: host.to_string(),
+                seq: m.sequence,
+            },
+            None => u64::from_str_radix(text, 16).map_or(Record::Absent, Record::Done),
+        }
+    }
+
+    /// Claims `id` for this host before its hand-over: the claim's sequence (the done record
+    /// replaces exactly it), and what the key held before.
+    async fn claim(&self, id: &str) -> (Option<u64>, Record) {
+        let mine = || format!("c {}", wire::instance_id());
+        match self.write(id, mine(), 0).await {
+            Ok(seq) => (Some(seq), Record::Absent),
+            Err(true) => {
+                let before = self.read(id).await;
+                let seq = match &before {
+                    // Taken over: the dead (or stalled) host's claim becomes ours.
+                    Record::Claimed { seq, .. } => self.write(id, mine(), *seq).await.ok(),
+                    _ => None,
+                };
+                (seq, before)
+            }
+            Err(false) => {
+                tracing::warn!(
+                    "NATS consumer: {}: the de-dup bucket did not confirm a claim in time: handed over unclaimed (if this host dies before recording it done, a second run elsewhere is not recognized)",
+                    wire::encode_value(id)
+                );
+                (None, Record::Absent)
+            }
+        }
     }
 }
+
+/// What the shared de-dup bucket holds for a message id.
+enum Record {
+    Absent,
+    /// It ran (its hooks settled it) with this digest: `<digest hex>`.
+    Done(u64),
+    /// A host took it and has not recorded it done: `c <host's instance id>`.
+    Claimed {
+        host: String,
+        seq: u64,
+    },
+}
+
+type PullConsumer = jetstream::consumer::Consumer<jetstream::consumer::pull::Config>;
 
 /// A JetStream message handed over whose hooks have not all settled it.
 struct Flight {
     msg: jetstream::Message,
     id: Option<(String, u64)>,
+    /// The sequence of this host's claim on the id in the shared bucket.
+    claim: Option<u64>,
+    /// The partition it was pulled from.
+    part: Option<u32>,
     /// When it was handed over, or last said to be in progress.
     last: Instant,
 }
@@ -620,8 +706,16 @@ impl Worker {
             let _inside = rt.enter();
             jetstream::new(client.clone())
         };
+        // Without partitions one durable consumer; with them, one per partition, made when
+        // its lease is taken (`lease`).
         let (consumer, stream) = loop {
-            match rt.block_on(self.durable_consumer(&js, durable)) {
+            let made = match self.opts.partitions {
+                None => rt
+                    .block_on(self.durable_consumer(&js, durable))
+                    .map(|(c, s)| (Some(c), s)),
+                Some(_) => rt.block_on(self.stream_name(&js)).map(|s| (None, s)),
+            };
+            match made {
                 Ok(c) => break c,
                 Err(e) => {
                     self.said.warn(format_args!(
@@ -634,6 +728,25 @@ impl Worker {
                 }
             }
         };
+        let leases = match self.opts.partitions {
+            None => None,
+            Some(n) => loop {
+                match rt.block_on(super::lease::Leases::open(&js, &stream, durable, n)) {
+                    Ok(l) => {
+                        let l = Arc::new(l);
+                        rt.spawn(l.clone().keep());
+                        break Some(l);
+                    }
+                    Err(e) => {
+                        self.said.warn(format_args!("NATS consumer: {e}; retrying"));
+                        if self.pause_or_stop(Duration::from_secs(1)) {
+                            return;
+                        }
+                    }
+                }
+            },
+        };
+        let mut parts: HashMap<u32, PullConsumer> = HashMap::new();
         if let Some(bucket) = self.opts.shared_dedup.clone() {
             loop {
                 match rt.block_on(Shared::open(&js, &bucket, self.opts.dedup_age)) {
@@ -652,7 +765,10 @@ impl Worker {
         }
         // JetStream's MAX_DELIVERIES advisory: a message it stopped delivering (one this
         // client could never take, or one redelivered past the limit).
-        let advisory = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}");
+        let advisory = match self.opts.partitions {
+            None => format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}"),
+            Some(_) => format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*"),
+        };
         match rt.block_on(client.subscribe(advisory.clone())) {
             Ok(mut sub) => {
                 let counters = self.counters.clone();
@@ -702,35 +818,84 @@ impl Worker {
                 continue;
             }
             pausing = false;
+            // What to pull from: the one consumer, or the partitions held and not draining.
+            let sources: Vec<(Option<u32>, PullConsumer)> = match (&leases, &consumer) {
+                (None, Some(c)) => vec![(None, c.clone())],
+                (Some(l), _) => {
+                    let busy = self.flights.values().filter_map(|f| f.part).collect();
+                    let active = {
+                        let mut t = l.table.lock().unwrap_or_else(|e| e.into_inner());
+                        t.drained(&busy);
+                        t.active()
+                    };
+                    let mut v = Vec::with_capacity(active.len());
+                    for k in active {
+                        if let std::collections::hash_map::Entry::Vacant(slot) = parts.entry(k) {
+                            match rt.block_on(self.partition_consumer(&js, &stream, durable, k)) {
+                                Ok(c) => {
+                                    slot.insert(c);
+                                }
+                                Err(e) => {
+                                    self.said.warn(format_args!(
+                                        "NATS consumer: durable {durable}-{k}: {e}; retrying"
+                                    ));
+                                    continue;
+                                }
+                            }
+                        }
+                        v.push((Some(k), parts[&k].clone()));
+                    }
+                    v
+                }
+                (None, None) => Vec::new(),
+            };
+            if sources.is_empty() {
+                rt.block_on(async {
+                    tokio::select! {
+                        _ = notify.notified() => {}
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                });
+                continue;
+            }
             let connects = self.state.connects.load(Ordering::Acquire);
-            let size = if careful { 1 } else { room.min(BATCH) };
+            let size = if careful {
+                1
+            } else {
+                (room.min(BATCH) / sources.len()).max(1)
+            };
             let got = rt.block_on(async {
                 use futures_util::StreamExt;
                 let mut got = false;
-                let batch = consumer
-                    .batch()
-                    .max_messages(size)
-                    .expires(PULL_EXPIRES)
-                    .messages()
-                    .await;
-                let mut batch = match batch {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::debug!("NATS consumer: pull: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        return got;
+                let mut batches = Vec::with_capacity(sources.len());
+                for (k, c) in &sources {
+                    match c
+                        .batch()
+                        .max_messages(size)
+                        .expires(PULL_EXPIRES)
+                        .messages()
+                        .await
+                    {
+                        Ok(b) => batches.push(b.map(move |m| (*k, m)).boxed()),
+                        Err(e) => tracing::debug!("NATS consumer: pull: {e}"),
                     }
-                };
+                }
+                if batches.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    return got;
+                }
+                let mut batch = futures_util::stream::select_all(batches);
                 // Each message is handled as it arrives (a quiet fleet's event does not
                 // wait for the pull to expire); settled ones are acked meanwhile.
                 loop {
                     tokio::select! {
                         m = batch.next() => match m {
-                            Some(Ok(m)) => {
+                            Some((k, Ok(m))) => {
                                 got = true;
-                                self.take(m).await;
+                                self.take(m, k).await;
                             }
-                            Some(Err(e)) => tracing::debug!("NATS consumer: pull: {e}"),
+                            Some((_, Err(e))) => tracing::debug!("NATS consumer: pull: {e}"),
                             None => break,
                         },
                         _ = notify.notified() => self.settle().await,
@@ -747,11 +912,14 @@ impl Worker {
             }
         }
         rt.block_on(self.finish(&js));
+        if let Some(l) = leases {
+            rt.block_on(l.quit());
+        }
     }
 
     /// One pulled message: waits until its hooks' queues have room for it (and for what is
     /// already in flight), hands it over, and acks it at once if nothing is to run.
-    async fn take(&mut self, m: jetstream::Message) {
+    async fn take(&mut self, m: jetstream::Message, part: Option<u32>) {
         let kind = wire::event_of_subject(m.subject.as_str());
         if let Some(kind) = kind {
             let mut paused = false;
@@ -770,13 +938,17 @@ impl Worker {
         let key = self.next_key;
         self.next_key += 1;
         self.shared_digest = None;
+        // The claim goes first: a host that dies after it leaves a record saying the message
+        // may have run (ARCHITECTURE.md § NATS bridge, "Shared de-dup").
+        let (mut claim, mut before) = (None, Record::Absent);
         if let Some(shared) = &self.shared
+            && !self.stopping()
             && let Some(id) = m.headers.as_ref().and_then(|h| h.get(wire::MSG_ID))
         {
-            self.shared_digest = tokio::time::timeout(ACKS_WAIT, shared.ran(id.as_str()))
-                .await
-                .ok()
-                .flatten();
+            (claim, before) = shared.claim(id.as_str()).await;
+            if let Record::Done(d) = &before {
+                self.shared_digest = Some(*d);
+            }
         }
         let (fate, id) = if self.stopping() {
             (Fate::Later, None)
@@ -792,12 +964,24 @@ impl Worker {
             Fate::Handed => {
                 if let Some((id, _)) = &id {
                     self.flying.insert(id.clone(), key);
+                    if let Record::Claimed { host, .. } = &before
+                        && host != wire::instance_id()
+                    {
+                        self.counters.reclaimed.fetch_add(1, Ordering::AcqRel);
+                        tracing::warn!(
+                            "NATS consumer: {}: reclaimed from host {}, which claimed it and did not record it done: run here, it may have run there too",
+                            wire::encode_value(id),
+                            wire::encode_value(host)
+                        );
+                    }
                 }
                 self.flights.insert(
                     key,
                     Flight {
                         msg: m,
                         id,
+                        claim: claim.take(),
+                        part,
                         last: Instant::now(),
                     },
                 );
@@ -831,10 +1015,11 @@ impl Worker {
     /// before the acks leave), acks for them, a nak with a delay for what a sink dropped;
     /// and an in-progress ack for what has been running a while.
     async fn settle(&mut self) {
-        let done = self.settled.take();
+        let settled = self.settled.take();
         let mut ran_ids = Vec::new();
-        let mut out = Vec::with_capacity(done.len());
-        for (key, ran) in done {
+        let mut done = Vec::new();
+        let mut out = Vec::with_capacity(settled.len());
+        for (key, ran) in settled {
             let Some(f) = self.flights.remove(&key) else {
                 continue;
             };
@@ -843,6 +1028,7 @@ impl Worker {
                 if ran {
                     self.window.insert(id, *d);
                     ran_ids.push((id.clone(), *d));
+                    done.push((id.clone(), *d, f.claim.unwrap_or(0)));
                 }
             }
             out.push((f.msg, ran));
@@ -851,15 +1037,19 @@ impl Worker {
         c.in_flight
             .store(self.flights.len() as u64, Ordering::Relaxed);
         if let Some(shared) = &self.shared
-            && !ran_ids.is_empty()
+            && !done.is_empty()
         {
-            // Create-if-absent: the first host to record an id wins; a second write fails and
-            // changes nothing. Written before the acks leave.
+            // Done replaces this host's claim (or, without one, is written create-if-absent):
+            // the first record of an id wins, a later write fails and changes nothing. Written
+            // before the acks leave.
             let writes = async {
-                let mut acks = Vec::with_capacity(ran_ids.len());
-                for (id, d) in &ran_ids {
+                let mut acks = Vec::with_capacity(done.len());
+                for (id, d, claim) in &done {
                     let mut h = async_nats::HeaderMap::new();
-                    h.insert("Nats-Expected-Last-Subject-Sequence", "0");
+                    h.insert(
+                        "Nats-Expected-Last-Subject-Sequence",
+                        claim.to_string().as_str(),
+                    );
                     if let Ok(ack) = shared
                         .js
                         .publish_with_headers(shared.subject(id), h, format!("{d:016x}").into())
@@ -930,19 +1120,10 @@ impl Worker {
         let _ = tokio::time::timeout(ACKS_WAIT, naks).await;
     }
 
-    async fn durable_consumer(
-        &self,
-        js: &jetstream::Context,
-        durable: &str,
-    ) -> Result<
-        (
-            jetstream::consumer::Consumer<jetstream::consumer::pull::Config>,
-            String,
-        ),
-        String,
-    > {
-        let stream = match &self.opts.stream {
-            Some(name) => name.clone(),
+    /// The stream the durable consumer reads: given, or the one holding the subject.
+    async fn stream_name(&self, js: &jetstream::Context) -> Result<String, String> {
+        match &self.opts.stream {
+            Some(name) => Ok(name.clone()),
             None => js
                 .stream_by_subject(self.opts.subject.clone())
                 .await
@@ -950,16 +1131,48 @@ impl Worker {
                     format!(
                         "no stream holds the subject ({e}); give --from-nats-stream or create one"
                     )
-                })?,
-        };
-        let name = stream;
-        let stream = js
-            .get_stream(&name)
+                }),
+        }
+    }
+
+    async fn durable_consumer(
+        &self,
+        js: &jetstream::Context,
+        durable: &str,
+    ) -> Result<(PullConsumer, String), String> {
+        let name = self.stream_name(js).await?;
+        self.pull_consumer(js, &name, durable, self.opts.subject.clone())
             .await
-            .map_err(|e| format!("stream {name:?}: {e}"))?;
+            .map(|c| (c, name))
+    }
+
+    /// Partition `k`'s durable consumer, `<durable>-<k>`, on its partition's subjects.
+    async fn partition_consumer(
+        &self,
+        js: &jetstream::Context,
+        stream: &str,
+        durable: &str,
+        k: u32,
+    ) -> Result<PullConsumer, String> {
+        let filter = wire::partition_filter(&self.opts.subject, k);
+        self.pull_consumer(js, stream, &format!("{durable}-{k}"), filter)
+            .await
+    }
+
+    async fn pull_consumer(
+        &self,
+        js: &jetstream::Context,
+        stream: &str,
+        durable: &str,
+        filter: String,
+    ) -> Result<PullConsumer, String> {
+        let stream = js
+            .get_stream(stream)
+            .await
+            .map_err(|e| format!("stream {stream:?}: {e}"))?;
         let config = jetstream::consumer::pull::Config {
             durable_name: Some(durable.to_string()),
-            filter_subject: self.opts.subject.clone(),
+            filter_subject: filter,
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
             ack_wait: Duration::from_secs(10),
             max_ack_pending: (4 * BATCH) as i64,
@@ -970,7 +1183,6 @@ impl Worker {
         stream
             .get_or_create_consumer(durable, config)
             .await
-            .map(|c| (c, name))
             .map_err(|e| e.to_string())
     }
 

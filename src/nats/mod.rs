@@ -41,6 +41,8 @@ mod connect;
 #[cfg(feature = "nats")]
 mod consume;
 #[cfg(feature = "nats")]
+mod lease;
+#[cfg(feature = "nats")]
 mod publish;
 #[cfg(feature = "nats")]
 pub(crate) mod relay;
@@ -173,6 +175,12 @@ pub struct ConsumeStats {
     /// Of `duplicates`, those recognized by the shared de-dup bucket (they ran on a host
     /// sharing it, maybe this one).
     pub shared_duplicates: u64,
+    /// JetStream with a shared de-dup bucket only: handed over although the bucket said
+    /// another host had claimed the message and not recorded it done (that host died, or
+    /// stalled past the ack wait, between its claim and its record): these may have run
+    /// twice. Each is also logged with its id. Every event that ran twice across hosts
+    /// sharing the bucket is among them.
+    pub reclaimed: u64,
     /// Core NATS only: in that buffer now, and their bytes.
     pub buffered: u64,
     pub buffered_bytes: u64,

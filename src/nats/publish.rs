@@ -53,6 +53,7 @@ pub struct PublishOptions {
     stream: Option<String>,
     buffer: usize,
     window: usize,
+    partitions: Option<u32>,
 }
 
 impl PublishOptions {
@@ -65,7 +66,16 @@ impl PublishOptions {
             stream: None,
             buffer: DEFAULT_BUFFER,
             window: DEFAULT_WINDOW,
+            partitions: None,
         }
+    }
+
+    /// A lifecycle event's subject gets one more token, its agent's partition among `n`
+    /// ([`wire::partition`]): `prx.lifecycle.tool_call.3`. Consumers sharing a durable
+    /// consumer with the same `n` then keep each agent's events in order across hosts.
+    pub fn partitions(mut self, n: u32) -> PublishOptions {
+        self.partitions = Some(n.max(1));
+        self
     }
 
     /// Which bus messages are published, in the bus's pattern syntax (an exact topic, a
@@ -109,7 +119,12 @@ impl PublishOptions {
 
     /// The NATS filter of every subject this publishes to (`prx.lifecycle.>`).
     pub fn subjects(&self) -> String {
-        wire::pattern_filter(self.prefix.as_deref(), &self.pattern)
+        let f = wire::pattern_filter(self.prefix.as_deref(), &self.pattern);
+        match self.partitions {
+            // An exact topic: its partitions below it.
+            Some(_) if !f.ends_with('>') => format!("{f}.*"),
+            _ => f,
+        }
     }
 
     pub fn nats(&self) -> &NatsOptions {
@@ -222,6 +237,7 @@ impl Publisher {
             stream: opts.stream.clone(),
             subjects: opts.subjects(),
             prefix: opts.prefix.clone(),
+            partitions: opts.partitions,
             window_cap: opts.window,
             counters: counters.clone(),
             state: state.clone(),
@@ -432,6 +448,8 @@ struct Task {
     stream: Option<String>,
     subjects: String,
     prefix: Option<String>,
+    /// Lifecycle subjects end in their agent's partition among this many.
+    partitions: Option<u32>,
     window_cap: usize,
     counters: Arc<Counters>,
     /// The publisher's view for stats: `connects` counts connections made.
@@ -712,7 +730,14 @@ impl Task {
                 }
             };
             window.push_back(Out {
-                subject: wire::subject(self.prefix.as_deref(), msg.topic()),
+                subject: match self.partitions {
+                    Some(n) if msg.event().is_some() => format!(
+                        "{}.{}",
+                        wire::subject(self.prefix.as_deref(), msg.topic()),
+                        wire::partition(msg.agent(), n)
+                    ),
+                    _ => wire::subject(self.prefix.as_deref(), msg.topic()),
+                },
                 headers: headers(&msg, &id, &origin, hops),
                 payload: Bytes::copy_from_slice(msg.json()),
                 id,

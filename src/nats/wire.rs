@@ -256,18 +256,82 @@ pub fn filters_overlap(a: &str, b: &str) -> bool {
     }
 }
 
-/// The lifecycle event a subject carries: its last three tokens are `prx.lifecycle.<event>`.
+/// The lifecycle event a subject carries: its last three tokens are `prx.lifecycle.<event>`,
+/// or those and a partition number (`prx.lifecycle.tool_call.3`, [`partition`]).
 pub fn event_of_subject(subject: &str) -> Option<EventKind> {
     let mut tokens = subject.rsplit('.');
-    let event = tokens.next()?;
+    let mut event = tokens.next()?;
+    if !event.is_empty() && event.len() <= 4 && event.bytes().all(|b| b.is_ascii_digit()) {
+        event = tokens.next()?;
+    }
     (tokens.next()? == "lifecycle" && tokens.next()? == "prx")
         .then(|| EventKind::from_name(event))
         .flatten()
 }
 
+/// An agent's partition among `n` (the last subject token with partitions): FNV-1a, 64 bits,
+/// of the agent's name as UTF-8 (decoded, as hooks see it), modulo `n`. What another
+/// language's publisher computes to publish into the same partitions.
+pub fn partition(agent: &str, n: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in agent.as_bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % n.max(1) as u64) as u32
+}
+
+/// The subject filter of partition `k` of a consumer's filter: `prx.lifecycle.>` →
+/// `prx.lifecycle.*.<k>`, `prx.lifecycle.tool_call` → `prx.lifecycle.tool_call.<k>`.
+pub fn partition_filter(filter: &str, k: u32) -> String {
+    match filter.strip_suffix('>') {
+        Some(head) => format!("{head}*.{k}"),
+        None => format!("{filter}.{k}"),
+    }
+}
+
+/// Whether a consumer's filter can be partitioned: it ends in `prx.lifecycle.>`,
+/// `prx.lifecycle.*` or `prx.lifecycle.<event>`.
+pub fn partitionable(filter: &str) -> bool {
+    let mut t = filter.rsplit('.');
+    let last = t.next().unwrap_or("");
+    (last == ">" || last == "*" || EventKind::from_name(last).is_some())
+        && t.next() == Some("lifecycle")
+        && t.next() == Some("prx")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partitions_are_a_last_token_that_consumers_read_past() {
+        assert_eq!(
+            event_of_subject("prx.lifecycle.tool_call.3"),
+            Some(EventKind::ToolCall)
+        );
+        assert_eq!(
+            event_of_subject("fleet.prx.lifecycle.tool_call"),
+            Some(EventKind::ToolCall)
+        );
+        assert_eq!(event_of_subject("prx.lifecycle.3"), None);
+        // FNV-1a 64 of "" is its offset basis; of "a" a known value.
+        assert_eq!(
+            partition("", 1 << 31),
+            (0xcbf2_9ce4_8422_2325u64 % (1 << 31)) as u32
+        );
+        assert_eq!(
+            partition("a", 1000),
+            (0xaf63_dc4c_8601_ec8cu64 % 1000) as u32
+        );
+        assert_eq!(partition_filter("prx.lifecycle.>", 2), "prx.lifecycle.*.2");
+        assert_eq!(
+            partition_filter("prx.lifecycle.tool_call", 0),
+            "prx.lifecycle.tool_call.0"
+        );
+        assert!(partitionable("a.prx.lifecycle.>") && partitionable("prx.lifecycle.error"));
+        assert!(!partitionable("prx.>") && !partitionable(">"));
+    }
 
     #[test]
     fn origin_timestamps_and_seqs_are_checked_strictly() {

@@ -97,6 +97,20 @@ pub enum CallOutcome {
 }
 
 impl CallOutcome {
+    /// Whether the guest was called (whatever came of it): what settles a consumed event's
+    /// plugin call (`crate::settle`). Suspended, busy, not instantiated, aborted: not called.
+    pub fn ran(&self) -> bool {
+        !matches!(
+            self,
+            CallOutcome::Suspended
+                | CallOutcome::Busy(_)
+                | CallOutcome::Instantiate(_)
+                | CallOutcome::Aborted
+        )
+    }
+}
+
+impl CallOutcome {
     /// A trap, timeout, out-of-fuel or failed instantiation: what trips the breaker.
     fn is_fault(&self) -> bool {
         matches!(
@@ -223,11 +237,32 @@ pub struct PluginShared {
 
 /// A job for an executor.
 pub enum Job {
-    /// A lifecycle event from the pipeline (counted in the sink's identity).
-    Event(Message),
+    /// A lifecycle event from the pipeline (counted in the sink's identity), and its hold on
+    /// the ticket of an event consumed from NATS: the event is settled once the call ran.
+    Event(Message, CallHold),
     /// `prx-hooks fire` / [`WasmSink::fire`](super::WasmSink::fire): run once, even when
     /// suspended, and report.
     Fire(Message, flume::Sender<CallOutcome>),
+}
+
+/// A queued plugin call's hold on a consumed event's ticket (`crate::settle`): let go by
+/// [`CallHold::ran`] once the call ran (whatever its outcome: returned, trapped, timed out);
+/// a job dropped without that (suspended, aborted, still queued when its executor stopped)
+/// marks the ticket dropped first, so the event is nak'ed and delivered again.
+pub struct CallHold(Option<crate::settle::Hold>);
+
+impl CallHold {
+    fn ran(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CallHold {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.mark_dropped();
+        }
+    }
 }
 
 /// A loaded plugin: shared state plus the queues of its shards. Dropping it closes the queues;
@@ -619,7 +654,8 @@ impl Plugin {
     pub fn offer_counted(&self, msg: &Message) {
         let mut c = self.shared.counts();
         c.sent += 1;
-        if self.shard(msg).try_send(Job::Event(msg.clone())).is_ok() {
+        let job = Job::Event(msg.clone(), CallHold(msg.hold()));
+        if self.shard(msg).try_send(job).is_ok() {
             c.in_flight += 1;
         } else {
             c.dropped += 1;
@@ -690,9 +726,13 @@ fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
         };
         match job {
             None => break,
-            Some(Ok(Job::Event(msg))) => {
+            Some(Ok(Job::Event(msg, hold))) => {
                 let kind = msg.event().map_or("", |k| k.name());
                 let outcome = guarded(shared, &mut slot, kind, &msg, false);
+                // Not run: the hold marks the ticket dropped as it goes.
+                if outcome.ran() {
+                    hold.ran();
+                }
                 let mut c = shared.counts();
                 c.in_flight -= 1;
                 match outcome {
@@ -806,5 +846,36 @@ mod breaker_tests {
         assert_eq!(b.record(true, at, at), None);
         assert_eq!(b.record(true, at, at), None);
         assert_eq!(b.record(true, at, at), Some(FIRST_BACKOFF));
+    }
+}
+
+#[cfg(test)]
+mod call_hold_tests {
+    use super::*;
+    use crate::settle::{Attached, Settled, Ticket};
+
+    #[test]
+    fn a_queued_call_settles_its_event_when_it_ran_and_marks_it_dropped_when_not() {
+        let s = Settled::new(Box::new(|| {}));
+        let a = Attached::new(None, None, Some(Ticket::new(1, s.clone())));
+        let b = Attached::new(None, None, Some(Ticket::new(2, s.clone())));
+        let (ran, unrun) = (CallHold(a.hold()), CallHold(b.hold()));
+        // The worker lets the messages' holds go after the fan-out: the queued calls keep them.
+        a.release();
+        b.release();
+        assert!(s.take().is_empty(), "still queued: nothing settled");
+        ran.ran();
+        drop(unrun);
+        assert_eq!(s.take(), vec![(1, true), (2, false)]);
+        assert!(CallOutcome::Trap("x".into()).ran() && CallOutcome::Timeout.ran());
+        assert!(CallOutcome::Interrupted { shutdown: true }.ran());
+        for not in [
+            CallOutcome::Suspended,
+            CallOutcome::Aborted,
+            CallOutcome::Busy("full".into()),
+            CallOutcome::Instantiate("no".into()),
+        ] {
+            assert!(!not.ran());
+        }
     }
 }

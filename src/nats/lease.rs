@@ -1,0 +1,327 @@
+//! Partition leases (docs/nats.md § Per-agent order across hosts): the hosts sharing a
+//! durable consumer with partitions split them through a JetStream key-value bucket whose
+//! entries expire ([`LEASE_TTL`] after their last write).
+//!
+//! ```text
+//! bucket KV_PRXH_<stream>_<durable>          one durable consumer per partition: <durable>-<k>
+//!   h.<host>  presence, written every tick    filter <subject>.<k> (wire::partition_filter)
+//!   p.<k>     the holder's host id, or ""      (free), renewed every RENEW_EVERY with
+//!             Nats-Expected-Last-Subject-Sequence = the holder's last write
+//! ```
+//!
+//! A host claims a partition only when its key is absent (expired, or never written) or free,
+//! with a write conditional on what it read, so two hosts never both win. It holds at most
+//! ⌈partitions / hosts present⌉; above that it drains one (stops pulling it, waits until what it
+//! handed over from it settled and was acked) and frees it. A host killed stops renewing: its
+//! leases and presence expire after [`LEASE_TTL`], which is longer than JetStream's ack wait
+//! (10 s) plus [`RENEW_EVERY`], so what it had taken and not acked is already due for
+//! redelivery, ahead of anything newer of the partition, when the next holder first pulls.
+
+use super::wire;
+use async_nats::jetstream;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a lease (and a host's presence) outlives its last write.
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(15);
+/// A held lease is written again at the first tick this long after its last write (so every
+/// 2 s).
+const RENEW_EVERY: Duration = Duration::from_millis(1500);
+/// Claims, releases and presence: once per tick.
+const TICK: Duration = Duration::from_secs(1);
+/// A lease not renewed for this long is no longer pulled from (the server may have let it go).
+const STALE: Duration = Duration::from_secs(11);
+
+/// Writes `value` to a key-value `subject` if the subject's last write is `expect` (0: it
+/// holds nothing; `None`: unconditional): the write's sequence; `Err(true)` when another
+/// write won, `Err(false)` when the server did not answer within 2 s. The bucket writes of
+/// the leases and of the shared de-dup record.
+pub(crate) async fn write_if(
+    js: &jetstream::Context,
+    subject: String,
+    value: String,
+    expect: Option<u64>,
+) -> Result<u64, bool> {
+    let mut h = async_nats::HeaderMap::new();
+    if let Some(e) = expect {
+        h.insert(
+            "Nats-Expected-Last-Subject-Sequence",
+            e.to_string().as_str(),
+        );
+    }
+    let sent = async {
+        let ack = js
+            .publish_with_headers(subject, h, value.into())
+            .await
+            .map_err(|_| false)?;
+        std::future::IntoFuture::into_future(ack)
+            .await
+            .map(|a| a.sequence)
+            .map_err(|e| e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence)
+    };
+    tokio::time::timeout(Duration::from_secs(2), sent)
+        .await
+        .unwrap_or(Err(false))
+}
+
+/// One partition this host holds.
+struct Held {
+    seq: u64,
+    renewed: Instant,
+    draining: bool,
+}
+
+/// What the worker and the keeper task share.
+#[derive(Default)]
+pub(crate) struct Table {
+    held: BTreeMap<u32, Held>,
+    /// Draining partitions with nothing in flight and no pull standing: the keeper frees them.
+    idle: BTreeSet<u32>,
+    stopping: bool,
+}
+
+impl Table {
+    /// The partitions to pull from now: held, not draining, renewed recently.
+    pub(crate) fn active(&self) -> Vec<u32> {
+        self.held
+            .iter()
+            .filter(|(_, h)| !h.draining && h.renewed.elapsed() < STALE)
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// The worker: these draining partitions have nothing in flight any more.
+    pub(crate) fn drained(&mut self, busy: &BTreeSet<u32>) {
+        let ready: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(k, h)| h.draining && !busy.contains(k))
+            .map(|(k, _)| *k)
+            .collect();
+        self.idle.extend(ready);
+    }
+}
+
+pub(crate) type Shared = Arc<Mutex<Table>>;
+
+fn lock(t: &Shared) -> std::sync::MutexGuard<'_, Table> {
+    t.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The bucket and what this host knows of it.
+pub(crate) struct Leases {
+    js: jetstream::Context,
+    stream: jetstream::stream::Stream,
+    bucket: String,
+    partitions: u32,
+    pub(crate) table: Shared,
+}
+
+impl Leases {
+    pub(crate) async fn open(
+        js: &jetstream::Context,
+        stream: &str,
+        durable: &str,
+        partitions: u32,
+    ) -> Result<Leases, String> {
+        let bucket = format!("PRXH_{stream}_{durable}");
+        let config = jetstream::stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_age: LEASE_TTL,
+            allow_direct: true,
+            ..Default::default()
+        };
+        let s = js
+            .get_or_create_stream(config)
+            .await
+            .map_err(|e| format!("the lease bucket {bucket:?}: {e}"))?;
+        Ok(Leases {
+            js: js.clone(),
+            stream: s,
+            bucket,
+            partitions,
+            table: Shared::default(),
+        })
+    }
+
+    fn key(&self, k: u32) -> String {
+        format!("$KV.{}.p.{k}", self.bucket)
+    }
+
+    fn presence(&self) -> String {
+        format!("$KV.{}.h.{}", self.bucket, wire::instance_id())
+    }
+
+    async fn write(&self, subject: String, value: &str, expect: Option<u64>) -> Result<u64, bool> {
+        write_if(&self.js, subject, value.to_string(), expect).await
+    }
+
+    /// The holder of partition `k` and the key's sequence; `None` when the key is absent
+    /// (`Some(Err)`: the server did not answer).
+    async fn holder(&self, k: u32) -> Result<Option<(String, u64)>, ()> {
+        let got = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.stream.get_last_raw_message_by_subject(&self.key(k)),
+        )
+        .await
+        .map_err(|_| ())?;
+        match got {
+            Ok(m) => Ok(Some((
+                String::from_utf8_lossy(&m.payload).into_owned(),
+                m.sequence,
+            ))),
+            Err(e) if e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+                Ok(None)
+            }
+            Err(_) => Err(()),
+        }
+    }
+
+    /// Hosts present (their presence written within the TTL), this one included.
+    async fn hosts(&self) -> usize {
+        use futures_util::StreamExt;
+        let filter = format!("$KV.{}.h.>", self.bucket);
+        let Ok(mut subjects) = self.stream.info_with_subjects(filter).await else {
+            return 1;
+        };
+        let mut n = 0;
+        while let Some(Ok(_)) = subjects.next().await {
+            n += 1;
+        }
+        n.max(1)
+    }
+
+    /// The keeper: presence, renewals, claims and releases, once a tick, until stopped; then
+    /// frees every lease it holds and withdraws its presence.
+    pub(crate) async fn keep(self: Arc<Self>) {
+        let me = wire::instance_id();
+        let mut first = true;
+        loop {
+            if lock(&self.table).stopping {
+                break;
+            }
+            let _ = self.write(self.presence(), "", None).await;
+            if first {
+                // Hosts started together see each other before the first claims.
+                first = false;
+                tokio::time::sleep(TICK).await;
+                continue;
+            }
+            self.renew(me).await;
+            self.release().await;
+            let target = (self.partitions as usize).div_ceil(self.hosts().await);
+            let held = {
+                let mut t = lock(&self.table);
+                let held = t.held.len();
+                if held > target
+                    && !t.held.values().any(|h| h.draining)
+                    && let Some((k, h)) = t.held.iter_mut().next_back()
+                {
+                    h.draining = true;
+                    tracing::info!("NATS consumer {me}: draining partition {k} (rebalancing)");
+                }
+                held
+            };
+            if held < target {
+                self.claim(me, target - held).await;
+            }
+            tokio::time::sleep(TICK).await;
+        }
+    }
+
+    /// After the worker's last acks: frees every lease this host holds and withdraws its
+    /// presence, so the others take the partitions over at their next tick.
+    pub(crate) async fn quit(&self) {
+        lock(&self.table).stopping = true;
+        let held: Vec<(u32, u64)> = lock(&self.table)
+            .held
+            .iter()
+            .map(|(k, h)| (*k, h.seq))
+            .collect();
+        for (k, seq) in held {
+            let _ = self.write(self.key(k), "", Some(seq)).await;
+        }
+        let _ = self.stream.purge().filter(self.presence()).await;
+    }
+
+    async fn renew(&self, me: &str) {
+        let due: Vec<(u32, u64)> = lock(&self.table)
+            .held
+            .iter()
+            .filter(|(_, h)| h.renewed.elapsed() >= RENEW_EVERY)
+            .map(|(k, h)| (*k, h.seq))
+            .collect();
+        for (k, seq) in due {
+            let at = Instant::now();
+            match self.write(self.key(k), me, Some(seq)).await {
+                Ok(seq) => {
+                    if let Some(h) = lock(&self.table).held.get_mut(&k) {
+                        (h.seq, h.renewed) = (seq, at);
+                    }
+                }
+                Err(true) => {
+                    let mut t = lock(&self.table);
+                    t.held.remove(&k);
+                    t.idle.remove(&k);
+                    tracing::warn!(
+                        "NATS consumer {me}: lost partition {k}: its lease was taken after it expired"
+                    );
+                }
+                Err(false) => {}
+            }
+        }
+    }
+
+    async fn release(&self) {
+        let idle: Vec<(u32, u64)> = {
+            let t = lock(&self.table);
+            t.idle
+                .iter()
+                .filter_map(|k| t.held.get(k).map(|h| (*k, h.seq)))
+                .collect()
+        };
+        for (k, seq) in idle {
+            if self.write(self.key(k), "", Some(seq)).await.is_ok() {
+                let mut t = lock(&self.table);
+                t.held.remove(&k);
+                t.idle.remove(&k);
+                tracing::info!("NATS consumer {}: freed partition {k}", wire::instance_id());
+            }
+        }
+    }
+
+    async fn claim(&self, me: &str, mut want: usize) {
+        // Each host starts its scan elsewhere, so that hosts starting together rarely race.
+        let start = wire::partition(me, self.partitions);
+        for i in 0..self.partitions {
+            if want == 0 {
+                break;
+            }
+            let k = (start + i) % self.partitions;
+            if lock(&self.table).held.contains_key(&k) {
+                continue;
+            }
+            let expect = match self.holder(k).await {
+                Ok(None) => 0,
+                Ok(Some((h, seq))) if h.is_empty() => seq,
+                _ => continue,
+            };
+            let at = Instant::now();
+            if let Ok(seq) = self.write(self.key(k), me, Some(expect)).await {
+                lock(&self.table).held.insert(
+                    k,
+                    Held {
+                        seq,
+                        renewed: at,
+                        draining: false,
+                    },
+                );
+                want -= 1;
+                tracing::info!("NATS consumer {me}: took partition {k}");
+            }
+        }
+    }
+}

@@ -126,6 +126,7 @@ pub struct OtlpOptions {
     pub(crate) max_emitters: usize,
     pub(crate) max_extras: usize,
     pub(crate) max_value_bytes: usize,
+    pub(crate) plugin_spans: u32,
 }
 
 /// Header values (API keys) are never shown: only their names.
@@ -170,6 +171,7 @@ impl OtlpOptions {
             max_emitters: 4096,
             max_extras: 32,
             max_value_bytes: 4096,
+            plugin_spans: 100,
         })
     }
 
@@ -354,6 +356,14 @@ impl OtlpOptions {
     pub fn extras_bounds(mut self, fields: usize, value_bytes: usize) -> Self {
         self.max_extras = fields;
         self.max_value_bytes = value_bytes.max(16);
+        self
+    }
+
+    /// Plugin calls exported as a span each, per plugin per second (100): past that rate the
+    /// rest of the second's calls of that plugin are one aggregate span with their counts.
+    /// 0 aggregates every call.
+    pub fn plugin_spans(mut self, per_second: u32) -> Self {
+        self.plugin_spans = per_second;
         self
     }
 

@@ -214,7 +214,27 @@ impl OtlpOptions {
                 return Err(refuse(
                     k,
                     &v,
-                    "only http/protobuf is supported (not grpc or http/json)",
+                    "only http/protobuf is supported (not grpc or http/json): unset it or set http/protobuf, and point the endpoint at the receiver's OTLP/HTTP port (4318, path /v1/traces)",
+                ));
+            }
+        }
+        // TLS settings: this exporter speaks plain HTTP only, so a certificate asked for would
+        // silently not be used.
+        for k in [
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        ] {
+            if let Some(v) = get(k)
+                && !v.trim().is_empty()
+            {
+                return Err(refuse(
+                    k,
+                    &v,
+                    "TLS is not supported by this exporter (plain http:// only): unset it and send to a local OpenTelemetry Collector, which forwards over TLS",
                 ));
             }
         }
@@ -471,6 +491,11 @@ mod tests {
         let e =
             OtlpOptions::from_vars(vars(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])).unwrap_err();
         assert_eq!(e.what, "OTEL_EXPORTER_OTLP_PROTOCOL");
+        assert!(e.reason.contains("4318"), "{e}");
+        let e = OtlpOptions::from_vars(vars(&[("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem")]))
+            .unwrap_err();
+        assert_eq!(e.what, "OTEL_EXPORTER_OTLP_CERTIFICATE");
+        assert!(e.reason.contains("TLS"), "{e}");
         let e = OtlpOptions::from_vars(vars(&[("OTEL_EXPORTER_OTLP_HEADERS", "a=1,secret")]))
             .unwrap_err();
         assert_eq!(e.what, "OTEL_EXPORTER_OTLP_HEADERS");

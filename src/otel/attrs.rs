@@ -477,7 +477,7 @@ pub(crate) fn varint(out: &mut Vec<u8>, mut v: u64) {
 
 pub(crate) fn varint_len(v: u64) -> usize {
     // 1 byte per 7 bits, at least one.
-    ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// A length-delimited field's size with its key and length.

@@ -205,7 +205,6 @@ impl Builder {
             EventKind::TurnComplete => self.turn_complete(&ctx),
             EventKind::Error => self.error(&ctx),
         };
-        drop(payload);
         self.members = members;
         if self.limits.link_hooks {
             self.remember(k, msg.seq(), span);

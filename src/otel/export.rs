@@ -2,17 +2,15 @@
 //! tokio runtime) that sends them in batches over OTLP/HTTP protobuf, retrying with backoff
 //! (ARCHITECTURE.md § OpenTelemetry traces).
 
+use super::attrs::{Rec, varint, varint_len};
 use super::options::{Endpoint, OtlpOptions};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderName, HeaderValue};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,16 +42,65 @@ fn add(c: &AtomicU64, n: usize) {
     c.fetch_add(n as u64, Ordering::Relaxed);
 }
 
+/// Finished spans, encoded (each a `ScopeSpans.spans` field), with where each ends: the
+/// span builder fills one per burst, the queue holds them, the exporter copies batches out of
+/// them into request bodies and gives them back for reuse.
+#[derive(Default, Debug)]
+pub(crate) struct Chunk {
+    pub bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Chunk {
+    pub(crate) fn push(&mut self, rec: &Rec) {
+        rec.encode(&mut self.bytes);
+        self.ends.push(self.bytes.len());
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn start(&self, i: usize) -> usize {
+        if i == 0 { 0 } else { self.ends[i - 1] }
+    }
+
+    /// Keeps the first `n` spans.
+    fn truncate(&mut self, n: usize) {
+        if n < self.len() {
+            self.bytes.truncate(self.start(n));
+            self.ends.truncate(n);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+}
+
+/// Chunks kept for reuse (beyond it they are freed), and the largest kept.
+const FREE_CHUNKS: usize = 8;
+const KEEP_CHUNK: usize = 1 << 20;
+
 #[derive(Default)]
 struct State {
-    spans: VecDeque<Span>,
+    /// Queued chunks, each with the index of its first span not yet taken.
+    chunks: VecDeque<(Chunk, usize)>,
+    /// Spans in `chunks` not yet taken.
+    queued: usize,
     /// Spans taken in the batch being sent or retried (they count against the bound).
     in_flight: usize,
     stop: Option<Instant>,
+    free: Vec<Chunk>,
 }
 
-/// The bounded export queue: `push` never waits (beyond the lock the exporter holds for a
-/// `drain`), and a full queue drops the new spans, counted.
+/// The bounded export queue: `push` never waits (beyond the lock the exporter holds to copy a
+/// batch out), and a full queue drops the new spans, counted.
 pub(crate) struct Queue {
     state: Mutex<State>,
     wake: tokio::sync::Notify,
@@ -77,18 +124,29 @@ impl Queue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn push(&self, spans: &mut Vec<Span>) {
-        if spans.is_empty() {
+    /// Queues the spans of `chunk` (what does not fit is dropped, counted); `chunk` is left
+    /// empty, with a reused buffer.
+    pub(crate) fn push(&self, chunk: &mut Chunk) {
+        if chunk.is_empty() {
             return;
         }
-        add(&self.counters.spans, spans.len());
+        let n = chunk.len();
+        add(&self.counters.spans, n);
         let mut st = self.lock();
-        let room = self.capacity.saturating_sub(st.spans.len() + st.in_flight);
-        let take = spans.len().min(room);
-        add(&self.counters.dropped_queue_full, spans.len() - take);
-        st.spans.extend(spans.drain(..take));
-        spans.clear();
-        let full = st.spans.len() >= self.batch;
+        let room = self.capacity.saturating_sub(st.queued + st.in_flight);
+        let take = n.min(room);
+        add(&self.counters.dropped_queue_full, n - take);
+        let mut spare = st.free.pop().unwrap_or_default();
+        if take == 0 {
+            chunk.clear();
+            st.free.push(spare);
+            return;
+        }
+        chunk.truncate(take);
+        std::mem::swap(chunk, &mut spare);
+        st.chunks.push_back((spare, 0));
+        st.queued += take;
+        let full = st.queued >= self.batch;
         drop(st);
         if full {
             self.wake.notify_one();
@@ -98,7 +156,7 @@ impl Queue {
     /// Spans queued or in a request.
     pub(crate) fn queued(&self) -> u64 {
         let st = self.lock();
-        (st.spans.len() + st.in_flight) as u64
+        (st.queued + st.in_flight) as u64
     }
 
     pub(crate) fn capacity(&self) -> u64 {
@@ -115,21 +173,51 @@ impl Queue {
         self.lock().stop
     }
 
-    /// The next batch: a full one, or what is there when `interval` has passed since the last,
-    /// or everything once stopping. `None`: stopped and empty.
-    async fn next_batch(&self, last: &mut Instant, interval: Duration) -> Option<Vec<Span>> {
+    /// Copies up to `batch` spans into `body`; how many.
+    fn take(&self, st: &mut State, body: &mut Vec<u8>) -> usize {
+        let mut n = 0;
+        while n < self.batch {
+            let Some((chunk, first)) = st.chunks.front_mut() else {
+                break;
+            };
+            let k = (chunk.len() - *first).min(self.batch - n);
+            if k == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk.bytes[chunk.start(*first)..chunk.ends[*first + k - 1]]);
+            *first += k;
+            n += k;
+            if *first == chunk.len() {
+                let (mut done, _) = st.chunks.pop_front().expect("a front chunk");
+                if st.free.len() < FREE_CHUNKS && done.bytes.capacity() <= KEEP_CHUNK {
+                    done.clear();
+                    st.free.push(done);
+                }
+            }
+        }
+        st.queued -= n;
+        st.in_flight += n;
+        n
+    }
+
+    /// The next batch, appended to `body`: a full one, or what is there when `interval` has
+    /// passed since the last, or everything once stopping. `None`: stopped and empty.
+    async fn next_batch(
+        &self,
+        last: &mut Instant,
+        interval: Duration,
+        body: &mut Vec<u8>,
+    ) -> Option<usize> {
         loop {
             {
                 let mut st = self.lock();
-                let due = !st.spans.is_empty() && last.elapsed() >= interval;
-                if st.spans.len() >= self.batch || due || st.stop.is_some() {
-                    if st.spans.is_empty() {
+                let due = st.queued > 0 && last.elapsed() >= interval;
+                if st.queued >= self.batch || due || st.stop.is_some() {
+                    if st.queued == 0 {
                         return None;
                     }
-                    let n = st.spans.len().min(self.batch);
-                    st.in_flight += n;
                     *last = Instant::now();
-                    return Some(st.spans.drain(..n).collect());
+                    return Some(self.take(&mut st, body));
                 }
             }
             let wait = interval.saturating_sub(last.elapsed()).max(STOP_POLL);
@@ -154,7 +242,7 @@ enum Try {
 pub(crate) struct Exporter {
     endpoint: Endpoint,
     headers: Vec<(HeaderName, HeaderValue)>,
-    resource: Resource,
+    frame: Frame,
     interval: Duration,
     timeout: Duration,
     retry_for: Duration,
@@ -163,7 +251,14 @@ pub(crate) struct Exporter {
 
 impl Exporter {
     pub(crate) fn new(o: &OtlpOptions) -> Exporter {
-        use super::attrs::{kv, s};
+        use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+        let kv = |k: &str, v: &str| KeyValue {
+            key: k.to_string(),
+            value: Some(AnyValue {
+                value: Some(Value::StringValue(v.to_string())),
+            }),
+            ..Default::default()
+        };
         let headers = o
             .headers
             .iter()
@@ -175,19 +270,19 @@ impl Exporter {
             })
             .collect();
         let mut attributes = vec![
-            kv("service.name", s(&o.service_name)),
-            kv("telemetry.sdk.name", s("prx-hooks")),
-            kv("telemetry.sdk.language", s("rust")),
-            kv("telemetry.sdk.version", s(env!("CARGO_PKG_VERSION"))),
+            kv("service.name", &o.service_name),
+            kv("telemetry.sdk.name", "prx-hooks"),
+            kv("telemetry.sdk.language", "rust"),
+            kv("telemetry.sdk.version", env!("CARGO_PKG_VERSION")),
         ];
-        attributes.extend(o.resource.iter().map(|(k, v)| kv(k, s(v))));
+        attributes.extend(o.resource.iter().map(|(k, v)| kv(k, v)));
         Exporter {
             endpoint: o.endpoint.clone(),
             headers,
-            resource: Resource {
+            frame: Frame::new(Resource {
                 attributes,
                 ..Default::default()
-            },
+            }),
             interval: o.interval,
             timeout: o.timeout,
             retry_for: o.retry_for,
@@ -198,34 +293,17 @@ impl Exporter {
     /// Exports until the queue is stopped and empty.
     pub(crate) async fn run(mut self, queue: Arc<Queue>) {
         let mut last = Instant::now();
-        while let Some(batch) = queue.next_batch(&mut last, self.interval).await {
-            let n = batch.len();
-            let body = self.encode(batch);
+        loop {
+            let mut body = Vec::with_capacity(self.frame.body_hint);
+            body.resize(self.frame.room, 0);
+            let Some(n) = queue.next_batch(&mut last, self.interval, &mut body).await else {
+                break;
+            };
+            self.frame.body_hint = self.frame.body_hint.max(body.len() + 64);
+            let body = self.frame.finish(body);
             self.send(&queue, body, n).await;
             queue.done(n);
         }
-    }
-
-    fn encode(&self, spans: Vec<Span>) -> Bytes {
-        let req = ExportTraceServiceRequest {
-            resource_spans: vec![ResourceSpans {
-                resource: Some(self.resource.clone()),
-                scope_spans: vec![ScopeSpans {
-                    scope: Some(InstrumentationScope {
-                        name: "prx-hooks".to_string(),
-                        version: env!("CARGO_PKG_VERSION").to_string(),
-                        ..Default::default()
-                    }),
-                    spans,
-                    schema_url: format!(
-                        "https://opentelemetry.io/schemas/{}",
-                        super::SEMCONV_VERSION
-                    ),
-                }],
-                schema_url: String::new(),
-            }],
-        };
-        Bytes::from(req.encode_to_vec())
     }
 
     /// Sends one batch, retrying as the OTLP spec says (429, 502, 503, 504, transport errors)
@@ -375,5 +453,123 @@ async fn sleep_until_stop(queue: &Queue, wait: Duration) {
             return;
         }
         tokio::time::sleep((end - now).min(STOP_POLL)).await;
+    }
+}
+
+/// The request around the spans: `ExportTraceServiceRequest { resource_spans: [ResourceSpans
+/// { resource, scope_spans: [ScopeSpans { scope, spans, schema_url }] }] }`, its fixed parts
+/// encoded once. A body is the spans, copied by the queue after `room` bytes left for the
+/// request's head, which is written just before them once their length is known.
+struct Frame {
+    /// `ResourceSpans.resource` (tag 1), encoded.
+    resource: Vec<u8>,
+    /// `ScopeSpans.scope` (tag 1), encoded.
+    scope: Vec<u8>,
+    /// `ScopeSpans.schema_url` (tag 3), encoded.
+    schema: Vec<u8>,
+    /// Room for the head: the two keys and lengths (at most 1 + 10 bytes each) and the
+    /// resource and scope.
+    room: usize,
+    /// The capacity to give the next body (the largest seen).
+    body_hint: usize,
+}
+
+impl Frame {
+    fn new(resource: Resource) -> Frame {
+        let field = |tag: u32, m: &dyn Fn(&mut Vec<u8>)| {
+            let mut v = Vec::new();
+            m(&mut v);
+            let mut out = vec![((tag as u8) << 3) | 2];
+            varint(&mut out, v.len() as u64);
+            out.extend_from_slice(&v);
+            out
+        };
+        let resource = field(1, &|v| resource.encode(v).expect("a Vec grows"));
+        let scope = InstrumentationScope {
+            name: "prx-hooks".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
+        };
+        let scope = field(1, &|v| scope.encode(v).expect("a Vec grows"));
+        let url = format!(
+            "https://opentelemetry.io/schemas/{}",
+            super::SEMCONV_VERSION
+        );
+        let schema = field(3, &|v| v.extend_from_slice(url.as_bytes()));
+        let room = 2 * 11 + resource.len() + scope.len();
+        Frame {
+            resource,
+            scope,
+            schema,
+            room,
+            body_hint: 64 << 10,
+        }
+    }
+
+    /// `body` is `room` bytes, then the encoded spans: the whole request.
+    fn finish(&self, mut body: Vec<u8>) -> Bytes {
+        let spans = body.len() - self.room;
+        body.extend_from_slice(&self.schema);
+        let scope_spans = self.scope.len() + spans + self.schema.len();
+        let resource_spans = self.resource.len() + 1 + varint_len(scope_spans as u64) + scope_spans;
+        let mut head = Vec::with_capacity(self.room);
+        head.push((1 << 3) | 2);
+        varint(&mut head, resource_spans as u64);
+        head.extend_from_slice(&self.resource);
+        head.push((2 << 3) | 2);
+        varint(&mut head, scope_spans as u64);
+        head.extend_from_slice(&self.scope);
+        let at = self.room - head.len();
+        body[at..self.room].copy_from_slice(&head);
+        Bytes::from(body).slice(at..)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::otel::attrs::Kind;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+
+    #[test]
+    fn batches_are_whole_requests_split_across_chunks_in_order() {
+        let q = Queue::new(10, 4);
+        let mut chunk = Chunk::default();
+        let mut rec = Rec::empty();
+        for i in 0..12u64 {
+            rec.clear();
+            rec.begin(Kind::Internal, [1; 16], (i + 1).to_be_bytes(), None, i);
+            rec.name2("span", &i.to_string());
+            chunk.push(&rec);
+            if i % 3 == 2 {
+                q.push(&mut chunk);
+                assert!(chunk.is_empty());
+            }
+        }
+        // Room for 10: the fourth chunk's last two spans are dropped.
+        assert_eq!(q.counters.dropped_queue_full.load(Ordering::Relaxed), 2);
+        assert_eq!(q.queued(), 10);
+        let frame = Frame::new(Resource::default());
+        let mut names = Vec::new();
+        loop {
+            let mut body = vec![0; frame.room];
+            let n = q.take(&mut q.lock(), &mut body);
+            if n == 0 {
+                break;
+            }
+            assert!(n <= 4);
+            let req = ExportTraceServiceRequest::decode(frame.finish(body)).unwrap();
+            let rs = &req.resource_spans[0];
+            assert!(rs.resource.is_some());
+            let ss = &rs.scope_spans[0];
+            assert_eq!(ss.scope.as_ref().unwrap().name, "prx-hooks");
+            assert!(ss.schema_url.ends_with(crate::otel::SEMCONV_VERSION));
+            assert_eq!(ss.spans.len(), n);
+            names.extend(ss.spans.iter().map(|s| s.name.clone()));
+            q.done(n);
+        }
+        let want: Vec<_> = (0..10).map(|i| format!("span {i}")).collect();
+        assert_eq!(names, want);
+        assert_eq!(q.queued(), 0);
     }
 }

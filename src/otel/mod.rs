@@ -5,11 +5,11 @@
 //! | module | owns |
 //! |---|---|
 //! | `options` | [`OtlpOptions`]: the endpoint, headers, resource, bounds; `OTEL_*` variables |
-//! | `payload` | an event's payload members, borrowed from its JSON |
+//! | `payload` | an event's payload members, found by one pass over its JSON (no allocation) |
 //! | `spans` | the pairing state: events and hook outcomes → finished spans (bounded) |
-//! | `attrs` | attribute and span building helpers, ids |
-//! | `export` | the bounded export queue, batches, the HTTP client, retries |
-//! | `plugins` | plugin calls as aggregate `execute_hook {plugin}` spans (feature `wasm` too) |
+//! | `attrs` | the span record (`Rec`, reused) and its protobuf encoding, ids, extras |
+//! | `export` | encoded span chunks, the bounded export queue, batches, the HTTP client, retries |
+//! | `plugins` | plugin calls as `execute_hook {plugin}` child spans, aggregated past a rate (feature `wasm` too) |
 //! | `sink` | [`OtelSink`]: the [`Sink`](crate::Sink), its thread, shutdown |
 
 #[cfg(feature = "otel")]
@@ -50,7 +50,7 @@ pub struct OtelStats {
     pub endpoint: String,
     /// Lifecycle events the span builder read.
     pub events: u64,
-    /// Hook outcomes the run feed could not hand over (its queue was full).
+    /// Hook outcomes and plugin call records their feeds could not hand over (a full queue).
     pub runs_missed: u64,
     /// Spans finished (each lands in exactly one bucket below).
     pub spans: u64,

@@ -126,6 +126,7 @@ pub struct OtlpOptions {
     pub(crate) max_emitters: usize,
     pub(crate) max_extras: usize,
     pub(crate) max_value_bytes: usize,
+    pub(crate) plugin_spans: u32,
 }
 
 /// Header values (API keys) are never shown: only their names.
@@ -170,6 +171,7 @@ impl OtlpOptions {
             max_emitters: 4096,
             max_extras: 32,
             max_value_bytes: 4096,
+            plugin_spans: 100,
         })
     }
 
@@ -212,7 +214,27 @@ impl OtlpOptions {
                 return Err(refuse(
                     k,
                     &v,
-                    "only http/protobuf is supported (not grpc or http/json)",
+                    "only http/protobuf is supported (not grpc or http/json): unset it or set http/protobuf, and point the endpoint at the receiver's OTLP/HTTP port (4318, path /v1/traces)",
+                ));
+            }
+        }
+        // TLS settings: this exporter speaks plain HTTP only, so a certificate asked for would
+        // silently not be used.
+        for k in [
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        ] {
+            if let Some(v) = get(k)
+                && !v.trim().is_empty()
+            {
+                return Err(refuse(
+                    k,
+                    &v,
+                    "TLS is not supported by this exporter (plain http:// only): unset it and send to a local OpenTelemetry Collector, which forwards over TLS",
                 ));
             }
         }
@@ -357,6 +379,14 @@ impl OtlpOptions {
         self
     }
 
+    /// Plugin calls exported as a span each, per plugin per second (100): past that rate the
+    /// rest of the second's calls of that plugin are one aggregate span with their counts.
+    /// 0 aggregates every call.
+    pub fn plugin_spans(mut self, per_second: u32) -> Self {
+        self.plugin_spans = per_second;
+        self
+    }
+
     /// The traces URL (`http://host:port/v1/traces`).
     pub fn traces_url(&self) -> String {
         self.endpoint.to_string()
@@ -461,6 +491,11 @@ mod tests {
         let e =
             OtlpOptions::from_vars(vars(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])).unwrap_err();
         assert_eq!(e.what, "OTEL_EXPORTER_OTLP_PROTOCOL");
+        assert!(e.reason.contains("4318"), "{e}");
+        let e = OtlpOptions::from_vars(vars(&[("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem")]))
+            .unwrap_err();
+        assert_eq!(e.what, "OTEL_EXPORTER_OTLP_CERTIFICATE");
+        assert!(e.reason.contains("TLS"), "{e}");
         let e = OtlpOptions::from_vars(vars(&[("OTEL_EXPORTER_OTLP_HEADERS", "a=1,secret")]))
             .unwrap_err();
         assert_eq!(e.what, "OTEL_EXPORTER_OTLP_HEADERS");

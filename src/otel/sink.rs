@@ -10,7 +10,7 @@ use crate::event::EventMask;
 use crate::pipeline::{InterestHandle, Sink};
 use crate::shell::{Outcome, RunSubscription};
 use crate::stats::SinkCounts;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -25,6 +25,8 @@ const SWEEP: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Shared {
+    /// Events handed over and not yet read by the span builder (the event queue's bound).
+    pending: AtomicUsize,
     sent: AtomicU64,
     delivered: AtomicU64,
     dropped: AtomicU64,
@@ -35,9 +37,11 @@ struct Shared {
 }
 
 /// The OpenTelemetry sink ([`HooksBuilder::otlp`](crate::HooksBuilder::otlp)). `deliver`
-/// only `try_send`s a message clone: a slow or dead receiver costs the pipeline nothing.
+/// only hands a worker's batch of message clones over (one send per batch, never waiting): a
+/// slow or dead receiver costs the pipeline nothing.
 pub struct OtelSink {
-    events: flume::Sender<Message>,
+    events: flume::Sender<Vec<Message>>,
+    events_cap: usize,
     stop: flume::Sender<Instant>,
     shared: Arc<Shared>,
     queue: Arc<Queue>,
@@ -56,7 +60,9 @@ impl OtelSink {
         interest: InterestHandle,
         runs: Option<RunSubscription>,
     ) -> std::io::Result<OtelSink> {
-        let (events, events_rx) = flume::bounded(EVENT_QUEUE.max(opts.queue.saturating_mul(2)));
+        let events_cap = EVENT_QUEUE.max(opts.queue.saturating_mul(2));
+        // Unbounded as a channel: bounded by `Shared::pending`, counted in events.
+        let (events, events_rx) = flume::unbounded();
         let (stop, stop_rx) = flume::bounded(1);
         let shared = Arc::new(Shared::default());
         let queue = Arc::new(Queue::new(opts.queue, opts.batch));
@@ -83,7 +89,7 @@ impl OtelSink {
         let plugins = super::plugins::PluginSlot::default();
         let worker = SpanThread {
             #[cfg(feature = "wasm")]
-            plugins: super::plugins::PluginCalls::new(plugins.clone()),
+            plugins: super::plugins::PluginCalls::new(plugins.clone(), opts.plugin_spans),
             builder: Builder::new(limits),
             events: events_rx,
             runs: runs.clone(),
@@ -105,6 +111,7 @@ impl OtelSink {
         interest.set(EventMask::ALL);
         Ok(OtelSink {
             events,
+            events_cap,
             stop,
             shared,
             queue,
@@ -116,11 +123,12 @@ impl OtelSink {
         })
     }
 
-    /// Plugin calls become `execute_hook {plugin}` spans, one per plugin per second in which
-    /// it was called (set once; the plugin backend is built after this sink).
+    /// Plugin calls become `execute_hook {plugin}` spans, children of their events' spans
+    /// (aggregated past `OtlpOptions::plugin_spans` per plugin per second; set once, the
+    /// plugin backend is built after this sink).
     #[cfg(feature = "wasm")]
     pub fn watch_plugins(&self, plugins: &Arc<crate::wasm::WasmSink>) {
-        let _ = self.plugins.set(Arc::downgrade(plugins));
+        super::plugins::watch(&self.plugins, plugins);
     }
 
     /// A snapshot of the exporter's counters (the `otel` section of [`Stats`](crate::Stats)).
@@ -133,7 +141,7 @@ impl OtelSink {
         OtelStats {
             endpoint: self.endpoint.clone(),
             events: get(&s.events),
-            runs_missed: self.runs.as_ref().map_or(0, |r| r.dropped()),
+            runs_missed: self.runs.as_ref().map_or(0, |r| r.dropped()) + self.plugin_calls_missed(),
             exported: get(&c.exported),
             rejected: get(&c.rejected),
             dropped_queue_full: get(&c.dropped_queue_full),
@@ -150,6 +158,14 @@ impl OtelSink {
         }
     }
 
+    fn plugin_calls_missed(&self) -> u64 {
+        #[cfg(feature = "wasm")]
+        if let Some(p) = self.plugins.get().and_then(|(_, p)| p.upgrade()) {
+            return p.calls_missed();
+        }
+        0
+    }
+
     fn stop_threads(&self, deadline: Instant) {
         let _ = self.stop.try_send(deadline);
         let threads: Vec<_> = self
@@ -164,15 +180,49 @@ impl OtelSink {
     }
 }
 
+impl OtelSink {
+    /// One send per worker batch; what the event queue's bound leaves no room for is dropped,
+    /// counted (several workers may together pass the bound by a batch each).
+    fn hand_over(&self, mut batch: Vec<Message>) {
+        let s = &self.shared;
+        let n = batch.len();
+        s.sent.fetch_add(n as u64, Ordering::Relaxed);
+        let room = self
+            .events_cap
+            .saturating_sub(s.pending.load(Ordering::Relaxed));
+        let take = n.min(room);
+        if take < n {
+            batch.truncate(take);
+            s.dropped.fetch_add((n - take) as u64, Ordering::Relaxed);
+        }
+        if take == 0 {
+            return;
+        }
+        s.pending.fetch_add(take, Ordering::Relaxed);
+        if self.events.send(batch).is_err() {
+            s.pending.fetch_sub(take, Ordering::Relaxed);
+            s.dropped.fetch_add(take as u64, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Sink for OtelSink {
     fn name(&self) -> &str {
         STATS_SECTION
     }
 
     fn deliver(&self, msg: &Message) {
-        self.shared.sent.fetch_add(1, Ordering::Relaxed);
-        if self.events.try_send(msg.clone()).is_err() {
-            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+        self.hand_over(vec![msg.clone()]);
+    }
+
+    fn deliver_batch(&self, msgs: &[Message], wanted: EventMask) {
+        let batch: Vec<Message> = msgs
+            .iter()
+            .filter(|m| m.event().is_some_and(|k| wanted.contains(k)))
+            .cloned()
+            .collect();
+        if !batch.is_empty() {
+            self.hand_over(batch);
         }
     }
 
@@ -205,9 +255,13 @@ impl Drop for OtelSink {
 }
 
 enum Item {
-    Event(Message),
+    Events(Vec<Message>),
     Run(Arc<Outcome>),
     RunsClosed,
+    #[cfg(feature = "wasm")]
+    Call(crate::wasm::PluginCall),
+    #[cfg(feature = "wasm")]
+    CallsClosed,
     Stop(Instant),
     Nothing,
 }
@@ -217,7 +271,7 @@ struct SpanThread {
     #[cfg(feature = "wasm")]
     plugins: super::plugins::PluginCalls,
     builder: Builder,
-    events: flume::Receiver<Message>,
+    events: flume::Receiver<Vec<Message>>,
     runs: Option<Arc<RunSubscription>>,
     stop: flume::Receiver<Instant>,
     shared: Arc<Shared>,
@@ -229,42 +283,50 @@ impl SpanThread {
         let mut runs = self.runs.clone();
         let mut swept = Instant::now();
         loop {
+            self.builder.now = Instant::now();
             // Busy: take what is queued without a selector (one per wake-up costs more than
-            // an event), then publish the spans once for the burst.
+            // a batch), then publish the spans once for the burst.
             if self.burst(runs.as_deref()) {
                 if let Ok(deadline) = self.stop.try_recv() {
                     self.drain(runs.as_deref(), deadline);
                     break;
                 }
-                if swept.elapsed() >= SWEEP {
-                    swept = Instant::now();
-                    self.builder.sweep(swept);
-                    self.poll_plugins();
-                }
+                self.tick(&mut swept);
                 self.flush();
                 continue;
             }
             let item = {
                 let mut sel = flume::Selector::new()
-                    .recv(&self.events, |r| r.map_or(Item::Nothing, Item::Event))
+                    .recv(&self.events, |r| r.map_or(Item::Nothing, Item::Events))
                     .recv(&self.stop, |r| {
                         r.map_or(Item::Stop(Instant::now()), Item::Stop)
                     });
                 if let Some(r) = &runs {
                     sel = sel.recv(r.receiver(), |r| r.map_or(Item::RunsClosed, Item::Run));
                 }
+                #[cfg(feature = "wasm")]
+                if let Some(c) = self.plugins.receiver() {
+                    sel = sel.recv(c, |r| r.map_or(Item::CallsClosed, Item::Call));
+                }
                 sel.wait_timeout(SWEEP).unwrap_or(Item::Nothing)
             };
+            self.builder.now = Instant::now();
             match item {
-                Item::Event(m) => self.event(&m),
+                Item::Events(batch) => self.read_events(batch),
                 Item::Run(o) => {
                     // The event's span first: its message was queued here before the shell
                     // sink saw it (the sinks' order), so this drains it.
-                    while let Ok(m) = self.events.try_recv() {
-                        self.event(&m);
-                    }
+                    self.drain_events();
                     self.builder.hook(&o);
                 }
+                #[cfg(feature = "wasm")]
+                Item::Call(c) => {
+                    // Likewise: the plugin sink comes after this one.
+                    self.drain_events();
+                    self.plugins.call(&mut self.builder, &c);
+                }
+                #[cfg(feature = "wasm")]
+                Item::CallsClosed => self.plugins.close(),
                 Item::RunsClosed => runs = None,
                 Item::Stop(deadline) => {
                     self.drain(runs.as_deref(), deadline);
@@ -272,48 +334,65 @@ impl SpanThread {
                 }
                 Item::Nothing => {}
             }
-            if swept.elapsed() >= SWEEP {
-                swept = Instant::now();
-                self.builder.sweep(swept);
-                self.poll_plugins();
-            }
+            self.tick(&mut swept);
             self.flush();
         }
     }
 
-    /// Up to `BURST` events and outcomes already queued; whether there were any.
+    /// Once a second: idle emitters ended, plugin aggregates whose second is over ended.
+    fn tick(&mut self, swept: &mut Instant) {
+        if swept.elapsed() >= SWEEP {
+            *swept = Instant::now();
+            self.builder.sweep(*swept);
+            #[cfg(feature = "wasm")]
+            self.plugins.poll(&mut self.builder, false);
+        }
+    }
+
+    fn drain_events(&mut self) {
+        while let Ok(batch) = self.events.try_recv() {
+            self.read_events(batch);
+        }
+    }
+
+    /// Up to `BURST` batches, outcomes and plugin calls already queued; whether there were any.
     fn burst(&mut self, runs: Option<&RunSubscription>) -> bool {
         let mut any = false;
         for _ in 0..BURST {
-            let Ok(m) = self.events.try_recv() else { break };
-            self.event(&m);
+            let Ok(batch) = self.events.try_recv() else {
+                break;
+            };
+            self.read_events(batch);
             any = true;
         }
         if let Some(r) = runs {
             for _ in 0..BURST {
                 let Some(o) = r.try_recv() else { break };
                 // Its event first (see `run`).
-                while let Ok(m) = self.events.try_recv() {
-                    self.event(&m);
-                }
+                self.drain_events();
                 self.builder.hook(&o);
                 any = true;
             }
         }
+        #[cfg(feature = "wasm")]
+        for _ in 0..BURST {
+            let Some(Ok(c)) = self.plugins.receiver().map(|r| r.try_recv()) else {
+                break;
+            };
+            self.drain_events();
+            self.plugins.call(&mut self.builder, &c);
+            any = true;
+        }
         any
     }
 
-    fn poll_plugins(&mut self) {
-        #[cfg(feature = "wasm")]
-        {
-            let b = &mut self.builder;
-            b.counts.hook_spans += self.plugins.poll(&mut b.ids, &mut b.out);
+    fn read_events(&mut self, batch: Vec<Message>) {
+        for m in &batch {
+            self.builder.event(m);
         }
-    }
-
-    fn event(&mut self, m: &Message) {
-        self.builder.event(m);
-        self.shared.delivered.fetch_add(1, Ordering::Release);
+        let n = batch.len();
+        self.shared.pending.fetch_sub(n, Ordering::Relaxed);
+        self.shared.delivered.fetch_add(n as u64, Ordering::Release);
     }
 
     /// Hands finished spans to the export queue and publishes the builder's counts.
@@ -333,12 +412,15 @@ impl SpanThread {
     fn drain(&mut self, runs: Option<&RunSubscription>, deadline: Instant) {
         loop {
             let mut any = false;
-            while let Ok(m) = self.events.try_recv() {
+            self.builder.now = Instant::now();
+            while let Ok(batch) = self.events.try_recv() {
                 any = true;
                 if Instant::now() >= deadline {
-                    self.shared.dropped.fetch_add(1, Ordering::Release);
+                    let n = batch.len();
+                    self.shared.pending.fetch_sub(n, Ordering::Relaxed);
+                    self.shared.dropped.fetch_add(n as u64, Ordering::Release);
                 } else {
-                    self.event(&m);
+                    self.read_events(batch);
                 }
             }
             if let Some(r) = runs {
@@ -349,12 +431,20 @@ impl SpanThread {
                     }
                 }
             }
+            #[cfg(feature = "wasm")]
+            while let Some(Ok(c)) = self.plugins.receiver().map(|r| r.try_recv()) {
+                any = true;
+                if Instant::now() < deadline {
+                    self.plugins.call(&mut self.builder, &c);
+                }
+            }
             if !any {
                 break;
             }
         }
+        #[cfg(feature = "wasm")]
+        self.plugins.poll(&mut self.builder, true);
         self.builder.close_all();
-        self.poll_plugins();
         self.flush();
         self.queue.stop(deadline);
     }

@@ -2,19 +2,15 @@
 //! emitter (agent, session) an `invoke_agent` span with its open `chat` and `execute_tool`
 //! children; bounded per emitter and in total (ARCHITECTURE.md § OpenTelemetry traces).
 
-use super::attrs::{self, Ids, SpanId, TraceId, bounded, i, kv, new_span, s, set, set_error};
+use super::attrs::{self, Ids, Kind, Rec, SpanId, Text, TraceId};
+use super::export::Chunk;
+use super::payload::{Member, Payload, raw_text};
 use crate::EventKind;
 use crate::bus::Message;
 use crate::shell::{Outcome, OutcomeKind};
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::trace::v1::Span;
-use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::time::{Duration, Instant};
-
-use super::payload::{Payload, raw_text};
 
 /// Event → span pairs remembered for hook outcomes (their parents), oldest forgotten first.
 const PARENTS: usize = 65_536;
@@ -45,11 +41,20 @@ pub(crate) struct Counts {
 }
 
 struct Open {
-    span: Span,
-    id: SpanId,
-    /// The tool's name and call id (tool spans).
-    tool: String,
-    call_id: Option<String>,
+    rec: Rec,
+    /// The tool's name and call id (tool spans), in `rec`'s text.
+    tool: Text,
+    call_id: Option<Text>,
+}
+
+impl Open {
+    fn new(rec: Rec) -> Open {
+        Open {
+            rec,
+            tool: Text::Static(""),
+            call_id: None,
+        }
+    }
 }
 
 struct EmitterState {
@@ -72,15 +77,44 @@ impl EmitterState {
     }
 }
 
+/// Keys that are already hashes (emitter keys) hash to themselves; pairs are mixed.
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(29) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
+
+/// Records kept for reuse (each keeps its buffers).
+const POOL: usize = 256;
+
 pub(crate) struct Builder {
     limits: Limits,
     pub ids: Ids,
-    emitters: HashMap<u64, EmitterState>,
-    parents: HashMap<(u64, u64), (TraceId, SpanId)>,
+    emitters: KeyMap<u64, EmitterState>,
+    parents: KeyMap<(u64, u64), (TraceId, SpanId)>,
     parent_order: VecDeque<(u64, u64)>,
-    /// Finished spans, taken by the sink.
-    pub out: Vec<Span>,
+    /// Finished spans, encoded, taken by the sink.
+    pub out: Chunk,
     pub counts: Counts,
+    /// Set by the sink before each burst (one clock read for many events).
+    pub now: Instant,
+    pool: Vec<Rec>,
+    members: Vec<Member>,
+    /// The last (agent, session) keyed, and its key.
+    last_key: (String, String, u64),
 }
 
 fn key(agent: &str, session: &str) -> u64 {
@@ -94,12 +128,56 @@ impl Builder {
         Builder {
             limits,
             ids: Ids::new(),
-            emitters: HashMap::new(),
-            parents: HashMap::new(),
+            emitters: KeyMap::default(),
+            parents: KeyMap::default(),
             parent_order: VecDeque::new(),
-            out: Vec::new(),
+            out: Chunk::default(),
             counts: Counts::default(),
+            now: Instant::now(),
+            pool: Vec::new(),
+            members: Vec::new(),
+            last_key: (String::new(), String::new(), key("", "")),
         }
+    }
+
+    /// A cleared record from the pool.
+    pub(crate) fn rec(&mut self) -> Rec {
+        self.pool.pop().unwrap_or_else(Rec::empty)
+    }
+
+    /// Encodes a finished span into `out` and keeps its record for reuse.
+    pub(crate) fn emit(&mut self, mut rec: Rec) {
+        self.out.push(&rec);
+        if self.pool.len() < POOL {
+            rec.clear();
+            self.pool.push(rec);
+        }
+    }
+
+    /// The emitter key of (agent, session): SipHash, so distinct emitters never share state;
+    /// the last one is kept, since an emitter's events come in runs.
+    fn key_of(&mut self, agent: &str, session: &str) -> u64 {
+        let (a, s, k) = &mut self.last_key;
+        if a.as_str() != agent || s.as_str() != session {
+            a.clear();
+            a.push_str(agent);
+            s.clear();
+            s.push_str(session);
+            *k = key(agent, session);
+        }
+        *k
+    }
+
+    /// The span an emitter's event became (`seq`), if remembered: a hook's or plugin call's
+    /// parent.
+    pub(crate) fn parent_of(
+        &mut self,
+        agent: &str,
+        session: &str,
+        seq: u64,
+    ) -> Option<(TraceId, SpanId)> {
+        let k = self.key_of(agent, session);
+        self.parents.get(&(k, seq)).copied()
     }
 
     /// One lifecycle event (custom topics are not spans).
@@ -107,8 +185,9 @@ impl Builder {
         let Some(kind) = msg.event() else { return };
         self.counts.events += 1;
         let t = attrs::nanos(msg.timestamp());
-        let payload = Payload::parse(msg.json());
-        let k = key(msg.agent(), msg.session());
+        let mut members = std::mem::take(&mut self.members);
+        let payload = Payload::parse(msg.json_str(), &mut members);
+        let k = self.key_of(msg.agent(), msg.session());
         self.touch(k, msg.agent(), msg.session(), t);
         let ctx = Ctx {
             key: k,
@@ -126,6 +205,7 @@ impl Builder {
             EventKind::TurnComplete => self.turn_complete(&ctx),
             EventKind::Error => self.error(&ctx),
         };
+        self.members = members;
         if self.limits.link_hooks {
             self.remember(k, msg.seq(), span);
         }
@@ -146,19 +226,20 @@ impl Builder {
                 self.close_emitter(old, "evicted");
             }
         }
-        let trace = self.ids.trace();
+        let now = self.now;
+        let ids = &mut self.ids;
         let e = self.emitters.entry(k).or_insert_with(|| EmitterState {
             agent: agent.to_string(),
             session: session.to_string(),
-            trace,
+            trace: ids.trace(),
             root: None,
             implicit: false,
             chat: None,
             tools: Vec::new(),
-            last_seen: Instant::now(),
+            last_seen: now,
             last_time: t,
         });
-        e.last_seen = Instant::now();
+        e.last_seen = now;
         e.last_time = e.last_time.max(t);
     }
 
@@ -177,15 +258,15 @@ impl Builder {
         self.emitters.get_mut(&k).expect("touched before")
     }
 
-    fn common(&self, span: &mut Span, e: &EmitterState, op: &str) {
-        set(span, "gen_ai.operation.name", s(op));
-        set(span, "gen_ai.conversation.id", s(&e.session));
-        set(span, "gen_ai.agent.name", s(&e.agent));
+    fn common(rec: &mut Rec, e: &EmitterState, op: &'static str) {
+        rec.text_attr("gen_ai.operation.name", Text::Static(op));
+        rec.str("gen_ai.conversation.id", &e.session);
+        rec.str("gen_ai.agent.name", &e.agent);
     }
 
-    fn extras(&self, span: &mut Span, c: &Ctx) {
+    fn extras(&self, rec: &mut Rec, c: &Ctx) {
         attrs::extras(
-            span,
+            rec,
             c.payload,
             c.kind.fields(),
             self.limits.max_extras,
@@ -193,21 +274,19 @@ impl Builder {
         );
     }
 
-    /// A new span in the emitter's trace, under its root (made implicitly if none is open).
-    fn child(&mut self, c: &Ctx, name: String, kind: SpanKind, op: &str) -> Open {
+    /// A new span `op what` in the emitter's trace, under its root (made implicitly if none
+    /// is open).
+    fn child(&mut self, c: &Ctx, op: &'static str, what: &str, kind: Kind) -> Open {
         self.ensure_root(c);
         let id = self.ids.span();
+        let mut rec = self.rec();
         let e = &self.emitters[&c.key];
-        let root = e.root.as_ref().map(|r| r.id);
-        let mut span = new_span(name, kind, e.trace, id, root, c.t);
-        self.common(&mut span, e, op);
-        self.extras(&mut span, c);
-        Open {
-            span,
-            id,
-            tool: String::new(),
-            call_id: None,
-        }
+        let root = e.root.as_ref().map(|r| r.rec.id);
+        rec.begin(kind, e.trace, id, root, c.t);
+        rec.name2(op, what);
+        Self::common(&mut rec, e, op);
+        self.extras(&mut rec, c);
+        Open::new(rec)
     }
 
     fn ensure_root(&mut self, c: &Ctx) {
@@ -222,22 +301,18 @@ impl Builder {
     fn root_span(&mut self, c: &Ctx) -> Open {
         let trace = self.ids.trace();
         let id = self.ids.span();
+        let mut rec = self.rec();
         let e = self.state(c.key);
         e.trace = trace;
-        let name = format!("invoke_agent {}", e.agent);
-        let mut span = new_span(name, SpanKind::Internal, trace, id, None, c.t);
+        rec.begin(Kind::Internal, trace, id, None, c.t);
+        rec.name2("invoke_agent", &e.agent);
         let e = &self.emitters[&c.key];
-        self.common(&mut span, e, "invoke_agent");
-        Open {
-            span,
-            id,
-            tool: String::new(),
-            call_id: None,
-        }
+        Self::common(&mut rec, e, "invoke_agent");
+        Open::new(rec)
     }
 
     fn ids_of(&self, k: u64, o: &Open) -> (TraceId, SpanId) {
-        (self.emitters[&k].trace, o.id)
+        (self.emitters[&k].trace, o.rec.id)
     }
 
     fn agent_start(&mut self, c: &Ctx) -> (TraceId, SpanId) {
@@ -246,7 +321,7 @@ impl Builder {
             self.unmatched(old, "agent restarted");
         }
         let mut root = self.root_span(c);
-        self.extras(&mut root.span, c);
+        self.extras(&mut root.rec, c);
         let ids = self.ids_of(c.key, &root);
         let e = self.state(c.key);
         e.root = Some(root);
@@ -264,31 +339,33 @@ impl Builder {
             }
         };
         let ids = self.ids_of(c.key, &root);
-        self.extras(&mut root.span, c);
+        self.extras(&mut root.rec, c);
         if let Some(n) = c.payload.int("messages_count") {
-            set(&mut root.span, "prx.messages_count", i(n));
+            root.rec.int("prx.messages_count", n);
         }
         if c.payload.bool("success") == Some(false) {
-            set_error(&mut root.span, "agent_failed", "agent_end: success = false");
+            root.rec.error("agent_failed", "agent_end: success = false");
         }
         self.finish(root, c.t);
         ids
+    }
+
+    fn chat_span(&mut self, c: &Ctx) -> Open {
+        let model = c.payload.str("model");
+        let mut chat = self.child(c, "chat", &model, Kind::Client);
+        chat.rec
+            .str("gen_ai.provider.name", &c.payload.str("provider"));
+        chat.rec.str("gen_ai.request.model", &model);
+        chat
     }
 
     fn llm_request(&mut self, c: &Ctx) -> (TraceId, SpanId) {
         if let Some(old) = self.state(c.key).chat.take() {
             self.unmatched(old, "a new llm_request began");
         }
-        let model = c.payload.str("model");
-        let mut chat = self.child(c, format!("chat {model}"), SpanKind::Client, "chat");
-        set(
-            &mut chat.span,
-            "gen_ai.provider.name",
-            s(&c.payload.str("provider")),
-        );
-        set(&mut chat.span, "gen_ai.request.model", s(&model));
+        let mut chat = self.chat_span(c);
         if let Some(n) = c.payload.int("messages_count") {
-            set(&mut chat.span, "prx.messages_count", i(n));
+            chat.rec.int("prx.messages_count", n);
         }
         let ids = self.ids_of(c.key, &chat);
         self.state(c.key).chat = Some(chat);
@@ -296,58 +373,51 @@ impl Builder {
     }
 
     fn llm_response(&mut self, c: &Ctx) -> (TraceId, SpanId) {
-        let model = c.payload.str("model");
         let mut chat = match self.state(c.key).chat.take() {
             Some(chat) => chat,
             None => {
                 self.counts.unmatched_ends += 1;
-                let mut chat = self.child(c, format!("chat {model}"), SpanKind::Client, "chat");
-                set(
-                    &mut chat.span,
-                    "gen_ai.provider.name",
-                    s(&c.payload.str("provider")),
-                );
-                set(&mut chat.span, "gen_ai.request.model", s(&model));
-                chat
+                self.chat_span(c)
             }
         };
-        self.extras(&mut chat.span, c);
-        set(&mut chat.span, "gen_ai.response.model", s(&model));
+        self.extras(&mut chat.rec, c);
+        chat.rec
+            .str("gen_ai.response.model", &c.payload.str("model"));
         if let Some(ms) = c.payload.int("duration_ms") {
-            set(&mut chat.span, "prx.llm.duration_ms", i(ms));
+            chat.rec.int("prx.llm.duration_ms", ms);
         }
         if c.payload.bool("success") == Some(false) {
-            set_error(&mut chat.span, "llm_error", "llm_response: success = false");
+            chat.rec.error("llm_error", "llm_response: success = false");
         }
         let ids = self.ids_of(c.key, &chat);
         self.finish(chat, c.t);
         ids
     }
 
-    fn tool_start(&mut self, c: &Ctx) -> (TraceId, SpanId) {
-        let tool = c.payload.str("tool").into_owned();
-        let mut open = self.child(
-            c,
-            format!("execute_tool {tool}"),
-            SpanKind::Internal,
-            "execute_tool",
-        );
-        set(&mut open.span, "gen_ai.tool.name", s(&tool));
-        open.call_id = call_id(c.payload);
-        if let Some(id) = &open.call_id {
-            set(&mut open.span, "gen_ai.tool.call.id", s(id));
+    /// An `execute_tool` span with its tool name and call id.
+    fn tool_span(&mut self, c: &Ctx, tool: &str) -> Open {
+        let mut open = self.child(c, "execute_tool", tool, Kind::Internal);
+        open.rec.str("gen_ai.tool.name", tool);
+        if let Some(id) = call_id(c.payload) {
+            open.rec.str("gen_ai.tool.call.id", &id);
+            open.call_id = open.rec.attr_text("gen_ai.tool.call.id");
         }
+        open.tool = open
+            .rec
+            .attr_text("gen_ai.tool.name")
+            .unwrap_or(Text::Static(""));
+        open
+    }
+
+    fn tool_start(&mut self, c: &Ctx) -> (TraceId, SpanId) {
+        let tool = c.payload.str("tool");
+        let mut open = self.tool_span(c, &tool);
         if self.limits.content
             && let Some(args) = c.payload.raw("arguments")
         {
-            let v = bounded(args.get(), self.limits.max_value_bytes);
-            set(
-                &mut open.span,
-                "gen_ai.tool.call.arguments",
-                Value::StringValue(v),
-            );
+            let v = open.rec.push_bounded(args, self.limits.max_value_bytes);
+            open.rec.text_attr("gen_ai.tool.call.arguments", v);
         }
-        open.tool = tool;
         let ids = self.ids_of(c.key, &open);
         // Bounded per emitter: the oldest open tool gives way.
         let max_tools = self.limits.max_open.saturating_sub(2).max(1);
@@ -365,39 +435,30 @@ impl Builder {
         let id = call_id(c.payload);
         let e = self.state(c.key);
         let at = match &id {
-            Some(id) => e.tools.iter().rposition(|o| o.call_id.as_ref() == Some(id)),
-            None => e.tools.iter().rposition(|o| o.tool == tool),
+            Some(id) => e
+                .tools
+                .iter()
+                .rposition(|o| o.call_id.is_some_and(|t| o.rec.text(t) == id.as_ref())),
+            None => e.tools.iter().rposition(|o| o.rec.text(o.tool) == tool),
         };
         let mut open = match at {
             Some(at) => e.tools.remove(at),
             None => {
                 self.counts.unmatched_ends += 1;
-                let mut open = self.child(
-                    c,
-                    format!("execute_tool {tool}"),
-                    SpanKind::Internal,
-                    "execute_tool",
-                );
-                set(&mut open.span, "gen_ai.tool.name", s(&tool));
-                if let Some(id) = &id {
-                    set(&mut open.span, "gen_ai.tool.call.id", s(id));
-                }
-                open
+                self.tool_span(c, &tool)
             }
         };
-        self.extras(&mut open.span, c);
+        self.extras(&mut open.rec, c);
         if self.limits.content
             && let Some(out) = c.payload.raw("output")
         {
-            let v = bounded(&raw_text(out), self.limits.max_value_bytes);
-            set(
-                &mut open.span,
-                "gen_ai.tool.call.result",
-                Value::StringValue(v),
-            );
+            let v = open
+                .rec
+                .push_bounded(&raw_text(out), self.limits.max_value_bytes);
+            open.rec.text_attr("gen_ai.tool.call.result", v);
         }
         if c.payload.bool("success") == Some(false) {
-            set_error(&mut open.span, "tool_error", "tool_call: success = false");
+            open.rec.error("tool_error", "tool_call: success = false");
         }
         let ids = self.ids_of(c.key, &open);
         self.finish(open, c.t);
@@ -410,28 +471,31 @@ impl Builder {
         let e = self.state(c.key);
         if e.implicit {
             let mut root = e.root.take().expect("ensured");
-            self.extras(&mut root.span, c);
+            self.extras(&mut root.rec, c);
             let ids = self.ids_of(c.key, &root);
             self.finish(root, c.t);
             return ids;
         }
         let trace = e.trace;
         let root = e.root.as_mut().expect("ensured");
-        attrs::event(&mut root.span, "turn_complete", c.t, Vec::new());
-        (trace, root.id)
+        root.rec.event("turn_complete", c.t, &[]);
+        (trace, root.rec.id)
     }
 
     fn error(&mut self, c: &Ctx) -> (TraceId, SpanId) {
         let component = c.payload.str("component");
-        let exception = vec![
-            kv("exception.type", s(&component)),
-            kv(
-                "exception.message",
-                Value::StringValue(bounded(
-                    &c.payload.str("message"),
-                    self.limits.max_value_bytes,
-                )),
-            ),
+        let message = c.payload.str("message");
+        let (message, was_cut) = attrs::cut(&message, self.limits.max_value_bytes);
+        let cut_message;
+        let message = if was_cut {
+            cut_message = format!("{message}…");
+            cut_message.as_str()
+        } else {
+            message
+        };
+        let exception = [
+            ("exception.type", &*component),
+            ("exception.message", message),
         ];
         let e = self.state(c.key);
         let trace = e.trace;
@@ -443,34 +507,35 @@ impl Builder {
             e.root.as_mut()
         };
         if let Some(open) = open {
-            attrs::event(&mut open.span, "exception", c.t, exception);
-            return (trace, open.id);
+            open.rec.event("exception", c.t, &exception);
+            return (trace, open.rec.id);
         }
         // Nothing open: a span of its own, in a trace of its own.
         let trace = self.ids.trace();
         let id = self.ids.span();
-        let name = format!("error {component}");
-        let mut span = new_span(name, SpanKind::Internal, trace, id, None, c.t);
+        let mut rec = self.rec();
+        rec.begin(Kind::Internal, trace, id, None, c.t);
+        rec.name2("error", &component);
         let e = &self.emitters[&c.key];
-        set(&mut span, "gen_ai.conversation.id", s(&e.session));
-        set(&mut span, "gen_ai.agent.name", s(&e.agent));
-        self.extras(&mut span, c);
-        attrs::event(&mut span, "exception", c.t, exception);
-        set_error(&mut span, &component, &c.payload.str("message"));
-        self.out.push(span);
+        rec.str("gen_ai.conversation.id", &e.session);
+        rec.str("gen_ai.agent.name", &e.agent);
+        self.extras(&mut rec, c);
+        rec.event("exception", c.t, &exception);
+        rec.error(&component, &c.payload.str("message"));
+        self.emit(rec);
         (trace, id)
     }
 
     fn finish(&mut self, mut open: Open, end: u64) {
-        open.span.end_time_unix_nano = end.max(open.span.start_time_unix_nano);
-        self.out.push(open.span);
+        open.rec.end = end.max(open.rec.start);
+        self.emit(open.rec);
     }
 
     /// A start that never got its end: ended now, error status, counted.
     fn unmatched(&mut self, mut open: Open, why: &str) {
         self.counts.unmatched_starts += 1;
-        set_error(&mut open.span, "unfinished", why);
-        let end = open.span.end_time_unix_nano;
+        open.rec.error("unfinished", why);
+        let end = open.rec.end;
         self.finish(open, end);
     }
 
@@ -484,7 +549,7 @@ impl Builder {
         let mut open: Vec<Open> = e.tools.drain(..).collect();
         open.extend(e.chat.take());
         for mut o in open {
-            o.span.end_time_unix_nano = t;
+            o.rec.end = t;
             self.unmatched(o, why);
         }
     }
@@ -494,7 +559,7 @@ impl Builder {
         if let Some(mut e) = self.emitters.remove(&k)
             && let Some(mut root) = e.root.take()
         {
-            root.span.end_time_unix_nano = e.last_time;
+            root.rec.end = e.last_time;
             self.unmatched(root, why);
         }
     }
@@ -520,67 +585,70 @@ impl Builder {
         }
     }
 
+    /// A new `execute_hook {id}` span: a child of its event's span when that is remembered,
+    /// else the root of a trace of its own.
+    pub(crate) fn hook_span(
+        &mut self,
+        parent: Option<(TraceId, SpanId)>,
+        id: &str,
+        start: u64,
+        duration: Duration,
+    ) -> Rec {
+        let (trace, parent) = match parent {
+            Some((t, p)) => (t, Some(p)),
+            None => (self.ids.trace(), None),
+        };
+        let span = self.ids.span();
+        let mut rec = self.rec();
+        rec.begin(Kind::Internal, trace, span, parent, start);
+        rec.end = start.saturating_add(duration.as_nanos().min(u128::from(u64::MAX)) as u64);
+        rec.name2("execute_hook", id);
+        rec.str("prx.hook.id", id);
+        rec
+    }
+
     /// A hook run (or skip) as an `execute_hook {id}` child of its event's span.
     pub(crate) fn hook(&mut self, o: &Outcome) {
         if o.direct {
             return;
         }
         self.counts.hook_spans += 1;
-        let k = key(&o.agent, &o.session);
-        let (trace, parent) = match self.parents.get(&(k, o.seq)) {
-            Some((t, p)) => (*t, Some(*p)),
-            None => (self.ids.trace(), None),
-        };
+        let parent = self.parent_of(&o.agent, &o.session, o.seq);
         let start = attrs::nanos(o.started_at);
-        let id = self.ids.span();
-        let name = format!("execute_hook {}", o.id);
-        let mut span = new_span(name, SpanKind::Internal, trace, id, parent, start);
-        span.end_time_unix_nano = start + o.duration.as_nanos().min(u128::from(u64::MAX)) as u64;
-        set(&mut span, "prx.hook.id", s(&o.id));
-        set(&mut span, "prx.hook.event", s(o.event.name()));
-        set(&mut span, "prx.hook.outcome", s(outcome_name(&o.kind)));
-        set(&mut span, "gen_ai.conversation.id", s(&o.session));
-        set(&mut span, "gen_ai.agent.name", s(&o.agent));
+        let mut rec = self.hook_span(parent, &o.id, start, o.duration);
+        rec.text_attr("prx.hook.event", Text::Static(o.event.name()));
+        rec.text_attr("prx.hook.outcome", Text::Static(outcome_name(&o.kind)));
+        rec.str("gen_ai.conversation.id", &o.session);
+        rec.str("gen_ai.agent.name", &o.agent);
         if let Some(pid) = o.pid {
-            set(&mut span, "process.pid", i(i64::from(pid)));
+            rec.int("process.pid", i64::from(pid));
         }
         match &o.kind {
-            OutcomeKind::Ok => set(&mut span, "process.exit.code", i(0)),
-            OutcomeKind::Exit { code } => set(&mut span, "process.exit.code", i(i64::from(*code))),
-            OutcomeKind::Signal { signal } => {
-                set(&mut span, "prx.hook.signal", i(i64::from(*signal)))
-            }
-            OutcomeKind::TimedOut { after_ms } => {
-                set(&mut span, "prx.hook.timeout_ms", i(*after_ms as i64))
-            }
-            OutcomeKind::SpawnFailed { reason } => attrs::event(
-                &mut span,
+            OutcomeKind::Ok => rec.int("process.exit.code", 0),
+            OutcomeKind::Exit { code } => rec.int("process.exit.code", i64::from(*code)),
+            OutcomeKind::Signal { signal } => rec.int("prx.hook.signal", i64::from(*signal)),
+            OutcomeKind::TimedOut { after_ms } => rec.int("prx.hook.timeout_ms", *after_ms as i64),
+            OutcomeKind::SpawnFailed { reason } => rec.event(
                 "spawn_failed",
                 start,
-                vec![kv("prx.hook.reason", s(reason))],
+                &[("prx.hook.reason", reason.as_str())],
             ),
-            OutcomeKind::Skipped { reason } => attrs::event(
-                &mut span,
-                "skipped",
-                start,
-                vec![kv("prx.hook.reason", s(reason))],
-            ),
-            OutcomeKind::Dropped { reason } => attrs::event(
-                &mut span,
-                "dropped",
-                start,
-                vec![kv("prx.hook.reason", s(reason))],
-            ),
+            OutcomeKind::Skipped { reason } => {
+                rec.event("skipped", start, &[("prx.hook.reason", reason.as_str())])
+            }
+            OutcomeKind::Dropped { reason } => {
+                rec.event("dropped", start, &[("prx.hook.reason", reason.as_str())])
+            }
             _ => {}
         }
         if o.kind.is_failure() {
-            set_error(&mut span, outcome_name(&o.kind), &o.kind.to_string());
+            rec.error(outcome_name(&o.kind), &o.kind.to_string());
         }
         if self.limits.content && !o.stderr_tail.is_empty() {
             let tail = &o.stderr_tail[tail_start(&o.stderr_tail, self.limits.max_value_bytes)..];
-            set(&mut span, "prx.hook.stderr_tail", s(tail));
+            rec.str("prx.hook.stderr_tail", tail);
         }
-        self.out.push(span);
+        self.emit(rec);
     }
 }
 
@@ -591,10 +659,8 @@ struct Ctx<'a> {
     payload: &'a Payload<'a>,
 }
 
-fn call_id(p: &Payload) -> Option<String> {
-    CALL_ID_FIELDS
-        .iter()
-        .find_map(|k| p.str_opt(k).map(Cow::into_owned))
+fn call_id<'a>(p: &Payload<'a>) -> Option<std::borrow::Cow<'a, str>> {
+    CALL_ID_FIELDS.iter().find_map(|k| p.str_opt(k))
 }
 
 fn tail_start(s: &str, max: usize) -> usize {

@@ -28,6 +28,8 @@ pub use stats::{PluginCounts, PluginStats, PluginsStats};
 #[cfg(feature = "wasm")]
 mod cache;
 #[cfg(feature = "wasm")]
+mod calls;
+#[cfg(feature = "wasm")]
 mod drive;
 #[cfg(feature = "wasm")]
 mod engine;
@@ -46,6 +48,8 @@ mod watch;
 
 #[cfg(feature = "wasm")]
 pub use cache::CompileCache;
+#[cfg(feature = "wasm")]
+pub(crate) use calls::PluginCall;
 #[cfg(feature = "wasm")]
 pub use engine::{Compiled, Sizing, TICK, WasmEngine, address_space_per_instance};
 #[cfg(feature = "wasm")]
@@ -141,6 +145,7 @@ pub mod __bench {
             export,
             Default::default(),
             engine.clone(),
+            Default::default(),
         ));
         let loaded = Loaded {
             shared,

@@ -25,6 +25,7 @@
 //! The instance also receives the messages of the subscriptions it made through
 //! `events.subscribe` (a second queue per shard), with the full topic as the event name.
 
+use super::calls::{CallFeed, PluginCall};
 use super::drive::{Driven, drive};
 use super::engine::{WasmEngine, one_line};
 use super::host::{HostState, InstanceLimits, Interrupted, PluginCtx};
@@ -34,7 +35,7 @@ use crate::bus::Message;
 use crate::wasm::PluginCounts;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use wasmtime::component::{ComponentExportIndex, InstancePre, TypedFunc};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
@@ -230,6 +231,8 @@ pub struct PluginShared {
     on_event: ComponentExportIndex,
     pub counts: Arc<Mutex<PluginCounts>>,
     pub breaker: Arc<Mutex<Breaker>>,
+    /// Where finished calls are offered (the sink's, shared by every plugin).
+    calls: Arc<CallFeed>,
     /// Keeps the engine (its ticker and timers) alive as long as an instance of this plugin
     /// may run.
     engine: Arc<WasmEngine>,
@@ -358,6 +361,7 @@ impl PluginShared {
         on_event: ComponentExportIndex,
         (counts, breaker): (Arc<Mutex<PluginCounts>>, Arc<Mutex<Breaker>>),
         engine: Arc<WasmEngine>,
+        calls: Arc<CallFeed>,
     ) -> PluginShared {
         PluginShared {
             name: ctx.name.clone(),
@@ -367,6 +371,7 @@ impl PluginShared {
             on_event,
             counts,
             breaker,
+            calls,
             engine,
         }
     }
@@ -728,7 +733,21 @@ fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
             None => break,
             Some(Ok(Job::Event(msg, hold))) => {
                 let kind = msg.event().map_or("", |k| k.name());
+                let timed = shared
+                    .calls
+                    .active()
+                    .then(|| (SystemTime::now(), Instant::now()));
                 let outcome = guarded(shared, &mut slot, kind, &msg, false);
+                if let Some((started_at, started)) = timed {
+                    shared.calls.publish(PluginCall {
+                        plugin: shared.name.clone(),
+                        msg: msg.clone(),
+                        outcome: outcome.clone(),
+                        started_at,
+                        duration: started.elapsed(),
+                        timeout_ms: shared.manifest.resources.max_execution_time_ms,
+                    });
+                }
                 // Not run: the hold marks the ticket dropped as it goes.
                 if outcome.ran() {
                     hold.ran();

@@ -61,6 +61,8 @@ pub struct WasmSink {
     load: Mutex<LoadState>,
     /// Executor threads of every plugin version ever started (joined at shutdown).
     executors: Mutex<Vec<JoinHandle<()>>>,
+    /// Finished calls, for the OpenTelemetry exporter.
+    calls: Arc<super::calls::CallFeed>,
 }
 
 #[derive(Default)]
@@ -282,6 +284,7 @@ impl WasmSink {
             closing: AtomicBool::new(false),
             load: Mutex::default(),
             executors: Mutex::default(),
+            calls: Arc::default(),
         };
         sink.reload();
         Ok(sink)
@@ -293,6 +296,22 @@ impl WasmSink {
         let interest = crate::pipeline::Interest::new(2);
         let bus = Bus::new(interest.handle(0), 1024, 1 << 20);
         WasmSink::new(workspace, bus, interest.handle(1))
+    }
+
+    /// Every finished call for a pipeline event, from now on (one reader; `None` if there is
+    /// one already). The OpenTelemetry exporter's plugin spans.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn subscribe_calls(
+        &self,
+        capacity: usize,
+    ) -> Option<flume::Receiver<super::PluginCall>> {
+        self.calls.subscribe(capacity)
+    }
+
+    /// Call records the reader's full queue dropped.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn calls_missed(&self) -> u64 {
+        self.calls.missed()
     }
 
     /// Problems of the last load, one line each.
@@ -604,6 +623,7 @@ impl WasmSink {
             export,
             handles,
             engine.clone(),
+            self.calls.clone(),
         ));
         probe(&shared, &m.file).map_err(Prepared::Failed)?;
         Ok((shared, compiled))
@@ -978,6 +998,7 @@ pub(crate) fn check(manifests: &[Manifest]) -> Vec<String> {
                 export,
                 Default::default(),
                 engine.clone(),
+                Default::default(),
             );
             probe(&shared, &m.file).err()
         })

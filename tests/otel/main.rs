@@ -1,6 +1,6 @@
 //! The OpenTelemetry exporter against a real OTLP/HTTP receiver over loopback (a hyper server
 //! decoding the protobuf with opentelemetry-proto): the spans and their links
-//! (`spans.rs`), hook runs as child spans and plugin calls as aggregate spans (`hooks.rs`), a receiver that is down, refusing,
+//! (`spans.rs`), hook runs and plugin calls as child spans (`hooks.rs`), a receiver that is down, refusing,
 //! stalled or resetting (`pressure.rs`), and `prx-hooks run --otlp` (`cli.rs`).
 
 mod receiver;

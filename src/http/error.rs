@@ -17,7 +17,11 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, kind: &'static str, error: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        error: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             kind,

@@ -262,7 +262,7 @@ fn run<const UTF8: bool, const COPY: bool>(
 
 /// Whether `src` is one valid JSON text (any value), by the same strict rules.
 #[cfg(test)]
-pub fn is_valid(src: &[u8]) -> bool {
+pub(crate) fn is_valid(src: &[u8]) -> bool {
     let mut scratch = Vec::new();
     append_compact(&mut scratch, src, Top::Any)
 }

@@ -13,6 +13,8 @@
 //! serde serializer as a whole was measured too and lost to this on every event kind
 //! (`benches/serialize.rs`; ARCHITECTURE.md § Events).
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 use crate::json;
 use serde::Serialize;
 
@@ -22,13 +24,21 @@ use serde::Serialize;
 #[serde(rename_all = "snake_case")]
 #[repr(u8)]
 pub enum EventKind {
+    /// `agent_start`: an agent session began.
     AgentStart = 0,
+    /// `agent_end`: an agent session ended.
     AgentEnd = 1,
+    /// `llm_request`: the agent sent a request to a language model.
     LlmRequest = 2,
+    /// `llm_response`: a language model's response arrived, or the request failed.
     LlmResponse = 3,
+    /// `tool_call_start`: the agent is about to call a tool.
     ToolCallStart = 4,
+    /// `tool_call`: a tool call finished.
     ToolCall = 5,
+    /// `turn_complete`: the agent finished a turn.
     TurnComplete = 6,
+    /// `error`: a part of the agent reported an error.
     Error = 7,
 }
 
@@ -45,7 +55,6 @@ impl EventKind {
         EventKind::Error,
     ];
 
-    /// The event's name as it appears in hooks.json, NDJSON and `ZERO_HOOK_EVENT`: `tool_call`.
     /// "a" or "an" before the event's name as it is read aloud: an agent_end, an error, an
     /// llm_request (el-el-em), a tool_call, a turn_complete.
     pub(crate) fn article(self) -> &'static str {
@@ -55,6 +64,7 @@ impl EventKind {
         }
     }
 
+    /// The event's name as it appears in hooks.json, NDJSON and `ZERO_HOOK_EVENT`: `tool_call`.
     pub const fn name(self) -> &'static str {
         match self {
             EventKind::AgentStart => "agent_start",
@@ -138,17 +148,22 @@ impl std::fmt::Display for EventKind {
 pub struct EventMask(pub u8);
 
 impl EventMask {
+    /// The empty set.
     pub const NONE: EventMask = EventMask(0);
+    /// Every event kind.
     pub const ALL: EventMask = EventMask(0xff);
 
+    /// Whether `kind` is in the set.
     pub const fn contains(self, kind: EventKind) -> bool {
         self.0 & kind.mask().0 != 0
     }
 
+    /// The kinds in either set.
     pub const fn union(self, other: EventMask) -> EventMask {
         EventMask(self.0 | other.0)
     }
 
+    /// Whether the set has no kind.
     pub const fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -265,10 +280,20 @@ pub const EXTRAS_MAX_DEPTH: u32 = json::MAX_DEPTH - 1;
 pub enum ExtrasError {
     /// The extra fields are not one valid JSON object, or a member is not allowed.
     #[error("extra fields, at byte {at}: {reason}")]
-    Invalid { at: usize, reason: String },
+    Invalid {
+        /// The byte offset in the extra fields' text where reading stopped.
+        at: usize,
+        /// What was wrong there.
+        reason: String,
+    },
     /// An omitted name is not a documented field of the event.
     #[error("cannot omit \"{field}\": {event} has no such field (its fields: {})", fields_list(*.event))]
-    NotAField { event: EventKind, field: String },
+    NotAField {
+        /// The event being emitted.
+        event: EventKind,
+        /// The name that is not one of its fields.
+        field: String,
+    },
 }
 
 fn fields_list(kind: EventKind) -> String {
@@ -286,42 +311,70 @@ fn fields_list(kind: EventKind) -> String {
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event<'a> {
+    /// An agent session began.
     AgentStart {
+        /// The agent's name.
         agent: &'a str,
+        /// The session's id.
         session: &'a str,
     },
+    /// An agent session ended.
     AgentEnd {
+        /// Whether the session ended without an error.
         success: bool,
+        /// The number of messages in the session.
         messages_count: u64,
     },
+    /// The agent sent a request to a language model.
     LlmRequest {
+        /// The model's provider.
         provider: &'a str,
+        /// The model's name.
         model: &'a str,
+        /// The number of messages sent in the request.
         messages_count: u64,
     },
+    /// A language model's response arrived, or the request failed.
     LlmResponse {
+        /// The model's provider.
         provider: &'a str,
+        /// The model's name.
         model: &'a str,
+        /// From request to response, in milliseconds.
         duration_ms: u64,
+        /// Whether the model answered.
         success: bool,
     },
+    /// The agent is about to call a tool.
     ToolCallStart {
+        /// The tool's name.
         tool: &'a str,
+        /// The call's arguments as JSON text (embedded as an object when it is one, else as a
+        /// string).
         arguments: &'a str,
     },
+    /// A tool call finished.
     ToolCall {
+        /// The tool's name.
         tool: &'a str,
+        /// Whether the tool succeeded.
         success: bool,
+        /// What the tool returned, as text.
         output: &'a str,
     },
+    /// The agent finished a turn.
     TurnComplete,
+    /// A part of the agent reported an error.
     Error {
+        /// The part that failed.
         component: &'a str,
+        /// What went wrong.
         message: &'a str,
     },
 }
 
 impl<'a> Event<'a> {
+    /// Which kind of event this is.
     pub const fn kind(&self) -> EventKind {
         match self {
             Event::AgentStart { .. } => EventKind::AgentStart,

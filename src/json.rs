@@ -26,6 +26,8 @@
 //! `json_compact` fuzz target checks all three against the recursive reader it replaced
 //! (`fuzz/src/former_json.rs`).
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 /// Nesting deeper than this is rejected. serde_json's default recursion limit accepts exactly
 /// this much, so whatever we embed, serde_json can read back.
 pub const MAX_DEPTH: u32 = 127;
@@ -51,7 +53,7 @@ static ESCAPE: [u8; 256] = {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Strings at least this long are escaped by simd-json (module docs).
-pub const SIMD_MIN: usize = 32;
+pub(crate) const SIMD_MIN: usize = 32;
 
 /// Appends `s` as a JSON string literal (quotes included).
 #[inline]
@@ -137,13 +139,13 @@ fn specials8(w: u64) -> u64 {
 
 /// Appends an unsigned integer in decimal.
 #[inline]
-pub fn write_u64(out: &mut Vec<u8>, n: u64) {
+pub(crate) fn write_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Appends `true` or `false`.
 #[inline]
-pub fn write_bool(out: &mut Vec<u8>, b: bool) {
+pub(crate) fn write_bool(out: &mut Vec<u8>, b: bool) {
     out.extend_from_slice(if b { b"true" } else { b"false" });
 }
 
@@ -190,7 +192,9 @@ pub fn append_compact_str(out: &mut Vec<u8>, src: &str, top: Top, max_depth: u32
 /// Why [`check_object`] refused a text: the byte offset where reading stopped, and the reason.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refused {
+    /// The byte offset in the text where reading stopped.
     pub at: usize,
+    /// What was wrong there.
     pub reason: String,
 }
 
@@ -258,7 +262,7 @@ fn run<const UTF8: bool, const COPY: bool>(
 
 /// Whether `src` is one valid JSON text (any value), by the same strict rules.
 #[cfg(test)]
-pub fn is_valid(src: &[u8]) -> bool {
+pub(crate) fn is_valid(src: &[u8]) -> bool {
     let mut scratch = Vec::new();
     append_compact(&mut scratch, src, Top::Any)
 }

@@ -27,6 +27,8 @@
 //! values (it re-spells numbers: `1e2` → `100.0`) and no columns, and this parser already runs
 //! well above the 1 M lines/s the input needs (benches/serialize.rs, `ndjson/` group).
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 use crate::event::{Event, EventKind, Extras, Parts};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -52,7 +54,9 @@ impl ParseOptions {
 /// One parsed line: the emitter identity, the event, and what came beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
+    /// The emitting agent's name (`claude-code`, …).
     pub agent: String,
+    /// The agent's session id.
     pub session: String,
     kind: EventKind,
     strs: [String; 2],
@@ -64,6 +68,7 @@ pub struct Record {
 }
 
 impl Record {
+    /// The line's `event`.
     pub fn kind(&self) -> EventKind {
         self.kind
     }
@@ -155,6 +160,7 @@ impl LineError {
         &self.path
     }
 
+    /// What is wrong, on one line.
     pub fn reason(&self) -> &str {
         &self.reason
     }
@@ -325,7 +331,9 @@ pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Result<Record, Lin
 /// A line of either form: a lifecycle event, or an agent's own event for a custom topic.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
+    /// A lifecycle event line.
     Event(Record),
+    /// A line with a `topic` member instead of an `event`.
     Topic(TopicRecord),
 }
 
@@ -336,8 +344,11 @@ pub enum Input {
 /// events, do not see it; plugins, the live stream, `tail` and NATS do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopicRecord {
+    /// The subject it is published under, `prx.agent.<agent>.<event>`.
     pub topic: String,
+    /// The emitting agent's name.
     pub agent: String,
+    /// The agent's session id.
     pub session: String,
     /// The payload object's text as the line spelled it.
     pub payload: String,

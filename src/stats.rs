@@ -17,6 +17,8 @@
 //! one step under a small lock ([`SinkCounters`]), so a snapshot of a sink is always consistent
 //! and the identity above holds exactly even while events flow.
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 use serde::Serialize;
 use std::any::Any;
 use std::fmt;
@@ -53,6 +55,7 @@ pub struct Stats {
     pub dropped_shutdown: u64,
     /// Panics caught inside a sink (each one is also logged).
     pub sink_panics: u64,
+    /// The rings between the emitters and the workers.
     pub ring: RingStats,
     /// One entry per sink, in pipeline order (`bus` first).
     pub sinks: Vec<SinkStats>,
@@ -165,6 +168,7 @@ pub struct RingStats {
     pub inline_bytes: u64,
     /// Bytes of larger events currently held against the byte budget.
     pub budget_in_use: u64,
+    /// The byte budget for larger events, all rings together, in bytes.
     pub budget: u64,
 }
 
@@ -172,7 +176,9 @@ pub struct RingStats {
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SinkStats {
+    /// The sink's name (`bus`, `shell`, …).
     pub name: String,
+    /// Its counters.
     #[serde(flatten)]
     pub counts: SinkCounts,
 }
@@ -181,10 +187,15 @@ pub struct SinkStats {
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SinkCounts {
+    /// Events the sink was given and accepted responsibility for.
     pub sent: u64,
+    /// Of those, the ones it delivered.
     pub delivered: u64,
+    /// Of those, the ones it gave up on undelivered (a full queue, shutdown).
     pub dropped: u64,
+    /// Of those, the ones whose delivery was tried and failed.
     pub failed: u64,
+    /// Of those, the ones not concluded yet.
     pub in_flight: u64,
 }
 
@@ -199,7 +210,9 @@ impl SinkCounts {
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SubscriberStats {
+    /// The subscription's id, unique for the life of the bus.
     pub id: u64,
+    /// The subject pattern it subscribed with.
     pub pattern: String,
     /// Messages put into this subscriber's queue.
     pub delivered: u64,
@@ -207,6 +220,7 @@ pub struct SubscriberStats {
     pub dropped: u64,
     /// Messages waiting in its queue now.
     pub queued: u64,
+    /// The most messages its queue holds.
     pub capacity: u64,
 }
 
@@ -217,10 +231,12 @@ pub struct SubscriberStats {
 pub struct SinkCounters(Mutex<SinkCounts>);
 
 impl SinkCounters {
+    /// Changes the counters in one step, under the lock.
     pub fn update(&self, f: impl FnOnce(&mut SinkCounts)) {
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
+    /// A consistent snapshot of the counters.
     pub fn get(&self) -> SinkCounts {
         *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -25,6 +25,8 @@
 //! # Ok::<(), prx_hooks::agents::TranslateError>(())
 //! ```
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 mod claude_code;
 mod codex;
 mod cursor;
@@ -50,6 +52,7 @@ pub enum Agent {
 }
 
 impl Agent {
+    /// Every supported agent, in declaration order.
     pub const ALL: [Agent; 4] = [
         Agent::ClaudeCode,
         Agent::Codex,
@@ -131,6 +134,7 @@ pub struct TranslateOptions {
 /// Where a translated payload goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
+    /// A lifecycle event of this kind (a line in the `run --events` format).
     Lifecycle(EventKind),
     /// `prx.agent.<agent>.<event>`.
     Topic(String),
@@ -141,6 +145,7 @@ pub enum Target {
 pub struct Translated {
     /// One NDJSON line (no newline): an event in the `run --events` format, or a topic line.
     pub line: String,
+    /// Whether the line is a lifecycle event or a topic message, and which.
     pub target: Target,
     /// The agent's own name for the event (`PostToolUse`).
     pub event: String,
@@ -176,10 +181,12 @@ impl TranslateError {
         }
     }
 
+    /// The 1-based line of the payload where the problem is.
     pub fn line(&self) -> usize {
         self.line
     }
 
+    /// The 1-based column (in characters) on that line.
     pub fn column(&self) -> usize {
         self.column
     }
@@ -189,6 +196,7 @@ impl TranslateError {
         &self.path
     }
 
+    /// What is wrong, on one line (control characters become spaces).
     pub fn reason(&self) -> &str {
         &self.reason
     }

@@ -112,18 +112,22 @@ pub type ETag = String;
 /// One hook as the API shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hook {
+    /// The hook's id (written in the file, or the one derived from its command).
     pub id: String,
     /// The normalized event name.
     pub event: String,
     /// The flat object: the fields written in the file plus `event` and `id`.
     pub json: Value,
+    /// The hook's own version, for `If-Match`.
     pub etag: ETag,
 }
 
 /// Every hook, in file order, and the ETag of the whole list.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Listing {
+    /// Every hook, in file order.
     pub hooks: Vec<Hook>,
+    /// The version of the whole list, for `If-Match`.
     pub etag: ETag,
 }
 
@@ -144,7 +148,9 @@ pub struct Written {
 /// What a successful delete did.
 #[derive(Debug, Clone)]
 pub struct Removed {
+    /// The new list ETag.
     pub list_etag: ETag,
+    /// The table the loader built from the bytes written (make it live before answering).
     pub table: Arc<HookTable>,
 }
 
@@ -158,10 +164,18 @@ pub enum EditError {
     /// The request body is not JSON (syntax, UTF-8): 400. `path` is where the reader was
     /// (`args[1]`; `$` is the body itself), `""` when unknown.
     #[error("{error}")]
-    Malformed { error: String, path: String },
+    Malformed {
+        /// The reader's message.
+        error: String,
+        /// Where in the body the reader was.
+        path: String,
+    },
     /// No hook has this id: 404.
     #[error("no hook has the id {}", quote(.id))]
-    NotFound { id: String },
+    NotFound {
+        /// The id asked for.
+        id: String,
+    },
     /// hooks.json changed on disk since the editor last read it and the caller's view was
     /// based on the old file: 409. The file is left as it is.
     #[error("{0}")]
@@ -173,10 +187,20 @@ pub enum EditError {
     /// line (or the editor's own reason), `path` is relative to the request body (`args[2]`)
     /// when the error is in the hook being written, else the document path.
     #[error("{error}")]
-    Invalid { error: String, path: String },
+    Invalid {
+        /// The loader's line, or the editor's own reason.
+        error: String,
+        /// Where the error is (see above).
+        path: String,
+    },
     /// The file on disk does not validate (a hand edit broke it): 409, fix the file first.
     #[error("{error}")]
-    FileInvalid { error: String, path: String },
+    FileInvalid {
+        /// The loader's line about the file.
+        error: String,
+        /// The document path of the error.
+        path: String,
+    },
     /// The file could not be read or written: 500.
     #[error("{0}")]
     Io(String),
@@ -244,6 +268,7 @@ struct Current {
 }
 
 impl HooksEditor {
+    /// An editor of `workspace`'s hooks.json; nothing is read until the first call.
     pub fn new(workspace: &Path) -> HooksEditor {
         HooksEditor {
             workspace: workspace.to_path_buf(),

@@ -40,12 +40,14 @@ pub enum Scope {
 /// `env` when `in_env`.
 #[derive(Debug)]
 pub struct Rule {
+    /// The name, or a prefix ending in `*`, compared case-insensitively.
     pub pattern: &'static str,
     /// Refused in a hook's `env`.
     pub in_env: bool,
     /// Refused in `env_passthrough` (every rule but `HOME`'s: hooks always get the host's
     /// HOME, so listing it there changes nothing and the loader says so in a warning).
     pub in_passthrough: bool,
+    /// Why such a name is refused, as the loader's message says it.
     pub why: &'static str,
 }
 
@@ -449,7 +451,9 @@ pub(crate) fn well_formed(name: &[u8]) -> bool {
 /// A PATH entry left out by [`filter_path`], and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DroppedEntry {
+    /// The entry as it was in PATH.
     pub entry: String,
+    /// Why it was left out.
     pub reason: &'static str,
 }
 

@@ -9,46 +9,46 @@ use std::fmt;
 
 /// One step of a JSON path: `hooks`, `.tool_call`, `[0]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Seg {
+pub(crate) enum Seg {
     Key(String),
     Index(usize),
 }
 
 /// A JSON path; displayed as `hooks.tool_call[0].command`, `$` for the whole document.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Path(Vec<Seg>);
+pub(crate) struct Path(Vec<Seg>);
 
 impl Path {
-    pub fn root() -> Path {
+    pub(crate) fn root() -> Path {
         Path(Vec::new())
     }
 
-    pub fn push(&mut self, seg: Seg) {
+    pub(crate) fn push(&mut self, seg: Seg) {
         self.0.push(seg)
     }
 
-    pub fn pop(&mut self) {
+    pub(crate) fn pop(&mut self) {
         self.0.pop();
     }
 
     /// Removes and returns the last step.
-    pub fn pop_seg(&mut self) -> Option<Seg> {
+    pub(crate) fn pop_seg(&mut self) -> Option<Seg> {
         self.0.pop()
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.0.clear()
     }
 
     /// This path with a key appended.
-    pub fn key(&self, key: &str) -> Path {
+    pub(crate) fn key(&self, key: &str) -> Path {
         let mut p = self.clone();
         p.push(Seg::Key(key.to_string()));
         p
     }
 
     /// This path with an index appended.
-    pub fn index(&self, i: usize) -> Path {
+    pub(crate) fn index(&self, i: usize) -> Path {
         let mut p = self.clone();
         p.push(Seg::Index(i));
         p
@@ -95,7 +95,7 @@ fn is_plain_key(k: &str) -> bool {
 
 /// `s` in double quotes, escaped like a JSON string (control characters, `"`, `\`, and the
 /// Unicode line separators), and cut at 64 characters with `…`. Always one line.
-pub fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     const MAX: usize = 64;
     let mut out = String::with_capacity(s.len().min(MAX) + 2);
     out.push('"');
@@ -165,14 +165,17 @@ impl std::error::Error for ConfigError {}
 pub struct ConfigErrors(pub Vec<ConfigError>);
 
 impl ConfigErrors {
+    /// The errors, in file order.
     pub fn iter(&self) -> std::slice::Iter<'_, ConfigError> {
         self.0.iter()
     }
 
+    /// How many errors there are (at least 1).
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// Whether there are none (never, for a set a load returned).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -227,7 +230,7 @@ pub(crate) struct Lines<'a> {
 }
 
 impl<'a> Lines<'a> {
-    pub fn new(text: &'a str) -> Lines<'a> {
+    pub(crate) fn new(text: &'a str) -> Lines<'a> {
         let mut starts = vec![0];
         starts.extend(
             text.bytes()
@@ -242,7 +245,7 @@ impl<'a> Lines<'a> {
         }
     }
 
-    pub fn locate(&self, pos: usize) -> (usize, usize) {
+    pub(crate) fn locate(&self, pos: usize) -> (usize, usize) {
         let mut pos = pos.min(self.text.len());
         while !self.text.is_char_boundary(pos) {
             pos -= 1;

@@ -43,6 +43,7 @@ pub const MAX_ENV: usize = 128;
 pub const MAX_ERRORS: usize = 100;
 /// `timeout_ms` range.
 pub const MIN_TIMEOUT_MS: u64 = 1;
+/// The largest `timeout_ms`: 5 minutes.
 pub const MAX_TIMEOUT_MS: u64 = 300_000;
 /// Largest `max_concurrent` (the design only asks for ≥ 1; a bound keeps a typo such as
 /// `80000000` from sizing anything absurd — at most 64 hook processes run at once anyway).

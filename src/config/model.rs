@@ -12,6 +12,7 @@ use std::time::Duration;
 
 /// Defaults of ARCHITECTURE.md § Shell hooks (the documented values; PRX's own code differs, see docs/hooks.md).
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+/// The default `max_concurrent`: processes of one hook running at once.
 pub const DEFAULT_MAX_CONCURRENT: usize = 8;
 
 /// Every shell hook of one `hooks.json`, validated.
@@ -50,6 +51,7 @@ impl HookTable {
         self.actions.iter().filter(move |a| a.event == kind)
     }
 
+    /// The action with this id, if the table has one.
     pub fn get(&self, id: &str) -> Option<&Arc<Action>> {
         self.actions.iter().find(|a| a.id == id)
     }
@@ -63,6 +65,7 @@ pub struct Action {
     pub id: String,
     /// Whether `id` was written in the file (false: derived).
     pub id_explicit: bool,
+    /// The event it runs for.
     pub event: EventKind,
     /// Position in its event's array (for error paths: `hooks.tool_call[2]`).
     pub index: usize,
@@ -72,18 +75,23 @@ pub struct Action {
     /// relative paths against the workspace), or why it could not be resolved — a hook that
     /// cannot be resolved is kept and reported as `spawn failed` when it fires.
     pub program: Result<PathBuf, String>,
+    /// Arguments passed to the program as they are, without a shell.
     pub args: Vec<String>,
     /// The action's own `env` entries, in file order (already checked: no blocked names).
     pub env: Vec<(String, String)>,
     /// Absolute working directory (the workspace when `cwd` is absent).
     pub cwd: PathBuf,
+    /// How long a run may take before its process group is killed (`timeout_ms`).
     pub timeout: Duration,
     /// Whether the timeout was written on the action (false: inherited from the top level).
     pub timeout_explicit: bool,
+    /// Whether the payload is also piped to the process's stdin.
     pub stdin_json: bool,
+    /// Whether the hook runs (false: its events are counted as skipped).
     pub enabled: bool,
     /// tool_call_start / tool_call only: which tool names fire this hook.
     pub matcher: Option<Matcher>,
+    /// Processes of this hook running at once, at most (default [`DEFAULT_MAX_CONCURRENT`]).
     pub max_concurrent: usize,
     /// `"limits"`: this hook's resource limits (unset ones take the host's defaults).
     pub limits: HookLimits,
@@ -186,7 +194,12 @@ pub enum Matcher {
     Regex(regex::Regex),
     /// A regex matched against the whole name, with the text it was written as
     /// (`Edit|Write`, `/^mcp__.*$/`).
-    Anchored { source: String, regex: regex::Regex },
+    Anchored {
+        /// The matcher as written in the file.
+        source: String,
+        /// The compiled regex, anchored at both ends.
+        regex: regex::Regex,
+    },
 }
 
 /// The characters that make a matcher a regex (besides `/…/`).
@@ -233,6 +246,7 @@ impl Matcher {
         }
     }
 
+    /// Whether the tool named `tool` fires the hook.
     pub fn matches(&self, tool: &str) -> bool {
         match self {
             Matcher::Glob(g) => glob_match(g.as_bytes(), tool.as_bytes()),

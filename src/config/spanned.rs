@@ -14,7 +14,7 @@ use super::error::{Path, Seg};
 use std::collections::HashMap;
 
 /// Containers nested deeper than this are refused (serde_json's default limit, too).
-pub const MAX_DEPTH: usize = 127;
+pub(crate) const MAX_DEPTH: usize = 127;
 
 /// Objects with at least this many members get a hash index of their keys for the duplicate
 /// check (below it a scan is cheaper); the parse stays linear in the size of the text.
@@ -22,13 +22,13 @@ const INDEX_FROM: usize = 16;
 
 /// A JSON value and the byte offset where it starts.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Node {
+pub(crate) struct Node {
     pub pos: usize,
     pub val: Val,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Val {
+pub(crate) enum Val {
     Null,
     Bool(bool),
     /// The number exactly as written (RFC 8259 grammar, already checked).
@@ -40,7 +40,7 @@ pub enum Val {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Member {
+pub(crate) struct Member {
     pub key: String,
     pub key_pos: usize,
     pub value: Node,
@@ -48,7 +48,7 @@ pub struct Member {
 
 impl Val {
     /// The JSON type, as error messages name it ("expected a string, found number").
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Val::Null => "null",
             Val::Bool(_) => "boolean",
@@ -62,7 +62,7 @@ impl Val {
 
 /// A problem found while reading, at a byte offset, under a path.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RawError {
+pub(crate) struct RawError {
     pub pos: usize,
     pub path: Path,
     pub reason: String,
@@ -72,13 +72,13 @@ pub struct RawError {
 
 /// What [`parse`] found: the tree (unless the syntax was wrong) and every duplicate key.
 #[derive(Debug)]
-pub struct Parsed {
+pub(crate) struct Parsed {
     pub root: Result<Node, RawError>,
     pub duplicates: Vec<RawError>,
 }
 
 /// Reads one JSON text. `text` must already be valid UTF-8 (offsets index into it).
-pub fn parse(text: &str) -> Parsed {
+pub(crate) fn parse(text: &str) -> Parsed {
     let mut p = Parser {
         src: text.as_bytes(),
         i: 0,

@@ -47,7 +47,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Called with every table that goes live.
-pub type OnReload = Box<dyn Fn(Arc<HookTable>) + Send + Sync>;
+pub(crate) type OnReload = Box<dyn Fn(Arc<HookTable>) + Send + Sync>;
 
 /// How a [`ConfigWatcher`] watches.
 #[derive(Debug, Clone)]
@@ -77,11 +77,14 @@ impl Default for WatchOptions {
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum WatcherKind {
+    /// inotify (notify's recommended watcher).
     Inotify,
+    /// Polling every `poll_interval` ([`WatchOptions`]).
     Poll,
 }
 
 impl WatcherKind {
+    /// `inotify` or `poll`, as stats and logs name it.
     pub fn as_str(self) -> &'static str {
         match self {
             WatcherKind::Inotify => "inotify",
@@ -137,6 +140,7 @@ pub struct ConfigStats {
     pub enabled: bool,
     /// Load-time warnings of the active table.
     pub warnings: usize,
+    /// The mechanism in use.
     pub watcher: WatcherKind,
     /// When the active table went live (RFC 3339, UTC).
     pub last_reload: Option<String>,
@@ -330,6 +334,7 @@ impl ConfigWatcher {
         }
     }
 
+    /// The workspace whose hooks.json is watched.
     pub fn workspace(&self) -> &Path {
         &self.shared.workspace
     }

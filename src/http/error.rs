@@ -17,7 +17,11 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, kind: &'static str, error: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        error: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             kind,
@@ -27,29 +31,29 @@ impl ApiError {
         }
     }
 
-    pub fn at(mut self, path: impl Into<String>) -> ApiError {
+    pub(crate) fn at(mut self, path: impl Into<String>) -> ApiError {
         self.path = path.into();
         self
     }
 
-    pub fn bad_request(error: impl Into<String>) -> ApiError {
+    pub(crate) fn bad_request(error: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", error)
     }
 
-    pub fn invalid(error: impl Into<String>) -> ApiError {
+    pub(crate) fn invalid(error: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", error)
     }
 
-    pub fn unavailable(error: impl Into<String>) -> ApiError {
+    pub(crate) fn unavailable(error: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", error)
     }
 
-    pub fn internal(error: impl Into<String>) -> ApiError {
+    pub(crate) fn internal(error: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error)
     }
 
     /// 429 with `Retry-After`.
-    pub fn too_many(error: impl Into<String>, retry_after_secs: u64) -> ApiError {
+    pub(crate) fn too_many(error: impl Into<String>, retry_after_secs: u64) -> ApiError {
         let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", error);
         e.retry_after = Some(retry_after_secs.max(1));
         e

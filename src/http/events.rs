@@ -104,10 +104,12 @@ pub struct EventStreamOptions {
     /// on a busy machine needs) and [`DEFAULT_STREAM_QUEUE_BYTES`] (so a stalled client
     /// cannot pin thousands of large events).
     pub queue: usize,
+    /// The byte cap on one client's queued frames (see `queue`).
     pub queue_bytes: usize,
     /// Items kept for `Last-Event-ID` resumes and `?backlog=N` (default [`DEFAULT_BACKLOG`]),
     /// and at most this many bytes of them (default [`DEFAULT_BACKLOG_BYTES`]).
     pub backlog: usize,
+    /// The byte cap on the backlog (see `backlog`).
     pub backlog_bytes: usize,
     /// Streams open at once (default [`DEFAULT_MAX_STREAMS`]); with [`super::Server`], also at
     /// most half its connection cap, so streams never take the connections requests need.
@@ -198,9 +200,11 @@ pub struct EventStreamStats {
     pub recording: bool,
     /// Streams open now, and the cap in force.
     pub streams: u64,
+    /// The cap on streams open at once.
     pub max_streams: u64,
     /// Streams opened, and refused over the cap.
     pub opened: u64,
+    /// Streams refused because the cap was reached.
     pub refused: u64,
     /// Items numbered (bus messages, runs, plugin aggregates, server-side drop notices).
     pub items: u64,
@@ -214,9 +218,11 @@ pub struct EventStreamStats {
     pub dropped_server: u64,
     /// Resumes with `Last-Event-ID`, and those of them that could not be whole (a gap).
     pub resumed: u64,
+    /// Resumes that could not be whole: items past the backlog were lost.
     pub gaps: u64,
     /// Items and bytes in the backlog now.
     pub backlog: u64,
+    /// Bytes of the items in the backlog now.
     pub backlog_bytes: u64,
 }
 

@@ -34,6 +34,8 @@
 //! rejections never reach a client: bodies, paths and queries are read by this module. (hyper
 //! itself answers requests it cannot parse, with an empty 400 or 431, before any of this runs.)
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 mod auth;
 mod body;
 mod conns;
@@ -130,6 +132,7 @@ pub(crate) enum HostCheck {
 }
 
 impl HttpOptions {
+    /// Options that require `token` as the bearer token, every other field at its default.
     pub fn new(token: Token) -> HttpOptions {
         HttpOptions {
             token,
@@ -149,6 +152,7 @@ impl HttpOptions {
         self
     }
 
+    /// Sets the field `max_body_bytes`.
     pub fn max_body_bytes(mut self, bytes: usize) -> HttpOptions {
         self.max_body_bytes = bytes;
         self

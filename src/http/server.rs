@@ -72,7 +72,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// `unix:/run/prx.sock`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Listen {
+    /// A TCP address.
     Tcp(SocketAddr),
+    /// A Unix-domain socket at this path.
     Unix(PathBuf),
 }
 
@@ -96,6 +98,14 @@ pub struct Server {
     done: Option<tokio::task::JoinHandle<()>>,
     /// The socket file to remove at shutdown, with its identity (removed only if still ours).
     socket_file: Option<(PathBuf, (u64, u64))>,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("listen", &self.listen)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A bound listener, before it is handed to the runtime.

@@ -57,7 +57,9 @@ impl fmt::Debug for Token {
 /// Where [`resolve`] found the token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TokenSource {
+    /// The `token_file` given to [`resolve`].
     File(PathBuf),
+    /// The environment variable `$PRX_HOOKS_TOKEN`.
     Env,
     /// The workspace's token file, which already existed.
     Workspace(PathBuf),
@@ -84,9 +86,21 @@ impl fmt::Display for TokenSource {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     #[error("{source_name}: {reason}")]
-    Invalid { source_name: String, reason: String },
+    /// The token found is not one, or none could be generated.
+    Invalid {
+        /// Where it came from: a file, the environment variable, or `getrandom`.
+        source_name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     #[error("{}: {reason}", path.display())]
-    Io { path: PathBuf, reason: String },
+    /// A token file could not be read or written.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error, for the operator.
+        reason: String,
+    },
 }
 
 impl Token {
@@ -123,6 +137,7 @@ impl Token {
         Ok(Token(bytes.iter().map(|b| format!("{b:02x}")).collect()))
     }
 
+    /// The token's text, as sent in `Authorization: Bearer <token>`.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -11,7 +11,7 @@ use crate::ndjson::{self, Input, ParseOptions, TopicRecord};
 use serde::Serialize;
 
 /// Errors an [`IngestReport`] keeps; later ones are only counted (`more_errors`).
-pub const MAX_ERRORS: usize = 100;
+pub(crate) const MAX_ERRORS: usize = 100;
 
 /// Lines a pacing producer emits between two looks at the pipeline (more often for large
 /// events: see [`LineIngest`]).
@@ -47,10 +47,12 @@ impl IngestOptions {
         self
     }
 
+    /// Whether lines are read leniently (see [`IngestOptions::lenient`]).
     pub fn is_lenient(&self) -> bool {
         self.parse.lenient
     }
 
+    /// Whether ingest waits for room (see [`IngestOptions::wait_for_room`]).
     pub fn waits_for_room(&self) -> bool {
         self.wait
     }
@@ -91,9 +93,13 @@ pub enum IngestErrorKind {
 /// is 1-based, in bytes, and 1 for errors about the line as a whole.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct IngestError {
+    /// The line's number, from 1.
     pub line: u64,
+    /// The byte column, from 1; 1 when the error is about the line as a whole.
     pub column: usize,
+    /// `PATH: REASON` for a parse error, the reason otherwise.
     pub message: String,
+    /// Why the line was refused (not serialized).
     #[serde(skip)]
     pub kind: IngestErrorKind,
 }
@@ -104,11 +110,15 @@ pub struct IngestError {
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct IngestReport {
+    /// Lines whose event went into the ring ([`Outcome::Queued`]).
     pub queued: u64,
+    /// Lines whose event `emit` refused: ring full or byte budget ([`Outcome::Dropped`]).
     pub dropped: u64,
+    /// Lines whose event nobody listens to ([`Outcome::Skipped`]).
     pub skipped: u64,
+    /// Lines whose session key found no room in the session map ([`Outcome::Refused`]).
     pub refused: u64,
-    /// The first [`MAX_ERRORS`] refused lines.
+    /// The first 100 refused lines.
     pub errors: Vec<IngestError>,
     /// Refused lines beyond those.
     pub more_errors: u64,
@@ -143,6 +153,7 @@ impl IngestReport {
 /// One line's result.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ingested {
+    /// What happened to the line.
     pub outcome: Outcome,
     /// The event, when the line parsed as a lifecycle event.
     pub kind: Option<EventKind>,
@@ -202,7 +213,18 @@ pub struct LineIngest<'h> {
     fed: u64,
 }
 
+impl std::fmt::Debug for LineIngest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LineIngest")
+            .field("opts", &self.opts)
+            .field("report", &self.report)
+            .field("fed", &self.fed)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'h> LineIngest<'h> {
+    /// An ingest that emits into `hooks`, reading lines as `opts` says.
     pub fn new(hooks: &'h Hooks, opts: IngestOptions) -> LineIngest<'h> {
         LineIngest {
             hooks,
@@ -292,10 +314,12 @@ impl<'h> LineIngest<'h> {
         out
     }
 
+    /// The accounting of every line fed so far.
     pub fn report(&self) -> &IngestReport {
         &self.report
     }
 
+    /// Ends the ingest and returns its accounting.
     pub fn into_report(self) -> IngestReport {
         self.report
     }

@@ -98,14 +98,17 @@ impl SessionOptions {
         self
     }
 
+    /// The most emitters held (see [`SessionOptions::max`]).
     pub fn max_entries(&self) -> usize {
         self.max
     }
 
+    /// How long an idle entry is kept (see [`SessionOptions::idle`]).
     pub fn idle_time(&self) -> Duration {
         self.idle
     }
 
+    /// How many released keys' next `seq` is remembered (see [`SessionOptions::remember`]).
     pub fn remembered_keys(&self) -> usize {
         self.remember
     }
@@ -491,6 +494,7 @@ impl Sessions {
             .is_some()
     }
 
+    /// The options the map was made with.
     pub fn options(&self) -> &SessionOptions {
         &self.opts
     }
@@ -564,10 +568,12 @@ impl SessionEmitter<'_> {
         }
     }
 
+    /// The agent name of this entry's key.
     pub fn agent(&self) -> &str {
         self.emitter.agent()
     }
 
+    /// The session id of this entry's key.
     pub fn session(&self) -> &str {
         self.emitter.session()
     }

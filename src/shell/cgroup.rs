@@ -46,6 +46,7 @@ pub enum CgroupStatus {
     Off,
     /// Every run gets a cgroup under `path`.
     Active {
+        /// The delegated cgroup directory the runs' cgroups are made in.
         path: PathBuf,
         /// `memory_bytes` limits can be enforced.
         memory: bool,
@@ -53,9 +54,15 @@ pub enum CgroupStatus {
         pids: bool,
     },
     /// Detection found no usable delegated cgroup (hooks run without one).
-    Unavailable { reason: String },
+    Unavailable {
+        /// Why detection found none, for the operator.
+        reason: String,
+    },
     /// A configured cgroup could not be used: every hook fails to spawn.
-    Failed { reason: String },
+    Failed {
+        /// Why the configured cgroup could not be used.
+        reason: String,
+    },
 }
 
 /// The process's own cgroup v2 directory, if this process may create cgroups in it and the

@@ -36,6 +36,8 @@
 //!   until the deadline, then SIGKILL every group still running, cancel what never started,
 //!   reap every child, remove every payload file, join the threads.
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 pub mod cgroup;
 mod deliver;
 pub mod env;
@@ -99,6 +101,12 @@ pub mod bench {
         opts: spawn::SpawnOpts,
         action: Action,
         env: ChildEnv,
+    }
+
+    impl std::fmt::Debug for Spawner {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Spawner").finish_non_exhaustive()
+        }
     }
 
     impl Spawner {
@@ -225,6 +233,14 @@ impl Default for ShellLimits {
 pub struct ShellSink {
     shared: Arc<Shared>,
     threads: Mutex<Threads>,
+}
+
+impl std::fmt::Debug for ShellSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShellSink")
+            .field("workspace", &self.shared.workspace)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Default)]
@@ -432,6 +448,7 @@ impl ShellSink {
         ShellSink::new(workspace, interest.handle(0), limits)
     }
 
+    /// The directory hooks run in, relative `cwd`s resolve against, and `hooks.json` is read from.
     pub fn workspace(&self) -> &Path {
         &self.shared.workspace
     }

@@ -11,11 +11,21 @@ pub enum Busy {
         "hook {} already runs {limit} process(es), its max_concurrent; try again when one finishes",
         crate::config::quote(.id)
     )]
-    Hook { id: String, limit: usize },
+    /// The hook already runs as many processes as its `max_concurrent` allows.
+    Hook {
+        /// The hook's id.
+        id: String,
+        /// Its `max_concurrent`.
+        limit: usize,
+    },
     #[error(
         "{limit} hook processes are running, the backend's max_running; try again when one finishes"
     )]
-    Backend { limit: usize },
+    /// The backend already runs as many hook processes as its `max_running` allows.
+    Backend {
+        /// The backend's `max_running`.
+        limit: usize,
+    },
 }
 
 impl Busy {
@@ -35,6 +45,14 @@ pub struct OnceRun {
     /// Where to ask for the kill (`None`: finished before it started).
     pub(super) shared: Option<Arc<Shared>>,
     pub(super) done: bool,
+}
+
+impl std::fmt::Debug for OnceRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnceRun")
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Default)]

@@ -15,21 +15,39 @@ pub enum OutcomeKind {
     /// Exit status 0.
     Ok,
     /// A non-zero exit status.
-    Exit { code: i32 },
+    Exit {
+        /// The exit status.
+        code: i32,
+    },
     /// Killed by a signal it did not get from us (a crash, `kill -9` from elsewhere).
-    Signal { signal: i32 },
+    Signal {
+        /// The signal's number (`9` for SIGKILL).
+        signal: i32,
+    },
     /// Ran past its `timeout_ms`: its whole process group got SIGKILL.
-    TimedOut { after_ms: u64 },
+    TimedOut {
+        /// How long it ran before the kill, in milliseconds.
+        after_ms: u64,
+    },
     /// Never started: the program could not be resolved at load time, the payload file could
     /// not be written, or the spawn itself failed (missing file, not executable, bad cwd, …).
-    SpawnFailed { reason: String },
+    SpawnFailed {
+        /// What failed, for the operator.
+        reason: String,
+    },
     /// Still running when the shutdown deadline passed: its process group got SIGKILL.
     Killed,
     /// Not run: the hook or the whole table is disabled, or its matcher did not match.
-    Skipped { reason: String },
+    Skipped {
+        /// Why it was skipped (`"disabled"`, or which matcher did not match the tool).
+        reason: String,
+    },
     /// Not run: never queued — the hook's queue was full (`"queue full"`) or shutdown had
     /// begun (`"shutdown"`).
-    Dropped { reason: String },
+    Dropped {
+        /// `"queue full"` or `"shutdown"`.
+        reason: String,
+    },
     /// Queued but not started when the shutdown deadline passed.
     Cancelled,
 }
@@ -80,15 +98,18 @@ impl fmt::Display for OutcomeKind {
 pub struct Outcome {
     /// The hook's id.
     pub id: String,
+    /// The kind of event the hook ran for.
     pub event: EventKind,
     /// The event's sequence number (per emitter; `fire` uses 0).
     pub seq: u64,
     /// The agent and session that emitted the event.
     pub agent: String,
+    /// The session of that agent.
     pub session: String,
     /// Run by `run_once` / `run_matching` (`prx-hooks fire`, the API's test route) rather
     /// than for a pipeline event: kept in history and published, not counted.
     pub direct: bool,
+    /// How the run ended, or why it never started.
     #[serde(flatten)]
     pub kind: OutcomeKind,
     /// From spawn to reaping (zero when the process never started).
@@ -181,11 +202,17 @@ fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct HookCounts {
+    /// Runs the backend accepted: every (event, hook) pair whose hook was enabled and matched.
     pub sent: u64,
+    /// Runs that exited with status 0.
     pub ok: u64,
+    /// Runs that exited with a non-zero status.
     pub exit: u64,
+    /// Runs killed by a signal they did not get from the backend.
     pub signal: u64,
+    /// Runs killed for passing their `timeout_ms`.
     pub timed_out: u64,
+    /// Runs that never started because resolving, writing the payload or spawning failed.
     pub spawn_failed: u64,
     /// Still running at the shutdown deadline; killed.
     pub killed: u64,

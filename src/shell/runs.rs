@@ -81,6 +81,7 @@ impl RunSubscription {
         self.rx.len()
     }
 
+    /// The most outcomes the queue holds; past that, new ones are dropped and counted.
     pub fn capacity(&self) -> usize {
         self.slot.capacity
     }

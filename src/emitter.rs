@@ -22,7 +22,7 @@
 //! of that.
 
 use crate::event::{Event, EventKind, Extras, ExtrasError, Parts};
-use crate::pipeline::Interest;
+use crate::interest::Interest;
 use crate::ring::{PushError, Ring};
 use crate::stats::Stats;
 use crossbeam_utils::CachePadded;

@@ -64,7 +64,9 @@ pub mod event;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod ingest;
+mod interest;
 mod json;
+mod message;
 pub mod nats;
 pub mod ndjson;
 pub mod otel;
@@ -74,6 +76,7 @@ mod ring;
 #[cfg_attr(not(feature = "nats"), allow(dead_code))]
 mod settle;
 pub mod shell;
+mod sink;
 pub mod stats;
 mod sync;
 pub mod wasm;
@@ -81,7 +84,9 @@ pub mod wasm;
 pub use bus::{Bus, BusError, Message, Subscription};
 pub use emitter::{Emit, Emitter};
 pub use event::{Event, EventKind, EventMask, Extras, ExtrasError};
-pub use pipeline::{InterestHandle, SHUTDOWN_SLACK, Sink};
+pub use interest::InterestHandle;
+pub use pipeline::SHUTDOWN_SLACK;
+pub use sink::Sink;
 pub use stats::Stats;
 
 mod builder;

@@ -31,136 +31,24 @@
 //! After `shutdown` returns, every `emit` that returned `Queued` was handed to the sinks or
 //! counted in `dropped_shutdown`: `queued == processed + dropped_shutdown`.
 
-use crate::bus::{Message, Meta};
 use crate::emitter::{EventSlot, Lane, Producers};
 use crate::event::{EventKind, EventMask};
+pub use crate::interest::{Interest, InterestHandle};
+use crate::message::{Message, Meta};
 use crate::ring::{Consumer, Ring};
-use crate::stats::SinkCounts;
+pub use crate::sink::Sink;
 use crossbeam_utils::CachePadded;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime};
-
-/// A backend that receives serialized events: the bus, shell hooks, WASM plugins.
-pub trait Sink: Send + Sync {
-    /// A short stable name for stats (`bus`, `shell`, `wasm`).
-    fn name(&self) -> &str;
-
-    /// Takes one event. Called on a pipeline worker, so it must not block: enqueue and return.
-    /// Called only for events this sink's [`InterestHandle`] says it wants.
-    fn deliver(&self, msg: &Message);
-
-    /// Takes a batch of events in order (workers hand them over up to 64 at a time, so
-    /// a sink can pay its fixed costs once per batch). The batch may hold events the sink does
-    /// not want: `wanted` is its interest mask when the batch was taken.
-    fn deliver_batch(&self, msgs: &[Message], wanted: EventMask) {
-        for msg in msgs {
-            if msg.event().is_some_and(|k| wanted.contains(k)) {
-                self.deliver(msg);
-            }
-        }
-    }
-
-    /// This sink's counters; `sent = delivered + dropped + failed + in_flight` must hold.
-    fn counts(&self) -> SinkCounts;
-
-    /// Whether `more` events of `kind` would be taken now rather than dropped for a full
-    /// queue: the NATS consumer's per-message back-pressure (ARCHITECTURE.md § NATS bridge).
-    /// Default: always.
-    fn room(&self, kind: EventKind, more: usize) -> bool {
-        let _ = (kind, more);
-        true
-    }
-
-    /// Finishes queued work, stopping what still runs at `deadline` — the contract every sink
-    /// keeps (ARCHITECTURE.md § Shutdown):
-    ///
-    /// * It is called once, after the workers have stopped: no `deliver` follows it. Every
-    ///   sink's `shutdown` runs at the same time as the others', on a thread of its own, with
-    ///   the same absolute deadline.
-    /// * Until the deadline the sink finishes what it can. At the deadline it stops everything
-    ///   still running (processes killed and reaped, guest calls interrupted), counts each job
-    ///   still queued as dropped (reason `shutdown`) and each job stopped while running as
-    ///   failed, removes its temporary files and joins its threads.
-    /// * It returns by `deadline + SHUTDOWN_SLACK` whatever its hooks or guests do (ignore
-    ///   SIGTERM, hold pipes open, loop, sleep in a host call), and keeps no thread or child
-    ///   alive afterwards.
-    /// * Afterwards [`Sink::counts`] has `in_flight == 0`, so `sent == delivered + dropped +
-    ///   failed`.
-    fn shutdown(&self, deadline: Instant) {
-        let _ = deadline;
-    }
-}
 
 /// How far past its deadline a sink's [`Sink::shutdown`] (and so [`Hooks::shutdown`]) may
 /// return: killing and reaping what is left, joining threads, removing files.
 ///
 /// [`Hooks::shutdown`]: crate::Hooks::shutdown
 pub const SHUTDOWN_SLACK: Duration = Duration::from_millis(250);
-
-/// Which events anyone listens to. `emit` reads `combined` (one relaxed load); each sink owns
-/// one part and updates it through its [`InterestHandle`] when its configuration changes.
-pub struct Interest {
-    combined: CachePadded<AtomicU8>,
-    parts: Box<[AtomicU8]>,
-    /// Serializes recomputing `combined`; `closed` keeps it at zero after shutdown.
-    write: Mutex<bool>,
-}
-
-impl Interest {
-    pub(crate) fn new(parts: usize) -> Arc<Interest> {
-        Arc::new(Interest {
-            combined: CachePadded::new(AtomicU8::new(0)),
-            parts: (0..parts).map(|_| AtomicU8::new(0)).collect(),
-            write: Mutex::new(false),
-        })
-    }
-
-    pub(crate) fn handle(self: &Arc<Self>, part: usize) -> InterestHandle {
-        InterestHandle {
-            interest: self.clone(),
-            part,
-        }
-    }
-
-    /// Whether any sink wants `kind` (the `emit` fast path).
-    #[inline]
-    pub(crate) fn wants(&self, kind: EventKind) -> bool {
-        EventMask(self.combined.load(Ordering::Relaxed)).contains(kind)
-    }
-
-    fn part(&self, part: usize) -> EventMask {
-        EventMask(self.parts[part].load(Ordering::Relaxed))
-    }
-
-    /// From now on every event is skipped (after shutdown nobody would deliver it).
-    fn close(&self) {
-        let mut closed = self.write.lock().unwrap_or_else(|e| e.into_inner());
-        *closed = true;
-        self.combined.store(0, Ordering::Relaxed);
-    }
-}
-
-/// A sink's say in the interest mask.
-pub struct InterestHandle {
-    interest: Arc<Interest>,
-    part: usize,
-}
-
-impl InterestHandle {
-    /// Declares which events this sink wants from now on.
-    pub fn set(&self, mask: EventMask) {
-        let i = &*self.interest;
-        let closed = i.write.lock().unwrap_or_else(|e| e.into_inner());
-        i.parts[self.part].store(mask.0, Ordering::Relaxed);
-        if !*closed {
-            let all = i.parts.iter().fold(0, |m, p| m | p.load(Ordering::Relaxed));
-            i.combined.store(all, Ordering::Relaxed);
-        }
-    }
-}
 
 /// Tuning for the workers.
 #[derive(Clone, Copy, Debug)]

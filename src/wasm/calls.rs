@@ -5,7 +5,6 @@
 //! event's message and the outcome (a full queue drops the record, counted in `missed`). The
 //! executors never wait on it.
 
-use super::plugin::CallOutcome;
 use crate::bus::Message;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -58,5 +57,83 @@ impl CallFeed {
     /// Records dropped because the reader's queue was full.
     pub(crate) fn missed(&self) -> u64 {
         self.missed.load(Ordering::Relaxed)
+    }
+}
+
+/// What one call did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome {
+    Ok,
+    /// The guest returned `Err(message)`.
+    Error(String),
+    /// The guest trapped (or a host call failed); the instance was replaced.
+    Trap(String),
+    /// It ran past `max_execution_time_ms`; the instance was replaced.
+    Timeout,
+    /// It used all of `max_fuel`; the instance was replaced.
+    OutOfFuel,
+    /// A fresh instance could not be created.
+    Instantiate(String),
+    /// The plugin is suspended after repeated faults; the event was dropped.
+    Suspended,
+    /// No instance could be had from the pool (every slot busy): the call did not run. Not
+    /// the plugin's fault.
+    Busy(String),
+    /// Not run: stopped by shutdown, or the plugin was replaced or removed.
+    Aborted,
+    /// Stopped while running by shutdown (`shutdown: true`) or because the plugin was replaced
+    /// or removed; the instance was replaced.
+    Interrupted {
+        shutdown: bool,
+    },
+}
+
+impl CallOutcome {
+    /// Whether the guest was called (whatever came of it): what settles a consumed event's
+    /// plugin call (`crate::settle`). Suspended, busy, not instantiated, aborted: not called.
+    pub fn ran(&self) -> bool {
+        !matches!(
+            self,
+            CallOutcome::Suspended
+                | CallOutcome::Busy(_)
+                | CallOutcome::Instantiate(_)
+                | CallOutcome::Aborted
+        )
+    }
+}
+
+impl CallOutcome {
+    /// A trap, timeout, out-of-fuel or failed instantiation: what trips the breaker.
+    pub(crate) fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            CallOutcome::Trap(_)
+                | CallOutcome::Timeout
+                | CallOutcome::OutOfFuel
+                | CallOutcome::Instantiate(_)
+        )
+    }
+
+    /// `ok`, `error: …`, `timed out`, `trap: …`: the `prx-hooks fire` wording.
+    pub fn describe(&self, timeout_ms: u64) -> String {
+        match self {
+            CallOutcome::Ok => "ok".into(),
+            CallOutcome::Error(m) => format!("error: {m}"),
+            CallOutcome::Trap(m) => format!("trap: {m}"),
+            CallOutcome::Timeout => format!("timed out after {timeout_ms} ms"),
+            CallOutcome::OutOfFuel => "trap: out of fuel (max_fuel in plugin.toml)".into(),
+            CallOutcome::Instantiate(m) => format!("trap: cannot instantiate: {m}"),
+            CallOutcome::Suspended => "suspended after repeated faults".into(),
+            CallOutcome::Busy(m) => format!("not run: no free instance ({m})"),
+            CallOutcome::Aborted => "not run: stopped by shutdown or reload".into(),
+            CallOutcome::Interrupted { shutdown: true } => "interrupted by shutdown".into(),
+            CallOutcome::Interrupted { shutdown: false } => {
+                "interrupted: the plugin was replaced or removed".into()
+            }
+        }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        *self == CallOutcome::Ok
     }
 }

@@ -49,13 +49,14 @@ mod watch;
 #[cfg(feature = "wasm")]
 pub use cache::CompileCache;
 #[cfg(feature = "wasm")]
+pub use calls::CallOutcome;
+#[cfg(feature = "wasm")]
 pub(crate) use calls::PluginCall;
 #[cfg(feature = "wasm")]
 pub use engine::{Compiled, Sizing, TICK, WasmEngine, address_space_per_instance};
 #[cfg(feature = "wasm")]
 pub use kv::FLUSH_DELAY;
-#[cfg(feature = "wasm")]
-pub use plugin::{CallOutcome, EXPORT_FUNC, EXPORT_INTERFACES};
+pub use plugin::{EXPORT_FUNC, EXPORT_INTERFACES};
 #[cfg(feature = "wasm")]
 pub use sink::{FireOutcome, LoadReport, STATE_DIR, WasmSink};
 #[cfg(feature = "wasm")]

@@ -25,6 +25,7 @@
 //! The instance also receives the messages of the subscriptions it made through
 //! `events.subscribe` (a second queue per shard), with the full topic as the event name.
 
+use super::calls::CallOutcome;
 use super::calls::{CallFeed, PluginCall};
 use super::drive::{Driven, drive};
 use super::engine::{WasmEngine, one_line};
@@ -68,84 +69,6 @@ const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 type OnEvent = TypedFunc<(&'static str, &'static str), (Result<(), String>,)>;
-
-/// What one call did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallOutcome {
-    Ok,
-    /// The guest returned `Err(message)`.
-    Error(String),
-    /// The guest trapped (or a host call failed); the instance was replaced.
-    Trap(String),
-    /// It ran past `max_execution_time_ms`; the instance was replaced.
-    Timeout,
-    /// It used all of `max_fuel`; the instance was replaced.
-    OutOfFuel,
-    /// A fresh instance could not be created.
-    Instantiate(String),
-    /// The plugin is suspended after repeated faults; the event was dropped.
-    Suspended,
-    /// No instance could be had from the pool (every slot busy): the call did not run. Not
-    /// the plugin's fault.
-    Busy(String),
-    /// Not run: stopped by shutdown, or the plugin was replaced or removed.
-    Aborted,
-    /// Stopped while running by shutdown (`shutdown: true`) or because the plugin was replaced
-    /// or removed; the instance was replaced.
-    Interrupted {
-        shutdown: bool,
-    },
-}
-
-impl CallOutcome {
-    /// Whether the guest was called (whatever came of it): what settles a consumed event's
-    /// plugin call (`crate::settle`). Suspended, busy, not instantiated, aborted: not called.
-    pub fn ran(&self) -> bool {
-        !matches!(
-            self,
-            CallOutcome::Suspended
-                | CallOutcome::Busy(_)
-                | CallOutcome::Instantiate(_)
-                | CallOutcome::Aborted
-        )
-    }
-}
-
-impl CallOutcome {
-    /// A trap, timeout, out-of-fuel or failed instantiation: what trips the breaker.
-    fn is_fault(&self) -> bool {
-        matches!(
-            self,
-            CallOutcome::Trap(_)
-                | CallOutcome::Timeout
-                | CallOutcome::OutOfFuel
-                | CallOutcome::Instantiate(_)
-        )
-    }
-
-    /// `ok`, `error: …`, `timed out`, `trap: …`: the `prx-hooks fire` wording.
-    pub fn describe(&self, timeout_ms: u64) -> String {
-        match self {
-            CallOutcome::Ok => "ok".into(),
-            CallOutcome::Error(m) => format!("error: {m}"),
-            CallOutcome::Trap(m) => format!("trap: {m}"),
-            CallOutcome::Timeout => format!("timed out after {timeout_ms} ms"),
-            CallOutcome::OutOfFuel => "trap: out of fuel (max_fuel in plugin.toml)".into(),
-            CallOutcome::Instantiate(m) => format!("trap: cannot instantiate: {m}"),
-            CallOutcome::Suspended => "suspended after repeated faults".into(),
-            CallOutcome::Busy(m) => format!("not run: no free instance ({m})"),
-            CallOutcome::Aborted => "not run: stopped by shutdown or reload".into(),
-            CallOutcome::Interrupted { shutdown: true } => "interrupted by shutdown".into(),
-            CallOutcome::Interrupted { shutdown: false } => {
-                "interrupted: the plugin was replaced or removed".into()
-            }
-        }
-    }
-
-    pub fn is_ok(&self) -> bool {
-        *self == CallOutcome::Ok
-    }
-}
 
 /// The circuit breaker. It suspends a plugin after [`FAULTS_TO_SUSPEND`] faults in a row, or
 /// [`WINDOW_FAULTS`] faults among its last [`WINDOW`] calls (so alternating faults and successes

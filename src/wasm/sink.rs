@@ -18,12 +18,13 @@
 //! milliseconds, except when the reservation changed, which recompiles).
 
 use super::cache::CompileCache;
+use super::calls::CallOutcome;
 use super::engine::{Compiled, Sizing, WasmEngine, one_line};
 use super::host::{HostState, PluginCtx, linker};
 use super::kv::{KvFlusher, KvStore};
 use super::log::{Logger, PluginLog};
 use super::manifest::{self, Manifest};
-use super::plugin::{Breaker, CallOutcome, Plugin, PluginShared, find_export};
+use super::plugin::{Breaker, Plugin, PluginShared, find_export};
 use crate::bus::{Bus, Message};
 use crate::event::{EventKind, EventMask};
 use crate::pipeline::{InterestHandle, Sink};

@@ -1,0 +1,253 @@
+//! [`Message`]: one event or publication as every sink and subscriber sees it, serialized once
+//! and shared (ARCHITECTURE.md § Data flow).
+
+use crate::event::EventKind;
+use crate::json;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// A recycled message keeps its text buffer only up to this capacity (see [`Message::reuse`]).
+const REUSE_KEEP: usize = 16 << 10;
+
+/// One message on the bus: a lifecycle event's payload with its metadata, or a custom
+/// publication. Cloning is cheap (one reference count); every subscriber and every sink shares
+/// the same bytes, serialized once.
+#[derive(Clone)]
+pub struct Message(Arc<Inner>);
+
+struct Inner {
+    /// `json`, then `agent`, then `session`, then — for custom topics — the topic.
+    text: String,
+    json_end: usize,
+    agent_end: usize,
+    session_end: usize,
+    topic: Option<&'static str>,
+    meta: Meta,
+    /// A consumed event's origin and ticket ([`crate::settle`]); never on a recycled message.
+    attached: Option<Box<crate::settle::Attached>>,
+}
+
+/// A message's metadata besides its strings.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Meta {
+    pub kind: Option<EventKind>,
+    pub seq: u64,
+    pub timestamp: SystemTime,
+    pub depth: u8,
+    /// Non-zero: emitted by a relay emitter (the NATS consumer's, see
+    /// [`Emitter::relay_id`](crate::Emitter)) of this id; 0 for every other event.
+    pub relay: u64,
+}
+
+impl Inner {
+    fn set(&mut self, json: &str, agent: &str, session: &str, custom_topic: &str, meta: Meta) {
+        self.text.clear();
+        for part in [json, agent, session, custom_topic] {
+            self.text.push_str(part);
+        }
+        self.json_end = json.len();
+        self.agent_end = self.json_end + agent.len();
+        self.session_end = self.agent_end + session.len();
+        self.topic = meta.kind.map(EventKind::topic);
+        self.meta = meta;
+    }
+}
+
+impl Message {
+    pub(crate) fn new(
+        json: &str,
+        agent: &str,
+        session: &str,
+        custom_topic: &str,
+        meta: Meta,
+    ) -> Message {
+        let len = json.len() + agent.len() + session.len() + custom_topic.len();
+        let mut inner = Inner {
+            text: String::with_capacity(len),
+            json_end: 0,
+            agent_end: 0,
+            session_end: 0,
+            topic: None,
+            meta,
+            attached: None,
+        };
+        inner.set(json, agent, session, custom_topic, meta);
+        Message(Arc::new(inner))
+    }
+
+    /// A lifecycle event's message carrying what the NATS consumer attached to it: the
+    /// agent's timestamp and seq, and the ticket its last holder's drop reports.
+    pub(crate) fn new_attached(
+        json: &str,
+        agent: &str,
+        session: &str,
+        meta: Meta,
+        attached: crate::settle::Attached,
+    ) -> Message {
+        let mut m = Message::new(json, agent, session, "", meta);
+        if let Some(inner) = Arc::get_mut(&mut m.0) {
+            inner.attached = Some(Box::new(attached));
+        }
+        m
+    }
+
+    /// A sink dropped this event (a full queue, shutdown) instead of running it: a consumed
+    /// event is then not acked to NATS but delivered again. No-op for every other message.
+    pub(crate) fn mark_dropped(&self) {
+        if let Some(a) = &self.0.attached {
+            a.mark_dropped();
+        }
+    }
+
+    /// A hold on a consumed event's ticket, for a sink that keeps work for it: the event is
+    /// acked once every hold is gone ([`crate::settle`]). `None` for every other message.
+    pub(crate) fn hold(&self) -> Option<crate::settle::Hold> {
+        self.0.attached.as_ref()?.hold()
+    }
+
+    /// After the fan-out: the message lets its own hold go (bus subscribers hold none).
+    #[inline]
+    pub(crate) fn release_hold(&self) {
+        if let Some(a) = &self.0.attached {
+            a.release();
+        }
+    }
+
+    /// For an event consumed from NATS: the timestamp its agent published (`Prx-Timestamp`,
+    /// RFC 3339 UTC), where [`timestamp`](Message::timestamp) is this host's.
+    pub fn origin_timestamp(&self) -> Option<&str> {
+        self.0.attached.as_ref()?.origin_timestamp.as_deref()
+    }
+
+    /// For an event consumed from NATS: the agent's own sequence number (`Prx-Seq`), where
+    /// [`seq`](Message::seq) is this host's numbering.
+    pub fn origin_seq(&self) -> Option<u64> {
+        self.0.attached.as_ref()?.origin_seq
+    }
+
+    /// Rewrites this message in place (keeping its allocations) if nobody else holds it any
+    /// more; `false` if someone does. Pipeline workers recycle delivered messages this way, so
+    /// a steady flow allocates nothing and never frees memory across threads.
+    ///
+    /// A buffer grown past [`REUSE_KEEP`] by a large event is given back rather than kept: a
+    /// worker holds thousands of these messages, and one burst of large events must not pin
+    /// their size for good.
+    pub(crate) fn reuse(&mut self, json: &str, agent: &str, session: &str, meta: Meta) -> bool {
+        match Arc::get_mut(&mut self.0) {
+            Some(inner) => {
+                let len = json.len() + agent.len() + session.len();
+                if inner.text.capacity() > REUSE_KEEP.max(len) {
+                    inner.text = String::with_capacity(len);
+                }
+                inner.set(json, agent, session, "", meta);
+                inner.attached = None;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `prx.lifecycle.tool_call`, or the custom topic it was published under.
+    pub fn topic(&self) -> &str {
+        self.0.topic.unwrap_or(&self.0.text[self.0.session_end..])
+    }
+
+    /// The payload JSON, compact, one line.
+    pub fn json(&self) -> &[u8] {
+        self.json_str().as_bytes()
+    }
+
+    /// The payload JSON as text.
+    pub fn json_str(&self) -> &str {
+        &self.0.text[..self.0.json_end]
+    }
+
+    /// The lifecycle event, or `None` for a custom topic.
+    pub fn event(&self) -> Option<EventKind> {
+        self.0.meta.kind
+    }
+
+    /// The emitter's agent (for custom topics: the agent that sent it, or empty).
+    pub fn agent(&self) -> &str {
+        &self.0.text[self.0.json_end..self.0.agent_end]
+    }
+
+    /// The emitter's session (for custom topics: the sender's, or empty).
+    pub fn session(&self) -> &str {
+        &self.0.text[self.0.agent_end..self.0.session_end]
+    }
+
+    /// Per-emitter sequence number (shared by an emitter's clones), starting at 0; for custom
+    /// topics, the bus's own publication counter.
+    pub fn seq(&self) -> u64 {
+        self.0.meta.seq
+    }
+
+    /// When a worker took the event from the ring (lifecycle) or when it was published.
+    pub fn timestamp(&self) -> SystemTime {
+        self.0.meta.timestamp
+    }
+
+    /// [`timestamp`](Message::timestamp) as RFC 3339 in UTC with microseconds:
+    /// `2026-11-29T22:16:48.123456Z` (the form of `ZERO_HOOK_TIMESTAMP`).
+    pub fn timestamp_rfc3339(&self) -> String {
+        humantime::format_rfc3339_micros(self.0.meta.timestamp).to_string()
+    }
+
+    /// Appends the message as one line of JSON (no trailing newline), the form `prx-hooks run
+    /// --print` writes: `{"topic","event","agent","session","seq","timestamp","payload"}`, with
+    /// `event` null for custom topics; an event consumed from NATS has `origin_timestamp` and
+    /// `origin_seq` after `timestamp` when its agent sent them.
+    pub fn write_envelope(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"topic\":");
+        json::write_str(out, self.topic());
+        out.extend_from_slice(b",\"event\":");
+        match self.event() {
+            Some(kind) => json::write_str(out, kind.name()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"agent\":");
+        json::write_str(out, self.agent());
+        out.extend_from_slice(b",\"session\":");
+        json::write_str(out, self.session());
+        out.extend_from_slice(b",\"seq\":");
+        json::write_u64(out, self.seq());
+        out.extend_from_slice(b",\"timestamp\":");
+        json::write_str(out, &self.timestamp_rfc3339());
+        if let Some(ts) = self.origin_timestamp() {
+            out.extend_from_slice(b",\"origin_timestamp\":");
+            json::write_str(out, ts);
+        }
+        if let Some(seq) = self.origin_seq() {
+            out.extend_from_slice(b",\"origin_seq\":");
+            json::write_u64(out, seq);
+        }
+        out.extend_from_slice(b",\"payload\":");
+        out.extend_from_slice(self.json());
+        out.push(b'}');
+    }
+
+    /// How many publications deep this message is (0 for lifecycle events; a plugin
+    /// republishing what it received adds one). The bus refuses depths past [`MAX_DEPTH`].
+    pub fn depth(&self) -> u8 {
+        self.0.meta.depth
+    }
+
+    /// The relay emitter this event came through (the NATS consumer's), 0 for any other.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) fn relay(&self) -> u64 {
+        self.0.meta.relay
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("topic", &self.topic())
+            .field("agent", &self.agent())
+            .field("session", &self.session())
+            .field("seq", &self.seq())
+            .field("json", &self.json_str())
+            .finish()
+    }
+}

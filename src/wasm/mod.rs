@@ -56,6 +56,7 @@ pub(crate) use calls::PluginCall;
 pub use engine::{Compiled, Sizing, TICK, WasmEngine, address_space_per_instance};
 #[cfg(feature = "wasm")]
 pub use kv::FLUSH_DELAY;
+#[cfg(feature = "wasm")]
 pub use plugin::{EXPORT_FUNC, EXPORT_INTERFACES};
 #[cfg(feature = "wasm")]
 pub use sink::{FireOutcome, LoadReport, STATE_DIR, WasmSink};

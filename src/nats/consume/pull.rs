@@ -1,0 +1,498 @@
+//! A durable JetStream consumer: pulls (one consumer per partition with `--nats-partitions`),
+//! takes each message, and acks or naks it once its hooks settled it (ARCHITECTURE.md § NATS
+//! bridge).
+
+use super::*;
+
+impl Worker {
+    pub(super) fn run_jetstream(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        client: async_nats::Client,
+        durable: &str,
+    ) {
+        // The context spawns its acker task: inside the runtime.
+        let js = {
+            let _inside = rt.enter();
+            jetstream::new(client.clone())
+        };
+        // Without partitions one durable consumer; with them, one per partition, made when
+        // its lease is taken (`lease`).
+        let (consumer, stream) = loop {
+            let made = match self.opts.partitions {
+                None => rt
+                    .block_on(self.durable_consumer(&js, durable))
+                    .map(|(c, s)| (Some(c), s)),
+                Some(_) => rt.block_on(self.stream_name(&js)).map(|s| (None, s)),
+            };
+            match made {
+                Ok(c) => break c,
+                Err(e) => {
+                    self.said.warn(format_args!(
+                        "NATS consumer: durable {durable:?} on {}: {e}; retrying",
+                        self.opts.subject
+                    ));
+                    if self.pause_or_stop(Duration::from_secs(1)) {
+                        return;
+                    }
+                }
+            }
+        };
+        let leases = match self.opts.partitions {
+            None => None,
+            Some(n) => loop {
+                match rt.block_on(super::super::lease::Leases::open(&js, &stream, durable, n)) {
+                    Ok(l) => {
+                        let l = Arc::new(l);
+                        rt.spawn(l.clone().keep());
+                        break Some(l);
+                    }
+                    Err(e) => {
+                        self.said.warn(format_args!("NATS consumer: {e}; retrying"));
+                        if self.pause_or_stop(Duration::from_secs(1)) {
+                            return;
+                        }
+                    }
+                }
+            },
+        };
+        let mut parts: HashMap<u32, PullConsumer> = HashMap::new();
+        if let Some(bucket) = self.opts.shared_dedup.clone() {
+            loop {
+                match rt.block_on(Shared::open(&js, &bucket, self.opts.dedup_age)) {
+                    Ok(s) => {
+                        self.shared = Some(s);
+                        break;
+                    }
+                    Err(e) => {
+                        self.said.warn(format_args!("NATS consumer: {e}; retrying"));
+                        if self.pause_or_stop(Duration::from_secs(1)) {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        // JetStream's MAX_DELIVERIES advisory: a message it stopped delivering (one this
+        // client could never take, or one redelivered past the limit).
+        let advisory = match self.opts.partitions {
+            None => format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}"),
+            Some(_) => format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*"),
+        };
+        match rt.block_on(client.subscribe(advisory.clone())) {
+            Ok(mut sub) => {
+                let counters = self.counters.clone();
+                let what = format!("NATS consumer ({}): durable {durable:?}", self.server);
+                rt.spawn(async move {
+                    use futures_util::StreamExt;
+                    while let Some(m) = sub.next().await {
+                        counters.given_up.fetch_add(1, Ordering::AcqRel);
+                        let seq = serde_json::from_slice::<serde_json::Value>(&m.payload)
+                            .ok()
+                            .and_then(|v| v["stream_seq"].as_u64());
+                        tracing::warn!(
+                            "{what}: JetStream gave up on stream message {} after the maximum deliveries (--nats-max-deliver); it will not be consumed",
+                            seq.map_or("?".to_string(), |s| s.to_string())
+                        );
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("NATS consumer: subscribing to {advisory}: {e}"),
+        }
+        let mut checked = 0;
+        // After a connection was lost, pull one message at a time until one arrives: a
+        // message async-nats cannot parse (it drops the connection) is then delivered alone,
+        // and reaches JetStream's delivery limit alone.
+        let mut careful = false;
+        let mut pausing = false;
+        let (notify, wake) = (self.notify.clone(), self.wake.clone());
+        while !self.stopping() {
+            if self.server_refused(&client, &mut checked) {
+                break;
+            }
+            rt.block_on(self.settle());
+            // Back-pressure: pull only what can be in flight, and only while the pipeline
+            // has room (ARCHITECTURE.md § NATS bridge, "Acks after the hooks ran").
+            let room = MAX_IN_FLIGHT.saturating_sub(self.flights.len());
+            if room == 0 || self.feed.busy() {
+                if !std::mem::replace(&mut pausing, true) {
+                    self.counters.paused.fetch_add(1, Ordering::Relaxed);
+                }
+                rt.block_on(async {
+                    tokio::select! {
+                        _ = notify.notified() => {}
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+                    }
+                });
+                continue;
+            }
+            pausing = false;
+            // What to pull from: the one consumer, or the partitions held and not draining.
+            let sources: Vec<(Option<u32>, PullConsumer)> = match (&leases, &consumer) {
+                (None, Some(c)) => vec![(None, c.clone())],
+                (Some(l), _) => {
+                    let busy = self.flights.values().filter_map(|f| f.part).collect();
+                    let active = {
+                        let mut t = l.table.lock().unwrap_or_else(|e| e.into_inner());
+                        t.drained(&busy);
+                        t.active()
+                    };
+                    let mut v = Vec::with_capacity(active.len());
+                    for k in active {
+                        if let std::collections::hash_map::Entry::Vacant(slot) = parts.entry(k) {
+                            match rt.block_on(self.partition_consumer(&js, &stream, durable, k)) {
+                                Ok(c) => {
+                                    slot.insert(c);
+                                }
+                                Err(e) => {
+                                    self.said.warn(format_args!(
+                                        "NATS consumer: durable {durable}-{k}: {e}; retrying"
+                                    ));
+                                    continue;
+                                }
+                            }
+                        }
+                        v.push((Some(k), parts[&k].clone()));
+                    }
+                    v
+                }
+                (None, None) => Vec::new(),
+            };
+            if sources.is_empty() {
+                rt.block_on(async {
+                    tokio::select! {
+                        _ = notify.notified() => {}
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                });
+                continue;
+            }
+            let connects = self.state.connects.load(Ordering::Acquire);
+            let size = if careful {
+                1
+            } else {
+                (room.min(BATCH) / sources.len()).max(1)
+            };
+            let got = rt.block_on(async {
+                use futures_util::StreamExt;
+                let mut got = false;
+                let mut batches = Vec::with_capacity(sources.len());
+                for (k, c) in &sources {
+                    match c
+                        .batch()
+                        .max_messages(size)
+                        .expires(PULL_EXPIRES)
+                        .messages()
+                        .await
+                    {
+                        Ok(b) => batches.push(b.map(move |m| (*k, m)).boxed()),
+                        Err(e) => tracing::debug!("NATS consumer: pull: {e}"),
+                    }
+                }
+                if batches.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    return got;
+                }
+                let mut batch = futures_util::stream::select_all(batches);
+                // Each message is handled as it arrives (a quiet fleet's event does not
+                // wait for the pull to expire); settled ones are acked meanwhile.
+                loop {
+                    tokio::select! {
+                        m = batch.next() => match m {
+                            Some((k, Ok(m))) => {
+                                got = true;
+                                self.take(m, k).await;
+                            }
+                            Some((_, Err(e))) => tracing::debug!("NATS consumer: pull: {e}"),
+                            None => break,
+                        },
+                        _ = notify.notified() => self.settle().await,
+                        _ = wake.notified() => break,
+                    }
+                }
+                got
+            });
+            if self.state.connects.load(Ordering::Acquire) != connects || !self.state.is_connected()
+            {
+                careful = true;
+            } else if got {
+                careful = false;
+            }
+        }
+        rt.block_on(self.finish(&js));
+        if let Some(l) = leases {
+            rt.block_on(l.quit());
+        }
+    }
+
+    /// One pulled message: waits until its hooks' queues have room for it (and for what is
+    /// already in flight), hands it over, and acks it at once if nothing is to run.
+    pub(super) async fn take(&mut self, m: jetstream::Message, part: Option<u32>) {
+        let kind = wire::event_of_subject(m.subject.as_str());
+        if let Some(kind) = kind {
+            let mut paused = false;
+            while !self.stopping() && !self.feed.room(kind, self.flights.len() + 1) {
+                if !std::mem::replace(&mut paused, true) {
+                    self.counters.paused.fetch_add(1, Ordering::Relaxed);
+                }
+                let notify = self.notify.clone();
+                tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+                self.settle().await;
+            }
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        self.shared_digest = None;
+        // The claim goes first: a host that dies after it leaves a record saying the message
+        // may have run (ARCHITECTURE.md § NATS bridge, "Shared de-dup").
+        let (mut claim, mut before) = (None, Record::Absent);
+        if let Some(shared) = &self.shared
+            && !self.stopping()
+            && let Some(id) = m.headers.as_ref().and_then(|h| h.get(wire::MSG_ID))
+        {
+            (claim, before) = shared.claim(id.as_str()).await;
+            if let Record::Done(d) = &before {
+                self.shared_digest = Some(*d);
+            }
+        }
+        let (fate, id) = if self.stopping() {
+            (Fate::Later, None)
+        } else {
+            let incoming = Incoming {
+                subject: m.subject.as_str(),
+                headers: m.headers.as_ref(),
+                payload: &m.payload,
+            };
+            self.handle(&incoming, Some(key))
+        };
+        let kind = match fate {
+            Fate::Handed => {
+                if let Some((id, _)) = &id {
+                    self.flying.insert(id.clone(), key);
+                    if let Record::Claimed { host, .. } = &before
+                        && host != wire::instance_id()
+                    {
+                        self.counters.reclaimed.fetch_add(1, Ordering::AcqRel);
+                        tracing::warn!(
+                            "NATS consumer: {}: reclaimed from host {}, which claimed it and did not record it done: run here, it may have run there too",
+                            wire::encode_value(id),
+                            wire::encode_value(host)
+                        );
+                    }
+                }
+                self.flights.insert(
+                    key,
+                    Flight {
+                        msg: m,
+                        id,
+                        claim: claim.take(),
+                        part,
+                        last: Instant::now(),
+                    },
+                );
+                self.counters
+                    .in_flight
+                    .store(self.flights.len() as u64, Ordering::Relaxed);
+                return;
+            }
+            // A redelivery of one whose hooks still run: its ack goes to this delivery.
+            Fate::InFlight(k) => {
+                if let Some(f) = self.flights.get_mut(&k) {
+                    f.msg = m;
+                }
+                return;
+            }
+            Fate::Skip => jetstream::AckKind::Ack,
+            Fate::Refused => jetstream::AckKind::Term,
+            Fate::Later => jetstream::AckKind::Nak(None),
+        };
+        let is_ack = !matches!(kind, jetstream::AckKind::Nak(_));
+        if tokio::time::timeout(ACKS_WAIT, m.ack_with(kind))
+            .await
+            .is_ok_and(|r| r.is_ok())
+            && is_ack
+        {
+            self.counters.acked.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Takes what the hooks settled: the ids of what ran into the window (and its file,
+    /// before the acks leave), acks for them, a nak with a delay for what a sink dropped;
+    /// and an in-progress ack for what has been running a while.
+    pub(super) async fn settle(&mut self) {
+        let settled = self.settled.take();
+        let mut ran_ids = Vec::new();
+        let mut done = Vec::new();
+        let mut out = Vec::with_capacity(settled.len());
+        for (key, ran) in settled {
+            let Some(f) = self.flights.remove(&key) else {
+                continue;
+            };
+            if let Some((id, d)) = &f.id {
+                self.flying.remove(id);
+                if ran {
+                    self.window.insert(id, *d);
+                    ran_ids.push((id.clone(), *d));
+                    done.push((id.clone(), *d, f.claim.unwrap_or(0)));
+                }
+            }
+            out.push((f.msg, ran));
+        }
+        let c = self.counters.clone();
+        c.in_flight
+            .store(self.flights.len() as u64, Ordering::Relaxed);
+        if let Some(shared) = &self.shared
+            && !done.is_empty()
+        {
+            // Done replaces this host's claim (or, without one, is written create-if-absent):
+            // the first record of an id wins, a later write fails and changes nothing. Written
+            // before the acks leave.
+            let writes = async {
+                let mut acks = Vec::with_capacity(done.len());
+                for (id, d, claim) in &done {
+                    let mut h = async_nats::HeaderMap::new();
+                    h.insert(
+                        "Nats-Expected-Last-Subject-Sequence",
+                        claim.to_string().as_str(),
+                    );
+                    if let Ok(ack) = shared
+                        .js
+                        .publish_with_headers(shared.subject(id), h, format!("{d:016x}").into())
+                        .await
+                    {
+                        acks.push(ack);
+                    }
+                }
+                for ack in acks {
+                    let _ = std::future::IntoFuture::into_future(ack).await;
+                }
+            };
+            let _ = tokio::time::timeout(ACKS_WAIT, writes).await;
+        }
+        if !out.is_empty() {
+            self.window.persist(&ran_ids);
+            c.window.store(self.window.len() as u64, Ordering::Relaxed);
+            let acks = async {
+                for (m, ran) in &out {
+                    if *ran {
+                        if m.ack().await.is_ok() {
+                            c.acked.fetch_add(1, Ordering::AcqRel);
+                        }
+                    } else {
+                        c.retried.fetch_add(1, Ordering::AcqRel);
+                        let _ = m.ack_with(jetstream::AckKind::Nak(Some(RETRY_DELAY))).await;
+                    }
+                }
+            };
+            // With the server gone the client holds the acks until it reconnects; what is
+            // not acked is delivered again (and recognized by its id).
+            let _ = tokio::time::timeout(ACKS_WAIT, acks).await;
+        }
+        let now = Instant::now();
+        let progress = async {
+            for f in self.flights.values_mut() {
+                if now.duration_since(f.last) >= PROGRESS_EVERY {
+                    f.last = now;
+                    let _ = f.msg.ack_with(jetstream::AckKind::Progress).await;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(ACKS_WAIT, progress).await;
+    }
+
+    /// Stopping: waits (until the deadline `stop` was given) for what is in flight to
+    /// settle, acks it, naks the rest (delivered again at once), flushes.
+    pub(super) async fn finish(&mut self, js: &jetstream::Context) {
+        let until = *self.drain_until.lock().unwrap_or_else(|e| e.into_inner());
+        let until = until.unwrap_or_else(Instant::now);
+        while !self.flights.is_empty() && Instant::now() < until {
+            let notify = self.notify.clone();
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            self.settle().await;
+        }
+        let left: Vec<Flight> = self.flights.drain().map(|(_, f)| f).collect();
+        self.flying.clear();
+        self.counters.in_flight.store(0, Ordering::Relaxed);
+        let naks = async {
+            for f in &left {
+                let _ = f.msg.ack_with(jetstream::AckKind::Nak(None)).await;
+            }
+            let _ = js.client().flush().await;
+        };
+        let _ = tokio::time::timeout(ACKS_WAIT, naks).await;
+    }
+
+    /// The stream the durable consumer reads: given, or the one holding the subject.
+    pub(super) async fn stream_name(&self, js: &jetstream::Context) -> Result<String, String> {
+        match &self.opts.stream {
+            Some(name) => Ok(name.clone()),
+            None => js
+                .stream_by_subject(self.opts.subject.clone())
+                .await
+                .map_err(|e| {
+                    format!(
+                        "no stream holds the subject ({e}); give --from-nats-stream or create one"
+                    )
+                }),
+        }
+    }
+
+    pub(super) async fn durable_consumer(
+        &self,
+        js: &jetstream::Context,
+        durable: &str,
+    ) -> Result<(PullConsumer, String), String> {
+        let name = self.stream_name(js).await?;
+        self.pull_consumer(js, &name, durable, self.opts.subject.clone())
+            .await
+            .map(|c| (c, name))
+    }
+
+    /// Partition `k`'s durable consumer, `<durable>-<k>`, on its partition's subjects.
+    pub(super) async fn partition_consumer(
+        &self,
+        js: &jetstream::Context,
+        stream: &str,
+        durable: &str,
+        k: u32,
+    ) -> Result<PullConsumer, String> {
+        let filter = wire::partition_filter(&self.opts.subject, k);
+        self.pull_consumer(js, stream, &format!("{durable}-{k}"), filter)
+            .await
+    }
+
+    pub(super) async fn pull_consumer(
+        &self,
+        js: &jetstream::Context,
+        stream: &str,
+        durable: &str,
+        filter: String,
+    ) -> Result<PullConsumer, String> {
+        let stream = js
+            .get_stream(stream)
+            .await
+            .map_err(|e| format!("stream {stream:?}: {e}"))?;
+        let config = jetstream::consumer::pull::Config {
+            durable_name: Some(durable.to_string()),
+            filter_subject: filter,
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(10),
+            max_ack_pending: (4 * BATCH) as i64,
+            deliver_policy: jetstream::consumer::DeliverPolicy::All,
+            max_deliver: self.opts.max_deliver as i64,
+            ..Default::default()
+        };
+        stream
+            .get_or_create_consumer(durable, config)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}

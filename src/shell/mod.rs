@@ -24,11 +24,11 @@
 //! * **Payload**: `ZERO_HOOK_PAYLOAD` (≤ [`MAX_ENV_PAYLOAD`] bytes, else unset and
 //!   `ZERO_HOOK_PAYLOAD_TRUNCATED=1`), `ZERO_HOOK_PAYLOAD_FILE` (shared by the event's hooks,
 //!   removed after the last one exits) and, with `stdin_json`, stdin.
-//! * **Processes** ([`mod@spawn`]): started with an empty signal mask and default dispositions,
+//! * **Processes** (`shell::spawn`): started with an empty signal mask and default dispositions,
 //!   no descriptor above stderr, in a process group of their own, with `PDEATHSIG` (they die
 //!   with the runner thread, which outlives every process it starts), optionally rlimits and
 //!   a cgroup; waited per pid through a pidfd (never `waitpid(-1)`, never a SIGCHLD handler);
-//!   on timeout everything the hook started is killed ([`reactor`]); completion is the
+//!   on timeout everything the hook started is killed (`shell::reactor`); completion is the
 //!   leader's exit, never pipe EOF. stdout is discarded, the last 16 KiB of stderr kept.
 //! * **Counted**: per hook and in total, `sent = ok + exit + signal + timed_out + spawn_failed +
 //!   killed + dropped + cancelled + running + queued` at every moment ([`HookCounts`]).

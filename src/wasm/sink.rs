@@ -393,7 +393,7 @@ const LATE_JOIN: Duration = Duration::from_secs(2);
 impl Drop for WasmSink {
     /// Executors a loaded machine kept running past the shutdown deadline have had every call
     /// aborted, so they end within an epoch tick once scheduled: wait for them (up to
-    /// [`LATE_JOIN`]) so that no thread — nor the engine, timer runtime and descriptors it holds
+    /// `LATE_JOIN`, 2 s) so that no thread — nor the engine, timer runtime and descriptors it holds
     /// — outlives the backend.
     fn drop(&mut self) {
         self.abort.store(true, Ordering::Relaxed);

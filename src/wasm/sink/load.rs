@@ -661,6 +661,10 @@ mod swap_tests {
         std::fs::create_dir(dir.join("plugin.wasm")).unwrap();
         let e = read_component(&m).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
+        // Typed: the component file as a whole, no place in it, no key.
+        assert_eq!(e.file, m.wasm.display().to_string());
+        assert_eq!((e.line, e.col, e.path.as_str()), (0, 0, ""));
+        assert_eq!(e.reason, "not a regular file");
         // Swapped for another regular file inside: what is read is what is fingerprinted and
         // compiled (the bytes returned), never the file as the scan saw it.
         std::fs::remove_dir(dir.join("plugin.wasm")).unwrap();

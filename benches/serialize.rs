@@ -179,7 +179,7 @@ mod former {
             Event::ToolCallStart { tool, arguments } => {
                 w.str("tool", tool);
                 w.key("arguments");
-                let (src, depth) = (arguments.as_bytes(), prx_hooks::__fuzz::MAX_DEPTH);
+                let (src, depth) = (arguments.as_bytes(), prx_hooks::__private::json::MAX_DEPTH);
                 if !crate::former_json::append_compact_within(w.out, src, true, depth) {
                     write_str(w.out, arguments);
                 }
@@ -478,13 +478,13 @@ fn main() {
     ];
     for (size, args) in &sizes {
         g.throughput(Throughput::Bytes(args.len() as u64));
-        let top = prx_hooks::__fuzz::Top::Object;
-        let depth = prx_hooks::__fuzz::MAX_DEPTH;
+        let top = prx_hooks::__private::json::Top::Object;
+        let depth = prx_hooks::__private::json::MAX_DEPTH;
         let (mut a, mut b, mut f) = (Vec::new(), Vec::new(), Vec::new());
-        assert!(prx_hooks::__fuzz::append_compact_str(
+        assert!(prx_hooks::__private::json::append_compact_str(
             &mut a, args, top, depth
         ));
-        assert!(prx_hooks::__fuzz::append_compact(
+        assert!(prx_hooks::__private::json::append_compact(
             &mut b,
             args.as_bytes(),
             top
@@ -499,7 +499,7 @@ fn main() {
         g.bench_function(BenchmarkId::new(*size, "ours"), |b| {
             b.iter(|| {
                 out.clear();
-                black_box(prx_hooks::__fuzz::append_compact_str(
+                black_box(prx_hooks::__private::json::append_compact_str(
                     &mut out,
                     black_box(args),
                     top,
@@ -510,7 +510,7 @@ fn main() {
         g.bench_function(BenchmarkId::new(*size, "ours_bytes"), |b| {
             b.iter(|| {
                 out.clear();
-                black_box(prx_hooks::__fuzz::append_compact(
+                black_box(prx_hooks::__private::json::append_compact(
                     &mut out,
                     black_box(args.as_bytes()),
                     top,

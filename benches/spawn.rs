@@ -12,7 +12,7 @@
 //! * `posix_spawn`: glibc `posix_spawn` by hand with SETSIGMASK (empty), SETSIGDEF (all),
 //!   SETPGROUP, `addfchdir_np` to a cwd opened per spawn, `addclosefrom_np(3)`, a stderr pipe
 //!   and a pidfd: all of containment except PDEATHSIG, rlimits and a cgroup, which it cannot do.
-//! * `clone_vfork`: prx-hooks' path (`shell::bench::Spawner`: the same as every hook gets —
+//! * `clone_vfork`: prx-hooks' path (`__private::spawn::Spawner`: the same as every hook gets —
 //!   dispositions, mask, group, PDEATHSIG, cwd checked beneath the workspace, close_range,
 //!   stderr pipe, pidfd).
 //!
@@ -367,8 +367,8 @@ fn main() {
         .configure_from_args();
 
     let posix = PosixSpawn::new(ws.path());
-    let ours =
-        prx_hooks::shell::bench::Spawner::new(Path::new("/bin/true"), ws.path()).expect("spawner");
+    let ours = prx_hooks::__private::spawn::Spawner::new(Path::new("/bin/true"), ws.path())
+        .expect("spawner");
     let clone_vfork = || {
         assert_eq!(ours.spawn_wait(), Ok(0));
     };

@@ -25,7 +25,7 @@ mod common;
 
 use common::*;
 use criterion::{Criterion, Throughput};
-use prx_hooks::wasm::__bench;
+use prx_hooks::__private::wasm as __bench;
 use prx_hooks::{Event, Hooks};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
 //! [`HooksBuilder`]: every option of the hook system with its default, and [`BuildError`], why
 //! [`HooksBuilder::build`] failed (docs/library.md lists the options).
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use super::*;
 use crate::hooks::ConfigState;
@@ -8,21 +9,34 @@ use crate::hooks::ConfigState;
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// An option is out of its range.
     #[error("{option} = {value}: {reason}")]
     InvalidOption {
+        /// The option, named as its [`HooksBuilder`] method.
         option: &'static str,
+        /// The value given.
         value: String,
+        /// The range it must be in.
         reason: &'static str,
     },
+    /// The workspace cannot be read.
     #[error("workspace {}: {source}", path.display())]
     Workspace {
+        /// The workspace given to [`HooksBuilder::workspace`].
         path: PathBuf,
+        /// Why it cannot be read.
         source: std::io::Error,
     },
+    /// The workspace is not a directory.
     #[error("workspace {} is not a directory", path.display())]
-    NotADirectory { path: PathBuf },
+    NotADirectory {
+        /// The workspace given to [`HooksBuilder::workspace`].
+        path: PathBuf,
+    },
+    /// A worker, watcher or runner thread could not be started.
     #[error("could not start a worker thread: {0}")]
     Spawn(std::io::Error),
+    /// [`HooksBuilder::harden`] could not make the process undumpable.
     #[error("harden: prctl(PR_SET_DUMPABLE, 0): {0}")]
     Harden(std::io::Error),
     /// The NATS bridge could not be configured (a bad URL, an unreadable file, an
@@ -91,6 +105,19 @@ impl Default for HooksBuilder {
 impl HooksBuilder {
     /// The directory holding `hooks.json` and `plugins/`. Without one there are no shell hooks
     /// and no plugins; the bus works all the same.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let ws = std::env::temp_dir().join(format!("prx-hooks-doc-ws-{}", std::process::id()));
+    /// std::fs::create_dir_all(&ws)?;
+    /// let hooks = prx_hooks::Hooks::builder().workspace(&ws).build()?;
+    /// assert_eq!(hooks.workspace(), Some(ws.as_path()));
+    /// assert!(hooks.hook_table().actions.is_empty()); // no hooks.json yet
+    /// hooks.shutdown(std::time::Duration::from_secs(2));
+    /// # std::fs::remove_dir_all(&ws)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn workspace(mut self, dir: impl AsRef<Path>) -> Self {
         self.workspace = Some(dir.as_ref().to_path_buf());
         self
@@ -103,6 +130,14 @@ impl HooksBuilder {
     }
 
     /// Worker threads, each with its own ring (default 1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().workers(2).ring_capacity(1024).build()?;
+    /// assert_eq!(hooks.stats().ring.shards, 2);
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n;
         self
@@ -269,9 +304,9 @@ impl HooksBuilder {
                 && nats::wire::filters_overlap(&p.subjects(), c.subject_filter())
             {
                 return Err(BuildError::Nats(nats::ConnectError::Invalid {
-                    what: "--nats with --from-nats",
+                    what: "HooksBuilder::nats_publish with HooksBuilder::nats_consume",
                     reason: format!(
-                        "the subjects published ({}) overlap the subjects consumed ({}): every consumed event would be published again and consumed again; give --nats-prefix (or --nats-pattern) so that they do not",
+                        "the subjects published ({}) overlap the subjects consumed ({}): every consumed event would be published again and consumed again; give PublishOptions::prefix (or PublishOptions::pattern) so that they do not",
                         p.subjects(),
                         c.subject_filter()
                     ),
@@ -291,95 +326,35 @@ impl HooksBuilder {
     }
 
     /// Validates the options and starts the workers.
-    pub fn build(self) -> Result<Hooks, BuildError> {
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{BuildError, Hooks};
+    /// let hooks = Hooks::builder().build()?;
+    /// assert!(!hooks.is_shut_down());
+    /// let refused = Hooks::builder().workers(0).build();
+    /// assert!(matches!(refused, Err(BuildError::InvalidOption { option: "workers", .. })));
+    /// # Ok::<(), BuildError>(())
+    /// ```
+    pub fn build(mut self) -> Result<Hooks, BuildError> {
         self.check()?;
         if self.harden {
             shell::supervisor::harden().map_err(BuildError::Harden)?;
         }
-        // One interest part per sink: the bus, the OTel exporter, shell hooks, WASM plugins.
-        let mut sinks = SinkSlots::new(Interest::new(4));
-        let (bus_slot, bus_interest) = sinks.reserve();
-        let bus = BusSink::with_limits(
-            bus_interest,
-            self.subscriber_queue,
-            self.max_publish_bytes,
-            self.max_event_bytes,
-        );
-        sinks.fill(bus_slot, Arc::new(bus.clone()));
-        let producers = Arc::new(Producers::new(
-            sinks.interest.clone(),
-            self.inline_bytes,
-            self.max_event_bytes,
-            self.byte_budget,
-        ));
-        let per_ring = self.ring_capacity.div_ceil(self.workers);
-        // The exporter's slot comes before the shell sink's, though the shell sink is made
-        // first (the exporter subscribes to its runs): a hook outcome's event is then always
-        // queued to the span builder before the outcome exists (ARCHITECTURE.md §
-        // OpenTelemetry traces).
-        #[cfg(feature = "otel")]
-        let otel_slot = self.otlp.is_some().then(|| sinks.reserve());
-        let shell = self.workspace.as_ref().map(|ws| {
-            let (slot, handle) = sinks.reserve();
-            let sink = Arc::new(shell::ShellSink::new(
-                ws.clone(),
-                handle,
-                self.shell.clone(),
-            ));
-            (slot, sink)
-        });
-        #[cfg(feature = "otel")]
-        let otel = match (self.otlp, otel_slot) {
-            (Some(opts), Some((slot, handle))) => {
-                let runs = shell
-                    .as_ref()
-                    .map(|(_, s)| s.subscribe_runs(shell::DEFAULT_RUN_QUEUE * 16));
-                let sink =
-                    Arc::new(otel::OtelSink::start(opts, handle, runs).map_err(BuildError::Otel)?);
-                sinks.fill(slot, sink.clone());
-                Some(sink)
-            }
-            _ => None,
-        };
-        let shell = shell.map(|(slot, sink)| {
-            sinks.fill(slot, sink.clone());
-            sink
-        });
-        // The plugins' watch is set before their first load, so an edit made while it runs
-        // (compiling, probing start code: seconds) is reloaded rather than missed.
-        #[cfg(feature = "wasm")]
-        let armed = self
-            .workspace
-            .as_ref()
-            .map(|ws| wasm::PluginWatcher::arm(ws.clone(), config::WatchOptions::default().poll));
-        #[cfg(feature = "wasm")]
-        let plugins = match &self.workspace {
-            Some(ws) => {
-                let (slot, handle) = sinks.reserve();
-                let sink = wasm::WasmSink::new(ws.clone(), bus.clone(), handle)
-                    .map_err(BuildError::Spawn)?;
-                for e in sink.errors() {
-                    tracing::warn!("plugin: {e}");
-                }
-                let sink = Arc::new(sink);
-                sinks.fill(slot, sink.clone());
-                Some(sink)
-            }
-            None => None,
-        };
-        #[cfg(all(feature = "otel", feature = "wasm"))]
-        if let (Some(o), Some(p)) = (&otel, &plugins) {
-            o.watch_plugins(p);
-        }
-        #[cfg(feature = "wasm")]
-        let plugin_watcher = match (armed, &plugins) {
-            (Some(armed), Some(p)) => Some(
-                armed
-                    .start(Arc::downgrade(p), self.reload_debounce)
-                    .map_err(BuildError::Spawn)?,
-            ),
-            _ => None,
-        };
+        let built = self.sinks()?;
+        let Built {
+            sinks,
+            bus,
+            producers,
+            shell,
+            #[cfg(feature = "otel")]
+            otel,
+            #[cfg(feature = "wasm")]
+            plugins,
+            #[cfg(feature = "wasm")]
+            plugin_watcher,
+        } = built;
         // The watcher loads hooks.json once before `start` returns, so the first table is
         // live before any event can be emitted.
         let config = match (&self.workspace, &shell) {
@@ -393,6 +368,7 @@ impl HooksBuilder {
             }
             _ => None,
         };
+        let per_ring = self.ring_capacity.div_ceil(self.workers);
         let pipeline = Pipeline::start(
             self.workers,
             per_ring,
@@ -403,45 +379,13 @@ impl HooksBuilder {
             },
         )
         .map_err(BuildError::Spawn)?;
-        let sessions =
-            ingest::Sessions::new(producers.clone(), pipeline.lanes().to_vec(), self.sessions);
-        // The bridge last: the publisher is one more bus subscriber; the consumer feeds the
-        // rings like any producer (ARCHITECTURE.md § NATS bridge).
-        // Both on: what the consumer feeds in is relayed, keeping its origin and id
-        // (ARCHITECTURE.md § NATS bridge, "Relaying").
+        let sessions = ingest::Sessions::new(
+            producers.clone(),
+            pipeline.lanes().to_vec(),
+            self.sessions.clone(),
+        );
         #[cfg(feature = "nats")]
-        let relays = match (&self.nats_publish, &self.nats_consume) {
-            (Some(p), Some(_)) => Some(Arc::new(nats::relay::Relays::new(p.lifecycle_mask()))),
-            _ => None,
-        };
-        #[cfg(feature = "nats")]
-        let publisher = match self.nats_publish {
-            Some(opts) => Some(
-                nats::Publisher::start(&bus, opts, relays.clone())
-                    .map_err(|e| stop_started(&pipeline, &bus, e))?,
-            ),
-            None => None,
-        };
-        #[cfg(feature = "nats")]
-        let consumer = match self.nats_consume {
-            Some(opts) => {
-                let feed = Feed {
-                    producers: producers.clone(),
-                    lanes: pipeline.lanes().to_vec(),
-                    sinks: pipeline.sinks().to_vec(),
-                    bus: bus.clone(),
-                    next: AtomicUsize::new(0),
-                    max_event_bytes: self.max_event_bytes,
-                    publisher_sub: publisher.as_ref().map(nats::Publisher::subscription_id),
-                    relays,
-                };
-                Some(
-                    nats::Consumer::start(feed, opts)
-                        .map_err(|e| stop_started(&pipeline, &bus, e))?,
-                )
-            }
-            None => None,
-        };
+        let (publisher, consumer) = self.bridge(&bus, &producers, &pipeline)?;
         Ok(Hooks {
             #[cfg(feature = "otel")]
             otel,
@@ -468,6 +412,176 @@ impl HooksBuilder {
             shutdown_timeout: self.shutdown_timeout,
         })
     }
+
+    /// The sinks, each in its interest slot: the bus, the OpenTelemetry exporter, shell hooks,
+    /// WASM plugins (and their watcher); the producers that feed them.
+    fn sinks(&mut self) -> Result<Built, BuildError> {
+        // One interest part per sink: the bus, the OTel exporter, shell hooks, WASM plugins.
+        let mut sinks = SinkSlots::new(Interest::new(4));
+        let (bus_slot, bus_interest) = sinks.reserve();
+        let bus = BusSink::with_limits(
+            bus_interest,
+            self.subscriber_queue,
+            self.max_publish_bytes,
+            self.max_event_bytes,
+        );
+        sinks.fill(bus_slot, Arc::new(bus.clone()));
+        let producers = Arc::new(Producers::new(
+            sinks.interest.clone(),
+            self.inline_bytes,
+            self.max_event_bytes,
+            self.byte_budget,
+        ));
+        // The exporter's slot comes before the shell sink's, though the shell sink is made
+        // first (the exporter subscribes to its runs): a hook outcome's event is then always
+        // queued to the span builder before the outcome exists (ARCHITECTURE.md §
+        // OpenTelemetry traces).
+        #[cfg(feature = "otel")]
+        let otel_slot = self.otlp.is_some().then(|| sinks.reserve());
+        let shell = self.workspace.as_ref().map(|ws| {
+            let (slot, handle) = sinks.reserve();
+            let sink = Arc::new(shell::ShellSink::new(
+                ws.clone(),
+                handle,
+                self.shell.clone(),
+            ));
+            (slot, sink)
+        });
+        #[cfg(feature = "otel")]
+        let otel = match (self.otlp.take(), otel_slot) {
+            (Some(opts), Some((slot, handle))) => {
+                let runs = shell
+                    .as_ref()
+                    .map(|(_, s)| s.subscribe_runs(shell::DEFAULT_RUN_QUEUE * 16));
+                let sink =
+                    Arc::new(otel::OtelSink::start(opts, handle, runs).map_err(BuildError::Otel)?);
+                sinks.fill(slot, sink.clone());
+                Some(sink)
+            }
+            _ => None,
+        };
+        let shell = shell.map(|(slot, sink)| {
+            sinks.fill(slot, sink.clone());
+            sink
+        });
+        #[cfg(feature = "wasm")]
+        let (plugins, armed) = self.plugins(&mut sinks, &bus)?;
+        #[cfg(all(feature = "otel", feature = "wasm"))]
+        if let (Some(o), Some(p)) = (&otel, &plugins) {
+            o.watch_plugins(p);
+        }
+        #[cfg(feature = "wasm")]
+        let plugin_watcher = match (armed, &plugins) {
+            (Some(armed), Some(p)) => Some(
+                armed
+                    .start(Arc::downgrade(p), self.reload_debounce)
+                    .map_err(BuildError::Spawn)?,
+            ),
+            _ => None,
+        };
+        Ok(Built {
+            sinks,
+            bus,
+            producers,
+            shell,
+            #[cfg(feature = "otel")]
+            otel,
+            #[cfg(feature = "wasm")]
+            plugins,
+            #[cfg(feature = "wasm")]
+            plugin_watcher,
+        })
+    }
+
+    /// The plugins' sink (its first load done) and the watch of their directory, set before
+    /// that load and started by the caller.
+    #[cfg(feature = "wasm")]
+    #[allow(clippy::type_complexity)]
+    fn plugins(
+        &self,
+        sinks: &mut SinkSlots,
+        bus: &Bus,
+    ) -> Result<(Option<Arc<wasm::WasmSink>>, Option<wasm::ArmedWatcher>), BuildError> {
+        // The plugins' watch is set before their first load, so an edit made while it runs
+        // (compiling, probing start code: seconds) is reloaded rather than missed.
+        let armed = self
+            .workspace
+            .as_ref()
+            .map(|ws| wasm::PluginWatcher::arm(ws.clone(), config::WatchOptions::default().poll));
+        let plugins = match &self.workspace {
+            Some(ws) => {
+                let (slot, handle) = sinks.reserve();
+                let sink = wasm::WasmSink::new(ws.clone(), bus.clone(), handle)
+                    .map_err(BuildError::Spawn)?;
+                for e in sink.errors() {
+                    tracing::warn!("plugin: {e}");
+                }
+                let sink = Arc::new(sink);
+                sinks.fill(slot, sink.clone());
+                Some(sink)
+            }
+            None => None,
+        };
+        Ok((plugins, armed))
+    }
+
+    /// The NATS bridge, started last: the publisher is one more bus subscriber; the consumer
+    /// feeds the rings like any producer (ARCHITECTURE.md § NATS bridge).
+    #[cfg(feature = "nats")]
+    fn bridge(
+        &mut self,
+        bus: &Bus,
+        producers: &Arc<Producers>,
+        pipeline: &Pipeline,
+    ) -> Result<(Option<nats::Publisher>, Option<nats::Consumer>), BuildError> {
+        // Both on: what the consumer feeds in is relayed, keeping its origin and id
+        // (ARCHITECTURE.md § NATS bridge, "Relaying").
+        let relays = match (&self.nats_publish, &self.nats_consume) {
+            (Some(p), Some(_)) => Some(Arc::new(nats::relay::Relays::new(p.lifecycle_mask()))),
+            _ => None,
+        };
+        let publisher = match self.nats_publish.take() {
+            Some(opts) => Some(
+                nats::Publisher::start(bus, opts, relays.clone())
+                    .map_err(|e| stop_started(pipeline, bus, e))?,
+            ),
+            None => None,
+        };
+        let consumer = match self.nats_consume.take() {
+            Some(opts) => {
+                let feed = Feed {
+                    producers: producers.clone(),
+                    lanes: pipeline.lanes().to_vec(),
+                    sinks: pipeline.sinks().to_vec(),
+                    bus: bus.clone(),
+                    next: AtomicUsize::new(0),
+                    max_event_bytes: self.max_event_bytes,
+                    publisher_sub: publisher.as_ref().map(nats::Publisher::subscription_id),
+                    relays,
+                };
+                Some(
+                    nats::Consumer::start(feed, opts)
+                        .map_err(|e| stop_started(pipeline, bus, e))?,
+                )
+            }
+            None => None,
+        };
+        Ok((publisher, consumer))
+    }
+}
+
+/// What [`HooksBuilder::sinks`] made.
+struct Built {
+    sinks: SinkSlots,
+    bus: Bus,
+    producers: Arc<Producers>,
+    shell: Option<Arc<shell::ShellSink>>,
+    #[cfg(feature = "otel")]
+    otel: Option<Arc<otel::OtelSink>>,
+    #[cfg(feature = "wasm")]
+    plugins: Option<Arc<wasm::WasmSink>>,
+    #[cfg(feature = "wasm")]
+    plugin_watcher: Option<wasm::PluginWatcher>,
 }
 
 /// A bridge that cannot start fails the build after the pipeline has started: its workers

@@ -11,6 +11,7 @@
 //!
 //! Delivery reads the subscriber list through an `ArcSwap` (no lock for the workers); only
 //! subscribe and unsubscribe take the bus's lock, to rebuild that list.
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::event::{EventKind, EventMask};
 use crate::interest::InterestHandle;
@@ -36,28 +37,61 @@ pub const MAX_DEPTH: u8 = 8;
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BusError {
+    /// The topic is not dot-separated segments of A-Z a-z 0-9 _ -.
     #[error(
         "invalid topic {topic:?}: {reason}; topics are dot-separated segments of A-Z a-z 0-9 _ -, like \"myapp.audit.done\""
     )]
-    InvalidTopic { topic: String, reason: String },
+    InvalidTopic {
+        /// The topic given.
+        topic: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The pattern is not an exact topic, a prefix ending in `.*`, or `*`.
     #[error(
         "invalid pattern {pattern:?}: {reason}; use an exact topic, a prefix ending in \".*\", or \"*\""
     )]
-    InvalidPattern { pattern: String, reason: String },
+    InvalidPattern {
+        /// The pattern given.
+        pattern: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The topic is under `prx.lifecycle.`, where only the pipeline publishes.
     #[error("topic {topic:?} is reserved: only the pipeline publishes under \"prx.lifecycle.\"")]
-    ReservedTopic { topic: String },
+    ReservedTopic {
+        /// The topic given.
+        topic: String,
+    },
+    /// The payload is larger than the bus's limit.
     #[error("payload for {topic:?} is {len} bytes; the limit is {max}")]
     PayloadTooLarge {
+        /// The topic given.
         topic: String,
+        /// The payload's size in bytes.
         len: usize,
+        /// The limit in bytes.
         max: usize,
     },
+    /// The payload is not one valid JSON value.
     #[error("payload for {topic:?} is not valid JSON (RFC 8259, nested at most 126 deep)")]
-    InvalidJson { topic: String },
+    InvalidJson {
+        /// The topic given.
+        topic: String,
+    },
+    /// A publication made while handling a publication, nested too deep.
     #[error(
         "publication to {topic:?} nested {depth} deep; the limit is {max} (is a plugin republishing what it receives?)"
     )]
-    TooDeep { topic: String, depth: u8, max: u8 },
+    TooDeep {
+        /// The topic given.
+        topic: String,
+        /// How deep this publication is.
+        depth: u8,
+        /// The deepest allowed ([`MAX_DEPTH`]).
+        max: u8,
+    },
+    /// The bus has shut down.
     #[error("the bus has shut down")]
     Closed,
 }
@@ -67,20 +101,26 @@ pub enum BusError {
 #[error("the bus has shut down and this subscription's queue is empty")]
 pub struct RecvError;
 
+/// Why [`Subscription::try_recv`] returned no message.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TryRecvError {
+    /// No message is waiting.
     #[error("no message is waiting")]
     Empty,
+    /// The bus has shut down and the queue is empty.
     #[error("the bus has shut down and this subscription's queue is empty")]
     Closed,
 }
 
+/// Why [`Subscription::recv_timeout`] returned no message.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecvTimeoutError {
+    /// No message arrived in time.
     #[error("no message arrived in time")]
     Timeout,
+    /// The bus has shut down and the queue is empty.
     #[error("the bus has shut down and this subscription's queue is empty")]
     Closed,
 }
@@ -226,6 +266,15 @@ struct Shared {
 #[derive(Clone)]
 pub struct Bus(Arc<Shared>);
 
+impl std::fmt::Debug for Bus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bus")
+            .field("subscriptions", &self.0.subs.load().len())
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Bus {
     #[cfg(any(test, feature = "wasm"))]
     pub(crate) fn new(interest: InterestHandle, queue_capacity: usize, max_payload: usize) -> Bus {
@@ -252,12 +301,40 @@ impl Bus {
         }))
     }
 
-    /// Subscribes to `pattern` with the bus's default queue capacity.
+    /// Subscribes to `pattern` with the bus's default queue capacity
+    /// ([`HooksBuilder::subscriber_queue`](crate::HooksBuilder::subscriber_queue)). A pattern
+    /// is an exact topic, a prefix ending in `.*`, or `*`. Lifecycle events are under
+    /// `prx.lifecycle.<event>`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{Event, Hooks};
+    /// let hooks = Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
+    /// hooks.emitter("my-agent", "s1").emit(Event::TurnComplete);
+    /// let msg = sub.recv()?;
+    /// assert_eq!(msg.topic(), "prx.lifecycle.turn_complete");
+    /// assert!(hooks.bus().subscribe("prx..x").is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn subscribe(&self, pattern: &str) -> Result<Subscription, BusError> {
         self.subscribe_with_capacity(pattern, self.0.queue_capacity)
     }
 
-    /// Subscribes to `pattern` with a queue of `capacity` messages (at least 1).
+    /// Subscribes to `pattern` with a queue of `capacity` messages (at least 1). When the
+    /// queue is full, further messages are dropped for this subscription and counted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe_with_capacity("myapp.*", 1)?;
+    /// hooks.bus().publish("myapp.a", "1")?;
+    /// hooks.bus().publish("myapp.b", "2")?;
+    /// assert_eq!((sub.capacity(), sub.len(), sub.dropped()), (1, 1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn subscribe_with_capacity(
         &self,
         pattern: &str,
@@ -314,6 +391,17 @@ impl Bus {
     /// thread, without blocking. Returns how many subscribers took it. The payload must be one
     /// valid JSON value of at most the bus's payload limit; it is stored without insignificant
     /// whitespace.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// assert_eq!(hooks.bus().publish("myapp.audit", r#"{ "ok": true }"#)?, 1);
+    /// assert_eq!(sub.recv()?.json_str(), r#"{"ok":true}"#);
+    /// assert!(hooks.bus().publish("prx.lifecycle.error", "{}").is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn publish(&self, topic: &str, json: impl AsRef<[u8]>) -> Result<usize, BusError> {
         self.publish_at_depth(topic, json.as_ref(), 1)
     }
@@ -435,6 +523,17 @@ impl Bus {
     }
 
     /// Per-subscription counters of every subscription still held (after shutdown too).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let _sub = hooks.bus().subscribe("myapp.*")?;
+    /// hooks.bus().publish("myapp.x", "1")?;
+    /// let stats = hooks.bus().subscribers();
+    /// assert_eq!((stats[0].pattern.as_str(), stats[0].delivered), ("myapp.*", 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn subscribers(&self) -> Vec<SubscriberStats> {
         let reg = self.0.write.lock().unwrap_or_else(|e| e.into_inner());
         reg.infos
@@ -472,7 +571,18 @@ impl Bus {
         self.replace(list);
     }
 
-    /// Whether the bus was closed (by `Hooks::shutdown`).
+    /// Whether the bus was closed (by [`Hooks::shutdown`](crate::Hooks::shutdown)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let bus = hooks.bus().clone();
+    /// assert!(!bus.is_closed());
+    /// hooks.shutdown(std::time::Duration::from_secs(2));
+    /// assert!(bus.is_closed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_closed(&self) -> bool {
         self.0.closed.load(Ordering::Acquire)
     }
@@ -543,6 +653,17 @@ impl Subscription {
     /// Spins and yields briefly before blocking: a subscriber that keeps up stays awake, so the
     /// pipeline worker handing it messages never pays for a futex wake-up (microseconds each,
     /// more than the rest of the delivery together).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// hooks.bus().publish("myapp.x", "[1, 2]")?;
+    /// let msg = sub.recv()?;
+    /// assert_eq!((msg.topic(), msg.json()), ("myapp.x", &b"[1,2]"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv(&self) -> Result<Message, RecvError> {
         match self.poll() {
             Some(Ok(msg)) => Ok(msg),
@@ -552,6 +673,18 @@ impl Subscription {
     }
 
     /// Takes the next message if one is waiting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::bus::TryRecvError;
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// assert_eq!(sub.try_recv().unwrap_err(), TryRecvError::Empty);
+    /// hooks.bus().publish("myapp.x", "1")?;
+    /// assert!(sub.try_recv().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_recv(&self) -> Result<Message, TryRecvError> {
         self.sub.rx.try_recv().map_err(|e| match e {
             flume::TryRecvError::Empty => TryRecvError::Empty,
@@ -560,6 +693,18 @@ impl Subscription {
     }
 
     /// Waits at most `timeout` for the next message (spinning briefly first, like `recv`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::bus::RecvTimeoutError;
+    /// use std::time::Duration;
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// let waited = sub.recv_timeout(Duration::from_millis(1));
+    /// assert_eq!(waited.unwrap_err(), RecvTimeoutError::Timeout);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message, RecvTimeoutError> {
         let deadline = std::time::Instant::now() + timeout;
         match self.poll() {
@@ -588,15 +733,48 @@ impl Subscription {
     }
 
     /// Messages as they arrive, until the bus shuts down (each step is a [`recv`](Self::recv)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// hooks.bus().publish("myapp.x", "1")?;
+    /// hooks.shutdown(std::time::Duration::from_secs(2));
+    /// assert_eq!(sub.iter().count(), 1); // what was queued, then the end
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn iter(&self) -> Iter<'_> {
         Iter(self)
     }
 
     /// The messages waiting now, without blocking.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// hooks.bus().publish("myapp.x", "1")?;
+    /// hooks.bus().publish("myapp.y", "2")?;
+    /// let topics: Vec<String> = sub.try_iter().map(|m| m.topic().to_string()).collect();
+    /// assert_eq!(topics, ["myapp.x", "myapp.y"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_iter(&self) -> impl Iterator<Item = Message> + '_ {
         self.sub.rx.try_iter()
     }
 
+    /// The subscription's id on its bus (as [`Bus::subscribers`] shows it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// assert_eq!(hooks.bus().subscribers()[0].id, sub.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn id(&self) -> u64 {
         self.sub.id
     }
@@ -608,19 +786,41 @@ impl Subscription {
         &self.sub.rx
     }
 
+    /// The pattern subscribed to, as given.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// assert_eq!(hooks.bus().subscribe("myapp.*")?.pattern(), "myapp.*");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn pattern(&self) -> &str {
         &self.sub.pattern
     }
 
     /// Messages waiting in the queue.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// assert!(sub.is_empty());
+    /// hooks.bus().publish("myapp.x", "1")?;
+    /// assert_eq!((sub.len(), sub.delivered()), (1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.sub.rx.len()
     }
 
+    /// Whether no message is waiting.
     pub fn is_empty(&self) -> bool {
         self.sub.rx.is_empty()
     }
 
+    /// The most messages the queue holds.
     pub fn capacity(&self) -> usize {
         self.sub.capacity
     }
@@ -637,6 +837,7 @@ impl Subscription {
 }
 
 /// Blocking iterator over a [`Subscription`]; ends when the bus shuts down.
+#[derive(Debug)]
 pub struct Iter<'a>(&'a Subscription);
 
 impl Iterator for Iter<'_> {

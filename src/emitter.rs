@@ -20,6 +20,7 @@
 //! dropped and counted — never truncated. Only those large events allocate, take malloc's locks
 //! or can make a syscall (a large allocation may `mmap`); an event that fits inline does none
 //! of that.
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::event::{Event, EventKind, Extras, ExtrasError, Parts};
 use crate::interest::Interest;
@@ -150,15 +151,15 @@ pub(crate) struct EventSlot {
 
 /// An event as the worker reads it back from a slot.
 pub(crate) struct SlotEvent<'a> {
-    pub event: Event<'a>,
-    pub agent: &'a str,
-    pub session: &'a str,
-    pub seq: u64,
+    pub(crate) event: Event<'a>,
+    pub(crate) agent: &'a str,
+    pub(crate) session: &'a str,
+    pub(crate) seq: u64,
     /// The emitter's relay id (0: not a relay emitter).
-    pub relay: u64,
+    pub(crate) relay: u64,
     /// Extra fields' JSON text (empty for none), already checked.
-    pub extras: &'a str,
-    pub omitted: u8,
+    pub(crate) extras: &'a str,
+    pub(crate) omitted: u8,
 }
 
 // SAFETY: the only non-Send field is `seq`, a pointer to a `SeqCell` — an atomic, so `Sync` — that
@@ -483,6 +484,22 @@ impl Emitter {
     /// for events larger than the inline slot size.
     ///
     /// Only the "nobody listens" check is inlined into the caller; the rest is one call away.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{Emit, Event, Hooks};
+    /// let hooks = Hooks::builder().build()?;
+    /// let em = hooks.emitter("my-agent", "s1");
+    /// // Nobody listens yet: nothing is copied or queued.
+    /// assert_eq!(em.emit(Event::TurnComplete), Emit::Skipped);
+    /// let sub = hooks.bus().subscribe("prx.lifecycle.tool_call_start")?;
+    /// let call = Event::ToolCallStart { tool: "shell", arguments: r#"{"cmd": "ls"}"# };
+    /// assert_eq!(em.emit(call), Emit::Queued);
+    /// let msg = sub.recv()?;
+    /// assert_eq!(msg.json_str(), r#"{"tool":"shell","arguments":{"cmd":"ls"}}"#);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn emit(&self, event: Event<'_>) -> Emit {
         let e = &*self.0;
@@ -501,6 +518,22 @@ impl Emitter {
     /// are an `Err` — nothing is emitted, and the refusal is counted in
     /// `Stats::refused_extras`. Accepted ones count against `inline_bytes` and the byte budget
     /// like any field. Plain `emit` is unaffected.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{Event, Extras, Hooks};
+    /// let hooks = Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
+    /// let em = hooks.emitter("my-agent", "s1");
+    /// let end = Event::AgentEnd { success: true, messages_count: 4 };
+    /// em.emit_with_extras(end, &Extras::fields(r#"{"tokens_used": 300}"#))?;
+    /// let json = sub.recv()?.json_str().to_string();
+    /// assert_eq!(json, r#"{"success":true,"messages_count":4,"tokens_used":300}"#);
+    /// // A member that repeats a documented field is refused; nothing is emitted.
+    /// assert!(em.emit_with_extras(end, &Extras::fields(r#"{"messages_count": 1}"#)).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn emit_with_extras(
         &self,
         event: Event<'_>,
@@ -601,15 +634,38 @@ impl Emitter {
         self.0.seq.next.load(Relaxed)
     }
 
+    /// The agent this emitter's events come from.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let em = hooks.emitter("my-agent", "s1");
+    /// assert_eq!((em.agent(), em.session()), ("my-agent", "s1"));
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn agent(&self) -> &str {
         &self.0.agent
     }
 
+    /// The session this emitter's events belong to.
     pub fn session(&self) -> &str {
         &self.0.session
     }
 
     /// Whether an event of this kind would be delivered anywhere right now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::EventKind;
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let em = hooks.emitter("my-agent", "s1");
+    /// assert!(!em.is_listened(EventKind::Error));
+    /// let _sub = hooks.bus().subscribe("prx.lifecycle.error")?;
+    /// assert!(em.is_listened(EventKind::Error));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_listened(&self, kind: EventKind) -> bool {
         self.0.producers.interest.wants(kind)
     }

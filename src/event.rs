@@ -482,7 +482,7 @@ impl<'a> Event<'a> {
     /// Appends the payload object to `out`: `{"tool":"shell","success":true,"output":"…"}`.
     ///
     /// This is how payload JSON is produced; the pipeline calls it (through
-    /// [`Event::write_payload`]) once per event.
+    /// `Event::write_payload`) once per event.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         self.write_payload(out, "", 0);
     }

@@ -1,5 +1,6 @@
 //! [`Hooks`]: the running hook system — its emitters, bus, sinks, stats and shutdown
 //! (ARCHITECTURE.md § Data flow).
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use super::*;
 
@@ -33,7 +34,32 @@ pub struct Hooks {
     pub(super) shutdown_timeout: Duration,
 }
 
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("workspace", &self.workspace)
+            .field("workers", &self.pipeline.lanes().len())
+            .field("bus", &self.bus)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Hooks {
+    /// A builder with every option at its default (docs/library.md lists them).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{Event, Hooks};
+    /// use std::time::Duration;
+    /// // Without a workspace: no hooks.json, no plugins; the bus alone.
+    /// let hooks = Hooks::builder().workers(2).build()?;
+    /// let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
+    /// hooks.emitter("my-agent", "s1").emit(Event::TurnComplete);
+    /// assert_eq!(sub.recv()?.topic(), "prx.lifecycle.turn_complete");
+    /// hooks.shutdown(Duration::from_secs(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn builder() -> HooksBuilder {
         HooksBuilder::default()
     }
@@ -41,6 +67,15 @@ impl Hooks {
     /// An emitter for one agent session. Emitters are spread over the workers' rings round
     /// robin; an emitter and its clones always use the same one (that is what keeps their
     /// events in order).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let em = hooks.emitter("my-agent", "s1");
+    /// assert_eq!(em.session(), "s1");
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn emitter(&self, agent: &str, session: &str) -> Emitter {
         let lanes = self.pipeline.lanes();
         let lane = lanes[self.next_ring.fetch_add(1, Ordering::Relaxed) % lanes.len()].clone();
@@ -53,22 +88,57 @@ impl Hooks {
         &self.sessions
     }
 
-    /// The largest event accepted (`HooksBuilder::max_event_bytes`).
+    /// The largest event accepted ([`HooksBuilder::max_event_bytes`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().max_event_bytes(1 << 20).build()?;
+    /// assert_eq!(hooks.max_event_bytes(), 1 << 20);
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn max_event_bytes(&self) -> usize {
         self.producers.max_event_bytes()
     }
 
     /// The in-process event bus.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("myapp.*")?;
+    /// hooks.bus().publish("myapp.started", "{}")?;
+    /// assert_eq!(sub.recv()?.topic(), "myapp.started");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bus(&self) -> &Bus {
         &self.bus
     }
 
+    /// The workspace given to [`HooksBuilder::workspace`], if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// assert!(hooks.workspace().is_none());
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn workspace(&self) -> Option<&Path> {
         self.workspace.as_deref()
     }
 
     /// Events in the rings that the workers have not processed yet (cheap: two loads per ring).
     /// A producer that must not lose events, such as a file replay, can pace itself on it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// assert_eq!(hooks.pending(), 0);
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn pending(&self) -> usize {
         self.pipeline.rings().map(|r| r.len()).sum()
     }
@@ -90,11 +160,29 @@ impl Hooks {
     }
 
     /// Ring slots, all rings together.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().ring_capacity(4096).build()?;
+    /// assert!(hooks.capacity() >= 4096);
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn capacity(&self) -> usize {
         self.pipeline.rings().map(|r| r.capacity()).sum()
     }
 
     /// A snapshot of every counter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{Event, Hooks};
+    /// let hooks = Hooks::builder().build()?;
+    /// hooks.emitter("my-agent", "s1").emit(Event::TurnComplete); // nobody listens
+    /// assert_eq!(hooks.stats().skipped, 1);
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn stats(&self) -> Stats {
         let mut stats = Stats::default();
         // One consistent read: `queued = processed + dropped_shutdown + depth` exactly
@@ -173,6 +261,22 @@ impl Hooks {
     /// without a workspace. There is one per `Hooks`, so every writer in the process is
     /// serialized by it. After a successful edit call [`Hooks::apply_hooks_file`] to make the
     /// written file live at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// let ws = std::env::temp_dir().join(format!("prx-hooks-doc-editor-{}", std::process::id()));
+    /// std::fs::create_dir_all(&ws)?;
+    /// let hooks = prx_hooks::Hooks::builder().workspace(&ws).build()?;
+    /// let editor = hooks.editor().expect("a workspace");
+    /// editor.create(json!({"event": "turn_complete", "command": "true"}))?;
+    /// hooks.apply_hooks_file(); // live now, not a debounce later
+    /// assert_eq!(hooks.hook_table().actions.len(), 1);
+    /// hooks.shutdown(std::time::Duration::from_secs(2));
+    /// # std::fs::remove_dir_all(&ws)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn editor(&self) -> Option<&config::HooksEditor> {
         let ws = self.workspace.as_deref()?;
         Some(self.editor.get_or_init(|| config::HooksEditor::new(ws)))
@@ -217,6 +321,18 @@ impl Hooks {
     /// Drains what is queued (for at most `timeout`), stops the workers and the sinks, and
     /// closes the bus (subscriptions can still read what they hold). Idempotent. Events
     /// emitted afterwards are `Skipped`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{Emit, Event, Hooks};
+    /// let hooks = Hooks::builder().build()?;
+    /// let em = hooks.emitter("my-agent", "s1");
+    /// hooks.shutdown(std::time::Duration::from_secs(2));
+    /// assert!(hooks.is_shut_down());
+    /// assert_eq!(em.emit(Event::TurnComplete), Emit::Skipped);
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
     pub fn shutdown(&self, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
         // Nothing more from NATS: what it still holds is delivered again to the next consumer.

@@ -1,5 +1,6 @@
 //! [`Interest`]: which events any sink wants, one relaxed load on `emit`'s path, and the
 //! [`InterestHandle`] each sink sets its own part through (ARCHITECTURE.md § Data flow).
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::event::{EventKind, EventMask};
 use crossbeam_utils::CachePadded;
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 /// Which events anyone listens to. `emit` reads `combined` (one relaxed load); each sink owns
 /// one part and updates it through its [`InterestHandle`] when its configuration changes.
-pub struct Interest {
+pub(crate) struct Interest {
     combined: CachePadded<AtomicU8>,
     parts: Box<[AtomicU8]>,
     /// Serializes recomputing `combined`; `closed` keeps it at zero after shutdown.
@@ -55,7 +56,32 @@ pub struct InterestHandle {
     part: usize,
 }
 
+impl std::fmt::Debug for InterestHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InterestHandle")
+            .field("part", &self.part)
+            .field("mask", &self.interest.part(self.part))
+            .finish()
+    }
+}
+
 impl InterestHandle {
+    /// A handle on an interest mask of its own, for a sink outside any pipeline: one that is
+    /// driven through [`Sink::deliver`](crate::Sink::deliver) directly, such as a
+    /// [`ShellSink`](crate::shell::ShellSink) made with
+    /// [`ShellSink::new`](crate::shell::ShellSink::new). What it declares reaches no emitter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{EventMask, InterestHandle};
+    /// let interest = InterestHandle::detached();
+    /// interest.set(EventMask::ALL);
+    /// ```
+    pub fn detached() -> InterestHandle {
+        Interest::new(1).handle(0)
+    }
+
     /// Declares which events this sink wants from now on.
     pub fn set(&self, mask: EventMask) {
         let i = &*self.interest;

@@ -107,11 +107,34 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// Internals exposed for the fuzz targets under `fuzz/`. Not part of the API.
+/// Internals for the benches under `benches/` and the fuzz targets under `fuzz/`. Not part of
+/// the API: anything here may change in any release.
 #[doc(hidden)]
+pub mod __private {
+    /// The JSON compaction and checks the fuzz targets and `benches/serialize.rs` drive.
+    pub mod json {
+        pub use crate::json::{
+            MAX_DEPTH, Refused, Top, append_compact, append_compact_str, append_compact_within,
+            check_object, check_value, write_str,
+        };
+    }
+
+    /// The spawn path alone, for `benches/spawn.rs`.
+    pub mod spawn {
+        pub use crate::shell::spawn_bench::*;
+    }
+
+    /// One plugin's per-call path and the direct wasmtime calls it is compared with, for
+    /// `benches/wasm.rs`.
+    #[cfg(feature = "wasm")]
+    pub mod wasm {
+        pub use crate::wasm::bench::*;
+    }
+}
+
+/// The former path of [`__private::json`].
+#[doc(hidden)]
+#[deprecated(note = "use prx_hooks::__private::json")]
 pub mod __fuzz {
-    pub use crate::json::{
-        MAX_DEPTH, Refused, Top, append_compact, append_compact_str, append_compact_within,
-        check_object, check_value, write_str,
-    };
+    pub use crate::__private::json::*;
 }

@@ -570,25 +570,7 @@ fn read_payload(
             if !extra_names.insert(key.as_ref()) {
                 return Err(LineError::new(at, &path, "appears twice".into()));
             }
-            // serde_json read the value leniently (it lets a lone `\u` surrogate through): an
-            // extra field must pass the check `emit_with_extras` makes, here, with its column.
-            let depth = crate::event::EXTRAS_MAX_DEPTH - 1;
-            if let Err(r) = crate::json::check_value(raw.get().as_bytes(), depth) {
-                return Err(LineError::new(
-                    at + r.at,
-                    &path,
-                    format!(
-                        "{} (an extra field must be strict JSON: \\u surrogates in pairs, at most {depth} levels deep)",
-                        r.reason
-                    ),
-                ));
-            }
-            extras.push(if extras.is_empty() { '{' } else { ',' });
-            // The name re-quoted (JSON-equal; byte-equal unless it held escapes), the value
-            // byte-exact.
-            extras.push_str(&serde_json::to_string(key.as_ref()).unwrap_or_default());
-            extras.push(':');
-            extras.push_str(raw.get());
+            push_extra(&mut extras, key, raw, at, &path)?;
             continue;
         };
         if present & (1 << index) != 0 {
@@ -624,18 +606,7 @@ fn read_payload(
             omitted.push(field);
             continue;
         }
-        let hint = crate::suggest(field, extra_names.names())
-            .map(|s| format!("; did you mean to write \"{field}\" instead of \"{s}\"?"))
-            .unwrap_or_default();
-        return Err(LineError::new(
-            base + 1,
-            &format!("payload.{field}"),
-            format!(
-                "missing ({} {kind} event needs {}){hint}",
-                kind.article(),
-                fields.join(", ")
-            ),
-        ));
+        return Err(missing(kind, field, extra_names.names(), base));
     }
     let [a, b] = strs;
     Ok(Record {
@@ -648,6 +619,55 @@ fn read_payload(
         extras,
         omitted,
     })
+}
+
+/// Appends an extra (undocumented) member to `extras`, checked as strictly as
+/// `emit_with_extras` checks it.
+fn push_extra(
+    extras: &mut String,
+    key: &str,
+    raw: &RawValue,
+    at: usize,
+    path: &str,
+) -> Result<(), LineError> {
+    // serde_json read the value leniently (it lets a lone `\u` surrogate through): an
+    // extra field must pass the check `emit_with_extras` makes, here, with its column.
+    let depth = crate::event::EXTRAS_MAX_DEPTH - 1;
+    if let Err(r) = crate::json::check_value(raw.get().as_bytes(), depth) {
+        return Err(LineError::new(
+            at + r.at,
+            path,
+            format!(
+                "{} (an extra field must be strict JSON: \\u surrogates in pairs, at most {depth} levels deep)",
+                r.reason
+            ),
+        ));
+    }
+    extras.push(if extras.is_empty() { '{' } else { ',' });
+    // The name re-quoted (JSON-equal; byte-equal unless it held escapes), the value
+    // byte-exact.
+    extras.push_str(&serde_json::to_string(key).unwrap_or_default());
+    extras.push(':');
+    extras.push_str(raw.get());
+    Ok(())
+}
+
+/// The error for `kind`'s documented `field` missing from a payload whose column is `base`,
+/// with a hint when an extra member's name is close to it.
+#[cold]
+fn missing(kind: EventKind, field: &str, extra_names: &[&str], base: usize) -> LineError {
+    let hint = crate::suggest(field, extra_names)
+        .map(|s| format!("; did you mean to write \"{field}\" instead of \"{s}\"?"))
+        .unwrap_or_default();
+    LineError::new(
+        base + 1,
+        &format!("payload.{field}"),
+        format!(
+            "missing ({} {kind} event needs {}){hint}",
+            kind.article(),
+            kind.fields().join(", ")
+        ),
+    )
 }
 
 /// Which of `kind`'s (up to two) string slots its documented string field `name` goes in.

@@ -30,13 +30,14 @@
 //!
 //! After `shutdown` returns, every `emit` that returned `Queued` was handed to the sinks or
 //! counted in `dropped_shutdown`: `queued == processed + dropped_shutdown`.
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::emitter::{EventSlot, Lane, Producers};
 use crate::event::{EventKind, EventMask};
-pub use crate::interest::{Interest, InterestHandle};
+pub(crate) use crate::interest::{Interest, InterestHandle};
 use crate::message::{Message, Meta};
 use crate::ring::{Consumer, Ring};
-pub use crate::sink::Sink;
+pub(crate) use crate::sink::Sink;
 use crossbeam_utils::CachePadded;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,7 +54,7 @@ pub const SHUTDOWN_SLACK: Duration = Duration::from_millis(250);
 /// Tuning for the workers.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct WorkerConfig {
-    pub idle_tick: Duration,
+    pub(crate) idle_tick: Duration,
 }
 
 struct Control {
@@ -85,12 +86,12 @@ struct Taken {
 /// The consumer side of [`crate::Stats`], read as one snapshot by [`Pipeline::accounting`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Accounting {
-    pub processed: u64,
-    pub dropped_shutdown: u64,
+    pub(crate) processed: u64,
+    pub(crate) dropped_shutdown: u64,
     /// Claimed positions no worker has counted yet: in the ring, or being taken from it.
-    pub depth: u64,
+    pub(crate) depth: u64,
     /// Every successful claim (the sum of the tails).
-    pub queued: u64,
+    pub(crate) queued: u64,
 }
 
 /// The rings, their workers and the sinks they feed.
@@ -300,7 +301,7 @@ struct Worker {
 }
 
 /// Events a worker takes from its ring before handing them to the sinks in one go.
-pub const BATCH: usize = 64;
+pub(crate) const BATCH: usize = 64;
 
 /// How many messages a worker keeps for reuse, at most (about 450 bytes each for typical
 /// events: ~7 MiB per worker at the cap, reached only while a subscriber lags this far behind).

@@ -1,5 +1,6 @@
 //! The [`Sink`] trait: what the workers hand each batch of messages to (ARCHITECTURE.md §
 //! Data flow).
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::event::{EventKind, EventMask};
 use crate::message::Message;
@@ -12,7 +13,7 @@ pub trait Sink: Send + Sync {
     fn name(&self) -> &str;
 
     /// Takes one event. Called on a pipeline worker, so it must not block: enqueue and return.
-    /// Called only for events this sink's [`InterestHandle`] says it wants.
+    /// Called only for events this sink's [`InterestHandle`](crate::InterestHandle) says it wants.
     fn deliver(&self, msg: &Message);
 
     /// Takes a batch of events in order (workers hand them over up to 64 at a time, so

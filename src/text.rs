@@ -1,4 +1,6 @@
-//! Text helpers shared by every error message: "did you mean …?" hints.
+//! Text helpers shared by every error message: quoting a value on one line, and "did you
+//! mean …?" hints.
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 /// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo
 /// (for "did you mean …?" hints in error messages).
@@ -24,4 +26,31 @@ pub(crate) fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str>
         .filter(|(d, c)| *d <= 2.max(c.len() / 3))
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)
+}
+
+/// `s` in double quotes, escaped like a JSON string (control characters, `"`, `\`, and the
+/// Unicode line separators), and cut at 64 characters with `…`. Always one line.
+pub(crate) fn quote(s: &str) -> String {
+    const MAX: usize = 64;
+    let mut out = String::with_capacity(s.len().min(MAX) + 2);
+    out.push('"');
+    for (n, c) in s.chars().enumerate() {
+        if n == MAX {
+            out.push('…');
+            break;
+        }
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }

@@ -24,7 +24,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use prx_hooks::__fuzz::{
+use prx_hooks::__private::json::{
     MAX_DEPTH, Top, append_compact, append_compact_str, append_compact_within, check_object,
     check_value,
 };

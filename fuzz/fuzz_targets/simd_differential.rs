@@ -32,7 +32,7 @@ fuzz_target!(|src: &[u8]| {
 
 fn compactor(src: &[u8]) {
     let mut compact = Vec::new();
-    let ok = prx_hooks::__fuzz::append_compact(&mut compact, src, prx_hooks::__fuzz::Top::Any);
+    let ok = prx_hooks::__private::json::append_compact(&mut compact, src, prx_hooks::__private::json::Top::Any);
     let mut copy = src.to_vec();
     let simd: Result<simd_json::OwnedValue, _> = simd_json::to_owned_value(&mut copy);
     match (&simd, ok) {
@@ -64,7 +64,7 @@ fn strings(src: &[u8]) {
     let long = format!("{:<40}{text}", "padding-to-the-simd-threshold");
     for s in [text.as_ref(), short.as_str(), long.as_str()] {
         let mut ours = Vec::new();
-        prx_hooks::__fuzz::write_str(&mut ours, s);
+        prx_hooks::__private::json::write_str(&mut ours, s);
         assert_eq!(ours, serde_json::to_vec(s).unwrap(), "{s:?}");
     }
 }

@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn the_former_compactor_agrees_with_the_library_on_known_cases() {
-        use prx_hooks::__fuzz::{MAX_DEPTH, Top, check_value};
+        use prx_hooks::__private::json::{MAX_DEPTH, Top, check_value};
         for src in [
             &b""[..],
             b" ",
@@ -323,7 +323,7 @@ mod tests {
             let mut a = b"x".to_vec();
             let mut b = b"x".to_vec();
             assert_eq!(
-                prx_hooks::__fuzz::append_compact(&mut a, src, Top::Any),
+                prx_hooks::__private::json::append_compact(&mut a, src, Top::Any),
                 former_json::append_compact_within(&mut b, src, false, MAX_DEPTH)
             );
             assert_eq!(a, b);

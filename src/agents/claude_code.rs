@@ -1,4 +1,4 @@
-//! Claude Code's hook events (https://code.claude.com/docs/en/hooks, read 2026-12-03).
+//! Claude Code's hook events (<https://code.claude.com/docs/en/hooks>, read 2026-12-03).
 
 use super::{Map, Spec, Success, Value};
 

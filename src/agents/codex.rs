@@ -1,6 +1,6 @@
-//! OpenAI Codex CLI: its hooks (https://developers.openai.com/codex/hooks, read 2026-12-03;
+//! OpenAI Codex CLI: its hooks (<https://developers.openai.com/codex/hooks>, read 2026-12-03;
 //! one JSON object on stdin, its kind in `hook_event_name`) and its older `notify` program
-//! (https://developers.openai.com/codex/config-advanced#notifications: the object as the
+//! (<https://developers.openai.com/codex/config-advanced#notifications>: the object as the
 //! program's last argument, its kind in `type`).
 
 use super::{Map, Spec, Success, Value};

@@ -1,4 +1,4 @@
-//! Cursor's hook events (https://cursor.com/docs/hooks, read 2026-12-03). The session is the
+//! Cursor's hook events (<https://cursor.com/docs/hooks>, read 2026-12-03). The session is the
 //! conversation. Cursor says whether a generic tool call failed (`postToolUseFailure`) but not
 //! whether a shell command or an MCP tool did, so those `tool_call`s leave `success` out.
 

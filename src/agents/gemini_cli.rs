@@ -1,4 +1,4 @@
-//! Gemini CLI's hook events (https://geminicli.com/docs/hooks/reference, read 2026-12-03).
+//! Gemini CLI's hook events (<https://geminicli.com/docs/hooks/reference>, read 2026-12-03).
 
 use super::{Map, Spec, Success, Value};
 

@@ -330,13 +330,71 @@ pub fn translate(
     opts: &TranslateOptions,
 ) -> Result<Translated, TranslateError> {
     let spec = agent.spec();
+    let text = decode(input)?;
+    let members = parse_members(text)?;
+    let locate = |raw: &RawValue| {
+        let pos = (raw.get().as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
+        place(text, pos)
+    };
+    let names = unique_names(&members, &locate)?;
+    let lines = Lines {
+        members: &members,
+        locate: &locate,
+    };
+    let event = event_name(agent, spec, &lines)?;
+    let session = session_id(spec, opts, &lines)?;
+    let agent_name = opts
+        .agent
+        .clone()
+        .unwrap_or_else(|| agent.name().to_string());
+    let Some((kind, fields, lenient)) = mapped((spec.map)(&event), &lines)? else {
+        let topic = topic(agent, &event);
+        let line = format!(
+            "{{\"topic\":{},\"agent\":{},\"session\":{},\"payload\":{}}}",
+            quote(&topic),
+            quote(&agent_name),
+            quote(&session),
+            one_line(text.trim())
+        );
+        return Ok(Translated {
+            line,
+            target: Target::Topic(topic),
+            event,
+            lenient: false,
+        });
+    };
+    let consumed = consumed(spec, &event);
+    let payload = payload(kind, &fields, &members, &names, &consumed, text.len());
+    let line = format!(
+        "{{\"event\":{},\"agent\":{},\"session\":{},\"payload\":{}}}",
+        quote(kind.name()),
+        quote(&agent_name),
+        quote(&session),
+        one_line(&payload)
+    );
+    Ok(Translated {
+        line,
+        target: Target::Lifecycle(kind),
+        event,
+        lenient,
+    })
+}
+
+/// The payload as text: UTF-8, without a byte order mark.
+fn decode(input: &[u8]) -> Result<&str, TranslateError> {
     let text = std::str::from_utf8(input).map_err(|e| {
         let valid = std::str::from_utf8(&input[..e.valid_up_to()]).unwrap_or_default();
         let (line, col) = place(valid, valid.len());
         TranslateError::at(line, col, "$", "not UTF-8")
     })?;
     // A byte order mark some Windows tools write before the object.
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    Ok(text.strip_prefix('\u{feff}').unwrap_or(text))
+}
+
+/// The payload's members, in order, each with its raw value.
+fn parse_members(
+    text: &str,
+) -> Result<Vec<(std::borrow::Cow<'_, str>, &RawValue)>, TranslateError> {
     let members: Members<'_> = serde_json::from_str(text).map_err(|e| {
         let msg = e.to_string();
         let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
@@ -351,95 +409,106 @@ pub fn translate(
             format!("{what}{msg}"),
         )
     })?;
-    let members = members.0;
-    let locate = |raw: &RawValue| {
-        let pos = (raw.get().as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
-        place(text, pos)
-    };
+    Ok(members.0)
+}
+
+/// The members' names; a name that appears twice is an error at its second place.
+fn unique_names<'m>(
+    members: &'m [(std::borrow::Cow<'_, str>, &RawValue)],
+    locate: &impl Fn(&RawValue) -> (usize, usize),
+) -> Result<std::collections::HashSet<&'m str>, TranslateError> {
     let mut names = std::collections::HashSet::with_capacity(members.len());
-    for (key, raw) in &members {
+    for (key, raw) in members {
         if !names.insert(key.as_ref()) {
             let (l, c) = locate(raw);
             return Err(TranslateError::at(l, c, key, "appears twice"));
         }
     }
-    let get = |name: &str| members.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
-    let string = |name: &str, raw: &RawValue| -> Result<String, TranslateError> {
-        serde_json::from_str::<String>(raw.get()).map_err(|_| {
-            let (l, c) = locate(raw);
-            TranslateError::at(
-                l,
-                c,
-                name,
-                format!("expected a string, found {}", shown(raw.get())),
-            )
-        })
-    };
-    let event = match spec.event_fields.iter().find_map(|&f| Some((f, get(f)?))) {
-        Some((name, raw)) => string(name, raw)?,
-        None => {
-            return Err(TranslateError::at(
-                1,
-                1,
-                spec.event_fields[0],
-                match spec.event_fields {
-                    [_] => format!("missing (a {agent} hook payload names its event in it)"),
-                    all => format!(
-                        "missing (a {agent} hook payload names its event in {})",
-                        all.join(" or ")
-                    ),
-                },
-            ));
-        }
-    };
+    Ok(names)
+}
+
+/// The member `name`, a string.
+fn string<F: Fn(&RawValue) -> (usize, usize)>(
+    lines: &Lines<'_, '_, F>,
+    name: &str,
+    raw: &RawValue,
+) -> Result<String, TranslateError> {
+    serde_json::from_str::<String>(raw.get()).map_err(|_| {
+        let (l, c) = (lines.locate)(raw);
+        TranslateError::at(
+            l,
+            c,
+            name,
+            format!("expected a string, found {}", shown(raw.get())),
+        )
+    })
+}
+
+/// The agent's name for the event: the first of the spec's event fields present.
+fn event_name<F: Fn(&RawValue) -> (usize, usize)>(
+    agent: Agent,
+    spec: &Spec,
+    lines: &Lines<'_, '_, F>,
+) -> Result<String, TranslateError> {
+    match spec
+        .event_fields
+        .iter()
+        .find_map(|&f| Some((f, lines.get(f)?)))
+    {
+        Some((name, raw)) => string(lines, name, raw),
+        None => Err(TranslateError::at(
+            1,
+            1,
+            spec.event_fields[0],
+            match spec.event_fields {
+                [_] => format!("missing (a {agent} hook payload names its event in it)"),
+                all => format!(
+                    "missing (a {agent} hook payload names its event in {})",
+                    all.join(" or ")
+                ),
+            },
+        )),
+    }
+}
+
+/// The session: the one given in `opts`, else the first of the spec's session fields present.
+fn session_id<F: Fn(&RawValue) -> (usize, usize)>(
+    spec: &Spec,
+    opts: &TranslateOptions,
+    lines: &Lines<'_, '_, F>,
+) -> Result<String, TranslateError> {
     let mut session = None;
     for name in spec.session_fields {
-        if let Some(raw) = get(name) {
-            session = Some(string(name, raw)?);
+        if let Some(raw) = lines.get(name) {
+            session = Some(string(lines, name, raw)?);
             break;
         }
     }
-    let session = match (&opts.session, session) {
-        (Some(s), _) => s.clone(),
-        (None, Some(s)) => s,
-        (None, None) => {
-            return Err(TranslateError::at(
-                1,
-                1,
-                spec.session_fields[0],
-                "missing: the session id is needed (or give one: send --session, ?session=)",
-            ));
-        }
-    };
-    let agent_name = opts
-        .agent
-        .clone()
-        .unwrap_or_else(|| agent.name().to_string());
-    let lines = Lines {
-        members: &members,
-        locate: &locate,
-    };
-    let (kind, fields, lenient) = match (spec.map)(&event) {
-        Map::Topic => {
-            let topic = topic(agent, &event);
-            let line = format!(
-                "{{\"topic\":{},\"agent\":{},\"session\":{},\"payload\":{}}}",
-                quote(&topic),
-                quote(&agent_name),
-                quote(&session),
-                one_line(text.trim())
-            );
-            return Ok(Translated {
-                line,
-                target: Target::Topic(topic),
-                event,
-                lenient: false,
-            });
-        }
+    match (&opts.session, session) {
+        (Some(s), _) => Ok(s.clone()),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Err(TranslateError::at(
+            1,
+            1,
+            spec.session_fields[0],
+            "missing: the session id is needed (or give one: TranslateOptions::session)",
+        )),
+    }
+}
+
+/// The lifecycle event a mapping makes, its documented fields, and whether one was left out;
+/// `None` for an event that goes to a topic.
+#[allow(clippy::type_complexity)]
+fn mapped<F: Fn(&RawValue) -> (usize, usize)>(
+    map: Map,
+    lines: &Lines<'_, '_, F>,
+) -> Result<Option<(EventKind, Vec<(&'static str, String)>, bool)>, TranslateError> {
+    Ok(Some(match map {
+        Map::Topic => return Ok(None),
         Map::ToolStart { tool, arguments } => {
             let mut f = Fields::default();
-            f.text(&lines, "tool", tool)?;
-            f.json(&lines, "arguments", arguments)?;
+            f.text(lines, "tool", tool)?;
+            f.json(lines, "arguments", arguments)?;
             (EventKind::ToolCallStart, f.list, f.lenient)
         }
         Map::ToolDone {
@@ -448,7 +517,7 @@ pub fn translate(
             success,
         } => {
             let mut f = Fields::default();
-            f.text(&lines, "tool", tool)?;
+            f.text(lines, "tool", tool)?;
             let success = match success {
                 Success::Is(b) => Some(b),
                 Success::UnlessSet(object, member) => Some(!lines.is_set(object, member)),
@@ -458,7 +527,7 @@ pub fn translate(
                 Some(b) => f.list.push(("success", b.to_string())),
                 None => f.lenient = true,
             }
-            f.text(&lines, "output", output)?;
+            f.text(lines, "output", output)?;
             (EventKind::ToolCall, f.list, f.lenient)
         }
         Map::AgentStart => (EventKind::AgentStart, vec![], false),
@@ -466,15 +535,26 @@ pub fn translate(
         Map::TurnComplete => (EventKind::TurnComplete, vec![], false),
         Map::Error { component, message } => {
             let mut f = Fields::default();
-            f.text(&lines, "component", component)?;
-            f.text(&lines, "message", message)?;
+            f.text(lines, "component", component)?;
+            f.text(lines, "message", message)?;
             (EventKind::Error, f.list, f.lenient)
         }
-    };
-    let consumed = consumed(spec, &event);
-    let mut payload = String::with_capacity(text.len() + 64);
+    }))
+}
+
+/// The event's payload: the documented fields, then every member not consumed, renamed
+/// `agent_<name>` when its name is taken.
+fn payload(
+    kind: EventKind,
+    fields: &[(&'static str, String)],
+    members: &[(std::borrow::Cow<'_, str>, &RawValue)],
+    names: &std::collections::HashSet<&str>,
+    consumed: &[&str],
+    size: usize,
+) -> String {
+    let mut payload = String::with_capacity(size + 64);
     payload.push('{');
-    for (name, value) in &fields {
+    for (name, value) in fields {
         if payload.len() > 1 {
             payload.push(',');
         }
@@ -483,7 +563,7 @@ pub fn translate(
         payload.push_str(value);
     }
     let own = kind.fields();
-    for (key, raw) in &members {
+    for (key, raw) in members {
         if consumed.contains(&key.as_ref()) {
             continue;
         }
@@ -503,19 +583,7 @@ pub fn translate(
         payload.push_str(raw.get());
     }
     payload.push('}');
-    let line = format!(
-        "{{\"event\":{},\"agent\":{},\"session\":{},\"payload\":{}}}",
-        quote(kind.name()),
-        quote(&agent_name),
-        quote(&session),
-        one_line(&payload)
-    );
-    Ok(Translated {
-        line,
-        target: Target::Lifecycle(kind),
-        event,
-        lenient,
-    })
+    payload
 }
 
 /// The members a mapping consumes (moved into documented fields).

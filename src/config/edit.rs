@@ -100,10 +100,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod body;
 mod doc;
+mod error;
 mod json;
 
+pub use body::parse_body;
+pub use error::EditError;
+
+use body::*;
 use doc::*;
+use error::*;
 use json::*;
 
 /// A strong ETag, quoted: `"0123…"` (32 hex digits).
@@ -154,99 +161,29 @@ pub struct Removed {
     pub table: Arc<HookTable>,
 }
 
-/// Why an edit was refused. Nothing was written.
-#[non_exhaustive]
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EditError {
-    /// The request body has the wrong shape (not a JSON object, …): 400.
-    #[error("{0}")]
-    BadRequest(String),
-    /// The request body is not JSON (syntax, UTF-8): 400. `path` is where the reader was
-    /// (`args[1]`; `$` is the body itself), `""` when unknown.
-    #[error("{error}")]
-    Malformed {
-        /// The reader's message.
-        error: String,
-        /// Where in the body the reader was.
-        path: String,
-    },
-    /// No hook has this id: 404.
-    #[error("no hook has the id {}", quote(.id))]
-    NotFound {
-        /// The id asked for.
-        id: String,
-    },
-    /// hooks.json changed on disk since the editor last read it and the caller's view was
-    /// based on the old file: 409. The file is left as it is.
-    #[error("{0}")]
-    Conflict(String),
-    /// `If-Match` names a version that is not the current one: 412.
-    #[error("{0}")]
-    PreconditionFailed(String),
-    /// The document the edit would produce does not validate: 422. `error` is the loader's
-    /// line (or the editor's own reason), `path` is relative to the request body (`args[2]`)
-    /// when the error is in the hook being written, else the document path.
-    #[error("{error}")]
-    Invalid {
-        /// The loader's line, or the editor's own reason.
-        error: String,
-        /// Where the error is (see above).
-        path: String,
-    },
-    /// The file on disk does not validate (a hand edit broke it): 409, fix the file first.
-    #[error("{error}")]
-    FileInvalid {
-        /// The loader's line about the file.
-        error: String,
-        /// The document path of the error.
-        path: String,
-    },
-    /// The file could not be read or written: 500.
-    #[error("{0}")]
-    Io(String),
-}
-
-impl EditError {
-    /// The HTTP status this error maps to.
-    pub fn status(&self) -> u16 {
-        match self {
-            EditError::BadRequest(_) | EditError::Malformed { .. } => 400,
-            EditError::NotFound { .. } => 404,
-            EditError::Conflict(_) | EditError::FileInvalid { .. } => 409,
-            EditError::PreconditionFailed(_) => 412,
-            EditError::Invalid { .. } => 422,
-            EditError::Io(_) => 500,
-        }
-    }
-
-    /// A stable machine-readable name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            EditError::BadRequest(_) => "bad_request",
-            EditError::Malformed { .. } => "bad_json",
-            EditError::NotFound { .. } => "not_found",
-            EditError::Conflict(_) => "conflict",
-            EditError::PreconditionFailed(_) => "precondition_failed",
-            EditError::Invalid { .. } => "invalid",
-            EditError::FileInvalid { .. } => "file_invalid",
-            EditError::Io(_) => "io",
-        }
-    }
-
-    /// The JSON path the error points at, relative to the body (`args[2]`; `$` is the body
-    /// as a whole), or in the file for [`EditError::FileInvalid`]; `""` when the error is not
-    /// about a place.
-    pub fn path(&self) -> &str {
-        match self {
-            EditError::Invalid { path, .. }
-            | EditError::FileInvalid { path, .. }
-            | EditError::Malformed { path, .. } => path,
-            _ => "",
-        }
-    }
-}
-
 /// Edits one workspace's hooks.json. Cheap to create; share one per workspace (`Arc`).
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::config::HooksEditor;
+/// use serde_json::json;
+/// let ws = std::env::temp_dir().join(format!("prx-hooks-doc-edit-{}", std::process::id()));
+/// std::fs::create_dir_all(&ws)?;
+/// let editor = HooksEditor::new(&ws);
+/// let written = editor.create(json!({"event": "tool_call", "id": "audit", "command": "true"}))?;
+/// assert_eq!(written.hook.event, "tool_call");
+/// assert_eq!(written.table.actions.len(), 1); // the table the loader built from the file
+/// let off = editor.toggle("audit", None)?;
+/// assert_eq!(off.hook.json["enabled"], json!(false));
+/// // The loader's rules hold: a command with shell syntax is refused, nothing is written.
+/// let refused = editor.create(json!({"event": "error", "command": "ls | wc"})).unwrap_err();
+/// assert_eq!((refused.status(), refused.path()), (422, "command"));
+/// editor.delete("audit", None)?;
+/// assert!(editor.list()?.hooks.is_empty());
+/// # std::fs::remove_dir_all(&ws)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct HooksEditor {
     workspace: PathBuf,
@@ -679,169 +616,6 @@ impl HooksEditor {
     }
 }
 
-/// Where the hook being written sits in the new document.
-struct Loc {
-    key: String,
-    index: usize,
-    /// Whether the event key was added for it (an error on the key is about `event`).
-    new_key: bool,
-}
-
-impl Loc {
-    fn none() -> Loc {
-        Loc {
-            key: String::new(),
-            index: usize::MAX,
-            new_key: false,
-        }
-    }
-}
-
-/// The loader's first error about the hook being written (`PATH: reason`, the path made
-/// relative to the body, without a position in a document that was never written), else its
-/// first error as the loader words it (`hooks.json:LINE:COL: PATH: reason`).
-fn map_errors(errs: &ConfigErrors, loc: &Loc) -> EditError {
-    let key_path = JPath::root().key("hooks").key(&loc.key).to_string();
-    if loc.index != usize::MAX {
-        let prefix = JPath::root()
-            .key("hooks")
-            .key(&loc.key)
-            .index(loc.index)
-            .to_string();
-        for e in errs {
-            let rel = match relative_path(&e.path, &prefix) {
-                Some(rel) => Some(rel),
-                None if loc.new_key && e.path == key_path => Some("event".to_string()),
-                None => None,
-            };
-            if let Some(path) = rel {
-                return EditError::Invalid {
-                    error: format!("{path}: {}", e.reason),
-                    path,
-                };
-            }
-        }
-    }
-    match errs.iter().next() {
-        Some(e) => EditError::Invalid {
-            error: e.to_string(),
-            path: e.path.clone(),
-        },
-        None => EditError::Invalid {
-            error: "invalid".into(),
-            path: "$".into(),
-        },
-    }
-}
-
-/// `path` relative to the hook at `prefix` (`hooks.tool_call[3]`): `args[2]`, `$` for the
-/// hook itself; `None` when it is elsewhere.
-fn relative_path(path: &str, prefix: &str) -> Option<String> {
-    let rest = path.strip_prefix(prefix)?;
-    if rest.is_empty() {
-        Some("$".to_string())
-    } else if let Some(r) = rest.strip_prefix('.') {
-        Some(r.to_string())
-    } else if rest.starts_with('[') {
-        Some(rest.to_string())
-    } else {
-        None
-    }
-}
-
-/// A loader warning (`LABEL:LINE:COL: PATH: reason`) about the hook at `prefix`, as
-/// `PATH: reason` with the path relative to the hook; `None` for warnings about other hooks.
-fn relative_warning(warning: &str, label: &str, prefix: &str) -> Option<String> {
-    let rest = warning.strip_prefix(label)?.strip_prefix(':')?;
-    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
-    let rest = rest.strip_prefix(':')?;
-    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
-    let rest = rest.strip_prefix(": ")?;
-    let after = rest.strip_prefix(prefix)?;
-    let (tail, reason) = after.split_once(": ")?;
-    let rel = relative_path(&format!("{prefix}{tail}"), prefix)?;
-    Some(format!("{rel}: {reason}"))
-}
-
-/// Where `path` (as [`JPath`] displays it; `$` is the body) starts in a request body, as
-/// 1-based line and character column; `None` when the body has no such place (or is not
-/// JSON).
-fn locate_in_body(body: &str, path: &str) -> Option<(usize, usize)> {
-    fn walk(node: &Node, at: &mut JPath, target: &str) -> Option<usize> {
-        if at.to_string() == target {
-            return Some(node.pos);
-        }
-        match &node.val {
-            Val::Arr(items) => items.iter().enumerate().find_map(|(i, n)| {
-                at.push(super::error::Seg::Index(i));
-                let found = walk(n, at, target);
-                at.pop();
-                found
-            }),
-            Val::Obj(members) => members.iter().find_map(|m| {
-                at.push(super::error::Seg::Key(m.key.clone()));
-                let found = walk(&m.value, at, target);
-                at.pop();
-                found
-            }),
-            _ => None,
-        }
-    }
-    let root = spanned::parse(body).root.ok()?;
-    let pos = walk(&root, &mut JPath::root(), path)?;
-    Some(super::error::Lines::new(body).locate(pos))
-}
-
-impl EditError {
-    /// The error as the client who sent `body` should read it: a validation error about a
-    /// place in the body starts with that place, `body:LINE:COL: PATH: reason`. Other errors
-    /// are returned as they are.
-    pub fn in_body(self, body: &str) -> EditError {
-        match self {
-            EditError::Invalid { error, path } if !path.is_empty() => {
-                match locate_in_body(body, &path) {
-                    Some((line, col)) => {
-                        let error = match error.strip_prefix(&format!("{path}: ")) {
-                            Some(reason) => format!("body:{line}:{col}: {path}: {reason}"),
-                            None => format!("body:{line}:{col}: {path}: {error}"),
-                        };
-                        EditError::Invalid { error, path }
-                    }
-                    None => EditError::Invalid { error, path },
-                }
-            }
-            other => other,
-        }
-    }
-}
-
-/// `event` from a body: required, a string.
-fn body_event(v: Option<&Value>) -> Result<String, EditError> {
-    match v {
-        Some(Value::String(s)) => Ok(s.clone()),
-        None | Some(Value::Null) => Err(EditError::Invalid {
-            error: "\"event\" is required: the event the hook runs on, such as \"tool_call\""
-                .into(),
-            path: "event".into(),
-        }),
-        Some(other) => Err(EditError::Invalid {
-            error: format!("expected a string, found {}", value_kind(other)),
-            path: "event".into(),
-        }),
-    }
-}
-
-fn value_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
 /// Whether an `If-Match` header value matches one of the current ETags (`*` matches; weak
 /// tags never do: the comparison is strong).
 fn if_match_ok(header: &str, current: &[&str]) -> bool {
@@ -849,47 +623,6 @@ fn if_match_ok(header: &str, current: &[&str]) -> bool {
         .split(',')
         .map(str::trim)
         .any(|t| t == "*" || (!t.starts_with("W/") && current.contains(&t)))
-}
-
-/// Reads a request body as JSON, strictly: UTF-8, RFC 8259 (what serde_json accepts), and no
-/// duplicate key (serde_json would keep the last one silently; the loader refuses them in the
-/// file, so the API refuses them in bodies). Errors give the line, column and path. `None` for
-/// an empty (or all-whitespace) body.
-pub fn parse_body(bytes: &[u8]) -> Result<Option<Value>, EditError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    let text = std::str::from_utf8(bytes).map_err(|e| EditError::Malformed {
-        error: format!(
-            "the body is not UTF-8: invalid byte at offset {}",
-            e.valid_up_to()
-        ),
-        path: String::new(),
-    })?;
-    let parsed = spanned::parse(text);
-    let lines = super::error::Lines::new(text);
-    if let Err(e) = parsed.root {
-        let (line, col) = lines.locate(e.pos);
-        return Err(EditError::Malformed {
-            error: format!("invalid JSON at line {line} column {col}: {}", e.reason),
-            path: e.path.to_string(),
-        });
-    }
-    if let Some(d) = parsed.duplicates.first() {
-        let (line, col) = lines.locate(d.pos);
-        return Err(EditError::Invalid {
-            error: format!(
-                "duplicate key at line {line} column {col}: every key may appear once in an object"
-            ),
-            path: d.path.to_string(),
-        });
-    }
-    serde_json::from_str(text)
-        .map(Some)
-        .map_err(|e| EditError::Malformed {
-            error: format!("invalid JSON: {e}"),
-            path: String::new(),
-        })
 }
 
 fn etag(hash: u128) -> ETag {

@@ -93,32 +93,7 @@ fn is_plain_key(k: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// `s` in double quotes, escaped like a JSON string (control characters, `"`, `\`, and the
-/// Unicode line separators), and cut at 64 characters with `…`. Always one line.
-pub(crate) fn quote(s: &str) -> String {
-    const MAX: usize = 64;
-    let mut out = String::with_capacity(s.len().min(MAX) + 2);
-    out.push('"');
-    for (n, c) in s.chars().enumerate() {
-        if n == MAX {
-            out.push('…');
-            break;
-        }
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+pub(crate) use crate::text::quote;
 
 /// Makes a caller-supplied label (a file name) safe to print on one line.
 pub(crate) fn one_line(s: &str) -> String {

@@ -41,7 +41,7 @@ pub(crate) struct IngestCounters {
     errors: AtomicU64,
 }
 
-/// A snapshot of [`IngestCounters`].
+/// A snapshot of the ingest routes' counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct IngestStats {
     /// Requests to `POST /api/events` and `POST /api/ingest/{agent}`.

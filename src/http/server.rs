@@ -88,6 +88,26 @@ impl fmt::Display for Listen {
 }
 
 /// A running API server. Dropping it stops it (waiting up to a second for open requests).
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::Hooks;
+/// use prx_hooks::http::{HttpOptions, Server, Token};
+/// use std::io::{Read, Write};
+/// use std::sync::Arc;
+/// let hooks = Arc::new(Hooks::builder().build()?);
+/// let token = Token::new("0123456789abcdef0123456789abcdef", "the example")?;
+/// let mut server = Server::start(hooks, HttpOptions::new(token), "127.0.0.1:0".parse()?)?;
+/// let mut conn = std::net::TcpStream::connect(server.local_addr())?;
+/// conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+/// let mut answer = String::new();
+/// conn.read_to_string(&mut answer)?;
+/// assert!(answer.starts_with("HTTP/1.1 200"));
+/// assert!(answer.ends_with(r#"{"status":"ok"}"#));
+/// server.shutdown(std::time::Duration::from_secs(2));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Server {
     listen: Listen,
     conns: Arc<ConnCounters>,

@@ -156,7 +156,7 @@ pub struct SessionsStats {
     pub idle_ms: u64,
 }
 
-/// The session map of one [`Hooks`](crate::Hooks): see the [module docs](self) for the rules.
+/// The session map of one [`Hooks`](crate::Hooks): see the [module docs](crate::ingest) for the rules.
 /// `Send + Sync`; [`Hooks::sessions`](crate::Hooks::sessions) gives it.
 pub struct Sessions {
     shards: Box<[CachePadded<Mutex<Shard>>]>,

@@ -24,11 +24,11 @@
 //! * **Payload**: `ZERO_HOOK_PAYLOAD` (≤ [`MAX_ENV_PAYLOAD`] bytes, else unset and
 //!   `ZERO_HOOK_PAYLOAD_TRUNCATED=1`), `ZERO_HOOK_PAYLOAD_FILE` (shared by the event's hooks,
 //!   removed after the last one exits) and, with `stdin_json`, stdin.
-//! * **Processes** ([`mod@spawn`]): started with an empty signal mask and default dispositions,
+//! * **Processes** (`shell::spawn`): started with an empty signal mask and default dispositions,
 //!   no descriptor above stderr, in a process group of their own, with `PDEATHSIG` (they die
 //!   with the runner thread, which outlives every process it starts), optionally rlimits and
 //!   a cgroup; waited per pid through a pidfd (never `waitpid(-1)`, never a SIGCHLD handler);
-//!   on timeout everything the hook started is killed ([`reactor`]); completion is the
+//!   on timeout everything the hook started is killed (`shell::reactor`); completion is the
 //!   leader's exit, never pipe EOF. stdout is discarded, the last 16 KiB of stderr kept.
 //! * **Counted**: per hook and in total, `sent = ok + exit + signal + timed_out + spawn_failed +
 //!   killed + dropped + cancelled + running + queued` at every moment ([`HookCounts`]).
@@ -87,11 +87,17 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// The spawn path alone, for `benches/spawn.rs` (not an API: no queue, no payload, no
-/// reactor — exactly what each hook's process start costs, to compare with other ways of
-/// starting a process).
+/// The former path of [`crate::__private::spawn`].
 #[doc(hidden)]
+#[deprecated(note = "use prx_hooks::__private::spawn")]
 pub mod bench {
+    pub use super::spawn_bench::*;
+}
+
+/// The spawn path alone, for `benches/spawn.rs` through [`crate::__private::spawn`] (not an
+/// API: no queue, no payload, no reactor — exactly what each hook's process start costs, to
+/// compare with other ways of starting a process).
+pub(crate) mod spawn_bench {
     use super::{env::ChildEnv, spawn};
     use crate::config::Action;
     use std::path::Path;
@@ -110,6 +116,7 @@ pub mod bench {
     }
 
     impl Spawner {
+        /// A spawner of `program` in `dir`, with the environment every hook gets.
         pub fn new(program: &Path, dir: &Path) -> std::io::Result<Spawner> {
             Ok(Spawner {
                 opts: spawn::SpawnOpts::new(dir)?,
@@ -382,9 +389,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ShellSink {
-    /// A sink with an empty table; `interest` is its part of the pipeline's interest mask.
-    /// `workspace` is where the table's relative paths were resolved (informational: actions
-    /// carry absolute paths). Threads start with the first non-empty table.
+    /// A sink with an empty table; `interest` is its part of the pipeline's interest mask
+    /// ([`InterestHandle::detached`] for a sink driven through [`Sink::deliver`] directly, as
+    /// [`standalone`](ShellSink::standalone) does). `workspace` is where the table's relative
+    /// paths were resolved (informational: actions carry absolute paths). Threads start with
+    /// the first non-empty table.
     pub fn new(workspace: PathBuf, interest: InterestHandle, limits: ShellLimits) -> ShellSink {
         let tmp_dir = limits.tmp_dir.clone().unwrap_or_else(std::env::temp_dir);
         let tmp_dir = std::path::absolute(&tmp_dir).unwrap_or(tmp_dir);
@@ -444,8 +453,7 @@ impl ShellSink {
     /// A sink outside any pipeline, with its own interest mask (for `prx-hooks fire`, tests and
     /// benches that drive [`Sink::deliver`] themselves).
     pub fn standalone(workspace: PathBuf, limits: ShellLimits) -> ShellSink {
-        let interest = crate::pipeline::Interest::new(1);
-        ShellSink::new(workspace, interest.handle(0), limits)
+        ShellSink::new(workspace, InterestHandle::detached(), limits)
     }
 
     /// The directory hooks run in, relative `cwd`s resolve against, and `hooks.json` is read from.

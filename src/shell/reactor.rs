@@ -473,6 +473,16 @@ impl<T> Reactor<T> {
         cap: Option<Duration>,
         done: &mut Vec<Finished<T>>,
     ) -> bool {
+        let wait = self.deadlines(cap);
+        let n = self.poll(wake, wait);
+        let woken = self.dispatch(n);
+        self.reap(done);
+        woken
+    }
+
+    /// Kills the groups past their deadline and lets the lingering cgroups go; returns how
+    /// long the poll may wait (the nearest deadline, at most `cap`).
+    fn deadlines(&mut self, cap: Option<Duration>) -> Option<Duration> {
         let now = Instant::now();
         let mut wait = cap;
         let mut min = |d: Duration| wait = Some(wait.map_or(d, |w| w.min(d)));
@@ -496,7 +506,11 @@ impl<T> Reactor<T> {
         for l in &self.lingering {
             min(l.next(now));
         }
+        wait
+    }
 
+    /// Polls `wake`, every exit, stderr and stdin pipe for up to `wait`; returns poll's result.
+    fn poll(&mut self, wake: Option<RawFd>, wait: Option<Duration>) -> libc::c_int {
         self.fds.clear();
         self.slots.clear();
         let mut add = |fd: RawFd, events: libc::c_short, slot: Slot| {
@@ -527,8 +541,12 @@ impl<T> Reactor<T> {
             Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int,
         };
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
-        let n = unsafe { libc::poll(self.fds.as_mut_ptr(), self.fds.len() as _, timeout_ms) };
+        unsafe { libc::poll(self.fds.as_mut_ptr(), self.fds.len() as _, timeout_ms) }
+    }
 
+    /// Handles what the poll (`n` ready) reported: drains `wake`, notes exits, reads stderr,
+    /// feeds stdin. Returns whether `wake` fired.
+    fn dispatch(&mut self, n: libc::c_int) -> bool {
         let mut woken = false;
         self.exited.clear();
         if n > 0 {
@@ -556,6 +574,12 @@ impl<T> Reactor<T> {
                 }
             }
         }
+        woken
+    }
+
+    /// Reaps every process that exited (and every one without a pidfd that has), appending
+    /// it to `done`.
+    fn reap(&mut self, done: &mut Vec<Finished<T>>) {
         for (i, p) in self.procs.iter().enumerate() {
             if p.sp.pidfd.is_none() {
                 self.exited.push(i);
@@ -572,7 +596,6 @@ impl<T> Reactor<T> {
                 self.linger(linger);
             }
         }
-        woken
     }
 }
 

@@ -211,20 +211,7 @@ pub(super) fn runner_main(sh: Arc<Shared>) {
         if link.panic.load(Ordering::Relaxed) {
             panic!("the shell runner panics (asked by a test)");
         }
-        // Start everything that may start now; between batches, reap without waiting so that
-        // finished hooks free their slots.
-        let mut started = 0;
-        loop {
-            // (A statement of its own: the guard must not live on into `start`.)
-            let job = lock(&sh.sched).pick(sh.max_running);
-            let Some(job) = job else { break };
-            start(&sh, job, &mut reactor);
-            started += 1;
-            if started % SPAWN_BATCH == 0 {
-                reactor.turn(None, Some(Duration::ZERO), &mut done);
-                done.drain(..).for_each(|f| report(&sh, f));
-            }
-        }
+        start_queued(&sh, &mut reactor, &mut done);
         let requests = {
             let mut inbox = lock(&link.inbox);
             if link.exit.load(Ordering::Acquire) && inbox.requests.is_empty() && reactor.is_empty()
@@ -235,16 +222,7 @@ pub(super) fn runner_main(sh: Arc<Shared>) {
             std::mem::take(&mut inbox.requests)
         };
         let killing = link.kill_all.load(Ordering::Acquire);
-        for d in requests {
-            if killing || d.origin.cancelled() {
-                // Past the shutdown deadline, or a test run whose client left while it waited
-                // here: never started.
-                let Direct { action, origin } = d;
-                origin.not_run(&sh, &action, OutcomeKind::Cancelled);
-            } else {
-                start_direct(&sh, d, &mut reactor);
-            }
-        }
+        start_requests(&sh, requests, killing, &mut reactor);
         // A test run dropped before its outcome: its flag is set before `cancel`, and every
         // request taken above was either refused or is in the reactor now, so none is missed.
         if link.cancel.swap(false, Ordering::AcqRel) {
@@ -254,26 +232,7 @@ pub(super) fn runner_main(sh: Arc<Shared>) {
             reactor.kill_all();
             let since = *killing_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= KILL_GRACE && !reactor.is_empty() {
-                // Whatever did not die within the grace is stuck in the kernel: count it as
-                // killed now (the shutdown contract's deadline) and reap it when it can be.
-                let left = reactor.take_all();
-                if !left.is_empty() {
-                    tracing::error!(
-                        "{} hook process(es) survived SIGKILL for {KILL_GRACE:?} (uninterruptible sleep?); counted as killed, a detached thread reaps them",
-                        left.len()
-                    );
-                }
-                let mut unreaped = Vec::new();
-                for p in left {
-                    let (f, u) = reactor::finish_unreaped(p);
-                    report(&sh, f);
-                    unreaped.push(u);
-                }
-                if !unreaped.is_empty() {
-                    let _ = std::thread::Builder::new()
-                        .name("prx-hooks-shell-last-reaper".into())
-                        .spawn(move || unreaped.into_iter().for_each(reactor::Unreaped::reap));
-                }
+                give_up_stuck(&sh, &mut reactor);
                 continue;
             }
         }
@@ -300,6 +259,66 @@ pub(super) fn runner_main(sh: Arc<Shared>) {
         reactor.turn(wake, cap, &mut done);
         lock(&sh.sched).runner_idle = false;
         done.drain(..).for_each(|f| report(&sh, f));
+    }
+}
+
+/// Starts everything that may start now; between batches, reaps without waiting so that
+/// finished hooks free their slots.
+fn start_queued(sh: &Shared, reactor: &mut Reactor<Origin>, done: &mut Vec<Finished<Origin>>) {
+    let mut started = 0;
+    loop {
+        // (A statement of its own: the guard must not live on into `start`.)
+        let job = lock(&sh.sched).pick(sh.max_running);
+        let Some(job) = job else { break };
+        start(sh, job, reactor);
+        started += 1;
+        if started % SPAWN_BATCH == 0 {
+            reactor.turn(None, Some(Duration::ZERO), done);
+            done.drain(..).for_each(|f| report(sh, f));
+        }
+    }
+}
+
+/// Starts the direct runs taken from the inbox, or refuses them (shutting down, or their
+/// client left).
+fn start_requests(
+    sh: &Shared,
+    requests: Vec<Direct>,
+    killing: bool,
+    reactor: &mut Reactor<Origin>,
+) {
+    for d in requests {
+        if killing || d.origin.cancelled() {
+            // Past the shutdown deadline, or a test run whose client left while it waited
+            // here: never started.
+            let Direct { action, origin } = d;
+            origin.not_run(sh, &action, OutcomeKind::Cancelled);
+        } else {
+            start_direct(sh, d, reactor);
+        }
+    }
+}
+
+/// Whatever did not die within the grace is stuck in the kernel: counts it as killed now (the
+/// shutdown contract's deadline) and reaps it when it can be, on a detached thread.
+fn give_up_stuck(sh: &Shared, reactor: &mut Reactor<Origin>) {
+    let left = reactor.take_all();
+    if !left.is_empty() {
+        tracing::error!(
+            "{} hook process(es) survived SIGKILL for {KILL_GRACE:?} (uninterruptible sleep?); counted as killed, a detached thread reaps them",
+            left.len()
+        );
+    }
+    let mut unreaped = Vec::new();
+    for p in left {
+        let (f, u) = reactor::finish_unreaped(p);
+        report(sh, f);
+        unreaped.push(u);
+    }
+    if !unreaped.is_empty() {
+        let _ = std::thread::Builder::new()
+            .name("prx-hooks-shell-last-reaper".into())
+            .spawn(move || unreaped.into_iter().for_each(reactor::Unreaped::reap));
     }
 }
 

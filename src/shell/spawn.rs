@@ -235,14 +235,7 @@ pub(crate) struct Request<'a> {
 pub(crate) fn spawn(action: &Action, req: &Request, opts: &SpawnOpts) -> Result<Spawned, String> {
     let program_path = action.program.as_ref().map_err(Clone::clone)?;
     let shown = || program_path.display().to_string();
-    let cstr =
-        |b: &[u8], what: &str| CString::new(b).map_err(|_| format!("{} contains a NUL byte", what));
-    let program = cstr(program_path.as_os_str().as_bytes(), "the program path")?;
-    let mut args = Vec::with_capacity(action.args.len() + 1);
-    args.push(program.clone());
-    for a in &action.args {
-        args.push(cstr(a.as_bytes(), "an argument")?);
-    }
+    let (program, args) = c_args(program_path, action)?;
     let argv: Vec<*const libc::c_char> = args
         .iter()
         .map(|a| a.as_ptr())
@@ -308,18 +301,7 @@ pub(crate) fn spawn(action: &Action, req: &Request, opts: &SpawnOpts) -> Result<
     if error.step != STEP_NONE {
         // It exited without exec'ing: reap it now, it is ours.
         reap_blocking(pid);
-        let e = std::io::Error::from_raw_os_error(error.errno);
-        return Err(match error.step {
-            STEP_CWD => format!("cwd {}: {e}", action.cwd.display()),
-            STEP_EXEC => format!("{}: {e}", shown()),
-            STEP_RLIMIT => {
-                let name = req.rlimits.get(error.index).map_or("?", |r| r.name);
-                format!("{}: setrlimit {name}: {e}", shown())
-            }
-            STEP_CGROUP => format!("{}: moving it into its cgroup: {e}", shown()),
-            STEP_ORPHANED => "the host process is exiting".to_string(),
-            step => format!("{}: preparing the child (step {step}): {e}", shown()),
-        });
+        return Err(child_error(&error, action, req, &shown()));
     }
     let pidfd = pidfd_open(pid as u32);
     let stderr = File::from(stderr_r);
@@ -335,6 +317,35 @@ pub(crate) fn spawn(action: &Action, req: &Request, opts: &SpawnOpts) -> Result<
         started,
         started_at,
     })
+}
+
+/// The program and the argument vector (the program first), as C strings.
+fn c_args(program_path: &Path, action: &Action) -> Result<(CString, Vec<CString>), String> {
+    let cstr =
+        |b: &[u8], what: &str| CString::new(b).map_err(|_| format!("{} contains a NUL byte", what));
+    let program = cstr(program_path.as_os_str().as_bytes(), "the program path")?;
+    let mut args = Vec::with_capacity(action.args.len() + 1);
+    args.push(program.clone());
+    for a in &action.args {
+        args.push(cstr(a.as_bytes(), "an argument")?);
+    }
+    Ok((program, args))
+}
+
+/// The reason a child that exited without exec'ing gave, by the step it failed at.
+fn child_error(error: &ChildError, action: &Action, req: &Request, shown: &str) -> String {
+    let e = std::io::Error::from_raw_os_error(error.errno);
+    match error.step {
+        STEP_CWD => format!("cwd {}: {e}", action.cwd.display()),
+        STEP_EXEC => format!("{shown}: {e}"),
+        STEP_RLIMIT => {
+            let name = req.rlimits.get(error.index).map_or("?", |r| r.name);
+            format!("{shown}: setrlimit {name}: {e}")
+        }
+        STEP_CGROUP => format!("{shown}: moving it into its cgroup: {e}"),
+        STEP_ORPHANED => "the host process is exiting".to_string(),
+        step => format!("{shown}: preparing the child (step {step}): {e}"),
+    }
 }
 
 /// Runs the clone with every signal blocked on this thread (restored right after), so that

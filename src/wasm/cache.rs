@@ -57,7 +57,7 @@ impl std::fmt::Debug for CompileCache {
 
 /// The default places: (entries directory, key file), from `XDG_CACHE_HOME` / `XDG_STATE_HOME`
 /// when they are absolute paths, else from `HOME`.
-pub fn default_paths() -> Result<(PathBuf, PathBuf), String> {
+pub(super) fn default_paths() -> Result<(PathBuf, PathBuf), String> {
     let var = |name: &str| {
         std::env::var_os(name)
             .map(PathBuf::from)
@@ -101,6 +101,7 @@ impl CompileCache {
         Ok(cache)
     }
 
+    /// The cache's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

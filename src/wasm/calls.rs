@@ -12,14 +12,14 @@ use std::time::{Duration, SystemTime};
 
 /// One finished call.
 pub(crate) struct PluginCall {
-    pub plugin: Arc<str>,
+    pub(crate) plugin: Arc<str>,
     /// The event it was for (agent, session, seq, kind).
-    pub msg: Message,
-    pub outcome: CallOutcome,
-    pub started_at: SystemTime,
-    pub duration: Duration,
+    pub(crate) msg: Message,
+    pub(crate) outcome: CallOutcome,
+    pub(crate) started_at: SystemTime,
+    pub(crate) duration: Duration,
     /// The plugin's `max_execution_time_ms` (how a timeout is described).
-    pub timeout_ms: u64,
+    pub(crate) timeout_ms: u64,
 }
 
 #[derive(Default)]
@@ -63,6 +63,7 @@ impl CallFeed {
 /// What one call did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallOutcome {
+    /// The guest returned `Ok`.
     Ok,
     /// The guest returned `Err(message)`.
     Error(String),
@@ -84,6 +85,7 @@ pub enum CallOutcome {
     /// Stopped while running by shutdown (`shutdown: true`) or because the plugin was replaced
     /// or removed; the instance was replaced.
     Interrupted {
+        /// Whether shutdown stopped it (else its plugin was replaced or removed).
         shutdown: bool,
     },
 }
@@ -133,6 +135,7 @@ impl CallOutcome {
         }
     }
 
+    /// Whether the call returned `Ok`.
     pub fn is_ok(&self) -> bool {
         *self == CallOutcome::Ok
     }

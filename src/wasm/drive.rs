@@ -15,10 +15,10 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 /// Longest park between checks of the deadline and the stop signal.
-pub const SLICE: Duration = Duration::from_millis(10);
+pub(super) const SLICE: Duration = Duration::from_millis(10);
 
 /// How a driven future ended.
-pub enum Driven<T> {
+pub(super) enum Driven<T> {
     Done(T),
     /// The deadline passed while it was waiting.
     Deadline,
@@ -43,7 +43,11 @@ thread_local! {
 }
 
 /// Polls `fut` until it is ready, the deadline passes, or `stop` returns true.
-pub fn drive<F: Future>(fut: F, deadline: Instant, stop: impl Fn() -> bool) -> Driven<F::Output> {
+pub(super) fn drive<F: Future>(
+    fut: F,
+    deadline: Instant,
+    stop: impl Fn() -> bool,
+) -> Driven<F::Output> {
     let mut fut = std::pin::pin!(fut);
     WAKER.with(|waker| {
         let mut cx = Context::from_waker(waker);

@@ -43,7 +43,7 @@ const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 /// 1.5 slots per instance and 4 allowed, one plugin of three-memory instances took them all);
 /// a component with more is refused at load (by wasmtime, when it is compiled for this
 /// pool: "…contains 3 Wasm linear memories, which exceeds the configured maximum of 2…").
-pub const MEMORIES_PER_COMPONENT: u32 = 2;
+pub(super) const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 16;
 
 /// What the pooling allocator must hold.
@@ -80,14 +80,26 @@ pub struct WasmEngine {
     handle: tokio::runtime::Handle,
 }
 
+impl std::fmt::Debug for WasmEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmEngine")
+            .field("sizing", &self.sizing)
+            .field("running", &self.running.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 /// Whether a component came from the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compiled {
+    /// Deserialized from the compile cache.
     Cached,
+    /// Compiled now.
     Fresh,
 }
 
 impl WasmEngine {
+    /// An engine whose pooling allocator holds `sizing`, with its epoch ticker and timers.
     pub fn new(sizing: Sizing) -> Result<WasmEngine, String> {
         let engine = Engine::new(&config(sizing)).map_err(|e| {
             format!(
@@ -133,6 +145,7 @@ impl WasmEngine {
         })
     }
 
+    /// The wasmtime engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
@@ -147,6 +160,7 @@ impl WasmEngine {
         Running(self)
     }
 
+    /// What the pool holds.
     pub fn sizing(&self) -> Sizing {
         self.sizing
     }
@@ -209,6 +223,7 @@ impl WasmEngine {
 }
 
 /// A guest call in progress ([`WasmEngine::running`]).
+#[derive(Debug)]
 pub struct Running<'a>(&'a WasmEngine);
 
 impl Drop for Running<'_> {
@@ -224,14 +239,14 @@ impl Drop for WasmEngine {
 }
 
 /// The guard region after each linear memory slot.
-pub const GUARD: u64 = 64 << 10;
+pub(super) const GUARD: u64 = 64 << 10;
 /// A fiber stack for `call_async` (wasm stack plus host frames).
-pub const ASYNC_STACK: usize = 1 << 20;
+pub(super) const ASYNC_STACK: usize = 1 << 20;
 /// The wasm part of it.
 const WASM_STACK: usize = 512 << 10;
 
 /// Bytes reserved per linear memory slot for memories of up to `max_memory` bytes.
-pub fn reservation(max_memory: u64) -> u64 {
+pub(super) fn reservation(max_memory: u64) -> u64 {
     max_memory.max(1 << 20).next_power_of_two()
 }
 
@@ -244,7 +259,7 @@ pub fn address_space_per_instance(max_memory: u64) -> u64 {
 }
 
 /// The engine configuration. Benches build their baseline from this same function.
-pub fn config(sizing: Sizing) -> Config {
+pub(super) fn config(sizing: Sizing) -> Config {
     let mut pool = PoolingAllocationConfig::default();
     let instances = sizing.instances.max(1);
     pool.total_component_instances(instances)
@@ -272,7 +287,7 @@ pub fn config(sizing: Sizing) -> Config {
 }
 
 /// A multi-line wasmtime error as one line (`a: b: c`).
-pub fn one_line(s: &str) -> String {
+pub(super) fn one_line(s: &str) -> String {
     s.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())

@@ -41,23 +41,23 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 /// Versions under which the host interfaces are registered (besides the bare names).
 const HOST_VERSION: &str = "0.1.0";
 /// Subscriptions one instance may hold.
-pub const MAX_SUBSCRIPTIONS: usize = 64;
+pub(super) const MAX_SUBSCRIPTIONS: usize = 64;
 /// Longest line of guest stdout/stderr passed to the log (longer ones are split).
 const MAX_LINE: usize = super::log::MAX_LINE;
 /// Largest `wasi:random` request (wasmtime-wasi's default is 64 MiB, allocated on the host).
-pub const MAX_RANDOM: u64 = 1 << 20;
+pub(super) const MAX_RANDOM: u64 = 1 << 20;
 /// How many subscription messages an instance's queue holds: one per MiB of `max_memory_mb`
 /// (at least 16, at most the plugin's per-shard queue), so what is queued (each message at most
 /// the bus's payload limit, 1 MiB for plugins) stays within the instance's memory cap for any
 /// plugin of 16 MiB or more.
-pub fn sub_queue_len(max_memory_mb: u64, per_shard: usize) -> usize {
+pub(super) fn sub_queue_len(max_memory_mb: u64, per_shard: usize) -> usize {
     (max_memory_mb.clamp(16, 1 << 20) as usize).min(per_shard.max(1))
 }
 
 /// WASI resources (streams, pollables, …) one instance may hold at once. Each is a host
 /// allocation in the store's resource table (wasmtime's default allows a million, over 100 MiB
 /// of host memory behind any `max_memory_mb`); a guest that opens more traps.
-pub const MAX_HANDLES: usize = 4096;
+pub(super) const MAX_HANDLES: usize = 4096;
 
 /// Core instances, tables and memories one instance may create (the pool's per-component
 /// limits are the hard ones; these are the store's).
@@ -68,7 +68,7 @@ const MAX_MEMORIES: usize = 8;
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 
 /// Everything about a plugin that its host functions need, shared by its instances.
-pub struct PluginCtx {
+pub(super) struct PluginCtx {
     pub name: Arc<str>,
     pub config: BTreeMap<String, String>,
     pub kv: Arc<KvStore>,
@@ -87,7 +87,7 @@ pub struct PluginCtx {
 
 impl PluginCtx {
     /// Whether calls must stop now (shutdown, or this version retired).
-    pub fn stopping(&self) -> Option<Interrupted> {
+    pub(super) fn stopping(&self) -> Option<Interrupted> {
         if self.abort.load(Ordering::Relaxed) {
             Some(Interrupted::Shutdown)
         } else if self.stop.load(Ordering::Relaxed) {
@@ -100,7 +100,7 @@ impl PluginCtx {
 
 /// Why the host interrupted a call (the error the epoch callback raises).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Interrupted {
+pub(super) enum Interrupted {
     #[error("timed out")]
     Timeout,
     #[error("interrupted by shutdown")]
@@ -111,7 +111,7 @@ pub enum Interrupted {
 
 /// The store's resource limiter: one memory cap for the whole instance.
 #[derive(Debug)]
-pub struct InstanceLimits {
+pub(super) struct InstanceLimits {
     /// `max_memory_mb`, in bytes.
     pub cap: usize,
     /// Bytes of all linear memories together.
@@ -121,7 +121,7 @@ pub struct InstanceLimits {
 }
 
 impl InstanceLimits {
-    pub fn new(cap: usize) -> InstanceLimits {
+    pub(super) fn new(cap: usize) -> InstanceLimits {
         InstanceLimits {
             cap,
             memory: 0,
@@ -130,7 +130,7 @@ impl InstanceLimits {
     }
 
     /// What is left of the cap.
-    pub fn headroom(&self) -> usize {
+    pub(super) fn headroom(&self) -> usize {
         self.cap.saturating_sub(self.memory)
     }
 }
@@ -179,7 +179,7 @@ impl ResourceLimiter for InstanceLimits {
 }
 
 /// The data of one instance's `Store`.
-pub struct HostState {
+pub(super) struct HostState {
     pub ctx: Arc<PluginCtx>,
     /// Depth of the message being handled (0 for a lifecycle event).
     pub depth: u8,
@@ -195,7 +195,7 @@ pub struct HostState {
 }
 
 impl HostState {
-    pub fn new(
+    pub(super) fn new(
         ctx: Arc<PluginCtx>,
         limits: InstanceLimits,
         sub_tx: flume::Sender<Message>,
@@ -226,7 +226,7 @@ impl HostState {
     }
 
     /// The epoch callback's verdict: go on for another tick, or stop the call.
-    pub fn check_deadline(&self) -> Result<(), Interrupted> {
+    pub(super) fn check_deadline(&self) -> Result<(), Interrupted> {
         if let Some(why) = self.ctx.stopping() {
             Err(why)
         } else if Instant::now() >= self.deadline {
@@ -269,7 +269,7 @@ type R<T> = wasmtime::Result<T>;
 
 /// A linker with WASI p2 (its async bindings: calls must be `call_async`) and the host
 /// interfaces under both names.
-pub fn linker(engine: &wasmtime::Engine) -> R<Linker<HostState>> {
+pub(super) fn linker(engine: &wasmtime::Engine) -> R<Linker<HostState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     add_host(&mut linker)?;
@@ -277,7 +277,7 @@ pub fn linker(engine: &wasmtime::Engine) -> R<Linker<HostState>> {
 }
 
 /// The same with WASI's synchronous bindings (what the host used before; benches compare).
-pub fn linker_sync(engine: &wasmtime::Engine) -> R<Linker<HostState>> {
+pub(super) fn linker_sync(engine: &wasmtime::Engine) -> R<Linker<HostState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
     add_host(&mut linker)?;

@@ -42,17 +42,17 @@ use std::time::{Duration, Instant};
 
 mod flush;
 
-pub use flush::KvFlusher;
+pub(super) use flush::KvFlusher;
 
 /// How long after a change the log is fsynced (the promise is "durable within 1 s").
 pub const FLUSH_DELAY: Duration = Duration::from_millis(200);
 /// The longest key the store accepts.
-pub const MAX_KEY_BYTES: usize = 4096;
+pub(super) const MAX_KEY_BYTES: usize = 4096;
 /// The longest value the store accepts.
-pub const MAX_VALUE_BYTES: usize = 64 << 20;
+pub(super) const MAX_VALUE_BYTES: usize = 64 << 20;
 /// What each entry counts against the cap besides its key and value bytes: its share of the
 /// map's nodes and the allocations behind its key and value (measured: ~120 bytes).
-pub const ENTRY_OVERHEAD: u64 = 128;
+pub(super) const ENTRY_OVERHEAD: u64 = 128;
 /// How long a write waits for another process's lock before it fails.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
 
@@ -65,7 +65,7 @@ const HEADER: usize = 9;
 const CRC: usize = 4;
 
 /// One plugin's store.
-pub struct KvStore {
+pub(super) struct KvStore {
     plugin: String,
     /// Held by a write from before it waits for the file lock until it is done.
     writer: Mutex<()>,
@@ -328,7 +328,7 @@ const MAX_V1_BYTES: u64 = 2 << 30;
 /// [`LOCK_WAIT`] from now), and not past `stop` returning true. A guest's write waits no longer
 /// than its call's deadline and stops waiting at shutdown or when its version is retired
 /// (ARCHITECTURE.md § WASM plugins, "every blocking host path ends at the deadline").
-pub struct Wait<'a> {
+pub(super) struct Wait<'a> {
     pub until: Instant,
     pub stop: &'a dyn Fn() -> bool,
 }
@@ -346,7 +346,7 @@ impl Wait<'_> {
 
 /// Why a write did not happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvError {
+pub(super) enum KvError {
     /// Refused (a limit, an I/O error): the message the guest sees.
     Refused(String),
     /// The wait for another process's lock reached the call's deadline or its stop signal: the
@@ -396,14 +396,19 @@ impl KvStore {
     /// Opens (or starts) the store of `plugin` under `dir` with a cap of `cap` bytes. A store
     /// that cannot be opened works in memory only, with a warning.
     #[cfg(test)]
-    pub fn open(dir: &Path, plugin: &str, cap: u64) -> KvStore {
+    pub(super) fn open(dir: &Path, plugin: &str, cap: u64) -> KvStore {
         KvStore::open_waiting(dir, plugin, cap, &|| false)
     }
 
     /// [`open`](KvStore::open), giving up waiting for another process's lock (a new store
     /// needs it to write its first bytes; an existing log is opened without it) when `stop`
     /// says so.
-    pub fn open_waiting(dir: &Path, plugin: &str, cap: u64, stop: &dyn Fn() -> bool) -> KvStore {
+    pub(super) fn open_waiting(
+        dir: &Path,
+        plugin: &str,
+        cap: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> KvStore {
         let mut inner = Inner {
             map: BTreeMap::new(),
             bytes: 0,
@@ -429,7 +434,7 @@ impl KvStore {
     }
 
     /// A store that is never written to disk (`validate`'s probes).
-    pub fn in_memory(cap: u64) -> KvStore {
+    pub(super) fn in_memory(cap: u64) -> KvStore {
         KvStore {
             plugin: String::new(),
             writer: Mutex::new(()),
@@ -458,18 +463,18 @@ impl KvStore {
 
     /// A new cap (the manifest changed). Existing entries stay even when over it; sets that grow
     /// the store are refused until it is under.
-    pub fn set_cap(&self, cap: u64) {
+    pub(super) fn set_cap(&self, cap: u64) {
         self.lock().cap = cap;
     }
 
     #[cfg(test)]
-    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+    pub(super) fn get(&self, key: &str) -> Option<Vec<u8>> {
         self.fresh().map.get(key).map(|v| v.to_vec())
     }
 
     /// `get`, refusing (with the value's length) a value longer than `max` bytes instead of
     /// copying it.
-    pub fn get_within(&self, key: &str, max: usize) -> Result<Option<Vec<u8>>, usize> {
+    pub(super) fn get_within(&self, key: &str, max: usize) -> Result<Option<Vec<u8>>, usize> {
         match self.fresh().map.get(key) {
             Some(v) if v.len() > max => Err(v.len()),
             v => Ok(v.map(|v| v.to_vec())),
@@ -479,13 +484,18 @@ impl KvStore {
     /// Stores `value` under `key`; refuses keys over [`MAX_KEY_BYTES`], values over
     /// [`MAX_VALUE_BYTES`] and growth past the cap.
     #[cfg(test)]
-    pub fn set(&self, key: &str, value: Vec<u8>) -> Result<(), String> {
+    pub(super) fn set(&self, key: &str, value: Vec<u8>) -> Result<(), String> {
         self.set_waiting(key, value, &Wait::plain())
             .map_err(|e| e.to_string())
     }
 
     /// [`set`](KvStore::set), waiting for another process's lock no longer than `wait` allows.
-    pub fn set_waiting(&self, key: &str, value: Vec<u8>, wait: &Wait<'_>) -> Result<(), KvError> {
+    pub(super) fn set_waiting(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        wait: &Wait<'_>,
+    ) -> Result<(), KvError> {
         if key.len() > MAX_KEY_BYTES {
             return Err(KvError::Refused(format!(
                 "kv: key is {} bytes; the limit is {MAX_KEY_BYTES}",
@@ -502,14 +512,14 @@ impl KvStore {
     }
 
     #[cfg(test)]
-    pub fn delete(&self, key: &str) -> Result<bool, String> {
+    pub(super) fn delete(&self, key: &str) -> Result<bool, String> {
         self.delete_waiting(key, &Wait::plain())
             .map_err(|e| e.to_string())
     }
 
     /// Removes `key`; whether it was there. Waits for another process's lock no longer than
     /// `wait` allows.
-    pub fn delete_waiting(&self, key: &str, wait: &Wait<'_>) -> Result<bool, KvError> {
+    pub(super) fn delete_waiting(&self, key: &str, wait: &Wait<'_>) -> Result<bool, KvError> {
         let mut existed = false;
         self.write_with(DELETE, key, &[], wait, |inner| {
             existed = inner.map.contains_key(key);
@@ -600,13 +610,13 @@ impl KvStore {
 
     /// Keys starting with `prefix`, sorted.
     #[cfg(test)]
-    pub fn list_keys(&self, prefix: &str) -> Vec<String> {
+    pub(super) fn list_keys(&self, prefix: &str) -> Vec<String> {
         self.list_keys_within(prefix, usize::MAX).expect("no limit")
     }
 
     /// `list_keys`, refusing (with the bytes they take in a guest: each key's bytes and its
     /// 8-byte pointer and length) keys that take more than `max` bytes instead of copying them.
-    pub fn list_keys_within(&self, prefix: &str, max: usize) -> Result<Vec<String>, usize> {
+    pub(super) fn list_keys_within(&self, prefix: &str, max: usize) -> Result<Vec<String>, usize> {
         let inner = self.fresh();
         let keys = || {
             inner
@@ -626,7 +636,7 @@ impl KvStore {
     }
 
     /// Bytes the store counts against its cap (keys, values and per-entry overhead).
-    pub fn bytes(&self) -> u64 {
+    pub(super) fn bytes(&self) -> u64 {
         self.lock().bytes
     }
 
@@ -635,7 +645,7 @@ impl KvStore {
     /// wants, and calls (their `kv.get` included, which no deadline reaches inside the host)
     /// and `stats()` must not wait for it. A compaction meanwhile replaces the file with one it
     /// synced itself; syncing the old one is then merely useless.
-    pub fn flush(&self) -> io::Result<()> {
+    pub(super) fn flush(&self) -> io::Result<()> {
         let (file, path) = {
             let mut inner = self.lock();
             let Some(log) = &mut inner.log else {

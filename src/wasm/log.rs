@@ -16,17 +16,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Lines a plugin may log at once.
-pub const BURST: f64 = 200.0;
+pub(super) const BURST: f64 = 200.0;
 /// Lines per second after a burst.
-pub const RATE: f64 = 50.0;
+pub(super) const RATE: f64 = 50.0;
 /// Longest line kept, in bytes (the rest is cut and counted in the line).
-pub const MAX_LINE: usize = 4096;
+pub(super) const MAX_LINE: usize = 4096;
 /// Lines waiting for the logger thread, all plugins together.
-pub const QUEUE: usize = 4096;
+pub(super) const QUEUE: usize = 4096;
 
 /// Severity of a line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
+pub(super) enum Level {
     Trace,
     Debug,
     Info,
@@ -50,7 +50,7 @@ enum Entry {
 }
 
 /// The sink's logger: a bounded queue and the thread that empties it.
-pub struct Logger {
+pub(super) struct Logger {
     tx: flume::Sender<Entry>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -61,7 +61,7 @@ pub struct Logger {
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 impl Logger {
-    pub fn start() -> std::io::Result<Logger> {
+    pub(super) fn start() -> std::io::Result<Logger> {
         let (tx, rx) = flume::bounded(QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
@@ -96,7 +96,7 @@ impl Logger {
     }
 
     /// A plugin's handle on this logger.
-    pub fn plugin(&self, name: Arc<str>) -> PluginLog {
+    pub(super) fn plugin(&self, name: Arc<str>) -> PluginLog {
         PluginLog {
             plugin: name,
             tx: self.tx.clone(),
@@ -113,7 +113,7 @@ impl Logger {
     /// in a write at the deadline (stderr is a pipe nobody reads) is left to finish that
     /// write on its own: a thread cannot be stopped inside write(2), and waiting would break
     /// the shutdown deadline.
-    pub fn shutdown(&self, deadline: Instant) {
+    pub(super) fn shutdown(&self, deadline: Instant) {
         self.stop.store(true, Ordering::Release);
         // A full queue means the thread is busy writing and looks at the flag when it drains.
         let _ = self.tx.try_send(Entry::Wake);
@@ -176,7 +176,7 @@ struct Bucket {
 }
 
 /// One plugin's rate-limited way into the logger. Shared by the plugin's versions.
-pub struct PluginLog {
+pub(super) struct PluginLog {
     plugin: Arc<str>,
     tx: flume::Sender<Entry>,
     bucket: Mutex<Bucket>,
@@ -185,13 +185,13 @@ pub struct PluginLog {
 
 impl PluginLog {
     /// Lines dropped so far.
-    pub fn dropped(&self) -> u64 {
+    pub(super) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 
     /// Logs one line (cut at [`MAX_LINE`], made one line) unless over the rate or the queue
     /// is full; never blocks.
-    pub fn line(&self, level: Level, stream: &'static str, text: &[u8]) {
+    pub(super) fn line(&self, level: Level, stream: &'static str, text: &[u8]) {
         let lost = {
             let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();

@@ -177,9 +177,13 @@ const SECTIONS: &[(&str, &[&str])] = &[
 pub struct Manifest {
     /// `[plugin] name`: equal to the directory's name.
     pub name: String,
+    /// `[plugin] version`: non-empty.
     pub version: String,
+    /// `[plugin] description`.
     pub description: Option<String>,
+    /// `[plugin] author`.
     pub author: Option<String>,
+    /// `[plugin] license`.
     pub license: Option<String>,
     /// The plugin directory, as given to [`parse`] / [`load`].
     pub dir: PathBuf,
@@ -197,7 +201,9 @@ pub struct Manifest {
     /// The lifecycle events [`patterns`](Manifest::patterns) match (serialized as their names).
     #[serde(serialize_with = "serialize_mask")]
     pub events: EventMask,
+    /// `[permissions]`.
     pub permissions: Permissions,
+    /// `[resources]`, with defaults filled in.
     pub resources: Resources,
     /// `[config]`: strings as written; integers as decimal text (`1_000` → `1000`), floats,
     /// booleans and date-times as their TOML text.
@@ -236,9 +242,13 @@ fn serialize_mask<S: serde::Serializer>(mask: &EventMask, s: S) -> Result<S::Ok,
 pub struct Capability {
     /// `type`: `hook`, `tool`, ….
     pub kind: String,
+    /// `name`.
     pub name: Option<String>,
+    /// `description`.
     pub description: Option<String>,
+    /// `priority`: kept, unused here.
     pub priority: Option<i32>,
+    /// `schedule` (PRX's cron): kept, unused here.
     pub schedule: Option<String>,
     /// For a hook: its normalized patterns (see [`event_pattern`]). For other types: the
     /// patterns as written.
@@ -246,6 +256,7 @@ pub struct Capability {
 }
 
 impl Capability {
+    /// Whether it is a `hook` capability (the only kind this host runs).
     pub fn is_hook(&self) -> bool {
         self.kind == "hook"
     }
@@ -254,7 +265,9 @@ impl Capability {
 /// `[permissions]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Permissions {
+    /// `required`: the host interfaces the plugin needs.
     pub required: Vec<String>,
+    /// `optional`: the host interfaces the plugin may use.
     pub optional: Vec<String>,
     /// `"events"` is listed in `required` or `optional`: the plugin may use `prx:host/events`.
     pub events: bool,
@@ -280,6 +293,7 @@ pub struct Resources {
 }
 
 impl Resources {
+    /// Every limit at its default.
     pub const DEFAULT: Resources = Resources {
         max_fuel: 1_000_000_000,
         max_memory_mb: 64,

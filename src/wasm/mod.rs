@@ -18,9 +18,13 @@
 //! (bounded plugin logging), `kv` (the per-plugin store), `plugin` (instances, executors,
 //! outcomes, the breaker), `sink` ([`WasmSink`]: loading, reloading, delivering, stats), `watch`
 //! (the plugins directory watcher). ARCHITECTURE.md § WASM plugins is the contract.
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod error;
 pub mod manifest;
 mod stats;
+
+pub use error::PluginError;
 
 pub(crate) use stats::SECTION as STATS_SECTION;
 pub use stats::{PluginCounts, PluginStats, PluginsStats};
@@ -61,7 +65,7 @@ pub use plugin::{EXPORT_FUNC, EXPORT_INTERFACES};
 #[cfg(feature = "wasm")]
 pub use sink::{FireOutcome, LoadReport, STATE_DIR, WasmSink};
 #[cfg(feature = "wasm")]
-pub(crate) use watch::PluginWatcher;
+pub(crate) use watch::{ArmedWatcher, PluginWatcher};
 
 /// Jobs queued per plugin (split evenly over its `pool_size` instances).
 pub const PLUGIN_QUEUE: usize = 1024;
@@ -69,21 +73,53 @@ pub const PLUGIN_QUEUE: usize = 1024;
 /// Checks every plugin of a workspace the way loading does — manifest, compile, the `on-event`
 /// export and its type, linking against the host, a probe instantiation — without starting
 /// anything, without the compile cache and without writing anything. One line per problem
-/// (plugins that are not hooks are no problem: see [`manifest::scan_all`]). Used by
-/// `prx-hooks validate`.
+/// (plugins that are not hooks are no problem: see [`manifest::scan_all`]); [`check_plugins`]
+/// gives them typed. Used by `prx-hooks validate`.
 #[cfg(feature = "wasm")]
 pub fn check_workspace(workspace: &std::path::Path) -> Vec<String> {
+    check_plugins(workspace)
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
+}
+
+/// [`check_workspace`], each problem with its file, line, column and key path.
+///
+/// # Examples
+///
+/// ```
+/// let ws = std::env::temp_dir().join(format!("prx-hooks-doc-check-{}", std::process::id()));
+/// std::fs::create_dir_all(ws.join("plugins/audit"))?;
+/// std::fs::write(ws.join("plugins/audit/plugin.toml"), "[plugin]\nname = \"audit\"\n")?;
+/// let problems = prx_hooks::wasm::check_plugins(&ws);
+/// let e = &problems[0];
+/// assert!(e.file.ends_with("plugins/audit/plugin.toml"));
+/// assert_eq!((e.line, e.col), (1, 1));
+/// assert_eq!(e.path, "plugin"); // the table, where the key is missing
+/// assert!(e.reason.contains("version"), "{e}");
+/// # std::fs::remove_dir_all(&ws)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[cfg(feature = "wasm")]
+pub fn check_plugins(workspace: &std::path::Path) -> Vec<PluginError> {
     let (manifests, errors) = manifest::scan(workspace);
-    let mut out: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    let mut out: Vec<PluginError> = errors.into_iter().map(PluginError::from).collect();
     out.extend(sink::check(&manifests));
     out
 }
 
-/// Internals for `benches/wasm.rs`: one plugin's per-call path, and the direct wasmtime calls
-/// it is compared with. Not part of the API.
+/// The former path of [`crate::__private::wasm`].
 #[cfg(feature = "wasm")]
 #[doc(hidden)]
+#[deprecated(note = "use prx_hooks::__private::wasm")]
 pub mod __bench {
+    pub use super::bench::*;
+}
+
+/// Internals for `benches/wasm.rs` through [`crate::__private::wasm`]: one plugin's per-call
+/// path, and the direct wasmtime calls it is compared with. Not part of the API.
+#[cfg(feature = "wasm")]
+pub(crate) mod bench {
     use super::cache::CompileCache;
     use super::drive::{Driven, drive};
     use super::engine::{Compiled, WasmEngine};
@@ -100,6 +136,7 @@ pub mod __bench {
     use wasmtime::component::{Component, TypedFunc};
 
     /// A plugin loaded as the sink loads it, driven on the caller's thread.
+    #[allow(missing_debug_implementations)]
     pub struct Loaded {
         shared: Arc<PluginShared>,
         slot: Option<Instance>,
@@ -237,12 +274,14 @@ pub mod __bench {
     type OnEvent = TypedFunc<(&'static str, &'static str), (Result<(), String>,)>;
 
     /// A direct synchronous typed call (the old baseline).
+    #[allow(missing_debug_implementations)]
     pub struct Direct {
         store: Store<HostState>,
         func: OnEvent,
     }
 
     impl Direct {
+        /// Calls `on-event`; whether it returned `Ok`.
         pub fn call(&mut self, event: &str, payload: &str) -> bool {
             matches!(
                 self.func.call(&mut self.store, (event, payload)),
@@ -252,6 +291,7 @@ pub mod __bench {
     }
 
     /// A direct `call_async`, driven (the async baseline).
+    #[allow(missing_debug_implementations)]
     pub struct DirectAsync {
         store: Store<HostState>,
         func: OnEvent,
@@ -259,6 +299,7 @@ pub mod __bench {
     }
 
     impl DirectAsync {
+        /// Calls `on-event` and drives it; whether it returned `Ok`.
         pub fn call(&mut self, event: &str, payload: &str) -> bool {
             let _rt = self.timers.enter();
             let far = Instant::now() + Duration::from_secs(60);

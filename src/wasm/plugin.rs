@@ -43,6 +43,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 /// The export every plugin provides, under the versioned and the bare interface name.
 pub const EXPORT_INTERFACES: [&str; 2] =
     ["prx:plugin/hook-exports@0.1.0", "prx:plugin/hook-exports"];
+/// The function of [`EXPORT_INTERFACES`] every event is delivered to.
 pub const EXPORT_FUNC: &str = "on-event";
 
 /// Faults in a row that suspend a plugin.
@@ -56,11 +57,11 @@ const PROBATION: u32 = 10;
 /// The longest a component's start code may run, whatever its `max_execution_time_ms`: loads
 /// (`Hooks::build`, `fire`, `run` start-up, `validate`) wait for it, so an hour-long limit must
 /// not let a start-code sleeper stall them (ARCHITECTURE.md § WASM plugins).
-pub const MAX_START_MS: u64 = 1000;
+pub(super) const MAX_START_MS: u64 = 1000;
 
 /// The time limit of a plugin's start code: its `max_execution_time_ms`, at most
 /// [`MAX_START_MS`].
-pub fn start_limit_ms(max_execution_time_ms: u64) -> u64 {
+pub(super) fn start_limit_ms(max_execution_time_ms: u64) -> u64 {
     max_execution_time_ms.min(MAX_START_MS)
 }
 
@@ -79,7 +80,7 @@ type OnEvent = TypedFunc<(&'static str, &'static str), (Result<(), String>,)>;
 /// that a `fire` forced during a suspension neither trip it again nor reset it. A new version of
 /// the plugin (its files changed) lifts a suspension and keeps the record ([`Breaker::lift`]).
 #[derive(Debug, Default)]
-pub struct Breaker {
+pub(super) struct Breaker {
     faults_in_row: u32,
     /// The last [`WINDOW`] outcomes, newest in bit 0 (1 = fault), and how many there are.
     window: u32,
@@ -95,14 +96,14 @@ pub struct Breaker {
 
 impl Breaker {
     /// Whether calls are suspended at `now`, and until when.
-    pub fn suspended(&self, now: Instant) -> Option<Instant> {
+    pub(super) fn suspended(&self, now: Instant) -> Option<Instant> {
         self.until.filter(|&u| now < u)
     }
 
     /// Ends the current suspension (a new version of the plugin: what was suspended is not
     /// what runs now). The record stays: the new version is on probation, so one fault
     /// suspends it again, for twice as long.
-    pub fn lift(&mut self) {
+    pub(super) fn lift(&mut self) {
         self.until = None;
     }
 
@@ -146,7 +147,7 @@ impl Breaker {
 }
 
 /// What the executors of one plugin share.
-pub struct PluginShared {
+pub(super) struct PluginShared {
     pub name: Arc<str>,
     pub manifest: Manifest,
     pub ctx: Arc<PluginCtx>,
@@ -162,7 +163,7 @@ pub struct PluginShared {
 }
 
 /// A job for an executor.
-pub enum Job {
+pub(super) enum Job {
     /// A lifecycle event from the pipeline (counted in the sink's identity), and its hold on
     /// the ticket of an event consumed from NATS: the event is settled once the call ran.
     Event(Message, CallHold),
@@ -175,7 +176,7 @@ pub enum Job {
 /// [`CallHold::ran`] once the call ran (whatever its outcome: returned, trapped, timed out);
 /// a job dropped without that (suspended, aborted, still queued when its executor stopped)
 /// marks the ticket dropped first, so the event is nak'ed and delivered again.
-pub struct CallHold(Option<crate::settle::Hold>);
+pub(super) struct CallHold(Option<crate::settle::Hold>);
 
 impl CallHold {
     fn ran(mut self) {
@@ -194,13 +195,13 @@ impl Drop for CallHold {
 /// A loaded plugin: shared state plus the queues of its shards. Dropping it closes the queues;
 /// the executors finish what is queued (an in-flight call on its old instance) and exit. It is
 /// safe to drop anywhere, a pipeline worker included: nothing here joins a thread.
-pub struct Plugin {
+pub(super) struct Plugin {
     pub shared: Arc<PluginShared>,
     shards: Vec<flume::Sender<Job>>,
 }
 
 /// Finds `on-event` in a component and checks its type.
-pub fn find_export(
+pub(super) fn find_export(
     component: &wasmtime::component::Component,
     engine: &wasmtime::Engine,
 ) -> Result<ComponentExportIndex, String> {
@@ -277,7 +278,7 @@ fn describe_type(t: &wasmtime::component::types::Type) -> String {
 
 impl PluginShared {
     /// `counts` and `breaker` belong to the plugin's name and outlive its versions.
-    pub fn new(
+    pub(super) fn new(
         manifest: Manifest,
         ctx: Arc<PluginCtx>,
         pre: InstancePre<HostState>,
@@ -300,7 +301,7 @@ impl PluginShared {
     }
 
     /// Stops the engine's threads (after shutdown).
-    pub fn engine_stop(&self) {
+    pub(super) fn engine_stop(&self) {
         self.engine.stop();
     }
 
@@ -309,7 +310,7 @@ impl PluginShared {
         self.ctx.log.line(level, "host", text.as_bytes());
     }
 
-    pub fn counts(&self) -> std::sync::MutexGuard<'_, PluginCounts> {
+    pub(super) fn counts(&self) -> std::sync::MutexGuard<'_, PluginCounts> {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -320,7 +321,7 @@ impl PluginShared {
     /// A fresh instance, ready to call. Instantiation runs the component's start code: it gets
     /// the same limits as a call (fuel, memory, shutdown and retirement), and a deadline of
     /// [`start_limit_ms`].
-    pub fn instantiate(&self) -> Result<Instance, CallOutcome> {
+    pub(super) fn instantiate(&self) -> Result<Instance, CallOutcome> {
         // Start code is interrupted by the epoch like a call: the ticker runs meanwhile.
         let _running = self.engine.running();
         let res = &self.manifest.resources;
@@ -380,7 +381,7 @@ impl PluginShared {
 
     /// Runs one call on `slot` (instantiating first if it is empty) and counts it. `force` runs
     /// even while suspended (a manual `fire`).
-    pub fn run(
+    pub(super) fn run(
         &self,
         slot: &mut Option<Instance>,
         event: &str,
@@ -486,7 +487,7 @@ impl PluginShared {
 }
 
 /// One live instance and its typed `on-event`.
-pub struct Instance {
+pub(super) struct Instance {
     store: Store<HostState>,
     func: OnEvent,
     ctx: Arc<PluginCtx>,
@@ -494,7 +495,7 @@ pub struct Instance {
 
 impl Instance {
     /// Refills fuel, sets the deadline, calls `on-event`, classifies the result.
-    pub fn call(
+    pub(super) fn call(
         &mut self,
         event: &str,
         msg: &Message,
@@ -551,7 +552,9 @@ fn classify(e: wasmtime::Error) -> CallOutcome {
 
 impl Plugin {
     /// Starts the shards' executor threads; returns their handles (the sink joins them).
-    pub fn start(shared: Arc<PluginShared>) -> std::io::Result<(Plugin, Vec<JoinHandle<()>>)> {
+    pub(super) fn start(
+        shared: Arc<PluginShared>,
+    ) -> std::io::Result<(Plugin, Vec<JoinHandle<()>>)> {
         let n = shared.manifest.resources.pool_size.max(1) as usize;
         let cap = shared.queue_per_shard();
         let mut shards = Vec::with_capacity(n);
@@ -579,7 +582,7 @@ impl Plugin {
     /// Offers a lifecycle event and counts it (`sent`, then `in_flight` or `dropped`). The
     /// counters' lock is held across the `try_send`, so the executor cannot count the call's
     /// end before its start.
-    pub fn offer_counted(&self, msg: &Message) {
+    pub(super) fn offer_counted(&self, msg: &Message) {
         let mut c = self.shared.counts();
         c.sent += 1;
         let job = Job::Event(msg.clone(), CallHold(msg.hold()));
@@ -595,7 +598,7 @@ impl Plugin {
 
     /// Queues a manual run of `msg` (even when suspended); the outcome arrives on the returned
     /// channel. `None` when the queue stayed full for `wait`.
-    pub fn submit_fire(
+    pub(super) fn submit_fire(
         &self,
         msg: Message,
         wait: Duration,
@@ -608,7 +611,7 @@ impl Plugin {
     }
 
     /// Queued jobs, all shards together.
-    pub fn queued(&self) -> usize {
+    pub(super) fn queued(&self) -> usize {
         self.shards.iter().map(|s| s.len()).sum()
     }
 }

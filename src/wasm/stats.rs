@@ -28,8 +28,9 @@ pub struct PluginsStats {
     /// Loads after the first that started or stopped a plugin (a plugin directory was added,
     /// changed or removed).
     pub reloads: u64,
-    /// Components compiled, and loaded from the on-disk cache instead.
+    /// Components compiled.
     pub compiled: u64,
+    /// Components loaded from the on-disk cache instead of compiled.
     pub cache_hits: u64,
     /// Component instances the engine's pooling allocator holds (0: no engine yet).
     pub pool_instances: u64,
@@ -51,10 +52,13 @@ pub struct PluginsStats {
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PluginStats {
+    /// The plugin's name (`[plugin] name`).
     pub name: String,
+    /// Its version (`[plugin] version`).
     pub version: String,
     /// The declared event patterns (`prx.lifecycle.*`, …).
     pub events: Vec<String>,
+    /// Instances it runs at once (`[resources] pool_size`).
     pub pool_size: u64,
     /// `running`, `suspended` (after repeated faults) or `stopped` (after shutdown).
     pub state: String,
@@ -64,6 +68,7 @@ pub struct PluginStats {
     pub queued: u64,
     /// Bytes in its kv store.
     pub kv_bytes: u64,
+    /// Its call counters.
     #[serde(flatten)]
     pub counts: PluginCounts,
 }
@@ -74,10 +79,15 @@ pub struct PluginStats {
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PluginCounts {
+    /// Lifecycle events the pipeline offered it.
     pub sent: u64,
+    /// Of `sent`: calls that returned `Ok`.
     pub delivered: u64,
+    /// Of `sent`: never called (see the `dropped_*` counters for why).
     pub dropped: u64,
+    /// Of `sent`: calls that failed (an error, a trap, a timeout, out of fuel).
     pub failed: u64,
+    /// Of `sent`: queued or running now.
     pub in_flight: u64,
     /// Of `dropped`: its queue was full.
     pub dropped_queue_full: u64,
@@ -87,15 +97,19 @@ pub struct PluginCounts {
     pub dropped_shutdown: u64,
     /// Of `dropped`: still queued when its version was replaced or removed.
     pub dropped_reload: u64,
+    /// Calls that returned `Ok`.
     pub ok: u64,
     /// The guest returned `Err(message)`.
     pub errors: u64,
     /// Traps (and instances that could not be created).
     pub traps: u64,
+    /// Calls that ran past `max_execution_time_ms`.
     pub timeouts: u64,
+    /// Calls that used up `max_fuel`.
     pub out_of_fuel: u64,
     /// Calls for messages of its own `events.subscribe` subscriptions.
     pub topic_messages: u64,
+    /// Instances created.
     pub instances_created: u64,
     /// Instances thrown away after a trap, timeout or out-of-fuel.
     pub instances_replaced: u64,

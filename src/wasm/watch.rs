@@ -28,10 +28,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How often the polling fallback lists `plugins/`.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+pub(super) const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Watches a workspace's plugins; dropping it stops and joins its thread.
-pub struct PluginWatcher {
+pub(crate) struct PluginWatcher {
     tx: mpsc::Sender<Msg>,
     thread: Option<JoinHandle<()>>,
     sink: Weak<WasmSink>,
@@ -46,7 +46,7 @@ impl PluginWatcher {
     /// Starts watching `<workspace>/plugins/` now, before the plugins are loaded: the watches
     /// are set (or, when polling, the first listing taken) before this returns, so an edit made
     /// while the first load runs is seen once [`ArmedWatcher::start`] starts the thread.
-    pub fn arm(workspace: PathBuf, poll: bool) -> ArmedWatcher {
+    pub(crate) fn arm(workspace: PathBuf, poll: bool) -> ArmedWatcher {
         let (tx, rx) = mpsc::channel();
         let workspace = std::fs::canonicalize(&workspace)
             .or_else(|_| std::path::absolute(&workspace))
@@ -74,7 +74,7 @@ impl PluginWatcher {
 
 /// A watch set up before the first load ([`PluginWatcher::arm`]): what changes meanwhile is
 /// queued (inotify) or compared against the listing taken before it (polling).
-pub struct ArmedWatcher {
+pub(crate) struct ArmedWatcher {
     tx: mpsc::Sender<Msg>,
     rx: mpsc::Receiver<Msg>,
     plugins: PathBuf,
@@ -84,7 +84,11 @@ pub struct ArmedWatcher {
 impl ArmedWatcher {
     /// Starts the watcher's thread, which reloads `sink` after each change once changes have
     /// been quiet for `debounce`.
-    pub fn start(self, sink: Weak<WasmSink>, debounce: Duration) -> std::io::Result<PluginWatcher> {
+    pub(crate) fn start(
+        self,
+        sink: Weak<WasmSink>,
+        debounce: Duration,
+    ) -> std::io::Result<PluginWatcher> {
         let ArmedWatcher {
             tx,
             rx,

@@ -388,24 +388,7 @@ impl Validator {
             return None;
         };
         let errs_before = self.errs.len();
-        let mut d = Draft {
-            path: path.clone(),
-            event: event.unwrap_or(EventKind::AgentStart),
-            index,
-            explicit_id: None,
-            command: String::new(),
-            program: Err(String::new()),
-            args: Vec::new(),
-            env: Vec::new(),
-            cwd_written: None,
-            cwd: self.ws.clone(),
-            timeout_ms: None,
-            stdin_json: false,
-            enabled: true,
-            matcher: None,
-            max_concurrent: DEFAULT_MAX_CONCURRENT,
-            limits: HookLimits::default(),
-        };
+        let mut d = self.draft(path, event, index);
         let mut has_command = false;
         for m in members {
             let p = path.key(&m.key);
@@ -440,30 +423,8 @@ impl Validator {
                         .map_or(DEFAULT_MAX_CONCURRENT, |n| n as usize)
                 }
                 "id" => {
-                    if let Some(id) = self.string(v, &p) {
-                        if is_valid_id(id) {
-                            d.explicit_id = Some((id.to_string(), v.pos));
-                            if id == "." || id == ".." {
-                                self.warn(
-                                    v.pos,
-                                    &p,
-                                    format!(
-                                        "the id {} cannot be reached through the HTTP API (URL \
-                                         paths normalize it away); choose another",
-                                        quote(id)
-                                    ),
-                                );
-                            }
-                        } else {
-                            self.err(
-                                v.pos,
-                                &p,
-                                format!(
-                                    "{} is not a valid id: 1 to 64 characters of A-Z a-z 0-9 . _ -",
-                                    quote(id)
-                                ),
-                            );
-                        }
+                    if let Some(id) = self.id(v, &p) {
+                        d.explicit_id = Some(id);
                     }
                 }
                 "matcher" => d.matcher = self.matcher(v, &p, event),
@@ -484,6 +445,58 @@ impl Validator {
             );
         }
         (self.errs.len() == errs_before && event.is_some()).then_some(d)
+    }
+
+    /// A hook's `id`, with where it is written; a valid id that the HTTP API cannot reach is
+    /// a warning, an invalid one an error.
+    fn id(&mut self, v: &Node, p: &JPath) -> Option<(String, usize)> {
+        let id = self.string(v, p)?;
+        if is_valid_id(id) {
+            if id == "." || id == ".." {
+                self.warn(
+                    v.pos,
+                    p,
+                    format!(
+                        "the id {} cannot be reached through the HTTP API (URL \
+                         paths normalize it away); choose another",
+                        quote(id)
+                    ),
+                );
+            }
+            Some((id.to_string(), v.pos))
+        } else {
+            self.err(
+                v.pos,
+                p,
+                format!(
+                    "{} is not a valid id: 1 to 64 characters of A-Z a-z 0-9 . _ -",
+                    quote(id)
+                ),
+            );
+            None
+        }
+    }
+
+    /// A hook with every field at its default, before its members are read.
+    fn draft(&self, path: &JPath, event: Option<EventKind>, index: usize) -> Draft {
+        Draft {
+            path: path.clone(),
+            event: event.unwrap_or(EventKind::AgentStart),
+            index,
+            explicit_id: None,
+            command: String::new(),
+            program: Err(String::new()),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd_written: None,
+            cwd: self.ws.clone(),
+            timeout_ms: None,
+            stdin_json: false,
+            enabled: true,
+            matcher: None,
+            max_concurrent: DEFAULT_MAX_CONCURRENT,
+            limits: HookLimits::default(),
+        }
     }
 
     pub(super) fn command(
@@ -524,46 +537,68 @@ impl Validator {
             cmd.contains('/') && std::fs::symlink_metadata(self.ws.join(cmd)).is_ok();
         let bare = !first_word.contains('/') && !names_a_workspace_file;
         if bare {
-            if cmd.chars().any(char::is_whitespace) {
-                let mut words = cmd.split_whitespace();
-                let program = words.next().unwrap_or_default();
-                let rest: Vec<String> = words.map(quote).collect();
-                self.err(
-                    pos,
-                    path,
-                    format!(
-                        "may not contain whitespace: a bare command is one program name; put \
-                         arguments in \"args\": \"command\": {}, \"args\": [{}]",
-                        quote(program),
-                        rest.join(", ")
-                    ),
-                );
-                return None;
-            }
-            if cmd == "." || cmd == ".." {
-                self.err(
-                    pos,
-                    path,
-                    format!("{} is a directory, not a program", quote(cmd)),
-                );
-                return None;
-            }
-            // Resolved once per name and file: a file repeating one command thousands of
-            // times costs one PATH lookup, not thousands. (The table's "path" is read before
-            // any hook: top-level fields come first.)
-            let program = match self.resolved.get(cmd) {
-                Some(p) => p.clone(),
-                None => {
-                    let p = resolve_bare_in(cmd, self.path.as_deref().unwrap_or(SANITIZED_PATH));
-                    self.resolved.insert(cmd.to_string(), p.clone());
-                    p
-                }
-            };
-            if let Err(why) = &program {
-                self.warn(pos, path, format!("{why}; the hook will fail to spawn"));
-            }
-            return Some((cmd.to_string(), program));
+            self.bare_command(cmd, pos, path)
+        } else {
+            self.path_command(cmd, pos, path)
         }
+    }
+
+    /// A command that names a program to find on the PATH: one word, resolved once per name.
+    fn bare_command(
+        &mut self,
+        cmd: &str,
+        pos: usize,
+        path: &JPath,
+    ) -> Option<(String, Result<PathBuf, String>)> {
+        if cmd.chars().any(char::is_whitespace) {
+            let mut words = cmd.split_whitespace();
+            let program = words.next().unwrap_or_default();
+            let rest: Vec<String> = words.map(quote).collect();
+            self.err(
+                pos,
+                path,
+                format!(
+                    "may not contain whitespace: a bare command is one program name; put \
+                     arguments in \"args\": \"command\": {}, \"args\": [{}]",
+                    quote(program),
+                    rest.join(", ")
+                ),
+            );
+            return None;
+        }
+        if cmd == "." || cmd == ".." {
+            self.err(
+                pos,
+                path,
+                format!("{} is a directory, not a program", quote(cmd)),
+            );
+            return None;
+        }
+        // Resolved once per name and file: a file repeating one command thousands of
+        // times costs one PATH lookup, not thousands. (The table's "path" is read before
+        // any hook: top-level fields come first.)
+        let program = match self.resolved.get(cmd) {
+            Some(p) => p.clone(),
+            None => {
+                let p = resolve_bare_in(cmd, self.path.as_deref().unwrap_or(SANITIZED_PATH));
+                self.resolved.insert(cmd.to_string(), p.clone());
+                p
+            }
+        };
+        if let Err(why) = &program {
+            self.warn(pos, path, format!("{why}; the hook will fail to spawn"));
+        }
+        Some((cmd.to_string(), program))
+    }
+
+    /// A command that names a file: absolute, or inside the workspace; one that is not an
+    /// executable file is a warning.
+    fn path_command(
+        &mut self,
+        cmd: &str,
+        pos: usize,
+        path: &JPath,
+    ) -> Option<(String, Result<PathBuf, String>)> {
         let written = Path::new(cmd);
         let full = if written.is_absolute() {
             written.to_path_buf()

@@ -5,7 +5,7 @@ use super::*;
 
 /// The thread that writes changed stores: woken by [`KvFlusher::touch`], it waits
 /// [`FLUSH_DELAY`] to gather a burst of writes, then writes every dirty store.
-pub struct KvFlusher {
+pub(crate) struct KvFlusher {
     pub(super) shared: Arc<FlushShared>,
     pub(super) thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -24,7 +24,7 @@ pub(super) struct FlushState {
 }
 
 impl KvFlusher {
-    pub fn start() -> io::Result<KvFlusher> {
+    pub(crate) fn start() -> io::Result<KvFlusher> {
         let shared = Arc::new(FlushShared {
             state: Mutex::new(FlushState::default()),
             wake: Condvar::new(),
@@ -44,7 +44,7 @@ impl KvFlusher {
     }
 
     /// Registers a store to be flushed when it changes.
-    pub fn register(&self, store: &Arc<KvStore>) {
+    pub(crate) fn register(&self, store: &Arc<KvStore>) {
         let mut st = self.state();
         st.stores.retain(|w| w.strong_count() > 0);
         if !st.stores.iter().any(|w| w.as_ptr() == Arc::as_ptr(store)) {
@@ -53,7 +53,7 @@ impl KvFlusher {
     }
 
     /// A store changed: write it within [`FLUSH_DELAY`].
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         let mut st = self.state();
         if st.pending_since.is_none() {
             st.pending_since = Some(Instant::now());
@@ -62,7 +62,7 @@ impl KvFlusher {
     }
 
     /// Writes every dirty store now and stops the thread. Idempotent.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.state().stop = true;
         self.shared.wake.notify_one();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {

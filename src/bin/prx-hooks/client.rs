@@ -1,6 +1,8 @@
-//! What the commands that talk to a running server share (`tail`, `send`): where it is
-//! (`--url`, `unix:PATH`, or the workspace's `.prx-hooks/address`) and one connection to it,
-//! over TCP or a unix socket, for hyper's HTTP/1 client on a current-thread runtime.
+//! Finding and reaching a running server: what `tail` and `send` share.
+//!
+//! Where the server is (`--url`, `unix:PATH`, or the workspace's `.prx-hooks/address`) and one
+//! connection to it, over TCP or a unix socket, for hyper's HTTP/1 client on a current-thread
+//! runtime.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,5 +1,6 @@
-//! What `connect` writes into each agent's settings, where, and how it finds its own entries
-//! again (docs/connect.md has the tables and the pages they follow).
+//! What `connect` writes into each agent's settings, where, and how it finds its entries again.
+//!
+//! docs/connect.md has the tables and the agents' pages they follow.
 //!
 //! Claude Code and Gemini CLI group hooks: `hooks.<Event>` is an array of `{matcher?, hooks:
 //! [entry…]}`; ours is one group `{"hooks": [entry]}` per event. Cursor lists entries directly:

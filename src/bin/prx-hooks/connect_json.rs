@@ -1,5 +1,7 @@
-//! A JSON reader that keeps every value's byte span, and text edits at those spans: `connect`
-//! changes an agent's settings file where its own entries go and leaves every other byte.
+//! A JSON reader that keeps every value's byte span, and text edits at those spans.
+//!
+//! `connect` changes an agent's settings file where its own entries go and leaves every other
+//! byte.
 //!
 //! [`parse`] reads strict JSON (RFC 8259), and `//` and `/* */` comments as whitespace when
 //! asked (Gemini CLI strips them from its settings). It never panics: every failure is a

@@ -1,5 +1,6 @@
-//! How `init` puts a workspace on disk: all of it or nothing, never through a link, never over
-//! anything (docs/cli.md § `init`).
+//! How `init` puts a workspace on disk: all or nothing, never through a link, never over anything.
+//!
+//! docs/cli.md § `init`.
 //!
 //! * **One init per directory at a time.** `init` holds an exclusive `flock` on the directory
 //!   it works in (the target, or the target's nearest existing ancestor) from before it looks

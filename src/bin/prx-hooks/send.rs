@@ -1,5 +1,6 @@
-//! `prx-hooks send`: one agent hook call's event(s) to the workspace's running server, or to
-//! its spool when none answers (README.md § Connect an agent).
+//! `prx-hooks send`: one agent hook call's event(s) to the workspace's server, or to its spool.
+//!
+//! The spool keeps them when no server answers (README.md § Connect an agent).
 //!
 //! It is what an agent's hook waits for, so it stays small: no hook system, no config, no
 //! wasmtime; one connection on a current-thread runtime, a bounded read of stdin. It never

@@ -1,5 +1,6 @@
-//! `run --ingest unix:PATH`: a 0600 unix stream socket reading NDJSON lines into the hook
-//! system, for local agents that keep a connection open (docs/ingest.md § The socket).
+//! `run --ingest unix:PATH`: a 0600 unix stream socket reading NDJSON lines into the pipeline.
+//!
+//! It is for local agents that keep a connection open (docs/ingest.md § The socket).
 //!
 //! * **Access.** No token: the socket file's mode (0600, this user's) is the rule; it is bound
 //!   with `http::bind_unix` (never reachable with a looser mode).

@@ -1,5 +1,6 @@
-//! The spool: events `prx-hooks send` could not deliver, kept in
-//! `<workspace>/.prx-hooks/spool/` until `prx-hooks run` starts there and replays them.
+//! The spool: events `prx-hooks send` could not deliver, kept until `run` replays them.
+//!
+//! They are kept in `<workspace>/.prx-hooks/spool/` until `prx-hooks run` starts there.
 //!
 //! * **Private.** The directory is made with mode 0700 and must be owned by this user and
 //!   closed to others (so nobody else can add, swap or read entries); files are created 0600

@@ -1,5 +1,6 @@
-//! `tail`'s incremental SSE parser: bytes in as they arrive, whole events out, never holding
-//! more than a bound, whatever the server sends (docs/cli.md § `tail`).
+//! `tail`'s incremental SSE parser: bytes in as they arrive, whole events out.
+//!
+//! It never holds more than a bound, whatever the server sends (docs/cli.md § `tail`).
 //!
 //! Every field is bounded, not only `data:`:
 //!

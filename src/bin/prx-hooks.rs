@@ -71,7 +71,6 @@ mod nats_cli;
 mod otel_cli;
 
 use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
 use std::process::ExitCode;
 /// The NATS flags parse their durations as `run`'s do.
 #[cfg(feature = "nats")]

@@ -44,7 +44,6 @@ pub(crate) struct BenchArgs {
     nats_stream: Option<String>,
 }
 
-
 /// Waits (briefly, repeatedly) while the rings are a quarter full (so no single ring can fill)
 /// or a subscriber queue is half full.
 fn pace(hooks: &Hooks) {
@@ -60,7 +59,6 @@ fn pace(hooks: &Hooks) {
         thread::sleep(Duration::from_micros(200));
     }
 }
-
 
 /// Results of `prx-hooks bench`.
 #[derive(serde::Serialize)]

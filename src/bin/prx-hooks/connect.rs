@@ -38,7 +38,7 @@ Exit codes:
      (FILE:LINE:COL: reason), a value of the wrong shape (FILE:LINE:COL: path: reason),
      Codex's notify already running another program (without --force), no TCP address for
      --http, or an I/O error")]
-pub struct ConnectArgs {
+pub(crate) struct ConnectArgs {
     /// The agent: claude-code, codex, gemini-cli or cursor.
     #[arg(value_name = "AGENT")]
     agent: String,

@@ -40,7 +40,6 @@ pub(crate) struct FireArgs {
     contain: ContainArgs,
 }
 
-
 /// `fire`'s plugin side: loads the workspace's plugins once; each plugin that fails to load
 /// is reported on stderr and the others run (the caller exits 1 when any failed).
 #[cfg(feature = "wasm")]

@@ -79,8 +79,6 @@ pub(crate) struct RunArgs {
     otel: otel_cli::OtelArgs,
 }
 
-
-
 /// Why `run` is finishing.
 enum Finish {
     InputDone,
@@ -93,7 +91,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     let signals = block_signals()?;
     let containment = contain(&args.contain)?;
     let hooks = Arc::new(build(&args)?);
-    let mut front = Front::start(&hooks, &args)?;
+    let front = Front::start(&hooks, &args)?;
 
     let (done_tx, done_rx) = mpsc::channel();
     watch_signals(signals, hooks.clone(), done_tx.clone())?;

@@ -23,10 +23,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// Usage errors: EX_USAGE (sysexits.h), not clap's 2.
-pub const EX_USAGE: u8 = 64;
+pub(crate) const EX_USAGE: u8 = 64;
 
 #[derive(Args)]
-pub struct SendArgs {
+pub(crate) struct SendArgs {
     /// The agent's own hook payload (JSON) instead of stdin: Codex's `notify` passes it as
     /// the last argument.
     #[arg(value_name = "PAYLOAD")]
@@ -97,7 +97,7 @@ enum Answer {
     Away(String),
 }
 
-pub fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
+pub(crate) fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
     let fail = |strict: bool| ExitCode::from(if strict { 1 } else { 0 });
     let spool = Spool::new(&args.workspace);
     let (route, body) = match input(&args) {

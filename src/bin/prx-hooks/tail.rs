@@ -53,7 +53,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
-pub struct TailArgs {
+pub(crate) struct TailArgs {
     /// Bus topics to show: an exact topic, a prefix ending in `.*`, or `*` (repeatable).
     /// Default: every topic.
     #[arg(value_name = "PATTERN")]
@@ -110,7 +110,7 @@ struct Style {
     color: bool,
 }
 
-pub fn tail(args: TailArgs) -> Result<ExitCode, BoxError> {
+pub(crate) fn tail(args: TailArgs) -> Result<ExitCode, BoxError> {
     let color = match args.color.as_str() {
         "always" => true,
         "never" => false,

@@ -17,7 +17,6 @@ pub(crate) struct ValidateArgs {
     strict: bool,
 }
 
-
 /// `validate`: every error and warning on stdout, one per line; a summary on stderr; exit 1 on
 /// any error (and with `--strict` on any warning).
 pub(super) fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {

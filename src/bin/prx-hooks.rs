@@ -47,11 +47,13 @@ mod send;
 #[cfg(feature = "http")]
 #[path = "prx-hooks/socket_ingest.rs"]
 mod socket_ingest;
+#[cfg_attr(not(feature = "http"), allow(dead_code))] // `send` uses the rest.
 #[path = "prx-hooks/spool.rs"]
 mod spool;
 #[cfg(feature = "http")]
 #[path = "prx-hooks/tail.rs"]
 mod tail;
+#[cfg_attr(not(feature = "http"), allow(dead_code))] // `send` uses the rest.
 #[path = "prx-hooks/units.rs"]
 mod units;
 #[path = "prx-hooks/validate.rs"]

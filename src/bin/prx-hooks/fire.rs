@@ -4,7 +4,7 @@
 //! § Exit codes).
 
 use crate::contain::{contain, shell_limits};
-use crate::{BoxError, ContainArgs, EventLimitArgs};
+use crate::{ContainArgs, EventLimitArgs};
 use clap::Args;
 #[cfg(feature = "wasm")]
 use prx_hooks::Sink;
@@ -45,7 +45,7 @@ pub(crate) struct FireArgs {
 #[cfg(feature = "wasm")]
 fn fire_load_plugins(
     workspace: &std::path::Path,
-) -> Result<(prx_hooks::wasm::WasmSink, bool), BoxError> {
+) -> Result<(prx_hooks::wasm::WasmSink, bool), crate::BoxError> {
     let sink = prx_hooks::wasm::WasmSink::standalone(workspace.to_path_buf())?;
     let errors = sink.errors();
     for error in &errors {

@@ -5,6 +5,8 @@
 //! waits for every hook call, and the full `prx-hooks` (wasmtime, the server, the CLI) takes
 //! about twice as long to load and relocate (docs/ingest.md § Start-up).
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 #[allow(dead_code)] // `tail` uses the rest.
 #[path = "prx-hooks/client.rs"]
 mod client;

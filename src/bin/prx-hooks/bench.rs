@@ -1,7 +1,64 @@
-//! `prx-hooks bench`: the pipeline measured end to end on this machine, with CPU per event per
-//! stage (docs/cli.md § `bench`).
+//! `prx-hooks bench`: the pipeline measured end to end, with CPU per event per stage.
+//!
+//! The flags and the report: docs/cli.md § `bench`.
 
-use super::*;
+#[cfg(feature = "nats")]
+use crate::nats_cli;
+use crate::{BoxError, EventLimitArgs};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use prx_hooks::{Emitter, Event, Hooks};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// Events to emit, all producers together.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Producer threads, each with its own emitter.
+    #[arg(long, default_value_t = 1)]
+    producers: usize,
+    /// Bus subscribers reading every event.
+    #[arg(long, default_value_t = 1)]
+    subscribers: usize,
+    /// Bytes of the `output` field of each tool_call event.
+    #[arg(long, default_value_t = 200)]
+    payload_bytes: usize,
+    /// Print the results as one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    limits: EventLimitArgs,
+    /// Measure the NATS bridge instead: events/s through it to the server at URL, and emit's
+    /// cost with the bridge off and on.
+    #[cfg(feature = "nats")]
+    #[arg(long, value_name = "URL")]
+    nats: Option<String>,
+    /// With --nats: publish to this JetStream stream with acks.
+    #[cfg(feature = "nats")]
+    #[arg(long, value_name = "NAME", requires = "nats")]
+    nats_stream: Option<String>,
+}
+
+/// Waits (briefly, repeatedly) while the rings are a quarter full (so no single ring can fill)
+/// or a subscriber queue is half full.
+fn pace(hooks: &Hooks) {
+    let busy = || {
+        hooks.pending() > hooks.capacity() / 4
+            || hooks
+                .bus()
+                .subscribers()
+                .iter()
+                .any(|s| s.queued > s.capacity / 2)
+    };
+    while busy() {
+        thread::sleep(Duration::from_micros(200));
+    }
+}
 
 /// Results of `prx-hooks bench`.
 #[derive(serde::Serialize)]
@@ -135,19 +192,7 @@ pub(super) fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Resul
             .build()?,
     );
     let received = Arc::new(AtomicU64::new(0));
-    let readers: Vec<_> = (0..args.subscribers)
-        .map(|_| {
-            let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
-            let received = received.clone();
-            Ok(thread::Builder::new()
-                .name("bench-subscriber".into())
-                .spawn(move || {
-                    for _ in sub.iter() {
-                        received.fetch_add(1, Ordering::Relaxed);
-                    }
-                })?)
-        })
-        .collect::<Result<_, BoxError>>()?;
+    let readers = start_readers(&hooks, args.subscribers, &received)?;
 
     let label = if paced { "sustained" } else { "burst" };
     let bar = ProgressBar::new(args.events).with_style(
@@ -185,21 +230,8 @@ pub(super) fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Resul
     let emit_elapsed = start.elapsed();
     bar.finish_and_clear();
 
-    // Wait until every queued event has reached every subscriber or been counted as dropped.
-    let expected = hooks.stats().queued * args.subscribers as u64;
-    let mut last = (received.load(Ordering::Relaxed), Instant::now());
-    loop {
-        let got = received.load(Ordering::Relaxed);
-        let dropped: u64 = hooks.stats().subscribers.iter().map(|s| s.dropped).sum();
-        if got != last.0 {
-            last = (got, Instant::now());
-        }
-        if got + dropped >= expected || last.1.elapsed() > Duration::from_secs(10) {
-            break;
-        }
-        thread::sleep(Duration::from_micros(100));
-    }
-    let elapsed = last.1.max(start + emit_elapsed).duration_since(start);
+    let delivered_at = wait_delivered(&hooks, args.subscribers, &received);
+    let elapsed = delivered_at.max(start + emit_elapsed).duration_since(start);
     let stats = hooks.stats();
     let (worker_cpu, subscriber_cpu) = (
         threads_cpu_ns("prx-hooks-worke"),
@@ -210,11 +242,6 @@ pub(super) fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Resul
         let _ = r.join();
     });
 
-    samples.sort_unstable();
-    let pick = |q: f64| {
-        let i = ((samples.len() as f64 * q) as usize).min(samples.len().saturating_sub(1));
-        samples.get(i).map_or(0, |s| s.saturating_sub(overhead))
-    };
     let delivered = received.load(Ordering::Relaxed);
     let per = |cpu: u64, n: u64| cpu as f64 / n.max(1) as f64;
     Ok(Phase {
@@ -223,12 +250,7 @@ pub(super) fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Resul
             worker: per(worker_cpu, stats.processed),
             subscriber: per(subscriber_cpu, delivered),
         },
-        emit_ns: (!samples.is_empty()).then(|| Percentiles {
-            p50: pick(0.5),
-            p99: pick(0.99),
-            p99_9: pick(0.999),
-            max: pick(1.0),
-        }),
+        emit_ns: percentiles(samples, overhead),
         elapsed_s: elapsed.as_secs_f64(),
         emitted_per_s: args.events as f64 / emit_elapsed.as_secs_f64(),
         delivered_per_s: delivered as f64 / args.subscribers.max(1) as f64 / elapsed.as_secs_f64(),
@@ -236,6 +258,60 @@ pub(super) fn bench_phase(args: &BenchArgs, paced: bool, overhead: u64) -> Resul
         ring_dropped: stats.dropped + stats.dropped_budget,
         oversize: stats.oversize,
         subscriber_dropped: stats.subscribers.iter().map(|s| s.dropped).sum(),
+    })
+}
+
+/// One thread per bus subscriber, counting what it receives into `received`.
+fn start_readers(
+    hooks: &Hooks,
+    subscribers: usize,
+    received: &Arc<AtomicU64>,
+) -> Result<Vec<thread::JoinHandle<()>>, BoxError> {
+    (0..subscribers)
+        .map(|_| {
+            let sub = hooks.bus().subscribe("prx.lifecycle.*")?;
+            let received = received.clone();
+            Ok(thread::Builder::new()
+                .name("bench-subscriber".into())
+                .spawn(move || {
+                    for _ in sub.iter() {
+                        received.fetch_add(1, Ordering::Relaxed);
+                    }
+                })?)
+        })
+        .collect()
+}
+
+/// Waits until every queued event has reached every subscriber or been counted as dropped
+/// (or nothing arrived for 10 s); returns when the last one arrived.
+fn wait_delivered(hooks: &Hooks, subscribers: usize, received: &AtomicU64) -> Instant {
+    let expected = hooks.stats().queued * subscribers as u64;
+    let mut last = (received.load(Ordering::Relaxed), Instant::now());
+    loop {
+        let got = received.load(Ordering::Relaxed);
+        let dropped: u64 = hooks.stats().subscribers.iter().map(|s| s.dropped).sum();
+        if got != last.0 {
+            last = (got, Instant::now());
+        }
+        if got + dropped >= expected || last.1.elapsed() > Duration::from_secs(10) {
+            return last.1;
+        }
+        thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// The emit latencies' percentiles, less the timer's own cost (none without samples).
+fn percentiles(mut samples: Vec<u64>, overhead: u64) -> Option<Percentiles> {
+    samples.sort_unstable();
+    let pick = |q: f64| {
+        let i = ((samples.len() as f64 * q) as usize).min(samples.len().saturating_sub(1));
+        samples.get(i).map_or(0, |s| s.saturating_sub(overhead))
+    };
+    (!samples.is_empty()).then(|| Percentiles {
+        p50: pick(0.5),
+        p99: pick(0.99),
+        p99_9: pick(0.999),
+        max: pick(1.0),
     })
 }
 

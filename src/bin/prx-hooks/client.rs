@@ -1,13 +1,15 @@
-//! What the commands that talk to a running server share (`tail`, `send`): where it is
-//! (`--url`, `unix:PATH`, or the workspace's `.prx-hooks/address`) and one connection to it,
-//! over TCP or a unix socket, for hyper's HTTP/1 client on a current-thread runtime.
+//! Finding and reaching a running server: what `tail` and `send` share.
+//!
+//! Where the server is (`--url`, `unix:PATH`, or the workspace's `.prx-hooks/address`) and one
+//! connection to it, over TCP or a unix socket, for hyper's HTTP/1 client on a current-thread
+//! runtime.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// Where the server is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// `host:port` to connect to, and the path prefix the API is mounted under.
     Tcp {
         authority: String,
@@ -26,7 +28,7 @@ impl std::fmt::Display for Target {
 }
 
 /// `http://HOST:PORT[/PREFIX]`, `HOST:PORT`, or `unix:PATH`.
-pub fn parse_url(url: &str) -> Result<Target, String> {
+pub(crate) fn parse_url(url: &str) -> Result<Target, String> {
     let url = url.trim();
     if let Some(path) = url.strip_prefix("unix:") {
         if path.is_empty() {
@@ -65,11 +67,11 @@ pub fn parse_url(url: &str) -> Result<Target, String> {
 }
 
 /// The connection's I/O, TCP or unix.
-pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// Connects to `target`, giving up after `timeout` (TCP; a unix socket answers at once).
-pub async fn connect(target: &Target, timeout: Duration) -> std::io::Result<Box<dyn Io>> {
+pub(crate) async fn connect(target: &Target, timeout: Duration) -> std::io::Result<Box<dyn Io>> {
     let io: Box<dyn Io> = match target {
         Target::Tcp { authority, .. } => {
             let s =

@@ -1,5 +1,7 @@
-//! `prx-hooks connect AGENT`: writes the hook entries that make Claude Code, Codex, Gemini CLI
-//! or Cursor feed a workspace's server into the agent's own settings (docs/connect.md).
+//! `prx-hooks connect AGENT`: our hook entries written into an agent's own settings.
+//!
+//! The entries make Claude Code, Codex, Gemini CLI or Cursor feed a workspace's server
+//! (docs/connect.md).
 //!
 //! The user's settings stay byte for byte: JSON is edited at the spans of the members and
 //! elements that change ([`json`], connect_json.rs), Codex's TOML through `toml_edit`, which
@@ -36,7 +38,7 @@ Exit codes:
      (FILE:LINE:COL: reason), a value of the wrong shape (FILE:LINE:COL: path: reason),
      Codex's notify already running another program (without --force), no TCP address for
      --http, or an I/O error")]
-pub struct ConnectArgs {
+pub(crate) struct ConnectArgs {
     /// The agent: claude-code, codex, gemini-cli or cursor.
     #[arg(value_name = "AGENT")]
     agent: String,
@@ -93,7 +95,58 @@ fn refused(file: &Path, text: &str, r: &Refusal) -> ExitCode {
     ExitCode::from(2)
 }
 
-pub fn connect(args: ConnectArgs) -> Result<ExitCode, BoxError> {
+/// `connect`: checks the flags, makes the hook entry, edits the settings file at the spans
+/// that change, and writes it (backed up first) or, with `--dry-run`, shows the diff.
+pub(crate) fn connect(args: ConnectArgs) -> Result<ExitCode, BoxError> {
+    let (agent, scope) = agent_and_scope(&args)?;
+    let events = pick_events(agent, &args)?;
+    let file = settings_path(agent, scope, &args)?;
+    let (workspace, argv, hook) = hook_for(agent, &args)?;
+
+    // The file as it is (a link is followed: the file it points to is edited, the link stays).
+    let target = match std::fs::symlink_metadata(&file) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(&file)
+            .map_err(|e| format!("connect: {} is a link to nothing: {e}", file.display()))?,
+        _ => file.clone(),
+    };
+    let before = read_settings(&target)?;
+    let old = before.as_deref().unwrap_or(agent.skeleton());
+    let old = if old.trim().is_empty() && agent != Agent::Codex {
+        agent.skeleton()
+    } else {
+        old
+    };
+
+    let edited = if agent == Agent::Codex {
+        edit_codex(old, &argv, &args, &file)
+    } else {
+        let want = if args.remove {
+            Want::Remove
+        } else {
+            Want::Connect {
+                events: &events,
+                entry: agents::entry(agent, &hook),
+            }
+        };
+        agents::apply_json(old, agent, &want)
+    };
+    let (after, replaced) = match edited {
+        Ok(edited) => edited,
+        Err(r) => return Ok(refused(&file, old, &r)),
+    };
+    let change = Change {
+        file,
+        target,
+        before,
+        after,
+        replaced,
+    };
+    write_change(agent, &args, &change, &events, &hook, workspace.as_deref())
+}
+
+/// The agent, and the scope (default: project, user for Codex); the flags that do not go
+/// with them are refused.
+fn agent_and_scope(args: &ConnectArgs) -> Result<(Agent, Scope), BoxError> {
     let Some(agent) = Agent::from_name(&args.agent) else {
         return Err(format!(
             "connect: unknown agent {:?}: claude-code, codex, gemini-cli or cursor",
@@ -125,32 +178,38 @@ pub fn connect(args: ConnectArgs) -> Result<ExitCode, BoxError> {
     if args.force && agent != Agent::Codex {
         return Err("connect: --force is for codex (its one notify program)".into());
     }
-    let events: Vec<&str> = if args.events.is_empty() {
-        agent.events()
-    } else {
-        if agent == Agent::Codex {
-            return Err(
-                "connect codex: --events does not apply: Codex's notify has no events to pick"
-                    .into(),
-            );
-        }
-        let mut picked = Vec::new();
-        for e in &args.events {
-            match agent.events().iter().find(|k| *k == e) {
-                Some(k) => picked.push(*k),
-                None => {
-                    return Err(format!(
-                        "connect {}: --events: unknown event {e:?}; the documented ones: {}",
-                        agent.name(),
-                        agent.events().join(", ")
-                    )
-                    .into());
-                }
+    Ok((agent, scope))
+}
+
+/// `--events`, each checked against the agent's documented events; default all of them.
+fn pick_events(agent: Agent, args: &ConnectArgs) -> Result<Vec<&'static str>, BoxError> {
+    if args.events.is_empty() {
+        return Ok(agent.events());
+    }
+    if agent == Agent::Codex {
+        return Err(
+            "connect codex: --events does not apply: Codex's notify has no events to pick".into(),
+        );
+    }
+    let mut picked = Vec::new();
+    for e in &args.events {
+        match agent.events().iter().find(|k| *k == e) {
+            Some(k) => picked.push(*k),
+            None => {
+                return Err(format!(
+                    "connect {}: --events: unknown event {e:?}; the documented ones: {}",
+                    agent.name(),
+                    agent.events().join(", ")
+                )
+                .into());
             }
         }
-        picked
-    };
+    }
+    Ok(picked)
+}
 
+/// The settings file to edit: in `--project` or in the user's directory.
+fn settings_path(agent: Agent, scope: Scope, args: &ConnectArgs) -> Result<PathBuf, BoxError> {
     let base = match scope {
         Scope::Project => {
             if !args.project.is_dir() {
@@ -164,13 +223,20 @@ pub fn connect(args: ConnectArgs) -> Result<ExitCode, BoxError> {
         }
         Scope::User => user_dir(agent)?,
     };
-    let file = match (agent, scope) {
+    Ok(match (agent, scope) {
         (Agent::Codex, Scope::User) if std::env::var_os("CODEX_HOME").is_some() => {
             base.join("config.toml")
         }
         _ => base.join(agent.settings_file()),
-    };
+    })
+}
 
+/// The workspace (none with `--remove`), the `send` command line that feeds it, and the
+/// hook entry: that command, or with `--http` the URL.
+fn hook_for(
+    agent: Agent,
+    args: &ConnectArgs,
+) -> Result<(Option<PathBuf>, Vec<String>, Hook), BoxError> {
     let workspace = if args.remove {
         None
     } else {
@@ -216,88 +282,94 @@ pub fn connect(args: ConnectArgs) -> Result<ExitCode, BoxError> {
                 .join(" "),
         ),
     };
+    Ok((workspace, argv, hook))
+}
 
-    // The file as it is (a link is followed: the file it points to is edited, the link stays).
-    let target = match std::fs::symlink_metadata(&file) {
-        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(&file)
-            .map_err(|e| format!("connect: {} is a link to nothing: {e}", file.display()))?,
-        _ => file.clone(),
-    };
-    let before = read_settings(&target)?;
-    let old = before.as_deref().unwrap_or(agent.skeleton());
-    let old = if old.trim().is_empty() && agent != Agent::Codex {
-        agent.skeleton()
-    } else {
-        old
-    };
-
+/// Codex's config.toml with our `notify` set (with `--remove`: taken out), and how many of
+/// our entries that replaced. A `notify` running another program is left alone by
+/// `--remove`, and refused without `--force`.
+fn edit_codex(
+    old: &str,
+    argv: &[String],
+    args: &ConnectArgs,
+    file: &Path,
+) -> Result<(String, usize), Refusal> {
     let mut replaced = 0;
-    let after = if agent == Agent::Codex {
-        let (mut doc, state) = match agents::parse_toml(old, &argv) {
-            Ok(d) => d,
-            Err(r) => return Ok(refused(&file, old, &r)),
-        };
-        match (state, args.remove) {
-            (Notify::Missing, true) => old.to_string(),
-            (Notify::Other { shown, .. }, true) => {
-                note(format!(
-                    "{}: notify runs {shown}, not prx-hooks: left as it is",
-                    file.display()
-                ));
-                old.to_string()
-            }
-            (Notify::Ours { .. }, true) => {
-                replaced += 1;
-                doc.remove("notify");
-                doc.to_string()
-            }
-            (Notify::Ours { same: true }, false) => old.to_string(),
-            (Notify::Ours { same: false }, false) | (Notify::Missing, false) => {
-                set_notify_counted(&mut doc, &argv, &mut replaced, false);
-                doc.to_string()
-            }
-            (Notify::Other { shown, offset }, false) => {
-                if !args.force {
-                    let r = Refusal {
-                        offset,
-                        at: None,
-                        reason: format!(
-                            "notify already runs `{shown}`; Codex runs one notify program: pass --force to replace it (the old line stays in {}.prx-hooks.bak), or make your program call `prx-hooks send --from codex` itself",
-                            file.file_name()
-                                .map_or(String::new(), |n| n.to_string_lossy().into_owned())
-                        ),
-                    };
-                    return Ok(refused(&file, old, &r));
-                }
-                note(format!("--force: replacing notify = {shown}"));
-                set_notify_counted(&mut doc, &argv, &mut replaced, true);
-                doc.to_string()
-            }
+    let (mut doc, state) = agents::parse_toml(old, argv)?;
+    let after = match (state, args.remove) {
+        (Notify::Missing, true) => old.to_string(),
+        (Notify::Other { shown, .. }, true) => {
+            note(format!(
+                "{}: notify runs {shown}, not prx-hooks: left as it is",
+                file.display()
+            ));
+            old.to_string()
         }
-    } else {
-        let want = if args.remove {
-            Want::Remove
-        } else {
-            Want::Connect {
-                events: &events,
-                entry: agents::entry(agent, &hook),
+        (Notify::Ours { .. }, true) => {
+            replaced += 1;
+            doc.remove("notify");
+            doc.to_string()
+        }
+        (Notify::Ours { same: true }, false) => old.to_string(),
+        (Notify::Ours { same: false }, false) | (Notify::Missing, false) => {
+            set_notify_counted(&mut doc, argv, &mut replaced, false);
+            doc.to_string()
+        }
+        (Notify::Other { shown, offset }, false) => {
+            if !args.force {
+                return Err(Refusal {
+                    offset,
+                    at: None,
+                    reason: format!(
+                        "notify already runs `{shown}`; Codex runs one notify program: pass --force to replace it (the old line stays in {}.prx-hooks.bak), or make your program call `prx-hooks send --from codex` itself",
+                        file.file_name()
+                            .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+                    ),
+                });
             }
-        };
-        match agents::apply_json(old, agent, &want) {
-            Ok((text, n)) => {
-                replaced = n;
-                text
-            }
-            Err(r) => return Ok(refused(&file, old, &r)),
+            note(format!("--force: replacing notify = {shown}"));
+            set_notify_counted(&mut doc, argv, &mut replaced, true);
+            doc.to_string()
         }
     };
+    Ok((after, replaced))
+}
 
+/// A settings file's edit: the file named (`file`), the one written (`target`, a link
+/// followed), its text before (none: it did not exist) and after, and how many of our
+/// entries were replaced or taken out.
+struct Change {
+    file: PathBuf,
+    target: PathBuf,
+    before: Option<String>,
+    after: String,
+    replaced: usize,
+}
+
+/// Writes the change (the old file backed up first), shows it as a diff with `--dry-run`, or
+/// says there is nothing to change; then what was done, on stdout.
+fn write_change(
+    agent: Agent,
+    args: &ConnectArgs,
+    change: &Change,
+    events: &[&str],
+    hook: &Hook,
+    workspace: Option<&Path>,
+) -> Result<ExitCode, BoxError> {
+    let Change {
+        file,
+        target,
+        before,
+        after,
+        replaced,
+    } = change;
+    let replaced = *replaced;
     // Nothing of ours is left and the file is what we would have made from nothing: it was
     // ours alone (made by connect), so it goes.
     let delete = args.remove && replaced > 0 && before.is_some() && after == agent.skeleton();
-    let changed = match &before {
+    let changed = match before {
         _ if args.remove => replaced > 0,
-        Some(b) => *b != after,
+        Some(b) => b != after,
         None => true,
     };
     if args.dry_run {
@@ -326,25 +398,25 @@ pub fn connect(args: ConnectArgs) -> Result<ExitCode, BoxError> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(b) = &before {
-        write_backup(&target, b)?;
+    if let Some(b) = before {
+        write_backup(target, b)?;
     }
     if delete {
-        std::fs::remove_file(&target)
+        std::fs::remove_file(target)
             .map_err(|e| format!("connect: removing {}: {e}", target.display()))?;
     } else {
-        write_atomic(&target, &after, before.as_deref())?;
+        write_atomic(target, after, before.as_deref())?;
     }
     report(
         agent,
-        &file,
-        &args,
-        &events,
-        &hook,
+        file,
+        args,
+        events,
+        hook,
         replaced,
         before.is_some(),
         delete,
-        workspace.as_deref(),
+        workspace,
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,6 @@
-//! What `connect` writes into each agent's settings, where, and how it finds its own entries
-//! again (docs/connect.md has the tables and the pages they follow).
+//! What `connect` writes into each agent's settings, where, and how it finds its entries again.
+//!
+//! docs/connect.md has the tables and the agents' pages they follow.
 //!
 //! Claude Code and Gemini CLI group hooks: `hooks.<Event>` is an array of `{matcher?, hooks:
 //! [entry…]}`; ours is one group `{"hooks": [entry]}` per event. Cursor lists entries directly:
@@ -13,7 +14,7 @@ use super::json::{self, J, Node, Style};
 use std::path::Path;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Agent {
+pub(super) enum Agent {
     ClaudeCode,
     Codex,
     GeminiCli,
@@ -21,7 +22,7 @@ pub enum Agent {
 }
 
 impl Agent {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Agent::ClaudeCode => "claude-code",
             Agent::Codex => "codex",
@@ -30,7 +31,7 @@ impl Agent {
         }
     }
 
-    pub fn from_name(name: &str) -> Option<Agent> {
+    pub(super) fn from_name(name: &str) -> Option<Agent> {
         [
             Agent::ClaudeCode,
             Agent::Codex,
@@ -42,7 +43,7 @@ impl Agent {
     }
 
     /// The documentation the events and the format follow.
-    pub fn docs(self) -> &'static str {
+    pub(super) fn docs(self) -> &'static str {
         match self {
             Agent::ClaudeCode => "https://code.claude.com/docs/en/hooks",
             Agent::Codex => "https://developers.openai.com/codex/config-advanced#notifications",
@@ -54,7 +55,7 @@ impl Agent {
     /// The events an entry is written for by default: every one the agent documents
     /// ([`prx_hooks::agents::Agent::events`]), except those where a hook replaces the agent's
     /// own behaviour. Codex's `notify` has none to pick.
-    pub fn events(self) -> Vec<&'static str> {
+    pub(super) fn events(self) -> Vec<&'static str> {
         let all = match self {
             Agent::ClaudeCode => prx_hooks::agents::Agent::ClaudeCode.events(),
             Agent::GeminiCli => prx_hooks::agents::Agent::GeminiCli.events(),
@@ -78,12 +79,12 @@ impl Agent {
     }
 
     /// `//` and `/* */` comments are allowed in its settings (Gemini CLI strips them).
-    pub fn comments(self) -> bool {
+    pub(super) fn comments(self) -> bool {
         self == Agent::GeminiCli
     }
 
     /// The settings file, relative to the project (project scope) or to `$HOME` (user scope).
-    pub fn settings_file(self) -> &'static str {
+    pub(super) fn settings_file(self) -> &'static str {
         match self {
             Agent::ClaudeCode => ".claude/settings.json",
             Agent::Codex => ".codex/config.toml",
@@ -94,7 +95,7 @@ impl Agent {
 
     /// What a file made from nothing starts as (and what `--remove` leaving exactly this
     /// deletes again).
-    pub fn skeleton(self) -> &'static str {
+    pub(super) fn skeleton(self) -> &'static str {
         match self {
             Agent::Cursor => "{\n  \"version\": 1\n}\n",
             Agent::Codex => "",
@@ -109,7 +110,7 @@ impl Agent {
 
 /// What our entry does.
 #[derive(Clone, Debug)]
-pub enum Hook {
+pub(super) enum Hook {
     /// A command hook: this shell command line.
     Command(String),
     /// Claude Code's `http` hook posting to this URL.
@@ -117,7 +118,7 @@ pub enum Hook {
 }
 
 /// The hook entry for one event.
-pub fn entry(agent: Agent, hook: &Hook) -> J {
+pub(super) fn entry(agent: Agent, hook: &Hook) -> J {
     let s = |v: &str| J::Str(v.to_string());
     let obj = |m: Vec<(&str, J)>| J::Obj(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
     match (agent, hook) {
@@ -159,7 +160,7 @@ pub fn entry(agent: Agent, hook: &Hook) -> J {
 /// assert_eq!(shell_quote("/opt/prx hooks/bin"), "'/opt/prx hooks/bin'");
 /// assert_eq!(shell_quote("it's"), r"'it'\''s'");
 /// ```
-pub fn shell_quote(s: &str) -> String {
+pub(super) fn shell_quote(s: &str) -> String {
     if !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@,=".contains(&b))
@@ -172,7 +173,7 @@ pub fn shell_quote(s: &str) -> String {
 
 /// The words of a POSIX shell command line (quotes and backslashes; no expansion). `None`
 /// for an unterminated quote.
-pub fn shell_words(line: &str) -> Option<Vec<String>> {
+pub(super) fn shell_words(line: &str) -> Option<Vec<String>> {
     let mut words = Vec::new();
     let mut word = String::new();
     let mut in_word = false;
@@ -231,7 +232,7 @@ pub fn shell_words(line: &str) -> Option<Vec<String>> {
 }
 
 /// The argv runs `prx-hooks send … --from AGENT …` or `prx-hooks-send … --from AGENT …`.
-pub fn is_our_argv(argv: &[String], agent: Agent) -> bool {
+pub(super) fn is_our_argv(argv: &[String], agent: Agent) -> bool {
     let prog = argv.first().and_then(|p| Path::new(p).file_name());
     let sends = match prog {
         Some(n) if n == "prx-hooks" => argv.get(1).is_some_and(|w| w == "send"),
@@ -263,7 +264,7 @@ fn is_ours(agent: Agent, entry: &Node) -> bool {
 
 /// A settings file that cannot be edited safely: where and why.
 #[derive(Debug)]
-pub struct Refusal {
+pub(super) struct Refusal {
     /// Byte offset in the text (a line and column are made of it), if any.
     pub offset: Option<usize>,
     /// The line and column, when known already (a parse error).
@@ -415,7 +416,7 @@ fn take_out(text: &str, loc: &Located<'_>, f: Found) -> String {
 }
 
 /// What [`apply_json`] does.
-pub enum Want<'a> {
+pub(super) enum Want<'a> {
     /// Our entry `entry` in each of `events` (and in no other event).
     Connect { events: &'a [&'a str], entry: J },
     /// None of ours anywhere.
@@ -424,7 +425,11 @@ pub enum Want<'a> {
 
 /// `text` (a JSON settings file of `agent`) with our entries as `want` says; every other byte
 /// kept. Also returns how many entries were taken out or replaced (for the summary).
-pub fn apply_json(text: &str, agent: Agent, want: &Want<'_>) -> Result<(String, usize), Refusal> {
+pub(super) fn apply_json(
+    text: &str,
+    agent: Agent,
+    want: &Want<'_>,
+) -> Result<(String, usize), Refusal> {
     let mut text = text.to_string();
     let mut replaced = 0;
     let documented = agent.events();
@@ -518,7 +523,7 @@ fn insert(
 }
 
 /// Codex's `notify`: what is there now.
-pub enum Notify {
+pub(super) enum Notify {
     Missing,
     /// Ours, and whether it is exactly the wanted argv.
     Ours {
@@ -533,7 +538,7 @@ pub enum Notify {
 
 /// `text` (Codex's config.toml) parsed, and what its `notify` is compared with `argv` (read
 /// before the spans go: an edit drops them).
-pub fn parse_toml(
+pub(super) fn parse_toml(
     text: &str,
     argv: &[String],
 ) -> Result<(toml_edit::DocumentMut, Notify), Refusal> {
@@ -580,7 +585,7 @@ fn notify_state(root: &toml_edit::Table, argv: &[String]) -> Notify {
 }
 
 /// `notify = argv` set in `doc`, keeping the line's spacing and trailing comment.
-pub fn set_notify(doc: &mut toml_edit::DocumentMut, argv: &[String]) {
+pub(super) fn set_notify(doc: &mut toml_edit::DocumentMut, argv: &[String]) {
     let array: toml_edit::Array = argv.iter().map(String::as_str).collect();
     match doc
         .get_mut("notify")

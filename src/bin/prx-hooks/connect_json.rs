@@ -1,5 +1,7 @@
-//! A JSON reader that keeps every value's byte span, and text edits at those spans: `connect`
-//! changes an agent's settings file where its own entries go and leaves every other byte.
+//! A JSON reader that keeps every value's byte span, and text edits at those spans.
+//!
+//! `connect` changes an agent's settings file where its own entries go and leaves every other
+//! byte.
 //!
 //! [`parse`] reads strict JSON (RFC 8259), and `//` and `/* */` comments as whitespace when
 //! asked (Gemini CLI strips them from its settings). It never panics: every failure is a
@@ -10,18 +12,18 @@
 use std::fmt::Write as _;
 
 /// Deepest nesting read (settings files are shallow; this bounds the recursion).
-pub const MAX_DEPTH: usize = 128;
+pub(super) const MAX_DEPTH: usize = 128;
 
 /// A value and where it is: `text[start..end]`.
 #[derive(Debug)]
-pub struct Node {
+pub(super) struct Node {
     pub start: usize,
     pub end: usize,
     pub kind: Kind,
 }
 
 #[derive(Debug)]
-pub enum Kind {
+pub(super) enum Kind {
     Object(Vec<Member>),
     Array(Vec<Node>),
     /// The decoded text (a lone surrogate escape decodes to U+FFFD).
@@ -33,7 +35,7 @@ pub enum Kind {
 
 /// One `"key": value` of an object; the member's span is `key_start..value.end`.
 #[derive(Debug)]
-pub struct Member {
+pub(super) struct Member {
     pub key: String,
     pub key_start: usize,
     /// Just after the key's closing quote.
@@ -43,7 +45,7 @@ pub struct Member {
 
 impl Node {
     /// What it is, for messages: "an object", "an array", "a string"…
-    pub fn what(&self) -> &'static str {
+    pub(super) fn what(&self) -> &'static str {
         match self.kind {
             Kind::Object(_) => "an object",
             Kind::Array(_) => "an array",
@@ -54,21 +56,21 @@ impl Node {
         }
     }
 
-    pub fn members(&self) -> Option<&[Member]> {
+    pub(super) fn members(&self) -> Option<&[Member]> {
         match &self.kind {
             Kind::Object(m) => Some(m),
             _ => None,
         }
     }
 
-    pub fn items(&self) -> Option<&[Node]> {
+    pub(super) fn items(&self) -> Option<&[Node]> {
         match &self.kind {
             Kind::Array(items) => Some(items),
             _ => None,
         }
     }
 
-    pub fn str(&self) -> Option<&str> {
+    pub(super) fn str(&self) -> Option<&str> {
         match &self.kind {
             Kind::String(s) => Some(s),
             _ => None,
@@ -76,7 +78,7 @@ impl Node {
     }
 
     /// The member named `key`, and its index (the first one: see [`duplicate`]).
-    pub fn get(&self, key: &str) -> Option<(usize, &Member)> {
+    pub(super) fn get(&self, key: &str) -> Option<(usize, &Member)> {
         self.members()?
             .iter()
             .enumerate()
@@ -86,20 +88,20 @@ impl Node {
 
 /// The second member named `key` in `obj`, if there is one (agents keep the last: an edit of
 /// the first would not be what they read).
-pub fn duplicate<'a>(obj: &'a Node, key: &str) -> Option<&'a Member> {
+pub(super) fn duplicate<'a>(obj: &'a Node, key: &str) -> Option<&'a Member> {
     obj.members()?.iter().filter(|m| m.key == key).nth(1)
 }
 
 /// Why a text is not JSON, and where (1-based line and column, in characters).
 #[derive(Debug, PartialEq, Eq)]
-pub struct ParseError {
+pub(super) struct ParseError {
     pub line: usize,
     pub column: usize,
     pub reason: String,
 }
 
 /// The 1-based line and column (in characters) of byte `offset` of `text`.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(text.len());
     let before = &text.as_bytes()[..offset];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
@@ -124,7 +126,7 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// let (_, a) = root.get("a").unwrap();
 /// assert_eq!((a.value.start, a.value.end), (6, 14));
 /// ```
-pub fn parse(text: &str, comments: bool) -> Result<Node, ParseError> {
+pub(super) fn parse(text: &str, comments: bool) -> Result<Node, ParseError> {
     let mut p = Parser {
         text,
         bytes: text.as_bytes(),
@@ -418,7 +420,7 @@ impl Parser<'_> {
 
 /// A value to write, its members in the order given (serde_json's map would sort them).
 #[derive(Clone, Debug, PartialEq)]
-pub enum J {
+pub(super) enum J {
     Obj(Vec<(String, J)>),
     Arr(Vec<J>),
     Str(String),
@@ -428,7 +430,7 @@ pub enum J {
 
 impl J {
     /// The same value as serde_json's, to compare with what a file holds whatever its layout.
-    pub fn to_value(&self) -> serde_json::Value {
+    pub(super) fn to_value(&self) -> serde_json::Value {
         use serde_json::Value;
         match self {
             J::Obj(m) => Value::Object(m.iter().map(|(k, v)| (k.clone(), v.to_value())).collect()),
@@ -443,7 +445,7 @@ impl J {
 /// How new text is laid out, learnt from the file: the newline, one level of indentation, and
 /// whether `:` is followed by a space.
 #[derive(Clone, Debug)]
-pub struct Style {
+pub(super) struct Style {
     pub newline: &'static str,
     pub unit: String,
     pub colon_space: bool,
@@ -453,7 +455,7 @@ pub struct Style {
 
 impl Style {
     /// The style of `text` (defaults for an empty one: two spaces, `\n`).
-    pub fn of(text: &str, root: Option<&Node>) -> Style {
+    pub(super) fn of(text: &str, root: Option<&Node>) -> Style {
         let newline = if text.contains("\r\n") { "\r\n" } else { "\n" };
         let mut unit: Option<String> = None;
         for line in text.lines() {
@@ -492,13 +494,13 @@ fn first_member_gap(node: &Node) -> Option<(usize, usize)> {
 }
 
 /// `s` as a JSON string literal.
-pub fn quote(s: &str) -> String {
+pub(super) fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 /// `value` as text whose first line starts at a line indented by `indent` (multi-line), or on
 /// one line.
-pub fn render(value: &J, style: &Style, indent: &str, multiline: bool) -> String {
+pub(super) fn render(value: &J, style: &Style, indent: &str, multiline: bool) -> String {
     let mut out = String::new();
     render_into(&mut out, value, style, indent, multiline);
     out
@@ -610,7 +612,7 @@ fn separator(
 }
 
 /// Inserts `"key": value` as the last member of object `obj`.
-pub fn insert_member(text: &str, obj: &Node, key: &str, value: &J, style: &Style) -> String {
+pub(super) fn insert_member(text: &str, obj: &Node, key: &str, value: &J, style: &Style) -> String {
     let members = obj.members().unwrap_or(&[]);
     let colon = if style.colon_space { ": " } else { ":" };
     if members.is_empty() {
@@ -639,7 +641,7 @@ pub fn insert_member(text: &str, obj: &Node, key: &str, value: &J, style: &Style
 }
 
 /// Appends `value` as the last element of array `arr`.
-pub fn push_item(text: &str, arr: &Node, value: &J, style: &Style) -> String {
+pub(super) fn push_item(text: &str, arr: &Node, value: &J, style: &Style) -> String {
     let items = arr.items().unwrap_or(&[]);
     if items.is_empty() {
         return fill_empty(
@@ -681,14 +683,14 @@ fn fill_empty(
 }
 
 /// Removes member `index` of object `obj`, with its comma and the whitespace before it.
-pub fn remove_member(text: &str, obj: &Node, index: usize) -> String {
+pub(super) fn remove_member(text: &str, obj: &Node, index: usize) -> String {
     let members = obj.members().unwrap_or(&[]);
     let spans: Vec<(usize, usize)> = members.iter().map(|m| (m.key_start, m.value.end)).collect();
     remove_span(text, obj, &spans, index)
 }
 
 /// Removes element `index` of array `arr`, with its comma and the whitespace before it.
-pub fn remove_item(text: &str, arr: &Node, index: usize) -> String {
+pub(super) fn remove_item(text: &str, arr: &Node, index: usize) -> String {
     let items = arr.items().unwrap_or(&[]);
     let spans: Vec<(usize, usize)> = items.iter().map(|n| (n.start, n.end)).collect();
     remove_span(text, arr, &spans, index)
@@ -723,7 +725,7 @@ fn remove_span(text: &str, container: &Node, spans: &[(usize, usize)], index: us
 
 /// `node`'s text replaced by `value`, laid out from the line it starts on (over several
 /// lines when the file has line breaks and the old text had them too).
-pub fn replace(text: &str, node: &Node, value: &J, style: &Style) -> String {
+pub(super) fn replace(text: &str, node: &Node, value: &J, style: &Style) -> String {
     let indent = line_indent(text, node.start).to_string();
     let ml = style.multiline && text[node.start..node.end].contains('\n');
     splice(

@@ -1,7 +1,10 @@
-//! What `run` and `fire` do to their own process and their hooks before any hook runs:
+//! Containment: what `run` and `fire` do to their process and their hooks before any hook runs.
+//!
 //! `--harden`, the child subreaper, cgroups and per-hook limits (docs/cli.md § Containment).
 
-use super::*;
+use crate::{BoxError, ContainArgs};
+use std::path::PathBuf;
+use std::time::Instant;
 
 /// What `run` and `fire` do to their own process before any hook runs: `--harden`, and
 /// becoming the child subreaper of everything the hooks leave behind (docs/hooks.md § Security: what holds where).

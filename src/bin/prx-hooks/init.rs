@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Args)]
-pub struct InitArgs {
+pub(crate) struct InitArgs {
     /// The directory to create the workspace in (made if missing; files already there are
     /// never overwritten).
     #[arg(default_value = ".")]
@@ -165,7 +165,7 @@ fn files(dir: &Path) -> Vec<(&'static str, String, u32)> {
     ]
 }
 
-pub fn init(args: InitArgs) -> Result<ExitCode, BoxError> {
+pub(crate) fn init(args: InitArgs) -> Result<ExitCode, BoxError> {
     let dir = &args.dir;
     let files = files(dir);
     let (base_path, missing) = split_missing(dir);

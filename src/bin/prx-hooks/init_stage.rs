@@ -1,5 +1,6 @@
-//! How `init` puts a workspace on disk: all of it or nothing, never through a link, never over
-//! anything (docs/cli.md § `init`).
+//! How `init` puts a workspace on disk: all or nothing, never through a link, never over anything.
+//!
+//! docs/cli.md § `init`.
 //!
 //! * **One init per directory at a time.** `init` holds an exclusive `flock` on the directory
 //!   it works in (the target, or the target's nearest existing ancestor) from before it looks
@@ -38,14 +39,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// A staging directory's name: this, then 16 lowercase hex digits.
-pub const PREFIX: &str = ".prx-hooks-init-";
+pub(super) const PREFIX: &str = ".prx-hooks-init-";
 /// In a staging directory whose entries are being moved into the target: it is complete.
 const MARKER: &str = ".prx-hooks-init-complete";
 /// How long `init` waits for another one working in the same directory.
-pub const LOCK_WAIT: Duration = Duration::from_secs(10);
+pub(super) const LOCK_WAIT: Duration = Duration::from_secs(10);
 /// The entries of a workspace in the order they are moved into an existing directory: the
 /// file that makes it a workspace last.
-pub const ENTRIES: [&str; 5] = [
+pub(super) const ENTRIES: [&str; 5] = [
     ".gitignore",
     "README.md",
     "events.ndjson",
@@ -77,7 +78,7 @@ fn same(a: &FileStat, b: &FileStat) -> bool {
 }
 
 /// The directory `init` works in, open and locked (module docs) for as long as this lives.
-pub struct Base {
+pub(super) struct Base {
     dir: std::fs::File,
     /// Its path as the user gave it, for messages.
     shown: std::path::PathBuf,
@@ -86,7 +87,7 @@ pub struct Base {
 impl Base {
     /// Opens the directory at `path` (following links: it is the user's path) and locks it,
     /// waiting up to [`LOCK_WAIT`] for another `init` working there.
-    pub fn lock(path: &Path) -> std::io::Result<Base> {
+    pub(super) fn lock(path: &Path) -> std::io::Result<Base> {
         let fd = nix::fcntl::open(
             path,
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -123,13 +124,13 @@ impl Base {
         }
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(super) fn fd(&self) -> BorrowedFd<'_> {
         self.dir.as_fd()
     }
 }
 
 /// A staging directory being filled.
-pub struct Stage {
+pub(super) struct Stage {
     /// The directory it is in (the target, or the target's nearest existing ancestor).
     base: Base,
     name: OsString,
@@ -149,7 +150,7 @@ pub struct Stage {
 impl Stage {
     /// Creates a staging directory in `base`, holding `missing` (the target's components that
     /// do not exist yet, outermost first; the first is the staging directory itself).
-    pub fn create(base: Base, missing: &[OsString], umask: u32) -> std::io::Result<Stage> {
+    pub(super) fn create(base: Base, missing: &[OsString], umask: u32) -> std::io::Result<Stage> {
         let name = OsString::from(format!("{PREFIX}{}", random_hex()));
         mkdirat(base.fd(), name.as_os_str(), Mode::from_bits_truncate(0o700)).map_err(|e| {
             err(
@@ -202,7 +203,7 @@ impl Stage {
 
     /// Writes `rel` (a name in the workspace, or `hooks/<name>`) with `text` and `mode`
     /// (`0o755` is kept whatever the umask; other modes are subject to it).
-    pub fn write(&mut self, rel: &str, text: &str, mode: u32) -> std::io::Result<()> {
+    pub(super) fn write(&mut self, rel: &str, text: &str, mode: u32) -> std::io::Result<()> {
         let (dir, name) = match rel.split_once('/') {
             Some(("hooks", name)) => (self.hooks()?.as_fd(), name),
             Some(_) => {
@@ -252,7 +253,7 @@ impl Stage {
     /// Before and after, every entry must still be what this process made: one swapped for a
     /// link (or anything else) in the temporary directory was never written through, but must
     /// not become part of the workspace either (`hooks/`'s scripts are what hooks.json runs).
-    pub fn commit(mut self, missing: &[OsString]) -> Result<(), Failure> {
+    pub(super) fn commit(mut self, missing: &[OsString]) -> Result<(), Failure> {
         if self.made.len() != ENTRIES.len() {
             return Err(std::io::Error::other("init wrote only part of the workspace").into());
         }
@@ -372,7 +373,7 @@ impl Stage {
 
 /// Why a workspace was not put in place, and what of it could not be taken back.
 #[derive(Debug)]
-pub struct Failure {
+pub(super) struct Failure {
     pub error: std::io::Error,
     /// Paths in the target that are there because of this run (empty: nothing was left).
     pub left: Vec<String>,
@@ -400,7 +401,7 @@ impl Drop for Stage {
 /// `init`'s), dealt with (module docs): staging directories that were not complete are
 /// removed; a complete one whose moves had begun is finished when `base` is its target
 /// (`finish`), else named.
-pub fn recover(base: &Base, base_shown: &Path, finish: bool) -> Result<Recovered, String> {
+pub(super) fn recover(base: &Base, base_shown: &Path, finish: bool) -> Result<Recovered, String> {
     let mut done = Recovered::default();
     let names = leftovers(base.fd()).map_err(|e| format!("{}: {e}", base_shown.display()))?;
     for name in names {
@@ -464,7 +465,7 @@ pub fn recover(base: &Base, base_shown: &Path, finish: bool) -> Result<Recovered
 
 /// What [`recover`] did.
 #[derive(Default)]
-pub struct Recovered {
+pub(super) struct Recovered {
     /// One line per leftover dealt with, for the user.
     pub notes: Vec<String>,
     /// A workspace an interrupted `init` of this directory had begun to put in place is now

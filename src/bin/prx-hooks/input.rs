@@ -1,6 +1,7 @@
-//! `run --events`: reading the input (a file, stdin, or a FIFO kept open for writer after
-//! writer) and handing each line to the library's line ingest (docs/cli.md § `run`,
-//! ARCHITECTURE.md § Ingest).
+//! `run --events`: the input read and each line handed to the library's line ingest.
+//!
+//! The input is a file, stdin, or a FIFO kept open for writer after writer (docs/cli.md
+//! § `run`, ARCHITECTURE.md § Ingest).
 
 use prx_hooks::Hooks;
 use prx_hooks::ingest::{IngestErrorKind, IngestOptions, LineIngest, Outcome};

@@ -1,5 +1,6 @@
-//! `prx-hooks send`: one agent hook call's event(s) to the workspace's running server, or to
-//! its spool when none answers (README.md § Connect an agent).
+//! `prx-hooks send`: one agent hook call's event(s) to the workspace's server, or to its spool.
+//!
+//! The spool keeps them when no server answers (README.md § Connect an agent).
 //!
 //! It is what an agent's hook waits for, so it stays small: no hook system, no config, no
 //! wasmtime; one connection on a current-thread runtime, a bounded read of stdin. It never
@@ -22,10 +23,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// Usage errors: EX_USAGE (sysexits.h), not clap's 2.
-pub const EX_USAGE: u8 = 64;
+pub(crate) const EX_USAGE: u8 = 64;
 
 #[derive(Args)]
-pub struct SendArgs {
+pub(crate) struct SendArgs {
     /// The agent's own hook payload (JSON) instead of stdin: Codex's `notify` passes it as
     /// the last argument.
     #[arg(value_name = "PAYLOAD")]
@@ -96,7 +97,7 @@ enum Answer {
     Away(String),
 }
 
-pub fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
+pub(crate) fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
     let fail = |strict: bool| ExitCode::from(if strict { 1 } else { 0 });
     let spool = Spool::new(&args.workspace);
     let (route, body) = match input(&args) {

@@ -1,5 +1,6 @@
-//! `run --ingest unix:PATH`: a 0600 unix stream socket reading NDJSON lines into the hook
-//! system, for local agents that keep a connection open (docs/ingest.md § The socket).
+//! `run --ingest unix:PATH`: a 0600 unix stream socket reading NDJSON lines into the pipeline.
+//!
+//! It is for local agents that keep a connection open (docs/ingest.md § The socket).
 //!
 //! * **Access.** No token: the socket file's mode (0600, this user's) is the rule; it is bound
 //!   with `http::bind_unix` (never reachable with a looser mode).
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// Connections read at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// Answers kept for a client that does not read them yet.
 const PENDING_BYTES: usize = 64 << 10;
 
@@ -43,7 +44,7 @@ struct Counters {
 
 /// What the socket did (`ingest_socket` in `run`'s final report).
 #[derive(Debug, Default, Serialize)]
-pub struct SocketStats {
+pub(crate) struct SocketStats {
     pub path: String,
     pub connections: u64,
     pub refused_connections: u64,
@@ -66,7 +67,7 @@ struct Shared {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-pub struct SocketIngest {
+pub(crate) struct SocketIngest {
     path: PathBuf,
     identity: (u64, u64),
     shared: Arc<Shared>,
@@ -75,7 +76,7 @@ pub struct SocketIngest {
 
 impl SocketIngest {
     /// `unix:PATH` as `--ingest` takes it.
-    pub fn start_arg(
+    pub(crate) fn start_arg(
         hooks: Arc<Hooks>,
         arg: &str,
         lenient: bool,
@@ -90,7 +91,7 @@ impl SocketIngest {
         }
     }
 
-    pub fn start(
+    pub(crate) fn start(
         hooks: Arc<Hooks>,
         path: &Path,
         lenient: bool,
@@ -120,13 +121,13 @@ impl SocketIngest {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Stops accepting, ends every connection, joins every thread, removes the socket file if
     /// it is still ours; the counts.
-    pub fn shutdown(mut self) -> SocketStats {
+    pub(crate) fn shutdown(mut self) -> SocketStats {
         self.shared.stop.store(true, Ordering::SeqCst);
         // Wakes the accept loop.
         let _ = UnixStream::connect(&self.path);

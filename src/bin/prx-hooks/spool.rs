@@ -1,5 +1,6 @@
-//! The spool: events `prx-hooks send` could not deliver, kept in
-//! `<workspace>/.prx-hooks/spool/` until `prx-hooks run` starts there and replays them.
+//! The spool: events `prx-hooks send` could not deliver, kept until `run` replays them.
+//!
+//! They are kept in `<workspace>/.prx-hooks/spool/` until `prx-hooks run` starts there.
 //!
 //! * **Private.** The directory is made with mode 0700 and must be owned by this user and
 //!   closed to others (so nobody else can add, swap or read entries); files are created 0600
@@ -28,11 +29,11 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 /// `<workspace>/` + this.
-pub const SPOOL_DIR: &str = ".prx-hooks/spool";
+pub(crate) const SPOOL_DIR: &str = ".prx-hooks/spool";
 /// Default bound on the spool's bytes: 64 MiB.
-pub const MAX_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_BYTES: u64 = 64 << 20;
 /// Default bound on the spool's entries.
-pub const MAX_FILES: usize = 10_000;
+pub(crate) const MAX_FILES: usize = 10_000;
 /// Entries read, removed and fsynced together before their events are emitted.
 const CHUNK_FILES: usize = 256;
 const CHUNK_BYTES: u64 = 8 << 20;
@@ -44,7 +45,7 @@ const ADD_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Where an entry's body goes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "route", rename_all = "lowercase")]
-pub enum Route {
+pub(crate) enum Route {
     /// NDJSON lines in the `run --events` format (`POST /api/events`).
     Events,
     /// One payload of an agent's own hook (`POST /api/ingest/{from}`).
@@ -57,7 +58,7 @@ pub enum Route {
 
 /// What the spool counted while no `run` read it (`stats.json`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SpoolStats {
+pub(crate) struct SpoolStats {
     /// Entries removed to make room for newer ones.
     pub dropped: u64,
     pub dropped_bytes: u64,
@@ -67,7 +68,7 @@ pub struct SpoolStats {
 
 /// What one replay did.
 #[derive(Debug, Default)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     pub entries: u64,
     pub report: IngestReport,
     /// The counts `stats.json` held (reset by the replay).
@@ -77,7 +78,7 @@ pub struct Replayed {
 }
 
 /// The spool of one workspace.
-pub struct Spool {
+pub(crate) struct Spool {
     dir: PathBuf,
 }
 
@@ -86,13 +87,13 @@ fn err(path: &Path, what: impl std::fmt::Display) -> std::io::Error {
 }
 
 impl Spool {
-    pub fn new(workspace: &Path) -> Spool {
+    pub(crate) fn new(workspace: &Path) -> Spool {
         Spool {
             dir: workspace.join(SPOOL_DIR),
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
@@ -222,7 +223,7 @@ impl Spool {
     /// Keeps `body` for the next `run`, removing the oldest entries first when the spool would
     /// hold more than `max_files` entries or `max_bytes` bytes (counted). An entry larger than
     /// `max_bytes` on its own is refused.
-    pub fn add(
+    pub(crate) fn add(
         &self,
         route: &Route,
         body: &[u8],
@@ -280,7 +281,7 @@ impl Spool {
     }
 
     /// Counts one input `send` refused (best effort: the spool may not be writable).
-    pub fn count_bad_input(&self) {
+    pub(crate) fn count_bad_input(&self) {
         if let Ok(Some(_lock)) = self.open_locked(true) {
             let mut stats = self.read_stats();
             stats.bad_input += 1;
@@ -290,7 +291,7 @@ impl Spool {
 
     /// Replays every entry into `hooks`, oldest first, and empties the spool (see the module
     /// docs for why nothing is replayed twice). `None`: there is no spool.
-    pub fn replay(&self, hooks: &Hooks) -> std::io::Result<Option<Replayed>> {
+    pub(crate) fn replay(&self, hooks: &Hooks) -> std::io::Result<Option<Replayed>> {
         let Some(_lock) = self.open_locked(false)? else {
             return Ok(None);
         };
@@ -417,7 +418,7 @@ fn feed(lines: &mut LineIngest<'_>, name: &str, route: &Route, body: &[u8]) {
 
 /// `run`'s replay at start: every spooled entry into `hooks`, what happened said on stderr
 /// (once) and returned for the final report (`"spool"`). Nothing when there is no spool.
-pub fn replay_at_start(hooks: &Hooks, workspace: &Path) -> Option<serde_json::Value> {
+pub(crate) fn replay_at_start(hooks: &Hooks, workspace: &Path) -> Option<serde_json::Value> {
     let spool = Spool::new(workspace);
     let done = match spool.replay(hooks) {
         Ok(Some(done)) => done,

@@ -1,6 +1,7 @@
-//! `prx-hooks tail`: follows a server's live stream (`GET /api/events`, docs/http.md § The live
-//! stream) and prints one line per event and per run, or one JSON object per line with
-//! `--json`.
+//! `prx-hooks tail`: a server's live stream followed, one line per event and per run.
+//!
+//! The stream is `GET /api/events` (docs/http.md § The live stream); with `--json` each line
+//! is one JSON object.
 //!
 //! * **Finding the server.** `--url` (`http://HOST:PORT[/PREFIX]` or `unix:PATH`), else the
 //!   address `prx-hooks run --listen` wrote to `<workspace>/.prx-hooks/address`, read again
@@ -52,7 +53,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
-pub struct TailArgs {
+pub(crate) struct TailArgs {
     /// Bus topics to show: an exact topic, a prefix ending in `.*`, or `*` (repeatable).
     /// Default: every topic.
     #[arg(value_name = "PATTERN")]
@@ -109,7 +110,7 @@ struct Style {
     color: bool,
 }
 
-pub fn tail(args: TailArgs) -> Result<ExitCode, BoxError> {
+pub(crate) fn tail(args: TailArgs) -> Result<ExitCode, BoxError> {
     let color = match args.color.as_str() {
         "always" => true,
         "never" => false,
@@ -283,14 +284,45 @@ async fn stream(
     stdout: &std::io::Stdout,
     on_connect: &mut dyn FnMut(&Target),
 ) -> End {
+    let open = match open(target, token, query, resume).await {
+        Ok(open) => open,
+        Err(end) => return end,
+    };
+    on_connect(target);
+    let Open {
+        mut body,
+        conn,
+        sender: _sender,
+    } = open;
+    let end = read_events(&mut body, target, resume, style, stdout).await;
+    conn.abort();
+    end
+}
+
+/// A stream the server answered 200 to: its body, the connection's task and the request's
+/// sender (kept until the stream ends).
+struct Open {
+    body: Incoming,
+    conn: tokio::task::JoinHandle<hyper::Result<()>>,
+    sender: hyper::client::conn::http1::SendRequest<String>,
+}
+
+/// Connects and asks for the stream (resuming after `resume`'s last id). Any other answer
+/// than 200 is an [`End`]: retried when retrying can mend it (429, 5xx), else the exit.
+async fn open(
+    target: &Target,
+    token: &prx_hooks::http::Token,
+    query: &str,
+    resume: &Resume,
+) -> Result<Open, End> {
     let io = match connect(target, Duration::from_secs(10)).await {
         Ok(io) => io,
-        Err(e) => return End::Retry(format!("cannot connect to {target}: {e}")),
+        Err(e) => return Err(End::Retry(format!("cannot connect to {target}: {e}"))),
     };
     let (mut sender, conn) =
         match hyper::client::conn::http1::handshake::<_, String>(TokioIo::new(io)).await {
             Ok(x) => x,
-            Err(e) => return End::Retry(format!("{target}: {e}")),
+            Err(e) => return Err(End::Retry(format!("{target}: {e}"))),
         };
     let conn = tokio::spawn(conn);
     let (host, prefix) = match target {
@@ -313,12 +345,12 @@ async fn stream(
     }
     let req = match req.body(String::new()) {
         Ok(r) => r,
-        Err(e) => return End::Exit(2, format!("cannot build the request: {e}")),
+        Err(e) => return Err(End::Exit(2, format!("cannot build the request: {e}"))),
     };
     let resp = match tokio::time::timeout(Duration::from_secs(30), sender.send_request(req)).await {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => return End::Retry(format!("{target}: {e}")),
-        Err(_) => return End::Retry(format!("{target}: no answer within 30 s")),
+        Ok(Err(e)) => return Err(End::Retry(format!("{target}: {e}"))),
+        Err(_) => return Err(End::Retry(format!("{target}: no answer within 30 s"))),
     };
     let status = resp.status();
     let mut body = resp.into_body();
@@ -331,21 +363,32 @@ async fn stream(
         // Server text: cut here, escaped when said.
         let msg = cut(&msg, 500);
         conn.abort();
-        return match status.as_u16() {
+        return Err(match status.as_u16() {
             429 | 502 | 503 | 504 => End::Retry(format!("{target}: {status}: {msg}")),
             s if s >= 500 => End::Retry(format!("{target}: {status}: {msg}")),
             _ => End::Exit(2, format!("{target}: {status}: {msg}")),
-        };
+        });
     }
-    on_connect(target);
+    Ok(Open { body, conn, sender })
+}
+
+/// Reads the stream's frames and shows their events until the stream ends, falls silent for
+/// two keep-alive periods, or stdout fails.
+async fn read_events(
+    body: &mut Incoming,
+    target: &Target,
+    resume: &mut Resume,
+    style: &Style,
+    stdout: &std::io::Stdout,
+) -> End {
     let mut parser = Parser::new(resume.max_event_bytes);
-    let end = loop {
+    loop {
         let wait = resume
             .keepalive
             .map_or(Duration::from_secs(45), |k| 2 * k + Duration::from_secs(5));
         let frame = tokio::time::timeout(
             wait,
-            std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)),
+            std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)),
         )
         .await;
         let bytes = match frame {
@@ -392,9 +435,7 @@ async fn stream(
         if let Some(end) = stop {
             break end;
         }
-    };
-    conn.abort();
-    end
+    }
 }
 
 /// An error response's body (at most 64 KiB of it).
@@ -478,6 +519,38 @@ fn show(
     target: &Target,
     out: &mut impl Write,
 ) -> std::io::Result<Option<End>> {
+    if !admit(ev, resume, target) {
+        return Ok(None);
+    }
+    if ev.data.is_empty() {
+        // No data line: SSE dispatches no event (its id, if any, was taken above).
+        return Ok(None);
+    }
+    let parse = || serde_json::from_str::<Value>(&ev.data).unwrap_or(Value::Null);
+    match ev.event.as_str() {
+        "ready" => {
+            let data = parse();
+            resume.keepalive = data["keepalive_ms"].as_u64().map(Duration::from_millis);
+            if let Some(inst) = data["instance"].as_str() {
+                resume.instance = Some(inst.to_string());
+            }
+            Ok(None)
+        }
+        "shutdown" => {
+            let data = parse();
+            let reason = data["reason"].as_str().unwrap_or("shutting down");
+            Ok(Some(End::Retry(format!(
+                "{target}: the server is going away ({})",
+                cut(reason, 200)
+            ))))
+        }
+        _ => show_item(ev, resume, style, target, out).map(|()| None),
+    }
+}
+
+/// Takes the event's id for `Last-Event-ID` (or counts why not), and counts the events that
+/// are skipped unread: false for those.
+fn admit(ev: &Ev, resume: &mut Resume, target: &Target) -> bool {
     if let Some(id) = &ev.id {
         // An id is sent back as a header on the next connection: one that cannot be (a
         // control character) is ignored, and the last good one kept.
@@ -509,7 +582,7 @@ fn show(
                 "skipped an event from {target} whose name is longer than {MAX_NAME_BYTES} bytes (a bus topic is at most {MAX_NAME_BYTES}), without holding it (said once; counted)"
             ));
         }
-        return Ok(None);
+        return false;
     }
     if ev.oversize {
         resume.refused.oversize += 1;
@@ -519,32 +592,20 @@ fn show(
                 resume.max_event_bytes
             ));
         }
-        return Ok(None);
+        return false;
     }
-    if ev.data.is_empty() {
-        // No data line: SSE dispatches no event (its id, if any, was taken above).
-        return Ok(None);
-    }
-    let parse = || serde_json::from_str::<Value>(&ev.data).unwrap_or(Value::Null);
-    match ev.event.as_str() {
-        "ready" => {
-            let data = parse();
-            resume.keepalive = data["keepalive_ms"].as_u64().map(Duration::from_millis);
-            if let Some(inst) = data["instance"].as_str() {
-                resume.instance = Some(inst.to_string());
-            }
-            return Ok(None);
-        }
-        "shutdown" => {
-            let data = parse();
-            let reason = data["reason"].as_str().unwrap_or("shutting down");
-            return Ok(Some(End::Retry(format!(
-                "{target}: the server is going away ({})",
-                cut(reason, 200)
-            ))));
-        }
-        _ => {}
-    }
+    true
+}
+
+/// One item of the stream: a bus message, run or plugin line on stdout; a loss notice
+/// (`gap`, `dropped`) on stderr, and with `--json` on stdout too.
+fn show_item(
+    ev: &Ev,
+    resume: &mut Resume,
+    style: &Style,
+    target: &Target,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     let kind = match ev.event.as_str() {
         k @ ("gap" | "dropped" | "run" | "plugin") => Some(k),
         // A bus message (`message` is one whose topic is spelt like a notice).
@@ -560,7 +621,7 @@ fn show(
     let data = if style.json && !matches!(kind, Some("gap" | "dropped")) {
         Value::Null
     } else {
-        parse()
+        serde_json::from_str::<Value>(&ev.data).unwrap_or(Value::Null)
     };
     let object = if style.json {
         json.is_some()
@@ -575,26 +636,11 @@ fn show(
                 cut(&ev.event, 60)
             ));
         }
-        return Ok(None);
+        return Ok(());
     }
     match kind {
         Some("gap") => say(&gap_line(&data)),
-        Some("dropped") => {
-            let n = data["count"].as_u64().unwrap_or(0);
-            say(&match data["reason"].as_str() {
-                Some("client_queue_full") => format!(
-                    "lost {n} event(s): this terminal read too slowly for the server's queue ({} lost in all)",
-                    data["total"].as_u64().unwrap_or(n)
-                ),
-                _ => format!(
-                    "the server lost {n} {} before sending them (its stream's queue was full)",
-                    match data["source"].as_str() {
-                        Some("runs") => "run(s)",
-                        _ => "bus message(s)",
-                    }
-                ),
-            });
-        }
+        Some("dropped") => say(&dropped_line(&data)),
         _ => {}
     }
     if let Some(line) = json {
@@ -603,12 +649,30 @@ fn show(
         let line = match kind {
             Some("run") => run_line(&data),
             Some("plugin") => plugin_line(&data),
-            Some(_) => return Ok(None),
+            Some(_) => return Ok(()),
             None => event_line(&data),
         };
         writeln!(out, "{}", line.render(style.color))?;
     }
-    Ok(None)
+    Ok(())
+}
+
+/// The stderr line of a `dropped` notice.
+fn dropped_line(data: &Value) -> String {
+    let n = data["count"].as_u64().unwrap_or(0);
+    match data["reason"].as_str() {
+        Some("client_queue_full") => format!(
+            "lost {n} event(s): this terminal read too slowly for the server's queue ({} lost in all)",
+            data["total"].as_u64().unwrap_or(n)
+        ),
+        _ => format!(
+            "the server lost {n} {} before sending them (its stream's queue was full)",
+            match data["source"].as_str() {
+                Some("runs") => "run(s)",
+                _ => "bus message(s)",
+            }
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
-//! How `tail` shows what the server sends: one line per event, run and plugin aggregate, or
-//! one JSON object per line (`--json`), and the one path by which server text reaches a
-//! terminal ([`escape`], through [`Line::render`] and [`say`]). docs/cli.md § `tail`.
+//! How `tail` shows what the server sends, and the one path by which its text reaches a terminal.
+//!
+//! One line per event, run and plugin aggregate, or one JSON object per line (`--json`); server
+//! text reaches a terminal only through [`escape`] (via [`Line::render`] and [`say`]).
+//! docs/cli.md § `tail`.
 
 use serde_json::Value;
 use serde_json::value::RawValue;

@@ -1,5 +1,6 @@
-//! `tail`'s incremental SSE parser: bytes in as they arrive, whole events out, never holding
-//! more than a bound, whatever the server sends (docs/cli.md § `tail`).
+//! `tail`'s incremental SSE parser: bytes in as they arrive, whole events out.
+//!
+//! It never holds more than a bound, whatever the server sends (docs/cli.md § `tail`).
 //!
 //! Every field is bounded, not only `data:`:
 //!
@@ -21,18 +22,18 @@
 
 /// The longest `id:` kept. This server's ids are `<instance>-<n>` (16 hex digits, a dash and
 /// a number: at most 37 bytes); a longer one is ignored.
-pub const MAX_ID_BYTES: usize = 256;
+pub(super) const MAX_ID_BYTES: usize = 256;
 
 /// The longest `event:` name kept: a bus topic is at most 256 bytes
 /// (`prx_hooks::bus::MAX_TOPIC_LEN`), and the stream's own names are shorter.
-pub const MAX_NAME_BYTES: usize = prx_hooks::bus::MAX_TOPIC_LEN;
+pub(super) const MAX_NAME_BYTES: usize = prx_hooks::bus::MAX_TOPIC_LEN;
 
 /// The longest field name read: longer than every field SSE defines (`event`, `retry`).
 const MAX_FIELD_NAME: usize = 8;
 
 /// One event as SSE defines it.
 #[derive(Default, Debug)]
-pub struct Ev {
+pub(super) struct Ev {
     pub id: Option<String>,
     /// An `id:` longer than [`MAX_ID_BYTES`] was ignored (never held).
     pub long_id: bool,
@@ -62,7 +63,7 @@ enum Field {
 ///
 /// Invariant: `ev.id + ev.event + data <= max` bytes, `name <= MAX_FIELD_NAME + 1` and `value
 /// <= max(MAX_ID_BYTES, MAX_NAME_BYTES) + 2` (one byte to tell "too long", one for a CR).
-pub struct Parser {
+pub(super) struct Parser {
     max: usize,
     field: Field,
     /// The current line's field name, while `field` is `Name`.
@@ -82,7 +83,7 @@ pub struct Parser {
 }
 
 impl Parser {
-    pub fn new(max: usize) -> Parser {
+    pub(super) fn new(max: usize) -> Parser {
         Parser {
             max,
             field: Field::Name,
@@ -98,7 +99,7 @@ impl Parser {
 
     /// Bytes the parser holds now (what the invariant bounds).
     #[cfg(test)]
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.ev.id.as_ref().map_or(0, String::len)
             + self.ev.event.len()
             + self.data.len()
@@ -107,7 +108,7 @@ impl Parser {
     }
 
     /// Takes the next bytes of the stream; returns the events they completed.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> Vec<Ev> {
+    pub(super) fn feed(&mut self, mut bytes: &[u8]) -> Vec<Ev> {
         let mut out = Vec::new();
         while !bytes.is_empty() {
             let (part, ended) = match memchr::memchr(b'\n', bytes) {

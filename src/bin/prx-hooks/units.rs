@@ -1,5 +1,6 @@
-//! Units on the command line: durations and byte sizes (shared by `prx-hooks` and
-//! `prx-hooks-send`).
+//! Units on the command line: durations and byte sizes.
+//!
+//! Shared by `prx-hooks` and `prx-hooks-send`.
 
 use std::time::Duration;
 

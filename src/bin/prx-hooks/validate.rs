@@ -1,7 +1,21 @@
-//! `prx-hooks validate`: hooks.json and every plugin manifest checked as `run` would load them
-//! (docs/cli.md § `validate`).
+//! `prx-hooks validate`: hooks.json and every plugin manifest checked as `run` loads them.
+//!
+//! docs/cli.md § `validate`.
 
-use super::*;
+use crate::BoxError;
+use clap::Args;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args)]
+pub(crate) struct ValidateArgs {
+    /// The workspace directory (hooks.json, plugins/).
+    #[arg(long, default_value = ".")]
+    workspace: PathBuf,
+    /// Warnings are errors: exit 1 when there is any.
+    #[arg(long)]
+    strict: bool,
+}
 
 /// `validate`: every error and warning on stdout, one per line; a summary on stderr; exit 1 on
 /// any error (and with `--strict` on any warning).

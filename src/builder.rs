@@ -306,7 +306,7 @@ impl HooksBuilder {
                 return Err(BuildError::Nats(nats::ConnectError::Invalid {
                     what: "HooksBuilder::nats_publish with HooksBuilder::nats_consume",
                     reason: format!(
-                        "the subjects published ({}) overlap the subjects consumed ({}): every consumed event would be published again and consumed again; give PublishOptions::prefix (or PublishOptions::pattern) so that they do not",
+                        "the subjects published ({}) overlap the subjects consumed ({}): every consumed event would be published again and consumed again; give PublishOptions::prefix or PublishOptions::pattern (`run --nats-prefix`, `--nats-pattern`) so that they do not",
                         p.subjects(),
                         c.subject_filter()
                     ),

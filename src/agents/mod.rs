@@ -491,7 +491,7 @@ fn session_id<F: Fn(&RawValue) -> (usize, usize)>(
             1,
             1,
             spec.session_fields[0],
-            "missing: the session id is needed (or give one: TranslateOptions::session)",
+            "missing: the session id is needed (or give one: TranslateOptions::session; `send --session`, `?session=` over HTTP)",
         )),
     }
 }

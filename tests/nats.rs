@@ -11,6 +11,9 @@ mod nats_support;
 #[path = "nats/fleet.rs"]
 mod fleet;
 
+#[path = "nats/partitions.rs"]
+mod partitions;
+
 use nats_support::{Client, Gate, NatsServer};
 use prx_hooks::nats::{ConsumeOptions, NatsOptions, PublishOptions};
 use prx_hooks::{Event, Hooks};

@@ -216,9 +216,12 @@ fn partitions_through(change: Change, hosts: usize) {
             // A kill waits for the leases to expire (15 s; the stated bound is 20 s); a
             // SIGTERM frees them as the host exits.
             let bound = if change == Change::Kill { 30 } else { 10 };
-            leases_until(&client, bound, "the stopped host's partitions taken over", |now| {
-                now.values().all(|h| !h.is_empty() && *h != first_id)
-            });
+            leases_until(
+                &client,
+                bound,
+                "the stopped host's partitions taken over",
+                |now| now.values().all(|h| !h.is_empty() && *h != first_id),
+            );
             (changed.elapsed(), "all held by the others")
         }
         Change::Join => {
@@ -279,7 +282,10 @@ fn partitions_through(change: Change, hosts: usize) {
     }
     assert_eq!(inverted, 0, "an agent's events ran out of order");
     if change == Change::Kill {
-        assert!(twice <= reclaimed, "{twice} ran twice, {reclaimed} reclaimed");
+        assert!(
+            twice <= reclaimed,
+            "{twice} ran twice, {reclaimed} reclaimed"
+        );
     } else {
         assert_eq!((twice, reclaimed), (0, 0), "nothing runs twice: {stats:?}");
     }

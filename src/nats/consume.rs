@@ -65,6 +65,9 @@ const MAX_IN_FLIGHT: usize = 128;
 /// A pull's expiry. Messages are handled as they arrive, so this bounds only how long an idle
 /// pull stands.
 const PULL_EXPIRES: Duration = Duration::from_millis(500);
+/// Stopping: how long a standing pull is still read, so that what it brings is nak'ed (at
+/// once delivered again) rather than left to the ack wait.
+const STOP_READ: Duration = Duration::from_millis(PULL_EXPIRES.as_millis() as u64 + 1000);
 /// How long a message a sink dropped waits before JetStream delivers it again.
 const RETRY_DELAY: Duration = Duration::from_millis(500);
 /// An in-flight message gets an in-progress ack this often, so that the 10 s ack wait does not
@@ -465,6 +468,10 @@ struct Incoming<'a> {
     subject: &'a str,
     headers: Option<&'a async_nats::HeaderMap>,
     payload: &'a [u8],
+    /// JetStream: its delivery count (1 on the first delivery); `None` over core NATS.
+    delivery: Option<u64>,
+    /// JetStream with a shared de-dup bucket: another host's claim on it was taken over.
+    reclaimed: bool,
 }
 
 impl Incoming<'_> {
@@ -571,8 +578,16 @@ impl Shared {
                 host: host.to_string(),
                 seq: m.sequence,
             },
+            None if text.is_empty() => Record::Free { seq: m.sequence },
             None => u64::from_str_radix(text, 16).map_or(Record::Absent, Record::Done),
         }
+    }
+
+    /// Withdraws this host's claim on `id` (the claim's sequence `seq`) for a message that
+    /// was not handed over after all: its key then holds an empty value, which the next
+    /// claim replaces without counting it as reclaimed.
+    async fn unclaim(&self, id: &str, seq: u64) {
+        let _ = self.write(id, String::new(), seq).await;
     }
 
     /// Claims `id` for this host before its hand-over: the claim's sequence (the done record
@@ -583,12 +598,18 @@ impl Shared {
             Ok(seq) => (Some(seq), Record::Absent),
             Err(true) => {
                 let before = self.read(id).await;
-                let seq = match &before {
+                match &before {
+                    // This host's own (a redelivery of a message it holds or naked): kept as
+                    // it is, so the done record still replaces exactly it.
+                    Record::Claimed { host, seq } if host == wire::instance_id() => {
+                        (Some(*seq), before)
+                    }
                     // Taken over: the dead (or stalled) host's claim becomes ours.
-                    Record::Claimed { seq, .. } => self.write(id, mine(), *seq).await.ok(),
-                    _ => None,
-                };
-                (seq, before)
+                    Record::Claimed { seq, .. } => (self.write(id, mine(), *seq).await.ok(), before),
+                    // Withdrawn by a host that did not hand it over.
+                    Record::Free { seq } => (self.write(id, mine(), *seq).await.ok(), Record::Absent),
+                    _ => (None, before),
+                }
             }
             Err(false) => {
                 tracing::warn!(
@@ -604,6 +625,10 @@ impl Shared {
 /// What the shared de-dup bucket holds for a message id.
 enum Record {
     Absent,
+    /// A claim withdrawn (the message was not handed over): an empty value.
+    Free {
+        seq: u64,
+    },
     /// It ran (its hooks settled it) with this digest: `<digest hex>`.
     Done(u64),
     /// A host took it and has not recorded it done: `c <host's instance id>`.
@@ -689,6 +714,8 @@ impl Worker {
                     subject: m.subject.as_str(),
                     headers: m.headers.as_ref(),
                     payload: &m.payload,
+                    delivery: None,
+                    reclaimed: false,
                 };
                 if let (Fate::Handed, Some(id)) = self.handle(&incoming, None) {
                     handed.push(id);

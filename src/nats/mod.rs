@@ -34,6 +34,8 @@
 //! The statistics types below exist without the feature too, so the `nats` key of the stats
 //! JSON is there (as `null`) whatever was compiled.
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 use serde::Serialize;
 
 #[cfg(feature = "nats")]

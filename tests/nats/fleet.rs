@@ -10,12 +10,14 @@
 use super::*;
 
 /// A workspace whose one `tool_call` hook (default settings) appends a line per run: the
-/// agent's seq and timestamp, the host's seq, the payload.
+/// agent's seq and timestamp, the host's seq, the payload, then the event's id, its delivery
+/// count and its reclaim mark (`-` when unset, the mark `0`).
 fn default_hook_workspace(dir: &Path) -> std::path::PathBuf {
     let log = dir.join("log");
     let script = format!(
-        "printf '%s %s %s %s\\n' \"${{ZERO_HOOK_ORIGIN_SEQ:--}}\" \
-         \"${{ZERO_HOOK_ORIGIN_TIMESTAMP:--}}\" \"$ZERO_HOOK_SEQ\" \"$ZERO_HOOK_PAYLOAD\" >> {}",
+        "printf '%s %s %s %s %s %s %s\\n' \"${{ZERO_HOOK_ORIGIN_SEQ:--}}\" \
+         \"${{ZERO_HOOK_ORIGIN_TIMESTAMP:--}}\" \"$ZERO_HOOK_SEQ\" \"$ZERO_HOOK_PAYLOAD\" \
+         \"${{ZERO_HOOK_EVENT_ID:--}}\" \"${{ZERO_HOOK_DELIVERY:--}}\" \"${{ZERO_HOOK_RECLAIMED:-0}}\" >> {}",
         log.display()
     );
     let hooks = serde_json::json!({"hooks": {"tool_call": [{
@@ -596,7 +598,7 @@ pub(super) fn short_duplicate_window_stream(client: &Client) -> async_nats::jets
 }
 
 /// Whether JetStream has every message of durable `central` on FLEET acked, `n` at least.
-fn all_acked(client: &Client, js: &async_nats::jetstream::Context, n: u64) -> bool {
+pub(super) fn all_acked(client: &Client, js: &async_nats::jetstream::Context, n: u64) -> bool {
     client.rt.block_on(async {
         let Ok(mut c) = js
             .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
@@ -755,6 +757,7 @@ fn a_host_killed_mid_burst_leaves_nothing_unrun_and_every_second_run_is_reclaime
         .filter(|&(_, &k)| k > 1)
         .map(|(id, _)| id.clone())
         .collect();
+    let hosts_logs = [hosts[0].1.clone()];
     let (_alive_ws, _, alive) = hosts.remove(0);
     let reclaimed = reclaimed_ids(&alive);
     let r = alive.stop();
@@ -772,6 +775,50 @@ fn a_host_killed_mid_burst_leaves_nothing_unrun_and_every_second_run_is_reclaime
         "ran twice without being reclaimed: {unrecognized:?}"
     );
     assert_eq!(s["reclaimed"].as_u64(), Some(reclaimed.len() as u64), "{s}");
+    // What the hooks saw: each run's id is its message's; the survivor's run of an event
+    // that ran twice is a redelivery and carries the reclaimed mark.
+    let runs = |log: &Path| -> Vec<Run> { log_lines(log).iter().filter_map(|l| Run::parse(l)).collect() };
+    let survivor = runs(&hosts_logs[0]);
+    for r in survivor.iter().chain(runs(&dead_log).iter()) {
+        assert_eq!(r.event_id, r.output, "ZERO_HOOK_EVENT_ID is the Nats-Msg-Id: {r:?}");
+        assert!(r.delivery >= 1, "{r:?}");
+    }
+    for id in &twice {
+        let second: Vec<&Run> = survivor.iter().filter(|r| &r.output == id).collect();
+        assert!(!second.is_empty(), "{id}: its second run was on the survivor");
+        for r in second {
+            assert!(
+                r.reclaimed && r.delivery >= 2,
+                "{id}: a second run carries ZERO_HOOK_RECLAIMED=1 and a delivery of 2 or more: {r:?}"
+            );
+        }
+    }
+}
+
+/// One line of [`default_hook_workspace`]'s log.
+#[derive(Debug)]
+struct Run {
+    /// The event's `output` (the test's id for it).
+    output: String,
+    event_id: String,
+    delivery: u64,
+    reclaimed: bool,
+}
+
+impl Run {
+    fn parse(line: &str) -> Option<Run> {
+        let f: Vec<&str> = line.split(' ').collect();
+        let [_, _, _, payload, id, delivery, reclaimed] = f[..] else {
+            return None;
+        };
+        let v: Value = serde_json::from_str(payload).ok()?;
+        Some(Run {
+            output: v["output"].as_str()?.to_string(),
+            event_id: id.to_string(),
+            delivery: delivery.parse().unwrap_or(0),
+            reclaimed: reclaimed == "1",
+        })
+    }
 }
 
 /// A hook running longer than JetStream's 10 s ack wait: the consumer's in-progress acks keep

@@ -208,10 +208,12 @@ impl ConsumeOptions {
         self
     }
 
+    /// The connection options.
     pub fn nats(&self) -> &NatsOptions {
         &self.nats
     }
 
+    /// The subject filter consumed, in NATS's syntax.
     pub fn subject_filter(&self) -> &str {
         &self.subject
     }
@@ -347,6 +349,7 @@ impl Consumer {
             notify,
             settled,
             flights: HashMap::new(),
+            in_flight_limit: MAX_IN_FLIGHT,
             flying: HashMap::new(),
             next_key: 0,
             shared: None,
@@ -385,6 +388,7 @@ impl Consumer {
         })
     }
 
+    /// What it did so far (also `Hooks::stats` → `nats.consume`).
     pub fn stats(&self) -> ConsumeStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Acquire);
@@ -439,6 +443,16 @@ impl Consumer {
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
         }
+    }
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("server", &self.server)
+            .field("subject", &self.subject)
+            .field("durable", &self.durable)
+            .finish_non_exhaustive()
     }
 }
 
@@ -506,6 +520,11 @@ struct Worker {
     settled: Arc<crate::settle::Settled>,
     /// JetStream: handed over, not yet settled, by ticket key.
     flights: HashMap<u64, Flight>,
+    /// How many may be in flight now: [`MAX_IN_FLIGHT`], halved each time a sink drops one
+    /// (a queue the consumer cannot see, such as a plugin's, was full), and grown by one per
+    /// message that ran. So a slow sink is fed about what it takes, and a message is not
+    /// dropped and nak'ed again and again until JetStream's delivery limit gives up on it.
+    in_flight_limit: usize,
     /// Their ids.
     flying: HashMap<String, u64>,
     next_key: u64,
@@ -605,9 +624,13 @@ impl Shared {
                         (Some(*seq), before)
                     }
                     // Taken over: the dead (or stalled) host's claim becomes ours.
-                    Record::Claimed { seq, .. } => (self.write(id, mine(), *seq).await.ok(), before),
+                    Record::Claimed { seq, .. } => {
+                        (self.write(id, mine(), *seq).await.ok(), before)
+                    }
                     // Withdrawn by a host that did not hand it over.
-                    Record::Free { seq } => (self.write(id, mine(), *seq).await.ok(), Record::Absent),
+                    Record::Free { seq } => {
+                        (self.write(id, mine(), *seq).await.ok(), Record::Absent)
+                    }
                     _ => (None, before),
                 }
             }

@@ -127,6 +127,7 @@ impl PublishOptions {
         }
     }
 
+    /// The connection options.
     pub fn nats(&self) -> &NatsOptions {
         &self.nats
     }
@@ -325,6 +326,16 @@ impl Publisher {
     }
 }
 
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("server", &self.server)
+            .field("subjects", &self.subjects)
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Publisher {
     fn drop(&mut self) {
         self.shutdown(Instant::now());
@@ -479,7 +490,10 @@ impl Task {
                 break;
             }
             if conn.as_ref().is_none_or(Conn::lost) {
-                match self.reconnect(conn.take(), &mut window, &mut marker, &mut stop).await {
+                match self
+                    .reconnect(conn.take(), &mut window, &mut marker, &mut stop)
+                    .await
+                {
                     Some(c) => conn = Some(c),
                     None => break,
                 }

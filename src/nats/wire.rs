@@ -20,13 +20,21 @@ use crate::event::EventKind;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
+/// The event (`tool_call`); absent for custom topics.
 pub const EVENT: &str = "Prx-Event";
+/// The emitter's agent, percent-encoded.
 pub const AGENT: &str = "Prx-Agent";
+/// The emitter's session, percent-encoded.
 pub const SESSION: &str = "Prx-Session";
+/// The emitter's sequence number.
 pub const SEQ: &str = "Prx-Seq";
+/// When the agent host took the event: RFC 3339, UTC, microseconds.
 pub const TIMESTAMP: &str = "Prx-Timestamp";
+/// The first publishing process's instance id.
 pub const ORIGIN: &str = "Prx-Origin";
+/// How many bridges relayed the message (only on a relayed one).
 pub const HOPS: &str = "Prx-Hops";
+/// The message id JetStream de-duplicates on, and consumers too.
 pub const MSG_ID: &str = "Nats-Msg-Id";
 
 /// A consumer refuses (and counts as `loops`) a message whose `Prx-Hops` is this or more: it
@@ -38,6 +46,7 @@ pub const MAX_HEADER_VALUE: usize = 256;
 
 /// The agent and session of a consumed message that has no `Prx-Agent` / `Prx-Session`.
 pub const DEFAULT_AGENT: &str = "nats";
+/// The session of a consumed message that has no `Prx-Session`.
 pub const DEFAULT_SESSION: &str = "nats";
 
 /// The subjects every lifecycle event is published under (before a prefix).

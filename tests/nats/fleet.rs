@@ -777,15 +777,26 @@ fn a_host_killed_mid_burst_leaves_nothing_unrun_and_every_second_run_is_reclaime
     assert_eq!(s["reclaimed"].as_u64(), Some(reclaimed.len() as u64), "{s}");
     // What the hooks saw: each run's id is its message's; the survivor's run of an event
     // that ran twice is a redelivery and carries the reclaimed mark.
-    let runs = |log: &Path| -> Vec<Run> { log_lines(log).iter().filter_map(|l| Run::parse(l)).collect() };
+    let runs = |log: &Path| -> Vec<Run> {
+        log_lines(log)
+            .iter()
+            .filter_map(|l| Run::parse(l))
+            .collect()
+    };
     let survivor = runs(&hosts_logs[0]);
     for r in survivor.iter().chain(runs(&dead_log).iter()) {
-        assert_eq!(r.event_id, r.output, "ZERO_HOOK_EVENT_ID is the Nats-Msg-Id: {r:?}");
+        assert_eq!(
+            r.event_id, r.output,
+            "ZERO_HOOK_EVENT_ID is the Nats-Msg-Id: {r:?}"
+        );
         assert!(r.delivery >= 1, "{r:?}");
     }
     for id in &twice {
         let second: Vec<&Run> = survivor.iter().filter(|r| &r.output == id).collect();
-        assert!(!second.is_empty(), "{id}: its second run was on the survivor");
+        assert!(
+            !second.is_empty(),
+            "{id}: its second run was on the survivor"
+        );
         for r in second {
             assert!(
                 r.reclaimed && r.delivery >= 2,

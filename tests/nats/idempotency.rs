@@ -76,7 +76,11 @@ fn a_redelivered_event_shows_its_hook_the_same_id_delivery_2_and_the_reclaimed_m
     let fields: Vec<Vec<&str>> = lines.iter().map(|l| l.splitn(4, ' ').collect()).collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(fields[0][..3], ["m0", "1", "0"], "the first run: {lines:?}");
-    assert_eq!(fields[1][..3], ["m0", "2", "1"], "the redelivery: {lines:?}");
+    assert_eq!(
+        fields[1][..3],
+        ["m0", "2", "1"],
+        "the redelivery: {lines:?}"
+    );
     assert_eq!(fields[0][3], fields[1][3], "the same event");
     let r = report(&std::fs::read(&stderr).unwrap());
     assert_eq!(r["stats"]["nats"]["consume"]["reclaimed"], 1, "{r}");

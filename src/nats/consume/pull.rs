@@ -41,7 +41,7 @@ impl Worker {
             rt.block_on(self.settle());
             // Back-pressure: pull only what can be in flight, and only while the pipeline
             // has room (ARCHITECTURE.md § NATS bridge, "Acks after the hooks ran").
-            let room = MAX_IN_FLIGHT.saturating_sub(self.flights.len());
+            let room = self.in_flight_limit.saturating_sub(self.flights.len());
             if room == 0 || self.feed.busy() {
                 if !std::mem::replace(&mut pausing, true) {
                     self.counters.paused.fetch_add(1, Ordering::Relaxed);
@@ -276,7 +276,9 @@ impl Worker {
         // still brings is nak'ed by `take`. Left unread, the server would count it delivered
         // and redeliver it only after the ack wait, behind newer messages of its partition
         // pulled by the next holder.
-        let mut until = self.stopping().then(|| tokio::time::Instant::now() + STOP_READ);
+        let mut until = self
+            .stopping()
+            .then(|| tokio::time::Instant::now() + STOP_READ);
         loop {
             let stop_read = async {
                 match until {
@@ -420,6 +422,11 @@ impl Worker {
         for (key, ran) in settled {
             let Some(f) = self.flights.remove(&key) else {
                 continue;
+            };
+            self.in_flight_limit = if ran {
+                (self.in_flight_limit + 1).min(MAX_IN_FLIGHT)
+            } else {
+                (self.in_flight_limit / 2).max(1)
             };
             if let Some((id, d)) = &f.id {
                 self.flying.remove(id);

@@ -1,6 +1,8 @@
 //! [`Message`]: one event or publication as every sink and subscriber sees it, serialized once
 //! and shared (ARCHITECTURE.md § Data flow).
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 use crate::event::EventKind;
 use crate::json;
 use std::sync::Arc;
@@ -125,6 +127,37 @@ impl Message {
         self.0.attached.as_ref()?.origin_seq
     }
 
+    /// For an event consumed from NATS: its id, the same on every redelivery, on every host
+    /// and through relays — the publisher's `Nats-Msg-Id` (or, for a message that had none,
+    /// the id a relaying consumer made for it). What a hook keys its effect on to make it
+    /// happen once (`ZERO_HOOK_EVENT_ID`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let hooks = prx_hooks::Hooks::builder().build().unwrap();
+    /// # let sub = hooks.bus().subscribe("prx.lifecycle.*").unwrap();
+    /// # hooks.emitter("a", "s").emit(prx_hooks::Event::TurnComplete);
+    /// # let msg = sub.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+    /// // A local event has none; one a `--from-nats` consumer took has its Nats-Msg-Id.
+    /// assert_eq!(msg.event_id(), None);
+    /// ```
+    pub fn event_id(&self) -> Option<&str> {
+        self.0.attached.as_ref()?.event_id.as_deref()
+    }
+
+    /// For an event consumed through a JetStream durable consumer: JetStream's delivery count
+    /// for its message, 1 on the first delivery, 2 on the next… (`ZERO_HOOK_DELIVERY`).
+    pub fn delivery(&self) -> Option<u64> {
+        self.0.attached.as_ref()?.delivery
+    }
+
+    /// For an event consumed with a shared de-dup bucket: another host had claimed it and not
+    /// recorded it done, so its hooks may have run there already (`ZERO_HOOK_RECLAIMED=1`).
+    pub fn reclaimed(&self) -> bool {
+        self.0.attached.as_ref().is_some_and(|a| a.reclaimed)
+    }
+
     /// Rewrites this message in place (keeping its allocations) if nobody else holds it any
     /// more; `false` if someone does. Pipeline workers recycle delivered messages this way, so
     /// a steady flow allocates nothing and never frees memory across threads.
@@ -197,7 +230,9 @@ impl Message {
     /// Appends the message as one line of JSON (no trailing newline), the form `prx-hooks run
     /// --print` writes: `{"topic","event","agent","session","seq","timestamp","payload"}`, with
     /// `event` null for custom topics; an event consumed from NATS has `origin_timestamp` and
-    /// `origin_seq` after `timestamp` when its agent sent them.
+    /// `origin_seq` after `timestamp` when its agent sent them, then `event_id` when it had a
+    /// `Nats-Msg-Id`, `delivery` through a durable consumer, and `"reclaimed":true` when
+    /// another host had claimed it ([`reclaimed`](Message::reclaimed)).
     pub fn write_envelope(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"topic\":");
         json::write_str(out, self.topic());
@@ -221,6 +256,17 @@ impl Message {
         if let Some(seq) = self.origin_seq() {
             out.extend_from_slice(b",\"origin_seq\":");
             json::write_u64(out, seq);
+        }
+        if let Some(id) = self.event_id() {
+            out.extend_from_slice(b",\"event_id\":");
+            json::write_str(out, id);
+        }
+        if let Some(n) = self.delivery() {
+            out.extend_from_slice(b",\"delivery\":");
+            json::write_u64(out, n);
+        }
+        if self.reclaimed() {
+            out.extend_from_slice(b",\"reclaimed\":true");
         }
         out.extend_from_slice(b",\"payload\":");
         out.extend_from_slice(self.json());

@@ -18,6 +18,8 @@
 //! `Arc`'s last decrement synchronizes with every earlier one, so a mark made before any
 //! hold's drop is seen by the ticket's `Drop` (which loads it with `Acquire` anyway).
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 use std::collections::HashMap;
 
 // loom's under `--cfg loom` (the model below checks the mark-then-drop protocol).
@@ -87,15 +89,38 @@ impl Drop for Ticket {
     }
 }
 
-/// The agent's side of a consumed event, and the message's hold on its ticket (taken out
-/// after the fan-out).
+/// The agent's side of a consumed event, what a hook needs to make its effect happen once,
+/// and the message's hold on its ticket (taken out after the fan-out).
 #[derive(Default)]
 pub(crate) struct Attached {
     /// `Prx-Timestamp` as published (checked RFC 3339, UTC).
-    pub origin_timestamp: Option<String>,
+    pub(crate) origin_timestamp: Option<String>,
     /// `Prx-Seq` as published.
-    pub origin_seq: Option<u64>,
-    pub ticket: Mutex<Option<Arc<Ticket>>>,
+    pub(crate) origin_seq: Option<u64>,
+    /// The event's id: its `Nats-Msg-Id` (checked as an identity), the same on every
+    /// redelivery, on every host and through relays; or the id a relay made for a message
+    /// that had none.
+    pub(crate) event_id: Option<String>,
+    /// JetStream's delivery count for this message (1 on the first delivery).
+    pub(crate) delivery: Option<u64>,
+    /// Another host had claimed the event in the shared de-dup bucket and not recorded it
+    /// done: it may have run there.
+    pub(crate) reclaimed: bool,
+    /// The message's hold on the ticket, until the fan-out is over.
+    pub(crate) ticket: Mutex<Option<Arc<Ticket>>>,
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached")
+            .field("origin_timestamp", &self.origin_timestamp)
+            .field("origin_seq", &self.origin_seq)
+            .field("event_id", &self.event_id)
+            .field("delivery", &self.delivery)
+            .field("reclaimed", &self.reclaimed)
+            .field("ticket", &self.slot().as_ref().map(|t| t.key))
+            .finish()
+    }
 }
 
 impl Attached {
@@ -107,8 +132,25 @@ impl Attached {
         Attached {
             origin_timestamp,
             origin_seq,
+            event_id: None,
+            delivery: None,
+            reclaimed: false,
             ticket: Mutex::new(ticket.map(Arc::new)),
         }
+    }
+
+    /// With the event's id, JetStream's delivery count and whether it was reclaimed from
+    /// another host (the idempotency key hooks see as `ZERO_HOOK_EVENT_ID`, …).
+    pub(crate) fn with_delivery(
+        mut self,
+        event_id: Option<String>,
+        delivery: Option<u64>,
+        reclaimed: bool,
+    ) -> Attached {
+        self.event_id = event_id;
+        self.delivery = delivery;
+        self.reclaimed = reclaimed;
+        self
     }
 
     fn slot(&self) -> MutexGuard<'_, Option<Arc<Ticket>>> {

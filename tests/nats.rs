@@ -11,6 +11,18 @@ mod nats_support;
 #[path = "nats/fleet.rs"]
 mod fleet;
 
+#[path = "nats/partitions.rs"]
+mod partitions;
+
+#[path = "nats/idempotency.rs"]
+mod idempotency;
+
+#[path = "support/plugins.rs"]
+mod plugins_support;
+
+#[path = "nats/plugins.rs"]
+mod plugins;
+
 use nats_support::{Client, Gate, NatsServer};
 use prx_hooks::nats::{ConsumeOptions, NatsOptions, PublishOptions};
 use prx_hooks::{Event, Hooks};

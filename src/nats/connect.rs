@@ -39,20 +39,47 @@ impl std::fmt::Debug for NatsOptions {
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
+    /// A `--nats`/`--from-nats` URL that cannot be used.
     #[error("NATS URL {url:?}: {reason}")]
-    Url { url: String, reason: String },
+    Url {
+        /// The URL, redacted.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file the bridge reads or writes (credentials, CA, de-dup window).
     #[error("{}: {reason}", path.display())]
-    File { path: PathBuf, reason: String },
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
     #[error(
         "refusing to consume from {server}: it is not on this machine and the connection has no credentials, so anyone who can reach it could run this host's hooks; give --nats-creds FILE, user:password@ or a token in the URL, or a TLS client certificate (--nats-tls-cert/--nats-tls-key), or pass --nats-insecure to accept it"
     )]
-    Insecure { server: String },
+    /// A server beyond this machine, and no credentials to give it.
+    Insecure {
+        /// The server, redacted.
+        server: String,
+    },
     #[error(
         "refusing to consume from {server}: it is not on this machine and does not require authentication (its INFO says auth_required: false), so anyone who can reach it could run this host's hooks, whatever credentials this connection sends; configure the server to require them, or pass --nats-insecure to accept it"
     )]
-    NoAuthRequired { server: String },
+    /// A server beyond this machine that requires no authentication.
+    NoAuthRequired {
+        /// The server, redacted.
+        server: String,
+    },
+    /// An option out of range or malformed.
     #[error("{what}: {reason}")]
-    Invalid { what: &'static str, reason: String },
+    Invalid {
+        /// What the option is.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The bridge's tokio runtime could not start.
     #[error("could not start the NATS runtime: {0}")]
     Runtime(std::io::Error),
 }

@@ -65,6 +65,9 @@ const MAX_IN_FLIGHT: usize = 128;
 /// A pull's expiry. Messages are handled as they arrive, so this bounds only how long an idle
 /// pull stands.
 const PULL_EXPIRES: Duration = Duration::from_millis(500);
+/// Stopping: how long a standing pull is still read, so that what it brings is nak'ed (at
+/// once delivered again) rather than left to the ack wait.
+const STOP_READ: Duration = Duration::from_millis(PULL_EXPIRES.as_millis() as u64 + 1000);
 /// How long a message a sink dropped waits before JetStream delivers it again.
 const RETRY_DELAY: Duration = Duration::from_millis(500);
 /// An in-flight message gets an in-progress ack this often, so that the 10 s ack wait does not
@@ -205,10 +208,12 @@ impl ConsumeOptions {
         self
     }
 
+    /// The connection options.
     pub fn nats(&self) -> &NatsOptions {
         &self.nats
     }
 
+    /// The subject filter consumed, in NATS's syntax.
     pub fn subject_filter(&self) -> &str {
         &self.subject
     }
@@ -344,6 +349,7 @@ impl Consumer {
             notify,
             settled,
             flights: HashMap::new(),
+            in_flight_limit: MAX_IN_FLIGHT,
             flying: HashMap::new(),
             next_key: 0,
             shared: None,
@@ -382,6 +388,7 @@ impl Consumer {
         })
     }
 
+    /// What it did so far (also `Hooks::stats` → `nats.consume`).
     pub fn stats(&self) -> ConsumeStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Acquire);
@@ -439,6 +446,16 @@ impl Consumer {
     }
 }
 
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("server", &self.server)
+            .field("subject", &self.subject)
+            .field("durable", &self.durable)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Consumer {
     fn drop(&mut self) {
         self.stop(Instant::now());
@@ -465,6 +482,10 @@ struct Incoming<'a> {
     subject: &'a str,
     headers: Option<&'a async_nats::HeaderMap>,
     payload: &'a [u8],
+    /// JetStream: its delivery count (1 on the first delivery); `None` over core NATS.
+    delivery: Option<u64>,
+    /// JetStream with a shared de-dup bucket: another host's claim on it was taken over.
+    reclaimed: bool,
 }
 
 impl Incoming<'_> {
@@ -499,6 +520,11 @@ struct Worker {
     settled: Arc<crate::settle::Settled>,
     /// JetStream: handed over, not yet settled, by ticket key.
     flights: HashMap<u64, Flight>,
+    /// How many may be in flight now: [`MAX_IN_FLIGHT`], halved each time a sink drops one
+    /// (a queue the consumer cannot see, such as a plugin's, was full), and grown by one per
+    /// message that ran. So a slow sink is fed about what it takes, and a message is not
+    /// dropped and nak'ed again and again until JetStream's delivery limit gives up on it.
+    in_flight_limit: usize,
     /// Their ids.
     flying: HashMap<String, u64>,
     next_key: u64,
@@ -571,8 +597,16 @@ impl Shared {
                 host: host.to_string(),
                 seq: m.sequence,
             },
+            None if text.is_empty() => Record::Free { seq: m.sequence },
             None => u64::from_str_radix(text, 16).map_or(Record::Absent, Record::Done),
         }
+    }
+
+    /// Withdraws this host's claim on `id` (the claim's sequence `seq`) for a message that
+    /// was not handed over after all: its key then holds an empty value, which the next
+    /// claim replaces without counting it as reclaimed.
+    async fn unclaim(&self, id: &str, seq: u64) {
+        let _ = self.write(id, String::new(), seq).await;
     }
 
     /// Claims `id` for this host before its hand-over: the claim's sequence (the done record
@@ -583,12 +617,22 @@ impl Shared {
             Ok(seq) => (Some(seq), Record::Absent),
             Err(true) => {
                 let before = self.read(id).await;
-                let seq = match &before {
+                match &before {
+                    // This host's own (a redelivery of a message it holds or naked): kept as
+                    // it is, so the done record still replaces exactly it.
+                    Record::Claimed { host, seq } if host == wire::instance_id() => {
+                        (Some(*seq), before)
+                    }
                     // Taken over: the dead (or stalled) host's claim becomes ours.
-                    Record::Claimed { seq, .. } => self.write(id, mine(), *seq).await.ok(),
-                    _ => None,
-                };
-                (seq, before)
+                    Record::Claimed { seq, .. } => {
+                        (self.write(id, mine(), *seq).await.ok(), before)
+                    }
+                    // Withdrawn by a host that did not hand it over.
+                    Record::Free { seq } => {
+                        (self.write(id, mine(), *seq).await.ok(), Record::Absent)
+                    }
+                    _ => (None, before),
+                }
             }
             Err(false) => {
                 tracing::warn!(
@@ -604,6 +648,10 @@ impl Shared {
 /// What the shared de-dup bucket holds for a message id.
 enum Record {
     Absent,
+    /// A claim withdrawn (the message was not handed over): an empty value.
+    Free {
+        seq: u64,
+    },
     /// It ran (its hooks settled it) with this digest: `<digest hex>`.
     Done(u64),
     /// A host took it and has not recorded it done: `c <host's instance id>`.
@@ -689,6 +737,8 @@ impl Worker {
                     subject: m.subject.as_str(),
                     headers: m.headers.as_ref(),
                     payload: &m.payload,
+                    delivery: None,
+                    reclaimed: false,
                 };
                 if let (Fate::Handed, Some(id)) = self.handle(&incoming, None) {
                     handed.push(id);

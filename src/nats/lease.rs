@@ -232,17 +232,33 @@ impl Leases {
         }
     }
 
-    /// After the worker's last acks: frees every lease this host holds and withdraws its
-    /// presence, so the others take the partitions over at their next tick.
-    pub(crate) async fn quit(&self) {
+    /// After the worker's last acks: stops the keeper (`keeper`, its task), frees every
+    /// lease this host holds and withdraws its presence, so the others take the partitions
+    /// over at their next tick instead of after [`LEASE_TTL`].
+    pub(crate) async fn quit(&self, keeper: tokio::task::JoinHandle<()>) {
         lock(&self.table).stopping = true;
+        // No renewal may race the frees below (each is conditional on the last write).
+        keeper.abort();
+        let _ = keeper.await;
+        let me = wire::instance_id();
         let held: Vec<(u32, u64)> = lock(&self.table)
             .held
             .iter()
             .map(|(k, h)| (*k, h.seq))
             .collect();
-        for (k, seq) in held {
-            let _ = self.write(self.key(k), "", Some(seq)).await;
+        for (k, mut seq) in held {
+            // A renewal the server took but did not confirm in time moved the lease's last
+            // write: read it again and free that one, if it is still this host's.
+            for _ in 0..3 {
+                if self.write(self.key(k), "", Some(seq)).await.is_ok() {
+                    tracing::info!("NATS consumer {me}: freed partition {k} (stopping)");
+                    break;
+                }
+                match self.holder(k).await {
+                    Ok(Some((h, s))) if h == me => seq = s,
+                    _ => break,
+                }
+            }
         }
         let _ = self.stream.purge().filter(self.presence()).await;
     }

@@ -34,6 +34,8 @@
 //! The statistics types below exist without the feature too, so the `nats` key of the stats
 //! JSON is there (as `null`) whatever was compiled.
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 use serde::Serialize;
 
 #[cfg(feature = "nats")]
@@ -52,9 +54,12 @@ pub mod wire;
 #[cfg(feature = "nats")]
 pub use connect::{ConnectError, NatsOptions, redact_url};
 #[cfg(feature = "nats")]
-pub use consume::{ConsumeOptions, Consumer, DEFAULT_MAX_DELIVER};
+pub use consume::{
+    ConsumeOptions, Consumer, DEFAULT_BUFFER_BYTES, DEFAULT_BUFFER_MESSAGES, DEFAULT_DEDUP_AGE,
+    DEFAULT_DEDUP_IDS, DEFAULT_MAX_DELIVER,
+};
 #[cfg(feature = "nats")]
-pub use publish::{PublishOptions, Publisher};
+pub use publish::{DEFAULT_BUFFER, DEFAULT_WINDOW, PublishOptions, Publisher};
 
 /// The stats section's name: `Stats::nats()`, `/api/stats` → `nats`, `/metrics` → `nats_*`.
 pub const STATS_SECTION: &str = "nats";
@@ -63,7 +68,9 @@ pub const STATS_SECTION: &str = "nats";
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct NatsStats {
+    /// The publisher's, when one runs.
     pub publish: Option<PublishStats>,
+    /// The consumer's, when one runs.
     pub consume: Option<ConsumeStats>,
 }
 
@@ -122,6 +129,7 @@ pub struct ConsumeStats {
     pub subject: String,
     /// The JetStream durable consumer; `None`: a core NATS subscription.
     pub durable: Option<String>,
+    /// Connected to a server now.
     pub connected: bool,
     /// Messages taken from NATS.
     pub received: u64,
@@ -183,7 +191,9 @@ pub struct ConsumeStats {
     pub reclaimed: u64,
     /// Core NATS only: in that buffer now, and their bytes.
     pub buffered: u64,
+    /// The bytes of `buffered`.
     pub buffered_bytes: u64,
+    /// Connections made after the first.
     pub reconnects: u64,
 }
 

@@ -127,6 +127,7 @@ impl PublishOptions {
         }
     }
 
+    /// The connection options.
     pub fn nats(&self) -> &NatsOptions {
         &self.nats
     }
@@ -325,6 +326,16 @@ impl Publisher {
     }
 }
 
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("server", &self.server)
+            .field("subjects", &self.subjects)
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Publisher {
     fn drop(&mut self) {
         self.shutdown(Instant::now());
@@ -479,29 +490,13 @@ impl Task {
                 break;
             }
             if conn.as_ref().is_none_or(Conn::lost) {
-                if conn.take().is_some() {
-                    self.state.connected.store(false, Ordering::Release);
-                    for o in window.iter_mut() {
-                        o.sent = false;
-                        o.ack = None;
-                    }
+                match self
+                    .reconnect(conn.take(), &mut window, &mut marker, &mut stop)
+                    .await
+                {
+                    Some(c) => conn = Some(c),
+                    None => break,
                 }
-                let Some(c) = self.connect(&mut stop).await else {
-                    break;
-                };
-                let n = self.state.connects.fetch_add(1, Ordering::AcqRel);
-                self.state.connected.store(true, Ordering::Release);
-                if n > 0 {
-                    tracing::info!(
-                        "NATS publisher: connected again; sending {} unconfirmed message(s) again",
-                        window.len()
-                    );
-                    self.counters
-                        .resent
-                        .fetch_add(window.len() as u64, Ordering::AcqRel);
-                }
-                self.transmit(&c, &mut window, 0, &mut marker).await;
-                conn = Some(c);
                 continue;
             }
             let c = conn.as_mut().expect("connected above");
@@ -532,39 +527,78 @@ impl Task {
                 // Notice a lost connection while waiting for echoes or acks that will not come.
                 _ = tokio::time::sleep(Duration::from_millis(50)), if waiting => Step::Tick,
             };
+            if let Step::Ack(r) = step {
+                self.settle_ack(r, &mut window);
+                continue;
+            }
+            if let (Some(f), Some(o)) = (front_ack, window.front_mut()) {
+                o.ack = Some(f);
+            }
             match step {
-                Step::Ack(r) => self.settle_ack(r, &mut window),
-                step => {
-                    if let (Some(f), Some(o)) = (front_ack, window.front_mut()) {
-                        o.ack = Some(f);
-                    }
-                    match step {
-                        Step::Stop => break,
-                        Step::Echo(Some(m)) => {
-                            let n = std::str::from_utf8(&m.payload)
-                                .ok()
-                                .and_then(|s| s.parse::<u64>().ok());
-                            while let Some(n) = n
-                                && window.front().is_some_and(|o| o.sent && o.marker <= n)
-                            {
-                                window.pop_front();
-                                self.counters.published.fetch_add(1, Ordering::AcqRel);
-                            }
-                        }
-                        Step::Batch(Some(batch)) => {
-                            let from = window.len();
-                            self.take_batch(batch, &mut window);
-                            let c = conn.as_ref().expect("connected above");
-                            self.transmit(c, &mut window, from, &mut marker).await;
-                        }
-                        Step::Batch(None) => input_open = false,
-                        Step::Echo(None) | Step::Tick | Step::Ack(_) => {}
-                    }
+                Step::Stop => break,
+                Step::Echo(Some(m)) => self.confirm_echo(&m, &mut window),
+                Step::Batch(Some(batch)) => {
+                    let from = window.len();
+                    self.take_batch(batch, &mut window);
+                    let c = conn.as_ref().expect("connected above");
+                    self.transmit(c, &mut window, from, &mut marker).await;
                 }
+                Step::Batch(None) => input_open = false,
+                Step::Echo(None) | Step::Tick | Step::Ack(_) => {}
             }
         }
         drop(conn);
-        // The deadline: what is unconfirmed is counted (the feeder counts what it still had).
+        self.count_left(&window, &mut batches);
+    }
+
+    /// The connection is lost (or there was none yet): a new one, and everything unconfirmed
+    /// sent again on it; `None` when the shutdown deadline passed first.
+    async fn reconnect(
+        &mut self,
+        old: Option<Conn>,
+        window: &mut VecDeque<Out>,
+        marker: &mut u64,
+        stop: &mut watch::Receiver<Option<Instant>>,
+    ) -> Option<Conn> {
+        if old.is_some() {
+            drop(old);
+            self.state.connected.store(false, Ordering::Release);
+            for o in window.iter_mut() {
+                o.sent = false;
+                o.ack = None;
+            }
+        }
+        let c = self.connect(stop).await?;
+        let n = self.state.connects.fetch_add(1, Ordering::AcqRel);
+        self.state.connected.store(true, Ordering::Release);
+        if n > 0 {
+            tracing::info!(
+                "NATS publisher: connected again; sending {} unconfirmed message(s) again",
+                window.len()
+            );
+            self.counters
+                .resent
+                .fetch_add(window.len() as u64, Ordering::AcqRel);
+        }
+        self.transmit(&c, window, 0, marker).await;
+        Some(c)
+    }
+
+    /// Core NATS: an echo marker came back, confirming every message sent before it.
+    fn confirm_echo(&self, m: &async_nats::Message, window: &mut VecDeque<Out>) {
+        let n = std::str::from_utf8(&m.payload)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok());
+        while let Some(n) = n
+            && window.front().is_some_and(|o| o.sent && o.marker <= n)
+        {
+            window.pop_front();
+            self.counters.published.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The deadline: what is unconfirmed is counted (the feeder counts what it still had).
+    fn count_left(&self, window: &VecDeque<Out>, batches: &mut mpsc::Receiver<Vec<Message>>) {
         let c = &self.counters;
         c.dropped_shutdown
             .fetch_add(window.len() as u64, Ordering::AcqRel);

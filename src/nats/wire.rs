@@ -20,13 +20,21 @@ use crate::event::EventKind;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
+/// The event (`tool_call`); absent for custom topics.
 pub const EVENT: &str = "Prx-Event";
+/// The emitter's agent, percent-encoded.
 pub const AGENT: &str = "Prx-Agent";
+/// The emitter's session, percent-encoded.
 pub const SESSION: &str = "Prx-Session";
+/// The emitter's sequence number.
 pub const SEQ: &str = "Prx-Seq";
+/// When the agent host took the event: RFC 3339, UTC, microseconds.
 pub const TIMESTAMP: &str = "Prx-Timestamp";
+/// The first publishing process's instance id.
 pub const ORIGIN: &str = "Prx-Origin";
+/// How many bridges relayed the message (only on a relayed one).
 pub const HOPS: &str = "Prx-Hops";
+/// The message id JetStream de-duplicates on, and consumers too.
 pub const MSG_ID: &str = "Nats-Msg-Id";
 
 /// A consumer refuses (and counts as `loops`) a message whose `Prx-Hops` is this or more: it
@@ -38,6 +46,7 @@ pub const MAX_HEADER_VALUE: usize = 256;
 
 /// The agent and session of a consumed message that has no `Prx-Agent` / `Prx-Session`.
 pub const DEFAULT_AGENT: &str = "nats";
+/// The session of a consumed message that has no `Prx-Session`.
 pub const DEFAULT_SESSION: &str = "nats";
 
 /// The subjects every lifecycle event is published under (before a prefix).
@@ -150,6 +159,42 @@ pub fn parse_seq(value: &str) -> Result<u64, String> {
             encode_value(value)
         )),
     }
+}
+
+/// JetStream's delivery count of a message, from the ack subject it came with (JetStream's
+/// `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`, or
+/// the form with a domain and an account hash before the stream and a token after): decimal
+/// digits of a `u64`, at least 1, as [`parse_seq`] reads them. What a hook sees as
+/// `ZERO_HOOK_DELIVERY`; `Err` says what is wrong with the subject.
+pub fn delivery_of_ack_subject(reply: &str) -> Result<u64, String> {
+    let tokens: Vec<&str> = reply.split('.').collect();
+    let at = match (tokens.len(), tokens.first(), tokens.get(1)) {
+        (9, Some(&"$JS"), Some(&"ACK")) => 4,
+        (n, Some(&"$JS"), Some(&"ACK")) if n >= 12 => 6,
+        _ => {
+            return Err(format!(
+                "the reply subject {:?} is not a JetStream ack subject",
+                encode_value(reply)
+            ));
+        }
+    };
+    match parse_seq(tokens[at]) {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "the delivery count {:?} of {:?} is not a number of at least 1",
+            encode_value(tokens[at]),
+            encode_value(reply)
+        )),
+    }
+}
+
+/// [`delivery_of_ack_subject`] of a pulled message; `None` (said at debug level) when its
+/// reply subject is not one.
+pub(crate) fn delivery(m: &async_nats::jetstream::Message) -> Option<u64> {
+    let reply = m.reply.as_ref()?;
+    delivery_of_ack_subject(reply.as_str())
+        .map_err(|e| tracing::debug!("NATS consumer: {e}"))
+        .ok()
 }
 
 /// Checks a decoded agent or session before it becomes `ZERO_HOOK_AGENT` / `…_SESSION`:
@@ -371,6 +416,30 @@ mod tests {
             "1e3",
         ] {
             assert!(parse_seq(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn delivery_counts_are_read_from_either_form_of_ack_subject_and_checked() {
+        assert_eq!(
+            delivery_of_ack_subject("$JS.ACK.FLEET.central.2.10.9.1733450000000000000.0"),
+            Ok(2)
+        );
+        assert_eq!(
+            delivery_of_ack_subject("$JS.ACK.dom.ACCHASH.FLEET.central-3.1.10.9.17334.0.r4nd"),
+            Ok(1)
+        );
+        for bad in [
+            "",
+            "_INBOX.abc",
+            "$JS.ACK.FLEET.central.0.10.9.1.0",
+            "$JS.ACK.FLEET.central.-1.10.9.1.0",
+            "$JS.ACK.FLEET.central.1e3.10.9.1.0",
+            "$JS.ACK.FLEET.central.99999999999999999999.10.9.1.0",
+            "$JS.ACK.FLEET.central.1.10.9.1",
+            "$JS.NAK.FLEET.central.1.10.9.1.0",
+        ] {
+            assert!(delivery_of_ack_subject(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -133,6 +133,16 @@ impl ChildEnv {
         if let Some(n) = &s.origin_seq {
             vars.push(entry(b"ZERO_HOOK_ORIGIN_SEQ", n.as_bytes()));
         }
+        // And what makes its effect happen once: its id, delivery count, reclaim mark.
+        if let Some(id) = &s.event_id {
+            vars.push(entry(b"ZERO_HOOK_EVENT_ID", id.as_bytes()));
+        }
+        if let Some(n) = &s.delivery {
+            vars.push(entry(b"ZERO_HOOK_DELIVERY", n.as_bytes()));
+        }
+        if s.reclaimed {
+            vars.push(entry(b"ZERO_HOOK_RECLAIMED", b"1"));
+        }
         if json.len() <= MAX_ENV_PAYLOAD && !json.contains('\0') {
             vars.push(entry(b"ZERO_HOOK_PAYLOAD", json.as_bytes()));
         } else {

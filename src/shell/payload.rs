@@ -355,6 +355,10 @@ pub(crate) struct Strings {
     /// An event consumed from NATS: its agent's `Prx-Timestamp` and `Prx-Seq`.
     pub(crate) origin_timestamp: Option<String>,
     pub(crate) origin_seq: Option<String>,
+    /// Its id, JetStream delivery count and reclaim mark (`Message::event_id`, …).
+    pub(crate) event_id: Option<String>,
+    pub(crate) delivery: Option<String>,
+    pub(crate) reclaimed: bool,
 }
 
 impl EventRun {
@@ -407,6 +411,9 @@ impl EventRun {
                 .origin_timestamp()
                 .map(|t| env_safe(t).into_owned()),
             origin_seq: self.msg.origin_seq().map(|n| n.to_string()),
+            event_id: self.msg.event_id().map(|t| env_safe(t).into_owned()),
+            delivery: self.msg.delivery().map(|n| n.to_string()),
+            reclaimed: self.msg.reclaimed(),
         })
     }
 }

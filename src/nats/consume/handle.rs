@@ -3,37 +3,86 @@
 
 use super::*;
 
+/// What one message's handling came to: its fate, and the id it was handed over under (with
+/// its digest).
+pub(super) type Handled = (Fate, Option<(String, u64)>);
+
+/// A message's headers, checked: what the hooks and the relay learn from them.
+struct Checked {
+    kind: crate::EventKind,
+    id: Option<String>,
+    /// The id as logs show it.
+    shown: String,
+    hops: u32,
+    agent: String,
+    session: String,
+    origin: Option<String>,
+    /// The agent's `Prx-Timestamp` and `Prx-Seq`.
+    origin_time: (Option<String>, Option<u64>),
+}
+
 impl Worker {
     /// Everything that happens to one message; the id it was handed over under.
     ///
     /// `ticket`: JetStream's key for this message; its hooks report under it when they have
     /// settled it, and its id enters the window only then (`settle`). Without one (core NATS)
     /// the id enters the window at hand-off.
-    pub(super) fn handle(
-        &mut self,
-        m: &Incoming<'_>,
-        ticket: Option<u64>,
-    ) -> (Fate, Option<(String, u64)>) {
+    pub(super) fn handle(&mut self, m: &Incoming<'_>, ticket: Option<u64>) -> Handled {
         let c = self.counters.clone();
         c.received.fetch_add(1, Ordering::AcqRel);
-        let refuse = |this: &mut Self, counter: &AtomicU64, why: std::fmt::Arguments<'_>| {
-            counter.fetch_add(1, Ordering::AcqRel);
-            this.said.warn(why);
-            (Fate::Refused, None)
+        let h = match self.check_headers(m) {
+            Ok(h) => h,
+            Err(refused) => return refused,
         };
+        let record = match self.parse_body(m, &h) {
+            Ok(r) => r,
+            Err(refused) => return refused,
+        };
+        // De-dup on what the event is (its event, agent, session and payload as the bus will
+        // carry it), so that a relayed copy, re-serialized, is still recognized.
+        let digest = digest(h.kind, &h.agent, &h.session, &record.payload_json());
+        if let Some(seen) = self.seen_before(m, &h, ticket, digest) {
+            return seen;
+        }
+        let max = self.feed.max_event_bytes;
+        if record.byte_len() > max {
+            return self.refuse(
+                &c.refused_oversize,
+                format_args!(
+                    "NATS consumer: {} ({}): refused: event of {} bytes exceeds max_event_bytes ({})",
+                    m.subject,
+                    wire::encode_value(&h.shown),
+                    record.byte_len(),
+                    max
+                ),
+            );
+        }
+        self.hand_over(m, h, &record, ticket, digest)
+    }
+
+    /// A refusal: counted on `counter`, said (at most once a second), terminated.
+    fn refuse(&mut self, counter: &AtomicU64, why: std::fmt::Arguments<'_>) -> Handled {
+        counter.fetch_add(1, Ordering::AcqRel);
+        self.said.warn(why);
+        (Fate::Refused, None)
+    }
+
+    /// The subject and headers, checked and decoded; a refusal (or our own message skipped)
+    /// as `Err`.
+    fn check_headers(&mut self, m: &Incoming<'_>) -> Result<Checked, Handled> {
+        let c = self.counters.clone();
         let Some(kind) = wire::event_of_subject(m.subject) else {
-            return refuse(
-                self,
+            return Err(self.refuse(
                 &c.refused_subject,
                 format_args!(
                     "NATS consumer: {}: refused: the subject does not end in prx.lifecycle.<event>",
                     m.subject
                 ),
-            );
+            ));
         };
         if m.header(wire::ORIGIN) == Some(wire::instance_id()) {
             c.own.fetch_add(1, Ordering::AcqRel);
-            return (Fate::Skip, None);
+            return Err((Fate::Skip, None));
         }
         let id = m.header(wire::MSG_ID).map(str::to_string);
         let shown = id.as_deref().unwrap_or("no Nats-Msg-Id").to_string();
@@ -42,8 +91,7 @@ impl Worker {
             None => 0,
             Some(Ok(n)) => n,
             Some(Err(_)) => {
-                return refuse(
-                    self,
+                return Err(self.refuse(
                     &c.refused_headers,
                     format_args!(
                         "NATS consumer: {} ({}): refused: Prx-Hops {:?} is not a number",
@@ -51,12 +99,11 @@ impl Worker {
                         wire::encode_value(&shown),
                         wire::encode_value(m.header(wire::HOPS).unwrap_or(""))
                     ),
-                );
+                ));
             }
         };
         if hops >= wire::MAX_HOPS {
-            return refuse(
-                self,
+            return Err(self.refuse(
                 &c.loops,
                 format_args!(
                     "NATS consumer: {} ({}): refused: relayed {hops} times (the limit is {}): relays publish to each other's subjects in a loop",
@@ -64,13 +111,12 @@ impl Worker {
                     wire::encode_value(&shown),
                     wire::MAX_HOPS
                 ),
-            );
+            ));
         }
         if let Some(e) = m.header(wire::EVENT)
             && e != kind.name()
         {
-            return refuse(
-                self,
+            return Err(self.refuse(
                 &c.refused_headers,
                 format_args!(
                     "NATS consumer: {} ({}): refused: Prx-Event {:?} disagrees with the subject",
@@ -78,16 +124,15 @@ impl Worker {
                     wire::encode_value(&shown),
                     wire::encode_value(e)
                 ),
-            );
+            ));
         }
         if let Some(id) = &id
             && let Err(why) = wire::check_identity("Nats-Msg-Id", id)
         {
-            return refuse(
-                self,
+            return Err(self.refuse(
                 &c.refused_headers,
                 format_args!("NATS consumer: {}: refused: {why}", m.subject),
-            );
+            ));
         }
         // Decoded and checked: the agent and session become hook variables, the origin is
         // relayed.
@@ -122,44 +167,65 @@ impl Worker {
         let (agent, session, origin, origin_time) = match identity {
             Ok(pair) => pair,
             Err(why) => {
-                return refuse(
-                    self,
+                return Err(self.refuse(
                     &c.refused_headers,
                     format_args!(
                         "NATS consumer: {} ({}): refused: {why}",
                         m.subject,
                         wire::encode_value(&shown)
                     ),
-                );
+                ));
             }
         };
+        Ok(Checked {
+            kind,
+            id,
+            shown,
+            hops,
+            agent,
+            session,
+            origin,
+            origin_time,
+        })
+    }
+
+    /// The body, parsed as a payload of the subject's event.
+    fn parse_body(&mut self, m: &Incoming<'_>, h: &Checked) -> Result<ndjson::Record, Handled> {
+        let c = self.counters.clone();
+        let kind = h.kind;
         let record = std::str::from_utf8(m.payload)
             .map_err(|e| format!("the body is not UTF-8 (byte {})", e.valid_up_to()))
             .and_then(|text| {
-                ndjson::parse_payload_with(kind, text.trim(), &agent, &session, self.opts.parse)
+                ndjson::parse_payload_with(kind, text.trim(), &h.agent, &h.session, self.opts.parse)
                     .map_err(|e| format!("body:{e}"))
             });
-        let record = match record {
-            Ok(r) => r,
-            Err(why) => {
-                return refuse(
-                    self,
-                    &c.refused_body,
-                    format_args!(
-                        "NATS consumer: {} ({}): refused: not a valid {kind} payload: {why}",
-                        m.subject,
-                        wire::encode_value(&shown)
-                    ),
-                );
-            }
-        };
-        // De-dup on what the event is (its event, agent, session and payload as the bus will
-        // carry it), so that a relayed copy, re-serialized, is still recognized.
-        let digest = digest(kind, &agent, &session, &record.payload_json());
+        record.map_err(|why| {
+            self.refuse(
+                &c.refused_body,
+                format_args!(
+                    "NATS consumer: {} ({}): refused: not a valid {kind} payload: {why}",
+                    m.subject,
+                    wire::encode_value(&h.shown)
+                ),
+            )
+        })
+    }
+
+    /// Whether the message was handed over before: still in flight (JetStream), or run here
+    /// or on a host sharing the bucket; `None` when it is to be handed over.
+    fn seen_before(
+        &mut self,
+        m: &Incoming<'_>,
+        h: &Checked,
+        ticket: Option<u64>,
+        digest: u64,
+    ) -> Option<Handled> {
+        let c = self.counters.clone();
+        let (id, shown) = (&h.id, &h.shown);
         // A redelivery of a message whose hooks still run (JetStream's ack wait passed, or
         // an in-progress ack was lost): it is acked with the first when they settle.
         if ticket.is_some()
-            && let Some(id) = &id
+            && let Some(id) = id
             && let Some(&k) = self.flying.get(id)
             && self
                 .flights
@@ -167,20 +233,20 @@ impl Worker {
                 .is_some_and(|f| f.id.as_ref().is_some_and(|(_, d)| *d == digest))
         {
             c.duplicates.fetch_add(1, Ordering::AcqRel);
-            return (Fate::InFlight(k), None);
+            return Some((Fate::InFlight(k), None));
         }
         let shared_ran = self.shared_digest.take() == Some(digest);
-        match &id {
+        match id {
             // Ran on a host sharing the bucket (this one included).
             Some(_) if shared_ran => {
                 c.duplicates.fetch_add(1, Ordering::AcqRel);
                 c.shared_duplicates.fetch_add(1, Ordering::AcqRel);
-                return (Fate::Skip, None);
+                return Some((Fate::Skip, None));
             }
             Some(id) => match self.window.seen(id, digest) {
                 Seen::Same => {
                     c.duplicates.fetch_add(1, Ordering::AcqRel);
-                    return (Fate::Skip, None);
+                    return Some((Fate::Skip, None));
                 }
                 // The id of an event handed over, with another body, agent or session: not
                 // a retry. Processed (a forger pre-sending ids must not suppress real
@@ -190,7 +256,7 @@ impl Worker {
                     self.said.warn(format_args!(
                         "NATS consumer: {} ({}): the id of an event handed over before, with another body: handled as a new event",
                         m.subject,
-                        wire::encode_value(&shown)
+                        wire::encode_value(shown)
                     ));
                 }
                 Seen::No => {}
@@ -199,20 +265,30 @@ impl Worker {
                 c.without_id.fetch_add(1, Ordering::AcqRel);
             }
         }
-        let max = self.feed.max_event_bytes;
-        if record.byte_len() > max {
-            return refuse(
-                self,
-                &c.refused_oversize,
-                format_args!(
-                    "NATS consumer: {} ({}): refused: event of {} bytes exceeds max_event_bytes ({})",
-                    m.subject,
-                    wire::encode_value(&shown),
-                    record.byte_len(),
-                    max
-                ),
-            );
-        }
+        None
+    }
+
+    /// Emits the event (waiting while the ring is full) with what its message carries to the
+    /// hooks, and its relay record.
+    fn hand_over(
+        &mut self,
+        m: &Incoming<'_>,
+        h: Checked,
+        record: &ndjson::Record,
+        ticket: Option<u64>,
+        digest: u64,
+    ) -> Handled {
+        let c = self.counters.clone();
+        let Checked {
+            kind,
+            id,
+            hops,
+            agent,
+            session,
+            origin,
+            origin_time,
+            ..
+        } = h;
         // Relaying: the id the publisher will send (one of ours when the message had none,
         // remembered in the window so that it is recognized if it comes back).
         let relay_id = match (&id, self.feed.relays.is_some()) {
@@ -241,8 +317,12 @@ impl Worker {
             );
         }
         // What the message of this event carries to the hooks: the agent's time and
-        // numbering, and the ticket its hooks report through (`crate::settle`).
-        let attached = ticket.is_some() || origin_time.0.is_some() || origin_time.1.is_some();
+        // numbering, the event's id and delivery count (what makes a hook's effect happen
+        // once), and the ticket its hooks report through (`crate::settle`).
+        let attached = ticket.is_some()
+            || relay_id.is_some()
+            || origin_time.0.is_some()
+            || origin_time.1.is_some();
         if attached {
             self.feed.attachments().insert(
                 emitter.relay_id(),
@@ -251,7 +331,8 @@ impl Worker {
                     origin_time.0,
                     origin_time.1,
                     ticket.map(|k| crate::settle::Ticket::new(k, self.settled.clone())),
-                ),
+                )
+                .with_delivery(relay_id.clone(), m.delivery, m.reclaimed),
             );
         }
         // Not emitted after all: the attachment is taken back (a ticket then reports `ran`
@@ -270,8 +351,7 @@ impl Worker {
                     Ok(e) => e,
                     Err(e) => {
                         take_back(self, true);
-                        return refuse(
-                            self,
+                        return self.refuse(
                             &c.refused_body,
                             format_args!("NATS consumer: {}: refused: {e}", m.subject),
                         );

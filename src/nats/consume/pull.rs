@@ -2,6 +2,7 @@
 //! takes each message, and acks or naks it once its hooks settled it (ARCHITECTURE.md § NATS
 //! bridge).
 
+use super::super::lease::Leases;
 use super::*;
 
 impl Worker {
@@ -16,65 +17,172 @@ impl Worker {
             let _inside = rt.enter();
             jetstream::new(client.clone())
         };
-        // Without partitions one durable consumer; with them, one per partition, made when
-        // its lease is taken (`lease`).
-        let (consumer, stream) = loop {
+        let Some((consumer, stream)) = self.open_durable(rt, &js, durable) else {
+            return;
+        };
+        let Some(leases) = self.open_leases(rt, &js, &stream, durable) else {
+            return;
+        };
+        if !self.open_shared(rt, &js) {
+            return;
+        }
+        self.watch_advisories(rt, &client, &stream, durable);
+        let mut parts: HashMap<u32, PullConsumer> = HashMap::new();
+        let mut checked = 0;
+        // After a connection was lost, pull one message at a time until one arrives: a
+        // message async-nats cannot parse (it drops the connection) is then delivered alone,
+        // and reaches JetStream's delivery limit alone.
+        let mut careful = false;
+        let mut pausing = false;
+        while !self.stopping() {
+            if self.server_refused(&client, &mut checked) {
+                break;
+            }
+            rt.block_on(self.settle());
+            // Back-pressure: pull only what can be in flight, and only while the pipeline
+            // has room (ARCHITECTURE.md § NATS bridge, "Acks after the hooks ran").
+            let room = self.in_flight_limit.saturating_sub(self.flights.len());
+            if room == 0 || self.feed.busy() {
+                if !std::mem::replace(&mut pausing, true) {
+                    self.counters.paused.fetch_add(1, Ordering::Relaxed);
+                }
+                self.nap(rt, Duration::from_millis(2));
+                continue;
+            }
+            pausing = false;
+            let sources = match &leases {
+                None => consumer.iter().map(|c| (None, c.clone())).collect(),
+                Some((l, _)) => self.partition_sources(rt, &js, &stream, durable, l, &mut parts),
+            };
+            if sources.is_empty() {
+                self.nap(rt, Duration::from_millis(100));
+                continue;
+            }
+            let connects = self.state.connects.load(Ordering::Acquire);
+            let size = if careful {
+                1
+            } else {
+                (room.min(BATCH) / sources.len()).max(1)
+            };
+            let got = rt.block_on(self.pull(&sources, size));
+            if self.state.connects.load(Ordering::Acquire) != connects || !self.state.is_connected()
+            {
+                careful = true;
+            } else if got {
+                careful = false;
+            }
+        }
+        rt.block_on(self.finish(&js));
+        if let Some((l, keeper)) = leases {
+            rt.block_on(l.quit(keeper));
+        }
+    }
+
+    /// Waits at most `d` for a ticket's report or a stop.
+    fn nap(&self, rt: &tokio::runtime::Runtime, d: Duration) {
+        let (notify, wake) = (self.notify.clone(), self.wake.clone());
+        rt.block_on(async {
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(d) => {}
+            }
+        });
+    }
+
+    /// The durable consumer (without partitions) and the stream it reads; with partitions
+    /// only the stream (each partition's consumer is made when its lease is taken, `lease`).
+    /// Retried until it works; `None` if stopped meanwhile.
+    fn open_durable(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        js: &jetstream::Context,
+        durable: &str,
+    ) -> Option<(Option<PullConsumer>, String)> {
+        loop {
             let made = match self.opts.partitions {
                 None => rt
-                    .block_on(self.durable_consumer(&js, durable))
+                    .block_on(self.durable_consumer(js, durable))
                     .map(|(c, s)| (Some(c), s)),
-                Some(_) => rt.block_on(self.stream_name(&js)).map(|s| (None, s)),
+                Some(_) => rt.block_on(self.stream_name(js)).map(|s| (None, s)),
             };
             match made {
-                Ok(c) => break c,
+                Ok(c) => return Some(c),
                 Err(e) => {
                     self.said.warn(format_args!(
                         "NATS consumer: durable {durable:?} on {}: {e}; retrying",
                         self.opts.subject
                     ));
                     if self.pause_or_stop(Duration::from_secs(1)) {
-                        return;
-                    }
-                }
-            }
-        };
-        let leases = match self.opts.partitions {
-            None => None,
-            Some(n) => loop {
-                match rt.block_on(super::super::lease::Leases::open(&js, &stream, durable, n)) {
-                    Ok(l) => {
-                        let l = Arc::new(l);
-                        rt.spawn(l.clone().keep());
-                        break Some(l);
-                    }
-                    Err(e) => {
-                        self.said.warn(format_args!("NATS consumer: {e}; retrying"));
-                        if self.pause_or_stop(Duration::from_secs(1)) {
-                            return;
-                        }
-                    }
-                }
-            },
-        };
-        let mut parts: HashMap<u32, PullConsumer> = HashMap::new();
-        if let Some(bucket) = self.opts.shared_dedup.clone() {
-            loop {
-                match rt.block_on(Shared::open(&js, &bucket, self.opts.dedup_age)) {
-                    Ok(s) => {
-                        self.shared = Some(s);
-                        break;
-                    }
-                    Err(e) => {
-                        self.said.warn(format_args!("NATS consumer: {e}; retrying"));
-                        if self.pause_or_stop(Duration::from_secs(1)) {
-                            return;
-                        }
+                        return None;
                     }
                 }
             }
         }
-        // JetStream's MAX_DELIVERIES advisory: a message it stopped delivering (one this
-        // client could never take, or one redelivered past the limit).
+    }
+
+    /// With partitions: the lease bucket, and its keeper running (`Some(None)` without
+    /// partitions). Retried until it works; `None` if stopped meanwhile.
+    #[allow(clippy::type_complexity)]
+    fn open_leases(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        js: &jetstream::Context,
+        stream: &str,
+        durable: &str,
+    ) -> Option<Option<(Arc<Leases>, tokio::task::JoinHandle<()>)>> {
+        let n = match self.opts.partitions {
+            None => return Some(None),
+            Some(n) => n,
+        };
+        loop {
+            match rt.block_on(Leases::open(js, stream, durable, n)) {
+                Ok(l) => {
+                    let l = Arc::new(l);
+                    let keeper = rt.spawn(l.clone().keep());
+                    return Some(Some((l, keeper)));
+                }
+                Err(e) => {
+                    self.said.warn(format_args!("NATS consumer: {e}; retrying"));
+                    if self.pause_or_stop(Duration::from_secs(1)) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// With `--nats-dedup-bucket`: the shared bucket, retried until it opens; false if
+    /// stopped meanwhile.
+    fn open_shared(&mut self, rt: &tokio::runtime::Runtime, js: &jetstream::Context) -> bool {
+        let Some(bucket) = self.opts.shared_dedup.clone() else {
+            return true;
+        };
+        loop {
+            match rt.block_on(Shared::open(js, &bucket, self.opts.dedup_age)) {
+                Ok(s) => {
+                    self.shared = Some(s);
+                    return true;
+                }
+                Err(e) => {
+                    self.said.warn(format_args!("NATS consumer: {e}; retrying"));
+                    if self.pause_or_stop(Duration::from_secs(1)) {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// JetStream's MAX_DELIVERIES advisory: a message it stopped delivering (one this client
+    /// could never take, or one redelivered past the limit), counted and said.
+    fn watch_advisories(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        client: &async_nats::Client,
+        stream: &str,
+        durable: &str,
+    ) {
         let advisory = match self.opts.partitions {
             None => format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}"),
             Some(_) => format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*"),
@@ -99,132 +207,102 @@ impl Worker {
             }
             Err(e) => tracing::warn!("NATS consumer: subscribing to {advisory}: {e}"),
         }
-        let mut checked = 0;
-        // After a connection was lost, pull one message at a time until one arrives: a
-        // message async-nats cannot parse (it drops the connection) is then delivered alone,
-        // and reaches JetStream's delivery limit alone.
-        let mut careful = false;
-        let mut pausing = false;
+    }
+
+    /// With partitions, what to pull from: the partitions held and not draining (their
+    /// consumers made on first use, kept in `parts`); draining ones with nothing in flight
+    /// are marked free to give up.
+    fn partition_sources(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        js: &jetstream::Context,
+        stream: &str,
+        durable: &str,
+        leases: &Leases,
+        parts: &mut HashMap<u32, PullConsumer>,
+    ) -> Vec<(Option<u32>, PullConsumer)> {
+        let busy = self.flights.values().filter_map(|f| f.part).collect();
+        let active = {
+            let mut t = leases.table.lock().unwrap_or_else(|e| e.into_inner());
+            t.drained(&busy);
+            t.active()
+        };
+        let mut v = Vec::with_capacity(active.len());
+        for k in active {
+            if let std::collections::hash_map::Entry::Vacant(slot) = parts.entry(k) {
+                match rt.block_on(self.partition_consumer(js, stream, durable, k)) {
+                    Ok(c) => {
+                        slot.insert(c);
+                    }
+                    Err(e) => {
+                        self.said.warn(format_args!(
+                            "NATS consumer: durable {durable}-{k}: {e}; retrying"
+                        ));
+                        continue;
+                    }
+                }
+            }
+            v.push((Some(k), parts[&k].clone()));
+        }
+        v
+    }
+
+    /// One pull of up to `size` messages from each source: each message is handled as it
+    /// arrives (a quiet fleet's event does not wait for the pull to expire), and settled ones
+    /// are acked meanwhile. Whether any message came.
+    async fn pull(&mut self, sources: &[(Option<u32>, PullConsumer)], size: usize) -> bool {
+        use futures_util::StreamExt;
         let (notify, wake) = (self.notify.clone(), self.wake.clone());
-        while !self.stopping() {
-            if self.server_refused(&client, &mut checked) {
-                break;
-            }
-            rt.block_on(self.settle());
-            // Back-pressure: pull only what can be in flight, and only while the pipeline
-            // has room (ARCHITECTURE.md § NATS bridge, "Acks after the hooks ran").
-            let room = MAX_IN_FLIGHT.saturating_sub(self.flights.len());
-            if room == 0 || self.feed.busy() {
-                if !std::mem::replace(&mut pausing, true) {
-                    self.counters.paused.fetch_add(1, Ordering::Relaxed);
-                }
-                rt.block_on(async {
-                    tokio::select! {
-                        _ = notify.notified() => {}
-                        _ = wake.notified() => {}
-                        _ = tokio::time::sleep(Duration::from_millis(2)) => {}
-                    }
-                });
-                continue;
-            }
-            pausing = false;
-            // What to pull from: the one consumer, or the partitions held and not draining.
-            let sources: Vec<(Option<u32>, PullConsumer)> = match (&leases, &consumer) {
-                (None, Some(c)) => vec![(None, c.clone())],
-                (Some(l), _) => {
-                    let busy = self.flights.values().filter_map(|f| f.part).collect();
-                    let active = {
-                        let mut t = l.table.lock().unwrap_or_else(|e| e.into_inner());
-                        t.drained(&busy);
-                        t.active()
-                    };
-                    let mut v = Vec::with_capacity(active.len());
-                    for k in active {
-                        if let std::collections::hash_map::Entry::Vacant(slot) = parts.entry(k) {
-                            match rt.block_on(self.partition_consumer(&js, &stream, durable, k)) {
-                                Ok(c) => {
-                                    slot.insert(c);
-                                }
-                                Err(e) => {
-                                    self.said.warn(format_args!(
-                                        "NATS consumer: durable {durable}-{k}: {e}; retrying"
-                                    ));
-                                    continue;
-                                }
-                            }
-                        }
-                        v.push((Some(k), parts[&k].clone()));
-                    }
-                    v
-                }
-                (None, None) => Vec::new(),
-            };
-            if sources.is_empty() {
-                rt.block_on(async {
-                    tokio::select! {
-                        _ = notify.notified() => {}
-                        _ = wake.notified() => {}
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    }
-                });
-                continue;
-            }
-            let connects = self.state.connects.load(Ordering::Acquire);
-            let size = if careful {
-                1
-            } else {
-                (room.min(BATCH) / sources.len()).max(1)
-            };
-            let got = rt.block_on(async {
-                use futures_util::StreamExt;
-                let mut got = false;
-                let mut batches = Vec::with_capacity(sources.len());
-                for (k, c) in &sources {
-                    match c
-                        .batch()
-                        .max_messages(size)
-                        .expires(PULL_EXPIRES)
-                        .messages()
-                        .await
-                    {
-                        Ok(b) => batches.push(b.map(move |m| (*k, m)).boxed()),
-                        Err(e) => tracing::debug!("NATS consumer: pull: {e}"),
-                    }
-                }
-                if batches.is_empty() {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    return got;
-                }
-                let mut batch = futures_util::stream::select_all(batches);
-                // Each message is handled as it arrives (a quiet fleet's event does not
-                // wait for the pull to expire); settled ones are acked meanwhile.
-                loop {
-                    tokio::select! {
-                        m = batch.next() => match m {
-                            Some((k, Ok(m))) => {
-                                got = true;
-                                self.take(m, k).await;
-                            }
-                            Some((_, Err(e))) => tracing::debug!("NATS consumer: pull: {e}"),
-                            None => break,
-                        },
-                        _ = notify.notified() => self.settle().await,
-                        _ = wake.notified() => break,
-                    }
-                }
-                got
-            });
-            if self.state.connects.load(Ordering::Acquire) != connects || !self.state.is_connected()
+        let mut got = false;
+        let mut batches = Vec::with_capacity(sources.len());
+        for (k, c) in sources {
+            match c
+                .batch()
+                .max_messages(size)
+                .expires(PULL_EXPIRES)
+                .messages()
+                .await
             {
-                careful = true;
-            } else if got {
-                careful = false;
+                Ok(b) => batches.push(b.map(move |m| (*k, m)).boxed()),
+                Err(e) => tracing::debug!("NATS consumer: pull: {e}"),
             }
         }
-        rt.block_on(self.finish(&js));
-        if let Some(l) = leases {
-            rt.block_on(l.quit());
+        if batches.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return got;
         }
+        let mut batch = futures_util::stream::select_all(batches);
+        // Stopping: the pull is read to its end (its expiry, or a little more), and what it
+        // still brings is nak'ed by `take`. Left unread, the server would count it delivered
+        // and redeliver it only after the ack wait, behind newer messages of its partition
+        // pulled by the next holder.
+        let mut until = self
+            .stopping()
+            .then(|| tokio::time::Instant::now() + STOP_READ);
+        loop {
+            let stop_read = async {
+                match until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                m = batch.next() => match m {
+                    Some((k, Ok(m))) => {
+                        got = true;
+                        self.take(m, k).await;
+                    }
+                    Some((_, Err(e))) => tracing::debug!("NATS consumer: pull: {e}"),
+                    None => break,
+                },
+                _ = notify.notified() => self.settle().await,
+                _ = wake.notified(), if until.is_none() => {
+                    until = Some(tokio::time::Instant::now() + STOP_READ);
+                }
+                _ = stop_read => break,
+            }
+        }
+        got
     }
 
     /// One pulled message: waits until its hooks' queues have room for it (and for what is
@@ -260,6 +338,11 @@ impl Worker {
                 self.shared_digest = Some(*d);
             }
         }
+        // Taken over from another host's claim: its hooks may have run there.
+        let reclaimed_from = match &before {
+            Record::Claimed { host, .. } if host != wire::instance_id() => Some(host.clone()),
+            _ => None,
+        };
         let (fate, id) = if self.stopping() {
             (Fate::Later, None)
         } else {
@@ -267,6 +350,8 @@ impl Worker {
                 subject: m.subject.as_str(),
                 headers: m.headers.as_ref(),
                 payload: &m.payload,
+                delivery: wire::delivery(&m),
+                reclaimed: reclaimed_from.is_some(),
             };
             self.handle(&incoming, Some(key))
         };
@@ -274,9 +359,7 @@ impl Worker {
             Fate::Handed => {
                 if let Some((id, _)) = &id {
                     self.flying.insert(id.clone(), key);
-                    if let Record::Claimed { host, .. } = &before
-                        && host != wire::instance_id()
-                    {
+                    if let Some(host) = &reclaimed_from {
                         self.counters.reclaimed.fetch_add(1, Ordering::AcqRel);
                         tracing::warn!(
                             "NATS consumer: {}: reclaimed from host {}, which claimed it and did not record it done: run here, it may have run there too",
@@ -311,6 +394,13 @@ impl Worker {
             Fate::Refused => jetstream::AckKind::Term,
             Fate::Later => jetstream::AckKind::Nak(None),
         };
+        // Claimed, then not handed over (stopping, refused, a duplicate): nothing of it ran
+        // here, so the next host to take it must not count it as reclaimed.
+        if let (Some(seq), Some(shared)) = (claim, &self.shared)
+            && let Some(id) = m.headers.as_ref().and_then(|h| h.get(wire::MSG_ID))
+        {
+            shared.unclaim(id.as_str(), seq).await;
+        }
         let is_ack = !matches!(kind, jetstream::AckKind::Nak(_));
         if tokio::time::timeout(ACKS_WAIT, m.ack_with(kind))
             .await
@@ -332,6 +422,11 @@ impl Worker {
         for (key, ran) in settled {
             let Some(f) = self.flights.remove(&key) else {
                 continue;
+            };
+            self.in_flight_limit = if ran {
+                (self.in_flight_limit + 1).min(MAX_IN_FLIGHT)
+            } else {
+                (self.in_flight_limit / 2).max(1)
             };
             if let Some((id, d)) = &f.id {
                 self.flying.remove(id);

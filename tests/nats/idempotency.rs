@@ -1,0 +1,133 @@
+//! What a hook gets to make its own effect happen once (docs/nats.md § Idempotent hooks): the
+//! event's id (its `Nats-Msg-Id`), JetStream's delivery count and the reclaimed mark, in the
+//! hook's environment and in the bus envelope, through a real redelivery: a host SIGKILLed
+//! after its hook ran and before the ack, and the next host taking the message over.
+
+use super::*;
+
+/// A host runs the hook of `m0` (delivery 1) and is SIGKILLed before it acks (the hook is
+/// still running); after JetStream's 10 s ack wait a second host gets it again. Its hook sees
+/// the same `ZERO_HOOK_EVENT_ID`, `ZERO_HOOK_DELIVERY=2` and `ZERO_HOOK_RECLAIMED=1` (the first
+/// host's claim in the shared bucket was never recorded done); its `--print` envelope carries
+/// `event_id`, `delivery` and `reclaimed`; and what it relays keeps the id.
+#[test]
+fn a_redelivered_event_shows_its_hook_the_same_id_delivery_2_and_the_reclaimed_mark() {
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    fleet_stream(&client);
+    let relayed = Collector::start(&server.url(), "again.prx.lifecycle.>");
+    publish_ids(&client, 0..1);
+    let shared = tempfile::tempdir().unwrap();
+    let log = shared.path().join("log");
+    // The first delivery's hook records its run, then holds the message past the kill.
+    let script = format!(
+        "printf '%s %s %s %s\\n' \"${{ZERO_HOOK_EVENT_ID:--}}\" \"${{ZERO_HOOK_DELIVERY:--}}\" \
+         \"${{ZERO_HOOK_RECLAIMED:-0}}\" \"$ZERO_HOOK_PAYLOAD\" >> {}; \
+         [ \"$ZERO_HOOK_DELIVERY\" = 1 ] && exec sleep 30; exit 0",
+        log.display()
+    );
+    let hooks = serde_json::json!({"hooks": {"tool_call": [{
+        "id": "once", "command": "/bin/sh", "args": ["-c", script], "timeout_ms": 60000
+    }]}});
+    let url = server.url();
+    let args = [
+        "--from-nats",
+        url.as_str(),
+        "--durable",
+        "central",
+        "--nats-dedup-bucket",
+        "PRXRAN",
+    ];
+    let ws_a = tempfile::tempdir().unwrap();
+    std::fs::write(ws_a.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let mut a = Consumer::start(ws_a.path(), &args);
+    wait_until("the first run", 60, || log_lines(&log).len() == 1);
+    a.child.kill().unwrap();
+    let _ = a.child.wait();
+    let killed = Instant::now();
+    // The second host prints what it feeds the bus and relays it under the prefix `again`.
+    let ws_b = tempfile::tempdir().unwrap();
+    std::fs::write(ws_b.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let out = ws_b.path().join("out");
+    let stderr = ws_b.path().join("stderr");
+    let mut b = bin()
+        .args(["run", "--print", "--workspace"])
+        .arg(ws_b.path())
+        .args(args)
+        .args(["--nats", &url, "--nats-prefix", "again"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the redelivery's run", 60, || log_lines(&log).len() >= 2);
+    eprintln!(
+        "redelivered {:.1} s after the kill (the ack wait is 10 s)",
+        killed.elapsed().as_secs_f64()
+    );
+    wait_until("the relayed copy", 30, || relayed.len() >= 1);
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(b.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    b.wait().unwrap();
+    let lines = log_lines(&log);
+    let fields: Vec<Vec<&str>> = lines.iter().map(|l| l.splitn(4, ' ').collect()).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(fields[0][..3], ["m0", "1", "0"], "the first run: {lines:?}");
+    assert_eq!(
+        fields[1][..3],
+        ["m0", "2", "1"],
+        "the redelivery: {lines:?}"
+    );
+    assert_eq!(fields[0][3], fields[1][3], "the same event");
+    let r = report(&std::fs::read(&stderr).unwrap());
+    assert_eq!(r["stats"]["nats"]["consume"]["reclaimed"], 1, "{r}");
+    // The envelope on the bus carries them too.
+    let text = std::fs::read_to_string(&out).unwrap();
+    let v: Value = serde_json::from_str(text.lines().next().expect("an envelope")).unwrap();
+    assert_eq!(v["event_id"], "m0", "{v}");
+    assert_eq!(v["delivery"], 2, "{v}");
+    assert_eq!(v["reclaimed"], true, "{v}");
+    // And the relay keeps the id: a consumer downstream sees the same ZERO_HOOK_EVENT_ID.
+    let got = relayed.all();
+    assert_eq!(got[0].headers["Nats-Msg-Id"], "m0", "{got:?}");
+}
+
+/// Over core NATS a hook sees the id (no delivery count: core NATS never redelivers), and an
+/// event without a `Nats-Msg-Id` has neither.
+#[test]
+fn a_core_consumers_hooks_see_the_event_id_and_no_delivery_count() {
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log");
+    let script = format!(
+        "printf '%s %s %s\\n' \"${{ZERO_HOOK_EVENT_ID:--}}\" \"${{ZERO_HOOK_DELIVERY:--}}\" \
+         \"$ZERO_HOOK_PAYLOAD\" >> {}",
+        log.display()
+    );
+    let hooks = serde_json::json!({"hooks": {"tool_call": [{
+        "id": "ids", "command": "/bin/sh", "args": ["-c", script]
+    }]}});
+    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let url = server.url();
+    let c = Consumer::start(ws.path(), &["--from-nats", &url]);
+    until_consuming(&client, &log, "probe-ids");
+    client.publish(
+        "prx.lifecycle.tool_call",
+        &[],
+        r#"{"tool":"t","success":true,"output":"anonymous"}"#,
+    );
+    client.sync();
+    wait_until("the anonymous event", 30, || {
+        log_lines(&log).iter().any(|l| l.contains("anonymous"))
+    });
+    c.stop();
+    let lines = log_lines(&log);
+    let probe = lines.iter().find(|l| l.contains("probe-ids")).unwrap();
+    assert!(probe.starts_with("probe-ids - "), "{probe}");
+    let anonymous = lines.iter().find(|l| l.contains("anonymous")).unwrap();
+    assert!(anonymous.starts_with("- - "), "{anonymous}");
+}

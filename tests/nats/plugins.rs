@@ -1,0 +1,152 @@
+//! WASM plugins settling JetStream messages (docs/nats.md § What is lost, what is duplicated):
+//! real guest components built from examples/plugins behind a real `run --from-nats …
+//! --durable`. A message is acked only once every plugin call it was handed to ran; a plugin
+//! queue that is full naks it, and JetStream delivers it again, so nothing is lost.
+//!
+//! Size: `PRX_HOOKS_NATS_PLUGIN_EVENTS` (default 300).
+
+use super::fleet::all_acked;
+use super::plugins_support::install;
+use super::*;
+
+/// Two plugins take every tool_call: `audit-hook`, which echoes each event it is called with
+/// to the bus topic `audit.echo` (printed by `--print`: the evidence of each call), and
+/// `misbehave` in `sleep` mode (20 ms a call) with `pool_size = 64`, so its one busy queue
+/// holds 16 events (1,024 / 64): the consumer, with up to 128 messages in flight, overfills it.
+/// Every dropped call makes its message nak'ed and delivered again; in the end JetStream has
+/// every message acked, every event was echoed, and the slow plugin ran exactly once per event
+/// — an ack never followed a dropped call.
+#[test]
+fn plugins_settle_jetstream_messages_and_a_full_plugin_queue_naks_without_losing_one() {
+    let n = env_n("PRX_HOOKS_NATS_PLUGIN_EVENTS", 300);
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    fleet_stream(&client);
+    let js = client.jetstream();
+    publish_ids(&client, 0..n);
+    let ws = tempfile::tempdir().unwrap();
+    install(
+        ws.path(),
+        "audit-hook",
+        "audit_hook",
+        r#"
+[plugin]
+name = "audit-hook"
+version = "0.1.0"
+
+[[capabilities]]
+type = "hook"
+name = "audit"
+events = ["prx.lifecycle.tool_call"]
+
+[permissions]
+required = ["log", "kv", "events"]
+
+[config]
+echo_topic = "audit.echo"
+"#,
+    );
+    install(
+        ws.path(),
+        "misbehave",
+        "misbehave",
+        r#"
+[plugin]
+name = "misbehave"
+version = "0.1.0"
+
+[[capabilities]]
+type = "hook"
+events = ["prx.lifecycle.tool_call"]
+
+[permissions]
+required = ["log", "config", "kv", "events"]
+
+[resources]
+max_memory_mb = 16
+max_execution_time_ms = 10_000
+pool_size = 64
+
+[config]
+mode = "sleep"
+sleep_ms = "20"
+"#,
+    );
+    let out = ws.path().join("out");
+    let stderr = ws.path().join("stderr");
+    let url = server.url();
+    let mut child = bin()
+        .args(["run", "--print", "--workspace"])
+        .arg(ws.path())
+        .args(["--from-nats", &url, "--durable", "central"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120 + n as u64 / 5);
+    while !all_acked(&client, &js, n as u64) {
+        assert!(
+            Instant::now() < deadline,
+            "not every message acked: {}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    let r = report(&std::fs::read(&stderr).unwrap());
+    let plugins = r["stats"]["plugins"]["plugins"].as_array().unwrap().clone();
+    let plugin = |name: &str| {
+        plugins
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{name}: {r}"))
+            .clone()
+    };
+    let (audit, slow) = (plugin("audit-hook"), plugin("misbehave"));
+    let s = &r["stats"]["nats"]["consume"];
+    // Every event's echo: audit-hook was called with each one.
+    let mut echoed: HashMap<String, usize> = HashMap::new();
+    for l in std::fs::read_to_string(&out).unwrap().lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        if v["topic"] == "audit.echo"
+            && let Some(id) = v["payload"]["payload"]["output"].as_str()
+        {
+            *echoed.entry(id.to_string()).or_default() += 1;
+        }
+    }
+    let missing: Vec<usize> = (0..n)
+        .filter(|i| !echoed.contains_key(&format!("m{i}")))
+        .collect();
+    eprintln!(
+        "plugins: {n} events in {secs:.1} s; misbehave ok {} dropped_queue_full {}; audit-hook ok {}; consumer retried {} acked {}",
+        slow["ok"], slow["dropped_queue_full"], audit["ok"], s["retried"], s["acked"]
+    );
+    assert!(missing.is_empty(), "never echoed: {missing:?}");
+    assert!(
+        slow["dropped_queue_full"].as_u64().unwrap() > 0,
+        "the slow plugin's queue filled: {slow}"
+    );
+    assert!(
+        s["retried"].as_u64().unwrap() > 0,
+        "what it dropped was nak'ed: {s}"
+    );
+    // Each message was acked on the delivery whose slow call ran, never on one that dropped
+    // it: one call that ran per event.
+    assert_eq!(
+        slow["ok"].as_u64().unwrap(),
+        n as u64,
+        "the slow plugin ran once per event: {slow}"
+    );
+    assert_eq!(slow["errors"], 0, "{slow}");
+    assert_eq!(s["acked"].as_u64().unwrap(), n as u64, "{s}");
+    // The audit calls of redeliveries ran again: at least once per event.
+    assert!(audit["ok"].as_u64().unwrap() >= n as u64, "{audit}");
+}

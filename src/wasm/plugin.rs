@@ -610,6 +610,14 @@ impl Plugin {
         Some(rx)
     }
 
+    /// Whether every shard can take `more` jobs now: the event's shard is not known before
+    /// it arrives, so each must have the room (the NATS consumer's back-pressure).
+    pub(super) fn room(&self, more: usize) -> bool {
+        self.shards
+            .iter()
+            .all(|s| s.capacity().is_none_or(|cap| s.len() + more <= cap))
+    }
+
     /// Queued jobs, all shards together.
     pub(super) fn queued(&self) -> usize {
         self.shards.iter().map(|s| s.len()).sum()

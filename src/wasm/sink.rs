@@ -311,6 +311,15 @@ impl Sink for WasmSink {
         }
     }
 
+    /// Every plugin that takes `kind` has room for `more` calls in each of its queues.
+    fn room(&self, kind: EventKind, more: usize) -> bool {
+        self.live
+            .load()
+            .iter()
+            .filter(|p| p.shared.manifest.events.contains(kind))
+            .all(|p| p.room(more))
+    }
+
     fn counts(&self) -> SinkCounts {
         let st = self.state();
         let mut total = SinkCounts::default();

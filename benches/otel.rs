@@ -83,10 +83,97 @@ struct Round {
     cpu: Duration,
 }
 
-fn emit_retrying(em: &prx_hooks::Emitter, e: Event<'_>) {
+/// One thread's scheduler counters (`/proc/self/task/*`): CPU time, time runnable but waiting
+/// for a core, and how often it slept (voluntary switches) or was preempted.
+#[derive(Clone, Default)]
+struct ThreadTimes {
+    name: String,
+    run_ns: u64,
+    queued_ns: u64,
+    sleeps: u64,
+    preempted: u64,
+}
+
+fn threads() -> std::collections::HashMap<u64, ThreadTimes> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let p = e.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let sched: Vec<u64> = read("schedstat")
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let status = read("status");
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        out.insert(
+            tid,
+            ThreadTimes {
+                name: read("comm").trim().to_string(),
+                run_ns: sched.first().copied().unwrap_or(0),
+                queued_ns: sched.get(1).copied().unwrap_or(0),
+                sleeps: field("voluntary_ctxt_switches:"),
+                preempted: field("nonvoluntary_ctxt_switches:"),
+            },
+        );
+    }
+    out
+}
+
+/// With `PRX_HOOKS_OTEL_THREADS` set: what each thread did during a round, per span.
+fn print_threads(
+    who: &str,
+    before: &std::collections::HashMap<u64, ThreadTimes>,
+    n: usize,
+    secs: f64,
+) {
+    if std::env::var_os("PRX_HOOKS_OTEL_THREADS").is_none() {
+        return;
+    }
+    let after = threads();
+    println!(
+        "{who}: {:.1} ms; per thread: CPU ms, waiting for a core ms, sleeps, preemptions",
+        secs * 1e3
+    );
+    let mut rows: Vec<_> = after.iter().collect();
+    rows.sort_by_key(|(tid, _)| **tid);
+    for (tid, a) in rows {
+        let b = before.get(tid).cloned().unwrap_or_default();
+        let run = a.run_ns.saturating_sub(b.run_ns);
+        if run < 100_000 {
+            continue;
+        }
+        println!(
+            "  {:<36} {:>8.1} {:>8.1} {:>7} {:>7}  ({:.2} µs/span)",
+            a.name,
+            run as f64 / 1e6,
+            a.queued_ns.saturating_sub(b.queued_ns) as f64 / 1e6,
+            a.sleeps.saturating_sub(b.sleeps),
+            a.preempted.saturating_sub(b.preempted),
+            run as f64 / 1e3 / n as f64,
+        );
+    }
+}
+
+/// Emits `e`, yielding while the ring is full; how many tries were refused.
+fn emit_retrying(em: &prx_hooks::Emitter, e: Event<'_>) -> u64 {
+    let mut refused = 0;
     while em.emit(e) == Emit::Dropped {
+        refused += 1;
         std::thread::yield_now();
     }
+    refused
 }
 
 fn prx_round(rx: &Receiver, n: usize) -> Round {
@@ -97,16 +184,18 @@ fn prx_round(rx: &Receiver, n: usize) -> Round {
         .batch(BATCH, DELAY);
     let hooks = Hooks::builder().otlp(opts).build().unwrap();
     let em = hooks.emitter("bench", "s");
+    let before = threads();
     let (t0, c0, r0) = (Instant::now(), process_cpu(), rx.cpu());
+    let mut refused = 0;
     for _ in 0..n {
-        emit_retrying(
+        refused += emit_retrying(
             &em,
             Event::ToolCallStart {
                 tool: "grep",
                 arguments: "{}",
             },
         );
-        emit_retrying(
+        refused += emit_retrying(
             &em,
             Event::ToolCall {
                 tool: "grep",
@@ -120,6 +209,7 @@ fn prx_round(rx: &Receiver, n: usize) -> Round {
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (process_cpu() - c0).saturating_sub(rx.cpu() - r0);
     assert_eq!(got, n + 1, "prx-hooks: every span arrived");
+    print_threads(&format!("prx-hooks ({refused} emits refused by a full ring)"), &before, n, secs);
     hooks.shutdown(Duration::from_secs(2));
     Round { secs, cpu }
 }
@@ -173,6 +263,7 @@ fn sdk_round(rx: &Receiver, n: usize) -> Round {
         .with_span_processor(bsp)
         .build();
     let tracer = provider.tracer("bench");
+    let before = threads();
     let (t0, c0, r0) = (Instant::now(), process_cpu(), rx.cpu());
     for _ in 0..n {
         let mut span = tracer
@@ -191,6 +282,7 @@ fn sdk_round(rx: &Receiver, n: usize) -> Round {
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (process_cpu() - c0).saturating_sub(rx.cpu() - r0);
     assert_eq!(got, n, "SDK: every span arrived");
+    print_threads("SDK", &before, n, secs);
     let _ = provider.shutdown();
     Round { secs, cpu }
 }

@@ -28,14 +28,14 @@ const MAX_RESPONSE: usize = 64 * 1024;
 /// The export counters, shared by the span builder's thread and the exporter.
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub spans: AtomicU64,
-    pub exported: AtomicU64,
-    pub rejected: AtomicU64,
-    pub dropped_queue_full: AtomicU64,
-    pub dropped_retries: AtomicU64,
-    pub dropped_shutdown: AtomicU64,
-    pub requests: AtomicU64,
-    pub retries: AtomicU64,
+    pub(crate) spans: AtomicU64,
+    pub(crate) exported: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) dropped_queue_full: AtomicU64,
+    pub(crate) dropped_retries: AtomicU64,
+    pub(crate) dropped_shutdown: AtomicU64,
+    pub(crate) requests: AtomicU64,
+    pub(crate) retries: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: usize) {
@@ -47,7 +47,7 @@ fn add(c: &AtomicU64, n: usize) {
 /// them into request bodies and gives them back for reuse.
 #[derive(Default, Debug)]
 pub(crate) struct Chunk {
-    pub bytes: Vec<u8>,
+    pub(crate) bytes: Vec<u8>,
     ends: Vec<usize>,
 }
 
@@ -106,7 +106,7 @@ pub(crate) struct Queue {
     wake: tokio::sync::Notify,
     capacity: usize,
     batch: usize,
-    pub counters: Counters,
+    pub(crate) counters: Counters,
 }
 
 impl Queue {

@@ -52,6 +52,15 @@ pub struct OtelSink {
     plugins: super::plugins::PluginSlot,
 }
 
+impl std::fmt::Debug for OtelSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OtelSink")
+            .field("endpoint", &self.endpoint)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
 impl OtelSink {
     /// Starts the span builder and the exporter. `runs` (the shell backend's run feed) makes
     /// every hook outcome an `execute_hook` span.

@@ -1,4 +1,4 @@
-//! The OpenTelemetry exporter's costs (docs/otel.md § OpenTelemetry has the figures):
+//! The OpenTelemetry exporter's costs (docs/performance.md § OpenTelemetry export has the figures):
 //!
 //! * `otel_emit/exporter_off` vs `otel_emit/exporter_on`: one `tool_call_start` +
 //!   `tool_call` pair emitted, with a drained bus subscriber in both, the exporter sending to a
@@ -9,7 +9,9 @@
 //!   batch size and delay; alternated rounds in one run. CPU is the process's, less the
 //!   receiver thread's.
 //!
-//! `cargo bench --features otel --bench otel` (PRX_HOOKS_OTEL_SPANS sets N, 50,000).
+//! `cargo bench --profile release --bench otel` (`PRX_HOOKS_OTEL_SPANS` sets N, 50,000;
+//! `PRX_HOOKS_OTEL_ROUNDS` the rounds of each, 5; `PRX_HOOKS_OTEL_THREADS=1` prints what each
+//! thread did in each round: CPU, time waiting for a core, sleeps, preemptions).
 
 #[path = "../tests/otel/receiver.rs"]
 mod receiver;
@@ -209,7 +211,12 @@ fn prx_round(rx: &Receiver, n: usize) -> Round {
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (process_cpu() - c0).saturating_sub(rx.cpu() - r0);
     assert_eq!(got, n + 1, "prx-hooks: every span arrived");
-    print_threads(&format!("prx-hooks ({refused} emits refused by a full ring)"), &before, n, secs);
+    print_threads(
+        &format!("prx-hooks ({refused} emits refused by a full ring)"),
+        &before,
+        n,
+        secs,
+    );
     hooks.shutdown(Duration::from_secs(2));
     Round { secs, cpu }
 }
@@ -293,32 +300,57 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn export_rates() {
-    let n: usize = std::env::var("PRX_HOOKS_OTEL_SPANS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50_000);
+    let var = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let n = var("PRX_HOOKS_OTEL_SPANS", 50_000);
+    let pairs = var("PRX_HOOKS_OTEL_ROUNDS", 5).max(1);
     let rx = Receiver::start();
     let (mut ours, mut sdk) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
+    // Alternated, each pair back to back: a change of the machine's load hits both alike.
+    for _ in 0..pairs {
         ours.push(prx_round(&rx, n));
         sdk.push(sdk_round(&rx, n));
     }
+    let rate = |r: &Round| n as f64 / r.secs;
+    let cpu = |r: &Round| r.cpu.as_secs_f64() * 1e6 / n as f64;
     println!(
-        "\nexport end to end, {n} spans to one in-process OTLP/HTTP receiver, 3 rounds each (median):"
+        "\nexport end to end, {n} spans to one in-process OTLP/HTTP receiver, {pairs} alternated rounds each:"
     );
-    println!("{:<28} {:>12} {:>16}", "", "spans/s", "CPU µs/span");
+    println!(
+        "{:<28} {:>12} {:>16}   per round: spans/s, CPU µs/span",
+        "", "spans/s", "CPU µs/span"
+    );
     for (name, rounds) in [
         ("prx-hooks exporter", &ours),
         ("OTel SDK batch processor", &sdk),
     ] {
-        let rate = median(rounds.iter().map(|r| n as f64 / r.secs).collect());
-        let cpu = median(
-            rounds
-                .iter()
-                .map(|r| r.cpu.as_secs_f64() * 1e6 / n as f64)
-                .collect(),
+        let each: Vec<String> = rounds
+            .iter()
+            .map(|r| format!("{:.0}/{:.2}", rate(r), cpu(r)))
+            .collect();
+        println!(
+            "{name:<28} {:>12.0} {:>16.2}   {}",
+            median(rounds.iter().map(rate).collect()),
+            median(rounds.iter().map(cpu).collect()),
+            each.join(" ")
         );
-        println!("{name:<28} {rate:>12.0} {cpu:>16.2}");
+    }
+    let ratios = |f: &dyn Fn(&Round) -> f64| -> Vec<f64> {
+        ours.iter().zip(&sdk).map(|(o, s)| f(o) / f(s)).collect()
+    };
+    for (what, v) in [("spans/s", ratios(&rate)), ("CPU per span", ratios(&cpu))] {
+        let mut sorted = v.clone();
+        sorted.sort_by(f64::total_cmp);
+        println!(
+            "prx-hooks / SDK, {what}, per pair: median {:.2}×, range {:.2}–{:.2}×",
+            median(v),
+            sorted[0],
+            sorted[sorted.len() - 1]
+        );
     }
 }
 

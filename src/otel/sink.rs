@@ -84,7 +84,7 @@ impl OtelSink {
         let q = queue.clone();
         let export = std::thread::Builder::new()
             .name("prx-otel-export".into())
-            .spawn(move || runtime.block_on(exporter.run(q)))?;
+            .spawn(move || runtime.block_on(exporter.run_all(q)))?;
         let limits = Limits {
             content: opts.content,
             idle_limit: opts.idle_limit,

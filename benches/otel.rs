@@ -1,4 +1,4 @@
-//! The OpenTelemetry exporter's costs (docs/otel.md § OpenTelemetry has the figures):
+//! The OpenTelemetry exporter's costs (docs/performance.md § OpenTelemetry export has the figures):
 //!
 //! * `otel_emit/exporter_off` vs `otel_emit/exporter_on`: one `tool_call_start` +
 //!   `tool_call` pair emitted, with a drained bus subscriber in both, the exporter sending to a
@@ -9,7 +9,9 @@
 //!   batch size and delay; alternated rounds in one run. CPU is the process's, less the
 //!   receiver thread's.
 //!
-//! `cargo bench --features otel --bench otel` (PRX_HOOKS_OTEL_SPANS sets N, 50,000).
+//! `cargo bench --profile release --bench otel` (`PRX_HOOKS_OTEL_SPANS` sets N, 50,000;
+//! `PRX_HOOKS_OTEL_ROUNDS` the rounds of each, 5; `PRX_HOOKS_OTEL_THREADS=1` prints what each
+//! thread did in each round: CPU, time waiting for a core, sleeps, preemptions).
 
 #[path = "../tests/otel/receiver.rs"]
 mod receiver;
@@ -83,10 +85,97 @@ struct Round {
     cpu: Duration,
 }
 
-fn emit_retrying(em: &prx_hooks::Emitter, e: Event<'_>) {
+/// One thread's scheduler counters (`/proc/self/task/*`): CPU time, time runnable but waiting
+/// for a core, and how often it slept (voluntary switches) or was preempted.
+#[derive(Clone, Default)]
+struct ThreadTimes {
+    name: String,
+    run_ns: u64,
+    queued_ns: u64,
+    sleeps: u64,
+    preempted: u64,
+}
+
+fn threads() -> std::collections::HashMap<u64, ThreadTimes> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let p = e.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let sched: Vec<u64> = read("schedstat")
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let status = read("status");
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        out.insert(
+            tid,
+            ThreadTimes {
+                name: read("comm").trim().to_string(),
+                run_ns: sched.first().copied().unwrap_or(0),
+                queued_ns: sched.get(1).copied().unwrap_or(0),
+                sleeps: field("voluntary_ctxt_switches:"),
+                preempted: field("nonvoluntary_ctxt_switches:"),
+            },
+        );
+    }
+    out
+}
+
+/// With `PRX_HOOKS_OTEL_THREADS` set: what each thread did during a round, per span.
+fn print_threads(
+    who: &str,
+    before: &std::collections::HashMap<u64, ThreadTimes>,
+    n: usize,
+    secs: f64,
+) {
+    if std::env::var_os("PRX_HOOKS_OTEL_THREADS").is_none() {
+        return;
+    }
+    let after = threads();
+    println!(
+        "{who}: {:.1} ms; per thread: CPU ms, waiting for a core ms, sleeps, preemptions",
+        secs * 1e3
+    );
+    let mut rows: Vec<_> = after.iter().collect();
+    rows.sort_by_key(|(tid, _)| **tid);
+    for (tid, a) in rows {
+        let b = before.get(tid).cloned().unwrap_or_default();
+        let run = a.run_ns.saturating_sub(b.run_ns);
+        if run < 100_000 {
+            continue;
+        }
+        println!(
+            "  {:<36} {:>8.1} {:>8.1} {:>7} {:>7}  ({:.2} µs/span)",
+            a.name,
+            run as f64 / 1e6,
+            a.queued_ns.saturating_sub(b.queued_ns) as f64 / 1e6,
+            a.sleeps.saturating_sub(b.sleeps),
+            a.preempted.saturating_sub(b.preempted),
+            run as f64 / 1e3 / n as f64,
+        );
+    }
+}
+
+/// Emits `e`, yielding while the ring is full; how many tries were refused.
+fn emit_retrying(em: &prx_hooks::Emitter, e: Event<'_>) -> u64 {
+    let mut refused = 0;
     while em.emit(e) == Emit::Dropped {
+        refused += 1;
         std::thread::yield_now();
     }
+    refused
 }
 
 fn prx_round(rx: &Receiver, n: usize) -> Round {
@@ -97,16 +186,18 @@ fn prx_round(rx: &Receiver, n: usize) -> Round {
         .batch(BATCH, DELAY);
     let hooks = Hooks::builder().otlp(opts).build().unwrap();
     let em = hooks.emitter("bench", "s");
+    let before = threads();
     let (t0, c0, r0) = (Instant::now(), process_cpu(), rx.cpu());
+    let mut refused = 0;
     for _ in 0..n {
-        emit_retrying(
+        refused += emit_retrying(
             &em,
             Event::ToolCallStart {
                 tool: "grep",
                 arguments: "{}",
             },
         );
-        emit_retrying(
+        refused += emit_retrying(
             &em,
             Event::ToolCall {
                 tool: "grep",
@@ -120,6 +211,12 @@ fn prx_round(rx: &Receiver, n: usize) -> Round {
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (process_cpu() - c0).saturating_sub(rx.cpu() - r0);
     assert_eq!(got, n + 1, "prx-hooks: every span arrived");
+    print_threads(
+        &format!("prx-hooks ({refused} emits refused by a full ring)"),
+        &before,
+        n,
+        secs,
+    );
     hooks.shutdown(Duration::from_secs(2));
     Round { secs, cpu }
 }
@@ -173,6 +270,7 @@ fn sdk_round(rx: &Receiver, n: usize) -> Round {
         .with_span_processor(bsp)
         .build();
     let tracer = provider.tracer("bench");
+    let before = threads();
     let (t0, c0, r0) = (Instant::now(), process_cpu(), rx.cpu());
     for _ in 0..n {
         let mut span = tracer
@@ -191,6 +289,7 @@ fn sdk_round(rx: &Receiver, n: usize) -> Round {
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (process_cpu() - c0).saturating_sub(rx.cpu() - r0);
     assert_eq!(got, n, "SDK: every span arrived");
+    print_threads("SDK", &before, n, secs);
     let _ = provider.shutdown();
     Round { secs, cpu }
 }
@@ -201,32 +300,57 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn export_rates() {
-    let n: usize = std::env::var("PRX_HOOKS_OTEL_SPANS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50_000);
+    let var = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let n = var("PRX_HOOKS_OTEL_SPANS", 50_000);
+    let pairs = var("PRX_HOOKS_OTEL_ROUNDS", 5).max(1);
     let rx = Receiver::start();
     let (mut ours, mut sdk) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
+    // Alternated, each pair back to back: a change of the machine's load hits both alike.
+    for _ in 0..pairs {
         ours.push(prx_round(&rx, n));
         sdk.push(sdk_round(&rx, n));
     }
+    let rate = |r: &Round| n as f64 / r.secs;
+    let cpu = |r: &Round| r.cpu.as_secs_f64() * 1e6 / n as f64;
     println!(
-        "\nexport end to end, {n} spans to one in-process OTLP/HTTP receiver, 3 rounds each (median):"
+        "\nexport end to end, {n} spans to one in-process OTLP/HTTP receiver, {pairs} alternated rounds each:"
     );
-    println!("{:<28} {:>12} {:>16}", "", "spans/s", "CPU µs/span");
+    println!(
+        "{:<28} {:>12} {:>16}   per round: spans/s, CPU µs/span",
+        "", "spans/s", "CPU µs/span"
+    );
     for (name, rounds) in [
         ("prx-hooks exporter", &ours),
         ("OTel SDK batch processor", &sdk),
     ] {
-        let rate = median(rounds.iter().map(|r| n as f64 / r.secs).collect());
-        let cpu = median(
-            rounds
-                .iter()
-                .map(|r| r.cpu.as_secs_f64() * 1e6 / n as f64)
-                .collect(),
+        let each: Vec<String> = rounds
+            .iter()
+            .map(|r| format!("{:.0}/{:.2}", rate(r), cpu(r)))
+            .collect();
+        println!(
+            "{name:<28} {:>12.0} {:>16.2}   {}",
+            median(rounds.iter().map(rate).collect()),
+            median(rounds.iter().map(cpu).collect()),
+            each.join(" ")
         );
-        println!("{name:<28} {rate:>12.0} {cpu:>16.2}");
+    }
+    let ratios = |f: &dyn Fn(&Round) -> f64| -> Vec<f64> {
+        ours.iter().zip(&sdk).map(|(o, s)| f(o) / f(s)).collect()
+    };
+    for (what, v) in [("spans/s", ratios(&rate)), ("CPU per span", ratios(&cpu))] {
+        let mut sorted = v.clone();
+        sorted.sort_by(f64::total_cmp);
+        println!(
+            "prx-hooks / SDK, {what}, per pair: median {:.2}×, range {:.2}–{:.2}×",
+            median(v),
+            sorted[0],
+            sorted[sorted.len() - 1]
+        );
     }
 }
 

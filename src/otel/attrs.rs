@@ -117,21 +117,21 @@ struct Ev {
 /// One span being built (or finished, until it is encoded).
 #[derive(Debug)]
 pub(crate) struct Rec {
-    pub trace: TraceId,
-    pub id: SpanId,
-    pub parent: Option<SpanId>,
-    pub kind: Kind,
-    pub start: u64,
-    pub end: u64,
+    pub(crate) trace: TraceId,
+    pub(crate) id: SpanId,
+    pub(crate) parent: Option<SpanId>,
+    pub(crate) kind: Kind,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
     name: Text,
     text: String,
     attrs: Vec<Attr>,
     ev_attrs: Vec<Attr>,
     events: Vec<Ev>,
     status: Option<Text>,
-    pub dropped_attributes_count: u32,
+    pub(crate) dropped_attributes_count: u32,
     links: Vec<(TraceId, SpanId)>,
-    pub dropped_links_count: u32,
+    pub(crate) dropped_links_count: u32,
 }
 
 /// A record's text buffer beyond this capacity is not kept when it goes back to the pool.

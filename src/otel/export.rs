@@ -17,6 +17,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// Requests in flight at once, each over a kept-alive connection of its own. Two let the
+/// receiver find the next request waiting instead of sleeping between requests, but gained no
+/// measurable rate in `benches/otel.rs` (docs/performance.md § OpenTelemetry export): one, as
+/// the SDK's batch processor sends.
+pub(crate) const IN_FLIGHT: usize = 1;
 /// The longest wait between two tries of one batch (`Retry-After` is honoured up to it).
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -28,14 +33,14 @@ const MAX_RESPONSE: usize = 64 * 1024;
 /// The export counters, shared by the span builder's thread and the exporter.
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub spans: AtomicU64,
-    pub exported: AtomicU64,
-    pub rejected: AtomicU64,
-    pub dropped_queue_full: AtomicU64,
-    pub dropped_retries: AtomicU64,
-    pub dropped_shutdown: AtomicU64,
-    pub requests: AtomicU64,
-    pub retries: AtomicU64,
+    pub(crate) spans: AtomicU64,
+    pub(crate) exported: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) dropped_queue_full: AtomicU64,
+    pub(crate) dropped_retries: AtomicU64,
+    pub(crate) dropped_shutdown: AtomicU64,
+    pub(crate) requests: AtomicU64,
+    pub(crate) retries: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: usize) {
@@ -47,7 +52,7 @@ fn add(c: &AtomicU64, n: usize) {
 /// them into request bodies and gives them back for reuse.
 #[derive(Default, Debug)]
 pub(crate) struct Chunk {
-    pub bytes: Vec<u8>,
+    pub(crate) bytes: Vec<u8>,
     ends: Vec<usize>,
 }
 
@@ -87,7 +92,6 @@ impl Chunk {
 const FREE_CHUNKS: usize = 8;
 const KEEP_CHUNK: usize = 1 << 20;
 
-#[derive(Default)]
 struct State {
     /// Queued chunks, each with the index of its first span not yet taken.
     chunks: VecDeque<(Chunk, usize)>,
@@ -97,6 +101,21 @@ struct State {
     in_flight: usize,
     stop: Option<Instant>,
     free: Vec<Chunk>,
+    /// When the last batch was taken (a partial batch waits `interval` from it).
+    last: Instant,
+}
+
+impl Default for State {
+    fn default() -> State {
+        State {
+            chunks: VecDeque::new(),
+            queued: 0,
+            in_flight: 0,
+            stop: None,
+            free: Vec::new(),
+            last: Instant::now(),
+        }
+    }
 }
 
 /// The bounded export queue: `push` never waits (beyond the lock the exporter holds to copy a
@@ -106,7 +125,7 @@ pub(crate) struct Queue {
     wake: tokio::sync::Notify,
     capacity: usize,
     batch: usize,
-    pub counters: Counters,
+    pub(crate) counters: Counters,
 }
 
 impl Queue {
@@ -166,6 +185,8 @@ impl Queue {
     /// Everything queued now goes out at once; what is left at `deadline` is dropped, counted.
     pub(crate) fn stop(&self, deadline: Instant) {
         self.lock().stop = Some(deadline);
+        // Every sender waiting now, and a permit for one between two looks.
+        self.wake.notify_waiters();
         self.wake.notify_one();
     }
 
@@ -201,26 +222,30 @@ impl Queue {
     }
 
     /// The next batch, appended to `body`: a full one, or what is there when `interval` has
-    /// passed since the last, or everything once stopping. `None`: stopped and empty.
-    async fn next_batch(
-        &self,
-        last: &mut Instant,
-        interval: Duration,
-        body: &mut Vec<u8>,
-    ) -> Option<usize> {
+    /// passed since the last batch taken (by any sender), or everything once stopping. `None`:
+    /// stopped and empty.
+    async fn next_batch(&self, interval: Duration, body: &mut Vec<u8>) -> Option<usize> {
         loop {
-            {
+            let since = {
                 let mut st = self.lock();
-                let due = st.queued > 0 && last.elapsed() >= interval;
+                let due = st.queued > 0 && st.last.elapsed() >= interval;
                 if st.queued >= self.batch || due || st.stop.is_some() {
                     if st.queued == 0 {
                         return None;
                     }
-                    *last = Instant::now();
-                    return Some(self.take(&mut st, body));
+                    st.last = Instant::now();
+                    let n = self.take(&mut st, body);
+                    let more = st.queued >= self.batch || (st.stop.is_some() && st.queued > 0);
+                    drop(st);
+                    if more {
+                        // Another full batch: the other sender takes it.
+                        self.wake.notify_one();
+                    }
+                    return Some(n);
                 }
-            }
-            let wait = interval.saturating_sub(last.elapsed()).max(STOP_POLL);
+                st.last
+            };
+            let wait = interval.saturating_sub(since.elapsed()).max(STOP_POLL);
             let _ = tokio::time::timeout(wait, self.wake.notified()).await;
         }
     }
@@ -290,13 +315,37 @@ impl Exporter {
         }
     }
 
-    /// Exports until the queue is stopped and empty.
-    pub(crate) async fn run(mut self, queue: Arc<Queue>) {
-        let mut last = Instant::now();
+    /// Exports until the queue is stopped and empty, [`IN_FLIGHT`] requests at a time (this
+    /// sender and its copies, each with a connection of its own).
+    pub(crate) async fn run_all(self, queue: Arc<Queue>) {
+        let senders: Vec<_> = (1..IN_FLIGHT)
+            .map(|_| tokio::spawn(self.copy().run(queue.clone())))
+            .collect();
+        self.run(queue).await;
+        for s in senders {
+            let _ = s.await;
+        }
+    }
+
+    /// A sender like this one, without its connection.
+    fn copy(&self) -> Exporter {
+        Exporter {
+            endpoint: self.endpoint.clone(),
+            headers: self.headers.clone(),
+            frame: self.frame.clone(),
+            interval: self.interval,
+            timeout: self.timeout,
+            retry_for: self.retry_for,
+            conn: None,
+        }
+    }
+
+    /// One sender: exports until the queue is stopped and empty.
+    async fn run(mut self, queue: Arc<Queue>) {
         loop {
             let mut body = Vec::with_capacity(self.frame.body_hint);
             body.resize(self.frame.room, 0);
-            let Some(n) = queue.next_batch(&mut last, self.interval, &mut body).await else {
+            let Some(n) = queue.next_batch(self.interval, &mut body).await else {
                 break;
             };
             self.frame.body_hint = self.frame.body_hint.max(body.len() + 64);
@@ -460,6 +509,7 @@ async fn sleep_until_stop(queue: &Queue, wait: Duration) {
 /// { resource, scope_spans: [ScopeSpans { scope, spans, schema_url }] }] }`, its fixed parts
 /// encoded once. A body is the spans, copied by the queue after `room` bytes left for the
 /// request's head, which is written just before them once their length is known.
+#[derive(Clone)]
 struct Frame {
     /// `ResourceSpans.resource` (tag 1), encoded.
     resource: Vec<u8>,

@@ -10,7 +10,9 @@ use std::time::Duration;
 pub struct OtlpError {
     /// The option (`--otlp`, `OtlpOptions::header`) or the variable (`OTEL_EXPORTER_OTLP_HEADERS`).
     pub what: String,
+    /// The value refused (a header's value is never shown: only its name).
     pub value: String,
+    /// Why, and what was expected.
     pub reason: String,
 }
 
@@ -25,10 +27,10 @@ fn refuse(what: &str, value: &str, reason: impl Into<String>) -> OtlpError {
 /// Where an OTLP/HTTP request goes: `http://host:port/path`.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Endpoint {
-    pub host: String,
-    pub port: u16,
+    pub(crate) host: String,
+    pub(crate) port: u16,
     /// Starts with `/`.
-    pub path: String,
+    pub(crate) path: String,
 }
 
 impl fmt::Debug for Endpoint {
@@ -150,7 +152,7 @@ impl fmt::Debug for OtlpOptions {
 }
 
 /// The OTLP/HTTP default base endpoint.
-pub const DEFAULT_ENDPOINT: &str = "http://localhost:4318";
+pub(crate) const DEFAULT_ENDPOINT: &str = "http://localhost:4318";
 
 impl OtlpOptions {
     /// Spans to `base_url/v1/traces` (`base_url` is what `OTEL_EXPORTER_OTLP_ENDPOINT` holds).

@@ -52,6 +52,15 @@ pub struct OtelSink {
     plugins: super::plugins::PluginSlot,
 }
 
+impl std::fmt::Debug for OtelSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OtelSink")
+            .field("endpoint", &self.endpoint)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
 impl OtelSink {
     /// Starts the span builder and the exporter. `runs` (the shell backend's run feed) makes
     /// every hook outcome an `execute_hook` span.
@@ -75,7 +84,7 @@ impl OtelSink {
         let q = queue.clone();
         let export = std::thread::Builder::new()
             .name("prx-otel-export".into())
-            .spawn(move || runtime.block_on(exporter.run(q)))?;
+            .spawn(move || runtime.block_on(exporter.run_all(q)))?;
         let limits = Limits {
             content: opts.content,
             idle_limit: opts.idle_limit,

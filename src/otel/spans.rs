@@ -21,23 +21,23 @@ const CALL_ID_FIELDS: [&str; 3] = ["tool_call_id", "tool_use_id", "call_id"];
 /// What the span builder is allowed to hold and export.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
-    pub content: bool,
-    pub idle_limit: Duration,
-    pub max_open: usize,
-    pub max_emitters: usize,
-    pub max_extras: usize,
-    pub max_value_bytes: usize,
+    pub(crate) content: bool,
+    pub(crate) idle_limit: Duration,
+    pub(crate) max_open: usize,
+    pub(crate) max_emitters: usize,
+    pub(crate) max_extras: usize,
+    pub(crate) max_value_bytes: usize,
     /// Remember each event's span for hook outcomes (there is a run feed).
-    pub link_hooks: bool,
+    pub(crate) link_hooks: bool,
 }
 
 /// The builder's counters (read by the sink into `OtelStats`).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Counts {
-    pub events: u64,
-    pub unmatched_starts: u64,
-    pub unmatched_ends: u64,
-    pub hook_spans: u64,
+    pub(crate) events: u64,
+    pub(crate) unmatched_starts: u64,
+    pub(crate) unmatched_ends: u64,
+    pub(crate) hook_spans: u64,
 }
 
 struct Open {
@@ -102,15 +102,15 @@ const POOL: usize = 256;
 
 pub(crate) struct Builder {
     limits: Limits,
-    pub ids: Ids,
+    pub(crate) ids: Ids,
     emitters: KeyMap<u64, EmitterState>,
     parents: KeyMap<(u64, u64), (TraceId, SpanId)>,
     parent_order: VecDeque<(u64, u64)>,
     /// Finished spans, encoded, taken by the sink.
-    pub out: Chunk,
-    pub counts: Counts,
+    pub(crate) out: Chunk,
+    pub(crate) counts: Counts,
     /// Set by the sink before each burst (one clock read for many events).
-    pub now: Instant,
+    pub(crate) now: Instant,
     pool: Vec<Rec>,
     members: Vec<Member>,
     /// The last (agent, session) keyed, and its key.

@@ -184,22 +184,23 @@ fn interleaved_sessions_stay_in_their_own_traces() {
     let hooks = hooks_with(options(&rx.url()));
     let one_em = hooks.emitter("agent", "s1");
     let two_em = hooks.emitter("agent", "s2");
-    for em in [&one_em, &two_em] {
+    // Another agent in a session of the same name: an emitter of its own too.
+    let other_em = hooks.emitter("reviewer", "s1");
+    let all = [&one_em, &two_em, &other_em];
+    for em in all {
         em.emit(Event::AgentStart {
             agent: "agent",
             session: "x",
         });
     }
     for round in 0..5 {
-        one_em.emit(Event::ToolCallStart {
-            tool: "grep",
-            arguments: "{}",
-        });
-        two_em.emit(Event::ToolCallStart {
-            tool: "grep",
-            arguments: "{}",
-        });
-        // The same tool name in both sessions: each end pairs with its own session's start.
+        for em in all {
+            em.emit(Event::ToolCallStart {
+                tool: "grep",
+                arguments: "{}",
+            });
+        }
+        // The same tool name in every emitter: each end pairs with its own emitter's start.
         one_em.emit(Event::ToolCall {
             tool: "grep",
             success: round % 2 == 0,
@@ -210,40 +211,79 @@ fn interleaved_sessions_stay_in_their_own_traces() {
             success: round % 2 == 1,
             output: "",
         });
+        other_em.emit(Event::ToolCall {
+            tool: "grep",
+            success: true,
+            output: "",
+        });
     }
-    for em in [&one_em, &two_em] {
+    for em in all {
         em.emit(Event::AgentEnd {
             success: true,
             messages_count: 1,
         });
     }
-    let spans = rx.wait_spans(12, Duration::from_secs(20));
+    // An error with no span open: a span of its own, in a trace of its own.
+    other_em.emit(Event::Error {
+        component: "transport",
+        message: "connection lost",
+    });
+    let spans = rx.wait_spans(19, Duration::from_secs(20));
     let seen: Vec<_> = spans
         .iter()
         .map(|s| (s.name.clone(), attr(s, "gen_ai.conversation.id")))
         .collect();
-    assert_eq!(spans.len(), 12, "{seen:?} {:?}", otel(&hooks.stats()));
-    let agents = by_name(&spans, "invoke_agent agent");
+    assert_eq!(spans.len(), 19, "{seen:?} {:?}", otel(&hooks.stats()));
+    let mut agents = by_name(&spans, "invoke_agent agent");
     assert_eq!(agents.len(), 2);
     assert_ne!(agents[0].trace_id, agents[1].trace_id);
+    let reviewer = one(&spans, "invoke_agent reviewer");
+    assert!(agents.iter().all(|a| a.trace_id != reviewer.trace_id));
+    agents.push(reviewer);
     for a in agents {
+        let agent = attr(a, "gen_ai.agent.name").unwrap();
         let session = attr(a, "gen_ai.conversation.id").unwrap();
         let tools: Vec<_> = spans
             .iter()
             .filter(|s| s.trace_id == a.trace_id && s.name == "execute_tool grep")
             .collect();
-        assert_eq!(tools.len(), 5, "{session}");
+        assert_eq!(tools.len(), 5, "{agent} {session}");
         for t in &tools {
             assert_eq!(t.parent_span_id, a.span_id);
             assert_eq!(
                 attr(t, "gen_ai.conversation.id").as_deref(),
                 Some(session.as_str())
             );
+            assert_eq!(
+                attr(t, "gen_ai.agent.name").as_deref(),
+                Some(agent.as_str())
+            );
             assert!(t.start_time_unix_nano <= t.end_time_unix_nano);
         }
         let failed = tools.iter().filter(|t| is_error(t)).count();
-        assert_eq!(failed, if session == "s1" { 2 } else { 3 }, "{session}");
+        let want = match (agent.as_str(), session.as_str()) {
+            ("agent", "s1") => 2,
+            ("agent", _) => 3,
+            _ => 0,
+        };
+        assert_eq!(failed, want, "{agent} {session}");
     }
+    let error = one(&spans, "error transport");
+    assert!(error.parent_span_id.is_empty());
+    assert!(
+        spans
+            .iter()
+            .filter(|s| s.name != "error transport")
+            .all(|s| s.trace_id != error.trace_id)
+    );
+    assert!(is_error(error));
+    assert_eq!(
+        attr(error, "gen_ai.agent.name").as_deref(),
+        Some("reviewer")
+    );
+    assert_eq!(error.events.len(), 1);
+    assert_eq!(error.events[0].name, "exception");
+    assert_eq!(error.start_time_unix_nano, error.end_time_unix_nano);
     hooks.shutdown(Duration::from_secs(5));
     let o = otel(&hooks.stats());
     assert_eq!((o.unmatched_starts, o.unmatched_ends), (0, 0), "{o:?}");

@@ -1,6 +1,5 @@
 //! [`HooksBuilder`]: every option of the hook system with its default, and [`BuildError`], why
 //! [`HooksBuilder::build`] failed (docs/library.md lists the options).
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use super::*;
 use crate::hooks::ConfigState;

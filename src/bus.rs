@@ -11,7 +11,6 @@
 //!
 //! Delivery reads the subscriber list through an `ArcSwap` (no lock for the workers); only
 //! subscribe and unsubscribe take the bus's lock, to rebuild that list.
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::event::{EventKind, EventMask};
 use crate::interest::InterestHandle;

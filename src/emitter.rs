@@ -20,7 +20,6 @@
 //! dropped and counted — never truncated. Only those large events allocate, take malloc's locks
 //! or can make a syscall (a large allocation may `mmap`); an event that fits inline does none
 //! of that.
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::event::{Event, EventKind, Extras, ExtrasError, Parts};
 use crate::interest::Interest;

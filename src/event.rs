@@ -13,8 +13,6 @@
 //! serde serializer as a whole was measured too and lost to this on every event kind
 //! (`benches/serialize.rs`; ARCHITECTURE.md § Events).
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 use crate::json;
 use serde::Serialize;
 

@@ -1,6 +1,5 @@
 //! [`Hooks`]: the running hook system — its emitters, bus, sinks, stats and shutdown
 //! (ARCHITECTURE.md § Data flow).
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use super::*;
 

@@ -1,6 +1,5 @@
 //! [`Interest`]: which events any sink wants, one relaxed load on `emit`'s path, and the
 //! [`InterestHandle`] each sink sets its own part through (ARCHITECTURE.md § Data flow).
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::event::{EventKind, EventMask};
 use crossbeam_utils::CachePadded;

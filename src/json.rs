@@ -26,8 +26,6 @@
 //! `json_compact` fuzz target checks all three against the recursive reader it replaced
 //! (`fuzz/src/former_json.rs`).
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 /// Nesting deeper than this is rejected. serde_json's default recursion limit accepts exactly
 /// this much, so whatever we embed, serde_json can read back.
 pub const MAX_DEPTH: u32 = 127;

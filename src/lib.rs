@@ -56,6 +56,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 pub mod agents;
 pub mod bus;
 pub mod config;

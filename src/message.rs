@@ -1,8 +1,6 @@
 //! [`Message`]: one event or publication as every sink and subscriber sees it, serialized once
 //! and shared (ARCHITECTURE.md § Data flow).
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 use crate::event::EventKind;
 use crate::json;
 use std::sync::Arc;
@@ -274,7 +272,7 @@ impl Message {
     }
 
     /// How many publications deep this message is (0 for lifecycle events; a plugin
-    /// republishing what it received adds one). The bus refuses depths past [`MAX_DEPTH`].
+    /// republishing what it received adds one). The bus refuses depths past [`MAX_DEPTH`](crate::bus::MAX_DEPTH).
     pub fn depth(&self) -> u8 {
         self.0.meta.depth
     }

@@ -27,8 +27,6 @@
 //! values (it re-spells numbers: `1e2` → `100.0`) and no columns, and this parser already runs
 //! well above the 1 M lines/s the input needs (benches/serialize.rs, `ndjson/` group).
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 use crate::event::{Event, EventKind, Extras, Parts};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;

@@ -30,7 +30,6 @@
 //!
 //! After `shutdown` returns, every `emit` that returned `Queued` was handed to the sinks or
 //! counted in `dropped_shutdown`: `queued == processed + dropped_shutdown`.
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::emitter::{EventSlot, Lane, Producers};
 use crate::event::{EventKind, EventMask};

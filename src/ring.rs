@@ -48,8 +48,6 @@
 //! later push returned `Closed`: nothing is stranded. That is the shutdown handshake of
 //! ARCHITECTURE.md § Shutdown; its loom model is `loom_tests::close_*`.
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
 use crossbeam_utils::CachePadded;
 use std::sync::Arc;

@@ -18,8 +18,6 @@
 //! `Arc`'s last decrement synchronizes with every earlier one, so a mark made before any
 //! hold's drop is seen by the ticket's `Drop` (which loads it with `Acquire` anyway).
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 use std::collections::HashMap;
 
 // loom's under `--cfg loom` (the model below checks the mark-then-drop protocol).

@@ -1,6 +1,5 @@
 //! The [`Sink`] trait: what the workers hand each batch of messages to (ARCHITECTURE.md §
 //! Data flow).
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use crate::event::{EventKind, EventMask};
 use crate::message::Message;

@@ -17,8 +17,6 @@
 //! one step under a small lock ([`SinkCounters`]), so a snapshot of a sink is always consistent
 //! and the identity above holds exactly even while events flow.
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 use serde::Serialize;
 use std::any::Any;
 use std::fmt;

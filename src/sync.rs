@@ -4,8 +4,6 @@
 //! interleaving the memory model allows. loom's `UnsafeCell` hands out raw pointers through
 //! `with`/`with_mut` so it can track accesses; the std wrapper below has the same shape.
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 #[cfg(loom)]

@@ -1,6 +1,5 @@
 //! Text helpers shared by every error message: quoting a value on one line, and "did you
 //! mean …?" hints.
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 /// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo
 /// (for "did you mean …?" hints in error messages).

@@ -25,8 +25,6 @@
 //! # Ok::<(), prx_hooks::agents::TranslateError>(())
 //! ```
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 mod claude_code;
 mod codex;
 mod cursor;

@@ -34,8 +34,6 @@
 //! rejections never reach a client: bodies, paths and queries are read by this module. (hyper
 //! itself answers requests it cannot parse, with an empty 400 or 431, before any of this runs.)
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 mod auth;
 mod body;
 mod conns;

@@ -12,8 +12,6 @@
 //!
 //! The rules and what proves them: ARCHITECTURE.md § Ingest.
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 mod lines;
 mod memory;
 mod pace;

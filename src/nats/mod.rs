@@ -34,8 +34,6 @@
 //! The statistics types below exist without the feature too, so the `nats` key of the stats
 //! JSON is there (as `null`) whatever was compiled.
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 use serde::Serialize;
 
 #[cfg(feature = "nats")]

@@ -12,8 +12,6 @@
 //! | `plugins` | plugin calls as `execute_hook {plugin}` child spans, aggregated past a rate (feature `wasm` too) |
 //! | `sink` | [`OtelSink`]: the [`Sink`](crate::Sink), its thread, shutdown |
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 #[cfg(feature = "otel")]
 mod attrs;
 #[cfg(feature = "otel")]

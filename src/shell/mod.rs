@@ -36,8 +36,6 @@
 //!   until the deadline, then SIGKILL every group still running, cancel what never started,
 //!   reap every child, remove every payload file, join the threads.
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
-
 pub mod cgroup;
 mod deliver;
 pub mod env;

@@ -7,6 +7,14 @@ use super::*;
 /// its digest).
 pub(super) type Handled = (Fate, Option<(String, u64)>);
 
+/// A message's agent, session, origin, and the agent's `Prx-Timestamp` and `Prx-Seq`.
+type Identity = (
+    String,
+    String,
+    Option<String>,
+    (Option<String>, Option<u64>),
+);
+
 /// A message's headers, checked: what the hooks and the relay learn from them.
 struct Checked {
     kind: crate::EventKind,
@@ -134,6 +142,23 @@ impl Worker {
                 format_args!("NATS consumer: {}: refused: {why}", m.subject),
             ));
         }
+        let (agent, session, origin, origin_time) = self.identity(m, &shown)?;
+        Ok(Checked {
+            kind,
+            id,
+            shown,
+            hops,
+            agent,
+            session,
+            origin,
+            origin_time,
+        })
+    }
+
+    /// The agent, session and origin headers decoded and checked, and the agent's timestamp
+    /// and seq; a refusal as `Err`.
+    fn identity(&mut self, m: &Incoming<'_>, shown: &str) -> Result<Identity, Handled> {
+        let c = self.counters.clone();
         // Decoded and checked: the agent and session become hook variables, the origin is
         // relayed.
         let ident = |header: &str| -> Result<Option<String>, String> {
@@ -172,21 +197,12 @@ impl Worker {
                     format_args!(
                         "NATS consumer: {} ({}): refused: {why}",
                         m.subject,
-                        wire::encode_value(&shown)
+                        wire::encode_value(shown)
                     ),
                 ));
             }
         };
-        Ok(Checked {
-            kind,
-            id,
-            shown,
-            hops,
-            agent,
-            session,
-            origin,
-            origin_time,
-        })
+        Ok((agent, session, origin, origin_time))
     }
 
     /// The body, parsed as a payload of the subject's event.
@@ -335,6 +351,33 @@ impl Worker {
                 .with_delivery(relay_id.clone(), m.delivery, m.reclaimed),
             );
         }
+        if let Some(refused) = self.emit_waiting(m, &emitter, next_seq, record, &agent, &session) {
+            return refused;
+        }
+        c.consumed.fetch_add(1, Ordering::AcqRel);
+        let id = relay_id.or(id);
+        if let Some(id) = &id
+            && ticket.is_none()
+        {
+            self.window.insert(id, digest);
+            c.window.store(self.window.len() as u64, Ordering::Relaxed);
+        }
+        (Fate::Handed, id.map(|id| (id, digest)))
+    }
+
+    /// Emits the record through `emitter`, waiting while the ring is full; `None` once it is
+    /// queued (or skipped: nobody listens), else what became of the message (refused, or
+    /// later: the pipeline is closing).
+    fn emit_waiting(
+        &mut self,
+        m: &Incoming<'_>,
+        emitter: &crate::Emitter,
+        next_seq: u64,
+        record: &ndjson::Record,
+        agent: &str,
+        session: &str,
+    ) -> Option<Handled> {
+        let c = self.counters.clone();
         // Not emitted after all: the attachment is taken back (a ticket then reports `ran`
         // for a skipped event, `dropped` for one not handed over — ignored, it is nak'ed).
         let take_back = |this: &Self, dropped: bool| {
@@ -351,10 +394,10 @@ impl Worker {
                     Ok(e) => e,
                     Err(e) => {
                         take_back(self, true);
-                        return self.refuse(
+                        return Some(self.refuse(
                             &c.refused_body,
                             format_args!("NATS consumer: {}: refused: {e}", m.subject),
-                        );
+                        ));
                     }
                 }
             } else {
@@ -365,30 +408,23 @@ impl Worker {
                     if emitted == Emit::Skipped {
                         c.skipped.fetch_add(1, Ordering::AcqRel);
                         take_back(self, false);
-                    } else if let Some(e) = self.emitters.get_mut(&(agent.clone(), session.clone()))
+                    } else if let Some(e) = self
+                        .emitters
+                        .get_mut(&(agent.to_string(), session.to_string()))
                     {
                         // The worker numbers this emitter's queued events 0, 1, 2…
                         e.1 += 1;
                     }
-                    break;
+                    return None;
                 }
                 // The ring was full after all (another producer): wait, never drop.
                 _ if self.stopping() || self.feed.closed() => {
                     take_back(self, true);
-                    return (Fate::Later, None);
+                    return Some((Fate::Later, None));
                 }
                 _ => std::thread::sleep(Duration::from_micros(200)),
             }
         }
-        c.consumed.fetch_add(1, Ordering::AcqRel);
-        let id = relay_id.or(id);
-        if let Some(id) = &id
-            && ticket.is_none()
-        {
-            self.window.insert(id, digest);
-            c.window.store(self.window.len() as u64, Ordering::Relaxed);
-        }
-        (Fate::Handed, id.map(|id| (id, digest)))
     }
 
     /// The emitter for (agent, session), and the `seq` its next queued event gets.

@@ -308,21 +308,7 @@ impl Worker {
     /// One pulled message: waits until its hooks' queues have room for it (and for what is
     /// already in flight), hands it over, and acks it at once if nothing is to run.
     pub(super) async fn take(&mut self, m: jetstream::Message, part: Option<u32>) {
-        let kind = wire::event_of_subject(m.subject.as_str());
-        if let Some(kind) = kind {
-            let mut paused = false;
-            while !self.stopping() && !self.feed.room(kind, self.flights.len() + 1) {
-                if !std::mem::replace(&mut paused, true) {
-                    self.counters.paused.fetch_add(1, Ordering::Relaxed);
-                }
-                let notify = self.notify.clone();
-                tokio::select! {
-                    _ = notify.notified() => {}
-                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-                }
-                self.settle().await;
-            }
-        }
+        self.wait_for_hook_room(m.subject.as_str()).await;
         let key = self.next_key;
         self.next_key += 1;
         self.shared_digest = None;
@@ -394,6 +380,32 @@ impl Worker {
             Fate::Refused => jetstream::AckKind::Term,
             Fate::Later => jetstream::AckKind::Nak(None),
         };
+        self.answer(m, claim, kind).await;
+    }
+
+    /// Waits until the hooks' queues of the subject's event have room for one more message
+    /// (and for what is already in flight), settling what finishes meanwhile.
+    async fn wait_for_hook_room(&mut self, subject: &str) {
+        let kind = wire::event_of_subject(subject);
+        if let Some(kind) = kind {
+            let mut paused = false;
+            while !self.stopping() && !self.feed.room(kind, self.flights.len() + 1) {
+                if !std::mem::replace(&mut paused, true) {
+                    self.counters.paused.fetch_add(1, Ordering::Relaxed);
+                }
+                let notify = self.notify.clone();
+                tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+                self.settle().await;
+            }
+        }
+    }
+
+    /// A pulled message not handed over: its claim given back, then acked, terminated or
+    /// nak'ed as `kind` says.
+    async fn answer(&self, m: jetstream::Message, claim: Option<u64>, kind: jetstream::AckKind) {
         // Claimed, then not handed over (stopping, refused, a duplicate): nothing of it ran
         // here, so the next host to take it must not count it as reclaimed.
         if let (Some(seq), Some(shared)) = (claim, &self.shared)

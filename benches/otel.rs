@@ -6,12 +6,14 @@
 //! * spans/s end to end and CPU per span: N tool-call spans emitted and exported by prx-hooks,
 //!   against the OpenTelemetry Rust SDK's batch span processor and OTLP/HTTP protobuf
 //!   exporter sending spans of the same name and attributes to the same receiver, same queue,
-//!   batch size and delay; alternated rounds in one run. CPU is the process's, less the
+//!   batch size and delay, and a ring with room for the round, as the SDK's queue has;
+//!   alternated rounds in one run after a warm-up pair. CPU is the process's, less the
 //!   receiver thread's.
 //!
 //! `cargo bench --profile release --bench otel` (`PRX_HOOKS_OTEL_SPANS` sets N, 50,000;
 //! `PRX_HOOKS_OTEL_ROUNDS` the rounds of each, 5; `PRX_HOOKS_OTEL_THREADS=1` prints what each
-//! thread did in each round: CPU, time waiting for a core, sleeps, preemptions).
+//! thread did in each round: CPU, time waiting for a core, sleeps, preemptions;
+//! `PRX_HOOKS_OTEL_ONLY=prx` or `=sdk` runs one side only, for a profiler).
 
 #[path = "../tests/otel/receiver.rs"]
 mod receiver;
@@ -184,7 +186,13 @@ fn prx_round(rx: &Receiver, n: usize) -> Round {
         .unwrap()
         .queue(n + 16)
         .batch(BATCH, DELAY);
-    let hooks = Hooks::builder().otlp(opts).build().unwrap();
+    // Room for the whole round in the ring too, as the SDK's queue has: neither side ever
+    // refuses a span, so neither spends CPU retrying.
+    let hooks = Hooks::builder()
+        .ring_capacity(2 * n + 16)
+        .otlp(opts)
+        .build()
+        .unwrap();
     let em = hooks.emitter("bench", "s");
     let before = threads();
     let (t0, c0, r0) = (Instant::now(), process_cpu(), rx.cpu());
@@ -309,11 +317,31 @@ fn export_rates() {
     let n = var("PRX_HOOKS_OTEL_SPANS", 50_000);
     let pairs = var("PRX_HOOKS_OTEL_ROUNDS", 5).max(1);
     let rx = Receiver::start();
+    let only = std::env::var("PRX_HOOKS_OTEL_ONLY").unwrap_or_default();
+    // A warm-up pair, not counted: the first round of each side pays for memory the process
+    // touches for the first time (a fresh ring, the allocator's arenas), the rest reuse it.
+    if only.is_empty() {
+        prx_round(&rx, n);
+        sdk_round(&rx, n);
+    }
     let (mut ours, mut sdk) = (Vec::new(), Vec::new());
     // Alternated, each pair back to back: a change of the machine's load hits both alike.
     for _ in 0..pairs {
-        ours.push(prx_round(&rx, n));
-        sdk.push(sdk_round(&rx, n));
+        if only != "sdk" {
+            ours.push(prx_round(&rx, n));
+        }
+        if only != "prx" {
+            sdk.push(sdk_round(&rx, n));
+        }
+    }
+    if ours.is_empty() || sdk.is_empty() {
+        for (name, rounds) in [("prx-hooks", &ours), ("SDK", &sdk)] {
+            for r in rounds.iter() {
+                let (rate, cpu) = (n as f64 / r.secs, r.cpu.as_secs_f64() * 1e6 / n as f64);
+                println!("{name}: {rate:.0} spans/s, {cpu:.2} CPU µs/span");
+            }
+        }
+        return;
     }
     let rate = |r: &Round| n as f64 / r.secs;
     let cpu = |r: &Round| r.cpu.as_secs_f64() * 1e6 / n as f64;

@@ -5,6 +5,7 @@
 //! | module | owns |
 //! |---|---|
 //! | `options` | [`OtlpOptions`]: the endpoint, headers, resource, bounds; `OTEL_*` variables |
+//! | `batch` | a worker's events copied into one buffer for the span builder (reused) |
 //! | `payload` | an event's payload members, found by one pass over its JSON (no allocation) |
 //! | `spans` | the pairing state: events and hook outcomes → finished spans (bounded) |
 //! | `attrs` | the span record (`Rec`, reused) and its protobuf encoding, ids, extras |
@@ -14,6 +15,8 @@
 
 #[cfg(feature = "otel")]
 mod attrs;
+#[cfg(feature = "otel")]
+mod batch;
 #[cfg(feature = "otel")]
 mod export;
 #[cfg(feature = "otel")]

@@ -1,6 +1,7 @@
-//! `OtelSink`: the [`Sink`] behind the ring that turns events and hook outcomes into spans on
-//! a thread of its own (`prx-otel-spans`) and hands them to the exporter (`prx-otel-export`).
+//! `OtelSink`: the [`Sink`] behind the ring that turns events and hook outcomes into spans and
+//! exports them, both as tasks of one thread (`prx-otel`, a 1-thread tokio runtime).
 
+use super::batch::Batch;
 use super::export::{Exporter, Queue};
 use super::options::OtlpOptions;
 use super::spans::{Builder, Limits};
@@ -22,6 +23,8 @@ const EVENT_QUEUE: usize = 16_384;
 const BURST: usize = 1024;
 /// How often idle emitters are looked for.
 const SWEEP: Duration = Duration::from_secs(1);
+/// Emptied batches kept for the workers to fill again.
+const SPARE_BATCHES: usize = 64;
 
 #[derive(Default)]
 struct Shared {
@@ -37,10 +40,12 @@ struct Shared {
 }
 
 /// The OpenTelemetry sink ([`HooksBuilder::otlp`](crate::HooksBuilder::otlp)). `deliver`
-/// only hands a worker's batch of message clones over (one send per batch, never waiting): a
-/// slow or dead receiver costs the pipeline nothing.
+/// only copies a worker's batch of events into a reused buffer and hands it over (one send per
+/// batch, never waiting): a slow or dead receiver costs the pipeline nothing.
 pub struct OtelSink {
-    events: flume::Sender<Vec<Message>>,
+    events: flume::Sender<Batch>,
+    /// Emptied batches, given back by the span builder.
+    spare: flume::Receiver<Batch>,
     events_cap: usize,
     stop: flume::Sender<Instant>,
     shared: Arc<Shared>,
@@ -73,6 +78,7 @@ impl OtelSink {
         // Unbounded as a channel: bounded by `Shared::pending`, counted in events.
         let (events, events_rx) = flume::unbounded();
         let (stop, stop_rx) = flume::bounded(1);
+        let (spare_tx, spare) = flume::bounded(SPARE_BATCHES);
         let shared = Arc::new(Shared::default());
         let queue = Arc::new(Queue::new(opts.queue, opts.batch));
         let runs = runs.map(Arc::new);
@@ -81,10 +87,6 @@ impl OtelSink {
             .enable_time()
             .build()?;
         let exporter = Exporter::new(&opts);
-        let q = queue.clone();
-        let export = std::thread::Builder::new()
-            .name("prx-otel-export".into())
-            .spawn(move || runtime.block_on(exporter.run_all(q)))?;
         let limits = Limits {
             content: opts.content,
             idle_limit: opts.idle_limit,
@@ -96,37 +98,40 @@ impl OtelSink {
         };
         #[cfg(feature = "wasm")]
         let plugins = super::plugins::PluginSlot::default();
-        let worker = SpanThread {
+        let spans = SpanTask {
             #[cfg(feature = "wasm")]
             plugins: super::plugins::PluginCalls::new(plugins.clone(), opts.plugin_spans),
             builder: Builder::new(limits),
             events: events_rx,
+            spare: spare_tx,
             runs: runs.clone(),
             stop: stop_rx,
             shared: shared.clone(),
             queue: queue.clone(),
         };
-        let spans = match std::thread::Builder::new()
-            .name("prx-otel-spans".into())
-            .spawn(move || worker.run())
-        {
-            Ok(t) => t,
-            Err(e) => {
-                queue.stop(Instant::now());
-                let _ = export.join();
-                return Err(e);
-            }
-        };
+        // One thread for both: a span reaches the exporter without waking another thread
+        // (docs/performance.md § OpenTelemetry export).
+        let q = queue.clone();
+        let thread = std::thread::Builder::new()
+            .name("prx-otel".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let export = tokio::spawn(exporter.run_all(q));
+                    spans.run().await;
+                    let _ = export.await;
+                })
+            })?;
         interest.set(EventMask::ALL);
         Ok(OtelSink {
             events,
+            spare,
             events_cap,
             stop,
             shared,
             queue,
             runs,
             endpoint: opts.traces_url(),
-            threads: Mutex::new(vec![spans, export]),
+            threads: Mutex::new(vec![thread]),
             #[cfg(feature = "wasm")]
             plugins,
         })
@@ -190,9 +195,14 @@ impl OtelSink {
 }
 
 impl OtelSink {
+    /// An empty batch: a spare one if the span builder gave one back.
+    fn batch(&self) -> Batch {
+        self.spare.try_recv().unwrap_or_default()
+    }
+
     /// One send per worker batch; what the event queue's bound leaves no room for is dropped,
     /// counted (several workers may together pass the bound by a batch each).
-    fn hand_over(&self, mut batch: Vec<Message>) {
+    fn hand_over(&self, mut batch: Batch) {
         let s = &self.shared;
         let n = batch.len();
         s.sent.fetch_add(n as u64, Ordering::Relaxed);
@@ -221,15 +231,21 @@ impl Sink for OtelSink {
     }
 
     fn deliver(&self, msg: &Message) {
-        self.hand_over(vec![msg.clone()]);
+        let mut batch = self.batch();
+        batch.push(msg);
+        if !batch.is_empty() {
+            self.hand_over(batch);
+        }
     }
 
+    /// Copies the wanted events into one buffer (no message is kept: the worker reuses them).
     fn deliver_batch(&self, msgs: &[Message], wanted: EventMask) {
-        let batch: Vec<Message> = msgs
-            .iter()
-            .filter(|m| m.event().is_some_and(|k| wanted.contains(k)))
-            .cloned()
-            .collect();
+        let mut batch = self.batch();
+        for m in msgs {
+            if m.event().is_some_and(|k| wanted.contains(k)) {
+                batch.push(m);
+            }
+        }
         if !batch.is_empty() {
             self.hand_over(batch);
         }
@@ -264,7 +280,7 @@ impl Drop for OtelSink {
 }
 
 enum Item {
-    Events(Vec<Message>),
+    Events(Batch),
     Run(Arc<Outcome>),
     RunsClosed,
     #[cfg(feature = "wasm")]
@@ -275,50 +291,38 @@ enum Item {
     Nothing,
 }
 
-/// The `prx-otel-spans` thread.
-struct SpanThread {
+/// The span builder: a task beside the exporter's on the `prx-otel` thread.
+struct SpanTask {
     #[cfg(feature = "wasm")]
     plugins: super::plugins::PluginCalls,
     builder: Builder,
-    events: flume::Receiver<Vec<Message>>,
+    events: flume::Receiver<Batch>,
+    spare: flume::Sender<Batch>,
     runs: Option<Arc<RunSubscription>>,
     stop: flume::Receiver<Instant>,
     shared: Arc<Shared>,
     queue: Arc<Queue>,
 }
 
-impl SpanThread {
-    fn run(mut self) {
+impl SpanTask {
+    async fn run(mut self) {
         let mut runs = self.runs.clone();
         let mut swept = Instant::now();
         loop {
             self.builder.now = Instant::now();
-            // Busy: take what is queued without a selector (one per wake-up costs more than
-            // a batch), then publish the spans once for the burst.
+            // Busy: take what is queued without waiting (one wake-up per message costs more
+            // than a batch), publish the spans once for the burst, then let the exporter run.
             if self.burst(runs.as_deref()) {
                 if let Ok(deadline) = self.stop.try_recv() {
-                    self.drain(runs.as_deref(), deadline);
+                    self.drain(runs.as_deref(), deadline).await;
                     break;
                 }
                 self.tick(&mut swept);
                 self.flush();
+                tokio::task::yield_now().await;
                 continue;
             }
-            let item = {
-                let mut sel = flume::Selector::new()
-                    .recv(&self.events, |r| r.map_or(Item::Nothing, Item::Events))
-                    .recv(&self.stop, |r| {
-                        r.map_or(Item::Stop(Instant::now()), Item::Stop)
-                    });
-                if let Some(r) = &runs {
-                    sel = sel.recv(r.receiver(), |r| r.map_or(Item::RunsClosed, Item::Run));
-                }
-                #[cfg(feature = "wasm")]
-                if let Some(c) = self.plugins.receiver() {
-                    sel = sel.recv(c, |r| r.map_or(Item::CallsClosed, Item::Call));
-                }
-                sel.wait_timeout(SWEEP).unwrap_or(Item::Nothing)
-            };
+            let item = self.next(runs.as_deref(), swept + SWEEP).await;
             self.builder.now = Instant::now();
             match item {
                 Item::Events(batch) => self.read_events(batch),
@@ -338,13 +342,45 @@ impl SpanThread {
                 Item::CallsClosed => self.plugins.close(),
                 Item::RunsClosed => runs = None,
                 Item::Stop(deadline) => {
-                    self.drain(runs.as_deref(), deadline);
+                    self.drain(runs.as_deref(), deadline).await;
                     break;
                 }
                 Item::Nothing => {}
             }
             self.tick(&mut swept);
             self.flush();
+        }
+    }
+
+    /// Waits for the next event batch, hook outcome, plugin call or stop request, or until
+    /// `sweep` (then `Nothing`).
+    async fn next(&self, runs: Option<&RunSubscription>, sweep: Instant) -> Item {
+        #[cfg(feature = "wasm")]
+        let calls = async {
+            match self.plugins.receiver() {
+                Some(rx) => rx.recv_async().await.map_or(Item::CallsClosed, Item::Call),
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(feature = "wasm"))]
+        let calls = std::future::pending::<Item>();
+        let outcomes = async {
+            match runs {
+                Some(r) => r
+                    .receiver()
+                    .recv_async()
+                    .await
+                    .map_or(Item::RunsClosed, Item::Run),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            r = self.stop.recv_async() => Item::Stop(r.unwrap_or_else(|_| Instant::now())),
+            r = self.events.recv_async() => r.map_or(Item::Nothing, Item::Events),
+            item = outcomes => item,
+            item = calls => item,
+            _ = tokio::time::sleep_until(sweep.into()) => Item::Nothing,
         }
     }
 
@@ -395,13 +431,15 @@ impl SpanThread {
         any
     }
 
-    fn read_events(&mut self, batch: Vec<Message>) {
-        for m in &batch {
-            self.builder.event(m);
+    fn read_events(&mut self, mut batch: Batch) {
+        for e in batch.iter() {
+            self.builder.event(e);
         }
         let n = batch.len();
         self.shared.pending.fetch_sub(n, Ordering::Relaxed);
         self.shared.delivered.fetch_add(n as u64, Ordering::Release);
+        batch.clear();
+        let _ = self.spare.try_send(batch);
     }
 
     /// Hands finished spans to the export queue and publishes the builder's counts.
@@ -417,8 +455,9 @@ impl SpanThread {
     }
 
     /// Shutdown: what is queued until the deadline (the rest dropped, counted), every open
-    /// span ended, then the exporter told to send what it has until the deadline.
-    fn drain(&mut self, runs: Option<&RunSubscription>, deadline: Instant) {
+    /// span ended, then the exporter told to send what it has until the deadline. The exporter
+    /// runs between two passes.
+    async fn drain(&mut self, runs: Option<&RunSubscription>, deadline: Instant) {
         loop {
             let mut any = false;
             self.builder.now = Instant::now();
@@ -450,6 +489,8 @@ impl SpanThread {
             if !any {
                 break;
             }
+            self.flush();
+            tokio::task::yield_now().await;
         }
         #[cfg(feature = "wasm")]
         self.plugins.poll(&mut self.builder, true);

@@ -3,10 +3,10 @@
 //! children; bounded per emitter and in total (ARCHITECTURE.md § OpenTelemetry traces).
 
 use super::attrs::{self, Ids, Kind, Rec, SpanId, Text, TraceId};
+use super::batch::EventRef;
 use super::export::Chunk;
 use super::payload::{Member, Payload, raw_text};
 use crate::EventKind;
-use crate::bus::Message;
 use crate::shell::{Outcome, OutcomeKind};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -181,14 +181,14 @@ impl Builder {
     }
 
     /// One lifecycle event (custom topics are not spans).
-    pub(crate) fn event(&mut self, msg: &Message) {
-        let Some(kind) = msg.event() else { return };
+    pub(crate) fn event(&mut self, ev: EventRef<'_>) {
+        let kind = ev.kind;
         self.counts.events += 1;
-        let t = attrs::nanos(msg.timestamp());
+        let t = attrs::nanos(ev.timestamp);
         let mut members = std::mem::take(&mut self.members);
-        let payload = Payload::parse(msg.json_str(), &mut members);
-        let k = self.key_of(msg.agent(), msg.session());
-        self.touch(k, msg.agent(), msg.session(), t);
+        let payload = Payload::parse(ev.json, &mut members);
+        let k = self.key_of(ev.agent, ev.session);
+        self.touch(k, ev.agent, ev.session, t);
         let ctx = Ctx {
             key: k,
             t,
@@ -207,7 +207,7 @@ impl Builder {
         };
         self.members = members;
         if self.limits.link_hooks {
-            self.remember(k, msg.seq(), span);
+            self.remember(k, ev.seq, span);
         }
         if self.emitters.get(&k).is_some_and(|e| e.open() == 0) {
             self.emitters.remove(&k);

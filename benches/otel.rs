@@ -318,8 +318,12 @@ fn export_rates() {
     let pairs = var("PRX_HOOKS_OTEL_ROUNDS", 5).max(1);
     let rx = Receiver::start();
     let only = std::env::var("PRX_HOOKS_OTEL_ONLY").unwrap_or_default();
-    // A warm-up pair, not counted: the first round of each side pays for memory the process
-    // touches for the first time (a fresh ring, the allocator's arenas), the rest reuse it.
+    assert!(
+        ["", "prx", "sdk"].contains(&only.as_str()),
+        "PRX_HOOKS_OTEL_ONLY={only}: expected prx or sdk"
+    );
+    // A warm-up pair, not counted: the first round of each side in a fresh process is the
+    // slowest (memory the allocator hands out for the first time, a first connection).
     if only.is_empty() {
         prx_round(&rx, n);
         sdk_round(&rx, n);

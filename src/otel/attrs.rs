@@ -284,7 +284,9 @@ impl Rec {
         });
     }
 
-    /// A link to another span (at most `max`, the rest counted in `dropped_links_count`).
+    /// A link to another span (at most `max`, the rest counted in `dropped_links_count`). Only
+    /// plugin-call aggregates link (feature `wasm`).
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
     pub(crate) fn link(&mut self, trace: TraceId, span: SpanId, max: usize) {
         if self.links.contains(&(trace, span)) {
             return;

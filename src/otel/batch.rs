@@ -7,8 +7,10 @@ use crate::EventKind;
 use crate::bus::Message;
 use std::time::SystemTime;
 
-/// A batch kept for reuse keeps its text buffer only up to this capacity.
-const KEEP_TEXT: usize = 256 << 10;
+/// A batch kept for reuse keeps its text buffer only up to this capacity (as a worker's
+/// serialization buffer does): a burst of large events costs a reallocation, not its memory
+/// for good.
+const KEEP_TEXT: usize = 64 << 10;
 
 /// One event of a [`Batch`]: its metadata, and where its strings end in the batch's text.
 #[derive(Clone, Copy, Debug)]
@@ -75,6 +77,17 @@ impl Batch {
             agent_end,
             session_end,
         });
+    }
+
+    /// The text `m`'s event takes in a batch.
+    pub(crate) fn bytes_of(m: &Message) -> usize {
+        m.json_str().len() + m.agent().len() + m.session().len()
+    }
+
+    /// Room for `events` more events of `bytes` text in all, at once.
+    pub(crate) fn reserve(&mut self, events: usize, bytes: usize) {
+        self.entries.reserve(events);
+        self.text.reserve(bytes);
     }
 
     pub(crate) fn len(&self) -> usize {

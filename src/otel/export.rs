@@ -1,6 +1,6 @@
-//! The export side: a bounded queue of finished spans, and the exporter thread (a 1-thread
-//! tokio runtime) that sends them in batches over OTLP/HTTP protobuf, retrying with backoff
-//! (ARCHITECTURE.md § OpenTelemetry traces).
+//! The export side: a bounded queue of finished spans, and the exporter (a task on the sink's
+//! 1-thread tokio runtime, beside the span builder) that sends them in batches over OTLP/HTTP
+//! protobuf, retrying with backoff (ARCHITECTURE.md § OpenTelemetry traces).
 
 use super::attrs::{Rec, varint, varint_len};
 use super::options::{Endpoint, OtlpOptions};
@@ -30,7 +30,7 @@ const STOP_POLL: Duration = Duration::from_millis(20);
 /// The most of a response body read (a partial-success message or an error text).
 const MAX_RESPONSE: usize = 64 * 1024;
 
-/// The export counters, shared by the span builder's thread and the exporter.
+/// The export counters, shared by the span builder, the exporter and `OtelSink::stats`.
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) spans: AtomicU64,

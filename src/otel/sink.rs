@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 /// Events waiting for the span builder (at least; twice the span queue if that is more):
 /// beyond it the sink drops them, counted (`dropped`).
 const EVENT_QUEUE: usize = 16_384;
-/// Events (and outcomes) taken per burst before the stop request and the sweep are looked at.
-const BURST: usize = 1024;
+/// Events, hook outcomes and plugin calls (each, at most) the span builder takes in one burst
+/// before it flushes, looks at the stop request and the sweep, and lets the exporter (a task of
+/// the same thread) send: a few milliseconds of work.
+const BURST: usize = 4096;
 /// How often idle emitters are looked for.
 const SWEEP: Duration = Duration::from_secs(1);
 /// Emptied batches kept for the workers to fill again.
@@ -119,7 +121,10 @@ impl OtelSink {
                     let export = tokio::spawn(exporter.run_all(q));
                     spans.run().await;
                     let _ = export.await;
-                })
+                });
+                // A DNS lookup of the endpoint's host still hanging on the runtime's blocking
+                // pool must not hold the join past the shutdown deadline: it is left behind.
+                runtime.shutdown_background();
             })?;
         interest.set(EventMask::ALL);
         Ok(OtelSink {
@@ -212,7 +217,7 @@ impl OtelSink {
         let take = n.min(room);
         if take < n {
             batch.truncate(take);
-            s.dropped.fetch_add((n - take) as u64, Ordering::Relaxed);
+            s.dropped.fetch_add((n - take) as u64, Ordering::Release);
         }
         if take == 0 {
             return;
@@ -220,7 +225,7 @@ impl OtelSink {
         s.pending.fetch_add(take, Ordering::Relaxed);
         if self.events.send(batch).is_err() {
             s.pending.fetch_sub(take, Ordering::Relaxed);
-            s.dropped.fetch_add(take as u64, Ordering::Relaxed);
+            s.dropped.fetch_add(take as u64, Ordering::Release);
         }
     }
 }
@@ -241,6 +246,11 @@ impl Sink for OtelSink {
     /// Copies the wanted events into one buffer (no message is kept: the worker reuses them).
     fn deliver_batch(&self, msgs: &[Message], wanted: EventMask) {
         let mut batch = self.batch();
+        let (events, bytes) = msgs
+            .iter()
+            .filter(|m| m.event().is_some_and(|k| wanted.contains(k)))
+            .fold((0, 0), |(n, b), m| (n + 1, b + Batch::bytes_of(m)));
+        batch.reserve(events, bytes);
         for m in msgs {
             if m.event().is_some_and(|k| wanted.contains(k)) {
                 batch.push(m);
@@ -394,39 +404,54 @@ impl SpanTask {
         }
     }
 
-    fn drain_events(&mut self) {
-        while let Ok(batch) = self.events.try_recv() {
-            self.read_events(batch);
-        }
-    }
-
-    /// Up to `BURST` batches, outcomes and plugin calls already queued; whether there were any.
-    fn burst(&mut self, runs: Option<&RunSubscription>) -> bool {
-        let mut any = false;
-        for _ in 0..BURST {
+    /// The event batches queued now, no more (an outcome's or a plugin call's event was
+    /// queued before the outcome or call existed); how many events they held.
+    fn drain_events(&mut self) -> usize {
+        let mut n = 0;
+        for _ in 0..self.events.len() {
             let Ok(batch) = self.events.try_recv() else {
                 break;
             };
+            n += batch.len();
+            self.read_events(batch);
+        }
+        n
+    }
+
+    /// Up to [`BURST`] events, outcomes and plugin calls already queued (the events an outcome
+    /// or call drains count against its budget); whether there were any.
+    fn burst(&mut self, runs: Option<&RunSubscription>) -> bool {
+        let mut any = false;
+        let mut budget = BURST;
+        while budget > 0 {
+            let Ok(batch) = self.events.try_recv() else {
+                break;
+            };
+            budget = budget.saturating_sub(batch.len().max(1));
             self.read_events(batch);
             any = true;
         }
         if let Some(r) = runs {
-            for _ in 0..BURST {
+            let mut budget = BURST;
+            while budget > 0 {
                 let Some(o) = r.try_recv() else { break };
                 // Its event first (see `run`).
-                self.drain_events();
+                budget = budget.saturating_sub(1 + self.drain_events());
                 self.builder.hook(&o);
                 any = true;
             }
         }
         #[cfg(feature = "wasm")]
-        for _ in 0..BURST {
-            let Some(Ok(c)) = self.plugins.receiver().map(|r| r.try_recv()) else {
-                break;
-            };
-            self.drain_events();
-            self.plugins.call(&mut self.builder, &c);
-            any = true;
+        {
+            let mut budget = BURST;
+            while budget > 0 {
+                let Some(Ok(c)) = self.plugins.receiver().map(|r| r.try_recv()) else {
+                    break;
+                };
+                budget = budget.saturating_sub(1 + self.drain_events());
+                self.plugins.call(&mut self.builder, &c);
+                any = true;
+            }
         }
         any
     }

@@ -110,6 +110,7 @@ impl OtelSink {
             stop: stop_rx,
             shared: shared.clone(),
             queue: queue.clone(),
+            turn: opts.batch.max(1),
         };
         // One thread for both: a span reaches the exporter without waking another thread
         // (docs/performance.md § OpenTelemetry export).
@@ -312,6 +313,9 @@ struct SpanTask {
     stop: flume::Receiver<Instant>,
     shared: Arc<Shared>,
     queue: Arc<Queue>,
+    /// Finished spans after which a burst ends (the export batch size): the exporter gets a
+    /// turn for every batch the builder makes, so it keeps up under a flood.
+    turn: usize,
 }
 
 impl SpanTask {
@@ -419,11 +423,12 @@ impl SpanTask {
     }
 
     /// Up to [`BURST`] events, outcomes and plugin calls already queued (the events an outcome
-    /// or call drains count against its budget); whether there were any.
+    /// or call drains count against its budget), ending early once a batch of spans is made;
+    /// whether there were any.
     fn burst(&mut self, runs: Option<&RunSubscription>) -> bool {
         let mut any = false;
         let mut budget = BURST;
-        while budget > 0 {
+        while budget > 0 && self.builder.out.len() < self.turn {
             let Ok(batch) = self.events.try_recv() else {
                 break;
             };
@@ -433,7 +438,7 @@ impl SpanTask {
         }
         if let Some(r) = runs {
             let mut budget = BURST;
-            while budget > 0 {
+            while budget > 0 && self.builder.out.len() < self.turn {
                 let Some(o) = r.try_recv() else { break };
                 // Its event first (see `run`).
                 budget = budget.saturating_sub(1 + self.drain_events());
@@ -444,7 +449,7 @@ impl SpanTask {
         #[cfg(feature = "wasm")]
         {
             let mut budget = BURST;
-            while budget > 0 {
+            while budget > 0 && self.builder.out.len() < self.turn {
                 let Some(Ok(c)) = self.plugins.receiver().map(|r| r.try_recv()) else {
                     break;
                 };

@@ -246,17 +246,14 @@ impl Sink for OtelSink {
 
     /// Copies the wanted events into one buffer (no message is kept: the worker reuses them).
     fn deliver_batch(&self, msgs: &[Message], wanted: EventMask) {
+        let wanted = || {
+            msgs.iter()
+                .filter(move |m| m.event().is_some_and(|k| wanted.contains(k)))
+        };
         let mut batch = self.batch();
-        let (events, bytes) = msgs
-            .iter()
-            .filter(|m| m.event().is_some_and(|k| wanted.contains(k)))
-            .fold((0, 0), |(n, b), m| (n + 1, b + Batch::bytes_of(m)));
+        let (events, bytes) = wanted().fold((0, 0), |(n, b), m| (n + 1, b + Batch::bytes_of(m)));
         batch.reserve(events, bytes);
-        for m in msgs {
-            if m.event().is_some_and(|k| wanted.contains(k)) {
-                batch.push(m);
-            }
-        }
+        wanted().for_each(|m| batch.push(m));
         if !batch.is_empty() {
             self.hand_over(batch);
         }
@@ -527,5 +524,51 @@ impl SpanTask {
         self.builder.close_all();
         self.flush();
         self.queue.stop(deadline);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EventKind;
+    use crate::message::Meta;
+    use std::time::SystemTime;
+
+    fn message(seq: u64) -> Message {
+        let meta = Meta {
+            kind: Some(EventKind::ToolCall),
+            seq,
+            timestamp: SystemTime::now(),
+            depth: 0,
+            relay: 0,
+        };
+        Message::new(r#"{"tool":"grep","success":true}"#, "a", "s", "", meta)
+    }
+
+    /// The sink keeps no message: once `deliver_batch` returns, the worker is the only holder
+    /// again and reuses its message (`Message::reuse` needs it unshared) instead of
+    /// allocating a new one, however far the span builder lags.
+    #[test]
+    fn delivered_messages_are_free_for_the_worker_to_reuse_at_once() {
+        // A port nothing listens on: the exporter only retries; the builder still reads.
+        let opts = OtlpOptions::new("http://127.0.0.1:9").unwrap();
+        let sink = OtelSink::start(opts, InterestHandle::detached(), None).unwrap();
+        let mut msgs: Vec<Message> = (0..64).map(message).collect();
+        sink.deliver_batch(&msgs, EventMask::ALL);
+        sink.deliver(&msgs[0]);
+        for (i, m) in msgs.iter_mut().enumerate() {
+            let meta = Meta {
+                kind: Some(EventKind::ToolCall),
+                seq: i as u64,
+                timestamp: SystemTime::now(),
+                depth: 0,
+                relay: 0,
+            };
+            assert!(m.reuse("{}", "a", "s", meta), "message {i} is still held");
+        }
+        assert_eq!(sink.counts().sent, 65);
+        sink.shutdown(Instant::now() + Duration::from_secs(2));
+        assert_eq!(sink.counts().delivered, 65);
+        assert_eq!(sink.stats().events, 65);
     }
 }

@@ -51,6 +51,45 @@ impl Inner {
         self.topic = meta.kind.map(EventKind::topic);
         self.meta = meta;
     }
+
+    /// [`set`](Inner::set) for a lifecycle event whose payload `write` appends to the text.
+    ///
+    /// # Safety
+    ///
+    /// `write` appends valid UTF-8 only.
+    unsafe fn set_with(
+        &mut self,
+        hint: usize,
+        agent: &str,
+        session: &str,
+        meta: Meta,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
+        if self.text.capacity() > REUSE_KEEP.max(hint) {
+            // A large event's buffer is given back rather than kept (see `Message::reuse`).
+            self.text = String::with_capacity(hint);
+        }
+        self.text.clear();
+        // SAFETY: the caller promises that `write` appends UTF-8 only, and it appends to a
+        // `String` that is empty, so the text is valid UTF-8 when the borrow ends. (Should
+        // `write` unwind, what it appended so far are whole appends of UTF-8: `Vec` growth
+        // happens before a copy, never inside one.)
+        let out = unsafe { self.text.as_mut_vec() };
+        out.reserve(hint);
+        write(out);
+        debug_assert!(
+            std::str::from_utf8(out).is_ok(),
+            "a payload writer wrote non-UTF-8"
+        );
+        self.json_end = self.text.len();
+        self.text.push_str(agent);
+        self.agent_end = self.text.len();
+        self.text.push_str(session);
+        self.session_end = self.text.len();
+        self.topic = meta.kind.map(EventKind::topic);
+        self.meta = meta;
+        self.attached = None;
+    }
 }
 
 impl Message {
@@ -75,20 +114,111 @@ impl Message {
         Message(Arc::new(inner))
     }
 
-    /// A lifecycle event's message carrying what the NATS consumer attached to it: the
-    /// agent's timestamp and seq, and the ticket its last holder's drop reports.
-    pub(crate) fn new_attached(
-        json: &str,
+    /// A lifecycle event's message, its payload appended by `write` straight into the
+    /// message's own text (so the pipeline serializes each event once, into the bytes every
+    /// sink shares). `hint` is the room to reserve for the payload.
+    ///
+    /// # Safety
+    ///
+    /// `write` appends valid UTF-8 only (as the payload writers do: ASCII punctuation, digits
+    /// and whole copies of `&str` input).
+    pub(crate) unsafe fn lifecycle(
+        hint: usize,
         agent: &str,
         session: &str,
         meta: Meta,
-        attached: crate::settle::Attached,
+        write: impl FnOnce(&mut Vec<u8>),
     ) -> Message {
-        let mut m = Message::new(json, agent, session, "", meta);
-        if let Some(inner) = Arc::get_mut(&mut m.0) {
+        let mut inner = Inner {
+            text: String::new(),
+            json_end: 0,
+            agent_end: 0,
+            session_end: 0,
+            topic: None,
+            meta,
+            attached: None,
+        };
+        let hint = hint + agent.len() + session.len();
+        // SAFETY: passed on from our caller.
+        unsafe { inner.set_with(hint, agent, session, meta, write) };
+        Message(Arc::new(inner))
+    }
+
+    /// [`lifecycle`](Message::lifecycle) into this message's own buffers, keeping its
+    /// allocations, if nobody else holds it any more; `false` (and nothing written) if someone
+    /// does. Pipeline workers recycle delivered messages this way, so a steady flow allocates
+    /// nothing and never frees memory across threads.
+    ///
+    /// A buffer grown past [`REUSE_KEEP`] by a large event is given back rather than kept: a
+    /// worker holds thousands of these messages, and one burst of large events must not pin
+    /// their size for good.
+    ///
+    /// # Safety
+    ///
+    /// As for [`lifecycle`](Message::lifecycle).
+    pub(crate) unsafe fn rewrite(
+        &mut self,
+        hint: usize,
+        agent: &str,
+        session: &str,
+        meta: Meta,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> bool {
+        match Arc::get_mut(&mut self.0) {
+            Some(inner) => {
+                let hint = hint + agent.len() + session.len();
+                // SAFETY: passed on from our caller.
+                unsafe { inner.set_with(hint, agent, session, meta, write) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether nobody but the caller holds this message (so [`rewrite`](Message::rewrite)
+    /// would succeed).
+    #[inline]
+    pub(crate) fn is_unshared(&mut self) -> bool {
+        Arc::get_mut(&mut self.0).is_some()
+    }
+
+    /// Asks for this message's reference counts and first bytes in this core's cache, for
+    /// writing: the worker calls it on the message it will reuse next, which a subscriber on
+    /// another core let go of last, so that the reuse does not start with a cross-core miss.
+    /// A hint only: no access happens in the memory model's sense.
+    #[inline]
+    pub(crate) fn prefetch_for_reuse(&self) {
+        #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+        {
+            let data = Arc::as_ptr(&self.0).cast::<i8>();
+            // The counts sit just before the data in the same allocation; `wrapping_sub` keeps
+            // this free of any pointer-arithmetic precondition, and a prefetch of any address
+            // is harmless.
+            let counts = data.wrapping_sub(2 * std::mem::size_of::<usize>());
+            // SAFETY: prefetching never faults and has no effect on program semantics.
+            unsafe {
+                use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
+                _mm_prefetch::<{ _MM_HINT_ET0 }>(counts);
+                _mm_prefetch::<{ _MM_HINT_ET0 }>(data);
+            }
+        }
+    }
+
+    /// Attaches what the NATS consumer attached to a consumed event, if nobody else holds the
+    /// message yet (a message just built).
+    pub(crate) fn attach(&mut self, attached: crate::settle::Attached) {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
             inner.attached = Some(Box::new(attached));
         }
-        m
+    }
+
+    /// Sets [`timestamp`](Message::timestamp), if nobody else holds the message yet (a
+    /// message just built).
+    #[inline]
+    pub(crate) fn stamp(&mut self, timestamp: SystemTime) {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            inner.meta.timestamp = timestamp;
+        }
     }
 
     /// A sink dropped this event (a full queue, shutdown) instead of running it: a consumed
@@ -103,6 +233,11 @@ impl Message {
     /// acked once every hold is gone ([`crate::settle`]). `None` for every other message.
     pub(crate) fn hold(&self) -> Option<crate::settle::Hold> {
         self.0.attached.as_ref()?.hold()
+    }
+
+    /// Whether this message carries what the NATS consumer attached to it.
+    pub(crate) fn has_attachment(&self) -> bool {
+        self.0.attached.is_some()
     }
 
     /// After the fan-out: the message lets its own hold go (bus subscribers hold none).
@@ -156,13 +291,9 @@ impl Message {
         self.0.attached.as_ref().is_some_and(|a| a.reclaimed)
     }
 
-    /// Rewrites this message in place (keeping its allocations) if nobody else holds it any
-    /// more; `false` if someone does. Pipeline workers recycle delivered messages this way, so
-    /// a steady flow allocates nothing and never frees memory across threads.
-    ///
-    /// A buffer grown past [`REUSE_KEEP`] by a large event is given back rather than kept: a
-    /// worker holds thousands of these messages, and one burst of large events must not pin
-    /// their size for good.
+    /// [`rewrite`](Message::rewrite) with the payload given as text (tests: whether a message
+    /// is free for the worker to reuse).
+    #[cfg(test)]
     pub(crate) fn reuse(&mut self, json: &str, agent: &str, session: &str, meta: Meta) -> bool {
         match Arc::get_mut(&mut self.0) {
             Some(inner) => {
@@ -214,7 +345,9 @@ impl Message {
         self.0.meta.seq
     }
 
-    /// When a worker took the event from the ring (lifecycle) or when it was published.
+    /// When it was published (custom topics); for a lifecycle event, when the worker had taken
+    /// the batch holding it from the ring (one clock read per batch of up to 64 events: never
+    /// before the event left the ring, and never going back along an emitter's events).
     pub fn timestamp(&self) -> SystemTime {
         self.0.meta.timestamp
     }

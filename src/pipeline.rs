@@ -38,6 +38,7 @@ use crate::message::{Message, Meta};
 use crate::ring::{Consumer, Ring};
 pub(crate) use crate::sink::Sink;
 use crossbeam_utils::CachePadded;
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -134,9 +135,9 @@ impl Pipeline {
                 producers: producers.clone(),
                 control: control.clone(),
                 config,
-                scratch: Vec::with_capacity(SCRATCH_INITIAL),
-                recycle: std::collections::VecDeque::with_capacity(1024),
+                recycle: VecDeque::with_capacity(1024),
                 batch: Vec::with_capacity(BATCH),
+                batch_attached: false,
             };
             let handle = thread::Builder::new()
                 .name(format!("prx-hooks-worker-{index}"))
@@ -292,11 +293,16 @@ struct Worker {
     producers: Arc<Producers>,
     control: Arc<Control>,
     config: WorkerConfig,
-    scratch: Vec<u8>,
-    /// The last messages this worker built, oldest first, for reuse (see `Message::reuse`).
-    recycle: std::collections::VecDeque<Message>,
+    /// The messages this worker built and handed over, oldest first, for reuse (see
+    /// `build_message`). Messages move between `batch` and here without a reference count
+    /// being touched, so the worker never writes to a message a subscriber is reading.
+    recycle: VecDeque<Message>,
     /// Events taken from the ring, not yet handed to the sinks.
     batch: Vec<Message>,
+    /// Whether `batch` holds an event with an attachment (a relay emitter's, [`crate::settle`]).
+    /// Such messages let their hold go after the fan-out and are never recycled (their last
+    /// holder's drop settles them); batches without one skip that pass.
+    batch_attached: bool,
 }
 
 /// Events a worker takes from its ring before handing them to the sinks in one go.
@@ -306,12 +312,6 @@ pub(crate) const BATCH: usize = 64;
 /// events: ~7 MiB per worker at the cap, reached only while a subscriber lags this far behind).
 /// Lagging further costs allocations, never correctness.
 const RECYCLE: usize = 16_384;
-
-/// The worker's serialization buffer starts at this size and, after a batch that grew it past
-/// [`SCRATCH_KEEP`], goes back to it: one burst of large events costs a reallocation, not its
-/// memory for good.
-const SCRATCH_INITIAL: usize = 4096;
-const SCRATCH_KEEP: usize = 64 << 10;
 
 /// Empty polls spent spinning, then yielding, before the worker parks for one idle tick. Kept
 /// short (a few microseconds of spinning): on a small machine a spinning worker takes the core
@@ -356,16 +356,16 @@ impl Worker {
     fn drain_some(&mut self) -> bool {
         let mut kinds = EventMask::NONE;
         while self.batch.len() < BATCH {
-            let (scratch, recycle) = (&mut self.scratch, &mut self.recycle);
-            let producers = &*self.producers;
-            let Some((msg, budget_bytes)) = self
+            let (recycle, producers) = (&mut self.recycle, &*self.producers);
+            let Some(((msg, attached), budget_bytes)) = self
                 .consumer
-                .pop(|slot| read_slot(slot, scratch, recycle, producers))
+                .pop(|slot| read_slot(slot, recycle, producers))
             else {
                 break;
             };
             self.producers.release(budget_bytes);
             kinds |= msg.event().map_or(EventMask::NONE, EventKind::mask);
+            self.batch_attached |= attached;
             self.batch.push(msg);
         }
         self.hand_over(kinds)
@@ -393,14 +393,15 @@ impl Worker {
             let batch_end = head.wrapping_add(left.min(BATCH));
             let mut kinds = EventMask::NONE;
             let mut released = 0;
-            let (scratch, recycle, batch) = (&mut self.scratch, &mut self.recycle, &mut self.batch);
-            let producers = &*self.producers;
+            let (recycle, batch) = (&mut self.recycle, &mut self.batch);
+            let (producers, batch_attached) = (&*self.producers, &mut self.batch_attached);
             self.consumer.drain_closed(
                 batch_end,
                 |slot| {
-                    let (msg, budget_bytes) = read_slot(slot, scratch, recycle, producers);
+                    let ((msg, attached), budget_bytes) = read_slot(slot, recycle, producers);
                     released += budget_bytes;
                     kinds |= msg.event().map_or(EventMask::NONE, EventKind::mask);
+                    *batch_attached |= attached;
                     batch.push(msg);
                 },
                 || {
@@ -449,21 +450,35 @@ impl Worker {
         if n == 0 {
             return false;
         }
+        // One clock read per batch, once every event in it has been taken: each event's
+        // timestamp is at or after the moment the worker took it (ARCHITECTURE.md § Data flow).
+        let now = SystemTime::now();
+        for m in &mut self.batch {
+            m.stamp(now);
+        }
         // Counted before any sink sees the batch (release: after its pops; see `accounting`).
         let processed = &self.control.taken[self.index].processed;
         processed.store(processed.load(Ordering::Relaxed) + n, Ordering::Release);
         self.fan_out(kinds);
-        // A consumed event's ticket is now held by the sinks that kept work for it only
-        // (`crate::settle`): bus subscribers do not delay its ack.
-        for m in &self.batch {
-            m.release_hold();
+        if self.batch_attached {
+            // A consumed event's ticket is now held by the sinks that kept work for it only
+            // (`crate::settle`): bus subscribers do not delay its ack.
+            for m in &self.batch {
+                m.release_hold();
+            }
         }
         let handed = &self.control.taken[self.index].handed;
         handed.store(handed.load(Ordering::Relaxed) + n, Ordering::Release);
-        self.batch.clear();
-        if self.scratch.capacity() > SCRATCH_KEEP {
-            // A burst of large events must not keep its memory for good.
-            self.scratch = Vec::with_capacity(SCRATCH_INITIAL);
+        if std::mem::take(&mut self.batch_attached) {
+            // Attached messages are dropped here: their last holder's drop settles them.
+            let recycle = &mut self.recycle;
+            recycle.extend(self.batch.drain(..).filter(|m| !m.has_attachment()));
+        } else {
+            self.recycle.extend(self.batch.drain(..));
+        }
+        if self.recycle.len() > RECYCLE {
+            let excess = self.recycle.len() - RECYCLE;
+            self.recycle.drain(..excess);
         }
         self.lane.collect(self.consumer.head());
         true
@@ -488,63 +503,72 @@ impl Worker {
     }
 }
 
-/// Numbers, serializes and wraps the event in `slot` (see `build_message`); also returns the
-/// budget bytes the slot held. A relay emitter's event (the NATS consumer's) takes what the
-/// consumer attached to it, in a message of its own ([`crate::settle`]).
+/// Numbers the event in `slot` and serializes it straight into its message (see
+/// `build_message`); also returns whether the message carries an attachment, and the budget
+/// bytes the slot held. A relay emitter's event (the NATS consumer's) takes what the consumer
+/// attached to it ([`crate::settle`]). The timestamp is set by `hand_over`.
 fn read_slot(
     slot: &mut EventSlot,
-    scratch: &mut Vec<u8>,
-    recycle: &mut std::collections::VecDeque<Message>,
+    recycle: &mut VecDeque<Message>,
     producers: &Producers,
-) -> (Message, usize) {
+) -> ((Message, bool), usize) {
     slot.read(|r| {
-        scratch.clear();
-        r.event.write_payload(scratch, r.extras, r.omitted);
-        // The writers emit UTF-8 only (ASCII and copies of `&str` input).
-        let json = std::str::from_utf8(scratch).unwrap_or("{}");
         let meta = Meta {
             kind: Some(r.event.kind()),
             seq: r.seq,
-            timestamp: SystemTime::now(),
+            timestamp: SystemTime::UNIX_EPOCH,
             depth: 0,
             relay: r.relay,
         };
+        // Room for the strings plus the keys and punctuation around them (a guess: the text
+        // grows if it was short).
+        let strs = r.event.parts().strs;
+        let hint = strs[0].len() + strs[1].len() + r.extras.len() + PAYLOAD_OVERHEAD;
+        let write = |out: &mut Vec<u8>| r.event.write_payload(out, r.extras, r.omitted);
+        let mut msg = build_message(recycle, hint, r.agent, r.session, meta, write);
         if r.relay != 0
             && let Some(a) = producers.attachments.take(r.relay, r.seq)
         {
-            return Message::new_attached(json, r.agent, r.session, meta, a);
+            msg.attach(a);
+            return (msg, true);
         }
-        build_message(recycle, json, r.agent, r.session, meta)
+        (msg, false)
     })
 }
 
-/// A message for this event, reusing the oldest one this worker built if every other holder
-/// has let go of it. A message still held (a subscriber lagging behind) stays in the queue, so
-/// the worker remains its last owner and frees or reuses it itself: messages are not freed on
-/// subscriber threads, which would contend with this thread's allocations in malloc. Only past
-/// [`RECYCLE`] messages does the worker let the oldest go.
+/// Bytes a payload adds to its strings, at most, for every event without extras: keys, quotes,
+/// numbers and punctuation (`llm_response`'s are the longest: about 90).
+const PAYLOAD_OVERHEAD: usize = 128;
+
+/// A message for this event, reusing the oldest one this worker handed over if every other
+/// holder has let go of it. A message still held (a subscriber lagging behind) stays in the
+/// queue, so the worker remains its last owner and frees or reuses it itself: messages are not
+/// freed on subscriber threads, which would contend with this thread's allocations in malloc.
+/// Only past [`RECYCLE`] messages does the worker let the oldest go.
 fn build_message(
-    recycle: &mut std::collections::VecDeque<Message>,
-    json: &str,
+    recycle: &mut VecDeque<Message>,
+    hint: usize,
     agent: &str,
     session: &str,
     meta: Meta,
+    write: impl FnOnce(&mut Vec<u8>),
 ) -> Message {
-    if let Some(oldest) = recycle.front_mut()
-        && oldest.reuse(json, agent, session, meta)
-    {
-        recycle.rotate_left(1);
-        return recycle
-            .back()
-            .cloned()
-            .unwrap_or_else(|| Message::new(json, agent, session, "", meta));
+    if let Some(mut oldest) = recycle.pop_front() {
+        if let Some(next) = recycle.front() {
+            next.prefetch_for_reuse();
+        }
+        if oldest.is_unshared() {
+            // SAFETY: `write` is `Event::write_payload`, which appends ASCII punctuation,
+            // digits and whole copies of `&str` input only (its extras were checked as JSON
+            // text, which is `&str` too).
+            let rewritten = unsafe { oldest.rewrite(hint, agent, session, meta, write) };
+            debug_assert!(rewritten, "an unshared message is rewritten");
+            return oldest;
+        }
+        recycle.push_front(oldest);
     }
-    if recycle.len() >= RECYCLE {
-        recycle.pop_front();
-    }
-    let msg = Message::new(json, agent, session, "", meta);
-    recycle.push_back(msg.clone());
-    msg
+    // SAFETY: as above.
+    unsafe { Message::lifecycle(hint, agent, session, meta, write) }
 }
 
 /// The whole handshake on real threads with a tiny ring: small enough for Miri (`.ci/run` runs
@@ -616,6 +640,83 @@ mod tests {
             stats.ring.budget_in_use, 0,
             "every large event's bytes returned"
         );
+    }
+
+    /// One bus, one ring of `slots`, every event wanted by a subscriber on `*`.
+    fn one_ring(slots: usize) -> (Arc<Producers>, Pipeline, crate::bus::Subscription) {
+        let interest = Interest::new(1);
+        let bus = Bus::new(interest.handle(0), 1 << 16, 1 << 10);
+        let producers = Arc::new(Producers::new(interest, 64, 1 << 10, 1 << 12));
+        let sub = bus.subscribe("*").unwrap();
+        let config = WorkerConfig {
+            idle_tick: Duration::from_micros(100),
+        };
+        let pipeline =
+            Pipeline::start(1, slots, producers.clone(), vec![Arc::new(bus)], config).unwrap();
+        (producers, pipeline, sub)
+    }
+
+    #[test]
+    fn timestamps_are_never_before_the_emit_and_never_go_back() {
+        let n = if cfg!(miri) { 20 } else { 2_000 };
+        let (producers, pipeline, sub) = one_ring(64);
+        let em = Emitter::new(producers, pipeline.lanes()[0].clone(), "a", "s");
+        let mut last = SystemTime::UNIX_EPOCH;
+        for i in 0..n {
+            let before = SystemTime::now();
+            assert_eq!(em.emit(Event::TurnComplete), Emit::Queued);
+            let msg = sub.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(msg.seq(), i);
+            assert!(
+                msg.timestamp() >= before,
+                "event {i} stamped before its emit"
+            );
+            assert!(
+                msg.timestamp() >= last,
+                "event {i} stamped before the one ahead of it"
+            );
+            last = msg.timestamp();
+        }
+        pipeline.shutdown(Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_relayed_events_message_settles_after_the_fan_out_and_is_never_reused() {
+        use crate::settle::{Attached, Settled, Ticket};
+        let more = if cfg!(miri) { 40 } else { 3 * BATCH as u64 };
+        let (producers, pipeline, sub) = one_ring(256);
+        let lane = pipeline.lanes()[0].clone();
+        let relay = Emitter::with_relay(producers.clone(), lane.clone(), "r", "s", true);
+        let plain = Emitter::new(producers.clone(), lane, "p", "s");
+        let settled = Settled::new(Box::new(|| {}));
+        let ticket = Ticket::new(7, settled.clone());
+        let attached = Attached::new(None, Some(41), Some(ticket));
+        let attached = attached.with_delivery(Some("id-7".into()), Some(1), false);
+        producers.attachments.insert(relay.relay_id(), 0, attached);
+        assert_eq!(relay.emit(Event::TurnComplete), Emit::Queued);
+        let held = sub.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(held.event_id(), Some("id-7"));
+        // The subscriber still holds the message: bus subscribers take no hold, so the ticket
+        // reports once the fan-out is over.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while settled.take() != [(7, true)] {
+            assert!(Instant::now() < deadline, "the ticket never reported");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(held);
+        // Many more events go through the worker's reuse queue; none of them is built into the
+        // relayed event's message (it was never put back), and none carries its attachment.
+        for i in 0..more {
+            let call = Event::ToolCallStart {
+                tool: "shell",
+                arguments: "{}",
+            };
+            assert_eq!(plain.emit(call), Emit::Queued);
+            let msg = sub.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!((msg.agent(), msg.seq()), ("p", i));
+            assert_eq!((msg.event_id(), msg.origin_seq()), (None, None));
+        }
+        pipeline.shutdown(Duration::from_secs(5));
     }
 
     #[test]

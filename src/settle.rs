@@ -6,7 +6,7 @@
 //! The consumer emits through a relay emitter, so the event's bus message carries the
 //! emitter's id and a `seq` the consumer knows in advance (see `nats::relay`). Before emitting
 //! it puts an [`Attached`] in [`Attachments`] under that key; the pipeline worker takes it when
-//! it builds the message (a message of its own, never a recycled one). The message holds the
+//! it builds the message, and never puts that message back for reuse. The message holds the
 //! ticket while the worker fans it out; a sink that keeps work for it takes a hold of its own
 //! ([`crate::bus::Message::hold`]: the shell's `EventRun`, which lives until the event's last
 //! hook process was reaped); after the fan-out the worker lets the message's hold go

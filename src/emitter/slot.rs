@@ -58,6 +58,9 @@ impl EventSlot {
     /// Writes an event into the slot. Runs inside the ring's claim, so it must not unwind: it
     /// only copies into buffers already sized for `strs` (`inline` was checked by the caller,
     /// `heap` was allocated for exactly these strings).
+    // Inlined into `Emitter::enqueue`'s claim wherever the code generator places this module:
+    // `emit`'s cost must not depend on which file the slot lives in.
+    #[inline]
     pub(super) fn fill(
         &mut self,
         p: &Parts<'_>,
@@ -130,6 +133,7 @@ impl EventSlot {
 }
 
 /// Copies `strs` back to back into `buf` (sized for them by the caller).
+#[inline]
 pub(super) fn copy_into(buf: &mut [u8], strs: [&str; 5]) {
     let mut at = 0;
     for s in strs {

@@ -9,6 +9,7 @@ use crate::emitter::Emit;
 use crate::event::EventKind;
 use crate::ndjson::{self, Input, ParseOptions, TopicRecord};
 use serde::Serialize;
+use std::sync::atomic::AtomicBool;
 
 /// Errors an [`IngestReport`] keeps; later ones are only counted (`more_errors`).
 pub(crate) const MAX_ERRORS: usize = 100;
@@ -74,6 +75,9 @@ pub enum Outcome {
     Refused,
     /// Not an event, or too large: see [`Ingested::error`].
     Error,
+    /// Not read: the ingest was told to stop ([`LineIngest::stop_on`]) before this line's
+    /// event could be emitted. Nothing was emitted for it; its reader keeps or says it.
+    Stopped,
 }
 
 /// Why a line was refused.
@@ -122,6 +126,14 @@ pub struct IngestReport {
     pub errors: Vec<IngestError>,
     /// Refused lines beyond those.
     pub more_errors: u64,
+    /// Lines not read because the ingest was told to stop ([`Outcome::Stopped`]); left out of
+    /// the JSON when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stopped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl IngestReport {
@@ -133,6 +145,7 @@ impl IngestReport {
             + self.refused
             + self.errors.len() as u64
             + self.more_errors
+            + self.stopped
     }
 
     fn count(&mut self, outcome: Outcome, error: Option<&IngestError>) {
@@ -142,6 +155,7 @@ impl IngestReport {
             Outcome::Dropped => self.dropped += 1,
             Outcome::Skipped => self.skipped += 1,
             Outcome::Refused => self.refused += 1,
+            Outcome::Stopped => self.stopped += 1,
             Outcome::Error => match error {
                 Some(e) if self.errors.len() < MAX_ERRORS => self.errors.push(e.clone()),
                 _ => self.more_errors += 1,
@@ -211,6 +225,8 @@ pub struct LineIngest<'h> {
     since_bytes: usize,
     /// The last line number `feed` gave.
     fed: u64,
+    /// Set by the reader's owner to stop: no line is emitted after it is seen set.
+    stop: Option<&'h AtomicBool>,
 }
 
 impl std::fmt::Debug for LineIngest<'_> {
@@ -233,7 +249,39 @@ impl<'h> LineIngest<'h> {
             since_lines: 0,
             since_bytes: 0,
             fed: 0,
+            stop: None,
         }
+    }
+
+    /// Stops the ingest once `stop` is set: a wait for room ends at once, and that line and
+    /// every later one is [`Outcome::Stopped`] (counted as `stopped`, nothing emitted). For
+    /// readers that must honour a shutdown while they wait for a busy pipeline.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::Hooks;
+    /// use prx_hooks::ingest::{IngestOptions, LineIngest, Outcome};
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// let hooks = Hooks::builder().build()?;
+    /// let _sub = hooks.bus().subscribe("*")?;
+    /// let stop = AtomicBool::new(false);
+    /// let mut ingest = LineIngest::new(&hooks, IngestOptions::default()).stop_on(&stop);
+    /// let line = br#"{"event":"turn_complete","agent":"a","session":"s"}"#;
+    /// assert_eq!(ingest.line(1, line).outcome, Outcome::Queued);
+    /// stop.store(true, Ordering::Release);
+    /// assert_eq!(ingest.line(2, line).outcome, Outcome::Stopped);
+    /// assert_eq!((ingest.report().queued, ingest.report().stopped), (1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stop_on(mut self, stop: &'h AtomicBool) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
+    /// Whether the ingest was told to stop ([`LineIngest::stop_on`]).
+    pub fn is_stopped(&self) -> bool {
+        pace::stopped(self.stop)
     }
 
     /// Every line of `text` (split at `\n`; a final line without one counts too), numbered on
@@ -340,6 +388,9 @@ impl<'h> LineIngest<'h> {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ingested::just(Outcome::Blank);
         }
+        if self.is_stopped() {
+            return Ingested::just(Outcome::Stopped);
+        }
         let record = match ndjson::parse_input_with(line, self.opts.parse) {
             Ok(Input::Event(record)) => record,
             Ok(Input::Topic(topic)) => return self.publish(number, topic),
@@ -372,8 +423,12 @@ impl<'h> LineIngest<'h> {
         } else if self.opts.wait {
             self.pace(bytes);
         }
+        if self.is_stopped() {
+            return Ingested::just(Outcome::Stopped);
+        }
         let em = match self.session(&record.agent, &record.session) {
             Ok(em) => em,
+            Err(_) if self.is_stopped() => return Ingested::just(Outcome::Stopped),
             Err(_) => {
                 out.outcome = if oversize {
                     Outcome::Error
@@ -454,6 +509,7 @@ impl<'h> LineIngest<'h> {
                     sessions.count_refused(agent, session);
                     return Err(refused);
                 }
+                Err(refused) if self.is_stopped() => return Err(refused),
                 Err(_) => std::thread::sleep(pace::NAP),
             }
         }
@@ -469,7 +525,7 @@ impl<'h> LineIngest<'h> {
         }
         let (budget, _) = self.hooks.producers.budget();
         if self.since_lines >= PACE_LINES || self.since_bytes >= budget / 8 {
-            pace::wait_for_room(self.hooks, if large { bytes } else { 0 });
+            pace::wait_for_room(self.hooks, if large { bytes } else { 0 }, self.stop);
             self.since_lines = 0;
             self.since_bytes = 0;
         }

@@ -2,6 +2,7 @@
 //! they wait while the pipeline is busy; `emit` itself never waits.
 
 use crate::Hooks;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// A backend holding this many jobs (queued or running) counts as busy.
@@ -41,9 +42,15 @@ pub(crate) fn closed(hooks: &Hooks) -> bool {
     hooks.pipeline.rings().any(|r| r.is_closed())
 }
 
-/// Waits while [`busy`], until the pipeline shuts down.
-pub(crate) fn wait_for_room(hooks: &Hooks, bytes: usize) {
-    while busy(hooks, bytes) && !closed(hooks) {
+/// Waits while [`busy`], until the pipeline shuts down or `stop` is set (a reader told to stop
+/// by a signal must not wait for a pipeline that only closes after it has stopped).
+pub(crate) fn wait_for_room(hooks: &Hooks, bytes: usize, stop: Option<&AtomicBool>) {
+    while busy(hooks, bytes) && !closed(hooks) && !stopped(stop) {
         std::thread::sleep(NAP);
     }
+}
+
+/// Whether `stop` is set.
+pub(crate) fn stopped(stop: Option<&AtomicBool>) -> bool {
+    stop.is_some_and(|s| s.load(Ordering::Acquire))
 }

@@ -406,6 +406,10 @@ impl HooksBuilder {
             editor: std::sync::OnceLock::new(),
             producers,
             sessions,
+            seen: std::sync::Arc::new(match &self.workspace {
+                Some(ws) => ingest::Seen::in_workspace(ws),
+                None => ingest::Seen::in_memory(),
+            }),
             next_ring: AtomicUsize::new(0),
             workspace: self.workspace,
             shutdown_timeout: self.shutdown_timeout,

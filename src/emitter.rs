@@ -184,6 +184,8 @@ pub(crate) struct Producers {
     /// What the NATS consumer attaches to the events it emits, taken by the workers
     /// ([`crate::settle`]).
     pub(crate) attachments: crate::settle::Attachments,
+    /// The last token [`Emitter::emit_attached`] gave out (tokens are never 0).
+    tokens: AtomicU64,
 }
 
 #[derive(Default)]
@@ -209,6 +211,7 @@ impl Producers {
             budget_in_use: CachePadded::new(AtomicUsize::new(0)),
             registry: Mutex::default(),
             attachments: crate::settle::Attachments::default(),
+            tokens: AtomicU64::new(0),
         }
     }
 
@@ -250,6 +253,11 @@ impl Producers {
 
     pub(crate) fn inline_bytes(&self) -> usize {
         self.inline
+    }
+
+    /// A new attachment token (never 0).
+    fn next_token(&self) -> u64 {
+        self.tokens.fetch_add(1, Relaxed) + 1
     }
 
     pub(crate) fn max_event_bytes(&self) -> usize {
@@ -379,7 +387,7 @@ impl Emitter {
             e.counters.skipped.fetch_add(1, Relaxed);
             return Emit::Skipped;
         }
-        self.enqueue(event, "", 0)
+        self.enqueue(event, "", 0, 0)
     }
 
     /// [`emit`](Emitter::emit) with what agents really send beside the documented fields:
@@ -423,11 +431,49 @@ impl Emitter {
             e.counters.skipped.fetch_add(1, Relaxed);
             return Ok(Emit::Skipped);
         }
-        Ok(self.enqueue(event, extras.json(), omitted))
+        Ok(self.enqueue(event, extras.json(), omitted, 0))
+    }
+
+    /// [`emit_with_extras`](Emitter::emit_with_extras) (or [`emit`](Emitter::emit), with no
+    /// extras) of an event that carries `attached` to its message: an ingested event's id and
+    /// original time, and the ticket that reports once its hooks settled it. Not emitted
+    /// (dropped, refused, or the pipeline closed): `attached` goes at once, marked dropped.
+    /// Skipped because nobody listens: it goes unmarked (nothing had to run, so it is done).
+    pub(crate) fn emit_attached(
+        &self,
+        event: Event<'_>,
+        extras: Option<&Extras<'_>>,
+        attached: crate::settle::Attached,
+    ) -> Result<Emit, ExtrasError> {
+        let e = &*self.0;
+        let omitted = match extras.map(|x| x.check(event.kind())) {
+            None => 0,
+            Some(Ok(omitted)) => omitted,
+            Some(Err(err)) => {
+                e.counters.refused_extras.fetch_add(1, Relaxed);
+                attached.mark_dropped();
+                return Err(err);
+            }
+        };
+        if !e.interest.wants(event.kind()) {
+            e.counters.skipped.fetch_add(1, Relaxed);
+            return Ok(Emit::Skipped);
+        }
+        let token = e.producers.next_token();
+        let attachments = &e.producers.attachments;
+        attachments.insert(0, token, attached);
+        let emitted = self.enqueue(event, extras.map_or("", |x| x.json()), omitted, token);
+        if emitted != Emit::Queued
+            && let Some(a) = attachments.take(0, token)
+        {
+            // Dropped, or skipped because the pipeline closed under us: never delivered.
+            a.mark_dropped();
+        }
+        Ok(emitted)
     }
 
     #[inline(never)]
-    fn enqueue(&self, event: Event<'_>, extras: &str, omitted: u8) -> Emit {
+    fn enqueue(&self, event: Event<'_>, extras: &str, omitted: u8, token: u64) -> Emit {
         let e = &*self.0;
         let p = event.parts();
         let strs = [&*e.agent, &*e.session, p.strs[0], p.strs[1], extras];
@@ -442,7 +488,7 @@ impl Emitter {
         let seq = NonNull::from(&*e.seq);
         match e
             .ring
-            .push(|slot| slot.fill(&p, strs, omitted, seq, &mut heap))
+            .push(|slot| slot.fill(&p, strs, omitted, seq, token, &mut heap))
         {
             Ok(()) => Emit::Queued,
             Err(refused) => {

@@ -28,6 +28,8 @@ pub struct Hooks {
     pub(super) producers: Arc<Producers>,
     /// One emitter per (agent, session) for every ingest path (ARCHITECTURE.md § Ingest).
     pub(super) sessions: ingest::Sessions,
+    /// The ids of ingested events that ran (ARCHITECTURE.md § Ingest, "Event ids").
+    pub(super) seen: Arc<ingest::Seen>,
     pub(super) next_ring: AtomicUsize,
     pub(super) workspace: Option<PathBuf>,
     pub(super) shutdown_timeout: Duration,
@@ -233,6 +235,7 @@ impl Hooks {
         let traces: Option<otel::OtelStats> = None;
         stats.set_section(otel::STATS_SECTION, traces);
         stats.set_section(ingest::STATS_SECTION, Some(self.sessions.stats()));
+        stats.set_section(ingest::EVENT_IDS_SECTION, Some(self.seen.stats()));
         stats
     }
 

@@ -248,8 +248,10 @@ impl Message {
         }
     }
 
-    /// For an event consumed from NATS: the timestamp its agent published (`Prx-Timestamp`,
-    /// RFC 3339 UTC), where [`timestamp`](Message::timestamp) is this host's.
+    /// When the event happened by its sender's clock, RFC 3339 UTC, where
+    /// [`timestamp`](Message::timestamp) is this host's: for an event consumed from NATS the
+    /// `Prx-Timestamp` its agent published; for an ingested event the time its sender gave
+    /// (`prx-hooks send`, `Prx-Timestamp`; kept through the spool).
     pub fn origin_timestamp(&self) -> Option<&str> {
         self.0.attached.as_ref()?.origin_timestamp.as_deref()
     }
@@ -260,9 +262,11 @@ impl Message {
         self.0.attached.as_ref()?.origin_seq
     }
 
-    /// For an event consumed from NATS: its id, the same on every redelivery, on every host
-    /// and through relays — the publisher's `Nats-Msg-Id` (or, for a message that had none,
-    /// the id a relaying consumer made for it). What a hook keys its effect on to make it
+    /// The event's id, the same every time it is delivered: for an event consumed from NATS
+    /// the publisher's `Nats-Msg-Id` (the same on every redelivery, on every host and through
+    /// relays; for a message that had none, the id a relaying consumer made for it); for an
+    /// ingested event the id its sender gave it (`prx-hooks send`, `Prx-Event-Id`), which a
+    /// publisher then sends as its `Nats-Msg-Id`. What a hook keys its effect on to make it
     /// happen once (`ZERO_HOOK_EVENT_ID`).
     ///
     /// # Examples

@@ -260,6 +260,8 @@ impl Pipeline {
                 tracing::error!("a pipeline worker panicked outside a sink");
             }
         }
+        // What no worker took was never delivered: its ticket says so.
+        self.producers.attachments.drop_undelivered();
         // 3. The sinks, all at once: one sink using its whole deadline must not leave the
         // others none.
         std::thread::scope(|scope| {
@@ -505,8 +507,9 @@ impl Worker {
 
 /// Numbers the event in `slot` and serializes it straight into its message (see
 /// `build_message`); also returns whether the message carries an attachment, and the budget
-/// bytes the slot held. A relay emitter's event (the NATS consumer's) takes what the consumer
-/// attached to it ([`crate::settle`]). The timestamp is set by `hand_over`.
+/// bytes the slot held. A relay emitter's event (the NATS consumer's) and an event emitted with
+/// an attachment (an ingested event's id) take what was attached to them ([`crate::settle`]).
+/// The timestamp is set by `hand_over`.
 fn read_slot(
     slot: &mut EventSlot,
     recycle: &mut VecDeque<Message>,
@@ -526,13 +529,18 @@ fn read_slot(
         let hint = strs[0].len() + strs[1].len() + r.extras.len() + PAYLOAD_OVERHEAD;
         let write = |out: &mut Vec<u8>| r.event.write_payload(out, r.extras, r.omitted);
         let mut msg = build_message(recycle, hint, r.agent, r.session, meta, write);
-        if r.relay != 0
-            && let Some(a) = producers.attachments.take(r.relay, r.seq)
-        {
-            msg.attach(a);
-            return (msg, true);
+        let attached = match (r.token, r.relay) {
+            (0, 0) => None,
+            (0, relay) => producers.attachments.take(relay, r.seq),
+            (token, _) => producers.attachments.take(0, token),
+        };
+        match attached {
+            Some(a) => {
+                msg.attach(a);
+                (msg, true)
+            }
+            None => (msg, false),
         }
-        (msg, false)
     })
 }
 

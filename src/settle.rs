@@ -56,17 +56,32 @@ impl Settled {
 
 /// One consumed message's settlement: reported exactly once, when dropped.
 pub(crate) struct Ticket {
-    key: u64,
     dropped: AtomicBool,
-    to: Arc<Settled>,
+    to: Report,
+}
+
+/// Where a ticket reports.
+enum Report {
+    /// The NATS consumer's list, under the message's key.
+    Settled { key: u64, to: Arc<Settled> },
+    /// A call: an ingested event's id is remembered once it ran (`crate::ingest::Seen`),
+    /// and its reader told (a spool entry is removed once all its events ran).
+    Call(Option<Box<dyn FnOnce(bool) + Send + Sync>>),
 }
 
 impl Ticket {
     pub(crate) fn new(key: u64, to: Arc<Settled>) -> Ticket {
         Ticket {
-            key,
             dropped: AtomicBool::new(false),
-            to,
+            to: Report::Settled { key, to },
+        }
+    }
+
+    /// A ticket that calls `report(ran)` once, when its last hold goes.
+    pub(crate) fn calling(report: Box<dyn FnOnce(bool) + Send + Sync>) -> Ticket {
+        Ticket {
+            dropped: AtomicBool::new(false),
+            to: Report::Call(Some(report)),
         }
     }
 
@@ -78,12 +93,20 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let ran = !self.dropped.load(Ordering::Acquire);
-        self.to
-            .done
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((self.key, ran));
-        (self.to.wake)();
+        match &mut self.to {
+            Report::Settled { key, to } => {
+                to.done
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((*key, ran));
+                (to.wake)();
+            }
+            Report::Call(report) => {
+                if let Some(report) = report.take() {
+                    report(ran);
+                }
+            }
+        }
     }
 }
 
@@ -116,7 +139,7 @@ impl std::fmt::Debug for Attached {
             .field("event_id", &self.event_id)
             .field("delivery", &self.delivery)
             .field("reclaimed", &self.reclaimed)
-            .field("ticket", &self.slot().as_ref().map(|t| t.key))
+            .field("ticket", &self.slot().is_some())
             .finish()
     }
 }
@@ -192,6 +215,15 @@ impl Attachments {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(relay, seq))
+    }
+
+    /// After the workers stopped: what no worker took was never delivered, so each one left
+    /// is marked dropped before it goes (its ticket then reports `dropped`, not `ran`).
+    pub(crate) fn drop_undelivered(&self) {
+        let left = std::mem::take(&mut *self.map.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, a) in left {
+            a.mark_dropped();
+        }
     }
 }
 

@@ -50,6 +50,8 @@ mod socket_ingest;
 #[cfg_attr(not(feature = "http"), allow(dead_code))] // `send` uses the rest.
 #[path = "prx-hooks/spool.rs"]
 mod spool;
+#[path = "prx-hooks/spool_replay.rs"]
+mod spool_replay;
 #[cfg(feature = "http")]
 #[path = "prx-hooks/tail.rs"]
 mod tail;

@@ -15,6 +15,9 @@ pub(crate) struct EventSlot {
     num: u64,
     /// The emitter's sequence cell; set by every `fill`, dereferenced only by `read`.
     seq: Option<NonNull<CachePadded<SeqCell>>>,
+    /// Non-zero: what was attached to this event is in `Producers::attachments` under
+    /// `(0, token)` (an ingested event's id and time, `Emitter::emit_attached`).
+    token: u64,
     lens: [u32; 5],
     inline: Box<[u8]>,
     heap: Option<Box<[u8]>>,
@@ -28,6 +31,8 @@ pub(crate) struct SlotEvent<'a> {
     pub(crate) seq: u64,
     /// The emitter's relay id (0: not a relay emitter).
     pub(crate) relay: u64,
+    /// The event's attachment token (0: none; see `EventSlot`).
+    pub(crate) token: u64,
     /// Extra fields' JSON text (empty for none), already checked.
     pub(crate) extras: &'a str,
     pub(crate) omitted: u8,
@@ -48,6 +53,7 @@ impl EventSlot {
             omitted: 0,
             num: 0,
             seq: None,
+            token: 0,
             lens: [0; 5],
             // Non-zero fill so the pages are really written now, not on the first emit.
             inline: vec![0xA5; inline].into_boxed_slice(),
@@ -67,6 +73,7 @@ impl EventSlot {
         strs: [&str; 5],
         omitted: u8,
         seq: NonNull<CachePadded<SeqCell>>,
+        token: u64,
         heap: &mut Option<Box<[u8]>>,
     ) {
         self.kind = p.kind;
@@ -74,6 +81,7 @@ impl EventSlot {
         self.omitted = omitted;
         self.num = p.num[0];
         self.seq = Some(seq);
+        self.token = token;
         self.lens = strs.map(|s| s.len() as u32);
         match heap.take() {
             Some(buf) => self.heap = Some(buf),
@@ -125,6 +133,7 @@ impl EventSlot {
             session: strs[1],
             seq,
             relay,
+            token: self.token,
             extras: strs[4],
             omitted: self.omitted,
         });

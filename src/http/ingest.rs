@@ -14,7 +14,7 @@ use super::json_response;
 use super::query;
 use super::{Api, ApiState};
 use crate::agents::{Agent, TranslateOptions};
-use crate::ingest::{IngestOptions, IngestReport, LineIngest, Outcome};
+use crate::ingest::{IngestOptions, IngestReport, LineIngest, LineOrigin, Outcome};
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -39,6 +39,7 @@ pub(crate) struct IngestCounters {
     skipped: AtomicU64,
     refused: AtomicU64,
     errors: AtomicU64,
+    duplicates: AtomicU64,
 }
 
 /// A snapshot of the ingest routes' counters.
@@ -59,6 +60,9 @@ pub struct IngestStats {
     pub refused: u64,
     /// Lines that were not events, or too large.
     pub errors: u64,
+    /// Lines whose event id (`Prx-Event-Id`) belongs to an event that ran already: not
+    /// emitted again.
+    pub duplicates: u64,
 }
 
 impl IngestCounters {
@@ -72,6 +76,7 @@ impl IngestCounters {
             skipped: get(&self.skipped),
             refused: get(&self.refused),
             errors: get(&self.errors),
+            duplicates: get(&self.duplicates),
         }
     }
 
@@ -89,6 +94,7 @@ impl IngestCounters {
             &self.errors,
             report.errors.len() as u64 + report.more_errors,
         );
+        add(&self.duplicates, report.duplicates);
     }
 
     pub(crate) fn request(&self) {
@@ -114,13 +120,14 @@ pub(crate) async fn post(
         e
     };
     let lenient = lenient(&uri).map_err(refused)?;
+    let origin = Origin::from_headers(&headers).map_err(refused)?;
     shutting_down(&api).map_err(refused)?;
     let limit = api.opts.max_ingest_bytes;
     let bytes = body::raw(&api, &headers, body, limit, Media::Ndjson)
         .await
         .map_err(refused)?;
     let opts = IngestOptions::default().lenient(lenient);
-    let report = feed(&api, opts, bytes).await?;
+    let report = feed(&api, opts, bytes, origin).await?;
     api.ingest.count(&report);
     Ok(json_response(StatusCode::OK, &report))
 }
@@ -131,10 +138,16 @@ pub(crate) async fn feed(
     api: &Arc<Api>,
     opts: IngestOptions,
     bytes: Vec<u8>,
+    origin: Origin,
 ) -> Result<IngestReport, ApiError> {
     let run = move |hooks: &crate::Hooks, bytes: &[u8]| {
         let mut lines = LineIngest::new(hooks, opts);
-        lines.feed(bytes);
+        let base = origin.as_line();
+        if base == LineOrigin::default() {
+            lines.feed(bytes);
+        } else {
+            lines.feed_from(bytes, base, || None);
+        }
         lines.into_report()
     };
     if bytes.len() <= INLINE_BYTES {
@@ -144,6 +157,64 @@ pub(crate) async fn feed(
     tokio::task::spawn_blocking(move || run(&hooks, &bytes))
         .await
         .map_err(|e| ApiError::internal(format!("the ingest failed: {e}")))
+}
+
+/// What a sender said of its events in headers (ARCHITECTURE.md § Ingest, "Event ids"):
+/// `Prx-Event-Id` (the events' id; line `n` of a `POST /api/events` body is `<id>-<n>`) and
+/// `Prx-Timestamp` (when they happened, RFC 3339 in UTC).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Origin {
+    id: Option<String>,
+    time: Option<String>,
+}
+
+/// The header naming an ingested event's id (`POST /api/events`, `POST /api/ingest/{agent}`).
+pub const EVENT_ID_HEADER: &str = "prx-event-id";
+/// The header naming when an ingested event happened.
+pub const TIMESTAMP_HEADER: &str = "prx-timestamp";
+
+impl Origin {
+    /// Both headers, checked: a bad one is a 400 naming it.
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Origin, ApiError> {
+        let text = |name: &str| -> Result<Option<String>, ApiError> {
+            match headers.get(name) {
+                None => Ok(None),
+                Some(v) => v.to_str().map(|s| Some(s.trim().to_string())).map_err(|_| {
+                    ApiError::bad_request(format!("{name}: not visible ASCII")).at(name)
+                }),
+            }
+        };
+        let origin = Origin {
+            id: text(EVENT_ID_HEADER)?,
+            time: text(TIMESTAMP_HEADER)?,
+        };
+        // `-<line>` is appended to a body's lines' ids: keep room for it.
+        if let Some(id) = &origin.id {
+            LineOrigin::default()
+                .id(&format!("{id}-1"))
+                .checked()
+                .map_err(|e| {
+                    ApiError::bad_request(format!("{EVENT_ID_HEADER}: {e}")).at(EVENT_ID_HEADER)
+                })?;
+        }
+        if let Some(t) = &origin.time {
+            LineOrigin::default().time(t).checked().map_err(|e| {
+                ApiError::bad_request(format!("{TIMESTAMP_HEADER}: {e}")).at(TIMESTAMP_HEADER)
+            })?;
+        }
+        Ok(origin)
+    }
+
+    pub(crate) fn as_line(&self) -> LineOrigin<'_> {
+        let mut o = LineOrigin::default();
+        if let Some(id) = &self.id {
+            o = o.id(id);
+        }
+        if let Some(t) = &self.time {
+            o = o.time(t);
+        }
+        o
+    }
 }
 
 /// 503 once the hook system is shutting down: nothing would reach a hook.
@@ -223,6 +294,7 @@ pub(crate) async fn agent(
             _ => with_report = flag(key, &value).map_err(refused)?,
         }
     }
+    let origin = Origin::from_headers(&headers).map_err(refused)?;
     shutting_down(&api).map_err(refused)?;
     let limit = api.opts.max_ingest_bytes;
     let bytes = body::raw(&api, &headers, body, limit, Media::Json)
@@ -234,7 +306,7 @@ pub(crate) async fn agent(
         let translated = crate::agents::translate(from, &bytes, &opts)?;
         let opts = IngestOptions::default().lenient(translated.lenient);
         let mut lines = LineIngest::new(&hooks, opts);
-        let got = lines.line(1, translated.line.as_bytes());
+        let got = lines.line_from(1, translated.line.as_bytes(), origin.as_line(), None);
         Ok::<_, crate::agents::TranslateError>((got.outcome, lines.into_report()))
     };
     let done = if small {
@@ -258,6 +330,7 @@ pub(crate) async fn agent(
         Outcome::Skipped => "skipped",
         Outcome::Dropped => "dropped",
         Outcome::Refused => "refused",
+        Outcome::Duplicate => "duplicate",
         _ => "error",
     };
     let mut resp = if with_report {

@@ -58,7 +58,7 @@ pub use events::{
     DEFAULT_STREAM_QUEUE, DEFAULT_STREAM_QUEUE_BYTES, EventStreamOptions, EventStreamStats,
     PLUGIN_INTERVAL, RESERVED_NAMES,
 };
-pub use ingest::IngestStats;
+pub use ingest::{EVENT_ID_HEADER, IngestStats, TIMESTAMP_HEADER};
 pub use server::{Listen, Server, bind_unix};
 pub use token::{Token, TokenError, TokenSource};
 

@@ -78,6 +78,8 @@ pub enum Outcome {
     /// Not read: the ingest was told to stop ([`LineIngest::stop_on`]) before this line's
     /// event could be emitted. Nothing was emitted for it; its reader keeps or says it.
     Stopped,
+    /// Its event id ([`LineOrigin`]) belongs to an event that ran already: not emitted again.
+    Duplicate,
 }
 
 /// Why a line was refused.
@@ -130,6 +132,10 @@ pub struct IngestReport {
     /// the JSON when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub stopped: u64,
+    /// Lines whose event id belongs to an event that ran already ([`Outcome::Duplicate`]):
+    /// not emitted again. Left out of the JSON when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub duplicates: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -146,6 +152,7 @@ impl IngestReport {
             + self.errors.len() as u64
             + self.more_errors
             + self.stopped
+            + self.duplicates
     }
 
     fn count(&mut self, outcome: Outcome, error: Option<&IngestError>) {
@@ -156,6 +163,7 @@ impl IngestReport {
             Outcome::Skipped => self.skipped += 1,
             Outcome::Refused => self.refused += 1,
             Outcome::Stopped => self.stopped += 1,
+            Outcome::Duplicate => self.duplicates += 1,
             Outcome::Error => match error {
                 Some(e) if self.errors.len() < MAX_ERRORS => self.errors.push(e.clone()),
                 _ => self.more_errors += 1,
@@ -191,6 +199,101 @@ impl Ingested {
         }
     }
 }
+
+/// What a sender says of a line besides its text: the event's id and its original time
+/// (ARCHITECTURE.md § Ingest, "Event ids"). `prx-hooks send` gives both; over HTTP they come
+/// from the `Prx-Event-Id` and `Prx-Timestamp` headers.
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::ingest::LineOrigin;
+/// let origin = LineOrigin::default().id("3f2a9c").time("2026-12-07T10:00:00.5Z");
+/// assert_eq!((origin.event_id(), origin.timestamp()), (Some("3f2a9c"), Some("2026-12-07T10:00:00.5Z")));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineOrigin<'a> {
+    id: Option<&'a str>,
+    time: Option<&'a str>,
+}
+
+impl<'a> LineOrigin<'a> {
+    /// The event's id: 1 to [`MAX_ID_BYTES`](super::MAX_ID_BYTES) letters, digits, `.`, `_`,
+    /// `:` or `-`, the same every time the event is sent. Hooks see it as
+    /// `ZERO_HOOK_EVENT_ID`, NATS as the `Nats-Msg-Id`.
+    pub fn id(mut self, id: &'a str) -> Self {
+        self.id = Some(id);
+        self
+    }
+
+    /// When the event happened, RFC 3339 in UTC (`2026-12-07T10:00:00.123456Z`): hooks see
+    /// it as `ZERO_HOOK_ORIGIN_TIMESTAMP`.
+    pub fn time(mut self, time: &'a str) -> Self {
+        self.time = Some(time);
+        self
+    }
+
+    /// The id given with [`LineOrigin::id`].
+    pub fn event_id(&self) -> Option<&'a str> {
+        self.id
+    }
+
+    /// The time given with [`LineOrigin::time`].
+    pub fn timestamp(&self) -> Option<&'a str> {
+        self.time
+    }
+
+    /// Why this origin is refused, if it is: the id's or the time's form.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::ingest::LineOrigin;
+    /// assert!(LineOrigin::default().id("a b").checked().is_err());
+    /// assert!(LineOrigin::default().time("yesterday").checked().is_err());
+    /// ```
+    pub fn checked(&self) -> Result<(), String> {
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if let Some(id) = self.id {
+            super::seen::check_id(id).map_err(|e| format!("event id {id:?}: {e}"))?;
+        }
+        if let Some(t) = self.time
+            && (!t.ends_with('Z') || humantime::parse_rfc3339(t).is_err())
+        {
+            return Err(format!(
+                "time {t:?}: expected RFC 3339 in UTC, such as 2026-12-07T10:00:00.123456Z"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a line that was not emitted with its ticket needs no delivery again: it had nothing
+/// to run, ran already, or was refused for what it is. Dropped, refused by the session map or
+/// stopped: it should be sent again.
+fn settles(outcome: Outcome) -> bool {
+    match outcome {
+        Outcome::Blank
+        | Outcome::Queued
+        | Outcome::Skipped
+        | Outcome::Duplicate
+        | Outcome::Error => true,
+        Outcome::Dropped | Outcome::Refused | Outcome::Stopped => false,
+    }
+}
+
+/// What [`LineIngest::line_from`] attaches to a line's event.
+struct Attach<'a> {
+    origin: LineOrigin<'a>,
+    settled: Option<OnSettled>,
+}
+
+/// A call made once an ingested event's hooks settled it, with `true` when it ran
+/// ([`LineIngest::line_from`]).
+pub type OnSettled = Box<dyn FnOnce(bool) + Send + Sync>;
 
 /// Reads NDJSON lines into one [`Hooks`]' pipeline through its [`Sessions`](super::Sessions).
 ///
@@ -302,9 +405,110 @@ impl<'h> LineIngest<'h> {
     pub fn line(&mut self, number: u64, line: &[u8]) -> Ingested {
         let line = line.strip_suffix(b"\n").unwrap_or(line);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let out = self.ingest(number, line);
+        let out = self.ingest(number, line, None);
         self.report.count(out.outcome, out.error.as_ref());
         out
+    }
+
+    /// [`line`](LineIngest::line) for a line its sender gave an id and a time: a line whose
+    /// id belongs to an event that ran already is not emitted again ([`Outcome::Duplicate`]);
+    /// otherwise its event carries both to every sink, and once its hooks have settled it
+    /// (every hook it was handed to ran or gave up on it; at once when nobody keeps work for
+    /// it), its id is remembered if it ran. A bad id or time refuses the line.
+    ///
+    /// `settled` is called exactly once, with whether the line needs no delivery again:
+    /// `true` once its event ran, or at once when there was nothing to run (skipped, a
+    /// duplicate, a blank line) or the line is refused for what it is (not an event, too
+    /// large); `false` when it should be sent again (the ring or the session map was full,
+    /// the ingest was stopped, or a sink gave up on it: a full hook queue, shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::Hooks;
+    /// use prx_hooks::ingest::{IngestOptions, LineIngest, LineOrigin, Outcome};
+    /// let hooks = Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("*")?;
+    /// let mut ingest = LineIngest::new(&hooks, IngestOptions::default());
+    /// let line = br#"{"event":"turn_complete","agent":"a","session":"s"}"#;
+    /// let origin = LineOrigin::default().id("e-1");
+    /// assert_eq!(ingest.line_from(1, line, origin, None).outcome, Outcome::Queued);
+    /// assert_eq!(sub.recv()?.event_id(), Some("e-1"));
+    /// // Once it ran (here: handed to the bus, which keeps no work), the same id is not
+    /// // emitted again.
+    /// # std::thread::sleep(std::time::Duration::from_millis(100));
+    /// assert_eq!(ingest.line_from(2, line, origin, None).outcome, Outcome::Duplicate);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn line_from(
+        &mut self,
+        number: u64,
+        line: &[u8],
+        origin: LineOrigin<'_>,
+        settled: Option<OnSettled>,
+    ) -> Ingested {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let mut attach = Attach { origin, settled };
+        let out = match origin.check() {
+            Ok(()) => self.ingest(number, line, Some(&mut attach)),
+            Err(e) => {
+                let mut out = Ingested::just(Outcome::Error);
+                out.error = Some(IngestError {
+                    line: number,
+                    column: 1,
+                    message: e,
+                    kind: IngestErrorKind::Parse,
+                });
+                out
+            }
+        };
+        // Not handed to a ticket (the event was not emitted with it): settled now.
+        if let Some(settled) = attach.settled.take() {
+            settled(settles(out.outcome));
+        }
+        self.report.count(out.outcome, out.error.as_ref());
+        out
+    }
+
+    /// [`feed`](LineIngest::feed) for a body its sender gave an id and a time: line `n` of
+    /// `text` (from 1, blank ones counted, split at `\n`) is event `<id>-<n>`, so the same
+    /// body sent again gives the same ids; each line is [`line_from`](LineIngest::line_from)
+    /// with the `settled` call `settled()` makes for it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::Hooks;
+    /// use prx_hooks::ingest::{IngestOptions, LineIngest, LineOrigin};
+    /// let hooks = Hooks::builder().build()?;
+    /// let sub = hooks.bus().subscribe("*")?;
+    /// let mut ingest = LineIngest::new(&hooks, IngestOptions::default());
+    /// let body = b"{\"event\":\"turn_complete\",\"agent\":\"a\",\"session\":\"s\"}\n\n{\"event\":\"turn_complete\",\"agent\":\"a\",\"session\":\"s\"}\n";
+    /// ingest.feed_from(body, LineOrigin::default().id("b7"), || None);
+    /// assert_eq!(sub.recv()?.event_id(), Some("b7-1"));
+    /// assert_eq!(sub.recv()?.event_id(), Some("b7-3"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn feed_from(
+        &mut self,
+        text: &[u8],
+        base: LineOrigin<'_>,
+        mut settled: impl FnMut() -> Option<OnSettled>,
+    ) {
+        let text = text.strip_suffix(b"\n").unwrap_or(text);
+        if text.is_empty() {
+            return;
+        }
+        for (i, line) in text.split(|&b| b == b'\n').enumerate() {
+            self.fed += 1;
+            let id = base.id.map(|id| format!("{id}-{}", i + 1));
+            let origin = LineOrigin {
+                id: id.as_deref(),
+                time: base.time,
+            };
+            self.line_from(self.fed, line, origin, settled());
+        }
     }
 
     /// A line longer than its reader holds (`bytes` is a description: "more than N"),
@@ -384,7 +588,7 @@ impl<'h> LineIngest<'h> {
         }
     }
 
-    fn ingest(&mut self, number: u64, line: &[u8]) -> Ingested {
+    fn ingest(&mut self, number: u64, line: &[u8], attach: Option<&mut Attach<'_>>) -> Ingested {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ingested::just(Outcome::Blank);
         }
@@ -393,7 +597,7 @@ impl<'h> LineIngest<'h> {
         }
         let record = match ndjson::parse_input_with(line, self.opts.parse) {
             Ok(Input::Event(record)) => record,
-            Ok(Input::Topic(topic)) => return self.publish(number, topic),
+            Ok(Input::Topic(topic)) => return self.publish(number, topic, attach),
             Err(e) => {
                 let message = match e.path() {
                     "" => e.reason().to_string(),
@@ -417,6 +621,12 @@ impl<'h> LineIngest<'h> {
             omitted: record.omitted().to_vec(),
             error: None,
         };
+        if let Some(id) = attach.as_ref().and_then(|a| a.origin.id)
+            && self.hooks.seen.contains(id)
+        {
+            self.hooks.seen.count_duplicate();
+            return Ingested::just(Outcome::Duplicate);
+        }
         let oversize = bytes > self.hooks.producers.max_event_bytes();
         if oversize {
             out.error = Some(self.oversize(number, &bytes.to_string()));
@@ -438,24 +648,29 @@ impl<'h> LineIngest<'h> {
                 return out;
             }
         };
-        let emitted = if record.has_extras() {
-            match em.emit_with_extras(record.event(), &record.extras()) {
-                Ok(emitted) => emitted,
-                Err(e) => {
-                    // Checked by the parser already: an error here is a parser bug, reported
-                    // like a bad line rather than lost.
-                    out.outcome = Outcome::Error;
-                    out.error = Some(IngestError {
-                        line: number,
-                        column: 1,
-                        message: e.to_string(),
-                        kind: IngestErrorKind::Extras,
-                    });
-                    return out;
-                }
-            }
+        let emitted = if let Some(attach) = attach.filter(|_| !oversize) {
+            let extras = record.extras();
+            let extras = record.has_extras().then_some(&extras);
+            em.emit_attached(record.event(), extras, self.attached(attach))
+        } else if record.has_extras() {
+            em.emit_with_extras(record.event(), &record.extras())
         } else {
-            em.emit(record.event())
+            Ok(em.emit(record.event()))
+        };
+        let emitted = match emitted {
+            Ok(emitted) => emitted,
+            Err(e) => {
+                // Checked by the parser already: an error here is a parser bug, reported like
+                // a bad line rather than lost.
+                out.outcome = Outcome::Error;
+                out.error = Some(IngestError {
+                    line: number,
+                    column: 1,
+                    message: e.to_string(),
+                    kind: IngestErrorKind::Extras,
+                });
+                return out;
+            }
         };
         out.outcome = match emitted {
             // Refused for its size: counted as the error said above (and by `emit` in the
@@ -468,9 +683,43 @@ impl<'h> LineIngest<'h> {
         out
     }
 
+    /// What an event with `attach` carries to its message: its id and time, and the ticket
+    /// that remembers the id once the event ran and calls the reader's `settled`.
+    fn attached(&self, attach: &mut Attach<'_>) -> crate::settle::Attached {
+        let seen = self.hooks.seen.clone();
+        let id = attach.origin.id.map(str::to_string);
+        let settled = attach.settled.take();
+        let remembered = id.clone();
+        let report = move |ran: bool| {
+            if ran && let Some(id) = &remembered {
+                seen.record(id);
+            }
+            if let Some(settled) = settled {
+                settled(ran);
+            }
+        };
+        let ticket = crate::settle::Ticket::calling(Box::new(report));
+        let time = attach.origin.time.map(str::to_string);
+        crate::settle::Attached::new(time, None, Some(ticket)).with_delivery(id, None, false)
+    }
+
     /// A topic line, published on the bus at once (custom topics have no ring): taken by a
     /// subscriber → queued, by none → skipped, refused by the bus → an error with its reason.
-    fn publish(&mut self, number: u64, line: TopicRecord) -> Ingested {
+    /// With an id, a topic line that ran already is a duplicate, and one published is
+    /// remembered at once (the bus keeps no work for it).
+    fn publish(
+        &mut self,
+        number: u64,
+        line: TopicRecord,
+        attach: Option<&mut Attach<'_>>,
+    ) -> Ingested {
+        let id = attach.as_ref().and_then(|a| a.origin.id);
+        if let Some(id) = id
+            && self.hooks.seen.contains(id)
+        {
+            self.hooks.seen.count_duplicate();
+            return Ingested::just(Outcome::Duplicate);
+        }
         let published =
             self.hooks
                 .bus()
@@ -480,6 +729,10 @@ impl<'h> LineIngest<'h> {
             Ok(_) => Outcome::Queued,
             Err(_) => Outcome::Error,
         });
+        if let (Ok(_), Some(id)) = (&published, id) {
+            self.hooks.seen.record(id);
+        }
+
         if let Err(e) = published {
             out.error = Some(IngestError {
                 line: number,

@@ -15,11 +15,15 @@
 mod lines;
 mod memory;
 mod pace;
+mod seen;
 mod sessions;
 
 pub use lines::{
-    IngestError, IngestErrorKind, IngestOptions, IngestReport, Ingested, LineIngest, Outcome,
+    IngestError, IngestErrorKind, IngestOptions, IngestReport, Ingested, LineIngest, LineOrigin,
+    OnSettled, Outcome,
 };
+pub(crate) use seen::Seen;
+pub use seen::{EventIdStats, MAX_ID_BYTES, STATS_SECTION as EVENT_IDS_SECTION};
 pub use sessions::{
     Refused, STATS_SECTION, SessionEmitter, SessionOptions, Sessions, SessionsStats,
 };

@@ -561,6 +561,18 @@ impl SessionEmitter<'_> {
         Ok(r)
     }
 
+    /// [`Emitter::emit_attached`] on the key's emitter.
+    pub(crate) fn emit_attached(
+        &self,
+        event: Event<'_>,
+        extras: Option<&Extras<'_>>,
+        attached: crate::settle::Attached,
+    ) -> Result<Emit, ExtrasError> {
+        let r = self.emitter.emit_attached(event, extras, attached)?;
+        self.note(r);
+        Ok(r)
+    }
+
     fn note(&self, r: Emit) {
         if r == Emit::Queued {
             // Our claim moved the tail past our position: this load sees at least that.

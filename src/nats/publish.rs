@@ -566,11 +566,16 @@ impl Task {
                     self.counters.relayed.fetch_add(1, Ordering::AcqRel);
                     (r.id, r.origin, Some(r.hops.saturating_add(1)))
                 }
-                None => {
-                    let id = wire::message_id(instance_id(), self.next_id);
-                    self.next_id += 1;
-                    (id, instance_id().to_string(), None)
-                }
+                // An ingested event keeps the id its sender gave it (`prx-hooks send`), so a
+                // second delivery of it is also a duplicate to JetStream.
+                None => match msg.event_id() {
+                    Some(id) => (id.to_string(), instance_id().to_string(), None),
+                    None => {
+                        let id = wire::message_id(instance_id(), self.next_id);
+                        self.next_id += 1;
+                        (id, instance_id().to_string(), None)
+                    }
+                },
             };
             window.push_back(Out {
                 subject: match self.partitions {
@@ -726,7 +731,11 @@ fn headers(msg: &Message, id: &str, origin: &str, hops: Option<u32>) -> HeaderMa
         );
     }
     h.insert(wire::SEQ, msg.seq().to_string());
-    h.insert(wire::TIMESTAMP, msg.timestamp_rfc3339());
+    // The agent's own time where the event carries it (an ingested event's `Prx-Timestamp`).
+    match msg.origin_timestamp() {
+        Some(t) => h.insert(wire::TIMESTAMP, t),
+        None => h.insert(wire::TIMESTAMP, msg.timestamp_rfc3339()),
+    }
     h.insert(wire::ORIGIN, origin);
     if let Some(hops) = hops {
         h.insert(wire::HOPS, hops.to_string());

@@ -157,7 +157,7 @@ fn a_batch_is_answered_with_its_report_while_the_hook_still_waits_and_then_fires
     assert_eq!(
         stats["ingest"],
         json!({"requests": 1, "refused_requests": 0, "queued": 2, "dropped": 0, "skipped": 0,
-               "refused": 0, "errors": 2})
+               "refused": 0, "errors": 2, "duplicates": 0})
     );
 }
 

@@ -11,7 +11,7 @@ use crate::nats_cli;
 use crate::otel_cli;
 #[cfg(feature = "http")]
 use crate::socket_ingest;
-use crate::spool;
+use crate::spool_replay;
 use crate::units::parse_duration;
 use crate::{BoxError, ContainArgs, EventLimitArgs};
 use clap::Args;
@@ -90,16 +90,44 @@ enum Finish {
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     let signals = block_signals()?;
     let containment = contain(&args.contain)?;
-    let hooks = Arc::new(build(&args)?);
-    let front = Front::start(&hooks, &args)?;
-
-    let (done_tx, done_rx) = mpsc::channel();
-    watch_signals(signals, hooks.clone(), done_tx.clone())?;
-    let input = Arc::new(InputCounters::default());
-    // Set at the first SIGINT/SIGTERM: the input stops (a FIFO after what it still holds).
+    // Set at the first SIGINT/SIGTERM: the spool's replay stops, and the input (a FIFO after
+    // what it still holds).
     let stop_input = Arc::new(AtomicBool::new(false));
-    if let Some(path) = &args.events {
-        read_events(&hooks, path, &args, &input, &stop_input, done_tx.clone())?;
+    // Opened before anything is replayed or served: a missing file changes nothing.
+    let events = match &args.events {
+        Some(path) => Some((path, input::open_events(path, stop_input.clone())?)),
+        None => None,
+    };
+    let hooks = Arc::new(build(&args)?);
+    let (done_tx, done_rx) = mpsc::channel();
+    // Signals are watched before the replay starts, so that they can stop it. From here on
+    // every way out shuts the hook system down (a thread holding it keeps `Drop` from it).
+    let started = watch_signals(signals, hooks.clone(), done_tx.clone(), stop_input.clone())
+        .and_then(|()| Front::start(&hooks, &args, &stop_input));
+    let front = match started {
+        Ok(front) => front,
+        Err(e) => {
+            hooks.shutdown(SIGNAL_DRAIN);
+            drop(containment.finish());
+            return Err(e);
+        }
+    };
+    let input = Arc::new(InputCounters::default());
+    if let Some((path, reader)) = events
+        && let Err(e) = read_events(
+            &hooks,
+            path,
+            reader,
+            &args,
+            &input,
+            &stop_input,
+            done_tx.clone(),
+        )
+    {
+        let ended = front.shutdown(&hooks, &args, Instant::now() + SIGNAL_DRAIN, containment);
+        say!("prx-hooks: --events {}: {e}", path.display());
+        report(&hooks, &input, ended);
+        return Ok(ExitCode::from(1));
     }
     drop(done_tx);
 
@@ -161,7 +189,7 @@ struct Ended {
 }
 
 impl Front {
-    fn start(hooks: &Arc<Hooks>, args: &RunArgs) -> Result<Front, BoxError> {
+    fn start(hooks: &Arc<Hooks>, args: &RunArgs, stop: &AtomicBool) -> Result<Front, BoxError> {
         // The printer subscribes before the API opens: what a client posts as soon as the
         // address file exists is printed too.
         let printer = if args.print {
@@ -174,7 +202,7 @@ impl Front {
             None => None,
         };
         // What `prx-hooks send` kept while no server answered (spool.rs), before any new input.
-        let spooled = spool::replay_at_start(hooks, &args.workspace);
+        let spooled = spool_replay::replay_at_start(hooks, &args.workspace, stop);
         #[cfg(feature = "http")]
         let socket = match &args.ingest {
             Some(arg) => {
@@ -243,6 +271,7 @@ fn watch_signals(
     signals: SigSet,
     reloader: Arc<Hooks>,
     tx: mpsc::Sender<Finish>,
+    stop: Arc<AtomicBool>,
 ) -> Result<(), BoxError> {
     thread::Builder::new()
         .name("signals".into())
@@ -250,6 +279,10 @@ fn watch_signals(
             let mut stops = 0u32;
             while let Ok(sig) = signals.wait() {
                 if sig != Signal::SIGHUP {
+                    stop.store(true, Ordering::Release);
+                    if stops == 0 {
+                        tracing::info!("{sig}: stopping the input and draining");
+                    }
                     stops += 1;
                     if stops >= 2 {
                         second_signal(&reloader, sig);
@@ -273,13 +306,13 @@ fn watch_signals(
 fn read_events(
     hooks: &Arc<Hooks>,
     path: &Path,
+    reader: input::Input,
     args: &RunArgs,
     input: &Arc<InputCounters>,
     stop_input: &Arc<AtomicBool>,
     tx: mpsc::Sender<Finish>,
 ) -> Result<(), BoxError> {
     let (hooks, input) = (hooks.clone(), input.clone());
-    let reader = input::open_events(path, stop_input.clone())?;
     let name = if path.as_os_str() == "-" {
         "-".to_string()
     } else {

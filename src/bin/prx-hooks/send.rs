@@ -11,7 +11,7 @@
 
 use crate::BoxError;
 use crate::client::{Target, connect, parse_url};
-use crate::spool::{self, Route, Spool};
+use crate::spool::{self, Header, Route, Spool, SpoolError};
 use clap::Args;
 use http_body_util::BodyExt as _;
 use hyper_util::rt::TokioIo;
@@ -99,17 +99,33 @@ enum Answer {
 
 pub(crate) fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
     let fail = |strict: bool| ExitCode::from(if strict { 1 } else { 0 });
+    // A file size limit (ulimit -f) must give EFBIG, which the spool cleans up after, not
+    // kill us mid-write.
+    // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions; no handler runs.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGXFSZ,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    };
     let spool = Spool::new(&args.workspace);
     let (route, body) = match input(&args) {
         Ok(x) => x,
         Err(e) => {
             say(format!("{e}; nothing was sent"));
-            spool.count_bad_input();
+            spool.count(|s| s.bad_input += 1);
             return Ok(fail(args.strict));
         }
     };
+    // The events' id and time from their first try on: the same if they are spooled and
+    // replayed, so that they run once (docs/ingest.md § Event ids).
+    let header = Header {
+        route,
+        id: Some(new_id()),
+        time: Some(humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string()),
+    };
     let answer = match locate(&args) {
-        Ok(Some((target, token))) => deliver(&args, &target, &token, &route, &body),
+        Ok(Some((target, token))) => deliver(&args, &target, &token, &header, &body),
         Ok(None) => Answer::Away(format!(
             "no server: {} does not exist or names a server that has exited",
             args.workspace.join(token::ADDRESS_FILE).display()
@@ -150,20 +166,51 @@ pub(crate) fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
         }
         Answer::Away(why) => {
             match spool.add(
-                &route,
+                &header,
                 &body,
                 args.spool_max_files,
                 args.spool_max_bytes as u64,
             ) {
-                Ok(path) => say(format!(
-                    "{why}; spooled to {} (`prx-hooks run` replays it at start)",
-                    path.display()
-                )),
-                Err(e) => say(format!("{why}; could not spool the event: {e}; it is lost")),
+                // Kept: a success. Said to a person at a terminal or with --strict, not where
+                // an agent reads a hook's output (some read stderr when stdout is empty).
+                Ok(path) => {
+                    if args.strict || std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                        say(format!(
+                            "{why}; spooled to {} (`prx-hooks run` replays it at start)",
+                            path.display()
+                        ));
+                    }
+                }
+                Err(e @ SpoolError::NoWorkspace(_)) => say(format!("{why}; {e}; nothing was kept")),
+                Err(e) => {
+                    let counted = spool.count(|s| s.lost += 1);
+                    say(format!(
+                        "{why}; could not spool the event: {e}; it is lost{}",
+                        if counted {
+                            " (counted in the spool's stats.json)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
             }
             Ok(fail(args.strict))
         }
     }
+}
+
+/// A new event id: 128 random bits in hex.
+fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No randomness: the time and pid are unique enough on one machine.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        return format!("{nanos:x}-{:x}", std::process::id());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The route and body to post, from PAYLOAD or stdin.
@@ -262,7 +309,7 @@ fn deliver(
     args: &SendArgs,
     target: &Target,
     token: &prx_hooks::http::Token,
-    route: &Route,
+    header: &Header,
     body: &[u8],
 ) -> Answer {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -272,7 +319,7 @@ fn deliver(
         Ok(r) => r,
         Err(e) => return Answer::Away(format!("cannot start the client: {e}")),
     };
-    let post = post(target, token, route, body.to_vec(), args.timeout);
+    let post = post(target, token, header, body.to_vec(), args.timeout);
     runtime.block_on(async {
         match tokio::time::timeout(args.timeout, post).await {
             Ok(answer) => answer,
@@ -284,10 +331,11 @@ fn deliver(
 async fn post(
     target: &Target,
     token: &prx_hooks::http::Token,
-    route: &Route,
+    header: &Header,
     body: Vec<u8>,
     timeout: Duration,
 ) -> Answer {
+    let route = &header.route;
     let io = match connect(target, timeout).await {
         Ok(io) => io,
         Err(e) => return Answer::Away(format!("cannot connect to {target}: {e}")),
@@ -338,6 +386,14 @@ async fn post(
         .header(
             hyper::header::USER_AGENT,
             concat!("prx-hooks-send/", env!("CARGO_PKG_VERSION")),
+        )
+        .header(
+            prx_hooks::http::EVENT_ID_HEADER,
+            header.id.as_deref().unwrap_or_default(),
+        )
+        .header(
+            prx_hooks::http::TIMESTAMP_HEADER,
+            header.time.as_deref().unwrap_or_default(),
         )
         .body(http_body_util::Full::new(bytes::Bytes::from(body)));
     let req = match req {

@@ -1,32 +1,37 @@
-//! The spool: events `prx-hooks send` could not deliver, kept until `run` replays them.
+//! The spool: events `prx-hooks send` could not deliver, kept until `run` replays them
+//! (`spool_replay.rs`; docs/ingest.md § The spool).
 //!
-//! They are kept in `<workspace>/.prx-hooks/spool/` until `prx-hooks run` starts there.
+//! They are kept in `<workspace>/.prx-hooks/spool/`:
 //!
-//! * **Private.** The directory is made with mode 0700 and must be owned by this user and
-//!   closed to others (so nobody else can add, swap or read entries); files are created 0600
+//! * **Private.** `.prx-hooks` and `spool` are made with mode 0700, one level at a time (the
+//!   workspace must exist), and must be real directories — never links — owned by this user
+//!   and closed to others, checked before anything is made inside them; files are created 0600
 //!   with `O_EXCL | O_NOFOLLOW`.
-//! * **Bounded.** At most `max_files` entries and `max_bytes` bytes: a new entry first makes
-//!   room by removing the oldest ones, each counted in `stats.json` (`dropped`,
-//!   `dropped_bytes`); input `send` refused (not JSON, too large) is counted there too
-//!   (`bad_input`). Every change happens under an exclusive lock on `.lock`.
-//! * **Written whole.** An entry is written to a temporary name, fsynced, then renamed to
-//!   `<nanoseconds>-<pid>-<n>.spool`: the names sort in the order the entries were made, and
-//!   a crash leaves no partial entry under a final name.
-//! * **Replayed once.** `run` takes the lock, reads a chunk of entries in name order, removes
-//!   them and fsyncs the directory, and only then emits their events (waiting for room, like a
-//!   file replay): a crash mid-replay can lose the chunk it was emitting, never replay one
-//!   twice (at most once, like every event in the ring).
+//! * **Written whole, without waiting for anyone.** An entry is written to a temporary name,
+//!   fsynced, then renamed to `<nanoseconds>-<pid>.spool` and the directory fsynced: the names
+//!   sort in the order the entries were made (by the clock), and a crash leaves no partial
+//!   entry under a final name. No lock is taken to write one, so a sender never loses its
+//!   event to another sender or to a replay.
+//! * **Bounded.** After writing, a sender that gets the lock on `.lock` at once trims: the
+//!   oldest entries go first until at most `max_files` entries and `max_bytes` bytes are left,
+//!   each counted in `stats.json` (`dropped`, `dropped_bytes`), and temporary files left by a
+//!   sender that crashed or ran out of space (`.<nanoseconds>-<pid>.tmp` of a process that is
+//!   gone, or older than [`STALE_TMP`]) are removed and counted (`tmp_removed`). A sender that
+//!   does not get the lock leaves the trimming to the next one, so the bounds can be passed by
+//!   the entries of senders writing at the same moment, and while a replay holds the lock.
+//! * **Counted.** Input `send` refused (not JSON, too large) is counted (`bad_input`), and so
+//!   is an event it could not keep (`lost`: the disk was full, the file too large).
 //!
 //! An entry is one header line, then the body as `send` would have posted it:
-//! `{"route":"events"}` + NDJSON lines, or `{"route":"ingest","from":"claude-code",
-//! "agent":…,"session":…}` + the agent's own payload.
+//! `{"route":"events","id":…,"time":…}` + NDJSON lines, or `{"route":"ingest","from":
+//! "claude-code","agent":…,"session":…,"id":…,"time":…}` + the agent's own payload. `id` is the
+//! id `send` gave the event(s) when it first tried to deliver them, `time` when that was.
 
-use prx_hooks::Hooks;
-use prx_hooks::ingest::{IngestOptions, IngestReport, LineIngest};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// `<workspace>/` + this.
 pub(crate) const SPOOL_DIR: &str = ".prx-hooks/spool";
@@ -34,13 +39,11 @@ pub(crate) const SPOOL_DIR: &str = ".prx-hooks/spool";
 pub(crate) const MAX_BYTES: u64 = 64 << 20;
 /// Default bound on the spool's entries.
 pub(crate) const MAX_FILES: usize = 10_000;
-/// Entries read, removed and fsynced together before their events are emitted.
-const CHUNK_FILES: usize = 256;
-const CHUNK_BYTES: u64 = 8 << 20;
-const SUFFIX: &str = ".spool";
-/// How long `send` waits for the spool's lock (held briefly by another `send`, or by a `run`
-/// replaying into a full ring for as long as that takes): the agent waits for `send`.
-const ADD_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const SUFFIX: &str = ".spool";
+/// A temporary file older than this is left over from a sender that died, whatever its pid.
+pub(crate) const STALE_TMP: Duration = Duration::from_secs(600);
+/// How long counting waits for the lock (the event itself never waits for it).
+const COUNT_LOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// Where an entry's body goes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,39 +59,79 @@ pub(crate) enum Route {
     },
 }
 
+/// An entry's first line: its route, and the id and time its events were first sent with
+/// (absent in entries an older `send` wrote).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Header {
+    #[serde(flatten)]
+    pub(crate) route: Route,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) time: Option<String>,
+}
+
 /// What the spool counted while no `run` read it (`stats.json`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SpoolStats {
     /// Entries removed to make room for newer ones.
-    pub dropped: u64,
-    pub dropped_bytes: u64,
+    #[serde(default)]
+    pub(crate) dropped: u64,
+    #[serde(default)]
+    pub(crate) dropped_bytes: u64,
     /// Inputs `send` refused before anything could be delivered (not JSON, too large).
-    pub bad_input: u64,
+    #[serde(default)]
+    pub(crate) bad_input: u64,
+    /// Events `send` could neither deliver nor keep (the disk full, the file too large).
+    #[serde(default)]
+    pub(crate) lost: u64,
+    /// Temporary files of senders that died mid-write, removed.
+    #[serde(default)]
+    pub(crate) tmp_removed: u64,
 }
 
-/// What one replay did.
-#[derive(Debug, Default)]
-pub(crate) struct Replayed {
-    pub entries: u64,
-    pub report: IngestReport,
-    /// The counts `stats.json` held (reset by the replay).
-    pub stats: SpoolStats,
-    /// Entries that could not be read (each said as a warning).
-    pub unreadable: u64,
+/// Why an entry could not be kept.
+#[derive(Debug)]
+pub(crate) enum SpoolError {
+    /// The workspace does not exist: nothing is made for it.
+    NoWorkspace(PathBuf),
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for SpoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpoolError::NoWorkspace(ws) => write!(
+                f,
+                "the workspace {} does not exist (give --workspace the directory `prx-hooks \
+                 run` serves)",
+                ws.display()
+            ),
+            SpoolError::Io(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<std::io::Error> for SpoolError {
+    fn from(e: std::io::Error) -> SpoolError {
+        SpoolError::Io(e)
+    }
+}
+
+pub(crate) fn err(path: &Path, what: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(format!("{}: {what}", path.display()))
 }
 
 /// The spool of one workspace.
 pub(crate) struct Spool {
+    workspace: PathBuf,
     dir: PathBuf,
-}
-
-fn err(path: &Path, what: impl std::fmt::Display) -> std::io::Error {
-    std::io::Error::other(format!("{}: {what}", path.display()))
 }
 
 impl Spool {
     pub(crate) fn new(workspace: &Path) -> Spool {
         Spool {
+            workspace: workspace.to_path_buf(),
             dir: workspace.join(SPOOL_DIR),
         }
     }
@@ -97,102 +140,94 @@ impl Spool {
         &self.dir
     }
 
-    /// Creates the directory (and `.prx-hooks`) 0700 if missing, checks both are this user's
-    /// and closed to others, and locks it: `create` (what `send` does) waits at most
-    /// [`ADD_LOCK_WAIT`] for the lock, the replay as long as it takes.
-    fn open_locked(&self, create: bool) -> std::io::Result<Option<std::fs::File>> {
-        if create {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&self.dir)
-                .map_err(|e| err(&self.dir, format!("cannot create the spool: {e}")))?;
+    /// Checks `.prx-hooks` and `spool` (module docs: private), making each one 0700 when
+    /// `create` and it is missing — one level at a time, after the level above it was
+    /// checked, so nothing is ever made through a link. `Ok(false)`: missing and not made.
+    pub(crate) fn prepare(&self, create: bool) -> Result<bool, SpoolError> {
+        if create && !self.workspace.is_dir() {
+            return Err(SpoolError::NoWorkspace(self.workspace.clone()));
         }
-        for dir in [self.dir.parent().unwrap_or(Path::new(".")), &self.dir] {
-            let meta = match std::fs::symlink_metadata(dir) {
-                Ok(m) => m,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(None),
-                Err(e) => return Err(err(dir, e)),
-            };
-            // SAFETY: geteuid(2) has no preconditions and cannot fail.
-            let me = unsafe { nix::libc::geteuid() };
-            if !meta.is_dir() {
-                return Err(err(
-                    dir,
-                    "is not a directory (a symbolic link is never followed)",
-                ));
-            }
-            if meta.uid() != me {
-                return Err(err(
-                    dir,
-                    format!("is owned by uid {}, not by this user", meta.uid()),
-                ));
-            }
-            if meta.permissions().mode() & 0o022 != 0 {
-                return Err(err(
-                    dir,
-                    format!(
-                        "is writable by others (mode {:04o}); run `chmod 700 {}`",
-                        meta.permissions().mode() & 0o7777,
-                        dir.display()
-                    ),
-                ));
+        let state = self.dir.parent().unwrap_or(Path::new("."));
+        for dir in [state, self.dir.as_path()] {
+            match std::fs::symlink_metadata(dir) {
+                Ok(meta) => check_private(dir, &meta)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(false),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(err(dir, format!("cannot create it: {e}")).into()),
+                    }
+                    let meta = std::fs::symlink_metadata(dir).map_err(|e| err(dir, e))?;
+                    check_private(dir, &meta)?;
+                }
+                Err(e) => return Err(err(dir, e).into()),
             }
         }
+        Ok(true)
+    }
+
+    /// The lock file, opened (not locked).
+    fn lock_file(&self) -> std::io::Result<std::fs::File> {
         let lock = self.dir.join(".lock");
-        let file = std::fs::OpenOptions::new()
+        std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&lock)
-            .map_err(|e| err(&lock, e))?;
-        if !create {
-            file.lock().map_err(|e| err(&lock, e))?;
-            return Ok(Some(file));
-        }
-        let deadline = std::time::Instant::now() + ADD_LOCK_WAIT;
+            .map_err(|e| err(&lock, e))
+    }
+
+    /// The lock, if it can be had within `wait` (`None`: someone holds it).
+    pub(crate) fn try_lock(&self, wait: Duration) -> std::io::Result<Option<std::fs::File>> {
+        let file = self.lock_file()?;
+        let deadline = Instant::now() + wait;
         loop {
             match file.try_lock() {
                 Ok(()) => return Ok(Some(file)),
-                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
+                Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
                 }
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    return Err(err(
-                        &lock,
-                        format!("held by another process for over {ADD_LOCK_WAIT:?}"),
-                    ));
-                }
-                Err(std::fs::TryLockError::Error(e)) => return Err(err(&lock, e)),
+                Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+                Err(std::fs::TryLockError::Error(e)) => return Err(err(&self.dir, e)),
             }
         }
     }
 
-    /// The entries, oldest first, with their sizes.
-    fn entries(&self) -> std::io::Result<Vec<(String, u64)>> {
+    /// The entries, oldest first, with their sizes: regular files named `*.spool`. Anything
+    /// else under such a name (a directory, a link) is no entry: said, and left alone.
+    pub(crate) fn entries(&self) -> std::io::Result<Vec<(String, u64)>> {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&self.dir).map_err(|e| err(&self.dir, e))? {
             let entry = entry.map_err(|e| err(&self.dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(SUFFIX) && !name.starts_with('.') {
-                let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
-                out.push((name, len));
+            if !name.ends_with(SUFFIX) || name.starts_with('.') {
+                continue;
+            }
+            match entry.metadata() {
+                Ok(m) if m.is_file() => out.push((name, m.len())),
+                Ok(_) => tracing::warn!(
+                    "spool: {} is not a regular file: not an entry, left alone",
+                    self.dir.join(&name).display()
+                ),
+                Err(_) => {} // gone meanwhile
             }
         }
         out.sort();
         Ok(out)
     }
 
-    fn read_stats(&self) -> SpoolStats {
+    pub(crate) fn read_stats(&self) -> SpoolStats {
         std::fs::read(self.dir.join("stats.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
     }
 
-    fn write_stats(&self, stats: &SpoolStats) -> std::io::Result<()> {
+    /// Writes `stats.json` (removes it when every count is 0). Under the lock.
+    pub(crate) fn write_stats(&self, stats: &SpoolStats) -> std::io::Result<()> {
         let path = self.dir.join("stats.json");
         if *stats == SpoolStats::default() {
             return match std::fs::remove_file(&path) {
@@ -201,37 +236,23 @@ impl Spool {
             };
         }
         let text = serde_json::to_vec(stats).unwrap_or_default();
-        self.write_new(".stats.tmp", &text)?;
-        std::fs::rename(self.dir.join(".stats.tmp"), &path).map_err(|e| err(&path, e))
+        let tmp = self.dir.join(".stats.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        write_new(&tmp, &text)?;
+        std::fs::rename(&tmp, &path).map_err(|e| err(&path, e))
     }
 
-    /// Writes `bytes` to a new file `name` in the spool (0600, O_EXCL, fsynced).
-    fn write_new(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-        let path = self.dir.join(name);
-        let _ = std::fs::remove_file(&path);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| err(&path, e))?;
-        f.write_all(bytes).map_err(|e| err(&path, e))?;
-        f.sync_all().map_err(|e| err(&path, e))
-    }
-
-    /// Keeps `body` for the next `run`, removing the oldest entries first when the spool would
-    /// hold more than `max_files` entries or `max_bytes` bytes (counted). An entry larger than
-    /// `max_bytes` on its own is refused.
+    /// Keeps `body` for the next `run` (module docs), then trims the spool if the lock is free.
+    /// An entry larger than `max_bytes` on its own is refused.
     pub(crate) fn add(
         &self,
-        route: &Route,
+        header: &Header,
         body: &[u8],
         max_files: usize,
         max_bytes: u64,
-    ) -> std::io::Result<PathBuf> {
-        let _lock = self.open_locked(true)?;
-        let mut entry = serde_json::to_vec(route).unwrap_or_default();
+    ) -> Result<PathBuf, SpoolError> {
+        self.prepare(true)?;
+        let mut entry = serde_json::to_vec(header).unwrap_or_default();
         entry.push(b'\n');
         entry.extend_from_slice(body);
         if entry.len() as u64 > max_bytes {
@@ -241,118 +262,169 @@ impl Spool {
                     "an entry of {} bytes does not fit in the spool's {max_bytes} bytes",
                     entry.len()
                 ),
-            ));
+            )
+            .into());
         }
-        let mut entries = self.entries()?;
-        let mut total: u64 = entries.iter().map(|(_, n)| n).sum();
-        let mut stats = self.read_stats();
-        let mut oldest = entries.drain(..).collect::<std::collections::VecDeque<_>>();
-        while oldest.len() >= max_files.max(1) || total + entry.len() as u64 > max_bytes {
-            let Some((name, len)) = oldest.pop_front() else {
-                break;
-            };
-            if std::fs::remove_file(self.dir.join(&name)).is_ok() {
-                stats.dropped += 1;
-                stats.dropped_bytes += len;
-            }
-            total -= len;
-        }
-        // Later than every entry made before (the lock orders writers; a clock that steps
-        // back does not reorder them).
-        let last = oldest.back().map_or(0, |(n, _)| stamp(n));
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
-            .as_nanos()
-            .max(last + 1);
+            .as_nanos();
         let pid = std::process::id();
-        let tmp = format!(".{now}-{pid}.tmp");
-        self.write_new(&tmp, &entry)?;
-        let name = format!("{now:020}-{pid:010}{SUFFIX}");
-        let path = self.dir.join(&name);
-        std::fs::rename(self.dir.join(&tmp), &path).map_err(|e| err(&path, e))?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| err(&self.dir, e))?;
-        if stats != self.read_stats() {
-            self.write_stats(&stats)?;
+        let tmp = self.dir.join(format!(".{now}-{pid}.tmp"));
+        if let Err(e) = write_new(&tmp, &entry) {
+            // Out of space, or over the file size limit: nothing half-written is left.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        let path = self.dir.join(format!("{now:020}-{pid:010}{SUFFIX}"));
+        if let Err(e) = std::fs::rename(&tmp, &path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(err(&path, e).into());
+        }
+        sync_dir(&self.dir)?;
+        if let Ok(Some(_lock)) = self.try_lock(Duration::ZERO) {
+            self.trim(max_files, max_bytes, &path)?;
         }
         Ok(path)
     }
 
-    /// Counts one input `send` refused (best effort: the spool may not be writable).
-    pub(crate) fn count_bad_input(&self) {
-        if let Ok(Some(_lock)) = self.open_locked(true) {
-            let mut stats = self.read_stats();
-            stats.bad_input += 1;
-            let _ = self.write_stats(&stats);
-        }
-    }
-
-    /// Replays every entry into `hooks`, oldest first, and empties the spool (see the module
-    /// docs for why nothing is replayed twice). `None`: there is no spool.
-    pub(crate) fn replay(&self, hooks: &Hooks) -> std::io::Result<Option<Replayed>> {
-        let Some(_lock) = self.open_locked(false)? else {
-            return Ok(None);
-        };
-        let mut done = Replayed {
-            stats: self.read_stats(),
-            ..Replayed::default()
-        };
-        self.write_stats(&SpoolStats::default())?;
-        let mut lines = LineIngest::new(hooks, IngestOptions::default().wait_for_room(true));
+    /// Under the lock: removes the oldest entries (never `keep`) until the spool is within its
+    /// bounds, and the temporary files of senders that are gone; each counted.
+    fn trim(&self, max_files: usize, max_bytes: u64, keep: &Path) -> std::io::Result<()> {
+        let mut stats = self.read_stats();
+        let before = stats;
+        let (removed, _) = self.remove_stale_tmps();
+        stats.tmp_removed += removed;
         let entries = self.entries()?;
-        for chunk in chunks(&entries) {
-            let mut bodies = Vec::with_capacity(chunk.len());
-            for (name, _) in chunk {
-                let path = self.dir.join(name);
-                match read_entry(&path) {
-                    Ok(entry) => bodies.push((name.clone(), entry)),
-                    Err(e) => {
-                        tracing::warn!("spool: {e}; the entry is removed unread");
-                        done.unreadable += 1;
-                    }
-                }
-                std::fs::remove_file(&path).map_err(|e| err(&path, e))?;
+        let mut count = entries.len();
+        let mut total: u64 = entries.iter().map(|(_, n)| n).sum();
+        for (name, len) in &entries {
+            if count <= max_files.max(1) && total <= max_bytes {
+                break;
             }
-            std::fs::File::open(&self.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| err(&self.dir, e))?;
-            for (name, (route, body)) in bodies {
-                done.entries += 1;
-                feed(&mut lines, &name, &route, &body);
+            let path = self.dir.join(name);
+            if path == keep {
+                continue;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                stats.dropped += 1;
+                stats.dropped_bytes += len;
+            }
+            count -= 1;
+            total -= len;
+        }
+        if stats != before {
+            sync_dir(&self.dir)?;
+            self.write_stats(&stats)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the temporary files of senders that died mid-write (module docs); returns how
+    /// many and their bytes. Under the lock.
+    pub(crate) fn remove_stale_tmps(&self) -> (u64, u64) {
+        let (mut n, mut bytes) = (0, 0);
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return (0, 0);
+        };
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = tmp_pid(&name) else { continue };
+            let Ok(meta) = entry.metadata() else { continue };
+            let age = meta.modified().ok().and_then(|m| m.elapsed().ok());
+            if alive(pid) && age.is_none_or(|a| a < STALE_TMP) {
+                continue;
+            }
+            if std::fs::remove_file(entry.path()).is_ok() {
+                n += 1;
+                bytes += meta.len();
             }
         }
-        done.report = lines.into_report();
-        Ok(Some(done))
+        (n, bytes)
     }
-}
 
-/// The time part of an entry's name.
-fn stamp(name: &str) -> u128 {
-    name.split('-')
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
-fn chunks(entries: &[(String, u64)]) -> Vec<&[(String, u64)]> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0u64);
-    for (i, (_, len)) in entries.iter().enumerate() {
-        if i > start && (i - start >= CHUNK_FILES || bytes + len > CHUNK_BYTES) {
-            out.push(&entries[start..i]);
-            (start, bytes) = (i, 0);
+    /// Counts with `f` in `stats.json` (best effort: the spool may not be writable, and the
+    /// lock is waited for at most [`COUNT_LOCK_WAIT`]). Whether it was counted.
+    pub(crate) fn count(&self, f: impl FnOnce(&mut SpoolStats)) -> bool {
+        if !matches!(self.prepare(true), Ok(true)) {
+            return false;
         }
-        bytes += len;
+        let Ok(Some(_lock)) = self.try_lock(COUNT_LOCK_WAIT) else {
+            return false;
+        };
+        let mut stats = self.read_stats();
+        f(&mut stats);
+        self.write_stats(&stats).is_ok()
     }
-    if start < entries.len() {
-        out.push(&entries[start..]);
-    }
-    out
 }
 
-fn read_entry(path: &Path) -> std::io::Result<(Route, Vec<u8>)> {
+/// A directory of the spool's path must be a real directory, this user's, closed to others.
+fn check_private(dir: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let me = unsafe { nix::libc::geteuid() };
+    if !meta.is_dir() {
+        return Err(err(
+            dir,
+            "is not a directory (a symbolic link is never followed)",
+        ));
+    }
+    if meta.uid() != me {
+        return Err(err(
+            dir,
+            format!("is owned by uid {}, not by this user", meta.uid()),
+        ));
+    }
+    if meta.permissions().mode() & 0o022 != 0 {
+        return Err(err(
+            dir,
+            format!(
+                "is writable by others (mode {:04o}); run `chmod 700 {}`",
+                meta.permissions().mode() & 0o7777,
+                dir.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The pid in a sender's temporary file name (`.<nanoseconds>-<pid>.tmp`).
+fn tmp_pid(name: &str) -> Option<i32> {
+    let stem = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (nanos, pid) = stem.split_once('-')?;
+    nanos.parse::<u128>().ok()?;
+    pid.parse().ok()
+}
+
+/// Whether process `pid` exists (a process of another user counts: EPERM).
+fn alive(pid: i32) -> bool {
+    use nix::errno::Errno;
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(e) => e != Errno::ESRCH,
+    }
+}
+
+/// Writes `bytes` to the new file `path` (0600, O_EXCL, never through a link), fsynced.
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| err(path, e))?;
+    f.write_all(bytes).map_err(|e| err(path, e))?;
+    f.sync_all().map_err(|e| err(path, e))
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| err(dir, e))
+}
+
+/// An entry's header and body (at most [`MAX_BYTES`] of it, or its size).
+pub(crate) fn read_entry(path: &Path) -> std::io::Result<(Header, Vec<u8>)> {
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
@@ -371,101 +443,40 @@ fn read_entry(path: &Path) -> std::io::Result<(Route, Vec<u8>)> {
         Some(i) => (&bytes[..i], bytes[i + 1..].to_vec()),
         None => (&bytes[..], Vec::new()),
     };
-    let route = serde_json::from_slice(head)
+    let header = serde_json::from_slice(head)
         .map_err(|e| err(path, format!("line 1: not a spool header: {e}")))?;
-    Ok((route, body))
+    Ok((header, body))
 }
 
-/// One entry's events into the ingest; its refusals are said with the entry's name.
-fn feed(lines: &mut LineIngest<'_>, name: &str, route: &Route, body: &[u8]) {
-    let before = lines.report().errors.len();
-    match route {
-        Route::Events => lines.feed(body),
-        Route::Ingest {
-            from,
-            agent,
-            session,
-        } => {
-            let opts = prx_hooks::agents::TranslateOptions {
-                agent: agent.clone(),
-                session: session.clone(),
-            };
-            match prx_hooks::agents::Agent::from_name(from)
-                .ok_or_else(|| format!("unknown agent {from:?}"))
-                .and_then(|a| {
-                    prx_hooks::agents::translate(a, body, &opts).map_err(|e| e.to_string())
-                }) {
-                Ok(t) => {
-                    lines.set_lenient(t.lenient);
-                    lines.line(1, t.line.as_bytes());
-                    lines.set_lenient(false);
-                }
-                Err(e) => {
-                    lines.refuse(1, 1, &e);
-                }
-            }
-        }
-    }
-    for e in &lines.report().errors[before..] {
-        tracing::warn!(
-            "spool/{name}:{}:{}: {}; the event was not replayed",
-            e.line,
-            e.column,
-            e.message
-        );
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `run`'s replay at start: every spooled entry into `hooks`, what happened said on stderr
-/// (once) and returned for the final report (`"spool"`). Nothing when there is no spool.
-pub(crate) fn replay_at_start(hooks: &Hooks, workspace: &Path) -> Option<serde_json::Value> {
-    let spool = Spool::new(workspace);
-    let done = match spool.replay(hooks) {
-        Ok(Some(done)) => done,
-        Ok(None) => return None,
-        Err(e) => {
-            tracing::warn!("spool: {e}; nothing was replayed");
-            return Some(serde_json::json!({ "error": e.to_string() }));
-        }
-    };
-    let r = &done.report;
-    let errors = r.errors.len() as u64 + r.more_errors;
-    if done.entries > 0 || done.stats != SpoolStats::default() {
-        tracing::info!(
-            "spool: replayed {} entr{} from {}: {} queued, {} skipped, {} dropped, {} refused, {errors} not events",
-            done.entries,
-            if done.entries == 1 { "y" } else { "ies" },
-            spool.dir().display(),
-            r.queued,
-            r.skipped,
-            r.dropped,
-            r.refused,
+    #[test]
+    fn headers_read_old_and_new_entries() {
+        let old: Header = serde_json::from_str(r#"{"route":"events"}"#).unwrap();
+        assert_eq!((old.route, old.id, old.time), (Route::Events, None, None));
+        let new = Header {
+            route: Route::Ingest {
+                from: "codex".into(),
+                agent: None,
+                session: Some("s".into()),
+            },
+            id: Some("ab12".into()),
+            time: Some("2026-12-07T10:00:00.000001Z".into()),
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        assert_eq!(
+            text,
+            r#"{"route":"ingest","from":"codex","agent":null,"session":"s","id":"ab12","time":"2026-12-07T10:00:00.000001Z"}"#
         );
+        assert_eq!(serde_json::from_str::<Header>(&text).unwrap(), new);
     }
-    if done.stats.dropped > 0 {
-        tracing::warn!(
-            "spool: {} entr{} ({} bytes) were dropped, oldest first, while the spool was full",
-            done.stats.dropped,
-            if done.stats.dropped == 1 { "y" } else { "ies" },
-            done.stats.dropped_bytes
-        );
+
+    #[test]
+    fn temporary_names_give_their_pid() {
+        assert_eq!(tmp_pid(".1733568000000000000-4242.tmp"), Some(4242));
+        assert_eq!(tmp_pid(".stats.tmp"), None);
+        assert_eq!(tmp_pid("1-2.tmp"), None);
     }
-    if done.stats.bad_input > 0 {
-        tracing::warn!(
-            "spool: `prx-hooks send` refused {} input(s) that were not events (each said on its stderr)",
-            done.stats.bad_input
-        );
-    }
-    Some(serde_json::json!({
-        "entries": done.entries,
-        "unreadable": done.unreadable,
-        "queued": r.queued,
-        "skipped": r.skipped,
-        "dropped": r.dropped,
-        "refused": r.refused,
-        "errors": errors,
-        "dropped_while_full": done.stats.dropped,
-        "dropped_bytes": done.stats.dropped_bytes,
-        "bad_input": done.stats.bad_input,
-    }))
 }

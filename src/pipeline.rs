@@ -727,6 +727,40 @@ mod tests {
         pipeline.shutdown(Duration::from_secs(5));
     }
 
+    /// Events emitted with an attachment (an ingested event's id): each ticket reports exactly
+    /// once, `ran` for what was delivered, `dropped` for what the shutdown deadline left in the
+    /// ring (before, those reported `ran` when the map was dropped).
+    #[test]
+    fn every_attached_event_settles_once_and_what_shutdown_left_settles_dropped() {
+        use crate::settle::{Attached, Ticket};
+        use std::sync::atomic::AtomicUsize;
+        let n = if cfg!(miri) { 12 } else { 200 };
+        let (producers, pipeline, sub) = one_ring(16);
+        let em = Emitter::new(producers.clone(), pipeline.lanes()[0].clone(), "a", "s");
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let mut queued = 0;
+        for i in 0..n {
+            let (r, d) = (ran.clone(), dropped.clone());
+            let ticket = Ticket::calling(Box::new(move |ok| {
+                if ok { &r } else { &d }.fetch_add(1, Ordering::Relaxed);
+            }));
+            let attached = Attached::new(None, None, Some(ticket)).with_delivery(
+                Some(format!("id-{i}")),
+                None,
+                false,
+            );
+            if em.emit_attached(Event::TurnComplete, None, attached) == Ok(Emit::Queued) {
+                queued += 1;
+            }
+        }
+        pipeline.shutdown(Duration::ZERO);
+        let delivered = sub.try_iter().count();
+        let (ran, dropped) = (ran.load(Ordering::Relaxed), dropped.load(Ordering::Relaxed));
+        assert_eq!(ran + dropped, n, "each ticket reported once");
+        assert_eq!(ran, delivered, "ran: exactly what was delivered");
+        assert_eq!(dropped, n - delivered, "queued {queued}");
+    }
+
     #[test]
     fn past_the_deadline_what_is_left_is_counted_not_kept() {
         let interest = Interest::new(1);

@@ -449,8 +449,11 @@ impl<'h> LineIngest<'h> {
     ) -> Ingested {
         let line = line.strip_suffix(b"\n").unwrap_or(line);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let plain = origin == LineOrigin::default() && settled.is_none();
         let mut attach = Attach { origin, settled };
         let out = match origin.check() {
+            // Nothing to attach: the plain path, which emits without an attachment.
+            Ok(()) if plain => self.ingest(number, line, None),
             Ok(()) => self.ingest(number, line, Some(&mut attach)),
             Err(e) => {
                 let mut out = Ingested::just(Outcome::Error);

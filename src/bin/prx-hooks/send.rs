@@ -118,7 +118,7 @@ pub(crate) fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
         }
     };
     // The events' id and time from their first try on: the same if they are spooled and
-    // replayed, so that they run once (docs/ingest.md § Event ids).
+    // replayed, so that they run once (docs/ingest.md § The rules every way shares).
     let header = Header {
         route,
         id: Some(new_id()),

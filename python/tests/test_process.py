@@ -263,8 +263,8 @@ def test_forked_children_make_their_own_hooks_while_the_parent_logs_without_paus
 
     The parent's stderr is a one-page pipe that `cat` drains, as when a log collector lags: a
     log line often waits for room inside its write, which widens the moment a fork can catch.
-    With std's stderr lock (held across that write) about 1 fork in 25 hung on it here, and 1
-    in 300 with stderr on /dev/null."""
+    While the log went through std's stderr lock (held across that write), about 1 fork in 20
+    hung on it here (2 shared vCPUs), and 1 in 300 with stderr on /dev/null."""
     cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:
         r = _fork_parent(tmp_path, parents=2, forks=300, budget=45, stderr=cat.stdin,

@@ -26,7 +26,8 @@
 //! subscriptions), [`stats`] (counters), [`config`] (hooks.json: model, validation, watcher),
 //! [`shell`] (running hooks), [`wasm`] (plugin manifests; with feature `wasm` the plugin host),
 //! [`ndjson`] (the `run` input format), [`ingest`] (the session map and the line ingest every
-//! input shares), [`agents`] (other agents' hook payloads as lines), `http` (with feature `http`: the management API over
+//! input shares), [`agents`] (other agents' hook payloads as lines), [`logging`] (a log on
+//! stderr that `fork()` cannot wedge), `http` (with feature `http`: the management API over
 //! [`config::HooksEditor`], run history and stats). Every guarantee is written down in
 //! ARCHITECTURE.md § Data flow.
 //!
@@ -68,6 +69,7 @@ pub mod http;
 pub mod ingest;
 mod interest;
 mod json;
+pub mod logging;
 mod message;
 pub mod nats;
 pub mod ndjson;

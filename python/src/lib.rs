@@ -93,22 +93,44 @@ pub(crate) fn json_loads<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py
 /// The library's warnings (a hook that cannot spawn, a plugin that fails to load, a reload
 /// refused) go to stderr, filtered by `PRX_HOOKS_LOG` (`RUST_LOG`'s syntax; default `warn`).
 /// Written by the thread that logs: never through Python, never needing the GIL.
+///
+/// Safe across `fork()` (docs/python.md § Processes, forks, signals): the subscriber is
+/// [`prx_hooks::logging::StderrLog`], one `write(2)` to fd 2 per record and no lock, where
+/// tracing-subscriber's `fmt` on `std::io::stderr` left a forked child waiting for good on the
+/// stderr lock of a parent thread caught mid-line. `EnvFilter` with level and target
+/// directives takes no lock either; a directive naming a span (`[…]`) would (a map behind a
+/// `RwLock`, a per-thread scope behind the `thread_local` crate's global mutex) and could not
+/// match anything (the log records no spans), so it is left out, with a warning.
 pub(crate) fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_env("PRX_HOOKS_LOG")
+        use tracing_subscriber::layer::SubscriberExt;
+        let var = std::env::var("PRX_HOOKS_LOG").ok();
+        let (directives, spans) = log_directives(var.as_deref());
+        let filter = tracing_subscriber::EnvFilter::try_new(&directives)
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         // Colours only for a person at a terminal, and not with NO_COLOR.
         use std::io::IsTerminal;
         let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        let log = prx_hooks::logging::StderrLog::new().ansi(ansi).with(filter);
         // Another Rust extension may have set the global subscriber: keep it.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(ansi)
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .try_init();
+        if tracing::subscriber::set_global_default(log).is_ok() && !spans.is_empty() {
+            tracing::warn!(
+                "PRX_HOOKS_LOG: {} left out: the log records no spans",
+                spans.join(", ")
+            );
+        }
     });
+}
+
+/// `PRX_HOOKS_LOG` (default `warn`) as `EnvFilter` directives, and the directives naming a
+/// span that were left out (see [`init_logging`]). `EnvFilter` splits on every comma too.
+fn log_directives(var: Option<&str>) -> (String, Vec<&str>) {
+    let Some(var) = var else {
+        return ("warn".into(), Vec::new());
+    };
+    let (spans, kept): (Vec<&str>, Vec<&str>) = var.split(',').partition(|d| d.contains('['));
+    (kept.join(","), spans)
 }
 
 #[pymodule]

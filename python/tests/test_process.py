@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -130,6 +132,158 @@ def test_a_forked_child_that_exits_normally_does_not_hang(inherited):
     """), timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "child 0"
+
+
+# A hooks.json the watcher refuses with 150 errors: each load logs 102 warnings (the first
+# 100 errors, a line for the rest, the headline). A trailing space or none: every rewrite
+# differs from the last, so every one is read and refused again.
+def _refused_hooks_json(variant: int) -> str:
+    return json.dumps({"hooks": {"tool_call": [{}] * 150}}) + " " * (variant % 2)
+
+
+# The parent for the fork tests below, in an interpreter of its own (its stderr is the test's
+# to choose). Its `Hooks` log without pause: their watchers refuse hooks.json files a thread
+# rewrites every few milliseconds. It forks children one at a time; each makes its own `Hooks`
+# on a refused hooks.json (its watcher logs while `Hooks(...)` builds), emits, receives its
+# event and exits. A child that has not exited within `per_child` seconds is killed and
+# counted as hung; the first hang ends the run.
+_FORK_PARENT = r"""
+import json, os, sys, threading, time, warnings
+warnings.filterwarnings("ignore", category=DeprecationWarning)  # fork() with threads, 3.12+
+import prx_hooks
+
+p = json.loads(os.environ["PRX_TEST_FORK"])
+
+def refused(variant):
+    return json.dumps({"hooks": {"tool_call": [{}] * 150}}) + " " * (variant % 2)
+
+def rewrite(ws, stop):
+    i = 0
+    while not stop.is_set():
+        tmp = os.path.join(ws, ".hooks.json.tmp")
+        with open(tmp, "w") as f:
+            f.write(refused(i))
+        os.replace(tmp, os.path.join(ws, "hooks.json"))
+        i += 1
+        time.sleep(0.003)  # past the watcher's 2 ms settle time: each rewrite is a reload
+
+def child():
+    if p.get("child_stderr"):
+        fd = os.open(p["child_stderr"], os.O_WRONLY)
+        os.dup2(fd, 2)
+    with prx_hooks.Hooks(workspace=p["child_ws"]) as hooks:
+        sub = hooks.bus.subscribe("prx.lifecycle.tool_call")
+        hooks.emitter("child", str(os.getpid())).tool_call("in-child", True, "")
+        assert sub.recv(timeout=20).payload["tool"] == "in-child"
+
+if p.get("pipe_size"):
+    import fcntl
+    fcntl.fcntl(2, 1031, p["pipe_size"])  # F_SETPIPE_SZ
+parents = [prx_hooks.Hooks(workspace=ws) for ws in p["parent_wss"]]
+stop = threading.Event()
+writers = [threading.Thread(target=rewrite, args=(ws, stop)) for ws in p["parent_wss"]]
+for w in writers:
+    w.start()
+refusals = lambda: sum(h.stats()["config"]["reload_errors"] for h in parents)
+if not p.get("wait_for_full_stderr"):
+    while refusals() < 10 * len(parents):
+        time.sleep(0.01)
+else:
+    # Until the parent's log fills the pipe its stderr is: a thread is then blocked inside a
+    # write(2) to it, for good (nobody reads the pipe before this process reports).
+    import fcntl, struct, termios
+    size = fcntl.fcntl(2, 1032)  # F_GETPIPE_SZ
+    queued = lambda: struct.unpack("i", fcntl.ioctl(2, termios.FIONREAD, b"\0\0\0\0"))[0]
+    while queued() < size - 4096:
+        time.sleep(0.01)
+    time.sleep(0.2)
+
+started = time.monotonic()
+done, hung, failed = 0, [], []
+while done < p["forks"] and time.monotonic() - started < p["budget"] and not hung:
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            child()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + p["per_child"]
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            if os.waitstatus_to_exitcode(status) != 0:
+                failed.append((done, os.waitstatus_to_exitcode(status)))
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            hung.append(done)
+            break
+        time.sleep(0.002)
+    done += 1
+print(json.dumps({"forks": done, "hung": hung, "failed": failed,
+                  "seconds": round(time.monotonic() - started, 1),
+                  "parent_refusals": refusals()}), flush=True)
+# Not through the exit's shutdown: a watcher may be blocked on a full stderr.
+os._exit(0)
+"""
+
+
+def _fork_parent(tmp_path, *, parents: int, forks: int, budget: float, stderr, **extra):
+    """Runs _FORK_PARENT; returns its report."""
+    wss = []
+    for name in [f"parent{i}" for i in range(parents)] + ["child"]:
+        ws = tmp_path / name
+        ws.mkdir()
+        (ws / "hooks.json").write_text(_refused_hooks_json(0))
+        wss.append(str(ws))
+    params = {"parent_wss": wss[:-1], "child_ws": wss[-1], "forks": forks, "budget": budget,
+              "per_child": 10.0, **extra}
+    proc = subprocess.Popen([sys.executable, "-c", _FORK_PARENT], stdout=subprocess.PIPE,
+                            stderr=stderr, env={**os.environ, "PRX_TEST_FORK": json.dumps(params)})
+    try:
+        # The report first, its stderr (when a pipe) only then: read earlier, the pipe would
+        # never fill.
+        ready, _, _ = select.select([proc.stdout], [], [], budget + 60)
+        assert ready, "the parent did not report in time"
+        report = proc.stdout.readline()
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and report, report
+    return json.loads(report)
+
+
+def test_forked_children_make_their_own_hooks_while_the_parent_logs_without_pause(tmp_path):
+    """Forks while the parent's threads are writing log lines: a child must never find the
+    log's means of writing held by a thread it does not have (docs/python.md § Processes,
+    forks, signals). 300 forks (at most 45 s), each child logging from its own `Hooks`.
+
+    The parent's stderr is a one-page pipe that `cat` drains, as when a log collector lags: a
+    log line often waits for room inside its write, which widens the moment a fork can catch.
+    While the log went through std's stderr lock (held across that write), about 1 fork in 20
+    hung on it here (2 shared vCPUs), and 1 in 300 with stderr on /dev/null."""
+    cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        r = _fork_parent(tmp_path, parents=2, forks=300, budget=45, stderr=cat.stdin,
+                         pipe_size=4096)
+    finally:
+        cat.stdin.close()
+        cat.wait(10)
+    assert r["hung"] == [], f"child #{r['hung'][0]} of {r['forks']} hung in Hooks(...): {r}"
+    assert r["failed"] == [], r
+    assert r["forks"] >= 100, f"too few forks to mean anything: {r}"
+
+
+def test_a_child_forked_while_a_parent_thread_is_stuck_writing_to_stderr_still_logs(tmp_path):
+    """The same with a parent whose stderr is a pipe nobody reads: its logging thread is
+    blocked inside a write to it when the child forks, every time. The child points its own
+    stderr elsewhere and makes its `Hooks`, which log."""
+    r = _fork_parent(tmp_path, parents=1, forks=1, budget=30, stderr=subprocess.PIPE,
+                     wait_for_full_stderr=True, child_stderr=os.devnull)
+    assert r["forks"] == 1 and r["hung"] == [] and r["failed"] == [], r
 
 
 def test_the_interpreter_exits_with_a_thread_still_iterating_a_subscription(workspace):

@@ -233,6 +233,13 @@ impl Producers {
         }
     }
 
+    /// Emitters alive now (a clone of any of them still held).
+    #[cfg(test)]
+    pub(crate) fn live_emitters(&self) -> usize {
+        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        reg.live.len()
+    }
+
     /// Fills the producer-side fields of `stats`; `queued` is the rings' claims (their tails).
     pub(crate) fn fill_stats(&self, stats: &mut Stats, queued: u64) {
         let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -358,6 +365,22 @@ impl Emitter {
             lane,
             producers,
         }))
+    }
+
+    /// Bytes an emitter whose agent and session names hold `name_bytes` together takes on the
+    /// heap: its own allocation, its counters', its `seq` cell's, its place in the registry of
+    /// live emitters and the names (allocator rounding left out). What the session map counts
+    /// against its byte bound (ARCHITECTURE.md § Ingest).
+    pub(crate) const fn heap_bytes(name_bytes: usize) -> usize {
+        /// An `Arc<T>`'s allocation: the two counts, then `T`, aligned as `T` is.
+        const fn arc<T>() -> usize {
+            std::mem::size_of::<(AtomicUsize, AtomicUsize, T)>()
+        }
+        arc::<EmitterInner>()
+            + arc::<CachePadded<EmitterCounters>>()
+            + arc::<CachePadded<SeqCell>>()
+            + std::mem::size_of::<(u64, Arc<CachePadded<EmitterCounters>>)>()
+            + name_bytes
     }
 
     /// Hands `event` to the pipeline. Never blocks, never makes a syscall, and allocates only

@@ -16,6 +16,9 @@
 //!   envelope provides; with [`ParseOptions::lenient`] it is accepted and left out of the
 //!   payload instead ([`Record::omitted`]).
 //!
+//! `agent` and `session` are at most [`MAX_NAME_BYTES`] (256) bytes each: a longer one is an
+//! error naming the field and the limit, for topic lines too.
+//!
 //! `payload` may be left out only for `turn_complete` (or, lenient, when every field may be
 //! missing). `tool_call_start.arguments` may be an object (embedded as is) or a string holding
 //! JSON text (embedded if it is an object, passed on as a string otherwise); any other JSON value
@@ -32,6 +35,15 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
+
+/// The longest agent name and the longest session id a line may have, in bytes (UTF-8).
+///
+/// Agents' session ids are UUIDs (36 bytes) or short names; 256 bytes leaves room for a path
+/// while keeping what the session map holds per key small (ARCHITECTURE.md § Ingest). It is
+/// also the most a NATS consumer takes from a `Prx-Agent` or `Prx-Session` header
+/// (`nats::wire::MAX_HEADER_VALUE` is this constant), so whatever a line brings in can cross
+/// the NATS bridge.
+pub const MAX_NAME_BYTES: usize = 256;
 
 /// How strict [`parse_line_with`] is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -405,7 +417,11 @@ fn parse(line: &[u8], options: ParseOptions, topics: bool) -> Result<Input, Line
                 return Err(LineError::new(at, other, format!("unknown member{hint}")));
             }
         };
-        if slot.replace((field_str(raw, at, key)?, at)).is_some() {
+        let value = field_str(raw, at, key)?;
+        if matches!(&**key, "agent" | "session") && value.len() > MAX_NAME_BYTES {
+            return Err(LineError::new(at, key, name_too_long(value.len())));
+        }
+        if slot.replace((value, at)).is_some() {
             return Err(LineError::new(at, key, "appears twice".into()));
         }
     }
@@ -458,6 +474,11 @@ fn parse(line: &[u8], options: ParseOptions, topics: bool) -> Result<Input, Line
             read_payload(kind, "{}", 0, agent, session, options).map(Input::Event)
         }
     }
+}
+
+/// Why an agent or session name of `len` bytes is refused.
+pub(crate) fn name_too_long(len: usize) -> String {
+    format!("{len} bytes; agent and session names are at most {MAX_NAME_BYTES} bytes")
 }
 
 /// The rest of a topic line: its topic's shape, agent, session and an object payload.
@@ -880,5 +901,31 @@ mod tests {
             parse_line(b"{\"event\":\"\xff\"}").unwrap_err().message(),
             "11: invalid UTF-8 at byte 10"
         );
+    }
+
+    #[test]
+    fn agent_and_session_names_are_bounded_at_their_column_for_events_and_topics() {
+        let max = "x".repeat(MAX_NAME_BYTES);
+        let line = |agent: &str, session: &str| {
+            format!(r#"{{"event":"turn_complete","agent":"{agent}","session":"{session}"}}"#)
+        };
+        let r = parse_line(line(&max, &max).as_bytes()).unwrap();
+        assert_eq!(
+            (r.agent.len(), r.session.len()),
+            (MAX_NAME_BYTES, MAX_NAME_BYTES)
+        );
+        assert_eq!(
+            err(&line(&format!("{max}y"), "s")),
+            "34: agent: 257 bytes; agent and session names are at most 256 bytes"
+        );
+        // Counted in bytes: 129 two-byte characters are 258 bytes.
+        let e = parse_line(line("a", &"é".repeat(129)).as_bytes()).unwrap_err();
+        assert_eq!((e.path(), e.column()), ("session", 48));
+        assert!(e.reason().starts_with("258 bytes;"), "{e}");
+        let topic = format!(
+            r#"{{"topic":"prx.agent.a.Note","agent":"{max}y","session":"s","payload":{{}}}}"#
+        );
+        let e = parse_input_with(topic.as_bytes(), ParseOptions::default()).unwrap_err();
+        assert_eq!(e.path(), "agent");
     }
 }

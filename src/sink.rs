@@ -37,6 +37,16 @@ pub trait Sink: Send + Sync {
         true
     }
 
+    /// Whether a producer that paces itself so as to lose nothing (a file replay:
+    /// `IngestOptions::wait_for_room`) should wait before it emits more, for work this sink
+    /// took and has not finished that its `in_flight` does not show (an exporter's queue of
+    /// spans). `coming` is how many events the rings hold that no sink has been handed yet.
+    /// `emit` and the live inputs never look at it. Default: never.
+    fn lagging(&self, coming: usize) -> bool {
+        let _ = coming;
+        false
+    }
+
     /// Finishes queued work, stopping what still runs at `deadline` — the contract every sink
     /// keeps (ARCHITECTURE.md § Shutdown):
     ///

@@ -628,6 +628,11 @@ const OTEL: &[Def<OtelStats>] = &[
         |o| o.queued,
     ),
     gauge("otel_capacity", "the export queue's bound", |o| o.capacity),
+    gauge(
+        "otel_stalled",
+        "1 while the batch being sent has gone unsettled for the request timeout",
+        |o| u64::from(o.stalled),
+    ),
 ];
 
 const OTEL_DROPS: Parts<OtelStats> = &[
@@ -1061,6 +1066,7 @@ mod tests {
             dropped_retries: 1,
             rejected: 1,
             queued: 0,
+            stalled: true,
             ..Default::default()
         };
         s.set_section(crate::otel::STATS_SECTION, Some(o));
@@ -1072,6 +1078,7 @@ mod tests {
             r#"prx_hooks_otel_spans_dropped_total{reason="retries"} 1"#,
             r#"prx_hooks_otel_spans_dropped_total{reason="rejected"} 1"#,
             "prx_hooks_otel_queued 0",
+            "prx_hooks_otel_stalled 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in {text}");
         }

@@ -761,6 +761,8 @@ impl<'h> LineIngest<'h> {
         loop {
             match sessions.get_counted(agent, session, false) {
                 Ok(em) => return Ok(em),
+                // Counted already: asking again would give the same answer.
+                Err(refused) if refused.is_permanent() => return Err(refused),
                 Err(refused) if pace::closed(self.hooks) => {
                     sessions.count_refused(agent, session);
                     return Err(refused);

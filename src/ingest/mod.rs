@@ -3,9 +3,10 @@
 //!
 //! * [`Sessions`] ([`Hooks::sessions`](crate::Hooks::sessions)): one [`Emitter`](crate::Emitter)
 //!   per (agent, session), shared by every ingest path of one `Hooks`, held while it is in use
-//!   or has events in the ring and released when idle, bounded in number, with each key's
-//!   `seq` remembered across a release.
+//!   or has events in the ring and released when idle, bounded in number and in bytes, with
+//!   each key's `seq` remembered across a release.
 //! * [`LineIngest`]: an NDJSON line → [`ndjson::parse_line_with`](crate::ndjson::parse_line_with)
+//!   (agent and session names of at most [`MAX_NAME_BYTES`](crate::ndjson::MAX_NAME_BYTES))
 //!   → the oversize check → an emit through [`Sessions`], counted per line in an
 //!   [`IngestReport`] (what an HTTP route answers: `{"queued", "dropped", "skipped",
 //!   "refused", "errors", "more_errors"}`).
@@ -25,7 +26,7 @@ pub use lines::{
 pub(crate) use seen::Seen;
 pub use seen::{EventIdStats, MAX_ID_BYTES, STATS_SECTION as EVENT_IDS_SECTION};
 pub use sessions::{
-    Refused, STATS_SECTION, SessionEmitter, SessionOptions, Sessions, SessionsStats,
+    ENTRY_BYTES, Refused, STATS_SECTION, SessionEmitter, SessionOptions, Sessions, SessionsStats,
 };
 
 #[cfg(all(test, loom))]

@@ -13,8 +13,9 @@ pub(crate) const NAP: Duration = Duration::from_micros(200);
 
 /// Whether an event of `bytes` (0: one that fits inline) should wait: a ring more than a
 /// quarter full, the byte budget too full to take it (more than half of it in use with it
-/// counted, unless it is empty), a bus subscriber more than half full, or a backend with
-/// [`SINK_BUSY`] jobs.
+/// counted, unless it is empty), a bus subscriber more than half full, a backend with
+/// [`SINK_BUSY`] jobs, or one [lagging](crate::Sink::lagging) with what the rings hold still
+/// to come (an exporter's queue).
 pub(crate) fn busy(hooks: &Hooks, bytes: usize) -> bool {
     if hooks.pipeline.rings().any(|r| r.len() > r.capacity() / 4) {
         return true;
@@ -25,11 +26,12 @@ pub(crate) fn busy(hooks: &Hooks, bytes: usize) -> bool {
             return true;
         }
     }
+    let coming = hooks.pipeline.rings().map(|r| r.len()).sum();
     hooks
         .pipeline
         .sinks()
         .iter()
-        .any(|s| s.counts().in_flight >= SINK_BUSY)
+        .any(|s| s.counts().in_flight >= SINK_BUSY || s.lagging(coming))
         || hooks
             .bus
             .subscribers()

@@ -1,5 +1,5 @@
 //! The session map: one emitter per (agent, session), kept while it is in use or has events
-//! in the ring, released when idle, bounded in number (ARCHITECTURE.md § Ingest).
+//! in the ring, released when idle, bounded in number and in bytes (ARCHITECTURE.md § Ingest).
 //!
 //! # The rules
 //!
@@ -15,12 +15,16 @@
 //! * **Released when idle** for [`SessionOptions::idle`] (10 s): each `get` examines the next
 //!   two entries of its shard in turn and releases them if they are idle that long;
 //!   [`Sessions::sweep`] releases every idle one at once.
-//! * **Bounded.** At most [`SessionOptions::max`] (4,096) entries, in 16 shards of `max / 16`
-//!   each (one shard below 256), the key's hash choosing the shard. A new key whose shard is
-//!   full takes the place of an entry that is neither pinned nor in flight, idle or not (the
-//!   clock algorithm: one not used since the hand last passed it first), counted as `evicted`;
-//!   when every entry of the shard is pinned or in flight, the key is **refused** ([`Refused`])
-//!   and counted.
+//! * **Bounded.** At most [`SessionOptions::max`] (4,096) entries and
+//!   [`SessionOptions::max_bytes`] (8 MiB) of them, in 16 shards of `max / 16` entries and
+//!   `max_bytes / 16` bytes each (one shard below 256 entries), the key's hash choosing the
+//!   shard. An entry's bytes are its names' plus what an entry always takes
+//!   ([`ENTRY_BYTES`]: its slot, its emitter's allocations). A new key whose shard is full, in
+//!   entries or in bytes, takes the place of entries that are neither pinned nor in flight,
+//!   idle or not (the clock algorithm: one not used since the hand last passed it first),
+//!   counted as `evicted`; when every entry of the shard is pinned or in flight, the key is
+//!   **refused** ([`Refused`]) and counted. A key whose agent or session name is longer than
+//!   [`MAX_NAME_BYTES`] (256 bytes) is refused whatever the map holds.
 //! * **`seq` goes on.** A released key's next `seq` is remembered (at most
 //!   [`SessionOptions::remember`] keys, 65,536, the oldest forgotten first); when the key comes
 //!   back its new emitter continues from it, on the same ring (the key's hash chooses it), so
@@ -34,6 +38,7 @@
 use super::memory::SeqMemory;
 use crate::emitter::{Emit, Emitter, Lane, Producers};
 use crate::event::{Event, Extras, ExtrasError};
+use crate::ndjson::MAX_NAME_BYTES;
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use serde::Serialize;
@@ -51,6 +56,20 @@ const MIN_PER_SHARD: usize = 16;
 /// Entries a `get` examines for the idle rule.
 const IDLE_STEPS: usize = 2;
 
+/// What an entry takes besides its names, in bytes: its slot, its places in the index and the
+/// free list, and its emitter's allocations (about 700 bytes on x86-64).
+pub const ENTRY_BYTES: usize =
+    std::mem::size_of::<Slot>() + 2 * std::mem::size_of::<usize>() + Emitter::heap_bytes(0);
+
+/// The bytes an entry for these names takes: its names and [`ENTRY_BYTES`].
+const fn entry_bytes(agent: &str, session: &str) -> usize {
+    ENTRY_BYTES + agent.len() + session.len()
+}
+
+/// The most one entry takes (both names of [`MAX_NAME_BYTES`]): every shard holds at least this
+/// many bytes, so a key that may enter the map always fits in an empty shard.
+const LARGEST_ENTRY: usize = ENTRY_BYTES + 2 * MAX_NAME_BYTES;
+
 /// How many emitters [`Sessions`] holds and for how long; `HooksBuilder::sessions`.
 ///
 /// # Examples
@@ -60,10 +79,12 @@ const IDLE_STEPS: usize = 2;
 /// use std::time::Duration;
 /// let opts = SessionOptions::default().max(1024).idle(Duration::from_secs(30));
 /// assert_eq!((opts.max_entries(), opts.idle_time()), (1024, Duration::from_secs(30)));
+/// assert_eq!(opts.max_held_bytes(), 8 << 20);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionOptions {
     max: usize,
+    max_bytes: usize,
     idle: Duration,
     remember: usize,
 }
@@ -72,6 +93,7 @@ impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
             max: 4096,
+            max_bytes: 8 << 20,
             idle: Duration::from_secs(10),
             remember: 65_536,
         }
@@ -82,6 +104,15 @@ impl SessionOptions {
     /// Emitters held at most (default 4,096; at least 1).
     pub fn max(mut self, entries: usize) -> Self {
         self.max = entries.max(1);
+        self
+    }
+
+    /// Bytes the entries take at most: their names plus [`ENTRY_BYTES`] each (default 8 MiB).
+    /// 4,096 entries whose names both have the longest length ([`MAX_NAME_BYTES`]) take about
+    /// 5 MiB, so with the default `max` the count binds first; with a larger `max` this does.
+    /// Each shard holds at least one entry of the longest names, whatever this says.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
         self
     }
 
@@ -103,6 +134,11 @@ impl SessionOptions {
         self.max
     }
 
+    /// The most bytes the entries take (see [`SessionOptions::max_bytes`]).
+    pub fn max_held_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
     /// How long an idle entry is kept (see [`SessionOptions::idle`]).
     pub fn idle_time(&self) -> Duration {
         self.idle
@@ -114,15 +150,41 @@ impl SessionOptions {
     }
 }
 
-/// A new key could not get an emitter: every entry of its shard is in use or has events in
-/// flight. Counted in `stats.sessions().refused`; try again once the pipeline has moved on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "refused: the session map holds its {max} emitters and every one this key could replace has events in flight (SessionOptions::max)"
-)]
+/// A new key could not get an emitter: every entry of its shard that it could replace is in
+/// use or has events in flight (try again once the pipeline has moved on), or a name of the key
+/// is longer than [`MAX_NAME_BYTES`] (never given). Counted in `stats.sessions().refused`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Refused {
     max: usize,
+    max_bytes: usize,
+    /// The name that is too long, and its length.
+    too_long: Option<(&'static str, usize)>,
 }
+
+impl Refused {
+    /// Whether the key can never be given (a name longer than [`MAX_NAME_BYTES`]): asking
+    /// again is of no use.
+    pub fn is_permanent(&self) -> bool {
+        self.too_long.is_some()
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.too_long {
+            Some((field, len)) => {
+                write!(f, "refused: {field}: {}", crate::ndjson::name_too_long(len))
+            }
+            None => write!(
+                f,
+                "refused: the session map holds its {} emitters or {} bytes and every one this key could replace has events in flight (SessionOptions::max, max_bytes)",
+                self.max, self.max_bytes
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// The session map's counters: `stats.sessions()`, section `"sessions"`.
 ///
@@ -134,8 +196,12 @@ pub struct Refused {
 pub struct SessionsStats {
     /// The bound (`SessionOptions::max`).
     pub max: u64,
+    /// The bound in bytes (`SessionOptions::max_bytes`).
+    pub max_bytes: u64,
     /// Entries held now.
     pub live: u64,
+    /// The bytes they take: their names plus `ENTRY_BYTES` each.
+    pub bytes: u64,
     /// Emitters made (a key seen first, or again after its release).
     pub opened: u64,
     /// Of `opened`, keys made again that went on from their remembered `seq`.
@@ -144,7 +210,8 @@ pub struct SessionsStats {
     pub released: u64,
     /// Entries released sooner to make room for a new key in a full shard.
     pub evicted: u64,
-    /// New keys refused: their shard was full and every entry in it in use or in flight.
+    /// New keys refused: their shard was full and every entry in it in use or in flight, or
+    /// a name was longer than `MAX_NAME_BYTES`.
     pub refused: u64,
     /// The bound on remembered keys (`SessionOptions::remember`).
     pub remember: u64,
@@ -170,13 +237,15 @@ pub struct Sessions {
 ///
 /// Invariants (under the shard's lock): `index` holds exactly the occupied slots, each under
 /// its `hash`; `free` exactly the empty ones; `live` is the number of occupied slots and never
-/// exceeds `cap`.
+/// exceeds `cap`; `bytes` is the sum of their [`entry_bytes`] and never exceeds `byte_cap`.
 struct Shard {
     index: HashTable<usize>,
     slots: Vec<Slot>,
     free: Vec<usize>,
     cap: usize,
     live: usize,
+    byte_cap: usize,
+    bytes: usize,
     hand: usize,
     memory: SeqMemory,
     counts: SessionsStats,
@@ -212,13 +281,15 @@ enum Why {
 }
 
 impl Shard {
-    fn new(cap: usize, remember: usize) -> Shard {
+    fn new(cap: usize, byte_cap: usize, remember: usize) -> Shard {
         Shard {
             index: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
             cap,
             live: 0,
+            byte_cap: byte_cap.max(LARGEST_ENTRY),
+            bytes: 0,
             hand: 0,
             memory: SeqMemory::new(remember),
             counts: SessionsStats::default(),
@@ -249,6 +320,7 @@ impl Shard {
         }
         self.free.push(i);
         self.live -= 1;
+        self.bytes -= entry_bytes(entry.emitter.agent(), entry.emitter.session());
         self.counts.forgotten += self.memory.park(hash, entry.emitter.next_seq());
         match why {
             Why::Idle => self.counts.released += 1,
@@ -292,7 +364,19 @@ impl Shard {
         false
     }
 
+    /// Makes room for an entry of `need` bytes, evicting as [`Shard::evict_one`] does; false
+    /// when what is left to evict is pinned or in flight.
+    fn make_room(&mut self, need: usize, gone: &mut Vec<Emitter>) -> bool {
+        while self.live >= self.cap || self.bytes + need > self.byte_cap {
+            if !self.evict_one(gone) {
+                return false;
+            }
+        }
+        true
+    }
+
     fn insert(&mut self, hash: u64, emitter: Emitter, now: Instant) -> usize {
+        let bytes = entry_bytes(emitter.agent(), emitter.session());
         let entry = Entry {
             emitter,
             pins: 1,
@@ -319,6 +403,7 @@ impl Shard {
         let slots = &self.slots;
         self.index.insert_unique(hash, i, |&j| slots[j].hash);
         self.live += 1;
+        self.bytes += bytes;
         self.counts.opened += 1;
         i
     }
@@ -341,6 +426,7 @@ impl Sessions {
                 .map(|i| {
                     CachePadded::new(Mutex::new(Shard::new(
                         part(opts.max, i),
+                        part(opts.max_bytes, i),
                         part(opts.remember, i),
                     )))
                 })
@@ -372,7 +458,7 @@ impl Sessions {
 
     /// The emitter of (agent, session), pinned until the returned handle drops: made when the
     /// key is new (continuing its remembered `seq`), refused when its shard is full of entries
-    /// in use or in flight.
+    /// in use or in flight, or when a name is longer than [`MAX_NAME_BYTES`].
     ///
     /// # Examples
     ///
@@ -392,14 +478,22 @@ impl Sessions {
         self.get_counted(agent, session, true)
     }
 
-    /// [`get`](Sessions::get); `count` says whether a refusal is counted (a caller that waits
-    /// for room and asks again counts the key once, when it gives up).
+    /// [`get`](Sessions::get); `count` says whether a refusal for want of room is counted (a
+    /// caller that waits for room and asks again counts the key once, when it gives up). A
+    /// permanent refusal ([`Refused::is_permanent`]) is counted at once.
     pub(crate) fn get_counted(
         &self,
         agent: &str,
         session: &str,
         count: bool,
     ) -> Result<SessionEmitter<'_>, Refused> {
+        if let Some((field, name)) = [("agent", agent), ("session", session)]
+            .into_iter()
+            .find(|(_, name)| name.len() > MAX_NAME_BYTES)
+        {
+            self.count_refused(agent, session);
+            return Err(self.refused(Some((field, name.len()))));
+        }
         let hash = self.hash(agent, session);
         let s = self.shard_of(hash);
         let now = Instant::now();
@@ -414,13 +508,13 @@ impl Sessions {
                 i
             }
             None => {
-                if shard.live >= shard.cap && !shard.evict_one(&mut gone) {
+                if !shard.make_room(entry_bytes(agent, session), &mut gone) {
                     if count {
                         shard.counts.refused += 1;
                     }
                     drop(shard);
                     drop(gone);
-                    return Err(Refused { max: self.opts.max });
+                    return Err(self.refused(None));
                 }
                 let next = shard.memory.take(hash);
                 if next.is_some() {
@@ -449,6 +543,14 @@ impl Sessions {
             emitter,
             tail: Cell::new(None),
         })
+    }
+
+    fn refused(&self, too_long: Option<(&'static str, usize)>) -> Refused {
+        Refused {
+            max: self.opts.max,
+            max_bytes: self.opts.max_bytes,
+            too_long,
+        }
     }
 
     /// Counts a refusal of a caller that asked with `count: false` and gives up now.
@@ -503,6 +605,7 @@ impl Sessions {
     pub fn stats(&self) -> SessionsStats {
         let mut t = SessionsStats {
             max: self.opts.max as u64,
+            max_bytes: self.opts.max_bytes as u64,
             remember: self.opts.remember as u64,
             idle_ms: self.opts.idle.as_millis() as u64,
             ..SessionsStats::default()
@@ -511,6 +614,7 @@ impl Sessions {
             let shard = self.lock(s);
             let c = &shard.counts;
             t.live += shard.live as u64;
+            t.bytes += shard.bytes as u64;
             t.remembered += shard.memory.len() as u64;
             t.opened += c.opened;
             t.resumed += c.resumed;

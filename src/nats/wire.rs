@@ -41,8 +41,9 @@ pub const MSG_ID: &str = "Nats-Msg-Id";
 /// has been relayed from one bridge to the next this many times.
 pub const MAX_HOPS: u32 = 8;
 
-/// Longest agent or session a consumer accepts from a header (bytes, after decoding).
-pub const MAX_HEADER_VALUE: usize = 256;
+/// Longest agent or session a consumer accepts from a header (bytes, after decoding): the
+/// limit every input has ([`ndjson::MAX_NAME_BYTES`](crate::ndjson::MAX_NAME_BYTES), 256).
+pub const MAX_HEADER_VALUE: usize = crate::ndjson::MAX_NAME_BYTES;
 
 /// The agent and session of a consumed message that has no `Prx-Agent` / `Prx-Session`.
 pub const DEFAULT_AGENT: &str = "nats";

@@ -103,6 +103,9 @@ struct State {
     free: Vec<Chunk>,
     /// When the last batch was taken (a partial batch waits `interval` from it).
     last: Instant,
+    /// When the batch being sent (the oldest, with several senders) was taken; `None` while
+    /// no batch is out.
+    sending: Option<Instant>,
 }
 
 impl Default for State {
@@ -114,6 +117,7 @@ impl Default for State {
             stop: None,
             free: Vec::new(),
             last: Instant::now(),
+            sending: None,
         }
     }
 }
@@ -125,18 +129,41 @@ pub(crate) struct Queue {
     wake: tokio::sync::Notify,
     capacity: usize,
     batch: usize,
+    /// How long a batch may stay out before the exporter counts as stalled (the request
+    /// timeout).
+    stall: Duration,
     pub(crate) counters: Counters,
 }
 
 impl Queue {
-    pub(crate) fn new(capacity: usize, batch: usize) -> Queue {
+    pub(crate) fn new(capacity: usize, batch: usize, stall: Duration) -> Queue {
         Queue {
             state: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             capacity,
             batch,
+            stall,
             counters: Counters::default(),
         }
+    }
+
+    /// Whether a paced producer should wait for the exporter: the queue, with `coming` more
+    /// spans on their way to it, is more than half full, and the exporter is not stalled (a
+    /// receiver that takes its requests gets the time it needs; waiting for one that does not
+    /// would only stop the producer). `emit` never looks at this.
+    pub(crate) fn lagging(&self, coming: usize) -> bool {
+        let st = self.lock();
+        st.queued + st.in_flight + coming > self.capacity / 2 && !self.stalled_in(&st)
+    }
+
+    /// Whether the batch being sent has been out for the request timeout or longer without
+    /// being settled (the receiver is down, refusing, or not answering: retries go on).
+    pub(crate) fn stalled(&self) -> bool {
+        self.stalled_in(&self.lock())
+    }
+
+    fn stalled_in(&self, st: &State) -> bool {
+        st.sending.is_some_and(|t| t.elapsed() >= self.stall)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -218,6 +245,9 @@ impl Queue {
         }
         st.queued -= n;
         st.in_flight += n;
+        if n > 0 {
+            st.sending.get_or_insert_with(Instant::now);
+        }
         n
     }
 
@@ -253,6 +283,9 @@ impl Queue {
     fn done(&self, n: usize) {
         let mut st = self.lock();
         st.in_flight -= n;
+        if st.in_flight == 0 {
+            st.sending = None;
+        }
     }
 }
 
@@ -583,7 +616,7 @@ mod tests {
 
     #[test]
     fn batches_are_whole_requests_split_across_chunks_in_order() {
-        let q = Queue::new(10, 4);
+        let q = Queue::new(10, 4, Duration::from_secs(10));
         let mut chunk = Chunk::default();
         let mut rec = Rec::empty();
         for i in 0..12u64 {
@@ -621,5 +654,30 @@ mod tests {
         let want: Vec<_> = (0..10).map(|i| format!("span {i}")).collect();
         assert_eq!(names, want);
         assert_eq!(q.queued(), 0);
+    }
+
+    #[test]
+    fn a_paced_producer_waits_for_a_queue_over_half_full_unless_the_exporter_is_stalled() {
+        let q = Queue::new(10, 4, Duration::from_millis(50));
+        let mut chunk = Chunk::default();
+        let mut rec = Rec::empty();
+        for i in 0..6u64 {
+            rec.clear();
+            rec.begin(Kind::Internal, [1; 16], (i + 1).to_be_bytes(), None, i);
+            chunk.push(&rec);
+        }
+        q.push(&mut chunk);
+        assert!(q.lagging(0), "6 of 10");
+        assert!(!q.stalled(), "nothing out yet");
+        let mut body = Vec::new();
+        assert_eq!(q.take(&mut q.lock(), &mut body), 4);
+        assert!(q.lagging(0), "the batch out counts against the bound");
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(q.stalled(), "out for longer than the request timeout");
+        assert!(!q.lagging(0), "a stalled exporter is not waited for");
+        q.done(4);
+        assert!(!q.stalled());
+        assert!(!q.lagging(0), "2 of 10");
+        assert!(q.lagging(4), "2 of 10, 4 more coming");
     }
 }

@@ -82,4 +82,8 @@ pub struct OtelStats {
     pub requests: u64,
     /// Requests that were retried (429, 502, 503, 504, a timeout, a connection error).
     pub retries: u64,
+    /// The batch being sent has gone unsettled for the request timeout or longer (the
+    /// receiver is down, refusing or not answering). A file replay waits for a lagging
+    /// exporter only while this is false.
+    pub stalled: bool,
 }

@@ -82,7 +82,7 @@ impl OtelSink {
         let (stop, stop_rx) = flume::bounded(1);
         let (spare_tx, spare) = flume::bounded(SPARE_BATCHES);
         let shared = Arc::new(Shared::default());
-        let queue = Arc::new(Queue::new(opts.queue, opts.batch));
+        let queue = Arc::new(Queue::new(opts.queue, opts.batch, opts.timeout));
         let runs = runs.map(Arc::new);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -175,6 +175,7 @@ impl OtelSink {
             hook_spans: get(&s.hook_spans),
             requests: get(&c.requests),
             retries: get(&c.retries),
+            stalled: self.queue.stalled(),
         }
     }
 
@@ -257,6 +258,15 @@ impl Sink for OtelSink {
         if !batch.is_empty() {
             self.hand_over(batch);
         }
+    }
+
+    /// The export queue more than half full (the events still in the rings and those the
+    /// span builder has not read counted as spans to come) while the receiver takes what is
+    /// sent: a file replay waits, so that a receiver slower than the replay loses nothing
+    /// (ARCHITECTURE.md § OpenTelemetry traces).
+    fn lagging(&self, coming: usize) -> bool {
+        let unread = self.shared.pending.load(Ordering::Relaxed);
+        self.queue.lagging(coming.saturating_add(unread))
     }
 
     fn counts(&self) -> SinkCounts {

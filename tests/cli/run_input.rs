@@ -155,7 +155,7 @@ fn a_new_agent_per_event_keeps_run_within_a_memory_bound_and_the_session_counter
     // idle or to make room, and none was refused (a file replay waits for room instead).
     assert_eq!(n("opened"), WARM + MORE, "{s}");
     assert_eq!(n("opened"), n("live") + n("released") + n("evicted"), "{s}");
-    assert!(n("live") <= n("max"), "{s}");
+    assert!(n("live") <= n("max") && n("bytes") <= n("max_bytes"), "{s}");
     assert_eq!(n("refused"), 0, "{s}");
     assert!(n("remembered") <= n("remember"), "{s}");
     assert_eq!(

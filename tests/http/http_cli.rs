@@ -601,3 +601,115 @@ fn stalled_streams_hold_at_most_their_queue_bytes_until_the_socket_takes_them() 
     let (code, rest) = d.terminate();
     assert_eq!(code, 0, "{}", rest.join("\n"));
 }
+
+/// `POST` with the token, the answer's status and JSON.
+fn post(base: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, Value) {
+    let mut r = agent()
+        .post(format!("{base}{path}"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .content_type(content_type)
+        .send(body)
+        .unwrap();
+    let text = r.body_mut().read_to_string().unwrap();
+    (
+        r.status().as_u16(),
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn huge_session_ids_are_refused_by_name_and_the_server_keeps_none_of_them() {
+    // The real binary with its defaults. glibc maps every block of 128 KiB and more on its
+    // own, so a freed id leaves the resident set at once and VmRSS measures what is held.
+    const LINES: usize = 600;
+    const PER_REQUEST: usize = 15;
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_prx-hooks"));
+    cmd.args(["run", "--workspace"])
+        .arg(ws.path())
+        .args(["--listen", "127.0.0.1:0"])
+        .env("MALLOC_MMAP_THRESHOLD_", "131072");
+    let mut d = Daemon::spawn(cmd, Some(TOKEN));
+    let pid = d.child.id();
+    let base = d.base();
+    let ndjson = "application/x-ndjson";
+    let (status, _) = post(
+        &base,
+        "/api/events",
+        ndjson,
+        tool_call_line("warm").as_bytes(),
+    );
+    assert_eq!(status, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let baseline = rss(pid);
+
+    // Every id a new key of 1 MiB.
+    let id = |i: usize| format!("{i:07}{}", "s".repeat((1 << 20) - 7));
+    let line = |i: usize| {
+        format!(
+            "{{\"event\":\"tool_call\",\"agent\":\"a\",\"session\":\"{}\",\"payload\":{{\"tool\":\"t\",\"success\":true,\"output\":\"\"}}}}\n",
+            id(i)
+        )
+    };
+    let mut reports = Vec::new();
+    for r in 0..LINES / PER_REQUEST {
+        let body: String = (0..PER_REQUEST)
+            .map(|i| line(r * PER_REQUEST + i))
+            .collect();
+        let (status, report) = post(&base, "/api/events", ndjson, body.as_bytes());
+        assert_eq!(status, 200, "{report}");
+        reports.push(report);
+    }
+    // An agent's own payload, translated: the same rule.
+    let payload = format!(
+        r#"{{"session_id":"{}","hook_event_name":"Stop"}}"#,
+        id(LINES)
+    );
+    let (status, translated) = post(
+        &base,
+        "/api/ingest/claude-code?report=true",
+        "application/json",
+        payload.as_bytes(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let grown = rss(pid).saturating_sub(baseline);
+    let (_, stats) = get(&base, "/api/stats", TOKEN);
+    println!(
+        "{LINES} lines with 1 MiB session ids: the server grew by {} MiB (baseline {} MiB); sessions {}",
+        grown >> 20,
+        baseline >> 20,
+        stats["sessions"]
+    );
+    assert!(
+        grown < 64 << 20,
+        "the server grew by {} MiB: it holds the ids",
+        grown >> 20
+    );
+    for r in &reports {
+        assert_eq!(r["queued"], 0, "{r}");
+        assert_eq!(
+            r["errors"].as_array().map(Vec::len),
+            Some(PER_REQUEST),
+            "{r}"
+        );
+        let message = r["errors"][0]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("session: 1048576 bytes") && message.contains("256 bytes"),
+            "names the field and the limit: {message}"
+        );
+    }
+    assert_eq!(status, 200, "{translated}");
+    assert_eq!(
+        translated["errors"][0]["message"],
+        reports[0]["errors"][0]["message"]
+    );
+    assert_eq!(
+        stats["ingest"]["errors"],
+        LINES as u64 + 1,
+        "{}",
+        stats["ingest"]
+    );
+    assert_eq!(stats["sessions"]["opened"], 1, "{}", stats["sessions"]);
+    let (code, rest) = d.terminate();
+    assert_eq!(code, 0, "{}", rest.join("\n"));
+}

@@ -273,3 +273,55 @@ fn the_line_ingest_counts_every_line_once_and_keeps_the_first_hundred_errors() {
     // `emit` saw the oversize event too, and counted it.
     assert_eq!(hooks.stats().oversize, 1);
 }
+
+/// Agent and session names are bounded (`ndjson::MAX_NAME_BYTES`, 256 bytes): a line with a
+/// longer one is an error naming the field and the limit, counted once, and its key never
+/// reaches the session map; a name of exactly the limit is an event like any. Topic lines
+/// follow the same rule.
+#[test]
+fn a_name_longer_than_the_limit_is_an_error_naming_it_and_never_reaches_the_session_map() {
+    const LIMIT: usize = 256;
+    let hooks = Hooks::builder().build().unwrap();
+    let _sub = hooks.bus().subscribe("*").unwrap();
+    let line = |agent: &str, session: &str| {
+        format!(
+            r#"{{"event":"tool_call","agent":"{agent}","session":"{session}","payload":{{"tool":"t","success":true,"output":""}}}}"#
+        ) + "\n"
+    };
+    let at_limit = "a".repeat(LIMIT);
+    let mut text = line(&at_limit, &at_limit);
+    text += &line(&"a".repeat(LIMIT + 1), "s");
+    text += &line("a", &"s".repeat(1 << 20));
+    text += &format!(
+        r#"{{"topic":"prx.agent.a.Note","agent":"a","session":"{}","payload":{{}}}}"#,
+        "s".repeat(LIMIT + 1)
+    );
+    text += "\n";
+    let mut ingest = LineIngest::new(&hooks, IngestOptions::default());
+    ingest.feed(text.as_bytes());
+    let r = ingest.report();
+    assert_eq!(
+        (r.queued, r.dropped, r.skipped, r.refused),
+        (1, 0, 0, 0),
+        "{r:?}"
+    );
+    assert_eq!(r.errors.len(), 3, "{r:?}");
+    let fields = ["agent", "session", "session"];
+    for (e, field) in r.errors.iter().zip(fields) {
+        assert!(
+            e.message.starts_with(&format!("{field}: "))
+                && e.message.contains(&format!("{LIMIT} bytes")),
+            "names the field and the limit: {e:?}"
+        );
+    }
+    assert!(
+        r.errors[1].message.contains("1048576 bytes"),
+        "{:?}",
+        r.errors[1]
+    );
+    let s = hooks.stats().sessions().cloned().unwrap();
+    assert_eq!(
+        s.opened, 1,
+        "only the name at the limit got an emitter: {s:?}"
+    );
+}

@@ -2,7 +2,7 @@
 //! through its hooks, exported to a real receiver, the span tree printed (README.md §
 //! Traces shows it).
 
-use crate::receiver::{Receiver, attr, render_tree};
+use crate::receiver::{Mode, Receiver, attr, render_tree};
 use crate::*;
 use std::path::Path;
 use std::process::Command;
@@ -163,4 +163,102 @@ fn run_otlp_without_a_url_takes_the_endpoint_and_headers_from_the_environment() 
     let resource = format!("{:?}", rx.resource());
     assert!(resource.contains("deployment.environment"), "{resource}");
     assert!(rx.paths().iter().all(|p| p == "/v1/traces"));
+}
+
+/// `sessions` turns of `pairs` tool calls each: (the NDJSON, the spans it makes — a tool span
+/// per call and an implicit agent span per turn).
+fn turns(sessions: usize, pairs: usize) -> (String, u64) {
+    let mut text = String::new();
+    for s in 0..sessions {
+        for i in 0..pairs {
+            text += &format!(
+                "{{\"event\":\"tool_call_start\",\"agent\":\"a\",\"session\":\"s{s}\",\"payload\":{{\"tool\":\"t{i}\",\"arguments\":{{}}}}}}\n\
+                 {{\"event\":\"tool_call\",\"agent\":\"a\",\"session\":\"s{s}\",\"payload\":{{\"tool\":\"t{i}\",\"success\":true,\"output\":\"\"}}}}\n"
+            );
+        }
+        text += &format!("{{\"event\":\"turn_complete\",\"agent\":\"a\",\"session\":\"s{s}\"}}\n");
+    }
+    (text, (sessions * (pairs + 1)) as u64)
+}
+
+/// `run --events FILE --otlp URL`: the exit code, stderr's lines, the report's `otel` section.
+fn replay(
+    text: &str,
+    url: &str,
+    env: &[(&str, &str)],
+) -> (Option<i32>, Vec<String>, serde_json::Value) {
+    let ws = tempfile::tempdir().unwrap();
+    let events = ws.path().join("events.ndjson");
+    std::fs::write(&events, text).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--workspace"])
+        .arg(ws.path())
+        .arg("--events")
+        .arg(&events)
+        .args(["--otlp", url])
+        .env("RUST_LOG", "error");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stderr: Vec<String> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let report: serde_json::Value =
+        serde_json::from_str(stderr.last().map_or("", String::as_str)).unwrap_or_default();
+    let otel = report["stats"]["otel"].clone();
+    (out.status.code(), stderr, otel)
+}
+
+/// A replay outruns any receiver: the span builder makes spans far faster than a collector
+/// takes them. Against a healthy receiver that takes 250 ms per request, the replay waits for
+/// the exporter's queue as it waits for the rings and hook queues: every span arrives.
+#[test]
+fn a_replay_to_a_slow_receiver_waits_for_the_exporter_and_loses_no_span() {
+    let rx = Receiver::start();
+    rx.set(Mode::Stall(Duration::from_millis(250)));
+    let (text, spans) = turns(100, 50);
+    let (code, stderr, o) = replay(&text, &rx.url(), &[]);
+    println!("{o}");
+    assert_eq!(o["dropped_queue_full"], 0, "{o}");
+    assert_eq!(
+        (o["spans"].as_u64(), o["exported"].as_u64()),
+        (Some(spans), Some(spans)),
+        "{o}"
+    );
+    assert_eq!(rx.span_count() as u64, spans);
+    assert_eq!(code, Some(0), "{}", stderr.join("\n"));
+}
+
+/// A receiver that never answers: the replay stops waiting for it once a request has gone
+/// unanswered for the request timeout, so `run` ends; the spans it lost are said once, with
+/// their count and reasons, and `run` exits 1.
+#[test]
+fn spans_lost_to_a_receiver_that_never_answers_are_said_once_and_run_exits_1() {
+    let rx = Receiver::start();
+    rx.set(Mode::Stall(Duration::from_secs(3600)));
+    let (text, spans) = turns(100, 50);
+    let start = std::time::Instant::now();
+    let (code, stderr, o) = replay(&text, &rx.url(), &[("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")]);
+    println!("{:?}: {o}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(o["spans"].as_u64(), Some(spans), "{o}");
+    assert_eq!(o["exported"], 0, "{o}");
+    let said: Vec<&String> = stderr
+        .iter()
+        .filter(|l| l.contains("OpenTelemetry"))
+        .collect();
+    assert_eq!(said.len(), 1, "said once: {stderr:?}");
+    let lost = o["dropped_queue_full"].as_u64().unwrap() + o["dropped_shutdown"].as_u64().unwrap();
+    assert!(
+        said[0].contains(&format!("lost {lost} span(s)")) && said[0].contains("full queue"),
+        "the count and the reasons: {}",
+        said[0]
+    );
+    assert_eq!(code, Some(1), "{}", stderr.join("\n"));
 }

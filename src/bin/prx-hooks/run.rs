@@ -366,15 +366,16 @@ fn report(hooks: &Hooks, input: &InputCounters, ended: Ended) -> ExitCode {
     // before the report, which stays the last line of stderr.
     // Every oversize line was said by `ingest` and (when anything listens) refused by `emit`
     // too: the same events, counted once.
+    // The exporters say what they lost on lines of their own.
     let oversize = stats.oversize.max(input.oversize.load(Ordering::Relaxed));
-    let lost = input.bad_lines.load(Ordering::Relaxed)
+    let lines_lost = input.bad_lines.load(Ordering::Relaxed)
         + input.refused.load(Ordering::Relaxed)
         + stats.dropped
         + stats.dropped_budget
-        + oversize
-        + nats_lost(&stats);
+        + oversize;
+    let lost = lines_lost + nats_lost(&stats) + otel_lost(&stats);
     let failed = lost > 0 || input.read_error.load(Ordering::Relaxed);
-    if lost > 0 {
+    if lines_lost > 0 {
         let refused = match input.refused.load(Ordering::Relaxed) {
             0 => String::new(),
             n => format!(", {n} refused by the session map at shutdown"),
@@ -523,6 +524,36 @@ fn nats_lost(_stats: &prx_hooks::Stats) -> u64 {
             );
         }
         return lost;
+    }
+    0
+}
+
+/// What the OpenTelemetry exporter lost — spans dropped for a full export queue, given up after
+/// retrying, refused by the receiver or left at shutdown, and events its span builder had no
+/// room for — said in one line; like ring drops, they make `run` exit 1.
+fn otel_lost(_stats: &prx_hooks::Stats) -> u64 {
+    #[cfg(feature = "otel")]
+    if let Some(o) = _stats.section::<prx_hooks::otel::OtelStats>(prx_hooks::otel::STATS_SECTION) {
+        let spans = o.dropped_queue_full + o.dropped_retries + o.rejected + o.dropped_shutdown;
+        let events: u64 = (_stats.sinks.iter())
+            .filter(|s| s.name == prx_hooks::otel::STATS_SECTION)
+            .map(|s| s.counts.dropped)
+            .sum();
+        if spans + events > 0 {
+            let events = match events {
+                0 => String::new(),
+                n => format!("; {n} event(s) found the span builder's queue full"),
+            };
+            say!(
+                "prx-hooks: OpenTelemetry export to {} lost {spans} span(s): {} to a full queue, {} given up after retrying, {} refused by the receiver, {} left at shutdown{events}",
+                o.endpoint,
+                o.dropped_queue_full,
+                o.dropped_retries,
+                o.rejected,
+                o.dropped_shutdown,
+            );
+        }
+        return spans + events;
     }
     0
 }

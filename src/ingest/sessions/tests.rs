@@ -46,6 +46,9 @@ fn an_idle_key_is_released_and_comes_back_with_its_seq() {
     }
     let s = h.stats().sessions().cloned().unwrap();
     assert_eq!((s.live, s.released, s.remembered), (0, 1, 1));
+    // Its bytes and its emitter (names included) are given back.
+    assert_eq!(s.bytes, 0);
+    assert_eq!(h.sessions().producers.live_emitters(), 0);
     h.sessions()
         .get("a", "s")
         .unwrap()
@@ -151,4 +154,59 @@ fn small_bounds_use_one_shard_and_large_ones_sixteen_that_add_up() {
     assert_eq!(s.shards.len(), 16);
     let caps: usize = (0..16).map(|i| s.lock(i).cap).sum();
     assert_eq!(caps, 1000);
+}
+
+#[test]
+fn entries_are_counted_in_bytes_bounded_by_them_and_give_them_back_when_they_go() {
+    // Names of 200 and 100 bytes; one shard (`max` below 256) with room for three entries.
+    let entry = ENTRY_BYTES + 300;
+    let h = hooks(SessionOptions::default().max(100).max_bytes(3 * entry));
+    let _sub = h.bus().subscribe("*").unwrap();
+    let agent = |i: usize| format!("{i:0200}");
+    let session = "s".repeat(100);
+    let held: Vec<_> = (0..3)
+        .map(|i| h.sessions().get(&agent(i), &session).unwrap())
+        .collect();
+    let s = h.stats().sessions().cloned().unwrap();
+    let e = entry as u64;
+    assert_eq!((s.live, s.bytes, s.max_bytes), (3, 3 * e, 3 * e));
+    // A fourth key fits the count (100) but not the bytes, and every entry is pinned.
+    let err = h.sessions().get(&agent(3), &session).unwrap_err();
+    assert!(!err.is_permanent(), "{err}");
+    assert!(
+        err.to_string().contains(&format!("{} bytes", 3 * entry)),
+        "{err}"
+    );
+    drop(held);
+    // Nothing in flight: it takes the place of one of them.
+    h.sessions().get(&agent(3), &session).unwrap();
+    let s = h.stats().sessions().cloned().unwrap();
+    assert_eq!((s.live, s.bytes, s.evicted, s.refused), (3, 3 * e, 1, 1));
+    // The bound is in bytes, not keys: even a small key makes room by evicting one more.
+    h.sessions().get("a", "s").unwrap();
+    let s = h.stats().sessions().cloned().unwrap();
+    let small = (ENTRY_BYTES + 2) as u64;
+    assert_eq!((s.live, s.bytes, s.evicted), (3, 2 * e + small, 2), "{s:?}");
+    // The evicted entries' emitters (and their names) are gone: only the three held are alive.
+    assert_eq!(h.sessions().producers.live_emitters(), 3);
+}
+
+#[test]
+fn a_name_past_the_limit_is_refused_for_good_and_a_shard_holds_one_of_the_longest_at_least() {
+    let h = hooks(SessionOptions::default().max_bytes(0));
+    let long = "x".repeat(MAX_NAME_BYTES);
+    let em = h.sessions().get(&long, &long).unwrap();
+    assert_eq!(
+        h.stats().sessions().unwrap().bytes,
+        (ENTRY_BYTES + 2 * MAX_NAME_BYTES) as u64
+    );
+    drop(em);
+    let err = h.sessions().get("a", &format!("{long}y")).unwrap_err();
+    assert!(err.is_permanent());
+    assert_eq!(
+        err.to_string(),
+        "refused: session: 257 bytes; agent and session names are at most 256 bytes"
+    );
+    assert_eq!(h.stats().sessions().unwrap().refused, 1);
+    assert!(!h.sessions().holds("a", &format!("{long}y")));
 }

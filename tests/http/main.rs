@@ -25,4 +25,5 @@ mod http_events;
 mod idle_cli;
 mod ingest;
 mod send_cli;
+mod socket_cli;
 mod tail_cli;

@@ -1,12 +1,112 @@
-//! `run --ingest unix:PATH` against a real `prx-hooks run` over a real unix socket: the
-//! answers and the summary, a client that never reads.
+//! `run --ingest unix:PATH` against real `prx-hooks run` processes over real unix sockets: the
+//! answers and the summary, a client that never reads, and another user racing to connect
+//! while the socket is made private.
 
-use crate::send_cli::{Server, logging_workspace, payloads, tool_call};
+use crate::send_cli::{BIN, Server, logging_workspace, payloads, tool_call};
+use crate::stderr::Lines;
 use crate::support::wait_for;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a `run` gets to exit after SIGTERM: its drain is 2 s, the rest is slack for a
+/// shared machine.
+const EXIT_SLACK: Duration = Duration::from_secs(20);
+
+/// A running `prx-hooks run --ingest unix:<ws>/ingest.sock` (no API).
+struct Ingesting {
+    child: Child,
+    /// The `run` process (`child` itself, or the child of the program that started it).
+    pid: i32,
+    lines: Lines,
+    sock: PathBuf,
+}
+
+impl Ingesting {
+    /// `cmd` is `BIN`, or (`wrapped`) a program that runs `BIN` as its child with the
+    /// arguments that follow.
+    fn start_by(ws: &Path, mut cmd: Command, wrapped: bool) -> Ingesting {
+        let sock = ws.join("ingest.sock");
+        let mut child = cmd
+            .args(["run", "--workspace"])
+            .arg(ws)
+            .arg("--ingest")
+            .arg(format!("unix:{}", sock.display()))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = Lines::of(&mut child);
+        lines.find("reading NDJSON on unix:");
+        let pid = if wrapped {
+            let me = child.id();
+            let children =
+                std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).unwrap();
+            children.split_whitespace().next().unwrap().parse().unwrap()
+        } else {
+            child.id() as i32
+        };
+        Ingesting {
+            child,
+            pid,
+            lines,
+            sock,
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), sig).unwrap();
+    }
+
+    /// SIGTERM; fails unless `run` exits within [`EXIT_SLACK`]. The exit code, the final report
+    /// (stderr's last JSON line) and every stderr line.
+    fn stop(mut self) -> (i32, Value, Vec<String>) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + EXIT_SLACK;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                panic!(
+                    "run did not exit within {EXIT_SLACK:?} of SIGTERM; its stderr:\n{}",
+                    self.lines.seen.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let all = self.lines.all();
+        let report = all
+            .iter()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .unwrap_or(Value::Null);
+        (status.code().unwrap_or(-1), report, all)
+    }
+}
+
+impl Drop for Ingesting {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let pid = nix::unistd::Pid::from_raw(self.pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
 
 /// Every line the server writes on `conn` until it closes, as JSON.
 fn read_answers(conn: UnixStream) -> Vec<Value> {
@@ -104,4 +204,170 @@ fn a_socket_client_that_never_reads_its_answers_costs_another_client_nothing() {
     );
     assert!(s["errors_unsent"].as_u64().unwrap() > 0, "{report}");
     assert_eq!(s["errors"], json!(50_000), "{report}");
+}
+
+/// The tests that run `prx-hooks` as another user need root.
+fn root_or_skip(test: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("{test}: skipped: it runs a process as another user, which needs root");
+    }
+    root
+}
+
+/// A uid no account and no process has (a different one per call).
+fn unused_uid() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(61_000);
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let taken: Vec<u32> = passwd
+        .lines()
+        .filter_map(|l| l.split(':').nth(2)?.parse().ok())
+        .collect();
+    let in_use = |uid: u32| {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("status")).is_ok_and(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .is_some_and(|l| l.split_whitespace().skip(1).any(|u| u == uid.to_string()))
+            })
+        })
+    };
+    loop {
+        let uid = NEXT.fetch_add(1, Ordering::Relaxed);
+        if !taken.contains(&uid) && !in_use(uid) {
+            return uid;
+        }
+    }
+}
+
+/// Not a test: the other user of `no_other_user_can_connect_while_run_makes_its_socket_private`,
+/// which starts it. Tries to connect to every socket in the directory it is given (and in
+/// the directories there it may enter) until `done` appears there.
+#[test]
+#[ignore = "started by no_other_user_can_connect_while_run_makes_its_socket_private"]
+fn intruder() {
+    let Some(dir) = std::env::var_os("PRX_HOOKS_INTRUDER_DIR").map(PathBuf::from) else {
+        return;
+    };
+    // On stderr: the test harness writes its own lines to stdout.
+    eprintln!("watching");
+    let sockets = |dir: &Path| -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_socket() => out.push(e.path()),
+                Ok(t) if t.is_dir() => out.extend(
+                    std::fs::read_dir(e.path())
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+                        .map(|e| e.path()),
+                ),
+                _ => {}
+            }
+        }
+        out
+    };
+    while !dir.join("done").exists() {
+        for path in sockets(&dir) {
+            if UnixStream::connect(&path).is_ok() {
+                eprintln!("connected {}", path.display());
+                return;
+            }
+        }
+        std::thread::yield_now();
+    }
+    eprintln!("never connected");
+}
+
+/// Whether `strace` can run here.
+fn strace() -> bool {
+    Command::new("strace")
+        .args(["-qq", "-o", "/dev/null", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Another user of the directory's group tries to connect to every socket that appears there
+/// while `run` (with umask 002, as in a user-private-group setup) makes its socket. Under
+/// strace every chmod waits 300 ms first, which holds open whatever window there is between
+/// binding the socket and making it 0600. The other user never connects.
+#[test]
+fn no_other_user_can_connect_while_run_makes_its_socket_private() {
+    if !root_or_skip("no_other_user_can_connect_while_run_makes_its_socket_private") {
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    // The group may enter and write, like a shared project directory.
+    std::fs::set_permissions(ws.path(), std::fs::Permissions::from_mode(0o775)).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut intruder = Command::new(&exe)
+        .args([
+            "--exact",
+            "socket_cli::intruder",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("PRX_HOOKS_INTRUDER_DIR", ws.path())
+        .uid(unused_uid())
+        .gid(nix::unistd::getgid().as_raw())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, said) = mpsc::channel();
+    let out = intruder.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let watching = said.recv_timeout(Duration::from_secs(20));
+    assert!(
+        watching.as_ref().is_ok_and(|l| l == "watching"),
+        "the other user's process did not start ({watching:?}): can any user run {}?",
+        exe.display()
+    );
+    let traced = strace();
+    let mut cmd = if traced {
+        let mut c = Command::new("strace");
+        c.args(["-f", "-qq", "-o", "/dev/null", "--seccomp-bpf"])
+            .args(["-e", "trace=chmod,fchmodat"])
+            .args(["-e", "inject=chmod,fchmodat:delay_enter=300000", BIN]);
+        c
+    } else {
+        eprintln!("strace cannot run here: racing without holding the chmod window open");
+        Command::new(BIN)
+    };
+    // SAFETY: umask is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o002);
+            Ok(())
+        });
+    }
+    let run = Ingesting::start_by(ws.path(), cmd, traced);
+    let mode = std::fs::metadata(&run.sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "with umask 002 too");
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(ws.path().join("done"), "").unwrap();
+    let lines: Vec<String> = said.iter().collect();
+    intruder.wait().unwrap();
+    let (_, report, _) = run.stop();
+    assert!(
+        lines.iter().all(|l| !l.starts_with("connected")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l == "never connected"), "{lines:?}");
+    assert_eq!(report["ingest_socket"]["connections"], json!(0), "{report}");
+    let left: Vec<_> = std::fs::read_dir(ws.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().contains("ingest.sock"))
+        .collect();
+    assert!(left.is_empty(), "nothing left behind: {left:?}");
 }

@@ -45,6 +45,9 @@ mod run;
 #[path = "prx-hooks/send.rs"]
 mod send;
 #[cfg(feature = "http")]
+#[path = "prx-hooks/socket_conn.rs"]
+mod socket_conn;
+#[cfg(feature = "http")]
 #[path = "prx-hooks/socket_ingest.rs"]
 mod socket_ingest;
 #[cfg_attr(not(feature = "http"), allow(dead_code))] // `send` uses the rest.

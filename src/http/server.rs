@@ -390,11 +390,13 @@ impl Cap {
     }
 }
 
-/// Binds a unix socket at `path` with mode 0600, never reachable at `path` with a looser one:
-/// it is bound at a random name beside it, made 0600, then renamed over `path`. A live
-/// socket at `path` is refused (another server listens), a dead one replaced, anything else
-/// refused. Returns the listener and the socket file's (device, inode), so that its owner can
-/// remove it later only if it is still the same file. `prx-hooks run --ingest` binds with it.
+/// Binds a unix socket at `path` with mode 0600, never reachable by another user on the way:
+/// it is bound inside a directory made for the purpose beside `path` (mode 0700, this
+/// user's), made 0600 there, renamed over `path`, and the directory removed. (Not through the
+/// umask, which is the whole process's.) A live socket at `path` is refused (another server
+/// listens), a dead one replaced, anything else refused. Returns the listener and the socket
+/// file's (device, inode), so that its owner can remove it later only if it is still the same
+/// file. [`Server::start_unix`] and `prx-hooks run --ingest` bind with it.
 ///
 /// # Examples
 ///
@@ -404,11 +406,12 @@ impl Cap {
 /// let (_listener, _id) = prx_hooks::http::bind_unix(&path)?;
 /// use std::os::unix::fs::PermissionsExt;
 /// assert_eq!(std::fs::metadata(&path)?.permissions().mode() & 0o777, 0o600);
+/// assert_eq!(std::fs::read_dir(dir.path())?.count(), 1, "the private directory is gone");
 /// assert!(prx_hooks::http::bind_unix(&path).is_err(), "a live socket is refused");
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn bind_unix(path: &Path) -> io::Result<(std::os::unix::net::UnixListener, (u64, u64))> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
@@ -432,22 +435,37 @@ pub fn bind_unix(path: &Path) -> io::Result<(std::os::unix::net::UnixListener, (
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let mut nonce = [0u8; 8];
     getrandom::fill(&mut nonce).map_err(|e| io::Error::other(e.to_string()))?;
-    let tmp = dir.join(format!(
-        ".{name}.{}.{:016x}.tmp",
+    let private = dir.join(format!(
+        ".{name}.{}.{:016x}.d",
         std::process::id(),
         u64::from_ne_bytes(nonce)
     ));
-    let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
-    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .and_then(|()| file_identity(path));
-    match placed {
-        Ok(identity) => Ok((listener, identity)),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let tmp = private.join("s");
+    let placed = bind_in_private(&private, &tmp, path);
+    // After the rename `tmp` is gone; after a failure the socket (if any) goes with the
+    // directory.
+    let _ = std::fs::remove_file(&tmp);
+    let _ = std::fs::remove_dir(&private);
+    placed
+}
+
+/// Binds `tmp` inside `private` (just made, this user's), makes it 0600 and renames it to
+/// `path`; the listener and the file's (device, inode).
+fn bind_in_private(
+    private: &Path,
+    tmp: &Path,
+    path: &Path,
+) -> io::Result<(std::os::unix::net::UnixListener, (u64, u64))> {
+    use std::os::unix::fs::PermissionsExt;
+    // The umask can only have taken bits away from mkdir's 0700: exactly 0700, so that this
+    // user can bind inside whatever the umask is.
+    std::fs::set_permissions(private, std::fs::Permissions::from_mode(0o700))?;
+    let listener = std::os::unix::net::UnixListener::bind(tmp)?;
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o600))?;
+    let identity = file_identity(tmp)?;
+    std::fs::rename(tmp, path)?;
+    Ok((listener, identity))
 }
 
 fn file_identity(path: &Path) -> io::Result<(u64, u64)> {

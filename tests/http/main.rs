@@ -25,5 +25,6 @@ mod http_events;
 mod idle_cli;
 mod ingest;
 mod send_cli;
+mod socket_cli;
 mod spool_cli;
 mod tail_cli;

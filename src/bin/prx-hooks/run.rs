@@ -234,8 +234,10 @@ impl Front {
         self.server.is_some()
     }
 
-    /// Stops the API and the socket, then the pipeline (by `deadline`, or later for the
-    /// OpenTelemetry flush), then the containment; joins the printer.
+    /// Stops the socket's readers (at once: one waiting for room must not wait for the
+    /// pipeline, which closes after them), the API, joins the socket's readers, then stops the
+    /// pipeline (by `deadline`, or later for the OpenTelemetry flush), then the containment;
+    /// joins the printer.
     fn shutdown(
         self,
         hooks: &Hooks,
@@ -243,13 +245,19 @@ impl Front {
         deadline: Instant,
         containment: Containment,
     ) -> Ended {
+        #[cfg(feature = "http")]
+        let mut socket = self.socket;
+        #[cfg(feature = "http")]
+        if let Some(s) = &mut socket {
+            s.stop();
+        }
         if let Some(mut server) = self.server {
             server.shutdown(Duration::from_secs(2));
             #[cfg(feature = "http")]
             prx_hooks::http::token::remove_address(&args.workspace, &server.listen().to_string());
         }
         #[cfg(feature = "http")]
-        let socket = self.socket.map(|s| s.shutdown());
+        let socket = socket.map(|s| s.shutdown());
         #[cfg(not(feature = "http"))]
         let socket: Option<()> = None;
         hooks.shutdown(otel_flush(args, deadline).saturating_duration_since(Instant::now()));

@@ -3,43 +3,47 @@
 //! It is for local agents that keep a connection open (docs/ingest.md § The socket).
 //!
 //! * **Access.** No token: the socket file's mode (0600, this user's) is the rule; it is bound
-//!   with `http::bind_unix` (never reachable with a looser mode).
-//! * **Per connection.** A thread with a `LineIngest` of its own that waits for room, so a
-//!   client is slowed by backpressure instead of losing events; the session map keeps one
-//!   (agent, session)'s order across connections. Each refused line is answered with one
-//!   NDJSON line `{"line","column","message"}`, written without blocking: a client that never
-//!   reads loses those answers (counted `errors_unsent`), never stalls its reader or anyone
-//!   else. When the client shuts down its writing half, it gets one summary line
-//!   `{"queued","dropped","skipped","refused","errors"}`.
-//! * **Bounded.** A line longer than `max_event_bytes` + 64 KiB is skipped to its newline
-//!   unheld (an error); at most [`MAX_CONNECTIONS`] at once, more are told so and closed.
+//!   with `http::bind_unix`, inside a private directory, so nobody else can connect before it
+//!   is 0600.
+//! * **Per connection** (`socket_conn`): a thread with a `LineIngest` of its own that waits for
+//!   room, each refused line answered, a summary at the end.
+//! * **Bounded.** At most [`MAX_CONNECTIONS`] at once; more are told so and closed, and so is
+//!   a connection no thread can be started for (its place freed at once, said on stderr).
+//! * **Shutdown** ([`SocketIngest::stop`]). The accept loop waits in `poll` on the listener and
+//!   on a wake-up pair, never on the path, so it ends whatever became of the socket file; every
+//!   reader is told to stop (a wait for room ends at once) and its connection's reading half is
+//!   shut, so it reads what is already there (counted `stopped`) and answers its summary.
 
+use crate::socket_conn;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use prx_hooks::Hooks;
-use prx_hooks::ingest::{IngestOptions, LineIngest};
 use serde::Serialize;
-use std::io::{BufRead, BufReader};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// Connections read at once.
 pub(crate) const MAX_CONNECTIONS: usize = 64;
-/// Answers kept for a client that does not read them yet.
-const PENDING_BYTES: usize = 64 << 10;
+
+/// How long the accept loop pauses after an accept error other than a vanished connection
+/// (out of file descriptors: the listener stays readable, and retrying at once would spin).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     connections: AtomicU64,
     refused_connections: AtomicU64,
-    queued: AtomicU64,
-    dropped: AtomicU64,
-    skipped: AtomicU64,
-    refused: AtomicU64,
-    errors: AtomicU64,
-    errors_unsent: AtomicU64,
+    pub(crate) queued: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) skipped: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) stopped: AtomicU64,
+    pub(crate) errors_unsent: AtomicU64,
 }
 
 /// What the socket did (`ingest_socket` in `run`'s final report).
@@ -53,18 +57,32 @@ pub(crate) struct SocketStats {
     pub skipped: u64,
     pub refused: u64,
     pub errors: u64,
+    pub stopped: u64,
     pub errors_unsent: u64,
 }
 
-struct Shared {
-    hooks: Arc<Hooks>,
-    lenient: bool,
-    max_line: usize,
-    stop: AtomicBool,
-    counters: Counters,
-    /// Clones of the open connections, to end their reads at shutdown.
+/// What the accept loop and the readers share.
+pub(crate) struct Shared {
+    pub(crate) hooks: Arc<Hooks>,
+    pub(crate) lenient: bool,
+    pub(crate) max_line: usize,
+    /// Set at shutdown: readers stop emitting (`LineIngest::stop_on`) and stop waiting.
+    pub(crate) stop: AtomicBool,
+    pub(crate) counters: Counters,
+    /// Clones of the open connections (their places), to shut their reading at shutdown.
     open: Mutex<Vec<(u64, UnixStream)>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Connections that could not be read, said on stderr at most once a minute.
+    unserved: Mutex<Throttle>,
+}
+
+impl Shared {
+    /// Frees the place of connection `id`; its clone.
+    fn release(&self, id: u64) -> Option<UnixStream> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let at = open.iter().position(|(i, _)| *i == id)?;
+        Some(open.swap_remove(at).1)
+    }
 }
 
 pub(crate) struct SocketIngest {
@@ -72,6 +90,8 @@ pub(crate) struct SocketIngest {
     identity: (u64, u64),
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
+    /// Shut down to wake the accept loop.
+    wake: UnixStream,
 }
 
 impl SocketIngest {
@@ -100,6 +120,16 @@ impl SocketIngest {
         let (listener, identity) = prx_hooks::http::bind_unix(path).map_err(|e| {
             std::io::Error::new(e.kind(), format!("--ingest unix:{}: {e}", path.display()))
         })?;
+        let started = listener
+            .set_nonblocking(true)
+            .and_then(|()| UnixStream::pair());
+        let (wake, woken) = match started {
+            Ok(pair) => pair,
+            Err(e) => {
+                remove_if_ours(path, identity);
+                return Err(e);
+            }
+        };
         let shared = Arc::new(Shared {
             hooks,
             lenient,
@@ -108,16 +138,25 @@ impl SocketIngest {
             counters: Counters::default(),
             open: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
+            unserved: Mutex::new(Throttle::default()),
         });
         let s = shared.clone();
         let accept = std::thread::Builder::new()
             .name("ingest-socket".into())
-            .spawn(move || accept_loop(listener, s))?;
+            .spawn(move || accept_loop(&listener, &woken, &s));
+        let accept = match accept {
+            Ok(t) => t,
+            Err(e) => {
+                remove_if_ours(path, identity);
+                return Err(e);
+            }
+        };
         Ok(SocketIngest {
             path: path.to_path_buf(),
             identity,
             shared,
             accept: Some(accept),
+            wake,
         })
     }
 
@@ -125,12 +164,12 @@ impl SocketIngest {
         &self.path
     }
 
-    /// Stops accepting, ends every connection, joins every thread, removes the socket file if
-    /// it is still ours; the counts.
-    pub(crate) fn shutdown(mut self) -> SocketStats {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wakes the accept loop.
-        let _ = UnixStream::connect(&self.path);
+    /// Stops accepting and tells every reader to stop: a wait for room ends at once, lines
+    /// still unread are counted as stopped, and no client can write more. Returns at once
+    /// ([`SocketIngest::shutdown`] waits for the readers).
+    pub(crate) fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = self.wake.shutdown(std::net::Shutdown::Both);
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
@@ -141,8 +180,14 @@ impl SocketIngest {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
         {
-            let _ = conn.shutdown(std::net::Shutdown::Both);
+            let _ = conn.shutdown(std::net::Shutdown::Read);
         }
+    }
+
+    /// Stops ([`SocketIngest::stop`]), joins every reader, removes the socket file if it is
+    /// still the one bound; the counts.
+    pub(crate) fn shutdown(mut self) -> SocketStats {
+        self.stop();
         let threads = std::mem::take(
             &mut *self
                 .shared
@@ -153,12 +198,7 @@ impl SocketIngest {
         for t in threads {
             let _ = t.join();
         }
-        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
-            use std::os::unix::fs::MetadataExt;
-            if (m.dev(), m.ino()) == self.identity {
-                let _ = std::fs::remove_file(&self.path);
-            }
-        }
+        remove_if_ours(&self.path, self.identity);
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         SocketStats {
@@ -170,178 +210,181 @@ impl SocketIngest {
             skipped: get(&c.skipped),
             refused: get(&c.refused),
             errors: get(&c.errors),
+            stopped: get(&c.stopped),
             errors_unsent: get(&c.errors_unsent),
         }
     }
 }
 
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+/// Removes the socket file at `path` if it is the one bound (same device and inode): one put
+/// there by someone else since is left alone.
+fn remove_if_ours(path: &Path, identity: (u64, u64)) {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = std::fs::symlink_metadata(path)
+        && (m.dev(), m.ino()) == identity
+    {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Waits in `poll` for a connection or for `woken` (the end); takes every connection waiting.
+fn accept_loop(listener: &UnixListener, woken: &UnixStream, shared: &Arc<Shared>) {
     let mut next_id = 0u64;
-    for conn in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
+    let mut failed = Throttle::default();
+    loop {
+        let mut fds = [
+            PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+            PollFd::new(woken.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                tracing::error!("ingest socket: poll failed ({e}); no more connections are taken");
+                return;
+            }
+        }
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) || shared.stop.load(Ordering::Acquire) {
             return;
         }
-        let Ok(conn) = conn else { continue };
-        let mut open = shared.open.lock().unwrap_or_else(|e| e.into_inner());
-        if open.len() >= MAX_CONNECTIONS {
-            drop(open);
-            shared
-                .counters
-                .refused_connections
-                .fetch_add(1, Ordering::Relaxed);
-            let msg = format!(
-                "{{\"error\":\"too many connections ({MAX_CONNECTIONS} are open); try again later\"}}\n"
-            );
-            let mut out = Answers::default();
-            out.send(&conn, msg.as_bytes());
-            continue;
+        loop {
+            match listener.accept() {
+                Ok((conn, _)) => {
+                    next_id += 1;
+                    admit(shared, conn, next_id);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => {
+                    if let Some(n) = failed.note() {
+                        tracing::warn!(
+                            "ingest socket: cannot accept a connection ({e}; {n} time(s) since this was last said); retrying. Raise the open-file limit (ulimit -n) if it is reached"
+                        );
+                    }
+                    if woken_within(woken, ACCEPT_PAUSE) {
+                        return;
+                    }
+                    break;
+                }
+            }
         }
-        next_id += 1;
-        let Ok(clone) = conn.try_clone() else {
-            continue;
-        };
-        open.push((next_id, clone));
+    }
+}
+
+/// Whether `woken` becomes readable (the end) within `wait`.
+fn woken_within(woken: &UnixStream, wait: Duration) -> bool {
+    let mut fds = [PollFd::new(woken.as_fd(), PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
+    matches!(poll(&mut fds, timeout), Ok(n) if n > 0)
+}
+
+/// Gives `conn` a place and a reader thread; told so and closed when there is no place, or no
+/// thread (or descriptor) for it.
+fn admit(shared: &Arc<Shared>, conn: UnixStream, id: u64) {
+    let mut open = shared.open.lock().unwrap_or_else(|e| e.into_inner());
+    if open.len() >= MAX_CONNECTIONS {
         drop(open);
-        shared.counters.connections.fetch_add(1, Ordering::Relaxed);
-        let s = shared.clone();
-        let id = next_id;
-        let spawned = std::thread::Builder::new()
-            .name("ingest-conn".into())
-            .spawn(move || {
-                read_connection(&s, conn);
-                s.open
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .retain(|(i, _)| *i != id);
-            });
-        if let Ok(t) = spawned {
+        let msg = format!("too many connections ({MAX_CONNECTIONS} are open); try again later");
+        refuse(shared, &conn, &msg);
+        return;
+    }
+    let clone = match conn.try_clone() {
+        Ok(clone) => clone,
+        Err(e) => {
+            drop(open);
+            let cause = format!("cannot open a descriptor for a connection ({e})");
+            unserved(
+                shared,
+                &conn,
+                &cause,
+                "the open-file limit (ulimit -n; systemd: LimitNOFILE=)",
+            );
+            return;
+        }
+    };
+    open.push((id, clone));
+    drop(open);
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name("ingest-conn".into())
+        .spawn(move || {
+            socket_conn::read(&s, &conn);
+            s.release(id);
+        });
+    match spawned {
+        Ok(t) => {
+            shared.counters.connections.fetch_add(1, Ordering::Relaxed);
             let mut threads = shared.threads.lock().unwrap_or_else(|e| e.into_inner());
             threads.retain(|t| !t.is_finished());
             threads.push(t);
         }
-    }
-}
-
-/// Answers written without blocking; what the client does not take waits in `pending`
-/// (bounded) and the rest is counted as unsent.
-#[derive(Default)]
-struct Answers {
-    pending: Vec<u8>,
-    unsent: u64,
-}
-
-impl Answers {
-    fn flush(&mut self, conn: &UnixStream) {
-        use nix::sys::socket::{MsgFlags, send};
-        while !self.pending.is_empty() {
-            match send(
-                conn.as_raw_fd(),
-                &self.pending,
-                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            ) {
-                Ok(n) => {
-                    self.pending.drain(..n);
-                }
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(_) => return,
+        // The closure, and `conn` with it, is gone: the answer goes through the clone.
+        Err(e) => {
+            if let Some(clone) = shared.release(id) {
+                let cause = format!("cannot start a thread to read a connection ({e})");
+                let limit = "the limit on this user's processes and threads (ulimit -u; systemd: LimitNPROC=, TasksMax=)";
+                unserved(shared, &clone, &cause, limit);
             }
         }
     }
-
-    fn send(&mut self, conn: &UnixStream, line: &[u8]) {
-        self.flush(conn);
-        if self.pending.len() + line.len() > PENDING_BYTES {
-            self.unsent += 1;
-            return;
-        }
-        self.pending.extend_from_slice(line);
-        self.flush(conn);
-    }
 }
 
-fn read_connection(shared: &Shared, conn: UnixStream) {
-    let hooks = &shared.hooks;
-    let max_line = shared.max_line;
-    let opts = IngestOptions::default()
-        .lenient(shared.lenient)
-        .wait_for_room(true);
-    let mut ingest = LineIngest::new(hooks, opts);
-    let Ok(reading) = conn.try_clone() else {
-        return;
+/// Tells a connection it is refused (one line), counts it.
+fn refuse(shared: &Shared, conn: &UnixStream, message: &str) {
+    shared
+        .counters
+        .refused_connections
+        .fetch_add(1, Ordering::Relaxed);
+    let mut line = serde_json::json!({ "error": message })
+        .to_string()
+        .into_bytes();
+    line.push(b'\n');
+    socket_conn::Answers::default().send(conn, &line);
+}
+
+/// A connection that cannot be read (`cause`, for want of `limit`): refused with the cause,
+/// which is said on stderr at most once a minute.
+fn unserved(shared: &Shared, conn: &UnixStream, cause: &str, limit: &str) {
+    refuse(
+        shared,
+        conn,
+        &format!("the server {cause}; try again later"),
+    );
+    let noted = shared
+        .unserved
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .note();
+    let refused = match noted {
+        None => return,
+        Some(1) => "the connection was refused".to_string(),
+        Some(n) => format!("{n} connections were refused since this was last said"),
     };
-    let mut reader = BufReader::with_capacity(64 << 10, reading);
-    let mut answers = Answers::default();
-    let mut line = Vec::new();
-    let mut number = 0u64;
-    let mut skipping = false;
-    loop {
-        let buf = match reader.fill_buf() {
-            Ok([]) => break,
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        let (chunk, end) = match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => (&buf[..=i], true),
-            None => (buf, false),
-        };
-        let used = chunk.len();
-        if !skipping {
-            if line.len() + used > max_line {
-                skipping = true;
-                line.clear();
-            } else {
-                line.extend_from_slice(chunk);
-            }
-        }
-        reader.consume(used);
-        if !end {
-            continue;
-        }
-        number += 1;
-        let got = if skipping {
-            skipping = false;
-            ingest.unread(number, &format!("more than {max_line}"))
-        } else {
-            let got = ingest.line(number, &line);
-            line.clear();
-            got
-        };
-        if let Some(e) = got
-            .error
-            .filter(|_| got.outcome == prx_hooks::ingest::Outcome::Error)
+    tracing::warn!("ingest socket: {cause}: {refused}. Raise {limit}");
+}
+
+/// Something to say at most once a minute.
+#[derive(Default)]
+struct Throttle {
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl Throttle {
+    /// Notes one more time it happened; when it is to be said, how many times since it last
+    /// was.
+    fn note(&mut self) -> Option<u64> {
+        self.since += 1;
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
         {
-            let mut text = serde_json::to_vec(&e).unwrap_or_default();
-            text.push(b'\n');
-            answers.send(&conn, &text);
+            return None;
         }
-        if shared.stop.load(Ordering::Relaxed) {
-            break;
-        }
+        self.last = Some(Instant::now());
+        Some(std::mem::take(&mut self.since))
     }
-    if !line.is_empty() && !skipping {
-        number += 1;
-        ingest.line(number, &line);
-    }
-    let report = ingest.into_report();
-    let errors = report.errors.len() as u64 + report.more_errors;
-    let c = &shared.counters;
-    for (counter, n) in [
-        (&c.queued, report.queued),
-        (&c.dropped, report.dropped),
-        (&c.skipped, report.skipped),
-        (&c.refused, report.refused),
-        (&c.errors, errors),
-    ] {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-    let summary = serde_json::json!({
-        "queued": report.queued, "dropped": report.dropped, "skipped": report.skipped,
-        "refused": report.refused, "errors": errors,
-    });
-    let mut text = summary.to_string().into_bytes();
-    text.push(b'\n');
-    answers.send(&conn, &text);
-    c.errors_unsent.fetch_add(answers.unsent, Ordering::Relaxed);
-    let _ = conn.shutdown(std::net::Shutdown::Both);
 }

@@ -47,6 +47,15 @@ pub trait Sink: Send + Sync {
         false
     }
 
+    /// For a producer that paces itself so as to lose nothing: `(free, capacity)` of this
+    /// sink's tightest bounded queue (a hook's run queue, a plugin's shard), so that it emits
+    /// no more events before it looks again than that queue can still take. `None`: no
+    /// bounded queue. Matchers and event kinds are not looked at: every event may land in it.
+    /// Default: `None`.
+    fn headroom(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     /// Finishes queued work, stopping what still runs at `deadline` — the contract every sink
     /// keeps (ARCHITECTURE.md § Shutdown):
     ///

@@ -14,10 +14,6 @@ use std::sync::atomic::AtomicBool;
 /// Errors an [`IngestReport`] keeps; later ones are only counted (`more_errors`).
 pub(crate) const MAX_ERRORS: usize = 100;
 
-/// Lines a pacing producer emits between two looks at the pipeline (more often for large
-/// events: see [`LineIngest`]).
-const PACE_LINES: u32 = 64;
-
 /// How [`LineIngest`] treats its input.
 ///
 /// # Examples
@@ -323,8 +319,10 @@ pub struct LineIngest<'h> {
     hooks: &'h Hooks,
     opts: IngestOptions,
     report: IngestReport,
-    /// Lines and bytes emitted since the pipeline was last looked at.
-    since_lines: u32,
+    /// Lines and bytes emitted since the pipeline was last looked at, and how many lines the
+    /// last look allowed (`pace::allowance`; 0 before the first look).
+    since_lines: usize,
+    allowed: usize,
     since_bytes: usize,
     /// The last line number `feed` gave.
     fed: u64,
@@ -350,6 +348,7 @@ impl<'h> LineIngest<'h> {
             opts,
             report: IngestReport::default(),
             since_lines: 0,
+            allowed: 0,
             since_bytes: 0,
             fed: 0,
             stop: None,
@@ -476,8 +475,9 @@ impl<'h> LineIngest<'h> {
 
     /// [`feed`](LineIngest::feed) for a body its sender gave an id and a time: line `n` of
     /// `text` (from 1, blank ones counted, split at `\n`) is event `<id>-<n>`, so the same
-    /// body sent again gives the same ids; each line is [`line_from`](LineIngest::line_from)
-    /// with the `settled` call `settled()` makes for it.
+    /// body sent again gives the same ids, and is named `n` in errors (each body on its own,
+    /// unlike `feed`); each line is [`line_from`](LineIngest::line_from) with the `settled`
+    /// call `settled()` makes for it.
     ///
     /// # Examples
     ///
@@ -504,13 +504,13 @@ impl<'h> LineIngest<'h> {
             return;
         }
         for (i, line) in text.split(|&b| b == b'\n').enumerate() {
-            self.fed += 1;
-            let id = base.id.map(|id| format!("{id}-{}", i + 1));
+            let n = i as u64 + 1;
+            let id = base.id.map(|id| format!("{id}-{n}"));
             let origin = LineOrigin {
                 id: id.as_deref(),
                 time: base.time,
             };
-            self.line_from(self.fed, line, origin, settled());
+            self.line_from(n, line, origin, settled());
         }
     }
 
@@ -773,19 +773,21 @@ impl<'h> LineIngest<'h> {
         }
     }
 
-    /// Waits for room every [`PACE_LINES`] lines, and whenever the events since the last look
-    /// hold an eighth of the byte budget.
+    /// Waits for room before the first line, then whenever the lines since the last look
+    /// reach what it allowed (at most 64, fewer when a backend's queue is nearly full:
+    /// `pace::allowance`) or hold an eighth of the byte budget.
     fn pace(&mut self, bytes: usize) {
         let large = bytes > self.hooks.producers.inline_bytes();
-        self.since_lines += 1;
         if large {
             self.since_bytes = self.since_bytes.saturating_add(bytes);
         }
         let (budget, _) = self.hooks.producers.budget();
-        if self.since_lines >= PACE_LINES || self.since_bytes >= budget / 8 {
-            pace::wait_for_room(self.hooks, if large { bytes } else { 0 }, self.stop);
+        if self.since_lines >= self.allowed || self.since_bytes >= budget / 8 {
+            self.allowed =
+                pace::wait_for_room(self.hooks, if large { bytes } else { 0 }, self.stop);
             self.since_lines = 0;
-            self.since_bytes = 0;
+            self.since_bytes = if large { bytes } else { 0 };
         }
+        self.since_lines += 1;
     }
 }

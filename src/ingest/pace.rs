@@ -44,11 +44,45 @@ pub(crate) fn closed(hooks: &Hooks) -> bool {
     hooks.pipeline.rings().any(|r| r.is_closed())
 }
 
-/// Waits while [`busy`], until the pipeline shuts down or `stop` is set (a reader told to stop
-/// by a signal must not wait for a pipeline that only closes after it has stopped).
-pub(crate) fn wait_for_room(hooks: &Hooks, bytes: usize, stop: Option<&AtomicBool>) {
-    while busy(hooks, bytes) && !closed(hooks) && !stopped(stop) {
-        std::thread::sleep(NAP);
+/// The most events a pacing producer emits between two looks at the pipeline.
+pub(crate) const PACE_LINES: usize = 64;
+
+/// How many events may be emitted now before the pipeline is looked at again: 0 while
+/// [`busy`]; else at most [`PACE_LINES`], and no more than the tightest bounded queue of any
+/// backend ([`Sink::headroom`](crate::Sink::headroom)) can still take with what the rings hold,
+/// less a worker's batch in hand (events it has taken from its ring and not yet handed over).
+/// An empty queue with nothing coming takes one event, however small it is.
+pub(crate) fn allowance(hooks: &Hooks, bytes: usize) -> usize {
+    if busy(hooks, bytes) {
+        return 0;
+    }
+    let coming: usize = hooks.pipeline.rings().map(|r| r.len()).sum();
+    let mut allowed = PACE_LINES;
+    for sink in hooks.pipeline.sinks() {
+        if let Some((free, cap)) = sink.headroom() {
+            let margin = crate::pipeline::BATCH.min(cap / 4);
+            let mut room = free.saturating_sub(coming + margin);
+            if room == 0 && free == cap && coming == 0 {
+                room = 1;
+            }
+            allowed = allowed.min(room);
+        }
+    }
+    allowed
+}
+
+/// Waits until events may be emitted ([`allowance`]) and returns how many, or returns 1 once
+/// the pipeline shuts down or `stop` is set (a reader told to stop by a signal must not wait
+/// for a pipeline that only closes after it has stopped).
+pub(crate) fn wait_for_room(hooks: &Hooks, bytes: usize, stop: Option<&AtomicBool>) -> usize {
+    loop {
+        if closed(hooks) || stopped(stop) {
+            return 1;
+        }
+        match allowance(hooks, bytes) {
+            0 => std::thread::sleep(NAP),
+            n => return n,
+        }
     }
 }
 

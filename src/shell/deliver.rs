@@ -183,6 +183,21 @@ impl Sink for ShellSink {
             .all(|a| s.hooks.get(&a.id).map_or(0, |h| h.queue.len()) + more <= cap)
     }
 
+    /// The enabled hook whose run queue has the least room.
+    fn headroom(&self) -> Option<(usize, usize)> {
+        let prepared = self.shared.table.load();
+        let table = &prepared.table;
+        let cap = self.shared.queue_per_action;
+        let s = lock(&self.shared.sched);
+        table
+            .actions
+            .iter()
+            .filter(|a| skip_reason(table, a).is_none())
+            .map(|a| cap.saturating_sub(s.hooks.get(&a.id).map_or(0, |h| h.queue.len())))
+            .min()
+            .map(|free| (free, cap))
+    }
+
     fn shutdown(&self, deadline: Instant) {
         ShellSink::shutdown(self, deadline);
     }

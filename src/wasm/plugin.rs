@@ -618,6 +618,14 @@ impl Plugin {
             .all(|s| s.capacity().is_none_or(|cap| s.len() + more <= cap))
     }
 
+    /// `(free, capacity)` of the shard with the least room (`None`: unbounded shards).
+    pub(super) fn headroom(&self) -> Option<(usize, usize)> {
+        self.shards
+            .iter()
+            .filter_map(|s| s.capacity().map(|cap| (cap.saturating_sub(s.len()), cap)))
+            .min()
+    }
+
     /// Queued jobs, all shards together.
     pub(super) fn queued(&self) -> usize {
         self.shards.iter().map(|s| s.len()).sum()

@@ -312,6 +312,11 @@ impl Sink for WasmSink {
     }
 
     /// Every plugin that takes `kind` has room for `more` calls in each of its queues.
+    /// The plugin shard with the least room.
+    fn headroom(&self) -> Option<(usize, usize)> {
+        self.live.load().iter().filter_map(|p| p.headroom()).min()
+    }
+
     fn room(&self, kind: EventKind, more: usize) -> bool {
         self.live
             .load()

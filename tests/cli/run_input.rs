@@ -346,3 +346,64 @@ fn large_events_replayed_through_a_fifo_under_listen_with_a_slow_hook_are_all_de
     );
     assert!(status.success(), "{status:?}");
 }
+
+/// Small events through a FIFO into a slow hook, written as one burst after the worker has been
+/// idle long enough to park 10 ms at a time: the replay looked at the pipeline every 64 lines
+/// and waited only while a backend held 128 jobs, so while the parked worker left the lines in
+/// the ring it saw an idle hook, and thousands went through at once to a hook queue of 256 —
+/// the rest dropped (`dropped_queue_full`). It now emits no more between two looks than the
+/// tightest hook queue can take with what the rings hold.
+#[test]
+fn a_burst_of_small_events_into_a_slow_hook_after_an_idle_spell_loses_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ran.log");
+    let script = format!("echo ran >> {}", log.display());
+    std::fs::write(
+        dir.path().join("hooks.json"),
+        serde_json::json!({"hooks": {"tool_call": [
+            {"command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1}
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let fifo = dir.path().join("events.fifo");
+    mkfifo(&fifo);
+    let child = bin()
+        .args(["run", "--workspace"])
+        .arg(dir.path())
+        .arg("--events")
+        .arg(&fifo)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut w = open_writer(&fifo);
+    // The worker parks 10 ms at a time after ~100 ms without events.
+    std::thread::sleep(Duration::from_millis(500));
+    const N: usize = 2_000;
+    let body: String = (0..N as u64)
+        .map(|n| format!("{}\n", event_line("burst", n)))
+        .collect();
+    w.write_all(body.as_bytes()).unwrap();
+    drop(w);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while lines(&log).len() < N && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sigterm(&child);
+    let (_, stderr) = finish(child);
+    let r = report(&stderr);
+    let stats = &r["stats"];
+    let shell = stats["sinks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "shell")
+        .unwrap();
+    assert_eq!(shell["dropped"], 0, "{shell}");
+    assert_eq!(
+        lines(&log).len(),
+        N,
+        "the hook ran for every event: {stats}"
+    );
+}

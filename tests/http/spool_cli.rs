@@ -59,7 +59,7 @@ fn id_workspace(then: &str) -> (tempfile::TempDir, PathBuf) {
 fn write_hooks(ws: &Path, ids: &Path, then: &str) {
     let script = format!("echo \"$ZERO_HOOK_EVENT_ID\" >> {}; {then}", ids.display());
     let hooks = json!({"hooks": {"tool_call": [
-        {"command": "/bin/sh", "args": ["-c", script], "timeout_ms": 60_000}
+        {"command": "/bin/sh", "args": ["-c", script], "timeout_ms": 60_000, "max_concurrent": 1}
     ]}});
     std::fs::write(ws.join("hooks.json"), hooks.to_string()).unwrap();
 }
@@ -103,7 +103,7 @@ fn report_of(lines: &[String]) -> Value {
 /// next `run` runs exactly the rest: every event once.
 #[test]
 fn sigterm_during_a_spool_replay_ends_run_and_the_next_run_runs_each_event_once() {
-    let (ws, ids) = id_workspace("sleep 2");
+    let (ws, ids) = id_workspace("sleep 0.3");
     plant(ws.path(), 400, |i| tool_call("s", &i.to_string()));
     let mut run = Command::new(BIN)
         .args(["run", "--workspace"])
@@ -121,6 +121,11 @@ fn sigterm_during_a_spool_replay_ends_run_and_the_next_run_runs_each_event_once(
     assert!(code.is_some(), "run did not exit 20 s after SIGTERM");
     let report = report_of(&stderr.all());
     assert_eq!(report["spool"]["stopped"], json!(true), "{report}");
+    // A hook the drain deadline killed counts as run (it started; whether its effect happened
+    // is its own business: it has ZERO_HOOK_EVENT_ID to make it happen once).
+    let killed = report["stats"]["shell"]["totals"]["killed"]
+        .as_u64()
+        .unwrap() as usize;
     // What had not run stays (entries go once every event in them ran).
     let first = lines(&ids).len();
     let kept = entries(ws.path()).len();
@@ -131,10 +136,14 @@ fn sigterm_during_a_spool_replay_ends_run_and_the_next_run_runs_each_event_once(
     wait_for("the rest to run", || entries(ws.path()).is_empty());
     let (_, report) = server.stop();
     let mut ran = lines(&ids);
-    assert_eq!(ran.len(), 400, "every event once: {report}");
+    let n = ran.len();
     ran.sort();
     ran.dedup();
-    assert_eq!(ran.len(), 400, "no event twice");
+    assert_eq!(ran.len(), n, "no event twice: {report}");
+    assert!(
+        n <= 400 && n + killed >= 400,
+        "every event once but those killed at the first drain's deadline ({killed}): {n}: {report}"
+    );
     assert!(
         ran.iter()
             .all(|id| id.starts_with('e') && id.ends_with("-1"))

@@ -102,14 +102,19 @@ pub(crate) fn replay(
     done.stats.tmp_removed += tmps;
     spool.write_stats(&SpoolStats::default())?;
     let entries = spool.entries()?;
+    // One ingest for the whole replay, so that it paces across entries (one line each, most
+    // of them); each entry's lines are numbered from 1 in its warnings.
+    let opts = IngestOptions::default().wait_for_room(true);
+    let mut lines = LineIngest::new(hooks, opts).stop_on(stop);
     let mut next = 0;
     for chunk in chunks(&entries) {
         if stop.load(Ordering::Acquire) {
             break;
         }
-        next += replay_chunk(spool, hooks, stop, chunk, &mut done);
+        next += replay_chunk(spool, &mut lines, stop, chunk, &mut done);
         sync_dir(spool.dir())?;
     }
+    done.report = lines.into_report();
     done.kept += (entries.len() - next.min(entries.len())) as u64;
     done.stopped = stop.load(Ordering::Acquire);
     drop(lock);
@@ -120,7 +125,7 @@ pub(crate) fn replay(
 /// returns how many entries it went through (fed or found unreadable).
 fn replay_chunk(
     spool: &Spool,
-    hooks: &Hooks,
+    lines: &mut LineIngest<'_>,
     stop: &AtomicBool,
     chunk: &[(String, u64)],
     done: &mut Replayed,
@@ -136,8 +141,7 @@ fn replay_chunk(
         match read_entry(&path) {
             Ok((header, body)) => {
                 let tracker = Arc::new(Tracker::default());
-                let report = feed(hooks, stop, name, &header, &body, &tracker);
-                absorb(&mut done.report, report);
+                feed(lines, name, &header, &body, &tracker);
                 done.entries += 1;
                 fed.push((name, tracker));
             }
@@ -197,21 +201,20 @@ fn chunks(entries: &[(String, u64)]) -> Vec<&[(String, u64)]> {
 /// One entry's events into the pipeline, numbered from line 1 of the entry's body; its
 /// refusals are said with the entry's name and line.
 fn feed(
-    hooks: &Hooks,
-    stop: &AtomicBool,
+    lines: &mut LineIngest<'_>,
     name: &str,
     header: &Header,
     body: &[u8],
     tracker: &Arc<Tracker>,
-) -> IngestReport {
+) {
     let fallback = format!("spool:{name}");
     let id = header.id.as_deref().unwrap_or(&fallback);
     let mut origin = LineOrigin::default().id(id);
     if let Some(t) = &header.time {
         origin = origin.time(t);
     }
-    let opts = IngestOptions::default().wait_for_room(true);
-    let mut lines = LineIngest::new(hooks, opts).stop_on(stop);
+    let before = lines.report().errors.len();
+    let more_before = lines.report().more_errors;
     match &header.route {
         Route::Events => lines.feed_from(body, origin, || Some(tracker.settled())),
         Route::Ingest {
@@ -238,8 +241,8 @@ fn feed(
             }
         }
     }
-    let report = lines.into_report();
-    for e in &report.errors {
+    let report = lines.report();
+    for e in &report.errors[before..] {
         tracing::warn!(
             "spool/{name}:{}:{}: {}; the event was not replayed",
             e.line,
@@ -247,24 +250,9 @@ fn feed(
             e.message
         );
     }
-    report
-}
-
-/// Adds one entry's report to the replay's.
-fn absorb(total: &mut IngestReport, r: IngestReport) {
-    total.queued += r.queued;
-    total.dropped += r.dropped;
-    total.skipped += r.skipped;
-    total.refused += r.refused;
-    total.stopped += r.stopped;
-    total.duplicates += r.duplicates;
-    total.more_errors += r.more_errors;
-    for e in r.errors {
-        if total.errors.len() < 100 {
-            total.errors.push(e);
-        } else {
-            total.more_errors += 1;
-        }
+    let unsaid = report.more_errors - more_before;
+    if unsaid > 0 {
+        tracing::warn!("spool/{name}: {unsaid} more line(s) that are not events were not replayed");
     }
 }
 

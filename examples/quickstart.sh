@@ -12,7 +12,9 @@ ws="${1:-target/quickstart}"
 listen="${PRX_QUICKSTART_LISTEN:-127.0.0.1:7878}"
 
 bash examples/build-plugins.sh
-cargo build --release
+# --locked: the versions Cargo.lock pins, so `cargo install --locked --path . --target-dir target`
+# (README) installs this very build instead of compiling everything again.
+cargo build --release --locked
 bin="${CARGO_TARGET_DIR:-target}/release/prx-hooks"
 
 if [ ! -e "$ws/hooks.json" ]; then

@@ -6,6 +6,8 @@
 //! about twice as long to load and relocate (docs/ingest.md § Start-up).
 
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+// A closed stdout or stderr is never a panic: no print macro that panics (clippy.toml).
+#![deny(clippy::disallowed_macros)]
 
 #[allow(dead_code)] // `tail` uses the rest.
 #[path = "prx-hooks/client.rs"]
@@ -19,6 +21,7 @@ mod spool;
 mod units;
 
 use clap::Parser;
+use std::io::Write as _;
 use std::process::ExitCode;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -57,7 +60,8 @@ fn main() -> ExitCode {
     match send::send(cli.args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("prx-hooks-send: {e}");
+            // Never a panic on a closed stderr (an agent that stopped reading).
+            let _ = writeln!(std::io::stderr(), "prx-hooks-send: {e}");
             ExitCode::FAILURE
         }
     }

@@ -4,6 +4,9 @@
 //! to stdout; logs, line errors and stats go to stderr.
 
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+// A closed stdout or stderr is never a panic: `say!` and `out!` instead of the print macros
+// that panic (clippy.toml).
+#![deny(clippy::disallowed_macros)]
 
 /// `eprintln!` that never panics: `run` goes on serving when its stderr is closed (a terminal
 /// gone, `2>&1 | head -1`), and what it would have said is lost, not its work.

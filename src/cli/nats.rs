@@ -503,7 +503,7 @@ fn strip_userinfo(url: &str) -> String {
 }
 
 pub fn print_bench(b: &NatsBench) {
-    println!(
+    out!(
         "{} events, {}-byte payloads, NATS {}{}",
         b.events,
         b.payload_bytes,
@@ -513,28 +513,34 @@ pub fn print_bench(b: &NatsBench) {
             .map(|s| format!(" (JetStream stream {s}, acks)"))
             .unwrap_or_else(|| " (core NATS)".into())
     );
-    println!(
+    out!(
         "  emit latency, ns ({} ns timer overhead subtracted):",
         b.timer_overhead_ns
     );
-    println!("                  p50     p99   p99.9     max");
+    out!("                  p50     p99   p99.9     max");
     for (name, p) in [
         ("bridge off", &b.emit_ns_bridge_off),
         ("bridge on ", &b.emit_ns_bridge_on),
     ] {
-        println!(
+        out!(
             "    {name}  {:>7} {:>7} {:>7} {:>7}",
-            p.p50, p.p99, p.p99_9, p.max
+            p.p50,
+            p.p99,
+            p.p99_9,
+            p.max
         );
     }
-    println!(
+    out!(
         "  through the bridge  {:.0} events/s ({} confirmed in {:.3} s, {} dropped)",
-        b.bridge_events_per_s, b.published, b.bridge_elapsed_s, b.dropped
+        b.bridge_events_per_s,
+        b.published,
+        b.bridge_elapsed_s,
+        b.dropped
     );
     if let Some(n) = b.subscriber_received {
-        println!("  read back by a NATS subscriber  {n}");
+        out!("  read back by a NATS subscriber  {n}");
     }
-    println!(
+    out!(
         "  a raw async-nats publisher, same messages, same server  {:.0} events/s (the bridge: {:.2}x)",
         b.raw_events_per_s,
         b.bridge_events_per_s / b.raw_events_per_s.max(1e-9)

@@ -40,6 +40,12 @@ pub(super) fn matcher_skip(action: &Action, tool: Option<&str>) -> Option<String
 pub(super) fn conclude(sh: &Shared, o: &Outcome) {
     if o.kind.is_failure() {
         tracing::warn!("{o}");
+        if o.event == EventKind::ToolCallStart
+            && o.kind == (OutcomeKind::Exit { code: 2 })
+            && !o.direct
+        {
+            cannot_block(sh, &o.id);
+        }
     } else if matches!(o.kind, OutcomeKind::Dropped { .. } | OutcomeKind::Cancelled) {
         tracing::debug!("{}", o.headline());
     } else {
@@ -50,6 +56,29 @@ pub(super) fn conclude(sh: &Shared, o: &Outcome) {
         }
     }
     sh.feed.publish(o);
+}
+
+/// Most hook ids told (a reloaded table may bring new ones; past this, nobody more is told).
+const TOLD_MAX: usize = 1024;
+
+/// Exit 2 is how an agent's own hook blocks a tool (Claude Code, Codex, Gemini CLI): a hook
+/// written that way is told once, at its first exit 2 on `tool_call_start`, that here the tool
+/// ran anyway (ARCHITECTURE.md § Shell hooks: hooks observe, never decide).
+fn cannot_block(sh: &Shared, id: &str) {
+    let mut told = sh
+        .told_cannot_block
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if told.len() >= TOLD_MAX || told.contains(id) {
+        return;
+    }
+    told.insert(id.to_string());
+    drop(told);
+    tracing::warn!(
+        "hook {id} exited 2 on tool_call_start, which blocks nothing here: hooks run beside the \
+         agent and never decide, so the tool ran. A guard that must stop a tool belongs in the \
+         agent's own blocking hook (docs/hooks.md § Hooks observe, never decide); said once per hook"
+    );
 }
 
 /// Whether outcomes of runs that never happened are wanted (logged or subscribed to): only

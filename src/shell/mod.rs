@@ -44,6 +44,7 @@ mod outcome;
 mod payload;
 mod queue;
 mod reactor;
+mod runlog;
 mod runner;
 pub mod runs;
 mod spawn;
@@ -60,6 +61,7 @@ pub(crate) use outcome::SHELL_SECTION;
 pub use outcome::{HookCounts, Outcome, OutcomeKind, ShellStats};
 pub use payload::{MAX_ENV_PAYLOAD, event_message, message_from_json};
 pub use reactor::STDERR_TAIL;
+pub use runlog::{MAX_BYTES as RUN_LOG_MAX_BYTES, MAX_RUNS as RUN_LOG_MAX_RUNS, RunLogCounts};
 use runner::{cgroups_for, notify_drained, runner_main};
 pub use runs::{DEFAULT_RUN_QUEUE, RunSubscription};
 pub use spawn::Rlimits;
@@ -77,6 +79,7 @@ use queue::{Job, Offer, Sched};
 use reactor::{Finished, Proc, Reactor};
 use runs::RunFeed;
 use spawn::SpawnOpts;
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -281,6 +284,10 @@ struct Shared {
     runner: RunnerLink,
     /// The finished-runs hook point.
     feed: RunFeed,
+    /// Hooks already told that their exit 2 blocked nothing ([`deliver::conclude`]).
+    told_cannot_block: Mutex<HashSet<String>>,
+    /// Where finished runs are kept across restarts ([`ShellSink::keep_runs`]).
+    run_log: std::sync::OnceLock<runlog::RunLog>,
 }
 
 /// How the runner thread is woken and handed processes started elsewhere (`run_once`).
@@ -349,6 +356,7 @@ impl Origin {
                 let o = Outcome::not_run(&action.id, action.event, kind, Some(&job.run.msg));
                 drop(job);
                 conclude(sh, &o);
+                sh.keep_run(&o);
                 let mut s = lock(&sh.sched);
                 s.finish(o, sh.history);
                 notify_drained(sh, &s);
@@ -376,6 +384,7 @@ impl Origin {
 /// Returns the outcome for the caller to hand on, after the lock is released.
 fn finish_direct(sh: &Shared, o: Outcome) -> Outcome {
     conclude(sh, &o);
+    sh.keep_run(&o);
     let mut s = lock(&sh.sched);
     s.record_direct(o.clone(), sh.history);
     notify_drained(sh, &s);
@@ -384,6 +393,15 @@ fn finish_direct(sh: &Shared, o: Outcome) -> Outcome {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Hands a finished run to the run log, when runs are kept.
+    fn keep_run(&self, o: &Outcome) {
+        if let Some(log) = self.run_log.get() {
+            log.keep(o);
+        }
+    }
 }
 
 impl ShellSink {
@@ -443,6 +461,8 @@ impl ShellSink {
                     panic: AtomicBool::new(false),
                 },
                 feed: RunFeed::default(),
+                told_cannot_block: Mutex::new(HashSet::new()),
+                run_log: std::sync::OnceLock::new(),
             }),
             threads: Mutex::new(Threads::default()),
         }
@@ -517,7 +537,37 @@ impl ShellSink {
             cgroup: self.shared.cgroup_status.clone(),
             shared_running: s.shared_running,
             run_feed: self.shared.feed.stats(),
+            run_log: self.shared.run_log.get().map(|l| l.counts()),
         }
+    }
+
+    /// Keeps every finished run in the file at `path` from now on (at most
+    /// [`RUN_LOG_MAX_RUNS`] runs once compacted, [`RUN_LOG_MAX_BYTES`]; created 0600, never
+    /// through a symbolic link) and first reads back the runs it holds into the hooks' histories, so
+    /// [`runs`](Self::runs) shows them after a restart. Call it once, before events flow; a
+    /// second call is an error. Returns how many runs were read back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let ws = tempfile::tempdir()?;
+    /// let hooks = prx_hooks::Hooks::builder().workspace(ws.path()).build()?;
+    /// let shell = hooks.shell().expect("a workspace has a shell sink");
+    /// assert_eq!(shell.keep_runs(&ws.path().join("runs.ndjson"))?, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keep_runs(&self, path: &Path) -> std::io::Result<usize> {
+        let (log, runs) = runlog::RunLog::open(path)?;
+        let n = runs.len();
+        self.shared
+            .run_log
+            .set(log)
+            .map_err(|_| std::io::Error::other("hook runs are kept in a file already"))?;
+        let mut s = lock(&self.shared.sched);
+        for o in runs {
+            s.record_loaded(o, self.shared.history);
+        }
+        Ok(n)
     }
 
     /// Subscribes to every run's outcome from now on (module [`runs`]): processes that
@@ -791,6 +841,9 @@ impl ShellSink {
             tracing::error!("the shell runner thread panicked");
         }
         sh.feed.close();
+        if let Some(log) = sh.run_log.get() {
+            log.close();
+        }
         // Every run is over: its payload file is gone; the directory goes too, and whatever
         // is left in our cgroups is killed with them.
         sh.payload.close();

@@ -2,14 +2,14 @@
 
 use crate::event::EventKind;
 use crate::stats::SinkCounts;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
 /// How one hook run ended (or why it never started). Every variant is counted separately.
 #[non_exhaustive]
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OutcomeKind {
     /// Exit status 0.
@@ -94,7 +94,7 @@ impl fmt::Display for OutcomeKind {
 /// `Display` is the line `prx-hooks fire` prints (docs/cli.md):
 /// `hook audit tool_call: exit 3 (12.4 ms); stderr: "no such file"`.
 #[non_exhaustive]
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Outcome {
     /// The hook's id.
     pub id: String,
@@ -113,14 +113,22 @@ pub struct Outcome {
     #[serde(flatten)]
     pub kind: OutcomeKind,
     /// From spawn to reaping (zero when the process never started).
-    #[serde(rename = "duration_ms", serialize_with = "millis")]
+    #[serde(
+        rename = "duration_ms",
+        serialize_with = "millis",
+        deserialize_with = "from_millis"
+    )]
     pub duration: Duration,
     /// The last ≤ 16 KiB of its stderr, decoded with replacement characters.
     pub stderr_tail: String,
     /// The process id (also its process group id), when it started.
     pub pid: Option<u32>,
     /// When it was started (or refused).
-    #[serde(rename = "time", serialize_with = "rfc3339")]
+    #[serde(
+        rename = "time",
+        serialize_with = "rfc3339",
+        deserialize_with = "from_rfc3339"
+    )]
     pub started_at: SystemTime,
 }
 
@@ -183,6 +191,16 @@ fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 
 fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&humantime::format_rfc3339_micros(*t))
+}
+
+fn from_millis<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let ms = f64::deserialize(d)?;
+    Duration::try_from_secs_f64(ms / 1e3).map_err(serde::de::Error::custom)
+}
+
+fn from_rfc3339<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+    humantime::parse_rfc3339(&text).map_err(serde::de::Error::custom)
 }
 
 /// The counters of one hook, or of the whole shell backend.
@@ -317,6 +335,10 @@ pub struct ShellStats {
     pub shared_running: u64,
     /// The finished-runs hook point ([`ShellSink::subscribe_runs`](super::ShellSink::subscribe_runs)).
     pub run_feed: RunFeedStats,
+    /// The file runs are kept in across restarts, when they are
+    /// ([`ShellSink::keep_runs`](super::ShellSink::keep_runs)).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_log: Option<super::RunLogCounts>,
 }
 
 /// Why an event was dropped for a hook (each counted apart in [`HookCounts`]).

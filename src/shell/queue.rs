@@ -233,6 +233,11 @@ impl Sched {
         push_run(h, outcome, history);
     }
 
+    /// Keeps a run read back from the run log in its hook's history (not counted).
+    pub(crate) fn record_loaded(&mut self, outcome: Outcome, history: usize) {
+        push_run(self.hook(&outcome.id), outcome, history);
+    }
+
     /// Shutdown past the deadline: every queued job is cancelled. Returns them, for the caller
     /// to drop outside the lock (dropping may remove payload files).
     pub(crate) fn cancel_all(&mut self) -> Vec<Job> {

@@ -352,6 +352,7 @@ pub(super) fn report(sh: &Shared, f: Finished<Origin>) {
             let o = outcome(&job.action.id, job.action.event, &job.run.msg, false);
             drop(job);
             conclude(sh, &o);
+            sh.keep_run(&o);
             let mut s = lock(&sh.sched);
             s.finish(o, sh.history);
             notify_drained(sh, &s);

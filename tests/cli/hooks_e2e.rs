@@ -584,3 +584,31 @@ fn run_logs_every_hook_run_and_v_q_set_how_much() {
     );
     assert_eq!(report(&quiet)["stats"]["shell"]["totals"]["ok"], 1);
 }
+
+/// A guard written for an agent's own blocking hook (exit 2) is told once, at its first exit 2
+/// on `tool_call_start`, that here it blocked nothing; a hook exiting 2 on another event, or
+/// another status, is a failure like any other and not told.
+#[test]
+fn a_hook_exiting_2_on_tool_call_start_is_told_once_that_hooks_cannot_block() {
+    let ws = tempfile::tempdir().unwrap();
+    let json = serde_json::json!({"hooks": {
+        "tool_call_start": [
+            {"id": "guard", "command": "/bin/sh", "args": ["-c", "echo refusing rm -rf >&2; exit 2"]},
+            {"id": "other", "command": "/bin/sh", "args": ["-c", "exit 3"]}
+        ],
+        "agent_end": [{"id": "late", "command": "/bin/sh", "args": ["-c", "exit 2"]}]
+    }})
+    .to_string();
+    let start = r#"{"event":"tool_call_start","agent":"a","session":"s","payload":{"tool":"Bash","arguments":{"command":"rm -rf x"}}}"#;
+    let (status, stderr, _) = run_over(ws.path(), &json, &[start, start, start, AGENT_END], &[]);
+    assert!(status.success(), "hook failures are not run's: {stderr}");
+    let told: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("blocks nothing here"))
+        .collect();
+    assert_eq!(told.len(), 1, "{stderr}");
+    assert!(told[0].contains("hook guard exited 2"), "{}", told[0]);
+    assert!(told[0].contains("the tool ran"), "{}", told[0]);
+    let r = report(&stderr);
+    assert_eq!(r["stats"]["shell"]["totals"]["exit"], 7, "{r}");
+}

@@ -22,5 +22,6 @@ mod containment;
 mod hooks_e2e;
 mod init_cli;
 mod run_input;
+mod terminal_cli;
 mod wasm_cli;
 mod watch_log;

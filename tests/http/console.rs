@@ -9,6 +9,7 @@ use prx_hooks::http::{CONTENT_SECURITY_POLICY, EventStreamOptions, HttpOptions, 
 use prx_hooks::{Event, Hooks};
 use serde_json::{Value, json};
 use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -335,6 +336,99 @@ fn signing_in_keeps_the_token_out_of_urls_and_an_emitted_event_arrives_live() {
     page.click("#logout");
     page.wait_visible("#login");
     assert_eq!(page.js("return sessionStorage.length;", vec![]), 0);
+    page.assert_no_script_errors();
+}
+
+/// A coding agent's event says what it does in its row: a Claude Code `PreToolUse` shows the
+/// tool and its command first, its session id, transcript path and working directory only in
+/// the detail, so the command needs no click.
+#[test]
+fn an_agents_row_shows_the_command_first_and_leaves_file_paths_to_the_detail() {
+    let c = Console::start(&hooks_file(&[]));
+    let page = c.sign_in(Viewport::Desktop);
+    let session = "0f8e2d4c-5b6a-4c3d-9e8f-7a6b5c4d3e2f";
+    let body = json!({
+        "session_id": session,
+        "transcript_path": format!("/home/dev/.claude/projects/-home-dev-src-app/{session}.jsonl"),
+        "cwd": "/home/dev/src/app",
+        "permission_mode": "default",
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": "rm -rf build", "description": "Clean the build directory"}
+    })
+    .to_string();
+    let auth = format!("Bearer {TOKEN}");
+    let r = http(
+        "POST",
+        &c.url("/api/ingest/claude-code"),
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        body.as_bytes(),
+    );
+    assert!(r.status < 300, "{} {}", r.status, r.text);
+    let text = page.wait(
+        "the agent's row",
+        "const r = [...document.querySelectorAll('#stream-list li.row.bus')].find(li => li.textContent.includes('tool_call_start')); return r ? r.querySelector('.text').textContent : null;",
+        vec![],
+    );
+    let text = text.as_str().unwrap();
+    assert!(
+        text.starts_with("tool: Bash · command: rm -rf build"),
+        "{text}"
+    );
+    for hidden in [
+        "transcript_path",
+        ".jsonl",
+        "session_id",
+        "hook_event_name",
+        "cwd",
+    ] {
+        assert!(!text.contains(hidden), "{hidden} in the row: {text}");
+    }
+    // The detail still has everything.
+    page.click("#stream-list li.row.bus .row-head");
+    let detail = page.text("#stream-list li.row.bus .detail");
+    assert!(detail.contains("transcript_path"), "{detail}");
+    page.assert_no_script_errors();
+}
+
+/// A server that keeps its runs (as `prx-hooks run` does) shows a hook's runs from before a
+/// restart in the page's run history.
+#[test]
+fn a_hooks_runs_from_before_a_restart_are_in_its_history() {
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("audit.log");
+    let runs_file = log_dir.path().join("runs.ndjson");
+    let hooks = hooks_file(&[appender("audit", "tool_call", &log)]);
+    let c = Console::start(&hooks);
+    let shell = c.hooks.shell().unwrap();
+    assert_eq!(shell.keep_runs(&runs_file).unwrap(), 0);
+    tool_call(&c.hooks, "coder", "shell", "before the restart");
+    wait_for("the run", || support::lines(&log).len() == 1);
+    wait_for("the run to be counted", || c.hook_stat("audit", "ok") == 1);
+    c.hooks.shutdown(Duration::from_secs(5));
+    let mode = std::fs::metadata(&runs_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    drop(c);
+
+    // A new server over the same workspace file: the run is read back before anyone looks.
+    let c = Console::start(&hooks);
+    assert_eq!(c.hooks.shell().unwrap().keep_runs(&runs_file).unwrap(), 1);
+    let page = c.sign_in(Viewport::Desktop);
+    page.wait_visible("li.hook[data-id='audit'] button[aria-label='Runs of audit']");
+    page.click("li.hook[data-id='audit'] button[aria-label='Runs of audit']");
+    page.wait_visible("#runs[open]");
+    let outcomes = page.wait(
+        "the run from before the restart",
+        "const rows = [...document.querySelectorAll('#runs-table tbody tr')].map(tr => tr.children[1].textContent); return rows.length >= 1 ? rows : null;",
+        vec![],
+    );
+    assert_eq!(outcomes, json!(["ok"]), "{outcomes}");
+    // Not counted again: the counters are this server's.
+    assert_eq!(c.hook_stat("audit", "ok"), 0);
+    assert_eq!(c.stats()["shell"]["run_log"]["loaded"], 1);
     page.assert_no_script_errors();
 }
 

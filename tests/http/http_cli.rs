@@ -275,11 +275,61 @@ fn bad_tokens_and_addresses_are_refused_before_serving() {
     let (code, err) = run(&["--listen", &addr], Some("token-from-the-env-00000000"));
     assert_eq!(code, Some(2));
     assert!(err.contains(&addr) && err.contains("in use"), "{err}");
+    assert!(
+        err.contains("listen elsewhere"),
+        "no way out is said: {err}"
+    );
 
     // --token-file needs --listen.
     let (code, err) = run(&["--token-file", "x"], None);
     assert_eq!(code, Some(2));
     assert!(err.contains("--listen"), "{err}");
+}
+
+#[test]
+fn run_says_once_where_the_console_is_and_what_to_sign_in_with() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(ws.path(), &[], None);
+    let base = d.base();
+    let line = d.wait_line("console on ");
+    let token_file = ws.path().join(".prx-hooks/token");
+    assert!(
+        line.contains(&format!("console on {base}/"))
+            && line.contains(&token_file.display().to_string()),
+        "{line}"
+    );
+    // The address said is the console's: the page answers there.
+    let page = agent().get(&format!("{base}/")).call().unwrap();
+    assert_eq!(page.status(), 200);
+    let (_, rest) = d.terminate();
+    let said = rest.iter().filter(|l| l.contains("console on")).count();
+    assert_eq!(said, 1, "{rest:?}");
+
+    let mut d = Daemon::start(ws.path(), &[], Some("token-from-the-env-00000000"));
+    let line = d.wait_line("console on ");
+    assert!(line.contains("$PRX_HOOKS_TOKEN"), "{line}");
+}
+
+#[test]
+fn a_missing_workspace_says_how_to_make_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("ws");
+    let out = Command::new(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(["run", "--listen", "127.0.0.1:0", "--workspace"])
+        .arg(&missing)
+        .env_remove("PRX_HOOKS_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("prx-hooks init {}", missing.display())),
+        "{err}"
+    );
+    assert!(
+        !missing.exists(),
+        "run made the workspace it said was missing"
+    );
 }
 
 use crate::support;

@@ -18,6 +18,7 @@ mod stderr;
 mod support;
 
 mod agents_cli;
+mod closed_output;
 mod console;
 mod http;
 mod http_cli;

@@ -158,7 +158,7 @@ pub(super) fn bench(args: BenchArgs) -> Result<ExitCode, BoxError> {
             overhead,
         )?;
         if args.json {
-            println!("{}", serde_json::to_string(&report)?);
+            out!("{}", serde_json::to_string(&report)?);
         } else {
             nats_cli::print_bench(&report);
         }
@@ -176,7 +176,7 @@ pub(super) fn bench(args: BenchArgs) -> Result<ExitCode, BoxError> {
         timer_overhead_ns: overhead,
     };
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        out!("{}", serde_json::to_string(&report)?);
     } else {
         print_report(&report);
     }
@@ -361,31 +361,44 @@ pub(super) fn timer_overhead() -> u64 {
 }
 
 pub(super) fn print_report(r: &BenchReport) {
-    println!(
+    out!(
         "{} events, {} producer(s), {} subscriber(s), {}-byte payloads",
-        r.events, r.producers, r.subscribers, r.payload_bytes
+        r.events,
+        r.producers,
+        r.subscribers,
+        r.payload_bytes
     );
     for (name, p) in [("burst", &r.burst), ("sustained", &r.sustained)] {
-        println!("{name}:");
+        out!("{name}:");
         if let Some(e) = &p.emit_ns {
-            println!(
+            out!(
                 "  emit latency  p50 {} ns   p99 {} ns   p99.9 {} ns   max {} ns   ({} ns timer overhead subtracted)",
-                e.p50, e.p99, e.p99_9, e.max, r.timer_overhead_ns
+                e.p50,
+                e.p99,
+                e.p99_9,
+                e.max,
+                r.timer_overhead_ns
             );
         }
-        println!("  emitted       {:.0} events/s", p.emitted_per_s);
-        println!(
+        out!("  emitted       {:.0} events/s", p.emitted_per_s);
+        out!(
             "  delivered     {:.0} events/s per subscriber ({} messages in {:.3} s)",
-            p.delivered_per_s, p.delivered, p.elapsed_s
+            p.delivered_per_s,
+            p.delivered,
+            p.elapsed_s
         );
-        println!(
+        out!(
             "  dropped       ring {}   subscribers {}   oversize {}",
-            p.ring_dropped, p.subscriber_dropped, p.oversize
+            p.ring_dropped,
+            p.subscriber_dropped,
+            p.oversize
         );
         let c = &p.cpu_ns_per_event;
-        println!(
+        out!(
             "  CPU per event producer {:.0} ns   worker {:.0} ns   subscriber {:.0} ns",
-            c.producer, c.worker, c.subscriber
+            c.producer,
+            c.worker,
+            c.subscriber
         );
     }
 }

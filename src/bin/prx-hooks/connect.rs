@@ -82,16 +82,16 @@ const MAX_SETTINGS_BYTES: u64 = 16 << 20;
 
 /// One line on stderr, prefixed.
 fn note(message: impl std::fmt::Display) {
-    eprintln!("prx-hooks connect: {message}");
+    say!("prx-hooks connect: {message}");
 }
 
 /// A refusal: `FILE:LINE:COL: reason` (or `FILE: reason`) on stderr, exit 2.
 fn refused(file: &Path, text: &str, r: &Refusal) -> ExitCode {
     match r.at.or_else(|| r.offset.map(|at| json::line_col(text, at))) {
-        Some((line, col)) => eprintln!("{}:{line}:{col}: {}", file.display(), r.reason),
-        None => eprintln!("{}: {}", file.display(), r.reason),
+        Some((line, col)) => say!("{}:{line}:{col}: {}", file.display(), r.reason),
+        None => say!("{}: {}", file.display(), r.reason),
     }
-    eprintln!("prx-hooks connect: {} was not changed", file.display());
+    say!("prx-hooks connect: {} was not changed", file.display());
     ExitCode::from(2)
 }
 
@@ -376,17 +376,15 @@ fn write_change(
         if changed {
             let shown = file.display().to_string();
             let new = if delete { "" } else { after.as_str() };
-            print!(
-                "{}",
-                unified_diff(before.as_deref().unwrap_or(""), new, &shown)
-            );
+            let diff = unified_diff(before.as_deref().unwrap_or(""), new, &shown);
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), diff.as_bytes());
         } else {
             note(format!("{}: nothing to change", file.display()));
         }
         return Ok(ExitCode::SUCCESS);
     }
     if !changed {
-        println!(
+        out!(
             "{}: {} already {} (nothing written)",
             file.display(),
             agent.name(),
@@ -455,7 +453,7 @@ fn report(
                 if replaced == 1 { "y" } else { "ies" }
             )
         };
-        println!("{}: {what}{backup}", file.display());
+        out!("{}: {what}{backup}", file.display());
         return;
     }
     let what = match hook {
@@ -467,21 +465,21 @@ fn report(
     } else {
         format!("{} event(s)", events.len())
     };
-    println!(
+    out!(
         "{}: {} {count} → {what}{backup}",
         file.display(),
         agent.name()
     );
-    println!("  the agent's hook format: {}", agent.docs());
+    out!("  the agent's hook format: {}", agent.docs());
     if replaced > 0 {
-        println!(
+        out!(
             "  {replaced} earlier prx-hooks entr{} replaced",
             if replaced == 1 { "y" } else { "ies" }
         );
     }
     if let Hook::Http(_) = hook {
         let token = workspace.map(|w| w.join(prx_hooks::http::token::TOKEN_FILE));
-        eprintln!(
+        say!(
             "prx-hooks connect: Claude Code fills $PRX_HOOKS_TOKEN from its own environment: export it before starting claude, e.g. export PRX_HOOKS_TOKEN=\"$(cat {})\"",
             token.map_or("<workspace>/.prx-hooks/token".into(), |t| {
                 agents::shell_quote(&t.display().to_string())

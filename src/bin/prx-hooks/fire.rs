@@ -49,7 +49,7 @@ fn fire_load_plugins(
     let sink = prx_hooks::wasm::WasmSink::standalone(workspace.to_path_buf())?;
     let errors = sink.errors();
     for error in &errors {
-        eprintln!("{error}");
+        say!("{error}");
     }
     Ok((sink, !errors.is_empty()))
 }
@@ -97,7 +97,7 @@ pub(super) fn fire_command(args: FireArgs) -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             if !e.message.is_empty() {
-                eprintln!("prx-hooks: {}", e.message);
+                say!("prx-hooks: {}", e.message);
             }
             ExitCode::from(e.code)
         }
@@ -147,7 +147,7 @@ fn fire(args: FireArgs) -> Result<ExitCode, FireError> {
         ran += fired.len();
     }
     if ran == 0 {
-        eprintln!("no hooks or plugins for {name}");
+        say!("no hooks or plugins for {name}");
     }
     Ok(if failed {
         ExitCode::from(1)
@@ -224,7 +224,7 @@ fn load_table(workspace: &Path) -> Result<prx_hooks::config::HookTable, FireErro
         Ok(table) => table,
         Err(errors) => {
             for error in errors.iter() {
-                eprintln!("{error}");
+                say!("{error}");
             }
             return Err(FireError::new(EX_CONFIG, ""));
         }

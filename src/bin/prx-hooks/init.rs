@@ -175,7 +175,7 @@ pub(crate) fn init(args: InitArgs) -> Result<ExitCode, BoxError> {
     let recovered =
         stage::recover(&base, &base_path, missing.is_empty()).map_err(|e| format!("init: {e}"))?;
     for n in &recovered.notes {
-        eprintln!("prx-hooks init: {n}");
+        say!("prx-hooks init: {n}");
     }
     if recovered.completed {
         report(dir, &files);

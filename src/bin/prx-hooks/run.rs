@@ -66,6 +66,11 @@ pub(crate) struct RunArgs {
     /// see, counted per field in the final report, and warned about once per event and field.
     #[arg(long)]
     lenient: bool,
+    /// End with the whole report as one JSON object on stderr (what stats.json holds, plus the
+    /// input's, spool's and containment's counts) even on a terminal, where a one-line summary
+    /// is said instead. Without a terminal the JSON is always written.
+    #[arg(long)]
+    stats_json: bool,
     #[command(flatten)]
     limits: EventLimitArgs,
     #[command(flatten)]
@@ -88,6 +93,7 @@ enum Finish {
 /// `run`: start, feed, wait for the end, drain, stop, report. Exit 1 when anything was lost
 /// (docs/cli.md § Exit codes).
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
+    check_workspace(&args.workspace)?;
     let signals = block_signals()?;
     let containment = contain(&args.contain)?;
     // Set at the first SIGINT/SIGTERM: the spool's replay stops, and the input (a FIFO after
@@ -99,6 +105,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         None => None,
     };
     let hooks = Arc::new(build(&args)?);
+    keep_runs(&hooks, &args.workspace);
     let (done_tx, done_rx) = mpsc::channel();
     // Signals are watched before the replay starts, so that they can stop it. From here on
     // every way out shuts the hook system down (a thread holding it keeps `Drop` from it).
@@ -126,7 +133,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
     {
         let ended = front.shutdown(&hooks, &args, Instant::now() + SIGNAL_DRAIN, containment);
         say!("prx-hooks: --events {}: {e}", path.display());
-        report(&hooks, &input, ended);
+        report(&hooks, &args, &input, ended);
         return Ok(ExitCode::from(1));
     }
     drop(done_tx);
@@ -139,7 +146,58 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
         Finish::Signal(_) => Instant::now() + SIGNAL_DRAIN,
     };
     let ended = front.shutdown(&hooks, &args, deadline, containment);
-    Ok(report(&hooks, &input, ended))
+    Ok(report(&hooks, &args, &input, ended))
+}
+
+/// Hook runs are kept in `<workspace>/.prx-hooks/runs.ndjson` across restarts (the console's
+/// and the API's run history); one that cannot be kept is said once, and `run` goes on.
+fn keep_runs(hooks: &Hooks, workspace: &std::path::Path) {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let Some(shell) = hooks.shell() else { return };
+    let dir = workspace.join(".prx-hooks");
+    let made = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Ok(()),
+            _ => Err(e),
+        })
+        .and_then(|()| match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(std::io::Error::other(format!(
+                "{} is not a directory (a link is not followed)",
+                dir.display()
+            ))),
+            Err(e) => Err(e),
+        });
+    let kept = made.and_then(|()| shell.keep_runs(&dir.join(RUN_LOG)));
+    match kept {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            "{n} hook run(s) read back from {}",
+            dir.join(RUN_LOG).display()
+        ),
+        Err(e) => tracing::warn!("hook runs are not kept across restarts: {e}"),
+    }
+}
+
+/// The file [`keep_runs`] uses, in `<workspace>/.prx-hooks/`.
+const RUN_LOG: &str = "runs.ndjson";
+
+/// A workspace that is not there is a set-up error that says how to make one.
+fn check_workspace(ws: &std::path::Path) -> Result<(), BoxError> {
+    match std::fs::metadata(ws) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("workspace {}: not a directory", ws.display()).into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "workspace {} does not exist: make one with `prx-hooks init {}` (hooks.json, \
+             sample hooks and events), or give --workspace an existing directory",
+            ws.display(),
+            ws.display()
+        )
+        .into()),
+        Err(e) => Err(format!("workspace {}: {e}", ws.display()).into()),
+    }
 }
 
 /// Blocks the termination signals before any thread exists, so every thread inherits the
@@ -368,7 +426,7 @@ fn wait_for_end(
 
 /// The end of `run`, on stderr: what was lost in one line, then the report (the last line).
 /// Exit 1 when anything was lost or the input failed to read.
-fn report(hooks: &Hooks, input: &InputCounters, ended: Ended) -> ExitCode {
+fn report(hooks: &Hooks, args: &RunArgs, input: &InputCounters, ended: Ended) -> ExitCode {
     let stats = hooks.stats();
     // docs/cli.md § Exit codes: a line refused (or lost to a full ring or byte budget) is 1. Said
     // before the report, which stays the last line of stderr.
@@ -401,12 +459,45 @@ fn report(hooks: &Hooks, input: &InputCounters, ended: Ended) -> ExitCode {
         "spool": ended.spooled,
         "ingest_socket": ended.socket,
     });
-    say!("{report}");
+    if args.stats_json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        say!("{report}");
+    } else {
+        say!("{}", summary(&stats));
+    }
     if failed {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The end of a run for a person at a terminal: what was processed and lost, in one line.
+fn summary(stats: &prx_hooks::Stats) -> String {
+    let lost = stats.dropped + stats.dropped_budget + stats.oversize + stats.dropped_shutdown;
+    let failed: Vec<String> = stats
+        .sinks
+        .iter()
+        .filter(|s| s.counts.failed + s.counts.dropped > 0)
+        .map(|s| {
+            format!(
+                "{} {} failed, {} dropped",
+                s.name, s.counts.failed, s.counts.dropped
+            )
+        })
+        .collect();
+    let failed = match failed.is_empty() {
+        true => String::new(),
+        false => format!("; {}", failed.join("; ")),
+    };
+    let unheard = match stats.skipped {
+        0 => String::new(),
+        n => format!(", {n} that nothing listened to"),
+    };
+    format!(
+        "prx-hooks: stopped: {} event(s), {} processed{unheard}, {lost} lost{failed} (the whole \
+         report: run --stats-json)",
+        stats.emitted, stats.processed
+    )
 }
 
 /// How long the first SIGINT/SIGTERM waits for the input to stop (a FIFO: to hand over what
@@ -621,7 +712,7 @@ fn start_api(hooks: &Arc<Hooks>, args: &RunArgs, addr: &str) -> Result<ApiServer
         Listen::Tcp(addr) => Server::start(hooks.clone(), opts, *addr),
         Listen::Unix(path) => Server::start_unix(hooks.clone(), opts, path),
     }
-    .map_err(|e| format!("--listen {addr}: {e}"))?;
+    .map_err(|e| listen_error(addr, &e))?;
     if let Listen::Tcp(addr) = listen
         && !server.local_addr().ip().is_loopback()
     {
@@ -634,7 +725,32 @@ fn start_api(hooks: &Arc<Hooks>, args: &RunArgs, addr: &str) -> Result<ApiServer
     say!("prx-hooks: HTTP API on {address}");
     say!("prx-hooks: address written to {}", file.display());
     say!("prx-hooks: {source}");
+    if let Listen::Tcp(_) = listen {
+        // The console is the API's own page (docs/http.md § Console page): said once, with
+        // what to sign in with, since nothing else points at it.
+        let sign_in = match &source {
+            token::TokenSource::Env => format!("the token in ${}", token::TOKEN_ENV),
+            token::TokenSource::File(p)
+            | token::TokenSource::Workspace(p)
+            | token::TokenSource::Generated(p) => format!("the token in {}", p.display()),
+        };
+        say!("prx-hooks: console on {address}/ (sign in with {sign_in})");
+    }
     Ok(server)
+}
+
+/// `--listen`'s error, with what to do when the address is taken.
+#[cfg(feature = "http")]
+fn listen_error(addr: &str, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::AddrInUse {
+        format!(
+            "--listen {addr}: the address is in use (another `prx-hooks run`, or another \
+             program, listens there): stop it, or listen elsewhere (--listen 127.0.0.1:0 picks a \
+             free port; the workspace's .prx-hooks/address says which)"
+        )
+    } else {
+        format!("--listen {addr}: {e}")
+    }
 }
 
 /// Raises the soft RLIMIT_NOFILE to the hard one: the API's connection cap is what is left

@@ -143,7 +143,7 @@ fn escape(s: &str) -> std::borrow::Cow<'_, str> {
 
 /// One line on stderr, escaped (messages carry server text: error bodies, reasons, ids).
 pub(super) fn say(msg: &str) {
-    eprintln!("prx-hooks tail: {}", escape(msg));
+    say!("prx-hooks tail: {}", escape(msg));
 }
 
 /// `s` cut to `max` characters (`…` marks a cut). Escaping comes later, at printing.
@@ -242,42 +242,76 @@ pub(super) fn event_line(env: &Value) -> Line {
     };
     l.add(sgr, format!("{name:<15}")).add("", "  ");
     let start = l.0.len();
+    body(&mut l, event, p);
+    if let (Some(e), Value::Object(m)) = (event, p) {
+        let known = documented(e);
+        for (k, v) in m.iter().filter(|(k, _)| !known.contains(&k.as_str())) {
+            let sep = if l.0.len() > start { " " } else { "" };
+            l.add("", format!("{sep}{}={}", cut(k, 40), cut(&text(v), 60)));
+        }
+    }
+    l
+}
+
+/// What an event says, from the fields it has: one an agent left out (a lenient line, an
+/// agent's hook that gives no exit status) is left out here too, never shown as `?`.
+fn body(l: &mut Line, event: Option<&str>, p: &Value) {
+    let has = |field: &str| !matches!(p.get(field), None | Some(Value::Null));
     let f = |field: &str, max: usize| cut(&text(&p[field]), max);
+    // The present ones of `fields`, space-separated.
+    let words = |fields: &[(&str, usize)]| {
+        fields
+            .iter()
+            .filter(|(k, _)| has(k))
+            .map(|(k, max)| f(k, *max))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let messages =
+        || has("messages_count").then(|| format!("{} messages", f("messages_count", 20)));
     match event {
         Some("agent_end") => {
-            ok(&mut l, &p["success"]);
-            l.add("", format!(", {} messages", f("messages_count", 20)));
+            if has("success") {
+                ok(l, &p["success"]);
+            }
+            match (has("success"), messages()) {
+                (true, Some(m)) => l.add("", format!(", {m}")),
+                (false, Some(m)) => l.add("", m),
+                (true, None) => l,
+                (false, None) => l.add("2", "ended"),
+            };
         }
         Some("llm_request") => {
-            l.add(
-                "",
-                format!(
-                    "{} {}, {} messages",
-                    f("provider", 40),
-                    f("model", 60),
-                    f("messages_count", 20)
-                ),
-            );
+            let mut parts = vec![words(&[("provider", 40), ("model", 60)])];
+            parts.extend(messages());
+            parts.retain(|p| !p.is_empty());
+            l.add("", parts.join(", "));
         }
         Some("llm_response") => {
-            l.add(
-                "",
-                format!(
-                    "{} {} {} ms ",
-                    f("provider", 40),
-                    f("model", 60),
-                    f("duration_ms", 20)
-                ),
-            );
-            ok(&mut l, &p["success"]);
+            let mut head = words(&[("provider", 40), ("model", 60)]);
+            if has("duration_ms") {
+                head = format!("{head} {} ms", f("duration_ms", 20))
+                    .trim_start()
+                    .to_string();
+            }
+            l.add("", head.clone());
+            if has("success") {
+                l.add("", if head.is_empty() { "" } else { " " });
+                ok(l, &p["success"]);
+            }
         }
         Some("tool_call_start") => {
-            l.add("", format!("{} {}", f("tool", 60), f("arguments", 100)));
+            l.add("", words(&[("tool", 60), ("arguments", 100)]));
         }
         Some("tool_call") => {
-            l.add("", format!("{} ", f("tool", 60)));
-            ok(&mut l, &p["success"]);
-            l.add("", format!(": {}", f("output", 100)));
+            l.add("", f("tool", 60));
+            if has("success") {
+                l.add("", " ");
+                ok(l, &p["success"]);
+            }
+            if has("output") {
+                l.add("", format!(": {}", f("output", 100)));
+            }
         }
         Some("error") => {
             l.add("", format!("{}: {}", f("component", 40), f("message", 120)));
@@ -287,14 +321,6 @@ pub(super) fn event_line(env: &Value) -> Line {
             l.add("", cut(&p.to_string(), 120));
         }
     }
-    if let (Some(e), Value::Object(m)) = (event, p) {
-        let known = documented(e);
-        for (k, v) in m.iter().filter(|(k, _)| !known.contains(&k.as_str())) {
-            let sep = if l.0.len() > start { " " } else { "" };
-            l.add("", format!("{sep}{}={}", cut(k, 40), cut(&text(v), 60)));
-        }
-    }
-    l
 }
 
 pub(super) fn run_line(r: &Value) -> Line {
@@ -383,6 +409,71 @@ mod tests {
         let mut l = Line::default();
         l.add("31", "\x1b[5mX").add("", " \x07 ");
         assert_eq!(l.render(true), "\x1b[31m\\u{1b}[5mX\x1b[0m \\u{7}");
+    }
+
+    fn shown(line: &str) -> String {
+        let env: Value = serde_json::from_str(line).unwrap();
+        let text = event_line(&env).render(false);
+        // After the time, who and the event name.
+        text.splitn(3, "  ")
+            .nth(2)
+            .unwrap()
+            .trim_start()
+            .to_string()
+    }
+
+    #[test]
+    fn fields_an_event_does_not_have_are_left_out_not_shown_as_question_marks() {
+        let e = |event: &str, payload: &str| {
+            shown(&format!(
+                r#"{{"event":"{event}","agent":"a","session":"s","timestamp":"2026-01-01T00:00:00Z","payload":{payload}}}"#
+            ))
+        };
+        assert_eq!(e("agent_end", "{}"), "agent_end        ended");
+        assert_eq!(e("agent_end", r#"{"success":true}"#), "agent_end        ok");
+        assert_eq!(
+            e("agent_end", r#"{"success":false,"messages_count":3}"#),
+            "agent_end        failed, 3 messages"
+        );
+        assert_eq!(
+            e("agent_end", r#"{"messages_count":3}"#),
+            "agent_end        3 messages"
+        );
+        assert_eq!(
+            e("tool_call", r#"{"tool":"Bash"}"#),
+            "tool_call        Bash"
+        );
+        assert_eq!(
+            e(
+                "tool_call",
+                r#"{"tool":"Bash","success":true,"output":"x"}"#
+            ),
+            "tool_call        Bash ok: x"
+        );
+        assert_eq!(e("llm_request", r#"{"model":"m"}"#), "llm_request      m");
+        assert_eq!(
+            e(
+                "llm_request",
+                r#"{"provider":"p","model":"m","messages_count":2}"#
+            ),
+            "llm_request      p m, 2 messages"
+        );
+        assert_eq!(e("llm_response", r#"{"model":"m"}"#), "llm_response     m");
+        assert_eq!(
+            e(
+                "llm_response",
+                r#"{"provider":"p","model":"m","duration_ms":5,"success":true}"#
+            ),
+            "llm_response     p m 5 ms ok"
+        );
+        for (event, payload) in [
+            ("agent_end", "{}"),
+            ("llm_request", "{}"),
+            ("llm_response", "{}"),
+            ("tool_call", r#"{"tool":"t"}"#),
+        ] {
+            assert!(!e(event, payload).contains('?'), "{event} {payload}");
+        }
     }
 
     #[test]

@@ -921,12 +921,40 @@
     show($("stream-empty"), shown.length === 0);
   }
 
-  function summary(payload) {
+  // What a row says first, per event: its documented fields, in order.
+  const FIRST = {
+    tool_call_start: ["tool", "arguments"],
+    tool_call: ["tool", "success", "output"],
+    agent_end: ["success", "messages_count"],
+    llm_request: ["provider", "model", "messages_count"],
+    llm_response: ["provider", "model", "duration_ms", "success"],
+    error: ["component", "message"],
+  };
+  // Fields that only locate the agent's own files or repeat the row's other columns: in the
+  // detail (a click), never crowding out what the event says.
+  const QUIET = new Set(["session_id", "transcript_path", "agent_transcript_path", "cwd",
+    "hook_event_name", "permission_mode", "parent_session", "event_id"]);
+
+  function scalar(v, max) {
+    return typeof v === "string" ? truncate(v.replace(/\s+/g, " "), max) : String(v);
+  }
+
+  function summary(payload, event) {
     if (!payload || typeof payload !== "object") return payload === undefined ? "" : JSON.stringify(payload);
+    const first = FIRST[event] || [];
+    const keys = first.filter((k) => k in payload)
+      .concat(Object.keys(payload).filter((k) => !first.includes(k) && !QUIET.has(k)));
     const parts = [];
-    for (const [k, v] of Object.entries(payload)) {
-      if (v === null || typeof v === "object") continue;
-      parts.push(k + ": " + (typeof v === "string" ? truncate(v.replace(/\s+/g, " "), 80) : String(v)));
+    for (const k of keys) {
+      const v = payload[k];
+      if (v === null || v === undefined) continue;
+      if (typeof v !== "object") { parts.push(k + ": " + scalar(v, 80)); continue; }
+      // A tool's arguments say what it does: their plain members, shown as the others are.
+      if (k === "arguments" && !Array.isArray(v)) {
+        for (const [ak, av] of Object.entries(v)) {
+          if (av !== null && typeof av !== "object") parts.push(ak + ": " + scalar(av, 120));
+        }
+      }
     }
     return truncate(parts.join(" · "), 240);
   }
@@ -948,7 +976,7 @@
     } else {
       badge = el("span", { class: "badge event", title: d.topic || null }, d.event || d.topic || "message");
       who = [d.agent, d.session].filter((x) => x).join(" / ");
-      text = summary(d.payload);
+      text = summary(d.payload, d.event);
       cls = "bus";
     }
     const detail = el("pre", { class: "detail", hidden: true }, block(JSON.stringify(d, null, 2)));

@@ -1,0 +1,97 @@
+//! `run` as a person at a terminal sees it: its stderr a real pseudo-terminal, the end of a run
+//! said in one line (the whole JSON report only with `--stats-json`, or when stderr is not a
+//! terminal, as scripts read it).
+
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+
+/// A pseudo-terminal: (the side the test reads, the side the child writes).
+fn pty() -> (std::fs::File, OwnedFd) {
+    let (mut main, mut sub) = (-1, -1);
+    // SAFETY: openpty writes two new descriptors into the two ints it is given and reads
+    // nothing else (null name, termios and window size are allowed).
+    let rc = unsafe {
+        libc::openpty(
+            &mut main,
+            &mut sub,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened by openpty and are owned by nothing else.
+    unsafe { (std::fs::File::from_raw_fd(main), OwnedFd::from_raw_fd(sub)) }
+}
+
+/// `run --events FILE` with stderr on a terminal: what the terminal showed.
+fn on_a_terminal(extra: &[&str]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.ndjson");
+    let lines: String = (0..20)
+        .map(|i| {
+            format!(
+                "{{\"event\":\"tool_call_start\",\"agent\":\"a\",\"session\":\"s\",\"payload\":{{\"tool\":\"t{i}\",\"arguments\":{{}}}}}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(&events, lines).unwrap();
+    std::fs::write(
+        dir.path().join("hooks.json"),
+        r#"{"hooks": {"tool_call_start": [{"id": "t", "command": "/bin/true"}]}}"#,
+    )
+    .unwrap();
+    let (mut main, sub) = pty();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_prx-hooks"))
+        .args(["run", "--events"])
+        .arg(&events)
+        .arg("--workspace")
+        .arg(dir.path())
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(sub))
+        .spawn()
+        .unwrap();
+    let status = child.wait().unwrap();
+    // The child is gone and the test holds no copy of its side: reading ends with EIO.
+    let mut shown = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match main.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => shown.extend_from_slice(&buf[..n]),
+        }
+    }
+    (
+        status.code().unwrap(),
+        String::from_utf8_lossy(&shown).replace('\r', ""),
+    )
+}
+
+#[test]
+fn a_run_on_a_terminal_ends_with_one_line_and_the_json_only_when_asked() {
+    let (code, shown) = on_a_terminal(&[]);
+    assert_eq!(code, 0, "{shown}");
+    let last = shown.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("prx-hooks: stopped: 20 event(s), 20 processed, 0 lost"),
+        "{shown}"
+    );
+    assert!(
+        last.contains("--stats-json"),
+        "no way to the report: {last}"
+    );
+    assert!(
+        !shown.contains("\"stats\""),
+        "the JSON report on a terminal: {shown}"
+    );
+
+    let (code, shown) = on_a_terminal(&["--stats-json"]);
+    assert_eq!(code, 0, "{shown}");
+    let last = shown.lines().last().unwrap_or_default();
+    let report: serde_json::Value = serde_json::from_str(last).expect(last);
+    assert_eq!(report["stats"]["processed"], 20);
+}

@@ -287,7 +287,9 @@ def test_a_child_forked_while_a_parent_thread_is_stuck_writing_to_stderr_still_l
 
 
 def test_the_interpreter_exits_with_a_thread_still_iterating_a_subscription(workspace):
-    write_hooks(workspace, {"tool_call": [{"command": "/bin/sleep", "args": ["60"], "timeout_ms": 120000}]})
+    # A duration no other process on the machine sleeps for, so pgrep finds only this hook.
+    naptime = "60.%06d" % (os.getpid() % 1000000)
+    write_hooks(workspace, {"tool_call": [{"command": "/bin/sleep", "args": [naptime], "timeout_ms": 120000}]})
     started = time.monotonic()
     out = run_python(textwrap.dedent(f"""
         import threading, prx_hooks
@@ -304,7 +306,7 @@ def test_the_interpreter_exits_with_a_thread_still_iterating_a_subscription(work
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "started"
     assert took < 30, f"exit took {took:.1f} s"
-    leftover = subprocess.run(["pgrep", "-f", "^/bin/sleep 60$"], capture_output=True, text=True)
+    leftover = subprocess.run(["pgrep", "-f", f"^/bin/sleep {naptime}$"], capture_output=True, text=True)
     assert leftover.stdout == "", "the hook's process outlived the interpreter"
 
 

@@ -23,8 +23,9 @@ const EVENTS: [HookEvent; 33] = [
     ev("InstructionsLoaded", CHM, "topic"),
     ev("UserPromptSubmit", ALL, "agent_start"),
     ev("UserPromptExpansion", ALL, "topic"),
-    // Fires for every batch of lines of a streamed reply; a hook holds the display.
-    ev("MessageDisplay", CHM, "topic").unsubscribed(),
+    ev("MessageDisplay", CHM, "topic").unsubscribed(
+        "fires for every batch of lines of a streamed reply and holds the display until the hook returns",
+    ),
     ev("PreToolUse", ALL, "tool_call_start"),
     // Not `agent`, as the binary's own error says.
     ev(
@@ -46,7 +47,8 @@ const EVENTS: [HookEvent; 33] = [
     ev("TeammateIdle", ALL, "topic"),
     ev("PreCompact", CHM, "topic"),
     ev("PostCompact", CHM, "topic"),
-    ev("PreModelSwitch", CHM, "topic"),
+    ev("PreModelSwitch", CHM, "topic")
+        .noted("a hook that times out there blocks the model switch"),
     ev("PostModelSwitch", CHM, "topic"),
     ev("Elicitation", CHM, "topic"),
     ev("ElicitationResult", CHM, "topic"),
@@ -54,12 +56,15 @@ const EVENTS: [HookEvent; 33] = [
     ev("CwdChanged", CHM, "topic"),
     ev("DirectoryAdded", CHM, "topic"),
     ev("FileChanged", CHM, "topic"),
-    ev("WorktreeCreate", CHM, "topic"),
-    ev("WorktreeRemove", CHM, "topic"),
+    ev("WorktreeCreate", CHM, "topic").unsubscribed(
+        "a hook there replaces Claude Code's own `git worktree add` and must print the new path",
+    ),
+    ev("WorktreeRemove", CHM, "topic")
+        .unsubscribed("a hook there replaces Claude Code's own worktree removal"),
     ev("SessionEnd", CHM, "topic session_end").closing(),
 ];
 
-const NAMES: [&str; 32] = subscribed(&EVENTS);
+const NAMES: [&str; 30] = subscribed(&EVENTS);
 
 pub(crate) static SPEC: Spec = Spec {
     docs: "https://code.claude.com/docs/en/hooks",

@@ -664,3 +664,50 @@ fn the_address_of_a_server_killed_with_sigkill_gets_no_token() {
     );
     assert_eq!(spooled(ws.path()).len(), 1);
 }
+
+/// Gemini CLI reads a hook's stdout as its answer and, when stdout is empty, its stderr: a
+/// `send --from` for an agent that reads stdout answers `{}` there and says nothing on stderr
+/// on every path that succeeded (spooled or delivered), from both programs. Kiro CLI adds a
+/// hook's stdout to the model's context: nothing there. A failed `--strict` send answers
+/// nothing.
+#[test]
+fn send_from_an_agent_that_reads_stdout_answers_an_empty_object_and_keeps_stderr_empty() {
+    let ws = tempfile::tempdir().unwrap();
+    let gemini = r#"{"session_id":"g","hook_event_name":"BeforeTool","timestamp":"2026-12-07T10:00:00.000Z","cwd":"/p","tool_name":"read_file","tool_input":{"absolute_path":"/p/a"}}"#;
+    let kiro = r#"{"hook_event_name":"preToolUse","cwd":"/p","tool_name":"fs_read","tool_input":{"path":"a"}}"#;
+    let programs: [&[&str]; 2] = [&[BIN, "send"], &[SEND_BIN]];
+    let run = |program: &[&str], args: &[&str], stdin: &str| {
+        let s = send_by(program, ws.path(), args, stdin.as_bytes());
+        (s.code, s.stdout, s.stderr)
+    };
+    let answer = |code: i32, stdout: &str| (code, stdout.to_string(), String::new());
+    for program in programs {
+        // No server: spooled, a success.
+        assert_eq!(
+            run(program, &["--from", "gemini-cli"], gemini),
+            answer(0, "{}\n")
+        );
+        assert_eq!(
+            run(program, &["--from", "kiro", "--session", "k"], kiro),
+            answer(0, "")
+        );
+        let (code, stdout, stderr) = run(program, &["--from", "gemini-cli", "--strict"], gemini);
+        assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+        assert!(stderr.contains("spooled to"), "{stderr}");
+    }
+    assert_eq!(spooled(ws.path()).len(), 6);
+    let server = Server::start(ws.path());
+    wait_for("the spool replayed", || spooled(ws.path()).is_empty());
+    for program in programs {
+        assert_eq!(
+            run(program, &["--from", "gemini-cli", "--strict"], gemini),
+            answer(0, "{}\n")
+        );
+        assert_eq!(
+            run(program, &["--from", "kiro", "--session", "k"], kiro),
+            answer(0, "")
+        );
+    }
+    let (code, _) = server.stop();
+    assert_eq!(code, 0);
+}

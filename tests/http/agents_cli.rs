@@ -133,7 +133,11 @@ fn deliver_every_fixture(via_http: bool) {
                 }
                 let s = send(ws.path(), &args, input.as_bytes());
                 // `{}` where the agent reads a hook's stdout as its answer; never stderr.
-                let answer = if agent.answers_on_stdout() { "{}\n" } else { "" };
+                let answer = if agent.answers_on_stdout() {
+                    "{}\n"
+                } else {
+                    ""
+                };
                 assert_eq!(
                     (s.code, s.stdout.as_str(), s.stderr.as_str()),
                     (0, answer, ""),
@@ -159,9 +163,17 @@ fn deliver_every_fixture(via_http: bool) {
         // Codex's older `notify` passes the JSON as the program's last argument.
         let input = fixture(Agent::Codex, "agent-turn-complete");
         let s = send(ws.path(), &["--from", "codex", &input], b"");
-        assert_eq!((s.code, s.stdout.as_str(), s.stderr.as_str()), (0, "{}\n", ""));
+        assert_eq!(
+            (s.code, s.stdout.as_str(), s.stderr.as_str()),
+            (0, "{}\n", "")
+        );
         let input: Value = serde_json::from_str(&input).unwrap();
-        lifecycle.push((Agent::Codex, "agent-turn-complete", prx_hooks::EventKind::TurnComplete, input));
+        lifecycle.push((
+            Agent::Codex,
+            "agent-turn-complete",
+            prx_hooks::EventKind::TurnComplete,
+            input,
+        ));
     }
     // Every topic shows in tail, with the agent's whole object.
     for (topic, input) in &topical {

@@ -20,19 +20,21 @@ fn lines(agent: Agent, input: &Value) -> Vec<(String, String, Value)> {
         ParseOptions::default()
     };
     t.lines()
-        .map(|(line, target)| match parse_input_with(line.as_bytes(), parse) {
-            Ok(Input::Event(rec)) => {
-                assert_eq!(target, &Target::Lifecycle(rec.kind()));
-                let payload = serde_json::from_str(&rec.payload_json()).unwrap();
-                (rec.kind().name().to_string(), rec.session.clone(), payload)
-            }
-            Ok(Input::Topic(topic)) => (
-                topic.topic.clone(),
-                topic.session.clone(),
-                serde_json::from_str(&topic.payload).unwrap(),
-            ),
-            other => panic!("{agent}: {line}: {other:?}"),
-        })
+        .map(
+            |(line, target)| match parse_input_with(line.as_bytes(), parse) {
+                Ok(Input::Event(rec)) => {
+                    assert_eq!(target, &Target::Lifecycle(rec.kind()));
+                    let payload = serde_json::from_str(&rec.payload_json()).unwrap();
+                    (rec.kind().name().to_string(), rec.session.clone(), payload)
+                }
+                Ok(Input::Topic(topic)) => (
+                    topic.topic.clone(),
+                    topic.session.clone(),
+                    serde_json::from_str(&topic.payload).unwrap(),
+                ),
+                other => panic!("{agent}: {line}: {other:?}"),
+            },
+        )
         .collect()
 }
 
@@ -78,7 +80,11 @@ fn a_prompt_opens_a_turn_and_the_turns_end_is_turn_complete_then_agent_end() {
     ];
     for (agent, event, success) in closes {
         let got = lines(agent, &sample(agent, event));
-        assert_eq!(kinds(&got), ["turn_complete", "agent_end"], "{agent}/{event}");
+        assert_eq!(
+            kinds(&got),
+            ["turn_complete", "agent_end"],
+            "{agent}/{event}"
+        );
         assert_eq!(got[1].2["success"].as_bool(), success, "{agent}/{event}");
     }
     // Qwen Code fires UserPromptSubmit before a model call that sends tool results too: only
@@ -141,9 +147,15 @@ fn a_subagent_is_an_emitter_of_its_own_under_its_parents_session() {
         Agent::ClaudeCode,
         &json!({"session_id":"abc","hook_event_name":"PreToolUse","tool_name":"Read","tool_input":{}}),
     );
-    assert_eq!((main[0].1.as_str(), &main[0].2["parent_session"]), ("abc", &Value::Null));
+    assert_eq!(
+        (main[0].1.as_str(), &main[0].2["parent_session"]),
+        ("abc", &Value::Null)
+    );
     // Its start and stop are its own turn.
-    let start = lines(Agent::ClaudeCode, &sample(Agent::ClaudeCode, "SubagentStart"));
+    let start = lines(
+        Agent::ClaudeCode,
+        &sample(Agent::ClaudeCode, "SubagentStart"),
+    );
     assert_eq!(
         (kinds(&start), start[0].1.as_str()),
         (vec!["agent_start"], "abc123/agent-abc123")
@@ -173,11 +185,18 @@ fn token_counts_become_input_output_and_cache_read_tokens() {
     assert_eq!(kinds(&got), ["llm_response"]);
     let p = &got[0].2;
     assert_eq!(
-        (&p["input_tokens"], &p["output_tokens"], &p["cache_read_input_tokens"]),
+        (
+            &p["input_tokens"],
+            &p["output_tokens"],
+            &p["cache_read_input_tokens"]
+        ),
         (&json!(200), &json!(85), &json!(1000)),
         "{p}"
     );
-    assert_eq!((&p["model"], &p["finish_reason"]), (&json!("gemini-2.5-pro"), &json!("STOP")));
+    assert_eq!(
+        (&p["model"], &p["finish_reason"]),
+        (&json!("gemini-2.5-pro"), &json!("STOP"))
+    );
     let got = lines(Agent::Cursor, &sample(Agent::Cursor, "stop"));
     let p = &got[1].2;
     assert_eq!(
@@ -190,7 +209,10 @@ fn token_counts_become_input_output_and_cache_read_tokens() {
         (&json!(5120), &json!(740), &json!(4096), &json!(512)),
         "{p}"
     );
-    assert!(p.get("cache_read_tokens").is_none(), "moved, not copied: {p}");
+    assert!(
+        p.get("cache_read_tokens").is_none(),
+        "moved, not copied: {p}"
+    );
 }
 
 #[test]
@@ -249,19 +271,33 @@ fn cursor_says_how_a_turn_and_a_session_ended_and_keeps_its_fields() {
     assert_eq!(got[0].2["reason"], "error");
     assert_eq!(got[1].2["message"], "model unavailable");
     let done = lines(Agent::Cursor, &sample(Agent::Cursor, "postToolUse"));
-    assert_eq!((&done[0].2["duration_ms"], &done[0].2["success"]), (&json!(5432), &json!(true)));
+    assert_eq!(
+        (&done[0].2["duration_ms"], &done[0].2["success"]),
+        (&json!(5432), &json!(true))
+    );
 }
 
 #[test]
 fn one_cursor_shell_command_is_one_tool_call_start_and_one_tool_call() {
     let mut started = Vec::new();
     for event in ["preToolUse", "beforeShellExecution"] {
-        started.extend(kinds(&lines(Agent::Cursor, &sample(Agent::Cursor, event))).into_iter().map(str::to_string));
+        started.extend(
+            kinds(&lines(Agent::Cursor, &sample(Agent::Cursor, event)))
+                .into_iter()
+                .map(str::to_string),
+        );
     }
-    assert_eq!(started, ["tool_call_start", "prx.agent.cursor.beforeShellExecution"]);
+    assert_eq!(
+        started,
+        ["tool_call_start", "prx.agent.cursor.beforeShellExecution"]
+    );
     let mut done = Vec::new();
     for event in ["postToolUse", "afterShellExecution"] {
-        done.extend(kinds(&lines(Agent::Cursor, &sample(Agent::Cursor, event))).into_iter().map(str::to_string));
+        done.extend(
+            kinds(&lines(Agent::Cursor, &sample(Agent::Cursor, event)))
+                .into_iter()
+                .map(str::to_string),
+        );
     }
     assert_eq!(done, ["tool_call", "prx.agent.cursor.afterShellExecution"]);
     // A shell command's exit code, from the structured `tool_output`.
@@ -281,7 +317,10 @@ fn codex_interrupt_ends_the_turn_and_session_end_ends_the_session_keeping_model_
     let got = lines(Agent::Codex, &sample(Agent::Codex, "UserPromptSubmit"));
     assert_eq!(
         (&got[0].2["model"], &got[0].2["turn_id"]),
-        (&json!("gpt-5.1-codex"), &json!("019a7b2c-6000-7000-8000-000000000001"))
+        (
+            &json!("gpt-5.1-codex"),
+            &json!("019a7b2c-6000-7000-8000-000000000001")
+        )
     );
     // The older `notify` program: a turn's end.
     let got = lines(Agent::Codex, &sample(Agent::Codex, "agent-turn-complete"));
@@ -294,13 +333,22 @@ fn claude_codes_duration_interrupt_mcp_server_model_and_source_are_kept() {
     let got = lines(Agent::ClaudeCode, &failed);
     let p = &got[0].2;
     assert_eq!(
-        (&p["success"], &p["is_interrupt"], &p["duration_ms"], &p["mcp_server"]["name"]),
+        (
+            &p["success"],
+            &p["is_interrupt"],
+            &p["duration_ms"],
+            &p["mcp_server"]["name"]
+        ),
         (&json!(false), &json!(true), &json!(412), &json!("gh")),
         "{p}"
     );
-    let prompt = json!({"session_id":"s","hook_event_name":"UserPromptSubmit","prompt":"hi","source":"sdk"});
+    let prompt =
+        json!({"session_id":"s","hook_event_name":"UserPromptSubmit","prompt":"hi","source":"sdk"});
     assert_eq!(lines(Agent::ClaudeCode, &prompt)[0].2["source"], "sdk");
-    let switch = lines(Agent::ClaudeCode, &sample(Agent::ClaudeCode, "PostModelSwitch"));
+    let switch = lines(
+        Agent::ClaudeCode,
+        &sample(Agent::ClaudeCode, "PostModelSwitch"),
+    );
     assert_eq!(kinds(&switch), ["prx.agent.claude-code.PostModelSwitch"]);
     assert_eq!(switch[0].2["to_model"], "claude-opus-4-6");
     // A turn that failed on the API: error, then agent_end that did not succeed.
@@ -319,7 +367,10 @@ fn success_comes_only_from_a_structured_status_never_from_text() {
     let failed = json!({"session_id":"s","hook_event_name":"AfterTool","tool_name":"run_shell_command","tool_input":{},"tool_response":{"llmContent":"","error":{"message":"spawn failed"}}});
     assert_eq!(lines(Agent::GeminiCli, &failed)[0].2["success"], false);
     // Claude Code's exit code is in PostToolUseFailure's text: the event says it failed.
-    let cc = lines(Agent::ClaudeCode, &sample(Agent::ClaudeCode, "PostToolUseFailure"));
+    let cc = lines(
+        Agent::ClaudeCode,
+        &sample(Agent::ClaudeCode, "PostToolUseFailure"),
+    );
     assert_eq!(cc[0].2["success"], false);
     // Codex fires PostToolUse after a failed command too and says nothing structured.
     let mut codex = sample(Agent::Codex, "PostToolUse");
@@ -334,9 +385,17 @@ fn hook_events_say_handlers_closing_events_and_who_reads_stdout() {
         let events = agent.hook_events();
         for (i, e) in events.iter().enumerate() {
             assert!(e.handlers.contains(Handlers::COMMAND), "{agent} {}", e.name);
-            assert!(!events[..i].iter().any(|o| o.name == e.name), "{agent} {} twice", e.name);
+            assert!(
+                !events[..i].iter().any(|o| o.name == e.name),
+                "{agent} {} twice",
+                e.name
+            );
             assert_eq!(e.subscribe, agent.events().contains(&e.name));
-            assert!(e.subscribe || e.note.is_some(), "{agent} {}: why not", e.name);
+            assert!(
+                e.subscribe || e.note.is_some(),
+                "{agent} {}: why not",
+                e.name
+            );
             assert!(!e.maps_to.is_empty());
             if !agent.answers_on_stdout() {
                 assert!(!e.reads_stdout, "{agent} {}", e.name);
@@ -344,7 +403,12 @@ fn hook_events_say_handlers_closing_events_and_who_reads_stdout() {
         }
     }
     let closing = |agent: Agent| -> Vec<&str> {
-        agent.hook_events().iter().filter(|e| e.closes).map(|e| e.name).collect()
+        agent
+            .hook_events()
+            .iter()
+            .filter(|e| e.closes)
+            .map(|e| e.name)
+            .collect()
     };
     assert_eq!(
         closing(Agent::ClaudeCode),

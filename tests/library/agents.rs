@@ -179,7 +179,10 @@ fn every_documented_event_of_every_agent_translates_to_what_docs_agents_md_says(
             assert_eq!(got.len(), want.len(), "{agent}/{event}: {got:?}");
             for (i, ((line, target), want)) in got.into_iter().zip(want).enumerate() {
                 assert!(!line.contains('\n'));
-                match (want.strip_prefix("topic"), parse_input_with(line.as_bytes(), parse)) {
+                match (
+                    want.strip_prefix("topic"),
+                    parse_input_with(line.as_bytes(), parse),
+                ) {
                     (None, Ok(Input::Event(rec))) => {
                         let kind = rec.kind();
                         assert_eq!(
@@ -237,7 +240,9 @@ fn every_documented_event_of_every_agent_translates_to_what_docs_agents_md_says(
                         payload.as_object_mut().unwrap().remove("success");
                         assert_eq!(payload, input, "{agent}/{event}: the whole object");
                     }
-                    (want, got) => panic!("{agent}/{event}: expected {want:?}, got {got:?} from {line}"),
+                    (want, got) => {
+                        panic!("{agent}/{event}: expected {want:?}, got {got:?} from {line}")
+                    }
                 }
             }
             seen += 1;
@@ -282,11 +287,20 @@ fn tool_results_say_success_only_when_the_agent_does() {
     assert_eq!(success(Agent::Kiro, "postToolUse"), Value::Null);
     assert_eq!(success(Agent::Windsurf, "post_mcp_tool_use"), Value::Null);
     // A structured exit status or result type where the agent gives one.
-    assert_eq!(success(Agent::Windsurf, "post_run_command"), Value::Bool(false));
+    assert_eq!(
+        success(Agent::Windsurf, "post_run_command"),
+        Value::Bool(false)
+    );
     assert_eq!(success(Agent::Cline, "PostToolUse"), Value::Bool(false));
     assert_eq!(success(Agent::CopilotCli, "postToolUse"), Value::Bool(true));
-    assert_eq!(success(Agent::CopilotCli, "PostToolUse"), Value::Bool(false));
-    assert_eq!(success(Agent::QwenCode, "PostToolUseFailure"), Value::Bool(false));
+    assert_eq!(
+        success(Agent::CopilotCli, "PostToolUse"),
+        Value::Bool(false)
+    );
+    assert_eq!(
+        success(Agent::QwenCode, "PostToolUseFailure"),
+        Value::Bool(false)
+    );
     let failed = r#"{"session_id":"s","hook_event_name":"AfterTool","tool_name":"x","tool_input":{},"tool_response":{"error":{"message":"boom"}}}"#;
     let t = translate(
         Agent::GeminiCli,

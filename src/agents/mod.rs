@@ -571,7 +571,6 @@ pub fn translate(
         .agent
         .clone()
         .unwrap_or_else(|| agent.name().to_string());
-    check_name(&agent_name, "agent", None, &p)?;
     let mut plan = Plan::default();
     (spec.map)(&p, &mut plan)?;
     if plan.lines.is_empty() {
@@ -584,12 +583,6 @@ pub fn translate(
             (format!("{parent}/{}", sub.id), Some(parent))
         }
     };
-    check_name(
-        &session,
-        "session",
-        plan.subagent.as_ref().map(|s| s.member),
-        &p,
-    )?;
     let spread = plan
         .spread
         .map(|name| (name, plan.spread_consumed.as_slice()));
@@ -758,44 +751,6 @@ fn session_id(
             "missing: the session id is needed (or give one: TranslateOptions::session; `send --session`, `?session=` over HTTP)",
         )),
     }
-}
-
-/// An agent or session name the ingest would refuse (longer than
-/// [`MAX_NAME_BYTES`](crate::ndjson::MAX_NAME_BYTES)) is an error here, at the member it came
-/// from.
-fn check_name(
-    name: &str,
-    what: &str,
-    member: Option<&str>,
-    p: &Payload<'_>,
-) -> Result<(), TranslateError> {
-    let max = crate::ndjson::MAX_NAME_BYTES;
-    if name.len() <= max {
-        return Ok(());
-    }
-    let reason = format!(
-        "the {what} would be {} bytes; agent and session names are at most {max} bytes",
-        name.len()
-    );
-    let member = member.or(match what {
-        "session" => p.members.iter().find_map(|(k, _)| {
-            [
-                "session_id",
-                "conversation_id",
-                "thread-id",
-                "sessionId",
-                "taskId",
-                "trajectory_id",
-            ]
-            .contains(&k.as_ref())
-            .then_some(k.as_ref())
-        }),
-        _ => None,
-    });
-    Err(match member.and_then(|m| p.get(m).map(|raw| (m, raw))) {
-        Some((m, raw)) => p.error_at(raw, m, reason),
-        None => TranslateError::at(1, 1, what, reason),
-    })
 }
 
 /// `prx.agent.<agent>.<event>`, the event's name with every character a topic segment may

@@ -65,8 +65,6 @@ impl Out {
 
 /// A subagent: its own emitter, `<parent session>/<id>`.
 pub(crate) struct Subagent {
-    /// The member holding its id (errors name it).
-    pub(crate) member: &'static str,
     pub(crate) id: String,
     /// The parent's session when the payload names it (Cursor's `parent_conversation_id`);
     /// else the payload's session.
@@ -112,7 +110,7 @@ impl Plan {
         parent: Option<String>,
     ) {
         if let Some(id) = p.str_at(&[member]) {
-            self.subagent = Some(Subagent { member, id, parent });
+            self.subagent = Some(Subagent { id, parent });
         }
     }
 }

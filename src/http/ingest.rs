@@ -306,8 +306,29 @@ pub(crate) async fn agent(
         let translated = crate::agents::translate(from, &bytes, &opts)?;
         let opts = IngestOptions::default().lenient(translated.lenient);
         let mut lines = LineIngest::new(&hooks, opts);
-        let got = lines.line_from(1, translated.line.as_bytes(), origin.as_line(), None);
-        Ok::<_, crate::agents::TranslateError>((got.outcome, lines.into_report()))
+        // Every line the payload makes (a turn's end is `turn_complete` then `agent_end`):
+        // line n after the first carries the id `<id>-n`, so a payload sent again is
+        // recognised line by line, as the spool's replay does; the agent's own time, where it
+        // gives one, is the event's.
+        let base = origin.as_line();
+        let base = match &translated.time {
+            Some(time) => base.time(time),
+            None => base,
+        };
+        let mut first = None;
+        for (n, (line, _)) in (1u64..).zip(translated.lines()) {
+            let numbered = (n > 1)
+                .then(|| base.event_id().map(|id| format!("{id}-{n}")))
+                .flatten();
+            let o = match &numbered {
+                Some(id) => base.id(id),
+                None => base,
+            };
+            let got = lines.line_from(n, line.as_bytes(), o, None);
+            first.get_or_insert(got.outcome);
+        }
+        let outcome = first.unwrap_or(Outcome::Refused);
+        Ok::<_, crate::agents::TranslateError>((outcome, lines.into_report()))
     };
     let done = if small {
         work()

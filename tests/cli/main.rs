@@ -18,6 +18,12 @@ mod agent_cli;
 mod cli;
 #[cfg(feature = "http")]
 mod connect_cli;
+#[cfg(feature = "http")]
+mod connect_safety;
+#[cfg(feature = "http")]
+mod connect_tables;
+#[cfg(feature = "http")]
+mod doctor_cli;
 mod containment;
 mod hooks_e2e;
 mod init_cli;

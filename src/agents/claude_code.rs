@@ -1,71 +1,88 @@
-//! Claude Code's hook events (<https://code.claude.com/docs/en/hooks>, read 2026-12-03).
+//! Claude Code's hook events (<https://code.claude.com/docs/en/hooks>, read 2026-12-07: the
+//! reference as of Claude Code 2.1.240, and the event names and input fields of the released
+//! 2.1.332). Claude-shaped: [`claude_shaped`](super::claude_shaped) maps them.
 
-use super::{Map, Spec, Success, Value};
+use super::claude_shaped::{self, Flavor};
+use super::plan::Plan;
+use super::read::Payload;
+use super::{Handlers, HookEvent, Spec, TranslateError, ev, subscribed};
+
+/// `command`, `http` and `mcp_tool`.
+const CHM: Handlers = Handlers::COMMAND
+    .with(Handlers::HTTP)
+    .with(Handlers::MCP_TOOL);
+/// All five types.
+const ALL: Handlers = CHM.with(Handlers::PROMPT).with(Handlers::AGENT);
+/// `SessionStart` and `Setup`: "They don't support `http`, `prompt`, or `agent` hooks".
+const CM: Handlers = Handlers::COMMAND.with(Handlers::MCP_TOOL);
+
+/// In the reference's lifecycle order (`connect` writes them in this order).
+const EVENTS: [HookEvent; 33] = [
+    ev("Setup", CM, "topic"),
+    ev("SessionStart", CM, "topic session_start"),
+    ev("InstructionsLoaded", CHM, "topic"),
+    ev("UserPromptSubmit", ALL, "agent_start"),
+    ev("UserPromptExpansion", ALL, "topic"),
+    // Fires for every batch of lines of a streamed reply; a hook holds the display.
+    ev("MessageDisplay", CHM, "topic").unsubscribed(),
+    ev("PreToolUse", ALL, "tool_call_start"),
+    // Not `agent`, as the binary's own error says.
+    ev(
+        "PermissionRequest",
+        CHM.with(Handlers::PROMPT),
+        "topic",
+    ),
+    ev("PermissionDenied", ALL, "topic"),
+    ev("PostToolUse", ALL, "tool_call"),
+    ev("PostToolUseFailure", ALL, "tool_call"),
+    ev("PostToolBatch", ALL, "topic"),
+    ev("Notification", CHM, "topic"),
+    ev("SubagentStart", CHM, "agent_start (the subagent's)"),
+    ev("SubagentStop", ALL, "turn_complete, agent_end (the subagent's)").closing(),
+    ev("TaskCreated", ALL, "topic"),
+    ev("TaskCompleted", ALL, "topic"),
+    ev("Stop", ALL, "turn_complete, agent_end").closing(),
+    ev("StopFailure", CHM, "error, agent_end").closing(),
+    ev("TeammateIdle", ALL, "topic"),
+    ev("PreCompact", CHM, "topic"),
+    ev("PostCompact", CHM, "topic"),
+    ev("PreModelSwitch", CHM, "topic"),
+    ev("PostModelSwitch", CHM, "topic"),
+    ev("Elicitation", CHM, "topic"),
+    ev("ElicitationResult", CHM, "topic"),
+    ev("ConfigChange", CHM, "topic"),
+    ev("CwdChanged", CHM, "topic"),
+    ev("DirectoryAdded", CHM, "topic"),
+    ev("FileChanged", CHM, "topic"),
+    ev("WorktreeCreate", CHM, "topic"),
+    ev("WorktreeRemove", CHM, "topic"),
+    ev("SessionEnd", CHM, "topic session_end").closing(),
+];
+
+const NAMES: [&str; 32] = subscribed(&EVENTS);
 
 pub(crate) static SPEC: Spec = Spec {
     docs: "https://code.claude.com/docs/en/hooks",
     event_fields: &["hook_event_name"],
+    infer_event: None,
     session_fields: &["session_id"],
-    // In the reference's lifecycle order (`connect` writes them in this order).
-    events: &[
-        "Setup",
-        "SessionStart",
-        "InstructionsLoaded",
-        "UserPromptSubmit",
-        "UserPromptExpansion",
-        "PreToolUse",
-        "PermissionRequest",
-        "PermissionDenied",
-        "PostToolUse",
-        "PostToolUseFailure",
-        "PostToolBatch",
-        "Notification",
-        "SubagentStart",
-        "SubagentStop",
-        "TaskCreated",
-        "TaskCompleted",
-        "Stop",
-        "StopFailure",
-        "TeammateIdle",
-        "PreCompact",
-        "PostCompact",
-        "Elicitation",
-        "ElicitationResult",
-        "ConfigChange",
-        "CwdChanged",
-        "FileChanged",
-        "WorktreeCreate",
-        "WorktreeRemove",
-        "SessionEnd",
-    ],
+    hook_events: &EVENTS,
+    events: &NAMES,
+    // stdout whose first character is `{` is the hook's JSON answer.
+    answers_on_stdout: true,
     map,
 };
 
-fn map(event: &str) -> Map {
-    match event {
-        "PreToolUse" => Map::ToolStart {
-            tool: Value::Member("tool_name"),
-            arguments: Value::Member("tool_input"),
-        },
-        // "Runs immediately after a tool completes successfully"; failures are their own event.
-        "PostToolUse" => Map::ToolDone {
-            tool: Value::Member("tool_name"),
-            output: Value::Member("tool_response"),
-            success: Success::Is(true),
-        },
-        "PostToolUseFailure" => Map::ToolDone {
-            tool: Value::Member("tool_name"),
-            output: Value::Member("error"),
-            success: Success::Is(false),
-        },
-        "SessionStart" => Map::AgentStart,
-        "SessionEnd" => Map::AgentEnd,
-        "Stop" => Map::TurnComplete,
-        // The turn ended on an API error (`rate_limit`, `overloaded`, …) instead of `Stop`.
-        "StopFailure" => Map::Error {
-            component: Value::Const("api"),
-            message: Value::Member("error"),
-        },
-        _ => Map::Topic,
-    }
+/// "Runs immediately after a tool completes successfully" (failures are
+/// `PostToolUseFailure`); `Stop` does not fire when an API error ends the turn
+/// (`StopFailure` does) nor on an interrupt.
+const FLAVOR: Flavor = Flavor {
+    stop_is_success: true,
+    post_is_success: true,
+    prompt_needs: None,
+    failure_component: claude_shaped::api,
+};
+
+fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
+    claude_shaped::map(p, plan, &FLAVOR)
 }

@@ -1,20 +1,35 @@
-//! The hook payloads of other agents (Claude Code, OpenAI Codex CLI, Gemini CLI, Cursor),
-//! translated into prx-hooks NDJSON lines (docs/agents.md has every mapping).
+//! The hook payloads of other agents (Claude Code, OpenAI Codex CLI, Gemini CLI, Cursor,
+//! GitHub Copilot CLI, Cline, Qwen Code, Factory Droid, Windsurf, Kiro CLI), translated into
+//! prx-hooks NDJSON lines (docs/agents.md has every mapping).
 //!
-//! An agent's hook sends one JSON object per call. [`translate`] turns it into one line that
-//! [`LineIngest`](crate::ingest::LineIngest) reads:
+//! An agent's hook sends one JSON object per call. [`translate`] turns it into the lines that
+//! [`LineIngest`](crate::ingest::LineIngest) reads ([`Translated::lines`]; most payloads make
+//! one):
 //!
-//! * a **lifecycle event** where one fits (a tool about to run → `tool_call_start`, a tool done
-//!   → `tool_call`, a session start → `agent_start`, its end → `agent_end`, a turn done →
-//!   `turn_complete`), with `agent` = the agent's name and `session` = its session id. A
-//!   documented field the agent does not send (Cursor never says whether a shell command
-//!   succeeded) is left out of the payload, as `--lenient` does: such lines are read with
-//!   [`Translated::lenient`] set. Every other member the agent sent is kept as an extra
-//!   field, byte-exact (a member whose name is one of the event's own fields is kept as
-//!   `agent_<name>`);
-//! * otherwise (and for events a newer agent version adds) a **topic line**,
+//! * **turns**: the event that opens a turn (a prompt submitted: Claude Code's
+//!   `UserPromptSubmit`, Gemini CLI's `BeforeAgent`, Cursor's `beforeSubmitPrompt`, …) is
+//!   `agent_start`; the one that closes it (`Stop`, `AfterAgent`, `stop`, …) is
+//!   `turn_complete` then `agent_end` (`success` where the agent says how the turn ended); a
+//!   turn that fails (`StopFailure`) is `error` then `agent_end` with `success` false;
+//! * **tool calls** are `tool_call_start` and `tool_call`, model calls (Gemini CLI)
+//!   `llm_request` and `llm_response`;
+//! * **sessions** start and end as topics, `prx.agent.<agent>.session_start` and
+//!   `prx.agent.<agent>.session_end`: the 8 events are PRX's, and a session is not a turn;
+//! * a **subagent** is an emitter of its own: session `<session>/<agent id>`, with the
+//!   parent's session as the extra field `parent_session`;
+//! * **token counts** the agent gives become `input_tokens`, `output_tokens`,
+//!   `cache_read_input_tokens` and `cache_creation_input_tokens`;
+//! * `agent` is the agent's name and `session` its session id. A documented field the agent
+//!   does not send (Codex never says whether a tool succeeded) is left out of the payload, as
+//!   `--lenient` does: such lines are read with [`Translated::lenient`] set. Every other
+//!   member the agent sent is kept as an extra field, byte-exact (a member whose name is one
+//!   of the event's own fields is kept as `agent_<name>`);
+//! * everything else (and events a newer agent version adds) is a **topic line**,
 //!   `prx.agent.<agent>.<event>`, carrying the agent's whole object: nothing an agent sends is
 //!   dropped silently.
+//!
+//! [`Agent::hook_events`] says, per documented event, which handler types the agent runs, what
+//! it becomes and whether it closes a turn or a session.
 //!
 //! ```
 //! use prx_hooks::agents::{Agent, TranslateOptions, Target, translate};
@@ -26,13 +41,22 @@
 //! ```
 
 mod claude_code;
+mod claude_shaped;
+mod cline;
 mod codex;
+mod copilot_cli;
 mod cursor;
+mod factory_droid;
 mod gemini_cli;
+mod kiro;
+mod plan;
+mod qwen_code;
+mod read;
+mod windsurf;
 
 use crate::EventKind;
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
+use plan::{Plan, payload};
+use read::{Members, Payload, one_line, place, quote, shown};
 use std::fmt;
 
 /// An agent whose hook payloads [`translate`] reads.
@@ -41,24 +65,44 @@ use std::fmt;
 pub enum Agent {
     /// Anthropic's Claude Code (`hooks` in `.claude/settings.json`; command and `http` hooks).
     ClaudeCode,
-    /// OpenAI's Codex CLI (the `notify` program of `~/.codex/config.toml`).
+    /// OpenAI's Codex CLI (its hooks, `hooks.json`, and the `notify` program of
+    /// `~/.codex/config.toml`).
     Codex,
     /// Google's Gemini CLI (`hooks` in `.gemini/settings.json`).
     GeminiCli,
     /// Cursor (`.cursor/hooks.json`).
     Cursor,
+    /// GitHub Copilot CLI (`.github/hooks/*.json`; both of its payload formats).
+    CopilotCli,
+    /// Cline (executable hook scripts in `.clinerules/hooks/` or `~/Documents/Cline/Hooks/`).
+    Cline,
+    /// Qwen Code (`hooks` in `.qwen/settings.json`; command and `http` hooks).
+    QwenCode,
+    /// Factory's Droid (`.factory/hooks.json`, or `hooks` in `.factory/settings.json`).
+    FactoryDroid,
+    /// Windsurf's Cascade (`hooks.json` of the system, the user or the workspace).
+    Windsurf,
+    /// Kiro CLI (`hooks` in an agent's configuration, `.kiro/agents/*.json`).
+    Kiro,
 }
 
 impl Agent {
     /// Every supported agent, in declaration order.
-    pub const ALL: [Agent; 4] = [
+    pub const ALL: [Agent; 10] = [
         Agent::ClaudeCode,
         Agent::Codex,
         Agent::GeminiCli,
         Agent::Cursor,
+        Agent::CopilotCli,
+        Agent::Cline,
+        Agent::QwenCode,
+        Agent::FactoryDroid,
+        Agent::Windsurf,
+        Agent::Kiro,
     ];
 
-    /// `claude-code`, `codex`, `gemini-cli` or `cursor`.
+    /// `claude-code`, `codex`, `gemini-cli`, `cursor`, `copilot-cli`, `cline`, `qwen-code`,
+    /// `factory-droid`, `windsurf` or `kiro`.
     ///
     /// # Examples
     ///
@@ -84,18 +128,62 @@ impl Agent {
             Agent::Codex => "codex",
             Agent::GeminiCli => "gemini-cli",
             Agent::Cursor => "cursor",
+            Agent::CopilotCli => "copilot-cli",
+            Agent::Cline => "cline",
+            Agent::QwenCode => "qwen-code",
+            Agent::FactoryDroid => "factory-droid",
+            Agent::Windsurf => "windsurf",
+            Agent::Kiro => "kiro",
         }
     }
 
-    /// The events the agent's documentation lists (docs/agents.md), each mapped.
+    /// The events the agent's documentation lists (docs/agents.md) that a hook should be
+    /// written for, each mapped: every one of [`Agent::hook_events`] whose
+    /// [`subscribe`](HookEvent::subscribe) is set.
     ///
     /// # Examples
     ///
     /// ```
-    /// assert!(prx_hooks::agents::Agent::ClaudeCode.events().contains(&"PostToolUse"));
+    /// use prx_hooks::agents::Agent;
+    /// assert!(Agent::ClaudeCode.events().contains(&"PostToolUse"));
+    /// // Fired for every streamed chunk of a reply: documented, not subscribed.
+    /// assert!(!Agent::ClaudeCode.events().contains(&"MessageDisplay"));
     /// ```
     pub fn events(self) -> &'static [&'static str] {
         self.spec().events
+    }
+
+    /// Every event the agent's documentation lists, in its order, with the handler types the
+    /// agent runs for it and what [`translate`] makes of it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::agents::{Agent, Handlers};
+    /// let stop = Agent::ClaudeCode.hook_events().iter().find(|e| e.name == "Stop").unwrap();
+    /// assert!(stop.closes && stop.handlers.contains(Handlers::HTTP));
+    /// assert_eq!(stop.maps_to, "turn_complete, agent_end");
+    /// let start = Agent::ClaudeCode.hook_events().iter().find(|e| e.name == "SessionStart").unwrap();
+    /// assert!(!start.handlers.contains(Handlers::HTTP), "Claude Code runs no http hook there");
+    /// ```
+    pub fn hook_events(self) -> &'static [HookEvent] {
+        self.spec().hook_events
+    }
+
+    /// Whether the agent reads what a hook prints on stdout as the hook's answer (and, for
+    /// some, stderr when stdout is empty): `prx-hooks send --from` then prints `{}`, "no
+    /// decision", when it exits 0. False for agents that add stdout to the model's context
+    /// (Kiro CLI) or whose documentation does not say (Windsurf).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::agents::Agent;
+    /// assert!(Agent::GeminiCli.answers_on_stdout());
+    /// assert!(!Agent::Kiro.answers_on_stdout());
+    /// ```
+    pub fn answers_on_stdout(self) -> bool {
+        self.spec().answers_on_stdout
     }
 
     /// Where the documentation this mapping follows lives.
@@ -109,6 +197,12 @@ impl Agent {
             Agent::Codex => &codex::SPEC,
             Agent::GeminiCli => &gemini_cli::SPEC,
             Agent::Cursor => &cursor::SPEC,
+            Agent::CopilotCli => &copilot_cli::SPEC,
+            Agent::Cline => &cline::SPEC,
+            Agent::QwenCode => &qwen_code::SPEC,
+            Agent::FactoryDroid => &factory_droid::SPEC,
+            Agent::Windsurf => &windsurf::SPEC,
+            Agent::Kiro => &kiro::SPEC,
         }
     }
 }
@@ -119,13 +213,89 @@ impl fmt::Display for Agent {
     }
 }
 
+/// The handler types an agent runs for one of its events (a set).
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::agents::Handlers;
+/// let h = Handlers::COMMAND.with(Handlers::HTTP);
+/// assert!(h.contains(Handlers::COMMAND) && !h.contains(Handlers::PROMPT));
+/// assert_eq!(h.names().collect::<Vec<_>>(), ["command", "http"]);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Handlers(u8);
+
+impl Handlers {
+    /// A program the agent runs with the payload on stdin (or, for Codex's `notify`, as its
+    /// last argument): what `prx-hooks send --from` is.
+    pub const COMMAND: Handlers = Handlers(1);
+    /// An HTTP POST of the payload (Claude Code's and Qwen Code's `http` hooks): what
+    /// `POST /api/ingest/{agent}` takes.
+    pub const HTTP: Handlers = Handlers(2);
+    /// A tool of an MCP server (Claude Code's `mcp_tool`).
+    pub const MCP_TOOL: Handlers = Handlers(4);
+    /// A prompt the agent's model evaluates.
+    pub const PROMPT: Handlers = Handlers(8);
+    /// A subagent the agent runs.
+    pub const AGENT: Handlers = Handlers(16);
+
+    const NAMES: [(Handlers, &'static str); 5] = [
+        (Handlers::COMMAND, "command"),
+        (Handlers::HTTP, "http"),
+        (Handlers::MCP_TOOL, "mcp_tool"),
+        (Handlers::PROMPT, "prompt"),
+        (Handlers::AGENT, "agent"),
+    ];
+
+    /// Both sets.
+    pub const fn with(self, other: Handlers) -> Handlers {
+        Handlers(self.0 | other.0)
+    }
+
+    /// Whether every type of `other` is in this set.
+    pub const fn contains(self, other: Handlers) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The types' names as the agents spell them in their settings (`command`, `http`,
+    /// `mcp_tool`, `prompt`, `agent`).
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        Handlers::NAMES
+            .into_iter()
+            .filter(move |(h, _)| self.contains(*h))
+            .map(|(_, n)| n)
+    }
+}
+
+/// One event an agent's hook documentation lists ([`Agent::hook_events`]).
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HookEvent {
+    /// The agent's name for it (`PostToolUse`), as its settings key it.
+    pub name: &'static str,
+    /// The handler types the agent runs for it.
+    pub handlers: Handlers,
+    /// It closes a turn or a session (`Stop`, `SessionEnd`): a hook there should run
+    /// synchronously, or the agent may exit before a background hook delivered it.
+    pub closes: bool,
+    /// What [`translate`] makes of it, for people: `tool_call`, `turn_complete, agent_end`,
+    /// `topic session_start`, `topic`, with a condition where one decides
+    /// (docs/agents.md has the details).
+    pub maps_to: &'static str,
+    /// Whether a hook should be written for it ([`Agent::events`]): false for events that
+    /// fire for every streamed chunk of a reply (Claude Code's `MessageDisplay`) or whose
+    /// payload cannot be told apart from another event's.
+    pub subscribe: bool,
+}
+
 /// What [`translate`] may replace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TranslateOptions {
     /// The line's agent instead of the agent's name (`claude-code`).
     pub agent: Option<String>,
     /// The line's session instead of the agent's session id (required when the agent sends
-    /// none).
+    /// none). A subagent's session is this, `/`, and its id.
     pub session: Option<String>,
 }
 
@@ -147,8 +317,44 @@ pub struct Translated {
     pub target: Target,
     /// The agent's own name for the event (`PostToolUse`).
     pub event: String,
-    /// The line leaves out a documented field the agent does not send: read it leniently.
+    /// A line leaves out a documented field the agent does not send: read them leniently.
     pub lenient: bool,
+    /// The lines that follow [`line`](Translated::line), in order: a turn's end is
+    /// `turn_complete` then `agent_end`, a failed turn `error` then `agent_end`.
+    pub then: Vec<Followup>,
+    /// When the event happened, as the agent says (Gemini CLI's, Copilot CLI's, Qwen Code's,
+    /// Cline's and Windsurf's `timestamp`), in RFC 3339 UTC: what an ingest passes as
+    /// [`LineOrigin::time`](crate::ingest::LineOrigin::time). `None` when the agent gives no
+    /// time or one that is not RFC 3339 (or milliseconds since the epoch).
+    pub time: Option<String>,
+}
+
+/// A line after the first of a [`Translated`] payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Followup {
+    /// One NDJSON line (no newline).
+    pub line: String,
+    /// What it is.
+    pub target: Target,
+}
+
+impl Translated {
+    /// Every line, in order: [`line`](Translated::line), then [`then`](Translated::then).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::agents::{Agent, Target, TranslateOptions, translate};
+    /// use prx_hooks::EventKind;
+    /// let t = translate(Agent::ClaudeCode, br#"{"session_id":"s","hook_event_name":"Stop"}"#, &TranslateOptions::default())?;
+    /// let kinds: Vec<_> = t.lines().map(|(_, target)| target.clone()).collect();
+    /// assert_eq!(kinds, [Target::Lifecycle(EventKind::TurnComplete), Target::Lifecycle(EventKind::AgentEnd)]);
+    /// # Ok::<(), prx_hooks::agents::TranslateError>(())
+    /// ```
+    pub fn lines(&self) -> impl Iterator<Item = (&str, &Target)> {
+        std::iter::once((self.line.as_str(), &self.target))
+            .chain(self.then.iter().map(|f| (f.line.as_str(), &f.target)))
+    }
 }
 
 /// Why a payload could not be translated. Displays as `LINE:COL: PATH: REASON` (1-based; the
@@ -162,7 +368,12 @@ pub struct TranslateError {
 }
 
 impl TranslateError {
-    fn at(line: usize, column: usize, path: &str, reason: impl Into<String>) -> TranslateError {
+    pub(crate) fn at(
+        line: usize,
+        column: usize,
+        path: &str,
+        reason: impl Into<String>,
+    ) -> TranslateError {
         let reason: String = reason.into();
         TranslateError {
             line,
@@ -218,99 +429,63 @@ pub(crate) struct Spec {
     /// The members naming the event, the first present wins (`hook_event_name`; Codex's
     /// `notify` program: `type`).
     pub event_fields: &'static [&'static str],
+    /// The event's name when no event field is present, from the members the payload has
+    /// (Copilot CLI's camelCase payloads, Cline's).
+    pub infer_event: Option<fn(&Payload<'_>) -> Option<&'static str>>,
     /// The members holding the session id, the first present wins.
     pub session_fields: &'static [&'static str],
+    pub hook_events: &'static [HookEvent],
+    /// The names of the `hook_events` to subscribe to.
     pub events: &'static [&'static str],
-    pub map: fn(&str) -> Map,
+    pub answers_on_stdout: bool,
+    pub map: fn(&Payload<'_>, &mut Plan) -> Result<(), TranslateError>,
 }
 
-/// A documented field's value.
-#[derive(Clone, Copy)]
-pub(crate) enum Value {
-    /// This member of the payload (consumed: not kept as an extra field).
-    Member(&'static str),
-    /// This member when the agent sends it; else the field is left out and the line is read
-    /// leniently (for fields an agent's documentation leaves optional).
-    Optional(&'static str),
-    /// This text.
-    Const(&'static str),
-    /// An object of these members (consumed), for tools whose input is spread over the payload
-    /// (Cursor's shell command and its `cwd`).
-    Object(&'static [&'static str]),
-}
-
-/// How a tool's `success` is known.
-#[derive(Clone, Copy)]
-pub(crate) enum Success {
-    Is(bool),
-    /// False when this member of the response object is present and not null (an error).
-    UnlessSet(&'static str, &'static str),
-    /// The agent does not say: left out.
-    Unknown,
-}
-
-/// What one agent event becomes.
-#[derive(Clone, Copy)]
-pub(crate) enum Map {
-    ToolStart {
-        tool: Value,
-        arguments: Value,
-    },
-    ToolDone {
-        tool: Value,
-        output: Value,
-        success: Success,
-    },
-    AgentStart,
-    AgentEnd,
-    TurnComplete,
-    /// `error`: `component` names what failed, `message` says how.
-    Error {
-        component: Value,
-        message: Value,
-    },
-    Topic,
-}
-
-/// A JSON object's members in order, values as raw text.
-struct Members<'a>(Vec<(std::borrow::Cow<'a, str>, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Members<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Members<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut members = Vec::new();
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    let value: &'de RawValue = map.next_value()?;
-                    members.push((key, value));
-                }
-                Ok(Members(members))
-            }
+/// The names of the events of `all` to subscribe to, in order (`N`: how many there are).
+pub(crate) const fn subscribed<const N: usize>(all: &[HookEvent]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut i, mut n) = (0, 0);
+    while i < all.len() {
+        if all[i].subscribe {
+            out[n] = all[i].name;
+            n += 1;
         }
-        d.deserialize_map(V)
+        i += 1;
+    }
+    assert!(n == N, "N is the number of subscribed events");
+    out
+}
+
+/// A [`HookEvent`] (for the specs).
+pub(crate) const fn ev(
+    name: &'static str,
+    handlers: Handlers,
+    maps_to: &'static str,
+) -> HookEvent {
+    HookEvent {
+        name,
+        handlers,
+        closes: false,
+        maps_to,
+        subscribe: true,
     }
 }
 
-/// Line and column (1-based, columns in characters) of byte `pos` of `text`.
-fn place(text: &str, pos: usize) -> (usize, usize) {
-    let mut pos = pos.min(text.len());
-    while !text.is_char_boundary(pos) {
-        pos -= 1;
+impl HookEvent {
+    /// It closes a turn or a session.
+    pub(crate) const fn closing(mut self) -> HookEvent {
+        self.closes = true;
+        self
     }
-    let before = &text[..pos];
-    let start = before.rfind('\n').map_or(0, |i| i + 1);
-    (
-        before.matches('\n').count() + 1,
-        before[start..].chars().count() + 1,
-    )
+
+    /// No hook should be written for it.
+    pub(crate) const fn unsubscribed(mut self) -> HookEvent {
+        self.subscribe = false;
+        self
+    }
 }
 
-/// Translates one payload of `agent`'s hook into one prx-hooks line.
+/// Translates one payload of `agent`'s hook into prx-hooks lines.
 ///
 /// # Examples
 ///
@@ -329,52 +504,92 @@ pub fn translate(
 ) -> Result<Translated, TranslateError> {
     let spec = agent.spec();
     let text = decode(input)?;
-    let members = parse_members(text)?;
-    let locate = |raw: &RawValue| {
-        let pos = (raw.get().as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
-        place(text, pos)
+    let mut p = Payload {
+        text,
+        members: parse_members(text)?,
+        event: String::new(),
     };
-    let names = unique_names(&members, &locate)?;
-    let lines = Lines {
-        members: &members,
-        locate: &locate,
-    };
-    let event = event_name(agent, spec, &lines)?;
-    let session = session_id(spec, opts, &lines)?;
+    unique_names(&p)?;
+    p.event = event_name(agent, spec, &p)?;
+    let session = session_id(spec, opts, &p)?;
     let agent_name = opts
         .agent
         .clone()
         .unwrap_or_else(|| agent.name().to_string());
-    let Some((kind, fields, lenient)) = mapped((spec.map)(&event), &lines)? else {
-        let topic = topic(agent, &event);
-        let line = format!(
-            "{{\"topic\":{},\"agent\":{},\"session\":{},\"payload\":{}}}",
-            quote(&topic),
-            quote(&agent_name),
-            quote(&session),
-            one_line(text.trim())
-        );
-        return Ok(Translated {
-            line,
-            target: Target::Topic(topic),
-            event,
-            lenient: false,
-        });
+    check_name(&agent_name, "agent", None, &p)?;
+    let mut plan = Plan::default();
+    (spec.map)(&p, &mut plan)?;
+    if plan.lines.is_empty() {
+        plan.topic(&p);
+    }
+    let (session, parent) = match &plan.subagent {
+        None => (session, None),
+        Some(sub) => {
+            let parent = sub.parent.clone().unwrap_or(session);
+            (format!("{parent}/{}", sub.id), Some(parent))
+        }
     };
-    let consumed = consumed(spec, &event);
-    let payload = payload(kind, &fields, &members, &names, &consumed, text.len());
-    let line = format!(
-        "{{\"event\":{},\"agent\":{},\"session\":{},\"payload\":{}}}",
-        quote(kind.name()),
-        quote(&agent_name),
-        quote(&session),
-        one_line(&payload)
-    );
+    check_name(
+        &session,
+        "session",
+        plan.subagent.as_ref().map(|s| s.member),
+        &p,
+    )?;
+    let spread = plan
+        .spread
+        .map(|name| (name, plan.spread_consumed.as_slice()));
+    let mut lines = Vec::with_capacity(plan.lines.len());
+    let mut lenient = false;
+    for mut out in std::mem::take(&mut plan.lines) {
+        if let Some(parent) = &parent {
+            out = out.set("parent_session", quote(parent));
+        }
+        lenient |= out.lenient;
+        lines.push(match out.kind {
+            Some(kind) => {
+                let body = payload(kind.fields(), &out.fields, &p, &plan.consumed, spread);
+                (
+                    format!(
+                        "{{\"event\":{},\"agent\":{},\"session\":{},\"payload\":{}}}",
+                        quote(kind.name()),
+                        quote(&agent_name),
+                        quote(&session),
+                        one_line(&body)
+                    ),
+                    Target::Lifecycle(kind),
+                )
+            }
+            None => {
+                let topic = topic(agent, &out.topic);
+                // The agent's object as it came, or rebuilt after the fields PRX adds.
+                let body = if out.fields.is_empty() {
+                    one_line(text.trim())
+                } else {
+                    one_line(&payload(&[], &out.fields, &p, &[], None))
+                };
+                (
+                    format!(
+                        "{{\"topic\":{},\"agent\":{},\"session\":{},\"payload\":{body}}}",
+                        quote(&topic),
+                        quote(&agent_name),
+                        quote(&session),
+                    ),
+                    Target::Topic(topic),
+                )
+            }
+        });
+    }
+    let mut lines = lines.into_iter();
+    let (line, target) = lines.next().expect("a plan has a line");
     Ok(Translated {
         line,
-        target: Target::Lifecycle(kind),
-        event,
+        target,
+        event: p.event,
         lenient,
+        then: lines
+            .map(|(line, target)| Followup { line, target })
+            .collect(),
+        time: plan.time,
     })
 }
 
@@ -392,7 +607,7 @@ fn decode(input: &[u8]) -> Result<&str, TranslateError> {
 /// The payload's members, in order, each with its raw value.
 fn parse_members(
     text: &str,
-) -> Result<Vec<(std::borrow::Cow<'_, str>, &RawValue)>, TranslateError> {
+) -> Result<Vec<(std::borrow::Cow<'_, str>, &serde_json::value::RawValue)>, TranslateError> {
     let members: Members<'_> = serde_json::from_str(text).map_err(|e| {
         let msg = e.to_string();
         let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
@@ -410,75 +625,71 @@ fn parse_members(
     Ok(members.0)
 }
 
-/// The members' names; a name that appears twice is an error at its second place.
-fn unique_names<'m>(
-    members: &'m [(std::borrow::Cow<'_, str>, &RawValue)],
-    locate: &impl Fn(&RawValue) -> (usize, usize),
-) -> Result<std::collections::HashSet<&'m str>, TranslateError> {
-    let mut names = std::collections::HashSet::with_capacity(members.len());
-    for (key, raw) in members {
+/// A name that appears twice is an error at its second place.
+fn unique_names(p: &Payload<'_>) -> Result<(), TranslateError> {
+    let mut names = std::collections::HashSet::with_capacity(p.members.len());
+    for (key, raw) in &p.members {
         if !names.insert(key.as_ref()) {
-            let (l, c) = locate(raw);
-            return Err(TranslateError::at(l, c, key, "appears twice"));
+            return Err(p.error_at(raw, key, "appears twice"));
         }
     }
-    Ok(names)
+    Ok(())
 }
 
 /// The member `name`, a string.
-fn string<F: Fn(&RawValue) -> (usize, usize)>(
-    lines: &Lines<'_, '_, F>,
-    name: &str,
-    raw: &RawValue,
-) -> Result<String, TranslateError> {
-    serde_json::from_str::<String>(raw.get()).map_err(|_| {
-        let (l, c) = (lines.locate)(raw);
-        TranslateError::at(
-            l,
-            c,
-            name,
-            format!("expected a string, found {}", shown(raw.get())),
-        )
-    })
+fn string(p: &Payload<'_>, name: &str) -> Result<Option<String>, TranslateError> {
+    let Some(raw) = p.get(name) else {
+        return Ok(None);
+    };
+    serde_json::from_str::<String>(raw.get())
+        .map(Some)
+        .map_err(|_| {
+            p.error_at(
+                raw,
+                name,
+                format!("expected a string, found {}", shown(raw.get())),
+            )
+        })
 }
 
-/// The agent's name for the event: the first of the spec's event fields present.
-fn event_name<F: Fn(&RawValue) -> (usize, usize)>(
-    agent: Agent,
-    spec: &Spec,
-    lines: &Lines<'_, '_, F>,
-) -> Result<String, TranslateError> {
-    match spec
-        .event_fields
-        .iter()
-        .find_map(|&f| Some((f, lines.get(f)?)))
-    {
-        Some((name, raw)) => string(lines, name, raw),
-        None => Err(TranslateError::at(
-            1,
-            1,
-            spec.event_fields[0],
-            match spec.event_fields {
-                [_] => format!("missing (a {agent} hook payload names its event in it)"),
-                all => format!(
-                    "missing (a {agent} hook payload names its event in {})",
-                    all.join(" or ")
-                ),
-            },
-        )),
+/// The agent's name for the event: the first of the spec's event fields present, else what
+/// its members say.
+fn event_name(agent: Agent, spec: &Spec, p: &Payload<'_>) -> Result<String, TranslateError> {
+    if let Some(name) = spec.event_fields.iter().find(|f| p.has(f)) {
+        return Ok(string(p, name)?.unwrap_or_default());
     }
+    if let Some(name) = spec.infer_event.and_then(|infer| infer(p)) {
+        return Ok(name.to_string());
+    }
+    let by = if spec.infer_event.is_some() {
+        ", or by the members it has"
+    } else {
+        ""
+    };
+    Err(TranslateError::at(
+        1,
+        1,
+        spec.event_fields[0],
+        match spec.event_fields {
+            [_] => format!("missing (a {agent} hook payload names its event in it{by})"),
+            all => format!(
+                "missing (a {agent} hook payload names its event in {}{by})",
+                all.join(" or ")
+            ),
+        },
+    ))
 }
 
 /// The session: the one given in `opts`, else the first of the spec's session fields present.
-fn session_id<F: Fn(&RawValue) -> (usize, usize)>(
+fn session_id(
     spec: &Spec,
     opts: &TranslateOptions,
-    lines: &Lines<'_, '_, F>,
+    p: &Payload<'_>,
 ) -> Result<String, TranslateError> {
     let mut session = None;
     for name in spec.session_fields {
-        if let Some(raw) = lines.get(name) {
-            session = Some(string(lines, name, raw)?);
+        if p.has(name) {
+            session = string(p, name)?;
             break;
         }
     }
@@ -494,265 +705,42 @@ fn session_id<F: Fn(&RawValue) -> (usize, usize)>(
     }
 }
 
-/// The lifecycle event a mapping makes, its documented fields, and whether one was left out;
-/// `None` for an event that goes to a topic.
-#[allow(clippy::type_complexity)]
-fn mapped<F: Fn(&RawValue) -> (usize, usize)>(
-    map: Map,
-    lines: &Lines<'_, '_, F>,
-) -> Result<Option<(EventKind, Vec<(&'static str, String)>, bool)>, TranslateError> {
-    Ok(Some(match map {
-        Map::Topic => return Ok(None),
-        Map::ToolStart { tool, arguments } => {
-            let mut f = Fields::default();
-            f.text(lines, "tool", tool)?;
-            f.json(lines, "arguments", arguments)?;
-            (EventKind::ToolCallStart, f.list, f.lenient)
-        }
-        Map::ToolDone {
-            tool,
-            output,
-            success,
-        } => {
-            let mut f = Fields::default();
-            f.text(lines, "tool", tool)?;
-            let success = match success {
-                Success::Is(b) => Some(b),
-                Success::UnlessSet(object, member) => Some(!lines.is_set(object, member)),
-                Success::Unknown => None,
-            };
-            match success {
-                Some(b) => f.list.push(("success", b.to_string())),
-                None => f.lenient = true,
-            }
-            f.text(lines, "output", output)?;
-            (EventKind::ToolCall, f.list, f.lenient)
-        }
-        Map::AgentStart => (EventKind::AgentStart, vec![], false),
-        Map::AgentEnd => (EventKind::AgentEnd, vec![], true),
-        Map::TurnComplete => (EventKind::TurnComplete, vec![], false),
-        Map::Error { component, message } => {
-            let mut f = Fields::default();
-            f.text(lines, "component", component)?;
-            f.text(lines, "message", message)?;
-            (EventKind::Error, f.list, f.lenient)
-        }
-    }))
-}
-
-/// The event's payload: the documented fields, then every member not consumed, renamed
-/// `agent_<name>` when its name is taken.
-fn payload(
-    kind: EventKind,
-    fields: &[(&'static str, String)],
-    members: &[(std::borrow::Cow<'_, str>, &RawValue)],
-    names: &std::collections::HashSet<&str>,
-    consumed: &[&str],
-    size: usize,
-) -> String {
-    let mut payload = String::with_capacity(size + 64);
-    payload.push('{');
-    for (name, value) in fields {
-        if payload.len() > 1 {
-            payload.push(',');
-        }
-        payload.push_str(&quote(name));
-        payload.push(':');
-        payload.push_str(value);
+/// An agent or session name the ingest would refuse (longer than
+/// [`MAX_NAME_BYTES`](crate::ndjson::MAX_NAME_BYTES)) is an error here, at the member it came
+/// from.
+fn check_name(
+    name: &str,
+    what: &str,
+    member: Option<&str>,
+    p: &Payload<'_>,
+) -> Result<(), TranslateError> {
+    let max = crate::ndjson::MAX_NAME_BYTES;
+    if name.len() <= max {
+        return Ok(());
     }
-    let own = kind.fields();
-    for (key, raw) in members {
-        if consumed.contains(&key.as_ref()) {
-            continue;
-        }
-        if payload.len() > 1 {
-            payload.push(',');
-        }
-        let mut name = key.to_string();
-        // Not onto a name the agent sent either (`success` beside `agent_success`).
-        while own.contains(&name.as_str())
-            || fields.iter().any(|(f, _)| *f == name)
-            || (name != key.as_ref() && names.contains(name.as_str()))
-        {
-            name = format!("agent_{name}");
-        }
-        payload.push_str(&quote(&name));
-        payload.push(':');
-        payload.push_str(raw.get());
-    }
-    payload.push('}');
-    payload
-}
-
-/// The members a mapping consumes (moved into documented fields).
-fn consumed(spec: &Spec, event: &str) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    let mut add = |v: Value| match v {
-        Value::Member(m) | Value::Optional(m) => out.push(m),
-        Value::Object(ms) => out.extend_from_slice(ms),
-        Value::Const(_) => {}
-    };
-    match (spec.map)(event) {
-        Map::ToolStart { tool, arguments } => {
-            add(tool);
-            add(arguments);
-        }
-        Map::ToolDone { tool, output, .. } => {
-            add(tool);
-            add(output);
-        }
-        Map::Error { component, message } => {
-            add(component);
-            add(message);
-        }
-        _ => {}
-    }
-    out
-}
-
-/// The documented fields of one line, in order, and whether one is left out.
-#[derive(Default)]
-struct Fields {
-    list: Vec<(&'static str, String)>,
-    lenient: bool,
-}
-
-impl Fields {
-    /// Whether `value` is an [`Value::Optional`] member the agent did not send (then the
-    /// field is left out).
-    fn absent<F: Fn(&RawValue) -> (usize, usize)>(
-        &mut self,
-        lines: &Lines<'_, '_, F>,
-        value: Value,
-    ) -> bool {
-        let absent = matches!(value, Value::Optional(m) if lines.get(m).is_none());
-        self.lenient |= absent;
-        absent
-    }
-
-    /// Adds `field`, a string, unless it is an absent optional member.
-    fn text<F: Fn(&RawValue) -> (usize, usize)>(
-        &mut self,
-        lines: &Lines<'_, '_, F>,
-        field: &'static str,
-        value: Value,
-    ) -> Result<(), TranslateError> {
-        self.add(lines, field, value, Lines::text)
-    }
-
-    /// Adds `field`, JSON, unless it is an absent optional member.
-    fn json<F: Fn(&RawValue) -> (usize, usize)>(
-        &mut self,
-        lines: &Lines<'_, '_, F>,
-        field: &'static str,
-        value: Value,
-    ) -> Result<(), TranslateError> {
-        self.add(lines, field, value, Lines::json)
-    }
-
-    fn add<'l, 'm, 'a, F: Fn(&RawValue) -> (usize, usize)>(
-        &mut self,
-        lines: &'l Lines<'m, 'a, F>,
-        field: &'static str,
-        value: Value,
-        read: fn(&'l Lines<'m, 'a, F>, &str, Value) -> Result<String, TranslateError>,
-    ) -> Result<(), TranslateError> {
-        if !self.absent(lines, value) {
-            self.list.push((field, read(lines, field, value)?));
-        }
-        Ok(())
-    }
-}
-
-/// The documented fields' values, read from the payload.
-struct Lines<'m, 'a, F: Fn(&RawValue) -> (usize, usize)> {
-    members: &'m [(std::borrow::Cow<'a, str>, &'a RawValue)],
-    locate: &'m F,
-}
-
-impl<F: Fn(&RawValue) -> (usize, usize)> Lines<'_, '_, F> {
-    fn get(&self, name: &str) -> Option<&RawValue> {
-        self.members
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| *v)
-    }
-
-    fn missing(&self, name: &str, field: &str) -> TranslateError {
-        TranslateError::at(
-            1,
-            1,
-            name,
-            format!("missing (it becomes the event's {field})"),
-        )
-    }
-
-    /// A string field: the member's string, or the JSON text of any other value.
-    fn text(&self, field: &str, value: Value) -> Result<String, TranslateError> {
-        match value {
-            Value::Const(s) => Ok(quote(s)),
-            Value::Member(m) | Value::Optional(m) => {
-                let raw = self.get(m).ok_or_else(|| self.missing(m, field))?;
-                if raw.get().starts_with('"') {
-                    if field == "tool" && serde_json::from_str::<String>(raw.get()).is_err() {
-                        let (l, c) = (self.locate)(raw);
-                        return Err(TranslateError::at(l, c, m, "not a valid string"));
-                    }
-                    Ok(raw.get().to_string())
-                } else if field == "tool" {
-                    let (l, c) = (self.locate)(raw);
-                    Err(TranslateError::at(
-                        l,
-                        c,
-                        m,
-                        format!("expected a string, found {}", shown(raw.get())),
-                    ))
-                } else {
-                    Ok(quote(raw.get()))
-                }
-            }
-            Value::Object(ms) => Ok(quote(&self.object(ms))),
-        }
-    }
-
-    /// A JSON field (`arguments`): the member's value as it is, or an object of members.
-    fn json(&self, field: &str, value: Value) -> Result<String, TranslateError> {
-        match value {
-            Value::Const(s) => Ok(quote(s)),
-            Value::Member(m) | Value::Optional(m) => {
-                let raw = self.get(m).ok_or_else(|| self.missing(m, field))?;
-                Ok(raw.get().to_string())
-            }
-            Value::Object(ms) => Ok(self.object(ms)),
-        }
-    }
-
-    fn object(&self, names: &[&str]) -> String {
-        let mut out = String::from("{");
-        for name in names {
-            if let Some(raw) = self.get(name) {
-                if out.len() > 1 {
-                    out.push(',');
-                }
-                out.push_str(&quote(name));
-                out.push(':');
-                out.push_str(raw.get());
-            }
-        }
-        out.push('}');
-        out
-    }
-
-    /// Whether `object.member` is present and not null.
-    fn is_set(&self, object: &str, member: &str) -> bool {
-        let Some(raw) = self.get(object) else {
-            return false;
-        };
-        match serde_json::from_str::<Members<'_>>(raw.get()) {
-            Ok(m) => m.0.iter().any(|(k, v)| k == member && v.get() != "null"),
-            Err(_) => false,
-        }
-    }
+    let reason = format!(
+        "the {what} would be {} bytes; agent and session names are at most {max} bytes",
+        name.len()
+    );
+    let member = member.or(match what {
+        "session" => p.members.iter().find_map(|(k, _)| {
+            [
+                "session_id",
+                "conversation_id",
+                "thread-id",
+                "sessionId",
+                "taskId",
+                "trajectory_id",
+            ]
+            .contains(&k.as_ref())
+            .then_some(k.as_ref())
+        }),
+        _ => None,
+    });
+    Err(match member.and_then(|m| p.get(m).map(|raw| (m, raw))) {
+        Some((m, raw)) => p.error_at(raw, m, reason),
+        None => TranslateError::at(1, 1, what, reason),
+    })
 }
 
 /// `prx.agent.<agent>.<event>`, the event's name with every character a topic segment may
@@ -773,26 +761,6 @@ fn topic(agent: Agent, event: &str) -> String {
         segment.push('_');
     }
     format!("prx.agent.{}.{segment}", agent.name())
-}
-
-fn quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_default()
-}
-
-/// Valid JSON holds raw line breaks only as whitespace: one line without them.
-fn one_line(json: &str) -> String {
-    json.replace(['\n', '\r'], " ")
-}
-
-/// A raw value for "expected X, found Y" (at most 40 characters of it).
-fn shown(raw: &str) -> String {
-    let mut chars = raw.chars();
-    let head: String = chars.by_ref().take(40).collect();
-    if chars.next().is_some() {
-        format!("{head}…")
-    } else {
-        head
-    }
 }
 
 #[cfg(test)]

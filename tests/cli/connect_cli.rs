@@ -114,7 +114,7 @@ fn sh_words(command: &str) -> Vec<String> {
 }
 
 /// Claude Code's documented events, less WorktreeCreate/WorktreeRemove (docs/connect.md).
-const CLAUDE_EVENTS: [&str; 27] = [
+const CLAUDE_EVENTS: [&str; 30] = [
     "Setup",
     "SessionStart",
     "InstructionsLoaded",
@@ -141,6 +141,9 @@ const CLAUDE_EVENTS: [&str; 27] = [
     "ConfigChange",
     "CwdChanged",
     "FileChanged",
+    "PreModelSwitch",
+    "PostModelSwitch",
+    "DirectoryAdded",
     "SessionEnd",
 ];
 
@@ -215,7 +218,7 @@ fn connect_keeps_the_users_settings_byte_for_byte_twice_changes_nothing_and_remo
     assert_eq!(std::fs::read_to_string(&backup).unwrap(), USERS_CLAUDE);
     assert_eq!(mode(&backup), 0o600);
     assert!(
-        text(&out.stdout).contains("27 event(s)"),
+        text(&out.stdout).contains("30 event(s)"),
         "{}",
         text(&out.stdout)
     );
@@ -392,9 +395,9 @@ fn invalid_json_is_refused_with_file_line_column_and_left_untouched() {
     let s = setup("ws");
     let file = settings(&s);
     for (content, at, reason) in [
-        ("{\n  \"a\": 1,\n}\n", (3, 1), "expected a member name"),
+        ("{\n  \"a\": 1,\n}\n", (2, 9), "a comma before the closing bracket"),
         ("{\"hooks\": {\"Stop\": [}}", (1, 21), "expected a value"),
-        ("{\"a\": \"unterminated\n", (1, 20), "control character"),
+        ("{\"a\": \"unterminated\n", (1, 7), "unterminated string"),
         ("{} trailing", (1, 4), "unexpected text"),
         ("{\n  // a comment\n}", (2, 3), "a comment: JSON has none"),
         (
@@ -415,14 +418,30 @@ fn invalid_json_is_refused_with_file_line_column_and_left_untouched() {
         (1, 15),
         "expected a member name",
     );
-    let codex = s.home.join(".codex/config.toml");
+    let codex = s.home.join(".codex/hooks.json");
     refused(
         &s,
         "codex",
         &codex,
-        "# mine\nmodel = \n",
-        (2, 9),
-        "string values must be quoted",
+        "{\"hooks\": {\"Stop\": [}}",
+        (1, 21),
+        "expected a value",
+    );
+    // Codex's config.toml (--notify), with toml_edit's reason.
+    let config = s.home.join(".codex/config.toml");
+    std::fs::write(&config, "# mine\nmodel = \n").unwrap();
+    let ws = s.ws.to_str().unwrap();
+    let out = s.run(&["connect", "codex", "--notify", "--workspace", ws]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with(&format!("{}:2:9: ", config.display()))
+            && err.contains("string values must be quoted"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        "# mine\nmodel = \n"
     );
 }
 

@@ -247,7 +247,6 @@ fn connect_remove_takes_out_ten_thousand_five_hundred_entries_in_one_pass() {
     }
     t.push_str("\n    ]\n  }\n}\n");
     std::fs::write(&file, &t).unwrap();
-    let started = Instant::now();
     let child = s
         .command(&["connect", "claude-code", "--remove"])
         .stdout(Stdio::piped())
@@ -257,7 +256,6 @@ fn connect_remove_takes_out_ten_thousand_five_hundred_entries_in_one_pass() {
     let out = wait_at_most(child, Duration::from_secs(60))
         .expect("--remove of 10,500 entries took over 60 s");
     ok(&out);
-    let took = started.elapsed();
     let after = std::fs::read_to_string(&file).unwrap();
     let v: Value = serde_json::from_str(&after).unwrap();
     let groups = v["hooks"]["Stop"].as_array().unwrap();
@@ -268,7 +266,6 @@ fn connect_remove_takes_out_ten_thousand_five_hundred_entries_in_one_pass() {
         "{}",
         text(&out.stdout)
     );
-    assert!(took < Duration::from_secs(20), "took {took:?}");
 }
 
 #[test]
@@ -289,9 +286,11 @@ fn connect_codex_with_an_empty_codex_home_writes_under_dot_codex() {
     assert!(s.home.join(".codex").is_dir(), "{}", text(&out.stdout));
 }
 
-/// Saves of an agent racing `connect`: a thread that keeps saving the settings file (by
-/// rename and in place, alternately) until it finds the file changed by someone else; then
-/// the file must hold its last save (with or without our hooks added to it).
+/// Saves of an agent racing `connect`: a thread that saves the settings file (by rename and
+/// in place, alternately) right after someone else has read it (inotify: a close of the file
+/// opened for reading), after some of those reads chosen at random, until it finds the file
+/// changed by someone else; then the file must hold its last save (with or without our hooks
+/// added to it). A save right after connect's last look at the file is one it must not lose.
 struct Saver {
     stop: Arc<AtomicBool>,
     last: Arc<AtomicU64>,
@@ -299,7 +298,8 @@ struct Saver {
 }
 
 fn save(file: &Path, n: u64, in_place: bool) -> std::fs::Metadata {
-    let body = format!("{{\"model\": \"opus\", \"n\": {n:012}}}\n");
+    // One length for every save (an in-place save then leaves no tail of an earlier one).
+    let body = format!("{{\"model\": \"opus\", \"n\": \"{n:012}\"}}\n");
     if in_place {
         use std::io::{Seek, Write};
         let mut f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
@@ -314,33 +314,96 @@ fn save(file: &Path, n: u64, in_place: bool) -> std::fs::Metadata {
     std::fs::metadata(file).unwrap()
 }
 
+/// What tells a file apart from a later write of it, without reading it (a read would be
+/// seen as someone else's).
+fn identity(m: &std::fs::Metadata) -> (u64, i64, i64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.ino(), m.mtime(), m.mtime_nsec(), m.size())
+}
+
+/// An inotify descriptor watching `dir` for files closed after reading.
+fn watch_reads(dir: &Path) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: inotify_init1 takes no pointer; the descriptor it returns is owned here.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
+    // SAFETY: `dir` is a NUL-terminated path that lives for the call.
+    let w = unsafe { libc::inotify_add_watch(fd, dir.as_ptr(), libc::IN_CLOSE_NOWRITE) };
+    assert!(w >= 0, "inotify_add_watch: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` was just made and nothing else owns it.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
+/// How many reads of the file named `name` the events waiting on `fd` report (waits up to
+/// 1 ms for the first).
+fn reads_of(fd: &std::os::fd::OwnedFd, name: &[u8]) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd that lives for the call.
+    if unsafe { libc::poll(&mut pfd, 1, 1) } <= 0 {
+        return 0;
+    }
+    let mut buf = [0u8; 4096];
+    // SAFETY: `buf` is writable for its length.
+    let got = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    let (mut at, mut reads) = (0, 0);
+    let head = std::mem::size_of::<libc::inotify_event>();
+    while got > 0 && at + head <= got as usize {
+        // SAFETY: the kernel wrote whole events; the header is read unaligned.
+        let ev: libc::inotify_event =
+            unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+        let raw = &buf[at + head..at + head + ev.len as usize];
+        let n = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        if &raw[..n] == name {
+            reads += 1;
+        }
+        at += head + ev.len as usize;
+    }
+    reads
+}
+
 impl Saver {
-    fn start(file: PathBuf) -> Saver {
+    fn start(file: PathBuf, seed: u64) -> Saver {
         let stop = Arc::new(AtomicBool::new(false));
         let last = Arc::new(AtomicU64::new(0));
         let meta = save(&file, 0, false);
+        let watch = watch_reads(file.parent().unwrap());
+        let name = file.file_name().unwrap().to_str().unwrap().as_bytes().to_vec();
         let (stop2, last2) = (stop.clone(), last.clone());
         let thread = std::thread::spawn(move || {
-            // The saver shares one CPU with connect, which runs at the lowest priority: its
-            // steps are spread out, as on a busy machine.
-            let mut cpu = nix::sched::CpuSet::new();
-            cpu.set(0).unwrap();
-            let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu);
-            let (mut ino, mut body) = (
-                std::os::unix::fs::MetadataExt::ino(&meta),
-                std::fs::read(&file).unwrap(),
-            );
-            let mut n = 0;
+            // The saver shares one CPU with connect, which runs at the lowest priority: woken
+            // by a read, it saves before connect takes its next step.
+            // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and sched_setaffinity get
+            // a pointer to it that lives for the calls (pid 0: this thread).
+            unsafe {
+                let mut cpu: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut cpu);
+                let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &cpu);
+            }
+            let mut mine = identity(&meta);
+            let (mut n, mut seed) = (0, seed | 1);
             while !stop2.load(Ordering::Relaxed) {
-                let now = std::fs::metadata(&file).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-                if now.ok() != Some(ino) || std::fs::read(&file).ok().as_ref() != Some(&body) {
+                let reads = reads_of(&watch, &name);
+                let now = std::fs::metadata(&file).map(|m| identity(&m));
+                if now.ok() != Some(mine) {
                     return; // someone else wrote it: stop saving, keep the last save as it is
                 }
-                n += 1;
-                let meta = save(&file, n, n % 2 == 0);
-                last2.store(n, Ordering::Relaxed);
-                ino = std::os::unix::fs::MetadataExt::ino(&meta);
-                body = std::fs::read(&file).unwrap();
+                for _ in 0..reads {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    if (seed >> 33) % 2 == 0 {
+                        n += 1;
+                        mine = identity(&save(&file, n, n % 2 == 0));
+                        last2.store(n, Ordering::Relaxed);
+                    }
+                }
             }
         });
         Saver {
@@ -364,9 +427,9 @@ fn connect_never_loses_a_save_the_agent_makes_while_it_runs() {
     let file = s.project.join(".claude/settings.json");
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     let ws = s.ws.to_str().unwrap().to_string();
-    let (mut written, mut refused) = (0, 0);
+    let (mut written, mut refused, mut last_refusal) = (0, 0, String::new());
     for round in 0..150 {
-        let saver = Saver::start(file.clone());
+        let saver = Saver::start(file.clone(), round);
         let mut c = Command::new("nice");
         c.args(["-n", "19", "taskset", "-c", "0", BIN, "connect", "claude-code"])
             .args(["--events", "Stop", "--workspace", &ws])
@@ -378,7 +441,7 @@ fn connect_never_loses_a_save_the_agent_makes_while_it_runs() {
         let now = std::fs::read_to_string(&file).unwrap();
         let v: Value = serde_json::from_str(&now).unwrap_or_else(|e| panic!("{e}: {now}"));
         assert_eq!(
-            v["n"].as_u64(),
+            v["n"].as_str().and_then(|n| n.parse::<u64>().ok()),
             Some(last),
             "round {round}: the save {last} was lost; the file holds {now}\nconnect said: {}{}",
             text(&out.stdout),
@@ -388,10 +451,16 @@ fn connect_never_loses_a_save_the_agent_makes_while_it_runs() {
             Some(0) => written += 1,
             // A half-saved file (an in-place save caught midway) or a save connect saw and
             // did not overwrite: refused, nothing written.
-            Some(2) => refused += 1,
+            Some(2) => {
+                refused += 1;
+                last_refusal = text(&out.stderr);
+            }
             other => panic!("exit {other:?}: {}", text(&out.stderr)),
         }
         let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644));
     }
-    assert!(written > 0, "connect never wrote ({refused} refused)");
+    assert!(
+        written > 0,
+        "connect never wrote ({refused} refused; the last: {last_refusal})"
+    );
 }

@@ -34,6 +34,8 @@ Files (project scope: in --project, default the current directory; user scope: i
                                        ~/.codex/config.toml instead
   gemini-cli   .gemini/settings.json   a command hook per event
   cursor       .cursor/hooks.json      a command hook per event
+  qwen-code    .qwen/settings.json     a command hook per event
+  factory-droid .factory/hooks.json    a command hook per event
 
 In a project file the command is prx-hooks-send as found on PATH and the workspace is written
 relative to the project (\"${CLAUDE_PROJECT_DIR:-.}\"/ws): the file can be committed. --absolute
@@ -47,7 +49,7 @@ Exit codes:
      --http, prx-hooks-send not on PATH or a workspace outside the project (without
      --absolute), a file the agent kept saving, or an I/O error")]
 pub(crate) struct ConnectArgs {
-    /// The agent: claude-code, codex, gemini-cli or cursor.
+    /// The agent: claude-code, codex, gemini-cli, cursor, qwen-code or factory-droid.
     #[arg(value_name = "AGENT")]
     agent: String,
     /// The workspace the agent's events go to (its server's .prx-hooks/address and token, its
@@ -211,8 +213,9 @@ fn attempt(plan: &Plan, args: &ConnectArgs) -> Result<Option<ExitCode>, BoxError
 fn agent_and_scope(args: &ConnectArgs) -> Result<(Agent, Scope), BoxError> {
     let Some(agent) = Agent::from_name(&args.agent) else {
         return Err(format!(
-            "connect: unknown agent {:?}: claude-code, codex, gemini-cli or cursor",
-            args.agent
+            "connect: unknown agent {:?}: {}",
+            args.agent,
+            Agent::names()
         )
         .into());
     };
@@ -529,6 +532,9 @@ fn write_change(
             file.display(),
             plan.agent
         );
+        if plan.agent == Agent::Codex && !args.notify && !args.remove {
+            codex_notify_too();
+        }
         return Ok(Some(ExitCode::SUCCESS));
     }
     // The backup sits beside the file named (not in a link's directory of dotfiles).
@@ -608,7 +614,7 @@ fn next_steps(plan: &Plan, args: &ConnectArgs) {
         let kept: Vec<&str> = plan
             .events
             .iter()
-            .filter(|e| !e.handlers.contains(&Handler::Http))
+            .filter(|e| !e.runs(Handler::Http))
             .map(|e| e.name)
             .collect();
         if !kept.is_empty() {
@@ -631,6 +637,9 @@ fn next_steps(plan: &Plan, args: &ConnectArgs) {
     match plan.agent {
         Agent::GeminiCli => note(
             "Gemini CLI runs these unless hooksConfig.enabled is false in its settings (hooksConfig.disabled names hooks it skips); in a folder it does not trust it skips every settings hook, the user's too: trust the folder when Gemini asks (it keeps the answer in ~/.gemini/trustedFolders.json)",
+        ),
+        Agent::QwenCode => note(
+            "Qwen Code runs a project's hooks only in a folder it trusts (trust it when Qwen asks), and none at all while disableAllHooks is true in its settings",
         ),
         Agent::Codex if args.notify => note(
             "Codex calls notify after each turn (agent-turn-complete) only; its hooks (connect codex without --notify) also see tools and sessions",

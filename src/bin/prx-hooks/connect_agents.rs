@@ -3,7 +3,7 @@
 //! docs/connect.md has the tables and the agents' pages they follow; the events and handler
 //! types come from [`hook_table`](crate::hook_table).
 //!
-//! Claude Code, Codex (hooks.json) and Gemini CLI group hooks: `hooks.<Event>` is an array of
+//! Claude Code, Codex (hooks.json), Gemini CLI, Qwen Code and Factory Droid group hooks: `hooks.<Event>` is an array of
 //! `{matcher?, hooks: [entry…]}`; ours is one group `{"hooks": [entry]}` per event. Cursor
 //! lists entries directly: `hooks.<event>` is an array of `{command, …}`. Codex's older
 //! `notify` is one program in config.toml.
@@ -26,6 +26,8 @@ pub(crate) fn settings_file(agent: Agent, notify: bool) -> &'static str {
         Agent::Codex => ".codex/hooks.json",
         Agent::GeminiCli => ".gemini/settings.json",
         Agent::Cursor => ".cursor/hooks.json",
+        Agent::QwenCode => ".qwen/settings.json",
+        Agent::FactoryDroid => ".factory/hooks.json",
     }
 }
 
@@ -56,7 +58,7 @@ pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> J {
         Agent::ClaudeCode => match &hook.http {
             // No `async` for http hooks: Claude Code waits for the answer, which the server
             // gives at once (200 {}); the 5 s timeout bounds a server that hangs.
-            Some(url) if event.handlers.contains(&Handler::Http) => obj(vec![
+            Some(url) if event.runs(Handler::Http) => obj(vec![
                 ("type", s("http")),
                 ("url", s(url)),
                 (
@@ -103,6 +105,12 @@ pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> J {
             ("timeout", J::Num(5000)),
         ]),
         Agent::Cursor => obj(vec![("command", s(cmd))]),
+        // Both wait for a command hook (timeout in seconds; Qwen Code's default is 60).
+        Agent::QwenCode | Agent::FactoryDroid => obj(vec![
+            ("type", s("command")),
+            ("command", s(cmd)),
+            ("timeout", J::Num(5)),
+        ]),
     }
 }
 
@@ -629,9 +637,118 @@ pub(crate) fn set_notify(doc: &mut toml_edit::DocumentMut, argv: &[String]) {
     }
 }
 
+/// docs/connect.md's table of `agent`: every event, the handler `connect` writes (and with
+/// `--http`), whether the agent waits for it, what it becomes, and why.
+#[cfg(test)]
+pub(crate) fn table_markdown(agent: Agent) -> String {
+    use crate::hook_table::Written;
+    let command = Hook {
+        command: "c".into(),
+        http: None,
+    };
+    let http = Hook {
+        command: "c".into(),
+        http: Some("u".into()),
+    };
+    let waits = |e: &J| match e {
+        J::Obj(m) if m.iter().any(|(k, v)| k == "async" && matches!(v, J::Bool(true))) => "no (async)",
+        _ => "yes",
+    };
+    let kind = |e: &J| match e {
+        J::Obj(m) => m
+            .iter()
+            .find(|(k, _)| k == "type")
+            .and_then(|(_, v)| match v {
+                J::Str(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| "command".into()),
+        _ => String::new(),
+    };
+    let mut out = String::from("| event | handler | waits | becomes | why |\n|---|---|---|---|---|\n");
+    for e in hook_table::hook_events(agent) {
+        let (handler, wait, why) = match e.written {
+            Written::Yes => {
+                let c = entry(agent, e, &command);
+                let mut handler = kind(&c);
+                let mut wait = waits(&c).to_string();
+                if agent == Agent::GeminiCli && matches!(e.name, "SessionEnd" | "PreCompress") {
+                    wait = "no (Gemini CLI's choice)".into();
+                }
+                if agent == Agent::ClaudeCode {
+                    let h = entry(agent, e, &http);
+                    handler = format!("{handler}; `--http`: {}", kind(&h));
+                    if waits(&h) != waits(&c) {
+                        wait = format!("{wait}; `--http`: {}", waits(&h));
+                    }
+                }
+                (handler, wait, why(agent, e))
+            }
+            Written::OnRequest => (
+                "only with `--events`".into(),
+                String::new(),
+                e.note.unwrap_or_default().to_string(),
+            ),
+            Written::Never => (
+                "never".into(),
+                String::new(),
+                e.note.unwrap_or_default().to_string(),
+            ),
+        };
+        out.push_str(&format!(
+            "| `{}` | {handler} | {wait} | {} | {why} |\n",
+            e.name, e.maps_to
+        ));
+    }
+    out
+}
+
+/// Why `connect` writes `event` the way it does (docs/connect.md's tables).
+#[cfg(test)]
+fn why(agent: Agent, event: &HookEvent) -> String {
+    let closes = "it ends a turn or the session: the agent may exit right after";
+    match agent {
+        Agent::ClaudeCode if event.closes => format!(
+            "{closes}, and Claude Code does not wait for an async hook (5 s at most)"
+        ),
+        Agent::ClaudeCode if !event.runs(Handler::Http) => {
+            "Claude Code runs no `http` hook here: a command, async, even with `--http`".into()
+        }
+        Agent::ClaudeCode => "Claude Code runs a command hook in the background; an `http` hook it waits for (the server answers at once)".into(),
+        Agent::Codex if matches!(event.name, "SessionEnd" | "Interrupt") => {
+            "Codex waits for every hook and skips async ones; it caps this one at 3 s".into()
+        }
+        Agent::Codex => "Codex waits for every hook and skips async ones".into(),
+        Agent::GeminiCli if event.name == "SessionEnd" => {
+            "Gemini CLI does not wait for SessionEnd hooks (nothing `connect` writes changes that): the event may be lost when Gemini exits at once".into()
+        }
+        Agent::GeminiCli if event.name == "PreCompress" => {
+            "Gemini CLI runs PreCompress hooks in the background".into()
+        }
+        _ if event.closes => format!("{closes}; {} waits for every hook", agent.title()),
+        _ => format!("{} waits for every hook", agent.title()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn docs_connect_md_holds_each_agents_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/connect.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let stale: Vec<String> = Agent::ALL
+            .into_iter()
+            .map(table_markdown)
+            .filter(|t| !doc.contains(t.as_str()))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "docs/connect.md lacks these tables (or holds older ones):\n{}",
+            stale.join("\n")
+        );
+    }
 
     #[test]
     fn only_one_simple_command_can_be_ours() {

@@ -251,7 +251,13 @@ fn describe(kind: &jsonc_parser::errors::ParseErrorKind) -> String {
         K::TrailingCommasNotAllowed => {
             "a comma before the closing bracket: JSON allows none there".into()
         }
-        K::ExpectedStringObjectProperty => "expected a member name in double quotes".into(),
+        K::ExpectedStringObjectProperty | K::UnexpectedTokenInObject | K::UnexpectedWord => {
+            "unexpected text, expected a member name in double quotes".into()
+        }
+        K::UnexpectedComma => "unexpected comma, expected a value or a member".into(),
+        K::MultipleRootJsonValues => {
+            "unexpected text after the settings object (JSON holds one value)".into()
+        }
         K::UnexpectedCloseBrace | K::UnexpectedCloseBracket => {
             format!("{kind}, expected a value").to_lowercase()
         }

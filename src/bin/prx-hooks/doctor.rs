@@ -44,7 +44,8 @@ pub(crate) struct DoctorArgs {
     /// The project the agents run in (their project files, Codex's and Gemini's trust).
     #[arg(long, value_name = "DIR", default_value = ".")]
     project: PathBuf,
-    /// Only these agents (comma-separated: claude-code, codex, gemini-cli, cursor).
+    /// Only these agents (comma-separated: claude-code, codex, gemini-cli, cursor, qwen-code,
+    /// factory-droid).
     #[arg(long, value_name = "AGENT,…", value_delimiter = ',')]
     agent: Vec<String>,
 }
@@ -88,7 +89,7 @@ pub(crate) fn doctor(args: DoctorArgs) -> Result<ExitCode, BoxError> {
     let mut agents = Vec::new();
     for name in &args.agent {
         agents.push(Agent::from_name(name).ok_or_else(|| {
-            format!("doctor: unknown agent {name:?}: claude-code, codex, gemini-cli or cursor")
+            format!("doctor: unknown agent {name:?}: {}", Agent::names())
         })?);
     }
     if agents.is_empty() {
@@ -100,6 +101,9 @@ pub(crate) fn doctor(args: DoctorArgs) -> Result<ExitCode, BoxError> {
         .map(|&a| check_agent(a, &project, &mut general))
         .collect();
     let servers = ask_servers(&checks);
+    for f in &general {
+        print_finding(f);
+    }
     let mut all = general;
     let mut connected = 0;
     for c in &checks {
@@ -175,7 +179,8 @@ fn check_agent(agent: Agent, project: &Path, general: &mut Vec<Finding>) -> Agen
     }
     for (path, scope) in candidates {
         match std::fs::read_to_string(&path) {
-            Ok(text) if text.contains("prx-hooks") => {
+            // Ours run `prx-hooks` or `prx-hooks-send`, or post to `/api/ingest/AGENT`.
+            Ok(text) if text.contains("prx-hooks") || text.contains("/api/ingest/") => {
                 let check = checks::check_json(agent, &path, &text, project);
                 files.push((path, scope, check));
             }

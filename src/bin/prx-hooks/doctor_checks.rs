@@ -48,6 +48,8 @@ fn rejected(agent: Agent) -> &'static str {
         Agent::Codex => "Codex loads none of these hooks",
         Agent::GeminiCli => "Gemini CLI cannot read this file",
         Agent::Cursor => "Cursor runs none of these hooks",
+        Agent::QwenCode => "Qwen Code cannot read this file",
+        Agent::FactoryDroid => "Factory Droid loads none of these hooks",
     }
 }
 
@@ -167,7 +169,7 @@ fn why_not_run(
     let Some(event) = event else {
         return Some(format!("not an event {} has", agent.title()));
     };
-    let runs: Vec<&str> = event.handlers.iter().map(|h| h.name()).collect();
+    let runs = event.handler_names();
     match handler {
         None => Some(match kind {
             Some(k) => format!(
@@ -176,7 +178,7 @@ fn why_not_run(
             ),
             None => "no \"type\": the agent cannot tell what to run".into(),
         }),
-        Some(h) if !event.handlers.contains(&h) => Some(format!(
+        Some(h) if !event.runs(h) => Some(format!(
             "an {} hook on {}, which {} does not run there (it runs {} hooks there)",
             h.name(),
             event.name,
@@ -382,7 +384,7 @@ impl CodexConfig {
     }
 
     fn get(&self, path: &[&str]) -> Option<&toml::Value> {
-        let mut v = self.table.as_ref()?.get(path.first()?)?;
+        let mut v = self.table.as_ref()?.get(*path.first()?)?;
         for key in &path[1..] {
             v = v.as_table()?.get(*key)?;
         }

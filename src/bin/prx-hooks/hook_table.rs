@@ -1,36 +1,47 @@
-//! Each agent's hook events as the agent runs them: which handler types it runs on each event,
-//! whether the event closes a turn or a session, and whether `connect` writes it.
-//!
-//! `connect` writes its entries from these tables and `doctor` checks settings files against
-//! them (docs/connect.md § Every event, its handler, sync or async). [`hook_events`] is the one
-//! place they are read: when the library's agents describe their own hook events, it is the
-//! one function to switch over.
+//! Each agent's hook events as `connect` and `doctor` use them: the handler types the agent
+//! runs on each event and whether it closes a turn or a session, from the library's
+//! [`Agent::hook_events`](prx_hooks::agents::Agent::hook_events), and whether `connect`
+//! writes the event (docs/connect.md § Every event, its handler, sync or async).
 
-/// The agents `connect` and `doctor` know.
+use prx_hooks::agents::{self as lib, Handlers};
+use std::sync::OnceLock;
+
+/// The agents `connect` and `doctor` know: those whose hook settings file is documented.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Agent {
     ClaudeCode,
     Codex,
     GeminiCli,
     Cursor,
+    QwenCode,
+    FactoryDroid,
 }
 
 impl Agent {
-    pub(crate) const ALL: [Agent; 4] = [
+    pub(crate) const ALL: [Agent; 6] = [
         Agent::ClaudeCode,
         Agent::Codex,
         Agent::GeminiCli,
         Agent::Cursor,
+        Agent::QwenCode,
+        Agent::FactoryDroid,
     ];
+
+    /// The library's agent (its payloads, its events).
+    pub(crate) fn lib(self) -> lib::Agent {
+        match self {
+            Agent::ClaudeCode => lib::Agent::ClaudeCode,
+            Agent::Codex => lib::Agent::Codex,
+            Agent::GeminiCli => lib::Agent::GeminiCli,
+            Agent::Cursor => lib::Agent::Cursor,
+            Agent::QwenCode => lib::Agent::QwenCode,
+            Agent::FactoryDroid => lib::Agent::FactoryDroid,
+        }
+    }
 
     /// The name in `--from`, topics and URLs: `claude-code`.
     pub(crate) fn name(self) -> &'static str {
-        match self {
-            Agent::ClaudeCode => "claude-code",
-            Agent::Codex => "codex",
-            Agent::GeminiCli => "gemini-cli",
-            Agent::Cursor => "cursor",
-        }
+        self.lib().name()
     }
 
     /// The name people know it by: `Claude Code`.
@@ -40,6 +51,8 @@ impl Agent {
             Agent::Codex => "Codex",
             Agent::GeminiCli => "Gemini CLI",
             Agent::Cursor => "Cursor",
+            Agent::QwenCode => "Qwen Code",
+            Agent::FactoryDroid => "Factory Droid",
         }
     }
 
@@ -47,19 +60,19 @@ impl Agent {
         Agent::ALL.into_iter().find(|a| a.name() == name)
     }
 
+    /// The names, for messages: `claude-code, codex, …`.
+    pub(crate) fn names() -> String {
+        Agent::ALL.map(Agent::name).join(", ")
+    }
+
     /// The page the events and the file format follow.
     pub(crate) fn docs(self) -> &'static str {
-        match self {
-            Agent::ClaudeCode => "https://code.claude.com/docs/en/hooks",
-            Agent::Codex => "https://developers.openai.com/codex/hooks",
-            Agent::GeminiCli => "https://geminicli.com/docs/hooks/reference",
-            Agent::Cursor => "https://cursor.com/docs/hooks",
-        }
+        self.lib().documentation()
     }
 
     /// The agent reads `//` and `/* */` comments in its hook settings (Gemini CLI strips them
     /// before parsing). The others read plain JSON: Claude Code's settings reference calls a
-    /// comment a syntax error; Codex's and Cursor's readers are not documented to take them.
+    /// comment a syntax error; the others' readers are not documented to take them.
     pub(crate) fn comments(self) -> bool {
         self == Agent::GeminiCli
     }
@@ -71,6 +84,8 @@ impl Agent {
             Agent::ClaudeCode => Some("CLAUDE_PROJECT_DIR"),
             Agent::GeminiCli => Some("GEMINI_PROJECT_DIR"),
             Agent::Cursor => Some("CURSOR_PROJECT_DIR"),
+            Agent::QwenCode => Some("QWEN_PROJECT_DIR"),
+            Agent::FactoryDroid => Some("FACTORY_PROJECT_DIR"),
             Agent::Codex => None,
         }
     }
@@ -130,6 +145,17 @@ impl Handler {
         .into_iter()
         .find(|h| h.name() == name)
     }
+
+    /// The library's set holding this one type.
+    fn set(self) -> Handlers {
+        match self {
+            Handler::Command => Handlers::COMMAND,
+            Handler::Http => Handlers::HTTP,
+            Handler::McpTool => Handlers::MCP_TOOL,
+            Handler::Prompt => Handlers::PROMPT,
+            Handler::Agent => Handlers::AGENT,
+        }
+    }
 }
 
 /// Whether `connect` writes an event.
@@ -143,191 +169,114 @@ pub(crate) enum Written {
     Never,
 }
 
-/// One hook event of an agent.
+/// One hook event of an agent: the library's description of it
+/// ([`prx_hooks::agents::HookEvent`]) and whether `connect` writes it.
 #[derive(Debug)]
 pub(crate) struct HookEvent {
     pub(crate) name: &'static str,
     /// The handler types the agent runs on this event.
-    pub(crate) handlers: &'static [Handler],
+    handlers: Handlers,
     /// It ends a turn or a session: the agent may exit right after it, so our entry there is
     /// one the agent waits for (docs/connect.md § Synchronous where a turn or session ends).
     pub(crate) closes: bool,
+    /// What prx-hooks makes of it (`tool_call`, `topic session_start`).
+    pub(crate) maps_to: &'static str,
     pub(crate) written: Written,
-    /// What to know about it (why it is not written by default).
+    /// Why it is not written by default.
     pub(crate) note: Option<&'static str>,
 }
 
-use Handler::{Agent as AgentH, Command, Http, McpTool, Prompt};
+impl HookEvent {
+    /// The agent runs a hook of type `h` on this event.
+    pub(crate) fn runs(&self, h: Handler) -> bool {
+        self.handlers.contains(h.set())
+    }
 
-const ALL_FIVE: &[Handler] = &[Command, Http, McpTool, Prompt, AgentH];
-const NO_AGENT: &[Handler] = &[Command, Http, McpTool, Prompt];
-const NO_MODEL: &[Handler] = &[Command, Http, McpTool];
-const COMMAND_MCP: &[Handler] = &[Command, McpTool];
-const COMMAND: &[Handler] = &[Command];
-const COMMAND_PROMPT: &[Handler] = &[Command, Prompt];
-
-const fn ev(name: &'static str, handlers: &'static [Handler], closes: bool) -> HookEvent {
-    HookEvent {
-        name,
-        handlers,
-        closes,
-        written: Written::Yes,
-        note: None,
+    /// The types it runs here, by name (`command, http`).
+    pub(crate) fn handler_names(&self) -> Vec<&'static str> {
+        self.handlers.names().collect()
     }
 }
 
-const fn only(
-    name: &'static str,
-    handlers: &'static [Handler],
-    written: Written,
-    note: &'static str,
-) -> HookEvent {
-    HookEvent {
-        name,
-        handlers,
-        closes: false,
-        written,
-        note: Some(note),
-    }
-}
-
-const NEWER: &str = "newer than most installed versions (an older Claude Code warns about, or before 2.1.101 rejects, a name it does not know): pick it with --events";
-
-/// Claude Code 2.1.332 (its hooks reference; the handler types per event are its "supported
-/// hook types" lists).
-static CLAUDE_CODE: [HookEvent; 34] = [
-    ev("Setup", COMMAND_MCP, false),
-    ev("SessionStart", COMMAND_MCP, false),
-    ev("InstructionsLoaded", NO_MODEL, false),
-    ev("UserPromptSubmit", ALL_FIVE, false),
-    ev("UserPromptExpansion", ALL_FIVE, false),
-    ev("PreToolUse", ALL_FIVE, false),
-    ev("PermissionRequest", NO_AGENT, false),
-    ev("PermissionDenied", ALL_FIVE, false),
-    ev("PostToolUse", ALL_FIVE, false),
-    ev("PostToolUseFailure", ALL_FIVE, false),
-    ev("PostToolBatch", ALL_FIVE, false),
-    ev("Notification", NO_MODEL, false),
-    ev("SubagentStart", NO_MODEL, false),
-    ev("SubagentStop", ALL_FIVE, true),
-    ev("TaskCreated", ALL_FIVE, false),
-    ev("TaskCompleted", ALL_FIVE, false),
-    ev("Stop", ALL_FIVE, true),
-    ev("StopFailure", NO_MODEL, true),
-    ev("TeammateIdle", ALL_FIVE, false),
-    ev("PreCompact", NO_MODEL, false),
-    ev("PostCompact", NO_MODEL, false),
-    ev("Elicitation", NO_MODEL, false),
-    ev("ElicitationResult", NO_MODEL, false),
-    ev("ConfigChange", NO_MODEL, false),
-    ev("CwdChanged", NO_MODEL, false),
-    ev("FileChanged", NO_MODEL, false),
-    ev("SessionEnd", NO_MODEL, true),
-    only(
+/// Events the agents document that `connect` never writes, and why: a hook there takes over
+/// a step of the agent.
+const NEVER: &[(Agent, &str, &str)] = &[
+    (
+        Agent::ClaudeCode,
         "WorktreeCreate",
-        NO_MODEL,
-        Written::Never,
         "a hook there replaces Claude Code's own `git worktree` step and must print the new path",
     ),
-    only(
+    (
+        Agent::ClaudeCode,
         "WorktreeRemove",
-        NO_MODEL,
-        Written::Never,
         "a hook there replaces Claude Code's own worktree removal",
     ),
-    only(
+];
+
+/// Why an event the library does not subscribe to is left out by default.
+const ON_REQUEST: &[(Agent, &str, &str)] = &[
+    (
+        Agent::ClaudeCode,
         "MessageDisplay",
-        NO_MODEL,
-        Written::OnRequest,
         "fires for every batch of streamed lines and holds it until the hook returns",
     ),
-    only(
-        "PreModelSwitch",
-        NO_MODEL,
-        Written::OnRequest,
-        "a hook that times out there blocks the model switch",
+    (
+        Agent::QwenCode,
+        "MessageDisplay",
+        "fires for every batch of streamed lines and holds it until the hook returns",
     ),
-    only("PostModelSwitch", NO_MODEL, Written::OnRequest, NEWER),
-    only("DirectoryAdded", NO_MODEL, Written::OnRequest, NEWER),
-    only(
-        "PreSkillShellCommand",
-        NO_MODEL,
-        Written::OnRequest,
-        "found in Claude Code's program, not in its documentation",
-    ),
-];
-
-/// Codex 0.171 (its hooks page and the schemas in its program). It runs `command` hooks only
-/// (`prompt` and `agent` hooks are parsed and skipped) and skips any with `"async": true`.
-static CODEX: [HookEvent; 12] = [
-    ev("SessionStart", COMMAND, false),
-    ev("UserPromptSubmit", COMMAND, false),
-    ev("PreToolUse", COMMAND, false),
-    ev("PermissionRequest", COMMAND, false),
-    ev("PostToolUse", COMMAND, false),
-    ev("PreCompact", COMMAND, false),
-    ev("PostCompact", COMMAND, false),
-    ev("SubagentStart", COMMAND, false),
-    ev("SubagentStop", COMMAND, true),
-    ev("Stop", COMMAND, true),
-    ev("Interrupt", COMMAND, true),
-    ev("SessionEnd", COMMAND, true),
-];
-
-/// Gemini CLI 0.61 (its hooks reference): `command` hooks only; it waits for every hook but
-/// SessionEnd's (not awaited) and PreCompress's (run in the background).
-static GEMINI_CLI: [HookEvent; 11] = [
-    ev("SessionStart", COMMAND, false),
-    ev("BeforeAgent", COMMAND, false),
-    ev("BeforeModel", COMMAND, false),
-    ev("AfterModel", COMMAND, false),
-    ev("BeforeToolSelection", COMMAND, false),
-    ev("BeforeTool", COMMAND, false),
-    ev("AfterTool", COMMAND, false),
-    ev("AfterAgent", COMMAND, true),
-    ev("PreCompress", COMMAND, false),
-    ev("Notification", COMMAND, false),
-    ev("SessionEnd", COMMAND, true),
-];
-
-/// Cursor (its hooks page): `command` and `prompt` hooks; it waits for every hook.
-static CURSOR: [HookEvent; 21] = [
-    ev("sessionStart", COMMAND_PROMPT, false),
-    ev("beforeSubmitPrompt", COMMAND_PROMPT, false),
-    ev("preToolUse", COMMAND_PROMPT, false),
-    ev("postToolUse", COMMAND_PROMPT, false),
-    ev("postToolUseFailure", COMMAND_PROMPT, false),
-    ev("beforeShellExecution", COMMAND_PROMPT, false),
-    ev("afterShellExecution", COMMAND_PROMPT, false),
-    ev("beforeMCPExecution", COMMAND_PROMPT, false),
-    ev("afterMCPExecution", COMMAND_PROMPT, false),
-    ev("beforeReadFile", COMMAND_PROMPT, false),
-    ev("afterFileEdit", COMMAND_PROMPT, false),
-    ev("subagentStart", COMMAND_PROMPT, false),
-    ev("subagentStop", COMMAND_PROMPT, true),
-    ev("preCompact", COMMAND_PROMPT, false),
-    ev("afterAgentResponse", COMMAND_PROMPT, false),
-    ev("afterAgentThought", COMMAND_PROMPT, false),
-    ev("stop", COMMAND_PROMPT, true),
-    ev("sessionEnd", COMMAND_PROMPT, true),
-    ev("beforeTabFileRead", COMMAND_PROMPT, false),
-    ev("afterTabFileEdit", COMMAND_PROMPT, false),
-    only(
+    (
+        Agent::Cursor,
         "workspaceOpen",
-        COMMAND_PROMPT,
-        Written::OnRequest,
         "new in Cursor 3.6: an older Cursor may refuse the whole file for a name it does not know",
     ),
 ];
 
-/// Every hook event of `agent`, in the order its documentation lists them.
+/// Names in the library's table that are not events of the agent's hook settings: Codex's
+/// `notify` program's one kind.
+const NOT_IN_SETTINGS: &[(Agent, &str)] = &[(Agent::Codex, "agent-turn-complete")];
+
+/// The table of `agent`, made once from the library's.
+fn table(agent: Agent) -> Vec<HookEvent> {
+    let named = |list: &[(Agent, &str, &'static str)], name: &str| {
+        list.iter()
+            .find(|(a, n, _)| *a == agent && *n == name)
+            .map(|(_, _, why)| *why)
+    };
+    agent
+        .lib()
+        .hook_events()
+        .iter()
+        .filter(|e| !NOT_IN_SETTINGS.contains(&(agent, e.name)))
+        .map(|e| {
+            let (written, note) = if let Some(why) = named(NEVER, e.name) {
+                (Written::Never, Some(why))
+            } else if e.subscribe {
+                (Written::Yes, None)
+            } else {
+                let why = named(ON_REQUEST, e.name)
+                    .unwrap_or("documented, but prx-hooks does not subscribe to it by default");
+                (Written::OnRequest, Some(why))
+            };
+            HookEvent {
+                name: e.name,
+                handlers: e.handlers,
+                closes: e.closes,
+                maps_to: e.maps_to,
+                written,
+                note,
+            }
+        })
+        .collect()
+}
+
+/// Every hook event of `agent`, in the order its documentation lists them
+/// ([`prx_hooks::agents::Agent::hook_events`]).
 pub(crate) fn hook_events(agent: Agent) -> &'static [HookEvent] {
-    match agent {
-        Agent::ClaudeCode => &CLAUDE_CODE,
-        Agent::Codex => &CODEX,
-        Agent::GeminiCli => &GEMINI_CLI,
-        Agent::Cursor => &CURSOR,
-    }
+    static TABLES: OnceLock<Vec<Vec<HookEvent>>> = OnceLock::new();
+    let tables = TABLES.get_or_init(|| Agent::ALL.into_iter().map(table).collect());
+    let i = Agent::ALL.iter().position(|a| *a == agent).unwrap_or(0);
+    &tables[i]
 }
 
 /// The event named `name` of `agent`.
@@ -343,8 +292,9 @@ mod tests {
     fn every_event_connect_writes_runs_a_command_and_names_are_unique() {
         for agent in Agent::ALL {
             let events = hook_events(agent);
+            assert!(!events.is_empty(), "{agent}");
             for (i, e) in events.iter().enumerate() {
-                assert!(e.handlers.contains(&Handler::Command), "{agent} {}", e.name);
+                assert!(e.runs(Handler::Command), "{agent} {}", e.name);
                 assert!(
                     !events[..i].iter().any(|o| o.name == e.name),
                     "{agent} {} twice",
@@ -352,6 +302,9 @@ mod tests {
                 );
                 assert_eq!(e.note.is_some(), e.written != Written::Yes, "{}", e.name);
             }
+        }
+        for (agent, name, _) in NEVER.iter().chain(ON_REQUEST) {
+            assert!(event(*agent, name).is_some(), "{agent} {name}");
         }
         let closing: Vec<&str> = hook_events(Agent::ClaudeCode)
             .iter()
@@ -361,9 +314,11 @@ mod tests {
         assert_eq!(closing, ["SubagentStop", "Stop", "StopFailure", "SessionEnd"]);
         let http_less: Vec<&str> = hook_events(Agent::ClaudeCode)
             .iter()
-            .filter(|e| !e.handlers.contains(&Handler::Http))
+            .filter(|e| !e.runs(Handler::Http))
             .map(|e| e.name)
             .collect();
         assert_eq!(http_less, ["Setup", "SessionStart"]);
+        assert!(event(Agent::Codex, "SessionEnd").is_some_and(|e| e.closes));
+        assert!(event(Agent::Codex, "agent-turn-complete").is_none());
     }
 }

@@ -1,6 +1,6 @@
-//! What the server saw of each agent's own hooks (`GET /api/agents`): for every event name the
-//! agent's translation knows, when it last came and how often; and how many payloads named an
-//! event the translation does not know, with the last few of those names.
+//! What the server saw of each agent's own hooks (`GET /api/agents`): for every event the
+//! agent documents ([`Agent::hook_events`]), when it last came and how often; and how many
+//! payloads named an event the agent does not document, with the last few of those names.
 //!
 //! `POST /api/ingest/{agent}` records each payload it translated (`prx-hooks send --from`
 //! posts there too), under the agent of the route. The table is fixed when the router is
@@ -56,11 +56,12 @@ impl AgentsSeen {
             .iter()
             .map(|&agent| PerAgent {
                 agent,
+                // Every event the agent documents (those `connect` leaves out too).
                 events: agent
-                    .events()
+                    .hook_events()
                     .iter()
-                    .map(|&name| Slot {
-                        name,
+                    .map(|e| Slot {
+                        name: e.name,
                         last: AtomicU64::new(0),
                         count: AtomicU64::new(0),
                     })

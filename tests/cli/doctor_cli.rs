@@ -330,3 +330,27 @@ fn doctor_finds_a_folder_gemini_cli_does_not_trust() {
     assert!(!problem(&out, &["trust"]), "{out}");
     assert!(out.contains("Gemini CLI trusts"), "{out}");
 }
+
+#[test]
+fn doctor_finds_hooks_switched_off_in_the_agents_settings() {
+    let s = setup();
+    s.connect("gemini-cli", &[]);
+    s.connect("claude-code", &[]);
+    let gemini = s.project.join(".gemini/settings.json");
+    let connected = std::fs::read_to_string(&gemini).unwrap();
+    // What Gemini CLI's /hooks disable writes, and its switch for every hook.
+    let off = connected.replacen(
+        '{',
+        "{\n  // mine\n  \"hooksConfig\": {\"enabled\": false, \"disabled\": [\"prx-hooks\"]},",
+        1,
+    );
+    std::fs::write(&gemini, off).unwrap();
+    let claude = s.project.join(".claude/settings.json");
+    let text = std::fs::read_to_string(&claude).unwrap();
+    std::fs::write(&claude, text.replacen('{', "{\"disableAllHooks\": true,", 1)).unwrap();
+    let (code, out) = s.doctor(&[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(problem(&out, &["hooksConfig.enabled is false"]), "{out}");
+    assert!(problem(&out, &["hooksConfig.disabled", "prx-hooks"]), "{out}");
+    assert!(problem(&out, &["disableAllHooks is true", "Claude Code"]), "{out}");
+}

@@ -251,7 +251,7 @@ fn describe(kind: &jsonc_parser::errors::ParseErrorKind) -> String {
         K::TrailingCommasNotAllowed => {
             "a comma before the closing bracket: JSON allows none there".into()
         }
-        K::ExpectedStringObjectProperty | K::UnexpectedTokenInObject | K::UnexpectedWord => {
+        K::ExpectedStringObjectProperty | K::UnexpectedTokenInObject => {
             "unexpected text, expected a member name in double quotes".into()
         }
         K::UnexpectedComma => "unexpected comma, expected a value or a member".into(),
@@ -758,7 +758,7 @@ mod tests {
             ("[1 2]", false, (1, 3), "expected comma"),
             ("{\"a\": tru}", false, (1, 7), "unexpected token"),
             ("\"abc", false, (1, 1), "unterminated string"),
-            ("{} x", false, (1, 4), "more than one json value"),
+            ("{} x", false, (1, 4), "json holds one value"),
             ("", false, (1, 1), "end of file"),
             ("[01]", false, (1, 3), "expected comma"),
             ("[1.]", false, (1, 2), "decimal point"),
@@ -844,12 +844,12 @@ mod tests {
             "{\"h\": [{\"a\": 1}]}",
         ];
         for text in texts {
-            let pick = |n: &Node| -> &Node {
+            fn pick(n: &Node) -> &Node {
                 match n.get("h") {
                     Some((_, m)) => &m.value,
                     None => n,
                 }
-            };
+            }
             let doc = parse(text, true).unwrap();
             let style = Style::of(text, Some(&doc.root));
             let n = pick(&doc.root).items().unwrap().len();

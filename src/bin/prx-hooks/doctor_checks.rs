@@ -79,6 +79,7 @@ pub(crate) fn check_json(agent: Agent, path: &Path, text: &str, project: &Path) 
         Level::Ok,
         format!("read as {} reads it ({how})", agent.title()),
     ));
+    switched_off(agent, &doc.root, text, &mut check);
     let Some((_, hooks)) = doc.root.get("hooks") else {
         return check;
     };
@@ -92,6 +93,47 @@ pub(crate) fn check_json(agent: Agent, path: &Path, text: &str, project: &Path) 
         }
     }
     check
+}
+
+/// The settings that turn hooks off: Claude Code's and Qwen Code's `disableAllHooks`, Gemini
+/// CLI's `hooksConfig.enabled` (false: no hook runs) and `hooksConfig.disabled` (the names and
+/// commands of hooks it skips; ours is named `prx-hooks`).
+fn switched_off(agent: Agent, root: &Node, text: &str, check: &mut FileCheck) {
+    fn value<'a>(node: &'a Node, key: &str) -> Option<&'a Node> {
+        node.get(key).map(|(_, m)| &m.value)
+    }
+    match agent {
+        Agent::ClaudeCode | Agent::QwenCode => {
+            if value(root, "disableAllHooks").and_then(|v| v.bool(text)) == Some(true) {
+                check.problem(format!(
+                    "disableAllHooks is true: {} runs no hook at all",
+                    agent.title()
+                ));
+            }
+        }
+        Agent::GeminiCli => {
+            let Some(config) = value(root, "hooksConfig") else {
+                return;
+            };
+            if value(config, "enabled").and_then(|v| v.bool(text)) == Some(false) {
+                check.problem(
+                    "hooksConfig.enabled is false: Gemini CLI runs no hook (set it to true, or take it out)"
+                        .into(),
+                );
+            }
+            let disabled = value(config, "disabled").and_then(Node::items).unwrap_or(&[]);
+            for name in disabled.iter().filter_map(Node::str) {
+                let ours = name == "prx-hooks"
+                    || simple_words(name).is_some_and(|w| agents::is_our_argv(&w, agent));
+                if ours {
+                    check.problem(format!(
+                        "hooksConfig.disabled holds {name:?}: Gemini CLI skips our hooks (`/hooks enable prx-hooks`)"
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// One `hooks.<name>` member: the event, and each entry in it.

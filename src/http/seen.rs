@@ -21,7 +21,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// Unknown event names kept per agent (the most recent, each once).
 pub const KEPT_UNKNOWN_NAMES: usize = 8;
 /// An unknown event name is kept cut to this many bytes.
-pub const MAX_NAME_BYTES: usize = 64;
+pub(crate) const MAX_NAME_BYTES: usize = 64;
 
 /// One event name's slot: when it was last seen (milliseconds after the table was made, plus
 /// one; 0: never) and how often.
@@ -195,6 +195,7 @@ pub struct EventSeen {
 /// Event names an agent sent that its translation does not know.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct UnknownSeen {
+    /// How many payloads named such an event since the server started.
     pub count: u64,
     /// The last few, most recent last (each once, at most [`KEPT_UNKNOWN_NAMES`]).
     pub names: Vec<String>,
@@ -220,7 +221,11 @@ mod tests {
         seen.record(Agent::Cursor, &"x\u{1b}".repeat(100));
         let r = seen.report();
         let claude = r.agents.iter().find(|a| a.agent == "claude-code").unwrap();
-        let pre = claude.events.iter().find(|e| e.event == "PreToolUse").unwrap();
+        let pre = claude
+            .events
+            .iter()
+            .find(|e| e.event == "PreToolUse")
+            .unwrap();
         assert_eq!(pre.count, 2);
         assert!(pre.age_ms.is_some() && pre.last_seen_unix_ms.is_some());
         let stop = claude.events.iter().find(|e| e.event == "Stop").unwrap();
@@ -229,7 +234,10 @@ mod tests {
         assert_eq!(cursor.unknown.count, 21);
         assert_eq!(cursor.unknown.names.len(), KEPT_UNKNOWN_NAMES);
         let last = cursor.unknown.names.last().unwrap();
-        assert!(last.len() <= MAX_NAME_BYTES && !last.contains('\u{1b}'), "{last:?}");
+        assert!(
+            last.len() <= MAX_NAME_BYTES && !last.contains('\u{1b}'),
+            "{last:?}"
+        );
         assert_eq!(cursor.unknown.names[0], "newEvent13");
     }
 }

@@ -29,7 +29,12 @@ fn prx(args: &[&str], cwd: &Path, home: &Path) -> Output {
 
 /// The directory of the binaries under test first on `PATH` (as after `cargo install`).
 fn path_with_bins() -> String {
-    let bins = Path::new(BIN).parent().unwrap().to_str().unwrap().to_string();
+    let bins = Path::new(BIN)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     format!("{bins}:/usr/bin:/bin")
 }
 
@@ -395,7 +400,11 @@ fn invalid_json_is_refused_with_file_line_column_and_left_untouched() {
     let s = setup("ws");
     let file = settings(&s);
     for (content, at, reason) in [
-        ("{\n  \"a\": 1,\n}\n", (2, 9), "a comma before the closing bracket"),
+        (
+            "{\n  \"a\": 1,\n}\n",
+            (2, 9),
+            "a comma before the closing bracket",
+        ),
         ("{\"hooks\": {\"Stop\": [}}", (1, 21), "expected a value"),
         ("{\"a\": \"unterminated\n", (1, 7), "unterminated string"),
         ("{} trailing", (1, 4), "unexpected text"),
@@ -728,7 +737,10 @@ fn usage_errors_exit_2_and_write_nothing() {
             vec!["connect", "claude-code", "--events", "WorktreeCreate"],
             "never written",
         ),
-        (vec!["connect", "cursor", "--notify"], "--notify is for codex"),
+        (
+            vec!["connect", "cursor", "--notify"],
+            "--notify is for codex",
+        ),
     ] {
         let out = s.run(&args);
         assert_eq!(

@@ -54,7 +54,12 @@ fn setup() -> Setup {
 
 /// The directory of the binaries under test, first on `PATH` (as after `cargo install`).
 fn path_with_bins() -> String {
-    let bins = Path::new(BIN).parent().unwrap().to_str().unwrap().to_string();
+    let bins = Path::new(BIN)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     format!("{bins}:/usr/bin:/bin")
 }
 
@@ -230,7 +235,6 @@ fn connect_refuses_a_fifo_at_once_and_writes_nothing() {
     );
 }
 
-
 #[test]
 fn connect_remove_takes_out_ten_thousand_five_hundred_entries_in_one_pass() {
     let s = setup();
@@ -328,10 +332,18 @@ fn watch_reads(dir: &Path) -> std::os::fd::OwnedFd {
     let dir = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
     // SAFETY: inotify_init1 takes no pointer; the descriptor it returns is owned here.
     let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-    assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
+    assert!(
+        fd >= 0,
+        "inotify_init1: {}",
+        std::io::Error::last_os_error()
+    );
     // SAFETY: `dir` is a NUL-terminated path that lives for the call.
     let w = unsafe { libc::inotify_add_watch(fd, dir.as_ptr(), libc::IN_CLOSE_NOWRITE) };
-    assert!(w >= 0, "inotify_add_watch: {}", std::io::Error::last_os_error());
+    assert!(
+        w >= 0,
+        "inotify_add_watch: {}",
+        std::io::Error::last_os_error()
+    );
     // SAFETY: `fd` was just made and nothing else owns it.
     unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
 }
@@ -374,7 +386,13 @@ impl Saver {
         let last = Arc::new(AtomicU64::new(0));
         let meta = save(&file, 0, false);
         let watch = watch_reads(file.parent().unwrap());
-        let name = file.file_name().unwrap().to_str().unwrap().as_bytes().to_vec();
+        let name = file
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .as_bytes()
+            .to_vec();
         let (stop2, last2) = (stop.clone(), last.clone());
         let thread = std::thread::spawn(move || {
             // The saver shares one CPU with connect, which runs at the lowest priority: woken
@@ -431,11 +449,20 @@ fn connect_never_loses_a_save_the_agent_makes_while_it_runs() {
     for round in 0..150 {
         let saver = Saver::start(file.clone(), round);
         let mut c = Command::new("nice");
-        c.args(["-n", "19", "taskset", "-c", "0", BIN, "connect", "claude-code"])
-            .args(["--events", "Stop", "--workspace", &ws])
-            .current_dir(&s.project)
-            .env("HOME", &s.home)
-            .env("PATH", path_with_bins());
+        c.args([
+            "-n",
+            "19",
+            "taskset",
+            "-c",
+            "0",
+            BIN,
+            "connect",
+            "claude-code",
+        ])
+        .args(["--events", "Stop", "--workspace", &ws])
+        .current_dir(&s.project)
+        .env("HOME", &s.home)
+        .env("PATH", path_with_bins());
         let out = c.output().unwrap();
         let last = saver.finish();
         let now = std::fs::read_to_string(&file).unwrap();

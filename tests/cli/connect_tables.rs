@@ -25,7 +25,12 @@ fn ok(out: &Output) {
 }
 
 fn bins() -> String {
-    Path::new(BIN).parent().unwrap().to_str().unwrap().to_string()
+    Path::new(BIN)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string()
 }
 
 /// A project with a workspace inside it, a home, all in one temporary directory.
@@ -96,7 +101,10 @@ impl Server {
         let (tx, out) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             use std::io::BufRead;
-            for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            for l in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
                 if let Ok(v) = serde_json::from_str(&l)
                     && tx.send(v).is_err()
                 {
@@ -195,7 +203,10 @@ fn connect_writes_a_project_file_with_no_path_of_this_machine_that_still_deliver
         ".cursor/hooks.json",
     ] {
         let written = std::fs::read_to_string(s.project.join(rel)).unwrap();
-        assert!(!written.contains(root), "{rel} names this machine:\n{written}");
+        assert!(
+            !written.contains(root),
+            "{rel} names this machine:\n{written}"
+        );
         assert!(!written.contains(&bins()), "{rel}:\n{written}");
     }
     let claude = s.json(".claude/settings.json");
@@ -213,7 +224,10 @@ fn connect_writes_a_project_file_with_no_path_of_this_machine_that_still_deliver
         &[("CLAUDE_PROJECT_DIR", &s.project)],
         &fixture("claude-code", "PostToolUse"),
     );
-    assert_eq!(server.expect("prx.lifecycle.tool_call")["agent"], "claude-code");
+    assert_eq!(
+        server.expect("prx.lifecycle.tool_call")["agent"],
+        "claude-code"
+    );
     // Without the variable (an agent that does not set it), from the project.
     let gemini = s.json(".gemini/settings.json");
     let cmd = gemini["hooks"]["BeforeTool"][0]["hooks"][0]["command"]
@@ -233,7 +247,10 @@ fn connect_writes_a_project_file_with_no_path_of_this_machine_that_still_deliver
         &[("CURSOR_PROJECT_DIR", &s.project)],
         &fixture("cursor", "stop"),
     );
-    assert_eq!(server.expect("prx.lifecycle.turn_complete")["agent"], "cursor");
+    assert_eq!(
+        server.expect("prx.lifecycle.turn_complete")["agent"],
+        "cursor"
+    );
 }
 
 #[test]
@@ -251,19 +268,37 @@ fn connect_refuses_to_put_this_machines_paths_in_a_project_file_unless_asked() {
     );
     // prx-hooks-send not on PATH: said, nothing written.
     let ws = s.ws.to_str().unwrap();
-    let out = s.run_with_path(&["connect", "claude-code", "--workspace", ws], "/usr/bin:/bin");
+    let out = s.run_with_path(
+        &["connect", "claude-code", "--workspace", ws],
+        "/usr/bin:/bin",
+    );
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("on PATH"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("on PATH"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(!s.project.join(".claude").exists());
     // Asked: this machine's paths, and the dry run shows them.
-    let out = s.run(&["connect", "claude-code", "--workspace", outside, "--absolute", "--dry-run"]);
+    let out = s.run(&[
+        "connect",
+        "claude-code",
+        "--workspace",
+        outside,
+        "--absolute",
+        "--dry-run",
+    ]);
     ok(&out);
     assert!(text(&out.stdout).contains(outside), "{}", text(&out.stdout));
     assert!(!s.project.join(".claude").exists());
     // Codex has no project directory variable: a project hooks.json wants --absolute.
     let out = s.run(&["connect", "codex", "--scope", "project", "--workspace", ws]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("--absolute"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--absolute"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -281,7 +316,14 @@ fn connect_codex_writes_its_hooks_synchronous_and_says_how_to_trust_them() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let hooks = v["hooks"].as_object().unwrap();
     let events: Vec<&str> = hooks.keys().map(String::as_str).collect();
-    for e in ["SessionStart", "PreToolUse", "PostToolUse", "Stop", "SessionEnd", "Interrupt"] {
+    for e in [
+        "SessionStart",
+        "PreToolUse",
+        "PostToolUse",
+        "Stop",
+        "SessionEnd",
+        "Interrupt",
+    ] {
         assert!(events.contains(&e), "{e}: {events:?}");
     }
     assert!(!events.contains(&"StopFailure"), "{events:?}");
@@ -290,12 +332,19 @@ fn connect_codex_writes_its_hooks_synchronous_and_says_how_to_trust_them() {
         let entry = &groups[0]["hooks"][0];
         assert_eq!(entry["type"], "command");
         assert_eq!(entry.get("async"), None, "{event}: Codex skips async hooks");
-        let limit = if event == "SessionEnd" || event == "Interrupt" { 3 } else { 5 };
+        let limit = if event == "SessionEnd" || event == "Interrupt" {
+            3
+        } else {
+            5
+        };
         assert_eq!(entry["timeout"], limit, "{event}");
     }
     // A user file: this machine's paths are right there.
     let cmd = hooks["Stop"][0]["hooks"][0]["command"].as_str().unwrap();
-    assert!(cmd.contains(ws) || cmd.contains(&format!("'{ws}'")), "{cmd}");
+    assert!(
+        cmd.contains(ws) || cmd.contains(&format!("'{ws}'")),
+        "{cmd}"
+    );
     assert!(!s.home.join(".codex/config.toml").exists());
     // With our notify still set, connect says each turn would arrive twice.
     ok(&s.run(&["connect", "codex", "--notify", "--workspace", ws]));

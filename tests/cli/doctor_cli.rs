@@ -15,7 +15,12 @@ fn text(b: &[u8]) -> String {
 }
 
 fn bins() -> String {
-    Path::new(BIN).parent().unwrap().to_str().unwrap().to_string()
+    Path::new(BIN)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string()
 }
 
 struct Setup {
@@ -69,7 +74,10 @@ impl Setup {
             c.env(k, v);
         }
         let out: Output = c.output().unwrap();
-        (out.status.code().unwrap_or(-1), text(&out.stdout) + &text(&out.stderr))
+        (
+            out.status.code().unwrap_or(-1),
+            text(&out.stdout) + &text(&out.stderr),
+        )
     }
 
     fn write(&self, rel: &str, content: &str) -> PathBuf {
@@ -145,7 +153,14 @@ fn doctor_names_an_event_the_agent_does_not_have_and_a_file_it_would_reject() {
     let (code, out) = s.doctor(&[]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        problem(&out, &["PostToolUsed", "not an event Claude Code has", "did you mean PostToolUse?"]),
+        problem(
+            &out,
+            &[
+                "PostToolUsed",
+                "not an event Claude Code has",
+                "did you mean PostToolUse?"
+            ]
+        ),
         "{out}"
     );
     // A comment: Claude Code's settings are plain JSON.
@@ -156,16 +171,26 @@ fn doctor_names_an_event_the_agent_does_not_have_and_a_file_it_would_reject() {
     let (code, out) = s.doctor(&[]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        problem(&out, &[&format!("{}:2:3", file.display()), "a comment", "settings error"]),
+        problem(
+            &out,
+            &[
+                &format!("{}:2:3", file.display()),
+                "a comment",
+                "settings error"
+            ]
+        ),
         "{out}"
     );
     // Gemini CLI takes the comment, not a trailing comma.
     let gemini = s.write(
         ".gemini/settings.json",
-        &format!("{{\n  // mine\n  \"hooks\": {{\"AfterAgent\": [{{\"hooks\": [{{\"type\": \"command\", \"command\": \"prx-hooks-send --from gemini-cli\"}}]}},]}}\n}}\n"),
+        "{\n  // mine\n  \"hooks\": {\"AfterAgent\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"prx-hooks-send --from gemini-cli\"}]},]}\n}\n",
     );
     let (_, out) = s.doctor(&[]);
-    assert!(problem(&out, &[&format!("{}:3:", gemini.display())]), "{out}");
+    assert!(
+        problem(&out, &[&format!("{}:3:", gemini.display())]),
+        "{out}"
+    );
     assert!(!out.contains(&format!("{}:2:3", gemini.display())), "{out}");
 }
 
@@ -192,17 +217,29 @@ fn doctor_says_claude_code_runs_no_http_hook_on_session_start_and_what_the_serve
     let (code, out) = s.doctor(&[("PRX_HOOKS_TOKEN", token.trim())]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        problem(&out, &["hooks.SessionStart[0].hooks[0]", "an http hook on SessionStart", "does not run there"]),
+        problem(
+            &out,
+            &[
+                "hooks.SessionStart[0].hooks[0]",
+                "an http hook on SessionStart",
+                "does not run there"
+            ]
+        ),
         "{out}"
     );
-    assert!(out.contains("answers with the token of $PRX_HOOKS_TOKEN"), "{out}");
+    assert!(
+        out.contains("answers with the token of $PRX_HOOKS_TOKEN"),
+        "{out}"
+    );
     assert!(out.contains("Claude Code seen: PostToolUse "), "{out}");
     assert!(
         out.contains("never seen: SessionStart (an http hook on SessionStart, which Claude Code does not run there"),
         "{out}"
     );
     assert!(
-        out.contains("sent 1 event(s) prx-hooks does not know (published as topics): BrandNewEvent"),
+        out.contains(
+            "sent 1 event(s) prx-hooks does not know (published as topics): BrandNewEvent"
+        ),
         "{out}"
     );
     // The token not in this shell: said (Claude Code needs it in its own environment).
@@ -216,17 +253,26 @@ fn doctor_finds_no_server_a_wrong_token_an_agent_never_seen_and_then_all_good() 
     s.connect("claude-code", &[]);
     let (code, out) = s.doctor(&[]);
     assert_eq!(code, 1, "{out}");
-    assert!(problem(&out, &["no server runs for", "prx-hooks run"]), "{out}");
+    assert!(
+        problem(&out, &["no server runs for", "prx-hooks run"]),
+        "{out}"
+    );
 
     let _server = Server::start(&s.ws);
     let (code, out) = s.doctor(&[("PRX_HOOKS_TOKEN", "not-the-token-0123456789")]);
     assert_eq!(code, 1, "{out}");
-    assert!(problem(&out, &["refuses the token", "$PRX_HOOKS_TOKEN"]), "{out}");
+    assert!(
+        problem(&out, &["refuses the token", "$PRX_HOOKS_TOKEN"]),
+        "{out}"
+    );
 
     let (code, out) = s.doctor(&[]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        problem(&out, &["Claude Code: no event seen since the server started"]),
+        problem(
+            &out,
+            &["Claude Code: no event seen since the server started"]
+        ),
         "{out}"
     );
 
@@ -235,7 +281,9 @@ fn doctor_finds_no_server_a_wrong_token_an_agent_never_seen_and_then_all_good() 
         &std::fs::read_to_string(s.project.join(".claude/settings.json")).unwrap(),
     )
     .unwrap();
-    let cmd = v["hooks"]["PostToolUse"][0]["hooks"][0]["command"].as_str().unwrap();
+    let cmd = v["hooks"]["PostToolUse"][0]["hooks"][0]["command"]
+        .as_str()
+        .unwrap();
     let mut child = Command::new("/bin/sh")
         .args(["-c", cmd])
         .env("CLAUDE_PROJECT_DIR", &s.project)
@@ -253,7 +301,10 @@ fn doctor_finds_no_server_a_wrong_token_an_agent_never_seen_and_then_all_good() 
     assert!(child.wait().unwrap().success());
     let (code, out) = s.doctor(&[]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("Claude Code seen: PostToolUse 0 s ago (1)"), "{out}");
+    assert!(
+        out.contains("Claude Code seen: PostToolUse 0 s ago (1)"),
+        "{out}"
+    );
     assert!(out.contains("never seen: "), "{out}");
     assert!(out.contains("doctor: 0 problem(s)"), "{out}");
 
@@ -271,7 +322,14 @@ fn doctor_finds_codex_hooks_not_yet_trusted() {
     let (code, out) = s.doctor(&[]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        problem(&out, &["12 of our entries are not trusted", "/hooks", "--dangerously-bypass-hook-trust"]),
+        problem(
+            &out,
+            &[
+                "12 of our entries are not trusted",
+                "/hooks",
+                "--dangerously-bypass-hook-trust"
+            ]
+        ),
         "{out}"
     );
     // Trusted in /hooks: Codex records a hash per entry in config.toml.
@@ -284,7 +342,8 @@ fn doctor_finds_codex_hooks_not_yet_trusted() {
             .enumerate()
             .flat_map(|(i, c)| {
                 let sep = (i > 0 && c.is_ascii_uppercase()).then_some('_');
-                sep.into_iter().chain(std::iter::once(c.to_ascii_lowercase()))
+                sep.into_iter()
+                    .chain(std::iter::once(c.to_ascii_lowercase()))
             })
             .collect();
         config.push_str(&format!(
@@ -309,14 +368,18 @@ fn doctor_finds_a_folder_gemini_cli_does_not_trust() {
     s.connect("gemini-cli", &[]);
     let (code, out) = s.doctor(&[]);
     assert_eq!(code, 1, "{out}");
-    assert!(problem(&out, &["Gemini CLI does not trust", "no rule for it"]), "{out}");
+    assert!(
+        problem(&out, &["Gemini CLI does not trust", "no rule for it"]),
+        "{out}"
+    );
     let folders = s.home.join(".gemini/trustedFolders.json");
     std::fs::create_dir_all(folders.parent().unwrap()).unwrap();
     let parent = s.project.parent().unwrap().to_str().unwrap().to_string();
     let project = s.project.to_str().unwrap().to_string();
     std::fs::write(
         &folders,
-        serde_json::json!({parent.clone(): "TRUST_FOLDER", project.clone(): "DO_NOT_TRUST"}).to_string(),
+        serde_json::json!({parent.clone(): "TRUST_FOLDER", project.clone(): "DO_NOT_TRUST"})
+            .to_string(),
     )
     .unwrap();
     let (_, out) = s.doctor(&[]);
@@ -347,10 +410,20 @@ fn doctor_finds_hooks_switched_off_in_the_agents_settings() {
     std::fs::write(&gemini, off).unwrap();
     let claude = s.project.join(".claude/settings.json");
     let text = std::fs::read_to_string(&claude).unwrap();
-    std::fs::write(&claude, text.replacen('{', "{\"disableAllHooks\": true,", 1)).unwrap();
+    std::fs::write(
+        &claude,
+        text.replacen('{', "{\"disableAllHooks\": true,", 1),
+    )
+    .unwrap();
     let (code, out) = s.doctor(&[]);
     assert_eq!(code, 1, "{out}");
     assert!(problem(&out, &["hooksConfig.enabled is false"]), "{out}");
-    assert!(problem(&out, &["hooksConfig.disabled", "prx-hooks"]), "{out}");
-    assert!(problem(&out, &["disableAllHooks is true", "Claude Code"]), "{out}");
+    assert!(
+        problem(&out, &["hooksConfig.disabled", "prx-hooks"]),
+        "{out}"
+    );
+    assert!(
+        problem(&out, &["disableAllHooks is true", "Claude Code"]),
+        "{out}"
+    );
 }

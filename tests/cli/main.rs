@@ -22,9 +22,9 @@ mod connect_cli;
 mod connect_safety;
 #[cfg(feature = "http")]
 mod connect_tables;
+mod containment;
 #[cfg(feature = "http")]
 mod doctor_cli;
-mod containment;
 mod hooks_e2e;
 mod init_cli;
 mod run_input;

@@ -179,7 +179,7 @@ fn attempt(plan: &Plan, args: &ConnectArgs) -> Result<Option<ExitCode>, BoxError
     let skeleton = agents::skeleton(plan.agent, notify);
     let current = write::read_settings(&plan.target)?;
     let old = match current.text.as_deref() {
-        Some(t) if !(t.trim().is_empty() && !notify) => t,
+        Some(t) if notify || !t.trim().is_empty() => t,
         _ => skeleton,
     };
     let edited = if notify {
@@ -515,7 +515,10 @@ fn write_change(
         if changed {
             let new = if delete { "" } else { change.after.as_str() };
             let old = change.before.as_deref().unwrap_or("");
-            print!("{}", write::unified_diff(old, new, &file.display().to_string()));
+            print!(
+                "{}",
+                write::unified_diff(old, new, &file.display().to_string())
+            );
         } else {
             note(format!("{}: nothing to change", file.display()));
         }
@@ -551,7 +554,14 @@ fn write_change(
         return Ok(None);
     }
     let backup = change.before.as_ref().map(|_| backup);
-    report(plan, args, change, backup.as_deref(), delete, gone && linked);
+    report(
+        plan,
+        args,
+        change,
+        backup.as_deref(),
+        delete,
+        gone && linked,
+    );
     Ok(Some(ExitCode::SUCCESS))
 }
 
@@ -585,7 +595,9 @@ fn report(
     }
     let hook = plan.hook.as_ref();
     let what = match hook {
-        Some(Hook { http: Some(url), .. }) => format!("http hook → {url}"),
+        Some(Hook {
+            http: Some(url), ..
+        }) => format!("http hook → {url}"),
         _ if args.notify => quoted(&plan.argv),
         Some(h) => h.command.clone(),
         None => String::new(),

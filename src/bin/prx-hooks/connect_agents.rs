@@ -314,8 +314,7 @@ fn survey<'a>(root: &'a Node, agent: Agent) -> Result<Survey<'a>, Refusal> {
         if agent.config_members().contains(&m.key.as_str()) {
             continue;
         }
-        if let Some(dup) = json::duplicate(hooks, &m.key).filter(|d| d.key_start > m.key_start)
-        {
+        if let Some(dup) = json::duplicate(hooks, &m.key).filter(|d| d.key_start > m.key_start) {
             return Err(Refusal::new(
                 Some(dup.key_start),
                 format!(
@@ -563,7 +562,9 @@ fn put(
 pub(crate) enum Notify {
     Missing,
     /// Ours, and whether it is exactly the wanted argv.
-    Ours { same: bool },
+    Ours {
+        same: bool,
+    },
     /// Someone else's program (its words, for the message), and where it is.
     Other {
         shown: String,
@@ -651,7 +652,12 @@ pub(crate) fn table_markdown(agent: Agent) -> String {
         http: Some("u".into()),
     };
     let waits = |e: &J| match e {
-        J::Obj(m) if m.iter().any(|(k, v)| k == "async" && matches!(v, J::Bool(true))) => "no (async)",
+        J::Obj(m)
+            if m.iter()
+                .any(|(k, v)| k == "async" && matches!(v, J::Bool(true))) =>
+        {
+            "no (async)"
+        }
         _ => "yes",
     };
     let kind = |e: &J| match e {
@@ -665,7 +671,8 @@ pub(crate) fn table_markdown(agent: Agent) -> String {
             .unwrap_or_else(|| "command".into()),
         _ => String::new(),
     };
-    let mut out = String::from("| event | handler | waits | becomes | why |\n|---|---|---|---|---|\n");
+    let mut out =
+        String::from("| event | handler | waits | becomes | why |\n|---|---|---|---|---|\n");
     for e in hook_table::hook_events(agent) {
         let (handler, wait, why) = match e.written {
             Written::Yes => {
@@ -695,9 +702,15 @@ pub(crate) fn table_markdown(agent: Agent) -> String {
                 e.note.unwrap_or_default().to_string(),
             ),
         };
+        let becomes = agent
+            .lib()
+            .hook_events()
+            .iter()
+            .find(|l| l.name == e.name)
+            .map_or("", |l| l.maps_to);
         out.push_str(&format!(
-            "| `{}` | {handler} | {wait} | {} | {why} |\n",
-            e.name, e.maps_to
+            "| `{}` | {handler} | {wait} | {becomes} | {why} |\n",
+            e.name
         ));
     }
     out
@@ -754,7 +767,9 @@ mod tests {
     fn only_one_simple_command_can_be_ours() {
         let words = |l: &str| simple_words(l);
         assert_eq!(
-            words(r#"prx-hooks-send --from claude-code --workspace "${CLAUDE_PROJECT_DIR:-.}"/'my ws'"#),
+            words(
+                r#"prx-hooks-send --from claude-code --workspace "${CLAUDE_PROJECT_DIR:-.}"/'my ws'"#
+            ),
             Some(vec![
                 "prx-hooks-send".into(),
                 "--from".into(),

@@ -88,8 +88,8 @@ fn read_bounded(f: std::fs::File, path: &Path) -> Result<Vec<u8>, BoxError> {
 
 fn utf8(bytes: Vec<u8>, path: &Path) -> Result<String, BoxError> {
     String::from_utf8(bytes).map_err(|e| {
-        let text = String::from_utf8_lossy(&e.as_bytes()[..e.utf8_error().valid_up_to()])
-            .into_owned();
+        let text =
+            String::from_utf8_lossy(&e.as_bytes()[..e.utf8_error().valid_up_to()]).into_owned();
         let (line, col) = super::json::line_col(&text, text.len());
         format!(
             "{}:{line}:{col}: not UTF-8 text (nothing was changed)",
@@ -337,9 +337,8 @@ fn taken_out_is(path: &Path, ident: Option<(u64, u64)>, text: Option<&str>) -> b
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
         // SAFETY: F_SETLEASE on a descriptor this function owns; no memory is passed.
-        let r = unsafe {
-            nix::libc::fcntl(f.as_raw_fd(), nix::libc::F_SETLEASE, nix::libc::F_WRLCK)
-        };
+        let r =
+            unsafe { nix::libc::fcntl(f.as_raw_fd(), nix::libc::F_SETLEASE, nix::libc::F_WRLCK) };
         if r == 0 {
             break;
         }

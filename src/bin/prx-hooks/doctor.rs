@@ -15,7 +15,7 @@ mod checks;
 use crate::BoxError;
 use crate::client::{self, Target as Url};
 use crate::connect::{self, agents};
-use crate::hook_table::{self, Agent};
+use crate::hook_table::Agent;
 use checks::{CodexConfig, FileCheck, Ours, Target, Trust};
 use clap::Args;
 use http_body_util::BodyExt as _;
@@ -88,9 +88,10 @@ pub(crate) fn doctor(args: DoctorArgs) -> Result<ExitCode, BoxError> {
         .map_err(|e| format!("doctor: --project {}: {e}", args.project.display()))?;
     let mut agents = Vec::new();
     for name in &args.agent {
-        agents.push(Agent::from_name(name).ok_or_else(|| {
-            format!("doctor: unknown agent {name:?}: {}", Agent::names())
-        })?);
+        agents.push(
+            Agent::from_name(name)
+                .ok_or_else(|| format!("doctor: unknown agent {name:?}: {}", Agent::names()))?,
+        );
     }
     if agents.is_empty() {
         agents = Agent::ALL.to_vec();
@@ -138,9 +139,7 @@ pub(crate) fn doctor(args: DoctorArgs) -> Result<ExitCode, BoxError> {
     }
     let problems = all.iter().filter(|f| f.level == Level::Problem).count();
     let unchecked = all.iter().filter(|f| f.level == Level::Unchecked).count();
-    out!(
-        "doctor: {problems} problem(s), {unchecked} check(s) that could not be made"
-    );
+    out!("doctor: {problems} problem(s), {unchecked} check(s) that could not be made");
     Ok(ExitCode::from(match (problems, unchecked) {
         (0, 0) => 0,
         (0, _) => 2,
@@ -162,10 +161,7 @@ fn print_finding(f: &Finding) {
 /// prx-hooks entry is not ours to judge, unless its agent cannot read it and it names us).
 fn check_agent(agent: Agent, project: &Path, general: &mut Vec<Finding>) -> AgentCheck {
     let mut files = Vec::new();
-    let mut candidates = vec![(
-        project.join(agents::settings_file(agent, false)),
-        "project",
-    )];
+    let mut candidates = vec![(project.join(agents::settings_file(agent, false)), "project")];
     let user = match agent {
         Agent::Codex => connect::codex_home().map(|h| h.join("hooks.json")),
         _ => connect::home().map(|h| h.join(agents::settings_file(agent, false))),
@@ -216,7 +212,6 @@ fn codex_notify() -> Option<(PathBuf, &'static str, FileCheck)> {
     check.ours.push(Ours {
         event: "agent-turn-complete".into(),
         target: Target::Workspace(ws),
-        runs: true,
         why_not: None,
         place: (0, 0),
     });
@@ -321,7 +316,10 @@ fn gemini_trust(project: &Path) -> Vec<Finding> {
     match checks::gemini_trust(&home, project) {
         Ok(None) => vec![Finding::new(
             Level::Ok,
-            format!("Gemini CLI trusts {} (or checks no folder)", project.display()),
+            format!(
+                "Gemini CLI trusts {} (or checks no folder)",
+                project.display()
+            ),
         )],
         Ok(Some(problem)) => vec![Finding::new(Level::Problem, problem)],
         Err(e) => vec![Finding::new(
@@ -421,7 +419,10 @@ fn workspace_server(ws: &Path, env: Option<String>) -> Result<(String, String, S
             "{} has no token file: `send` cannot authenticate",
             ws.display()
         ))),
-        Err(e) => Err(Server::Problem(format!("the token for {}: {e}", ws.display()))),
+        Err(e) => Err(Server::Problem(format!(
+            "the token for {}: {e}",
+            ws.display()
+        ))),
     }
 }
 
@@ -437,12 +438,12 @@ fn get_agents(url: &str, token: &str) -> Result<(u16, Value), String> {
             let io = client::connect(&target, Duration::from_secs(2))
                 .await
                 .map_err(|e| e.to_string())?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake::<_, http_body_util::Empty<bytes::Bytes>>(
-                    TokioIo::new(io),
-                )
-                .await
-                .map_err(|e| e.to_string())?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake::<
+                _,
+                http_body_util::Empty<bytes::Bytes>,
+            >(TokioIo::new(io))
+            .await
+            .map_err(|e| e.to_string())?;
             let conn = tokio::spawn(conn);
             let (host, prefix) = match &target {
                 Url::Tcp { authority, prefix } => (authority.as_str(), prefix.as_str()),
@@ -509,7 +510,10 @@ fn seen_lines(c: &AgentCheck, servers: &BTreeMap<Target, Server>, project: &Path
         let Server::Answered { report, .. } = s else {
             continue;
         };
-        if !c.ours().any(|o| servers.get(&o.target).is_some_and(|x| std::ptr::eq(x, s))) {
+        if !c
+            .ours()
+            .any(|o| servers.get(&o.target).is_some_and(|x| std::ptr::eq(x, s)))
+        {
             continue;
         }
         answered = true;
@@ -578,7 +582,9 @@ fn event_lines(c: &AgentCheck, seen: &BTreeMap<String, (Option<u64>, u64)>) -> V
     let mut never = Vec::new();
     for o in ours {
         match seen.get(&o.event) {
-            Some((Some(age), n)) => recent.push((*age, format!("{} {} ago ({n})", o.event, ago(*age)))),
+            Some((Some(age), n)) => {
+                recent.push((*age, format!("{} {} ago ({n})", o.event, ago(*age))))
+            }
             _ => never.push(match &o.why_not {
                 Some(why) => format!("{} ({why})", o.event),
                 None => o.event.clone(),

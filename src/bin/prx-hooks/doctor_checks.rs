@@ -20,8 +20,6 @@ pub(crate) enum Target {
 pub(crate) struct Ours {
     pub event: String,
     pub target: Target,
-    /// The agent runs it (an event it has, a handler type it runs there).
-    pub runs: bool,
     /// Why it does not run, when it does not.
     pub why_not: Option<String>,
     /// Its place for Codex's trust record: `(group, handler)`.
@@ -84,7 +82,10 @@ pub(crate) fn check_json(agent: Agent, path: &Path, text: &str, project: &Path) 
         return check;
     };
     let Some(members) = hooks.value.members() else {
-        check.problem(format!("hooks: expected an object, found {}", hooks.value.what()));
+        check.problem(format!(
+            "hooks: expected an object, found {}",
+            hooks.value.what()
+        ));
         return check;
     };
     for m in members {
@@ -103,13 +104,13 @@ fn switched_off(agent: Agent, root: &Node, text: &str, check: &mut FileCheck) {
         node.get(key).map(|(_, m)| &m.value)
     }
     match agent {
-        Agent::ClaudeCode | Agent::QwenCode => {
-            if value(root, "disableAllHooks").and_then(|v| v.bool(text)) == Some(true) {
-                check.problem(format!(
-                    "disableAllHooks is true: {} runs no hook at all",
-                    agent.title()
-                ));
-            }
+        Agent::ClaudeCode | Agent::QwenCode
+            if value(root, "disableAllHooks").and_then(|v| v.bool(text)) == Some(true) =>
+        {
+            check.problem(format!(
+                "disableAllHooks is true: {} runs no hook at all",
+                agent.title()
+            ));
         }
         Agent::GeminiCli => {
             let Some(config) = value(root, "hooksConfig") else {
@@ -121,7 +122,9 @@ fn switched_off(agent: Agent, root: &Node, text: &str, check: &mut FileCheck) {
                         .into(),
                 );
             }
-            let disabled = value(config, "disabled").and_then(Node::items).unwrap_or(&[]);
+            let disabled = value(config, "disabled")
+                .and_then(Node::items)
+                .unwrap_or(&[]);
             for name in disabled.iter().filter_map(Node::str) {
                 let ours = name == "prx-hooks"
                     || simple_words(name).is_some_and(|w| agents::is_our_argv(&w, agent));
@@ -146,7 +149,10 @@ fn check_event(
     check: &mut FileCheck,
 ) {
     let Some(items) = value.items() else {
-        check.problem(format!("hooks.{name}: expected an array, found {}", value.what()));
+        check.problem(format!(
+            "hooks.{name}: expected an array, found {}",
+            value.what()
+        ));
         return;
     };
     let entries = entries_of(agent, items);
@@ -254,7 +260,10 @@ fn ours_entry(
     let field = |k: &str| e.get(k).and_then(|(_, m)| m.value.str());
     let target = if field("type") == Some("http") {
         let url = field("url").unwrap_or_default();
-        Target::Url(url.trim_end_matches(&format!("/api/ingest/{agent}")).to_string())
+        Target::Url(
+            url.trim_end_matches(&format!("/api/ingest/{agent}"))
+                .to_string(),
+        )
     } else {
         let words = field("command").and_then(simple_words).unwrap_or_default();
         program_found(&words, path, check);
@@ -270,7 +279,6 @@ fn ours_entry(
     check.ours.push(Ours {
         event: event.to_string(),
         target,
-        runs: why_not.is_none(),
         why_not,
         place,
     });
@@ -297,7 +305,11 @@ fn program_found(words: &[String], path: &str, check: &mut FileCheck) {
             }
         );
         // Said once per program.
-        if !check.findings.iter().any(|f| f.text.contains(&format!("runs {program},"))) {
+        if !check
+            .findings
+            .iter()
+            .any(|f| f.text.contains(&format!("runs {program},")))
+        {
             check.problem(problem);
         }
     }
@@ -347,7 +359,11 @@ fn expand(word: &str, _agent: Agent, project: &Path) -> String {
                 Some((n, d)) => (n, Some(d)),
                 None => (inner, None),
             };
-            out.push_str(&value(name).or(default.map(str::to_string)).unwrap_or_default());
+            out.push_str(
+                &value(name)
+                    .or(default.map(str::to_string))
+                    .unwrap_or_default(),
+            );
             rest = &body[end + 1..];
             continue;
         }
@@ -548,21 +564,19 @@ pub(crate) fn gemini_trust(home: &Path, project: &Path) -> Result<Option<String>
             best = Some((m.key.len(), level));
         }
     }
-    Ok(Some(
-        match best {
-            Some((_, "DO_NOT_TRUST")) => format!(
-                "{} marks {} as not trusted: Gemini CLI runs no settings hook there, not even the user's",
-                file.display(),
-                project.display()
-            ),
-            Some(_) => return Ok(None),
-            None => format!(
-                "Gemini CLI does not trust {} yet ({} has no rule for it): in a folder it does not trust it runs no settings hook; trust it when Gemini asks",
-                project.display(),
-                file.display()
-            ),
-        },
-    ))
+    Ok(Some(match best {
+        Some((_, "DO_NOT_TRUST")) => format!(
+            "{} marks {} as not trusted: Gemini CLI runs no settings hook there, not even the user's",
+            file.display(),
+            project.display()
+        ),
+        Some(_) => return Ok(None),
+        None => format!(
+            "Gemini CLI does not trust {} yet ({} has no rule for it): in a folder it does not trust it runs no settings hook; trust it when Gemini asks",
+            project.display(),
+            file.display()
+        ),
+    }))
 }
 
 #[cfg(test)]
@@ -572,9 +586,13 @@ mod tests {
     #[test]
     fn workspaces_expand_the_agents_project_variable() {
         let project = Path::new("/nonexistent/p");
-        let words: Vec<String> = ["prx-hooks-send", "--workspace", "${CLAUDE_PROJECT_DIR:-.}/ws"]
-            .map(String::from)
-            .to_vec();
+        let words: Vec<String> = [
+            "prx-hooks-send",
+            "--workspace",
+            "${CLAUDE_PROJECT_DIR:-.}/ws",
+        ]
+        .map(String::from)
+        .to_vec();
         assert_eq!(
             workspace_of(Agent::ClaudeCode, &words, project),
             PathBuf::from("/nonexistent/p/ws")
@@ -582,7 +600,10 @@ mod tests {
         let words: Vec<String> = ["prx-hooks-send"].map(String::from).to_vec();
         assert_eq!(workspace_of(Agent::Cursor, &words, project), project);
         assert_eq!(snake("PreToolUse"), "pre_tool_use");
-        assert_eq!(suggest("PostToolUsed", &["PreToolUse", "PostToolUse"]), Some("PostToolUse"));
+        assert_eq!(
+            suggest("PostToolUsed", &["PreToolUse", "PostToolUse"]),
+            Some("PostToolUse")
+        );
         assert_eq!(suggest("Whatever", &["PreToolUse", "PostToolUse"]), None);
     }
 }

@@ -179,8 +179,6 @@ pub(crate) struct HookEvent {
     /// It ends a turn or a session: the agent may exit right after it, so our entry there is
     /// one the agent waits for (docs/connect.md § Synchronous where a turn or session ends).
     pub(crate) closes: bool,
-    /// What prx-hooks makes of it (`tool_call`, `topic session_start`).
-    pub(crate) maps_to: &'static str,
     pub(crate) written: Written,
     /// Why it is not written by default.
     pub(crate) note: Option<&'static str>,
@@ -262,7 +260,6 @@ fn table(agent: Agent) -> Vec<HookEvent> {
                 name: e.name,
                 handlers: e.handlers,
                 closes: e.closes,
-                maps_to: e.maps_to,
                 written,
                 note,
             }
@@ -311,7 +308,10 @@ mod tests {
             .filter(|e| e.closes)
             .map(|e| e.name)
             .collect();
-        assert_eq!(closing, ["SubagentStop", "Stop", "StopFailure", "SessionEnd"]);
+        assert_eq!(
+            closing,
+            ["SubagentStop", "Stop", "StopFailure", "SessionEnd"]
+        );
         let http_less: Vec<&str> = hook_events(Agent::ClaudeCode)
             .iter()
             .filter(|e| !e.runs(Handler::Http))

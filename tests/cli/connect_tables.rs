@@ -383,3 +383,46 @@ fn connect_http_keeps_a_command_where_claude_code_runs_no_http_hook() {
         assert_eq!(v["hooks"][event][0]["hooks"][0]["type"], "http", "{event}");
     }
 }
+
+#[test]
+fn connect_qwen_code_and_factory_droid_write_every_event_synchronous_and_remove_gives_the_bytes_back()
+ {
+    let s = setup();
+    let ws = s.ws.to_str().unwrap();
+    for (agent, rel, var, events) in [
+        ("qwen-code", ".qwen/settings.json", "QWEN_PROJECT_DIR", 21),
+        (
+            "factory-droid",
+            ".factory/hooks.json",
+            "FACTORY_PROJECT_DIR",
+            9,
+        ),
+    ] {
+        let file = s.project.join(rel);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        let mine = "{\n  \"model\": \"mine\"\n}\n";
+        std::fs::write(&file, mine).unwrap();
+        ok(&s.run(&["connect", agent, "--workspace", ws]));
+        let v = s.json(rel);
+        let hooks = v["hooks"].as_object().unwrap();
+        assert_eq!(hooks.len(), events, "{agent}: {:?}", hooks.keys());
+        assert_eq!(v["model"], "mine");
+        for (event, groups) in hooks {
+            let entry = &groups[0]["hooks"][0];
+            assert_eq!(entry["type"], "command", "{agent} {event}");
+            assert_eq!(entry.get("async"), None, "{agent} {event}");
+            assert_eq!(entry["timeout"], 5, "{agent} {event}");
+            let cmd = entry["command"].as_str().unwrap();
+            assert!(
+                cmd.starts_with(&format!(
+                    "prx-hooks-send --from {agent} --workspace \"${{{var}:-.}}\"/"
+                )),
+                "{cmd}"
+            );
+        }
+        // Qwen Code's MessageDisplay fires per streamed chunk: only on request.
+        assert!(!hooks.contains_key("MessageDisplay"));
+        ok(&s.run(&["connect", agent, "--remove"]));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), mine, "{agent}");
+    }
+}

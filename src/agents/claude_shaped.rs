@@ -2,9 +2,9 @@
 //! Factory Droid): `hook_event_name`, `session_id`, `tool_name`/`tool_input`/`tool_response`,
 //! `agent_id` inside a subagent. What differs between them is a [`Flavor`].
 
+use super::TranslateError;
 use super::plan::{Out, Plan};
 use super::read::{Payload, quote};
-use super::TranslateError;
 use crate::EventKind;
 
 /// What one Claude-shaped agent's documentation says that another's does not.

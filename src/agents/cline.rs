@@ -95,8 +95,9 @@ fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
                     .set("tool", p.tool_at(&[key, tool])?)
                     .set(
                         "arguments",
-                        p.json_at(&[key, "parameters"])
-                            .ok_or_else(|| super::read::missing(&format!("{key}.parameters"), "arguments"))?,
+                        p.json_at(&[key, "parameters"]).ok_or_else(|| {
+                            super::read::missing(&format!("{key}.parameters"), "arguments")
+                        })?,
                     ),
             );
         }

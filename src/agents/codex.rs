@@ -11,7 +11,7 @@ use crate::EventKind;
 
 const C: Handlers = Handlers::COMMAND;
 
-const EVENTS: [HookEvent; 13] = [
+const EVENTS: [HookEvent; 12] = [
     ev("SessionStart", C, "topic session_start"),
     ev(
         "UserPromptSubmit",
@@ -24,15 +24,18 @@ const EVENTS: [HookEvent; 13] = [
     ev("PreCompact", C, "topic"),
     ev("PostCompact", C, "topic"),
     ev("SubagentStart", C, "agent_start (the subagent's)"),
-    ev("SubagentStop", C, "turn_complete, agent_end (the subagent's)").closing(),
+    ev(
+        "SubagentStop",
+        C,
+        "turn_complete, agent_end (the subagent's)",
+    )
+    .closing(),
     ev("Stop", C, "turn_complete, agent_end").closing(),
     ev("Interrupt", C, "agent_end").closing(),
     ev("SessionEnd", C, "topic session_end").closing(),
-    // The `notify` program's one kind.
-    ev("agent-turn-complete", C, "turn_complete").closing(),
 ];
 
-const NAMES: [&str; 13] = subscribed(&EVENTS);
+const NAMES: [&str; 12] = subscribed(&EVENTS);
 
 pub(crate) static SPEC: Spec = Spec {
     docs: "https://developers.openai.com/codex/hooks",

@@ -22,19 +22,23 @@ const EVENTS: [HookEvent; 13] = [
         "sessionStart",
         C.with(Handlers::PROMPT),
         "topic session_start",
-    ),
-    ev("sessionEnd", C, "topic session_end").closing(),
-    ev("userPromptSubmitted", C, "agent_start"),
+    )
+    .stdout_unread(),
+    ev("sessionEnd", C, "topic session_end")
+        .closing()
+        .stdout_unread(),
+    ev("userPromptSubmitted", C, "agent_start").stdout_unread(),
     ev("preToolUse", C, "tool_call_start"),
     ev("postToolUse", C, "tool_call"),
     ev("postToolUseFailure", C, "tool_call"),
     ev("agentStop", C, "turn_complete, agent_end").closing(),
     ev("subagentStart", C, "topic"),
     ev("subagentStop", C, "topic"),
-    ev("errorOccurred", C, "error"),
-    ev("preCompact", C, "topic"),
-    // Its fields are not documented: a camelCase one cannot be told from a preToolUse.
-    ev("permissionRequest", C, "topic").unsubscribed(),
+    ev("errorOccurred", C, "error").stdout_unread(),
+    ev("preCompact", C, "topic").stdout_unread(),
+    ev("permissionRequest", C, "topic").unsubscribed(
+        "its payload is not documented: a camelCase one cannot be told from a preToolUse",
+    ),
     ev("notification", C, "topic"),
 ];
 
@@ -122,7 +126,10 @@ fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
             plan.push(Out::event(EventKind::AgentStart));
         }
         "preToolUse" => {
-            let (tool, args) = (name("toolName", "tool_name"), name("toolArgs", "tool_input"));
+            let (tool, args) = (
+                name("toolName", "tool_name"),
+                name("toolArgs", "tool_input"),
+            );
             plan.consume(&[tool, args]).push(
                 Out::event(EventKind::ToolCallStart)
                     .set("tool", p.tool_at(&[tool])?)

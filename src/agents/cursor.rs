@@ -41,9 +41,9 @@ const EVENTS: [HookEvent; 21] = [
     ev("sessionEnd", C, "topic session_end (and error when it says one)").closing(),
     ev("beforeTabFileRead", C, "topic"),
     ev("afterTabFileEdit", C, "topic"),
-    // New in Cursor 3.6, payload undocumented; an event name a Cursor does not know may make
-    // it refuse the whole file (reported, not verified): not written.
-    ev("workspaceOpen", C, "topic").unsubscribed(),
+    ev("workspaceOpen", C, "topic").unsubscribed(
+        "new in Cursor 3.6 with no documented payload; a Cursor that does not know an event name may refuse the whole file",
+    ),
 ];
 
 const NAMES: [&str; 20] = subscribed(&EVENTS);
@@ -100,7 +100,10 @@ fn end(plan: &mut Plan, success: Option<bool>, end: Out) {
 /// `duration` (milliseconds) as `duration_ms`.
 fn duration(p: &Payload<'_>, plan: &mut Plan, out: Out) -> Out {
     plan.consume(&["duration"]);
-    out.field("duration_ms", p.number_at(&["duration"]).map(str::to_string))
+    out.field(
+        "duration_ms",
+        p.number_at(&["duration"]).map(str::to_string),
+    )
 }
 
 fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
@@ -158,9 +161,7 @@ fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
         // A shell command's `tool_output` is a JSON text with its `exitCode`; other tools
         // that get here succeeded (failures are `postToolUseFailure`).
         "postToolUse" => {
-            let exit = p
-                .str_at(&["tool_output"])
-                .and_then(|out| exit_code(&out));
+            let exit = p.str_at(&["tool_output"]).and_then(|out| exit_code(&out));
             plan.consume(&["tool_name", "tool_output"]);
             let out = Out::event(EventKind::ToolCall)
                 .set("tool", p.tool_at(&["tool_name"])?)
@@ -186,12 +187,10 @@ fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
             } else {
                 let success = clean(p, "status");
                 plan.consume(&["message_count"]);
-                let out = Out::event(EventKind::AgentEnd)
-                    .success(success)
-                    .field(
-                        "messages_count",
-                        p.count_at(&["message_count"]).map(|n| n.to_string()),
-                    );
+                let out = Out::event(EventKind::AgentEnd).success(success).field(
+                    "messages_count",
+                    p.count_at(&["message_count"]).map(|n| n.to_string()),
+                );
                 end(plan, success, out);
             }
         }

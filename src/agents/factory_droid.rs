@@ -18,7 +18,12 @@ const EVENTS: [HookEvent; 9] = [
     ev("PostToolUse", C, "tool_call"),
     ev("Notification", C, "topic"),
     ev("PreCompact", C, "topic"),
-    ev("SubagentStop", C, "turn_complete, agent_end (the subagent's; without agent_id: topic)").closing(),
+    ev(
+        "SubagentStop",
+        C,
+        "turn_complete, agent_end (the subagent's; without agent_id: topic)",
+    )
+    .closing(),
     ev("Stop", C, "turn_complete, agent_end").closing(),
     ev("SessionEnd", C, "topic session_end").closing(),
 ];

@@ -8,24 +8,29 @@ use crate::EventKind;
 
 const C: Handlers = Handlers::COMMAND;
 
+/// The shell tool's name.
+const SHELL: &str = "run_shell_command";
+
 /// In the reference's lifecycle order (`connect` writes them in this order).
 const EVENTS: [HookEvent; 11] = [
     ev("SessionStart", C, "topic session_start"),
     ev("BeforeAgent", C, "agent_start"),
     ev("BeforeModel", C, "llm_request"),
-    // Fired for every streamed chunk.
     ev(
         "AfterModel",
         C,
         "llm_response (the chunk with a finishReason; the others: topic)",
-    ),
+    )
+    .noted("fires for every streamed chunk of a reply"),
     ev("BeforeToolSelection", C, "topic"),
     ev("BeforeTool", C, "tool_call_start"),
     ev("AfterTool", C, "tool_call"),
     ev("AfterAgent", C, "turn_complete, agent_end").closing(),
-    ev("PreCompress", C, "topic"),
+    ev("PreCompress", C, "topic").noted("run in the background"),
     ev("Notification", C, "topic"),
-    ev("SessionEnd", C, "topic session_end").closing(),
+    ev("SessionEnd", C, "topic session_end")
+        .closing()
+        .noted("Gemini CLI does not wait for its hooks: one may not finish before it exits"),
 ];
 
 const NAMES: [&str; 11] = subscribed(&EVENTS);
@@ -70,7 +75,8 @@ fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
                     .field("model", p.text_at(&["llm_request", "model"]))
                     .field(
                         "messages_count",
-                        p.len_at(&["llm_request", "messages"]).map(|n| n.to_string()),
+                        p.len_at(&["llm_request", "messages"])
+                            .map(|n| n.to_string()),
                     ),
             );
         }
@@ -82,8 +88,7 @@ fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
                 // Gemini counts cached tokens in the prompt's; PRX's input_tokens, as
                 // Anthropic's usage, does not.
                 let tokens = Tokens {
-                    input: usage("promptTokenCount")
-                        .map(|n| n.saturating_sub(cached.unwrap_or(0))),
+                    input: usage("promptTokenCount").map(|n| n.saturating_sub(cached.unwrap_or(0))),
                     output: usage("candidatesTokenCount"),
                     cache_read: cached,
                     cache_creation: None,
@@ -106,15 +111,23 @@ fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {
                     .set("arguments", p.json("tool_input", "arguments")?),
             );
         }
-        // `tool_response` is the tool's result; a failed tool sets its `error`.
+        // `tool_response` is the tool's result; a tool that failed sets its `error`. A shell
+        // command that ran and exited non-zero sets none (its exit code is only in the
+        // result's text, never parsed): `success` is said for it only when `error` is set.
         "AfterTool" => {
             let failed = p
                 .at(&["tool_response", "error"])
                 .is_some_and(|e| e.get() != "null");
+            let shell = p.str_at(&["tool_name"]).as_deref() == Some(SHELL);
+            let success = match (failed, shell) {
+                (true, _) => Some(false),
+                (false, true) => None,
+                (false, false) => Some(true),
+            };
             plan.consume(&["tool_name", "tool_response"]).push(
                 Out::event(EventKind::ToolCall)
                     .set("tool", p.tool_at(&["tool_name"])?)
-                    .success(Some(!failed))
+                    .success(success)
                     .set("output", p.text("tool_response", "output")?),
             );
         }

@@ -11,11 +11,13 @@ use crate::EventKind;
 const C: Handlers = Handlers::COMMAND;
 
 const EVENTS: [HookEvent; 5] = [
-    ev("agentSpawn", C, "topic session_start"),
-    ev("userPromptSubmit", C, "agent_start"),
-    ev("preToolUse", C, "tool_call_start"),
-    ev("postToolUse", C, "tool_call"),
-    ev("stop", C, "turn_complete, agent_end").closing(),
+    ev("agentSpawn", C, "topic session_start").stdout_unread(),
+    ev("userPromptSubmit", C, "agent_start").stdout_unread(),
+    ev("preToolUse", C, "tool_call_start").stdout_unread(),
+    ev("postToolUse", C, "tool_call").stdout_unread(),
+    ev("stop", C, "turn_complete, agent_end")
+        .stdout_unread()
+        .closing(),
 ];
 
 const NAMES: [&str; 5] = subscribed(&EVENTS);

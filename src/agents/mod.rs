@@ -137,6 +137,41 @@ impl Agent {
         }
     }
 
+    /// The name people know it by: `Claude Code`, `GitHub Copilot CLI`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(prx_hooks::agents::Agent::GeminiCli.title(), "Gemini CLI");
+    /// ```
+    pub fn title(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "Claude Code",
+            Agent::Codex => "Codex",
+            Agent::GeminiCli => "Gemini CLI",
+            Agent::Cursor => "Cursor",
+            Agent::CopilotCli => "GitHub Copilot CLI",
+            Agent::Cline => "Cline",
+            Agent::QwenCode => "Qwen Code",
+            Agent::FactoryDroid => "Factory Droid",
+            Agent::Windsurf => "Windsurf",
+            Agent::Kiro => "Kiro CLI",
+        }
+    }
+
+    /// The event named `name` in the agent's documentation, if it lists one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::agents::Agent;
+    /// assert!(Agent::Codex.hook_event("SessionEnd").is_some_and(|e| e.closes));
+    /// assert!(Agent::Codex.hook_event("StopFailure").is_none());
+    /// ```
+    pub fn hook_event(self, name: &str) -> Option<&'static HookEvent> {
+        self.hook_events().iter().find(|e| e.name == name)
+    }
+
     /// The events the agent's documentation lists (docs/agents.md) that a hook should be
     /// written for, each mapped: every one of [`Agent::hook_events`] whose
     /// [`subscribe`](HookEvent::subscribe) is set.
@@ -285,8 +320,17 @@ pub struct HookEvent {
     pub maps_to: &'static str,
     /// Whether a hook should be written for it ([`Agent::events`]): false for events that
     /// fire for every streamed chunk of a reply (Claude Code's `MessageDisplay`) or whose
-    /// payload cannot be told apart from another event's.
+    /// payload cannot be told apart from another event's ([`note`](HookEvent::note) says
+    /// why).
     pub subscribe: bool,
+    /// Whether the agent reads what a hook prints on stdout here as the hook's answer (a
+    /// decision, context to add): a hook with nothing to say prints `{}` or nothing, never
+    /// text. False where the agent adds stdout to the model's context as it is (Kiro CLI) or
+    /// its documentation does not say (Windsurf).
+    pub reads_stdout: bool,
+    /// What to know about the event, for people: why no hook should be written for it, or
+    /// how its mapping is limited (`None`: nothing).
+    pub note: Option<&'static str>,
 }
 
 /// What [`translate`] may replace.
@@ -457,17 +501,15 @@ pub(crate) const fn subscribed<const N: usize>(all: &[HookEvent]) -> [&'static s
 }
 
 /// A [`HookEvent`] (for the specs).
-pub(crate) const fn ev(
-    name: &'static str,
-    handlers: Handlers,
-    maps_to: &'static str,
-) -> HookEvent {
+pub(crate) const fn ev(name: &'static str, handlers: Handlers, maps_to: &'static str) -> HookEvent {
     HookEvent {
         name,
         handlers,
         closes: false,
         maps_to,
         subscribe: true,
+        reads_stdout: true,
+        note: None,
     }
 }
 
@@ -478,9 +520,22 @@ impl HookEvent {
         self
     }
 
-    /// No hook should be written for it.
-    pub(crate) const fn unsubscribed(mut self) -> HookEvent {
+    /// No hook should be written for it, for the reason `why`.
+    pub(crate) const fn unsubscribed(mut self, why: &'static str) -> HookEvent {
         self.subscribe = false;
+        self.note = Some(why);
+        self
+    }
+
+    /// The agent does not read the hook's stdout as its answer here.
+    pub(crate) const fn stdout_unread(mut self) -> HookEvent {
+        self.reads_stdout = false;
+        self
+    }
+
+    /// What to know about it.
+    pub(crate) const fn noted(mut self, note: &'static str) -> HookEvent {
+        self.note = Some(note);
         self
     }
 }
@@ -516,7 +571,6 @@ pub fn translate(
         .agent
         .clone()
         .unwrap_or_else(|| agent.name().to_string());
-    check_name(&agent_name, "agent", None, &p)?;
     let mut plan = Plan::default();
     (spec.map)(&p, &mut plan)?;
     if plan.lines.is_empty() {
@@ -529,12 +583,6 @@ pub fn translate(
             (format!("{parent}/{}", sub.id), Some(parent))
         }
     };
-    check_name(
-        &session,
-        "session",
-        plan.subagent.as_ref().map(|s| s.member),
-        &p,
-    )?;
     let spread = plan
         .spread
         .map(|name| (name, plan.spread_consumed.as_slice()));
@@ -703,44 +751,6 @@ fn session_id(
             "missing: the session id is needed (or give one: TranslateOptions::session; `send --session`, `?session=` over HTTP)",
         )),
     }
-}
-
-/// An agent or session name the ingest would refuse (longer than
-/// [`MAX_NAME_BYTES`](crate::ndjson::MAX_NAME_BYTES)) is an error here, at the member it came
-/// from.
-fn check_name(
-    name: &str,
-    what: &str,
-    member: Option<&str>,
-    p: &Payload<'_>,
-) -> Result<(), TranslateError> {
-    let max = crate::ndjson::MAX_NAME_BYTES;
-    if name.len() <= max {
-        return Ok(());
-    }
-    let reason = format!(
-        "the {what} would be {} bytes; agent and session names are at most {max} bytes",
-        name.len()
-    );
-    let member = member.or(match what {
-        "session" => p.members.iter().find_map(|(k, _)| {
-            [
-                "session_id",
-                "conversation_id",
-                "thread-id",
-                "sessionId",
-                "taskId",
-                "trajectory_id",
-            ]
-            .contains(&k.as_ref())
-            .then_some(k.as_ref())
-        }),
-        _ => None,
-    });
-    Err(match member.and_then(|m| p.get(m).map(|raw| (m, raw))) {
-        Some((m, raw)) => p.error_at(raw, m, reason),
-        None => TranslateError::at(1, 1, what, reason),
-    })
 }
 
 /// `prx.agent.<agent>.<event>`, the event's name with every character a topic segment may

@@ -11,16 +11,16 @@ use std::collections::HashSet;
 /// `duration_ms`, …), or a topic.
 pub(crate) struct Out {
     /// `None`: a topic line, `prx.agent.<agent>.<topic>`.
-    pub kind: Option<EventKind>,
-    pub topic: String,
+    pub(crate) kind: Option<EventKind>,
+    pub(crate) topic: String,
     /// JSON text of each field, in order: the documented ones first.
-    pub fields: Vec<(&'static str, String)>,
+    pub(crate) fields: Vec<(&'static str, String)>,
     /// A documented field is left out: the line is read leniently.
-    pub lenient: bool,
+    pub(crate) lenient: bool,
 }
 
 impl Out {
-    pub fn event(kind: EventKind) -> Out {
+    pub(crate) fn event(kind: EventKind) -> Out {
         Out {
             kind: Some(kind),
             topic: String::new(),
@@ -30,7 +30,7 @@ impl Out {
     }
 
     /// A topic line, `prx.agent.<agent>.<segment>`, with the agent's whole object.
-    pub fn topic(segment: &str) -> Out {
+    pub(crate) fn topic(segment: &str) -> Out {
         Out {
             kind: None,
             topic: segment.to_string(),
@@ -40,7 +40,7 @@ impl Out {
     }
 
     /// Adds `name` when `value` is known; a documented field left out makes the line lenient.
-    pub fn field(mut self, name: &'static str, value: Option<String>) -> Out {
+    pub(crate) fn field(mut self, name: &'static str, value: Option<String>) -> Out {
         match value {
             Some(v) => self.fields.push((name, v)),
             None => {
@@ -53,61 +53,64 @@ impl Out {
     }
 
     /// Adds `name` with `value` (JSON text).
-    pub fn set(self, name: &'static str, value: String) -> Out {
+    pub(crate) fn set(self, name: &'static str, value: String) -> Out {
         self.field(name, Some(value))
     }
 
     /// `success`, when known.
-    pub fn success(self, success: Option<bool>) -> Out {
+    pub(crate) fn success(self, success: Option<bool>) -> Out {
         self.field("success", success.map(|b| b.to_string()))
     }
 }
 
 /// A subagent: its own emitter, `<parent session>/<id>`.
 pub(crate) struct Subagent {
-    /// The member holding its id (errors name it).
-    pub member: &'static str,
-    pub id: String,
+    pub(crate) id: String,
     /// The parent's session when the payload names it (Cursor's `parent_conversation_id`);
     /// else the payload's session.
-    pub parent: Option<String>,
+    pub(crate) parent: Option<String>,
 }
 
 /// What one payload becomes.
 #[derive(Default)]
 pub(crate) struct Plan {
-    pub lines: Vec<Out>,
+    pub(crate) lines: Vec<Out>,
     /// Top-level members moved into fields: not copied onto event lines.
-    pub consumed: Vec<&'static str>,
+    pub(crate) consumed: Vec<&'static str>,
     /// A member whose object's members are copied onto event lines in its place, except
     /// `spread_consumed` (Cline's `postToolUse`, Windsurf's `tool_info`).
-    pub spread: Option<&'static str>,
-    pub spread_consumed: Vec<&'static str>,
-    pub subagent: Option<Subagent>,
-    pub time: Option<String>,
+    pub(crate) spread: Option<&'static str>,
+    pub(crate) spread_consumed: Vec<&'static str>,
+    pub(crate) subagent: Option<Subagent>,
+    pub(crate) time: Option<String>,
 }
 
 impl Plan {
-    pub fn push(&mut self, out: Out) -> &mut Plan {
+    pub(crate) fn push(&mut self, out: Out) -> &mut Plan {
         self.lines.push(out);
         self
     }
 
-    pub fn consume(&mut self, members: &[&'static str]) -> &mut Plan {
+    pub(crate) fn consume(&mut self, members: &[&'static str]) -> &mut Plan {
         self.consumed.extend_from_slice(members);
         self
     }
 
     /// A topic line named like the event (the existing scheme).
-    pub fn topic(&mut self, p: &Payload<'_>) -> &mut Plan {
+    pub(crate) fn topic(&mut self, p: &Payload<'_>) -> &mut Plan {
         let segment = p.event.clone();
         self.push(Out::topic(&segment))
     }
 
     /// The subagent of `member`'s string id, when the payload has one.
-    pub fn subagent(&mut self, p: &Payload<'_>, member: &'static str, parent: Option<String>) {
+    pub(crate) fn subagent(
+        &mut self,
+        p: &Payload<'_>,
+        member: &'static str,
+        parent: Option<String>,
+    ) {
         if let Some(id) = p.str_at(&[member]) {
-            self.subagent = Some(Subagent { member, id, parent });
+            self.subagent = Some(Subagent { id, parent });
         }
     }
 }
@@ -174,14 +177,14 @@ fn put(out: &mut String, name: &str, value: &str) {
 /// The counts of a usage object as PRX's token fields, each left out when the agent does not
 /// give it.
 pub(crate) struct Tokens {
-    pub input: Option<u64>,
-    pub output: Option<u64>,
-    pub cache_read: Option<u64>,
-    pub cache_creation: Option<u64>,
+    pub(crate) input: Option<u64>,
+    pub(crate) output: Option<u64>,
+    pub(crate) cache_read: Option<u64>,
+    pub(crate) cache_creation: Option<u64>,
 }
 
 impl Tokens {
-    pub fn fields(&self, out: Out) -> Out {
+    pub(crate) fn fields(&self, out: Out) -> Out {
         let n = |v: Option<u64>| v.map(|n| n.to_string());
         out.field("input_tokens", n(self.input))
             .field("output_tokens", n(self.output))

@@ -28,12 +28,16 @@ const EVENTS: [HookEvent; 22] = [
     ev("SessionStart", H, "topic session_start"),
     ev("SessionEnd", H, "topic session_end").closing(),
     ev("SessionDelete", H, "topic"),
-    // Repeatedly as a reply streams.
-    ev("MessageDisplay", H, "topic").unsubscribed(),
+    ev("MessageDisplay", H, "topic").unsubscribed("fires repeatedly as a reply streams"),
     ev("Stop", H, "turn_complete, agent_end").closing(),
     ev("StopFailure", H, "error, agent_end").closing(),
     ev("SubagentStart", H, "agent_start (the subagent's)"),
-    ev("SubagentStop", H, "turn_complete, agent_end (the subagent's)").closing(),
+    ev(
+        "SubagentStop",
+        H,
+        "turn_complete, agent_end (the subagent's)",
+    )
+    .closing(),
     ev("PreCompact", H, "topic"),
     ev("PostCompact", H, "topic"),
     ev("Notification", H, "topic"),

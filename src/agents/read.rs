@@ -47,27 +47,32 @@ pub(crate) fn place(text: &str, pos: usize) -> (usize, usize) {
 
 /// One payload of an agent's hook: its text, its top-level members and the event it names.
 pub(crate) struct Payload<'a> {
-    pub text: &'a str,
-    pub members: Vec<(Cow<'a, str>, &'a RawValue)>,
+    pub(crate) text: &'a str,
+    pub(crate) members: Vec<(Cow<'a, str>, &'a RawValue)>,
     /// The agent's name for the event (`PostToolUse`).
-    pub event: String,
+    pub(crate) event: String,
 }
 
 impl<'a> Payload<'a> {
     /// Where `raw` (a value of this payload) starts: line and column.
-    pub fn place_of(&self, raw: &RawValue) -> (usize, usize) {
+    pub(crate) fn place_of(&self, raw: &RawValue) -> (usize, usize) {
         let pos = (raw.get().as_ptr() as usize).saturating_sub(self.text.as_ptr() as usize);
         place(self.text, pos)
     }
 
     /// An error at `raw`'s place.
-    pub fn error_at(&self, raw: &RawValue, path: &str, reason: impl Into<String>) -> TranslateError {
+    pub(crate) fn error_at(
+        &self,
+        raw: &RawValue,
+        path: &str,
+        reason: impl Into<String>,
+    ) -> TranslateError {
         let (l, c) = self.place_of(raw);
         TranslateError::at(l, c, path, reason)
     }
 
     /// The top-level member `name`.
-    pub fn get(&self, name: &str) -> Option<&'a RawValue> {
+    pub(crate) fn get(&self, name: &str) -> Option<&'a RawValue> {
         self.members
             .iter()
             .find(|(k, _)| k == name)
@@ -75,12 +80,12 @@ impl<'a> Payload<'a> {
     }
 
     /// Whether the top-level member `name` is present.
-    pub fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
 
     /// The value at `path` (`["llm_request", "model"]`): members of nested objects.
-    pub fn at(&self, path: &[&str]) -> Option<&'a RawValue> {
+    pub(crate) fn at(&self, path: &[&str]) -> Option<&'a RawValue> {
         let (first, rest) = path.split_first()?;
         let mut raw = self.get(first)?;
         for name in rest {
@@ -93,12 +98,12 @@ impl<'a> Payload<'a> {
     }
 
     /// The string at `path`, decoded; `None` when absent or not a string.
-    pub fn str_at(&self, path: &[&str]) -> Option<String> {
+    pub(crate) fn str_at(&self, path: &[&str]) -> Option<String> {
         self.at(path).and_then(string)
     }
 
     /// The boolean at `path`.
-    pub fn bool_at(&self, path: &[&str]) -> Option<bool> {
+    pub(crate) fn bool_at(&self, path: &[&str]) -> Option<bool> {
         match self.at(path)?.get() {
             "true" => Some(true),
             "false" => Some(false),
@@ -107,12 +112,12 @@ impl<'a> Payload<'a> {
     }
 
     /// The non-negative integer at `path` (`12`, not `1.5` or `-1`).
-    pub fn count_at(&self, path: &[&str]) -> Option<u64> {
+    pub(crate) fn count_at(&self, path: &[&str]) -> Option<u64> {
         self.at(path)?.get().parse().ok()
     }
 
     /// The number at `path`, as the agent wrote it.
-    pub fn number_at(&self, path: &[&str]) -> Option<&'a str> {
+    pub(crate) fn number_at(&self, path: &[&str]) -> Option<&'a str> {
         let raw = self.at(path)?.get();
         serde_json::from_str::<serde_json::Number>(raw)
             .is_ok()
@@ -121,31 +126,31 @@ impl<'a> Payload<'a> {
 
     /// A documented string field from the value at `path`: the string as the agent wrote it
     /// (escapes kept), or the JSON text of any other value as a string; `None` when absent.
-    pub fn text_at(&self, path: &[&str]) -> Option<String> {
+    pub(crate) fn text_at(&self, path: &[&str]) -> Option<String> {
         self.at(path).map(text)
     }
 
     /// [`Payload::text_at`] of a member the event needs: its absence is an error.
-    pub fn text(&self, member: &str, field: &str) -> Result<String, TranslateError> {
+    pub(crate) fn text(&self, member: &str, field: &str) -> Result<String, TranslateError> {
         self.get(member)
             .map(text)
             .ok_or_else(|| missing(member, field))
     }
 
     /// A documented JSON field (`arguments`): the value at `path` as it is.
-    pub fn json_at(&self, path: &[&str]) -> Option<String> {
+    pub(crate) fn json_at(&self, path: &[&str]) -> Option<String> {
         self.at(path).map(|raw| raw.get().to_string())
     }
 
     /// [`Payload::json_at`] of a member the event needs.
-    pub fn json(&self, member: &str, field: &str) -> Result<String, TranslateError> {
+    pub(crate) fn json(&self, member: &str, field: &str) -> Result<String, TranslateError> {
         self.json_at(&[member])
             .ok_or_else(|| missing(member, field))
     }
 
     /// A tool's name: the string at `path` (a member the event needs); anything else, or a
     /// string that is not valid Unicode, is an error at its place.
-    pub fn tool_at(&self, path: &[&str]) -> Result<String, TranslateError> {
+    pub(crate) fn tool_at(&self, path: &[&str]) -> Result<String, TranslateError> {
         let name = path.join(".");
         let raw = self.at(path).ok_or_else(|| missing(&name, "tool"))?;
         if !raw.get().starts_with('"') {
@@ -162,14 +167,14 @@ impl<'a> Payload<'a> {
     }
 
     /// The number of elements of the array at `path`.
-    pub fn len_at(&self, path: &[&str]) -> Option<usize> {
+    pub(crate) fn len_at(&self, path: &[&str]) -> Option<usize> {
         serde_json::from_str::<Vec<&RawValue>>(self.at(path)?.get())
             .ok()
             .map(|v| v.len())
     }
 
     /// The elements of the array at `path`.
-    pub fn array_at(&self, path: &[&str]) -> Vec<&'a RawValue> {
+    pub(crate) fn array_at(&self, path: &[&str]) -> Vec<&'a RawValue> {
         self.at(path)
             .and_then(|raw| serde_json::from_str::<Vec<&'a RawValue>>(raw.get()).ok())
             .unwrap_or_default()
@@ -177,7 +182,7 @@ impl<'a> Payload<'a> {
 
     /// The time at `path` as RFC 3339 in UTC (`2026-12-07T10:00:00.5Z`): an RFC 3339 string
     /// (any offset) or a number of milliseconds since the Unix epoch. Anything else: `None`.
-    pub fn time_at(&self, path: &[&str]) -> Option<String> {
+    pub(crate) fn time_at(&self, path: &[&str]) -> Option<String> {
         let raw = self.at(path)?;
         match string(raw) {
             Some(s) => rfc3339_utc(&s),

@@ -13,17 +13,19 @@ use crate::EventKind;
 const C: Handlers = Handlers::COMMAND;
 
 const EVENTS: [HookEvent; 11] = [
-    ev("pre_user_prompt", C, "agent_start"),
-    ev("pre_read_code", C, "tool_call_start"),
-    ev("post_read_code", C, "tool_call"),
-    ev("pre_write_code", C, "tool_call_start"),
-    ev("post_write_code", C, "tool_call"),
-    ev("pre_run_command", C, "tool_call_start"),
-    ev("post_run_command", C, "tool_call"),
-    ev("pre_mcp_tool_use", C, "tool_call_start"),
-    ev("post_mcp_tool_use", C, "tool_call"),
-    ev("post_cascade_response", C, "turn_complete, agent_end").closing(),
-    ev("post_setup_worktree", C, "topic"),
+    ev("pre_user_prompt", C, "agent_start").stdout_unread(),
+    ev("pre_read_code", C, "tool_call_start").stdout_unread(),
+    ev("post_read_code", C, "tool_call").stdout_unread(),
+    ev("pre_write_code", C, "tool_call_start").stdout_unread(),
+    ev("post_write_code", C, "tool_call").stdout_unread(),
+    ev("pre_run_command", C, "tool_call_start").stdout_unread(),
+    ev("post_run_command", C, "tool_call").stdout_unread(),
+    ev("pre_mcp_tool_use", C, "tool_call_start").stdout_unread(),
+    ev("post_mcp_tool_use", C, "tool_call").stdout_unread(),
+    ev("post_cascade_response", C, "turn_complete, agent_end")
+        .stdout_unread()
+        .closing(),
+    ev("post_setup_worktree", C, "topic").stdout_unread(),
 ];
 
 const NAMES: [&str; 11] = subscribed(&EVENTS);

@@ -177,7 +177,7 @@ fn run_hook(command: &str, cwd: &Path, env: &[(&str, &Path)], stdin: &str) {
     ok(&out);
     assert_eq!(
         (text(&out.stdout), text(&out.stderr)),
-        (String::new(), String::new()),
+        ("{}\n".to_string(), String::new()),
         "{command}"
     );
 }

@@ -1,4 +1,4 @@
-//! Every documented event of Claude Code, Codex, Gemini CLI and Cursor (the fixtures of
+//! Every event a hook is written for, of every agent (the fixtures of
 //! `tests/fixtures/agents`) delivered by `prx-hooks send --from AGENT` as the agent's hook
 //! runs it, and Claude Code's also by its `http` hook type (`POST /api/ingest/claude-code`),
 //! to a real `prx-hooks run --listen`: each lifecycle event fires its hook with the agent's
@@ -125,29 +125,55 @@ fn deliver_every_fixture(via_http: bool) {
                 let body = resp.into_body().read_to_string().unwrap();
                 assert_eq!(body, "{}", "the answer is Claude Code's carry on");
                 assert!(outcome == "queued", "{event}: {outcome}");
-            } else if agent == Agent::Codex && event == "agent-turn-complete" {
-                // Codex's notify passes the JSON as the last argument (its hooks: stdin).
-                let s = send(ws.path(), &["--from", "codex", &input], b"");
-                assert_eq!(
-                    (s.code, s.stdout.as_str(), s.stderr.as_str()),
-                    (0, "", ""),
-                    "{event}"
-                );
             } else {
-                let s = send(ws.path(), &["--from", agent.name()], input.as_bytes());
+                let mut args = vec!["--from", agent.name()];
+                // Kiro CLI's payloads carry no session id.
+                if agent == Agent::Kiro {
+                    args.extend(["--session", "kiro-session"]);
+                }
+                let s = send(ws.path(), &args, input.as_bytes());
+                // `{}` where the agent reads a hook's stdout as its answer; never stderr.
+                let answer = if agent.answers_on_stdout() {
+                    "{}\n"
+                } else {
+                    ""
+                };
                 assert_eq!(
                     (s.code, s.stdout.as_str(), s.stderr.as_str()),
-                    (0, "", ""),
+                    (0, answer, ""),
                     "{agent}/{event}"
                 );
             }
-            let t = translate(agent, input.as_bytes(), &TranslateOptions::default()).unwrap();
+            let opts = TranslateOptions {
+                session: (agent == Agent::Kiro).then(|| "kiro-session".to_string()),
+                ..TranslateOptions::default()
+            };
+            let t = translate(agent, input.as_bytes(), &opts).unwrap();
             let input: Value = serde_json::from_str(&input).unwrap();
-            match t.target {
-                Target::Lifecycle(kind) => lifecycle.push((agent, event, kind, input)),
-                Target::Topic(topic) => topical.push((topic, input)),
+            for (line, target) in t.lines() {
+                let line: Value = serde_json::from_str(line).unwrap();
+                match target {
+                    Target::Lifecycle(kind) => lifecycle.push((agent, event, *kind, input.clone())),
+                    Target::Topic(topic) => topical.push((topic.clone(), line["payload"].clone())),
+                }
             }
         }
+    }
+    if !via_http {
+        // Codex's older `notify` passes the JSON as the program's last argument.
+        let input = fixture(Agent::Codex, "agent-turn-complete");
+        let s = send(ws.path(), &["--from", "codex", &input], b"");
+        assert_eq!(
+            (s.code, s.stdout.as_str(), s.stderr.as_str()),
+            (0, "{}\n", "")
+        );
+        let input: Value = serde_json::from_str(&input).unwrap();
+        lifecycle.push((
+            Agent::Codex,
+            "agent-turn-complete",
+            prx_hooks::EventKind::TurnComplete,
+            input,
+        ));
     }
     // Every topic shows in tail, with the agent's whole object.
     for (topic, input) in &topical {

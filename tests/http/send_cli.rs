@@ -238,7 +238,8 @@ fn with_the_server_down_send_spools_exits_0_and_the_next_run_replays_each_event_
         .map(|p| p["output"].as_str().unwrap().into())
         .collect();
     assert_eq!(outputs, ["0", "1", "2", "3"]);
-    assert!(spooled(ws.path()).is_empty());
+    // An entry goes once its events' hooks have finished, a moment after they wrote the log.
+    wait_for("the spool emptied", || spooled(ws.path()).is_empty());
     let (_, report) = server.stop();
     assert_eq!(
         (&report["spool"]["entries"], &report["spool"]["queued"]),
@@ -663,4 +664,97 @@ fn the_address_of_a_server_killed_with_sigkill_gets_no_token() {
         "send connected to the stranger on port {port}"
     );
     assert_eq!(spooled(ws.path()).len(), 1);
+}
+
+/// Gemini CLI reads a hook's stdout as its answer and, when stdout is empty, its stderr: a
+/// `send --from` for an agent that reads stdout answers `{}` there and says nothing on stderr
+/// on every path that succeeded (spooled or delivered), from both programs. Kiro CLI adds a
+/// hook's stdout to the model's context: nothing there. A failed `--strict` send answers
+/// nothing.
+#[test]
+fn send_from_an_agent_that_reads_stdout_answers_an_empty_object_and_keeps_stderr_empty() {
+    let ws = tempfile::tempdir().unwrap();
+    let gemini = r#"{"session_id":"g","hook_event_name":"BeforeTool","timestamp":"2026-12-07T10:00:00.000Z","cwd":"/p","tool_name":"read_file","tool_input":{"absolute_path":"/p/a"}}"#;
+    let kiro = r#"{"hook_event_name":"preToolUse","cwd":"/p","tool_name":"fs_read","tool_input":{"path":"a"}}"#;
+    let programs: [&[&str]; 2] = [&[BIN, "send"], &[SEND_BIN]];
+    let run = |program: &[&str], args: &[&str], stdin: &str| {
+        let s = send_by(program, ws.path(), args, stdin.as_bytes());
+        (s.code, s.stdout, s.stderr)
+    };
+    let answer = |code: i32, stdout: &str| (code, stdout.to_string(), String::new());
+    for program in programs {
+        // No server: spooled, a success.
+        assert_eq!(
+            run(program, &["--from", "gemini-cli"], gemini),
+            answer(0, "{}\n")
+        );
+        assert_eq!(
+            run(program, &["--from", "kiro", "--session", "k"], kiro),
+            answer(0, "")
+        );
+        let (code, stdout, stderr) = run(program, &["--from", "gemini-cli", "--strict"], gemini);
+        assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+        assert!(stderr.contains("spooled to"), "{stderr}");
+    }
+    assert_eq!(spooled(ws.path()).len(), 6);
+    let server = Server::start(ws.path());
+    wait_for("the spool replayed", || spooled(ws.path()).is_empty());
+    for program in programs {
+        assert_eq!(
+            run(program, &["--from", "gemini-cli", "--strict"], gemini),
+            answer(0, "{}\n")
+        );
+        assert_eq!(
+            run(program, &["--from", "kiro", "--session", "k"], kiro),
+            answer(0, "")
+        );
+    }
+    let (code, _) = server.stop();
+    assert_eq!(code, 0);
+}
+
+/// A turn's end is two lines (`turn_complete`, then `agent_end`): spooled while no server
+/// answered, the replay runs both, each once, with the agent's own time where it gives one
+/// (Gemini CLI's `timestamp`).
+#[test]
+fn a_spooled_turns_end_replays_as_turn_complete_then_agent_end() {
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log");
+    let mut hooks = serde_json::Map::new();
+    for event in ["turn_complete", "agent_end"] {
+        let script = format!(
+            "printf '%s %s\\n' {event} \"$ZERO_HOOK_ORIGIN_TIMESTAMP\" >> {}",
+            log.display()
+        );
+        hooks.insert(
+            event.into(),
+            json!([{"command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1}]),
+        );
+    }
+    std::fs::write(
+        ws.path().join("hooks.json"),
+        json!({ "hooks": hooks }).to_string(),
+    )
+    .unwrap();
+    let stop = r#"{"session_id":"g","hook_event_name":"AfterAgent","timestamp":"2026-12-07T10:00:00.250Z","prompt":"hi","prompt_response":"done","stop_hook_active":false}"#;
+    let s = send(ws.path(), &["--from", "gemini-cli"], stop.as_bytes());
+    assert_eq!(
+        (s.code, s.stdout.as_str(), s.stderr.as_str()),
+        (0, "{}\n", "")
+    );
+    assert_eq!(spooled(ws.path()).len(), 1);
+    let server = Server::start(ws.path());
+    wait_for("both hooks", || lines(&log).len() == 2);
+    let mut got = lines(&log);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "agent_end 2026-12-07T10:00:00.250Z",
+            "turn_complete 2026-12-07T10:00:00.250Z"
+        ]
+    );
+    let (code, _) = server.stop();
+    assert_eq!(code, 0);
+    assert_eq!(lines(&log).len(), 2, "each ran once");
 }

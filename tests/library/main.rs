@@ -7,6 +7,7 @@
 #[path = "../support/procs.rs"]
 mod procs;
 
+mod agent_rules;
 mod agents;
 mod config;
 mod config_edit;

@@ -46,14 +46,7 @@ impl Agent {
 
     /// The name people know it by: `Claude Code`.
     pub(crate) fn title(self) -> &'static str {
-        match self {
-            Agent::ClaudeCode => "Claude Code",
-            Agent::Codex => "Codex",
-            Agent::GeminiCli => "Gemini CLI",
-            Agent::Cursor => "Cursor",
-            Agent::QwenCode => "Qwen Code",
-            Agent::FactoryDroid => "Factory Droid",
-        }
+        self.lib().title()
     }
 
     pub(crate) fn from_name(name: &str) -> Option<Agent> {
@@ -196,65 +189,33 @@ impl HookEvent {
     }
 }
 
-/// Events the agents document that `connect` never writes, and why: a hook there takes over
-/// a step of the agent.
-const NEVER: &[(Agent, &str, &str)] = &[
-    (
-        Agent::ClaudeCode,
-        "WorktreeCreate",
-        "a hook there replaces Claude Code's own `git worktree` step and must print the new path",
-    ),
-    (
-        Agent::ClaudeCode,
-        "WorktreeRemove",
-        "a hook there replaces Claude Code's own worktree removal",
-    ),
+/// Events `connect` never writes, even when `--events` names them: a hook there takes over a
+/// step of the agent (the library's note says which).
+const NEVER: &[(Agent, &str)] = &[
+    (Agent::ClaudeCode, "WorktreeCreate"),
+    (Agent::ClaudeCode, "WorktreeRemove"),
 ];
-
-/// Why an event the library does not subscribe to is left out by default.
-const ON_REQUEST: &[(Agent, &str, &str)] = &[
-    (
-        Agent::ClaudeCode,
-        "MessageDisplay",
-        "fires for every batch of streamed lines and holds it until the hook returns",
-    ),
-    (
-        Agent::QwenCode,
-        "MessageDisplay",
-        "fires for every batch of streamed lines and holds it until the hook returns",
-    ),
-    (
-        Agent::Cursor,
-        "workspaceOpen",
-        "new in Cursor 3.6: an older Cursor may refuse the whole file for a name it does not know",
-    ),
-];
-
-/// Names in the library's table that are not events of the agent's hook settings: Codex's
-/// `notify` program's one kind.
-const NOT_IN_SETTINGS: &[(Agent, &str)] = &[(Agent::Codex, "agent-turn-complete")];
 
 /// The table of `agent`, made once from the library's.
 fn table(agent: Agent) -> Vec<HookEvent> {
-    let named = |list: &[(Agent, &str, &'static str)], name: &str| {
-        list.iter()
-            .find(|(a, n, _)| *a == agent && *n == name)
-            .map(|(_, _, why)| *why)
-    };
     agent
         .lib()
         .hook_events()
         .iter()
-        .filter(|e| !NOT_IN_SETTINGS.contains(&(agent, e.name)))
         .map(|e| {
-            let (written, note) = if let Some(why) = named(NEVER, e.name) {
-                (Written::Never, Some(why))
+            let written = if NEVER.contains(&(agent, e.name)) {
+                Written::Never
             } else if e.subscribe {
-                (Written::Yes, None)
+                Written::Yes
             } else {
-                let why = named(ON_REQUEST, e.name)
-                    .unwrap_or("documented, but prx-hooks does not subscribe to it by default");
-                (Written::OnRequest, Some(why))
+                Written::OnRequest
+            };
+            let note = match written {
+                Written::Yes => None,
+                _ => Some(
+                    e.note
+                        .unwrap_or("documented, but no hook is written for it by default"),
+                ),
             };
             HookEvent {
                 name: e.name,
@@ -300,7 +261,7 @@ mod tests {
                 assert_eq!(e.note.is_some(), e.written != Written::Yes, "{}", e.name);
             }
         }
-        for (agent, name, _) in NEVER.iter().chain(ON_REQUEST) {
+        for (agent, name) in NEVER {
             assert!(event(*agent, name).is_some(), "{agent} {name}");
         }
         let closing: Vec<&str> = hook_events(Agent::ClaudeCode)
@@ -319,6 +280,5 @@ mod tests {
             .collect();
         assert_eq!(http_less, ["Setup", "SessionStart"]);
         assert!(event(Agent::Codex, "SessionEnd").is_some_and(|e| e.closes));
-        assert!(event(Agent::Codex, "agent-turn-complete").is_none());
     }
 }

@@ -5,9 +5,11 @@
 //! It is what an agent's hook waits for, so it stays small: no hook system, no config, no
 //! wasmtime; one connection on a current-thread runtime, a bounded read of stdin. It never
 //! fails the agent: anything but `--strict` exits 0, and what went wrong is one line on
-//! stderr. Exit codes: 0 delivered, spooled, or refused (said); with `--strict`, 1 when the
-//! event was not delivered to a server, a line was refused or the server dropped an event;
-//! 64 a usage error (never 2, which agents read as "block").
+//! stderr; a success (a spooled event is one) says nothing there. With `--from`, an agent that
+//! reads a hook's stdout as its answer gets `{}` on stdout whenever `send` exits 0. Exit codes:
+//! 0 delivered, spooled, or refused (said); with `--strict`, 1 when the event was not
+//! delivered to a server, a line was refused or the server dropped an event; 64 a usage error
+//! (never 2, which agents read as "block").
 
 use crate::BoxError;
 use crate::client::{Target, connect, parse_url};
@@ -31,9 +33,11 @@ pub(crate) struct SendArgs {
     /// the last argument.
     #[arg(value_name = "PAYLOAD")]
     payload: Option<String>,
-    /// The input is this agent's own hook payload: claude-code, codex, gemini-cli or cursor
-    /// (translated by the server, docs/agents.md). Without it: NDJSON in the `run --events`
-    /// format, or one event's payload with --event.
+    /// The input is this agent's own hook payload: claude-code, codex, gemini-cli, cursor,
+    /// copilot-cli, cline, qwen-code, factory-droid, windsurf or kiro (translated by the
+    /// server, docs/agents.md; `{}` is printed on stdout for an agent that reads it as the
+    /// hook's answer). Without it: NDJSON in the `run --events` format, or one event's payload
+    /// with --event.
     #[arg(long, value_name = "AGENT", conflicts_with = "event")]
     from: Option<String>,
     /// Send one event of this kind; stdin (or PAYLOAD) is its payload object (empty: `{}`).
@@ -98,6 +102,24 @@ enum Answer {
 }
 
 pub(crate) fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
+    // An agent that reads a hook's stdout as its answer (and Gemini CLI its stderr when stdout
+    // is empty) gets `{}`, "nothing to say", whenever `send` exits 0.
+    let answers = args
+        .from
+        .as_deref()
+        .and_then(prx_hooks::agents::Agent::from_name)
+        .is_some_and(|a| a.answers_on_stdout());
+    let code = deliver_or_spool(args)?;
+    if answers && code == ExitCode::SUCCESS {
+        let mut out = std::io::stdout().lock();
+        // A closed stdout is the agent's business: it must go on.
+        let _ = out.write_all(b"{}\n").and_then(|()| out.flush());
+    }
+    Ok(code)
+}
+
+/// Delivers the input, or spools it: what `send` does but its answer on stdout.
+fn deliver_or_spool(args: SendArgs) -> Result<ExitCode, BoxError> {
     let fail = |strict: bool| ExitCode::from(if strict { 1 } else { 0 });
     // A file size limit (ulimit -f) must give EFBIG, which the spool cleans up after, not
     // kill us mid-write.

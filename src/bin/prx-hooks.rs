@@ -36,8 +36,14 @@ mod client;
 mod connect;
 #[path = "prx-hooks/contain.rs"]
 mod contain;
+#[cfg(feature = "http")]
+#[path = "prx-hooks/doctor.rs"]
+mod doctor;
 #[path = "prx-hooks/fire.rs"]
 mod fire;
+#[cfg(feature = "http")]
+#[path = "prx-hooks/hook_table.rs"]
+mod hook_table;
 #[path = "prx-hooks/init.rs"]
 mod init;
 #[path = "prx-hooks/input.rs"]
@@ -134,6 +140,12 @@ enum Command {
     /// Codex's, Gemini CLI's or Cursor's own settings, keeping everything else byte for byte.
     #[cfg(feature = "http")]
     Connect(connect::ConnectArgs),
+    /// Check that each connected agent's hooks reach the workspace's server: its settings read
+    /// as the agent reads them, events and handler types it runs, trust, the server and its
+    /// token, and what the server last saw of each agent. Exit 0 all good, 1 problems, 2
+    /// cannot check.
+    #[cfg(feature = "http")]
+    Doctor(doctor::DoctorArgs),
 }
 
 /// How hook processes are contained (`run` and `fire`).
@@ -196,6 +208,8 @@ fn main() -> ExitCode {
         Command::Send(args) => send::send(args),
         #[cfg(feature = "http")]
         Command::Connect(args) => connect::connect(args),
+        #[cfg(feature = "http")]
+        Command::Doctor(args) => doctor::doctor(args),
     };
     match result {
         Ok(code) => code,
@@ -234,7 +248,7 @@ fn log_filter(v: &Verbosity, command: &Command) -> tracing_subscriber::EnvFilter
         EnvFilter::new(match command {
             Command::Fire(_) => "warn",
             #[cfg(feature = "http")]
-            Command::Tail(_) | Command::Send(_) => "warn",
+            Command::Tail(_) | Command::Send(_) | Command::Doctor(_) => "warn",
             _ => "info",
         })
     })

@@ -254,6 +254,9 @@ fn flag(key: &str, value: &str) -> Result<bool, ApiError> {
 /// [`agents::translate`](crate::agents::translate) into its lifecycle event or its
 /// `prx.agent.<agent>.<event>` topic, then ingested like a line of `POST /api/events`.
 ///
+/// Each translated payload's event name is recorded as seen for the agent of the route
+/// (`GET /api/agents`, seen.rs).
+///
 /// The answer is the agents' "no decision, carry on" at once: `200 {}`, with the line's
 /// outcome in `X-Prx-Hooks-Outcome` (`queued`, `skipped`, `dropped`, `refused`, `error`). A
 /// payload that cannot be translated is a 400 naming its place (for Claude Code a non-2xx
@@ -302,8 +305,11 @@ pub(crate) async fn agent(
         .map_err(refused)?;
     let small = bytes.len() <= INLINE_BYTES;
     let hooks = api.hooks.clone();
+    let seen = api.clone();
     let work = move || {
         let translated = crate::agents::translate(from, &bytes, &opts)?;
+        // Seen, whatever becomes of the line: `prx-hooks doctor` asks what reached us.
+        seen.seen.record(from, &translated.event);
         let opts = IngestOptions::default().lenient(translated.lenient);
         let mut lines = LineIngest::new(&hooks, opts);
         // Every line the payload makes (a turn's end is `turn_complete` then `agent_end`):

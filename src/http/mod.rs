@@ -20,6 +20,7 @@
 //!              │                   bounded queue per client, a backlog for Last-Event-ID)
 //!              ├─ POST /api/events ─► ingest.rs: NDJSON lines ─► LineIngest ─► the ring
 //!              ├─ POST /api/ingest/{agent} ─► agents::translate ─► one line ─► LineIngest
+//!              │                   (and the agent's event name, last seen: GET /api/agents)
 //!              └─ /api/stats, /api/plugins, /metrics ─► Hooks::stats()
 //! request ─► guard ─► / and /console/* ─► the console page (console.rs: embedded, no token;
 //!                                          its API calls carry the token like any client's)
@@ -47,6 +48,7 @@ mod live;
 mod metrics;
 mod query;
 mod routes;
+mod seen;
 mod server;
 mod status;
 pub mod token;
@@ -59,6 +61,7 @@ pub use events::{
     PLUGIN_INTERVAL, RESERVED_NAMES,
 };
 pub use ingest::{EVENT_ID_HEADER, IngestStats, TIMESTAMP_HEADER};
+pub use seen::{AgentSeen, AgentsReport, EventSeen, KEPT_UNKNOWN_NAMES, UnknownSeen};
 pub use server::{Listen, Server, bind_unix};
 pub use token::{Token, TokenError, TokenSource};
 
@@ -235,6 +238,8 @@ pub(crate) struct Api {
     pub events: events::EventHub,
     /// `POST /api/events`, `POST /api/ingest/{agent}`.
     pub ingest: ingest::IngestCounters,
+    /// What `POST /api/ingest/{agent}` saw of each agent (`GET /api/agents`).
+    pub seen: seen::AgentsSeen,
 }
 
 impl Drop for Api {
@@ -294,6 +299,7 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         conns,
         events,
         ingest: ingest::IngestCounters::default(),
+        seen: seen::AgentsSeen::new(),
     });
     // The route table (routes.rs): add a route here, with its handlers, and the 404's list
     // and its 405 name it by themselves.
@@ -315,6 +321,7 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         .route("/api/stats", get(status::stats))
         .route("/api/events", get(events::stream).post(ingest::post))
         .route("/api/ingest/{agent}", post(ingest::agent))
+        .route("/api/agents", get(seen::list))
         .route("/metrics", get(metrics::render))
         .into_parts();
     let (console, console_listed) = console::routes().into_parts();

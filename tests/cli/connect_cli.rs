@@ -20,10 +20,22 @@ fn prx(args: &[&str], cwd: &Path, home: &Path) -> Output {
         .args(args)
         .current_dir(cwd)
         .env("HOME", home)
+        .env("PATH", path_with_bins())
         .env_remove("CODEX_HOME")
         .env_remove("PRX_HOOKS_TOKEN")
         .output()
         .unwrap()
+}
+
+/// The directory of the binaries under test first on `PATH` (as after `cargo install`).
+fn path_with_bins() -> String {
+    let bins = Path::new(BIN)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    format!("{bins}:/usr/bin:/bin")
 }
 
 fn text(b: &[u8]) -> String {
@@ -66,11 +78,16 @@ fn setup(ws_name: &str) -> Setup {
 }
 
 impl Setup {
+    /// `prx-hooks ARGS`, connecting (not with `--remove`) to the workspace, which lies outside
+    /// the project: with `--absolute` (the committable form has tests of its own).
     fn run(&self, args: &[&str]) -> Output {
         let mut all = args.to_vec();
         let ws = self.ws.to_str().unwrap();
         if !args.contains(&"--remove") && !args.contains(&"--workspace") {
             all.extend(["--workspace", ws]);
+        }
+        if !args.contains(&"--remove") && args.first() == Some(&"connect") {
+            all.push("--absolute");
         }
         prx(&all, &self.project, &self.home)
     }
@@ -180,7 +197,14 @@ fn connect_keeps_the_users_settings_byte_for_byte_twice_changes_nothing_and_remo
         assert_eq!(ours.as_object().unwrap().len(), 1, "{event}: {ours}");
         let entry = &ours["hooks"][0];
         assert_eq!(entry["type"], "command", "{event}");
-        assert_eq!(entry["async"], true, "{event}");
+        // Where a turn or the session ends Claude Code waits for it (5 s at most); elsewhere
+        // it runs it in the background.
+        if ["Stop", "SubagentStop", "StopFailure", "SessionEnd"].contains(&event) {
+            assert_eq!(entry.get("async"), None, "{event}");
+            assert_eq!(entry["timeout"], 5, "{event}");
+        } else {
+            assert_eq!(entry["async"], true, "{event}");
+        }
         let cmd = entry["command"].as_str().unwrap();
         assert_eq!(
             sh_words(cmd),
@@ -373,9 +397,13 @@ fn invalid_json_is_refused_with_file_line_column_and_left_untouched() {
     let s = setup("ws");
     let file = settings(&s);
     for (content, at, reason) in [
-        ("{\n  \"a\": 1,\n}\n", (3, 1), "expected a member name"),
+        (
+            "{\n  \"a\": 1,\n}\n",
+            (2, 9),
+            "a comma before the closing bracket",
+        ),
         ("{\"hooks\": {\"Stop\": [}}", (1, 21), "expected a value"),
-        ("{\"a\": \"unterminated\n", (1, 20), "control character"),
+        ("{\"a\": \"unterminated\n", (1, 7), "unterminated string"),
         ("{} trailing", (1, 4), "unexpected text"),
         ("{\n  // a comment\n}", (2, 3), "a comment: JSON has none"),
         (
@@ -396,14 +424,30 @@ fn invalid_json_is_refused_with_file_line_column_and_left_untouched() {
         (1, 15),
         "expected a member name",
     );
-    let codex = s.home.join(".codex/config.toml");
+    let codex = s.home.join(".codex/hooks.json");
     refused(
         &s,
         "codex",
         &codex,
-        "# mine\nmodel = \n",
-        (2, 9),
-        "string values must be quoted",
+        "{\"hooks\": {\"Stop\": [}}",
+        (1, 21),
+        "expected a value",
+    );
+    // Codex's config.toml (--notify), with toml_edit's reason.
+    let config = s.home.join(".codex/config.toml");
+    std::fs::write(&config, "# mine\nmodel = \n").unwrap();
+    let ws = s.ws.to_str().unwrap();
+    let out = s.run(&["connect", "codex", "--notify", "--workspace", ws]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with(&format!("{}:2:9: ", config.display()))
+            && err.contains("string values must be quoted"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        "# mine\nmodel = \n"
     );
 }
 
@@ -518,11 +562,12 @@ fn gemini_cli_keeps_comments_and_its_disabled_list() {
     std::fs::write(&file, mine).unwrap();
     let out = s.run(&["connect", "gemini-cli"]);
     ok(&out);
+    let said = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("Enable Hooks System"),
-        "{}",
-        text(&out.stderr)
+        said.contains("hooksConfig.enabled") && said.contains("trust"),
+        "{said}"
     );
+    assert!(!said.contains("Enable Hooks System"), "{said}");
     let written = std::fs::read_to_string(&file).unwrap();
     assert!(
         written.starts_with("{\n  // my theme\n  \"ui\": {\"theme\": \"GitHub\"}, /* why */\n"),
@@ -570,13 +615,13 @@ fn gemini_cli_keeps_comments_and_its_disabled_list() {
 }
 
 #[test]
-fn codex_notify_goes_into_the_users_config_toml_with_its_comments_kept() {
+fn codex_notify_goes_into_the_users_config_toml_with_its_comments_kept_when_asked() {
     let s = setup("ws");
     let file = s.home.join(".codex/config.toml");
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     let mine = "# Codex, mine\nmodel = \"o3\"   # the best one\napproval_policy = \"on-request\"\n\n# MCP servers\n[mcp_servers.docs]\ncommand = \"npx\"\nargs = [\"-y\", \"docs-mcp\"]\n";
     std::fs::write(&file, mine).unwrap();
-    let out = s.run(&["connect", "codex"]);
+    let out = s.run(&["connect", "codex", "--notify"]);
     ok(&out);
     let written = std::fs::read_to_string(&file).unwrap();
     let doc: toml::Table = toml::from_str(&written).unwrap();
@@ -599,13 +644,13 @@ fn codex_notify_goes_into_the_users_config_toml_with_its_comments_kept() {
     // notify is a top-level key: it must come before the first table.
     let at = |p: &str| written.find(p).unwrap();
     assert!(at("notify = ") < at("[mcp_servers.docs]"), "{written}");
-    ok(&s.run(&["connect", "codex"]));
+    ok(&s.run(&["connect", "codex", "--notify"]));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), written);
-    ok(&s.run(&["connect", "codex", "--remove"]));
+    ok(&s.run(&["connect", "codex", "--notify", "--remove"]));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), mine);
 
     // A project's config.toml cannot run notify: refused, nothing made.
-    let out = s.run(&["connect", "codex", "--scope", "project"]);
+    let out = s.run(&["connect", "codex", "--notify", "--scope", "project"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out.stderr).contains("--scope user"),
@@ -622,7 +667,7 @@ fn codex_refuses_to_replace_another_notify_program_unless_forced() {
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     let mine = "model = \"o3\"\nnotify = [\"python3\", \"/home/me/notify.py\"] # desktop\n";
     std::fs::write(&file, mine).unwrap();
-    let out = s.run(&["connect", "codex"]);
+    let out = s.run(&["connect", "codex", "--notify"]);
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert!(
@@ -635,11 +680,11 @@ fn codex_refuses_to_replace_another_notify_program_unless_forced() {
     assert!(err.contains("--force"), "{err}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), mine);
     // --remove leaves someone else's notify.
-    let out = s.run(&["connect", "codex", "--remove"]);
+    let out = s.run(&["connect", "codex", "--notify", "--remove"]);
     ok(&out);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), mine);
     // --force: replaced, the trailing comment kept, the old line in the backup.
-    let out = s.run(&["connect", "codex", "--force"]);
+    let out = s.run(&["connect", "codex", "--notify", "--force"]);
     ok(&out);
     let written = std::fs::read_to_string(&file).unwrap();
     assert!(
@@ -654,7 +699,7 @@ fn codex_refuses_to_replace_another_notify_program_unless_forced() {
     // $CODEX_HOME is where Codex looks when it is set.
     let other = s.home.join("codex-home");
     let out = Command::new(BIN)
-        .args(["connect", "codex", "--workspace"])
+        .args(["connect", "codex", "--notify", "--workspace"])
         .arg(&s.ws)
         .env("HOME", &s.home)
         .env("CODEX_HOME", &other)
@@ -683,7 +728,15 @@ fn usage_errors_exit_2_and_write_nothing() {
         ),
         (
             vec!["connect", "claude-code", "--force"],
-            "--force is for codex",
+            "--force is for codex --notify",
+        ),
+        (
+            vec!["connect", "claude-code", "--events", "WorktreeCreate"],
+            "never written",
+        ),
+        (
+            vec!["connect", "cursor", "--notify"],
+            "--notify is for codex",
         ),
     ] {
         let out = s.run(&args);
@@ -834,9 +887,9 @@ fn run_hook(command: &str, stdin: &str) {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     ok(&out);
-    // Nothing on stdout: agents read a hook's stdout as its answer; nothing on stderr when
-    // the server took the event (send says why it spooled one there).
-    assert_eq!(text(&out.stdout), "", "{command}");
+    // `{}` on stdout, "no decision": these agents read a hook's stdout as its answer;
+    // nothing on stderr on a path that succeeded.
+    assert_eq!(text(&out.stdout), "{}\n", "{command}");
     assert_eq!(text(&out.stderr), "", "{command}");
 }
 
@@ -882,8 +935,15 @@ fn the_written_entries_deliver_each_agents_events_to_a_running_server() {
     let m = server.expect("prx.lifecycle.turn_complete");
     assert_eq!(m["agent"], "cursor");
 
-    // Codex runs notify's argv itself (no shell), the JSON as its last argument.
+    // Codex's hooks: a command with the payload on stdin, as the others.
     ok(&s.run(&["connect", "codex"]));
+    let cmd = hook_of(&s.home.join(".codex/hooks.json"), "PostToolUse", true);
+    run_hook(&cmd, &fixture("codex", "PostToolUse"));
+    let m = server.expect("prx.lifecycle.tool_call");
+    assert_eq!(m["agent"], "codex");
+
+    // Codex runs notify's argv itself (no shell), the JSON as its last argument.
+    ok(&s.run(&["connect", "codex", "--notify"]));
     let doc: toml::Table =
         toml::from_str(&std::fs::read_to_string(s.home.join(".codex/config.toml")).unwrap())
             .unwrap();
@@ -1016,7 +1076,8 @@ fn without_prx_hooks_send_beside_it_connect_writes_prx_hooks_send_and_both_are_o
     let out = (0..100)
         .find_map(|_| {
             match Command::new(&copy)
-                .args(["connect", "claude-code", "--events", "Stop", "--workspace"])
+                .args(["connect", "claude-code", "--events", "Stop", "--absolute"])
+                .arg("--workspace")
                 .arg(&s.ws)
                 .current_dir(&s.project)
                 .env("HOME", &s.home)

@@ -18,7 +18,13 @@ mod agent_cli;
 mod cli;
 #[cfg(feature = "http")]
 mod connect_cli;
+#[cfg(feature = "http")]
+mod connect_safety;
+#[cfg(feature = "http")]
+mod connect_tables;
 mod containment;
+#[cfg(feature = "http")]
+mod doctor_cli;
 mod hooks_e2e;
 mod init_cli;
 mod run_input;

@@ -3,47 +3,57 @@
 //! The entries make Claude Code, Codex, Gemini CLI or Cursor feed a workspace's server
 //! (docs/connect.md).
 //!
-//! The user's settings stay byte for byte: JSON is edited at the spans of the members and
-//! elements that change ([`json`], connect_json.rs), Codex's TOML through `toml_edit`, which
-//! keeps comments and layout. Our entries are found again by what they run ([`agents`]), so
-//! `connect` twice writes nothing the second time and `--remove` takes out exactly ours. A
-//! changed file is backed up first (`<file>.prx-hooks.bak`), then replaced whole: a
-//! temporary file in the same directory, synced, renamed over it with the old file's mode.
+//! The user's settings stay byte for byte: JSON is read by `jsonc-parser` and edited at the
+//! spans of the members and elements that change ([`json`], connect_json.rs), Codex's TOML
+//! through `toml_edit`, which keeps comments and layout. Our entries are found again by what
+//! they run ([`agents`]), so `connect` twice writes nothing the second time and `--remove`
+//! takes out exactly ours. A changed file is backed up first (`<file>.prx-hooks.bak`), then
+//! replaced whole so that a save the agent makes meanwhile is never lost ([`write`]).
 
 #[path = "connect_agents.rs"]
-mod agents;
+pub(crate) mod agents;
 #[path = "connect_json.rs"]
-mod json;
+pub(crate) mod json;
+#[path = "connect_write.rs"]
+pub(crate) mod write;
 
 use crate::BoxError;
-use agents::{Agent, Hook, Notify, Refusal, Want};
+use crate::hook_table::{self, Agent, Handler, HookEvent, Written};
+use agents::{Hook, Notify, Refusal, Want};
 use clap::{Args, ValueEnum};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Args)]
 #[command(after_help = "\
 Files (project scope: in --project, default the current directory; user scope: in $HOME):
-  claude-code  .claude/settings.json   a command hook (async) per event, or with --http an http hook
-  codex        .codex/config.toml      notify = [<this binary>, \"send\", \"--from\", \"codex\", ...]
-                                       (user scope only: Codex ignores notify in a project; $CODEX_HOME is honoured)
+  claude-code  .claude/settings.json   a command hook per event (async, but where a turn or the
+                                       session ends), or with --http an http hook
+  codex        ~/.codex/hooks.json     a command hook per event (user scope by default;
+                                       $CODEX_HOME is honoured); with --notify, notify in
+                                       ~/.codex/config.toml instead
   gemini-cli   .gemini/settings.json   a command hook per event
   cursor       .cursor/hooks.json      a command hook per event
+  qwen-code    .qwen/settings.json     a command hook per event
+  factory-droid .factory/hooks.json    a command hook per event
+
+In a project file the command is prx-hooks-send as found on PATH and the workspace is written
+relative to the project (\"${CLAUDE_PROJECT_DIR:-.}\"/ws): the file can be committed. --absolute
+writes this machine's paths instead (as user scope does).
 
 Exit codes:
   0  connected, removed, or nothing to change (with --dry-run: the diff is on stdout)
   2  nothing written: a usage error, a settings file that is not valid JSON/TOML
      (FILE:LINE:COL: reason), a value of the wrong shape (FILE:LINE:COL: path: reason),
      Codex's notify already running another program (without --force), no TCP address for
-     --http, or an I/O error")]
+     --http, prx-hooks-send not on PATH or a workspace outside the project (without
+     --absolute), a file the agent kept saving, or an I/O error")]
 pub(crate) struct ConnectArgs {
-    /// The agent: claude-code, codex, gemini-cli or cursor.
+    /// The agent: claude-code, codex, gemini-cli, cursor, qwen-code or factory-droid.
     #[arg(value_name = "AGENT")]
     agent: String,
     /// The workspace the agent's events go to (its server's .prx-hooks/address and token, its
-    /// spool); written into the hook as an absolute path.
+    /// spool).
     #[arg(long, default_value = ".")]
     workspace: PathBuf,
     /// project: the settings file in --project; user: the one in $HOME. Default: project
@@ -53,6 +63,10 @@ pub(crate) struct ConnectArgs {
     /// The project whose settings to edit (project scope).
     #[arg(long, value_name = "DIR", default_value = ".")]
     project: PathBuf,
+    /// Write this machine's absolute paths (the program and the workspace) into a project
+    /// file, instead of prx-hooks-send on PATH and a workspace relative to the project.
+    #[arg(long)]
+    absolute: bool,
     /// Print what would change as a diff (-/+ lines) and write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -61,12 +75,18 @@ pub(crate) struct ConnectArgs {
     remove: bool,
     /// Claude Code only: an http hook posting to URL/api/ingest/claude-code instead of a
     /// command (URL default: the workspace's running server, when it listens on TCP).
+    /// SessionStart and Setup keep a command: Claude Code runs no http hook there.
     #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
     http: Option<String>,
-    /// Only these events (comma-separated; default every event the agent documents).
+    /// Only these events (comma-separated; default every event written by default,
+    /// docs/connect.md).
     #[arg(long, value_name = "EVENT,…", value_delimiter = ',')]
     events: Vec<String>,
-    /// Codex: replace a notify program that is not ours (it stays in the backup).
+    /// Codex: its older `notify` program in config.toml instead of its hooks (a fallback for
+    /// a Codex without hooks; it sees only the end of each turn).
+    #[arg(long)]
+    notify: bool,
+    /// Codex --notify: replace a notify program that is not ours (it stays in the backup).
     #[arg(long)]
     force: bool,
 }
@@ -77,8 +97,8 @@ enum Scope {
     User,
 }
 
-/// Settings files larger than this are refused (they are a few KiB).
-const MAX_SETTINGS_BYTES: u64 = 16 << 20;
+/// How often a file the agent keeps saving is read and edited again.
+const ATTEMPTS: usize = 3;
 
 /// One line on stderr, prefixed.
 fn note(message: impl std::fmt::Display) {
@@ -95,53 +115,97 @@ fn refused(file: &Path, text: &str, r: &Refusal) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// What `connect` was asked, checked.
+struct Plan {
+    agent: Agent,
+    scope: Scope,
+    events: Vec<&'static HookEvent>,
+    /// The settings file named, and the one written (a link followed).
+    file: PathBuf,
+    target: PathBuf,
+    /// What our entries run (none with `--remove`), and Codex's notify argv.
+    hook: Option<Hook>,
+    argv: Vec<String>,
+    workspace: Option<PathBuf>,
+}
+
 /// `connect`: checks the flags, makes the hook entry, edits the settings file at the spans
 /// that change, and writes it (backed up first) or, with `--dry-run`, shows the diff.
 pub(crate) fn connect(args: ConnectArgs) -> Result<ExitCode, BoxError> {
     let (agent, scope) = agent_and_scope(&args)?;
     let events = pick_events(agent, &args)?;
     let file = settings_path(agent, scope, &args)?;
-    let (workspace, argv, hook) = hook_for(agent, &args)?;
-
-    // The file as it is (a link is followed: the file it points to is edited, the link stays).
+    // A link is followed: the file it points to is edited, the link stays.
     let target = match std::fs::symlink_metadata(&file) {
         Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(&file)
             .map_err(|e| format!("connect: {} is a link to nothing: {e}", file.display()))?,
         _ => file.clone(),
     };
-    let before = read_settings(&target)?;
-    let old = before.as_deref().unwrap_or(agent.skeleton());
-    let old = if old.trim().is_empty() && agent != Agent::Codex {
-        agent.skeleton()
+    let (workspace, hook, argv) = if args.remove {
+        (None, None, Vec::new())
     } else {
-        old
+        let (ws, hook, argv) = hook_for(agent, scope, &args)?;
+        (Some(ws), Some(hook), argv)
     };
+    let plan = Plan {
+        agent,
+        scope,
+        events,
+        file,
+        target,
+        hook,
+        argv,
+        workspace,
+    };
+    for _ in 0..ATTEMPTS {
+        if let Some(code) = attempt(&plan, &args)? {
+            return Ok(code);
+        }
+        note(format!(
+            "{} changed while connect ran (the agent saved it): reading it again",
+            plan.file.display()
+        ));
+    }
+    Err(format!(
+        "connect: {} kept changing while connect ran ({ATTEMPTS} times): nothing of ours was written; run connect again when the agent is not saving it",
+        plan.file.display()
+    )
+    .into())
+}
 
-    let edited = if agent == Agent::Codex {
-        edit_codex(old, &argv, &args, &file)
+/// One read, edit and write; `None` when the file changed before it could be written.
+fn attempt(plan: &Plan, args: &ConnectArgs) -> Result<Option<ExitCode>, BoxError> {
+    let notify = plan.agent == Agent::Codex && args.notify;
+    let skeleton = agents::skeleton(plan.agent, notify);
+    let current = write::read_settings(&plan.target)?;
+    let old = match current.text.as_deref() {
+        Some(t) if notify || !t.trim().is_empty() => t,
+        _ => skeleton,
+    };
+    let edited = if notify {
+        edit_codex(old, &plan.argv, args, &plan.file)
     } else {
-        let want = if args.remove {
-            Want::Remove
-        } else {
-            Want::Connect {
-                events: &events,
-                entry: agents::entry(agent, &hook),
-            }
+        let want = match &plan.hook {
+            Some(hook) => Want::Connect {
+                events: &plan.events,
+                hook,
+            },
+            None => Want::Remove,
         };
-        agents::apply_json(old, agent, &want)
+        agents::apply_json(old, plan.agent, &want)
     };
     let (after, replaced) = match edited {
         Ok(edited) => edited,
-        Err(r) => return Ok(refused(&file, old, &r)),
+        Err(r) => return Ok(Some(refused(&plan.file, old, &r))),
     };
     let change = Change {
-        file,
-        target,
-        before,
+        before: current.text.clone(),
         after,
         replaced,
+        gone: args.remove && replaced > 0 && current.text.is_some(),
     };
-    write_change(agent, &args, &change, &events, &hook, workspace.as_deref())
+    let gone = change.gone && change.after == skeleton;
+    write_change(plan, args, &change, &current, gone)
 }
 
 /// The agent, and the scope (default: project, user for Codex); the flags that do not go
@@ -149,24 +213,23 @@ pub(crate) fn connect(args: ConnectArgs) -> Result<ExitCode, BoxError> {
 fn agent_and_scope(args: &ConnectArgs) -> Result<(Agent, Scope), BoxError> {
     let Some(agent) = Agent::from_name(&args.agent) else {
         return Err(format!(
-            "connect: unknown agent {:?}: claude-code, codex, gemini-cli or cursor",
-            args.agent
+            "connect: unknown agent {:?}: {}",
+            args.agent,
+            Agent::names()
         )
         .into());
     };
-    let scope = args.scope.unwrap_or(if agent == Agent::Codex {
-        Scope::User
-    } else {
-        Scope::Project
-    });
-    if agent == Agent::Codex && scope == Scope::Project {
-        return Err("connect codex: Codex ignores `notify` in a project's .codex/config.toml (it runs machine-local commands only from ~/.codex/config.toml): use --scope user".into());
+    let codex = agent == Agent::Codex;
+    let scope = args
+        .scope
+        .unwrap_or(if codex { Scope::User } else { Scope::Project });
+    if codex && args.notify && scope == Scope::Project {
+        return Err("connect codex --notify: Codex ignores `notify` in a project's .codex/config.toml (it runs machine-local commands only from ~/.codex/config.toml): use --scope user".into());
     }
     if args.http.is_some() && agent != Agent::ClaudeCode {
         return Err(format!(
-            "connect {}: --http is for Claude Code only (its `http` hook type); {} runs command hooks: leave --http out",
-            agent.name(),
-            agent.name()
+            "connect {agent}: --http is for Claude Code only (its `http` hook type); {} runs command hooks: leave --http out",
+            agent.title()
         )
         .into());
     }
@@ -175,31 +238,43 @@ fn agent_and_scope(args: &ConnectArgs) -> Result<(Agent, Scope), BoxError> {
             "connect: --remove takes out our entries whatever they are; leave --http out".into(),
         );
     }
-    if args.force && agent != Agent::Codex {
-        return Err("connect: --force is for codex (its one notify program)".into());
+    if args.notify && !codex {
+        return Err("connect: --notify is for codex (its older notify program)".into());
+    }
+    if args.force && !(codex && args.notify) {
+        return Err("connect: --force is for codex --notify (its one notify program)".into());
     }
     Ok((agent, scope))
 }
 
-/// `--events`, each checked against the agent's documented events; default all of them.
-fn pick_events(agent: Agent, args: &ConnectArgs) -> Result<Vec<&'static str>, BoxError> {
+/// `--events`, each checked against the agent's events; default those written by default.
+fn pick_events(agent: Agent, args: &ConnectArgs) -> Result<Vec<&'static HookEvent>, BoxError> {
+    let all = hook_table::hook_events(agent);
     if args.events.is_empty() {
-        return Ok(agent.events());
+        return Ok(all.iter().filter(|e| e.written == Written::Yes).collect());
     }
-    if agent == Agent::Codex {
+    if args.notify {
         return Err(
-            "connect codex: --events does not apply: Codex's notify has no events to pick".into(),
+            "connect codex --notify: --events does not apply: notify has no events to pick".into(),
         );
     }
     let mut picked = Vec::new();
-    for e in &args.events {
-        match agent.events().iter().find(|k| *k == e) {
-            Some(k) => picked.push(*k),
-            None => {
+    for name in &args.events {
+        match hook_table::event(agent, name) {
+            Some(e) if e.written == Written::Never => {
                 return Err(format!(
-                    "connect {}: --events: unknown event {e:?}; the documented ones: {}",
-                    agent.name(),
-                    agent.events().join(", ")
+                    "connect {agent}: --events: {name} is never written: {}",
+                    e.note.unwrap_or_default()
+                )
+                .into());
+            }
+            Some(e) => picked.push(e),
+            None => {
+                let names: Vec<&str> = all.iter().map(|e| e.name).collect();
+                return Err(format!(
+                    "connect {agent}: --events: unknown event {name:?}; {}'s events: {}",
+                    agent.title(),
+                    names.join(", ")
                 )
                 .into());
             }
@@ -208,81 +283,155 @@ fn pick_events(agent: Agent, args: &ConnectArgs) -> Result<Vec<&'static str>, Bo
     Ok(picked)
 }
 
-/// The settings file to edit: in `--project` or in the user's directory.
-fn settings_path(agent: Agent, scope: Scope, args: &ConnectArgs) -> Result<PathBuf, BoxError> {
-    let base = match scope {
-        Scope::Project => {
-            if !args.project.is_dir() {
-                return Err(format!(
-                    "connect: --project {}: not a directory",
-                    args.project.display()
-                )
-                .into());
-            }
-            std::fs::canonicalize(&args.project)?
-        }
-        Scope::User => user_dir(agent)?,
-    };
-    Ok(match (agent, scope) {
-        (Agent::Codex, Scope::User) if std::env::var_os("CODEX_HOME").is_some() => {
-            base.join("config.toml")
-        }
-        _ => base.join(agent.settings_file()),
-    })
+/// `$CODEX_HOME`, or `~/.codex` when it is unset or empty (as Codex reads it).
+pub(crate) fn codex_home() -> Result<PathBuf, BoxError> {
+    match std::env::var_os("CODEX_HOME").filter(|h| !h.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h)),
+        None => Ok(home()?.join(".codex")),
+    }
 }
 
-/// The workspace (none with `--remove`), the `send` command line that feeds it, and the
-/// hook entry: that command, or with `--http` the URL.
+/// `$HOME`.
+pub(crate) fn home() -> Result<PathBuf, BoxError> {
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h)),
+        None => Err("$HOME is not set: the user's settings cannot be found".into()),
+    }
+}
+
+/// The settings file to edit: in `--project` or in the user's directory.
+fn settings_path(agent: Agent, scope: Scope, args: &ConnectArgs) -> Result<PathBuf, BoxError> {
+    let rel = agents::settings_file(agent, args.notify);
+    match (scope, agent) {
+        (Scope::Project, _) => Ok(project_dir(&args.project)?.join(rel)),
+        (Scope::User, Agent::Codex) => {
+            Ok(codex_home()?.join(Path::new(rel).file_name().unwrap_or_default()))
+        }
+        (Scope::User, _) => Ok(home()?.join(rel)),
+    }
+}
+
+fn project_dir(project: &Path) -> Result<PathBuf, BoxError> {
+    if !project.is_dir() {
+        return Err(format!("connect: --project {}: not a directory", project.display()).into());
+    }
+    Ok(std::fs::canonicalize(project)?)
+}
+
+/// The workspace, what our entries run, and Codex's notify argv (absolute paths: config.toml
+/// is the user's own).
 fn hook_for(
     agent: Agent,
+    scope: Scope,
     args: &ConnectArgs,
-) -> Result<(Option<PathBuf>, Vec<String>, Hook), BoxError> {
-    let workspace = if args.remove {
-        None
+) -> Result<(PathBuf, Hook, Vec<String>), BoxError> {
+    if !args.workspace.is_dir() {
+        return Err(format!(
+            "connect: workspace {} is not a directory (make it with `prx-hooks init {}`)",
+            args.workspace.display(),
+            args.workspace.display()
+        )
+        .into());
+    }
+    let ws = std::fs::canonicalize(&args.workspace)?;
+    let here = this_program()?;
+    let from = ["--from".to_string(), agent.name().to_string()];
+    let absolute = scope == Scope::User || args.absolute;
+    let argv: Vec<String> = [
+        here.clone(),
+        from.to_vec(),
+        vec!["--workspace".into(), ws.to_string_lossy().into_owned()],
+    ]
+    .concat();
+    let command = if absolute {
+        quoted(&argv)
     } else {
-        if !args.workspace.is_dir() {
-            return Err(format!(
-                "connect: workspace {} is not a directory (make it with `prx-hooks init {}`)",
-                args.workspace.display(),
-                args.workspace.display()
-            )
-            .into());
-        }
-        Some(std::fs::canonicalize(&args.workspace)?)
+        let project = project_dir(&args.project)?;
+        let program = on_path()?;
+        format!(
+            "{} {} --workspace {}",
+            quoted(&program),
+            quoted(&from),
+            relative_workspace(agent, &ws, &project)?
+        )
     };
+    let http = match &args.http {
+        Some(url) => Some(http_url(url, &ws)?),
+        None => None,
+    };
+    Ok((ws, Hook { command, http }, argv))
+}
+
+fn quoted(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| agents::shell_quote(w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// This program as a command: `prx-hooks-send` beside it when it is there (it starts in half
+/// the time, and the agent waits for every call: docs/ingest.md § Start-up), else itself and
+/// `send`.
+fn this_program() -> Result<Vec<String>, BoxError> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("connect: cannot find this program's own path: {e}"))?;
-    // `prx-hooks-send` beside this program starts faster than `prx-hooks send`: the agent
-    // waits for every call (docs/ingest.md § Start-up).
     let small = exe.with_file_name("prx-hooks-send");
-    let command = if small.is_file() {
+    Ok(if small.is_file() {
         vec![small.to_string_lossy().into_owned()]
     } else {
         vec![exe.to_string_lossy().into_owned(), "send".into()]
+    })
+}
+
+/// The program by name, as `PATH` finds it: `prx-hooks-send`, else `prx-hooks send`.
+fn on_path() -> Result<Vec<String>, BoxError> {
+    if find_on_path("prx-hooks-send").is_some() {
+        return Ok(vec!["prx-hooks-send".into()]);
+    }
+    if find_on_path("prx-hooks").is_some() {
+        return Ok(vec!["prx-hooks".into(), "send".into()]);
+    }
+    Err("connect: neither prx-hooks-send nor prx-hooks is on PATH: a project file names the program and each machine's PATH finds it. Install it (`cargo install --path .` puts both in ~/.cargo/bin), or pass --absolute to write this machine's path (the file is then for this machine only), or use --scope user".into())
+}
+
+/// Where `PATH` finds the executable `name`.
+pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The workspace as a shell word relative to the project: `"${CLAUDE_PROJECT_DIR:-.}"/ws`
+/// (the agent sets the variable for its hooks; without it, the directory the hook runs in).
+fn relative_workspace(agent: Agent, ws: &Path, project: &Path) -> Result<String, BoxError> {
+    let Some(var) = agent.project_dir_var() else {
+        return Err(format!(
+            "connect {agent}: {} gives its hooks no project directory (they run in the session's directory): a project file would hold this machine's path to the workspace; pass --absolute, or use --scope user (the default)",
+            agent.title()
+        )
+        .into());
     };
-    let argv: Vec<String> = match &workspace {
-        Some(ws) => [
-            command,
-            vec![
-                "--from".into(),
-                agent.name().into(),
-                "--workspace".into(),
-                ws.to_string_lossy().into_owned(),
-            ],
-        ]
-        .concat(),
-        None => Vec::new(),
+    let Ok(rel) = ws.strip_prefix(project) else {
+        return Err(format!(
+            "connect: the workspace {} is outside the project {}: a project file would hold this machine's path. Make the workspace inside the project (`prx-hooks init {}/prx`), or pass --absolute (the file is then for this machine only), or use --scope user",
+            ws.display(),
+            project.display(),
+            project.display()
+        )
+        .into());
     };
-    let hook = match (&args.http, &workspace) {
-        (Some(url), Some(ws)) => Hook::Http(http_url(url, ws)?),
-        _ => Hook::Command(
-            argv.iter()
-                .map(|w| agents::shell_quote(w))
-                .collect::<Vec<_>>()
-                .join(" "),
-        ),
-    };
-    Ok((workspace, argv, hook))
+    let base = format!("\"${{{var}:-.}}\"");
+    Ok(if rel.as_os_str().is_empty() {
+        base
+    } else {
+        format!("{base}/{}", agents::shell_quote(&rel.to_string_lossy()))
+    })
 }
 
 /// Codex's config.toml with our `notify` set (with `--remove`: taken out), and how many of
@@ -294,217 +443,243 @@ fn edit_codex(
     args: &ConnectArgs,
     file: &Path,
 ) -> Result<(String, usize), Refusal> {
-    let mut replaced = 0;
     let (mut doc, state) = agents::parse_toml(old, argv)?;
     let after = match (state, args.remove) {
-        (Notify::Missing, true) => old.to_string(),
+        (Notify::Missing, true) => return Ok((old.to_string(), 0)),
         (Notify::Other { shown, .. }, true) => {
             note(format!(
                 "{}: notify runs {shown}, not prx-hooks: left as it is",
                 file.display()
             ));
-            old.to_string()
+            return Ok((old.to_string(), 0));
         }
         (Notify::Ours { .. }, true) => {
-            replaced += 1;
             doc.remove("notify");
-            doc.to_string()
+            return Ok((doc.to_string(), 1));
         }
-        (Notify::Ours { same: true }, false) => old.to_string(),
-        (Notify::Ours { same: false }, false) | (Notify::Missing, false) => {
-            set_notify_counted(&mut doc, argv, &mut replaced, false);
-            doc.to_string()
-        }
+        (Notify::Ours { same: true }, false) => return Ok((old.to_string(), 0)),
+        (Notify::Ours { same: false }, false) => (1, doc),
+        (Notify::Missing, false) => (0, doc),
         (Notify::Other { shown, offset }, false) => {
             if !args.force {
                 return Err(Refusal {
                     offset,
                     at: None,
                     reason: format!(
-                        "notify already runs `{shown}`; Codex runs one notify program: pass --force to replace it (the old line stays in {}.prx-hooks.bak), or make your program call `prx-hooks send --from codex` itself",
+                        "notify already runs `{shown}`; Codex runs one notify program: pass --force to replace it (the old line stays in {}.prx-hooks.bak), make your program call `prx-hooks send --from codex` itself, or use Codex's hooks (connect codex without --notify)",
                         file.file_name()
                             .map_or(String::new(), |n| n.to_string_lossy().into_owned())
                     ),
                 });
             }
             note(format!("--force: replacing notify = {shown}"));
-            set_notify_counted(&mut doc, argv, &mut replaced, true);
-            doc.to_string()
+            (1, doc)
         }
     };
-    Ok((after, replaced))
+    let (replaced, mut doc) = after;
+    agents::set_notify(&mut doc, argv);
+    Ok((doc.to_string(), replaced))
 }
 
-/// A settings file's edit: the file named (`file`), the one written (`target`, a link
-/// followed), its text before (none: it did not exist) and after, and how many of our
-/// entries were replaced or taken out.
+/// A settings file's edit: its text before (none: it did not exist) and after, how many of
+/// our entries were replaced or taken out, and whether `--remove` took out some.
 struct Change {
-    file: PathBuf,
-    target: PathBuf,
     before: Option<String>,
     after: String,
     replaced: usize,
+    gone: bool,
 }
 
 /// Writes the change (the old file backed up first), shows it as a diff with `--dry-run`, or
-/// says there is nothing to change; then what was done, on stdout.
+/// says there is nothing to change; then what was done, on stdout. `None`: the file changed
+/// before it could be written.
 fn write_change(
-    agent: Agent,
+    plan: &Plan,
     args: &ConnectArgs,
     change: &Change,
-    events: &[&str],
-    hook: &Hook,
-    workspace: Option<&Path>,
-) -> Result<ExitCode, BoxError> {
-    let Change {
-        file,
-        target,
-        before,
-        after,
-        replaced,
-    } = change;
-    let replaced = *replaced;
+    current: &write::Current,
+    gone: bool,
+) -> Result<Option<ExitCode>, BoxError> {
+    let (file, target) = (&plan.file, &plan.target);
     // Nothing of ours is left and the file is what we would have made from nothing: it was
-    // ours alone (made by connect), so it goes.
-    let delete = args.remove && replaced > 0 && before.is_some() && after == agent.skeleton();
-    let changed = match before {
-        _ if args.remove => replaced > 0,
-        Some(b) => b != after,
+    // ours alone (made by connect), so it goes; but a file reached through a link is the
+    // user's (dotfiles): it stays, emptied.
+    let linked = file != target;
+    let delete = gone && !linked;
+    let changed = match &change.before {
+        _ if args.remove => change.replaced > 0,
+        Some(b) => *b != change.after,
         None => true,
     };
     if args.dry_run {
         if changed {
-            let shown = file.display().to_string();
-            let new = if delete { "" } else { after.as_str() };
-            let diff = unified_diff(before.as_deref().unwrap_or(""), new, &shown);
+            let new = if delete { "" } else { change.after.as_str() };
+            let old = change.before.as_deref().unwrap_or("");
+            let diff = write::unified_diff(old, new, &file.display().to_string());
             let _ = std::io::Write::write_all(&mut std::io::stdout(), diff.as_bytes());
         } else {
             note(format!("{}: nothing to change", file.display()));
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Some(ExitCode::SUCCESS));
     }
     if !changed {
+        let what = if args.remove {
+            "has none of our hooks"
+        } else {
+            "connected"
+        };
         out!(
-            "{}: {} already {} (nothing written)",
+            "{}: {} already {what} (nothing written)",
             file.display(),
-            agent.name(),
-            if args.remove {
-                "has none of our hooks"
-            } else {
-                "connected"
-            }
+            plan.agent
         );
-        return Ok(ExitCode::SUCCESS);
+        if plan.agent == Agent::Codex && !args.notify && !args.remove {
+            codex_notify_too();
+        }
+        return Ok(Some(ExitCode::SUCCESS));
     }
-    if let Some(b) = before {
-        write_backup(target, b)?;
+    // The backup sits beside the file named (not in a link's directory of dotfiles).
+    let backup = write::backup_path(file);
+    if let Some(b) = &change.before {
+        write::write_backup(&backup, b, current.mode)?;
     }
-    if delete {
-        std::fs::remove_file(target)
-            .map_err(|e| format!("connect: removing {}: {e}", target.display()))?;
+    let outcome = if delete {
+        write::remove_file(target, current)?
     } else {
-        write_atomic(target, after, before.as_deref())?;
-    }
-    report(
-        agent,
-        file,
-        args,
-        events,
-        hook,
-        replaced,
-        before.is_some(),
-        delete,
-        workspace,
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-fn set_notify_counted(doc: &mut toml_edit::DocumentMut, argv: &[String], n: &mut usize, was: bool) {
-    if was || doc.get("notify").is_some() {
-        *n += 1;
-    }
-    agents::set_notify(doc, argv);
-}
-
-/// What was done, on stdout.
-#[allow(clippy::too_many_arguments)]
-fn report(
-    agent: Agent,
-    file: &Path,
-    args: &ConnectArgs,
-    events: &[&str],
-    hook: &Hook,
-    replaced: usize,
-    existed: bool,
-    deleted: bool,
-    workspace: Option<&Path>,
-) {
-    let backup = if existed {
-        format!(" (before: {})", backup_path(file).display())
-    } else {
-        String::new()
+        write::replace_file(target, current, &change.after)?
     };
+    if outcome == write::Outcome::Changed {
+        return Ok(None);
+    }
+    let backup = change.before.as_ref().map(|_| backup);
+    report(
+        plan,
+        args,
+        change,
+        backup.as_deref(),
+        delete,
+        gone && linked,
+    );
+    Ok(Some(ExitCode::SUCCESS))
+}
+
+/// What was done, on stdout (and what the user must do next, on stderr).
+fn report(
+    plan: &Plan,
+    args: &ConnectArgs,
+    change: &Change,
+    backup: Option<&Path>,
+    deleted: bool,
+    emptied: bool,
+) {
+    let (agent, file) = (plan.agent, &plan.file);
+    let backup = backup.map_or(String::new(), |b| format!(" (before: {})", b.display()));
+    let n = change.replaced;
+    let entries = |n: usize| format!("entr{}", if n == 1 { "y" } else { "ies" });
     if args.remove {
         let what = if deleted {
             "removed the file (it held only ours)".to_string()
-        } else {
+        } else if emptied {
             format!(
-                "took out {replaced} entr{}",
-                if replaced == 1 { "y" } else { "ies" }
+                "took out {n} {}; {} holds no more than an empty settings object (the link stays)",
+                entries(n),
+                plan.target.display()
             )
+        } else {
+            format!("took out {n} {}", entries(n))
         };
         out!("{}: {what}{backup}", file.display());
         return;
     }
+    let hook = plan.hook.as_ref();
     let what = match hook {
-        Hook::Http(url) => format!("http hook → {url}"),
-        Hook::Command(cmd) => cmd.clone(),
+        Some(Hook {
+            http: Some(url), ..
+        }) => format!("http hook → {url}"),
+        _ if args.notify => quoted(&plan.argv),
+        Some(h) => h.command.clone(),
+        None => String::new(),
     };
-    let count = if agent == Agent::Codex {
+    let count = if args.notify {
         "notify".to_string()
     } else {
-        format!("{} event(s)", events.len())
+        format!("{} event(s)", plan.events.len())
     };
-    out!(
-        "{}: {} {count} → {what}{backup}",
-        file.display(),
-        agent.name()
-    );
+    out!("{}: {agent} {count} → {what}{backup}", file.display());
     out!("  the agent's hook format: {}", agent.docs());
-    if replaced > 0 {
+    if n > 0 {
+        out!("  {n} earlier prx-hooks {} replaced", entries(n));
+    }
+    if plan.scope == Scope::Project && !args.absolute {
         out!(
-            "  {replaced} earlier prx-hooks entr{} replaced",
-            if replaced == 1 { "y" } else { "ies" }
+            "  no path of this machine in it: the program is found on PATH, the workspace is relative to the project (the file can be committed)"
         );
     }
-    if let Hook::Http(_) = hook {
-        let token = workspace.map(|w| w.join(prx_hooks::http::token::TOKEN_FILE));
-        say!(
-            "prx-hooks connect: Claude Code fills $PRX_HOOKS_TOKEN from its own environment: export it before starting claude, e.g. export PRX_HOOKS_TOKEN=\"$(cat {})\"",
+    next_steps(plan, args);
+}
+
+/// What the agent needs besides the file, on stderr.
+fn next_steps(plan: &Plan, args: &ConnectArgs) {
+    if let Some(Hook { http: Some(_), .. }) = &plan.hook {
+        let kept: Vec<&str> = plan
+            .events
+            .iter()
+            .filter(|e| !e.runs(Handler::Http))
+            .map(|e| e.name)
+            .collect();
+        if !kept.is_empty() {
+            note(format!(
+                "{} keep a command hook: Claude Code runs no http hook there",
+                kept.join(" and ")
+            ));
+        }
+        let token = plan
+            .workspace
+            .as_ref()
+            .map(|w| w.join(prx_hooks::http::token::TOKEN_FILE));
+        note(format!(
+            "Claude Code fills $PRX_HOOKS_TOKEN from its own environment: export it before starting claude, e.g. export PRX_HOOKS_TOKEN=\"$(cat {})\"",
             token.map_or("<workspace>/.prx-hooks/token".into(), |t| {
                 agents::shell_quote(&t.display().to_string())
             })
-        );
+        ));
     }
-    match agent {
+    match plan.agent {
         Agent::GeminiCli => note(
-            "Gemini CLI runs hooks only with its hooks system on (/settings → Advanced → Enable Hooks System), and project hooks only in a trusted folder",
+            "Gemini CLI runs these unless hooksConfig.enabled is false in its settings (hooksConfig.disabled names hooks it skips); in a folder it does not trust it skips every settings hook, the user's too: trust the folder when Gemini asks (it keeps the answer in ~/.gemini/trustedFolders.json)",
         ),
-        Agent::Codex => note("Codex calls notify after each turn (agent-turn-complete)"),
+        Agent::QwenCode => note(
+            "Qwen Code runs a project's hooks only in a folder it trusts (trust it when Qwen asks), and none at all while disableAllHooks is true in its settings",
+        ),
+        Agent::Codex if args.notify => note(
+            "Codex calls notify after each turn (agent-turn-complete) only; its hooks (connect codex without --notify) also see tools and sessions",
+        ),
+        Agent::Codex => {
+            note(
+                "Codex runs a hook only once you trust it: start codex, type /hooks and trust the prx-hooks entries (Codex asks again whenever an entry changes), or run codex --dangerously-bypass-hook-trust where every hook source is vetted",
+            );
+            if plan.scope == Scope::Project {
+                note("a project's .codex/hooks.json runs only in a project Codex trusts");
+            }
+            codex_notify_too();
+        }
         _ => {}
     }
 }
 
-/// `$HOME` (or, for Codex, `$CODEX_HOME` itself).
-fn user_dir(agent: Agent) -> Result<PathBuf, BoxError> {
-    if agent == Agent::Codex
-        && let Some(h) = std::env::var_os("CODEX_HOME").filter(|h| !h.is_empty())
-    {
-        return Ok(PathBuf::from(h));
-    }
-    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        Some(h) => Ok(PathBuf::from(h)),
-        None => Err("connect: --scope user: $HOME is not set".into()),
+/// A `notify` of ours still in config.toml would deliver each turn a second time.
+fn codex_notify_too() {
+    let Ok(config) = codex_home().map(|h| h.join("config.toml")) else {
+        return;
+    };
+    let Ok(text) = std::fs::read_to_string(&config) else {
+        return;
+    };
+    if let Ok((_, Notify::Ours { .. })) = agents::parse_toml(&text, &[]) {
+        note(format!(
+            "{} still runs our notify: each turn would arrive twice; take it out with `prx-hooks connect codex --notify --remove`",
+            config.display()
+        ));
     }
 }
 
@@ -541,272 +716,4 @@ fn http_url(given: &str, ws: &Path) -> Result<String, BoxError> {
         "{}/api/ingest/claude-code",
         base.trim_end_matches('/')
     ))
-}
-
-/// The settings file's text; `None` when it does not exist.
-fn read_settings(path: &Path) -> Result<Option<String>, BoxError> {
-    let f = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("connect: {}: {e}", path.display()).into()),
-    };
-    let meta = f.metadata()?;
-    if !meta.is_file() {
-        return Err(format!("connect: {}: not a regular file", path.display()).into());
-    }
-    if meta.len() > MAX_SETTINGS_BYTES {
-        return Err(format!(
-            "connect: {}: {} bytes, over {MAX_SETTINGS_BYTES}: not a settings file",
-            path.display(),
-            meta.len()
-        )
-        .into());
-    }
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(f, MAX_SETTINGS_BYTES + 1),
-        &mut bytes,
-    )?;
-    match String::from_utf8(bytes) {
-        Ok(s) => Ok(Some(s)),
-        Err(e) => {
-            let text =
-                String::from_utf8_lossy(&e.as_bytes()[..e.utf8_error().valid_up_to()]).into_owned();
-            let (line, col) = json::line_col(&text, text.len());
-            Err(format!(
-                "{}:{line}:{col}: not UTF-8 text (nothing was changed)",
-                path.display()
-            )
-            .into())
-        }
-    }
-}
-
-/// `<file>.prx-hooks.bak`.
-fn backup_path(file: &Path) -> PathBuf {
-    let mut name = file.file_name().unwrap_or_default().to_os_string();
-    name.push(".prx-hooks.bak");
-    file.with_file_name(name)
-}
-
-/// The file's content before the change, next to it (same mode, written like the file).
-fn write_backup(target: &Path, text: &str) -> Result<(), BoxError> {
-    let path = backup_path(target);
-    // The backup takes the settings file's mode (it may hold secrets).
-    let mode = std::fs::metadata(target)
-        .map(|m| m.mode() & 0o777 & !0o002)
-        .ok();
-    write_file(&path, text, mode, None).map_err(|e| format!("connect: the backup: {e}").into())
-}
-
-/// Replaces `path` (whose content was `was`, `None`: missing) with `text`, keeping its mode
-/// (without write for others) or, new, 0644 less the umask.
-fn write_atomic(path: &Path, text: &str, was: Option<&str>) -> Result<(), BoxError> {
-    let mode = match (was, std::fs::metadata(path)) {
-        (Some(_), Ok(m)) => {
-            let mode = m.mode() & 0o7777;
-            if mode & 0o002 != 0 {
-                note(format!(
-                    "{}: was writable by anyone; written without that",
-                    path.display()
-                ));
-            }
-            Some(mode & !0o002)
-        }
-        _ => None,
-    };
-    write_file(path, text, mode, Some(was))
-}
-
-/// Writes `path` whole: a temporary file in the same directory (0600 while written), synced,
-/// given `mode` (default 0644 less the umask), renamed over it, and the directory synced.
-/// Missing directories are made (0755 less the umask). With `expect`, the file must still
-/// hold that (`None`: still be missing) just before the rename: a change made meanwhile (the
-/// agent saving its settings) is never overwritten.
-fn write_file(
-    path: &Path,
-    text: &str,
-    mode: Option<u32>,
-    expect: Option<Option<&str>>,
-) -> Result<(), BoxError> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)
-        .map_err(|e| format!("connect: making {}: {e}", dir.display()))?;
-    let name = path
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .into_owned();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let tmp = dir.join(format!(
-        ".{name}.prx-hooks-{}-{stamp:08x}.tmp",
-        std::process::id()
-    ));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(
-                nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_CLOEXEC.bits(),
-            )
-            .open(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        let mode = match mode {
-            Some(m) => m,
-            // A new file: what the agent's own write would give it (0644 less the umask).
-            None => 0o644 & !umask(),
-        };
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        if let Some(expect) = expect {
-            let now = match std::fs::read(path) {
-                Ok(b) => Some(b),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(e),
-            };
-            if now.as_deref() != expect.map(str::as_bytes) {
-                return Err(std::io::Error::other(
-                    "it changed while connect ran (nothing was written; run connect again)",
-                ));
-            }
-        }
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("connect: writing {}: {e}", path.display()).into());
-    }
-    Ok(())
-}
-
-/// The process's umask (set and put back at once; `connect` runs no other thread).
-fn umask() -> u32 {
-    use nix::sys::stat::{Mode, umask};
-    let old = umask(Mode::from_bits_truncate(0o077));
-    umask(old);
-    old.bits()
-}
-
-/// A unified diff of `old` → `new` (3 lines of context), headed `--- FILE` / `+++ FILE`.
-fn unified_diff(old: &str, new: &str, name: &str) -> String {
-    let a: Vec<&str> = old.split_inclusive('\n').collect();
-    let b: Vec<&str> = new.split_inclusive('\n').collect();
-    // Common prefix and suffix first: the changes are few and local.
-    let pre = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    let suf = a[pre..]
-        .iter()
-        .rev()
-        .zip(b[pre..].iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count();
-    let (am, bm) = (&a[pre..a.len() - suf], &b[pre..b.len() - suf]);
-    // The middle by longest common subsequence (bounded; else all of it as changed).
-    let mut ops: Vec<(char, &str)> = Vec::new();
-    if am.len().saturating_mul(bm.len()) <= 4_000_000 {
-        let (n, m) = (am.len(), bm.len());
-        let mut lcs = vec![0u32; (n + 1) * (m + 1)];
-        for i in (0..n).rev() {
-            for j in (0..m).rev() {
-                lcs[i * (m + 1) + j] = if am[i] == bm[j] {
-                    lcs[(i + 1) * (m + 1) + j + 1] + 1
-                } else {
-                    lcs[(i + 1) * (m + 1) + j].max(lcs[i * (m + 1) + j + 1])
-                };
-            }
-        }
-        let (mut i, mut j) = (0, 0);
-        while i < n || j < m {
-            if i < n && j < m && am[i] == bm[j] {
-                ops.push((' ', am[i]));
-                i += 1;
-                j += 1;
-            } else if i < n && (j == m || lcs[(i + 1) * (m + 1) + j] >= lcs[i * (m + 1) + j + 1]) {
-                // A changed line shows as `-old` then `+new`.
-                ops.push(('-', am[i]));
-                i += 1;
-            } else {
-                ops.push(('+', bm[j]));
-                j += 1;
-            }
-        }
-    } else {
-        ops.extend(am.iter().map(|l| ('-', *l)));
-        ops.extend(bm.iter().map(|l| ('+', *l)));
-    }
-    let mut all: Vec<(char, &str)> = a[..pre].iter().map(|l| (' ', *l)).collect();
-    all.extend(ops);
-    all.extend(a[a.len() - suf..].iter().map(|l| (' ', *l)));
-
-    let mut out = format!("--- {name}\n+++ {name}\n");
-    const CONTEXT: usize = 3;
-    let changed: Vec<usize> = (0..all.len()).filter(|&k| all[k].0 != ' ').collect();
-    let mut k = 0;
-    while k < changed.len() {
-        // A hunk: changes closer than 2×CONTEXT lines apart go together.
-        let first = changed[k];
-        let mut last = first;
-        while k + 1 < changed.len() && changed[k + 1] <= last + 2 * CONTEXT + 1 {
-            k += 1;
-            last = changed[k];
-        }
-        k += 1;
-        let from = first.saturating_sub(CONTEXT);
-        let to = (last + CONTEXT + 1).min(all.len());
-        let (mut a_line, mut b_line) = (1, 1);
-        for (op, _) in &all[..from] {
-            match op {
-                '-' => a_line += 1,
-                '+' => b_line += 1,
-                _ => {
-                    a_line += 1;
-                    b_line += 1;
-                }
-            }
-        }
-        let a_len = all[from..to].iter().filter(|(op, _)| *op != '+').count();
-        let b_len = all[from..to].iter().filter(|(op, _)| *op != '-').count();
-        let start = |line: usize, len: usize| if len == 0 { line - 1 } else { line };
-        out.push_str(&format!(
-            "@@ -{},{a_len} +{},{b_len} @@\n",
-            start(a_line, a_len),
-            start(b_line, b_len)
-        ));
-        for (op, line) in &all[from..to] {
-            out.push(*op);
-            out.push_str(line);
-            if !line.ends_with('\n') {
-                out.push_str("\n\\ No newline at end of file\n");
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unified_diff;
-
-    #[test]
-    fn the_diff_shows_only_the_changed_lines_with_context() {
-        let old = "a\nb\nc\nd\ne\nf\ng\nh\n";
-        let new = "a\nb\nc\nd\nX\ne\nf\ng\nh\n";
-        let d = unified_diff(old, new, "f.json");
-        assert_eq!(
-            d,
-            "--- f.json\n+++ f.json\n@@ -2,6 +2,7 @@\n b\n c\n d\n+X\n e\n f\n g\n"
-        );
-        // A new file: every line added.
-        let d = unified_diff("", "{}\n", "n.json");
-        assert_eq!(d, "--- n.json\n+++ n.json\n@@ -0,0 +1,1 @@\n+{}\n");
-    }
 }

@@ -1,154 +1,116 @@
 //! What `connect` writes into each agent's settings, where, and how it finds its entries again.
 //!
-//! docs/connect.md has the tables and the agents' pages they follow.
+//! docs/connect.md has the tables and the agents' pages they follow; the events and handler
+//! types come from [`hook_table`](crate::hook_table).
 //!
-//! Claude Code and Gemini CLI group hooks: `hooks.<Event>` is an array of `{matcher?, hooks:
-//! [entry…]}`; ours is one group `{"hooks": [entry]}` per event. Cursor lists entries directly:
-//! `hooks.<event>` is an array of `{command, …}`. Codex runs one `notify` program (TOML).
+//! Claude Code, Codex (hooks.json), Gemini CLI, Qwen Code and Factory Droid group hooks: `hooks.<Event>` is an array of
+//! `{matcher?, hooks: [entry…]}`; ours is one group `{"hooks": [entry]}` per event. Cursor
+//! lists entries directly: `hooks.<event>` is an array of `{command, …}`. Codex's older
+//! `notify` is one program in config.toml.
 //!
-//! An entry is ours when it runs this program's `send --from AGENT` (its first word's file
-//! name is `prx-hooks`), or, for an `http` hook, when its URL ends with
-//! `/api/ingest/AGENT`. Nothing else is ever changed or removed.
+//! An entry is ours when its command is one simple command (no `&&`, `;`, `|`, redirection or
+//! substitution) running `prx-hooks send … --from AGENT` or `prx-hooks-send … --from AGENT`,
+//! or, for an `http` hook, when its URL ends with `/api/ingest/AGENT`. Nothing else is ever
+//! changed or removed.
 
-use super::json::{self, J, Node, Style};
+use super::json::{self, Doc, J, Node, Style};
+use crate::hook_table::{self, Agent, Handler, HookEvent};
 use std::path::Path;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Agent {
-    ClaudeCode,
-    Codex,
-    GeminiCli,
-    Cursor,
-}
-
-impl Agent {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Agent::ClaudeCode => "claude-code",
-            Agent::Codex => "codex",
-            Agent::GeminiCli => "gemini-cli",
-            Agent::Cursor => "cursor",
-        }
-    }
-
-    pub(super) fn from_name(name: &str) -> Option<Agent> {
-        [
-            Agent::ClaudeCode,
-            Agent::Codex,
-            Agent::GeminiCli,
-            Agent::Cursor,
-        ]
-        .into_iter()
-        .find(|a| a.name() == name)
-    }
-
-    /// The documentation the events and the format follow.
-    pub(super) fn docs(self) -> &'static str {
-        match self {
-            Agent::ClaudeCode => "https://code.claude.com/docs/en/hooks",
-            Agent::Codex => "https://developers.openai.com/codex/config-advanced#notifications",
-            Agent::GeminiCli => "https://geminicli.com/docs/hooks/reference",
-            Agent::Cursor => "https://cursor.com/docs/hooks",
-        }
-    }
-
-    /// The events an entry is written for by default: every one the agent documents
-    /// ([`prx_hooks::agents::Agent::events`]), except those where a hook replaces the agent's
-    /// own behaviour. Codex's `notify` has none to pick.
-    pub(super) fn events(self) -> Vec<&'static str> {
-        let all = match self {
-            Agent::ClaudeCode => prx_hooks::agents::Agent::ClaudeCode.events(),
-            Agent::GeminiCli => prx_hooks::agents::Agent::GeminiCli.events(),
-            Agent::Cursor => prx_hooks::agents::Agent::Cursor.events(),
-            Agent::Codex => &[],
-        };
-        all.iter()
-            .copied()
-            .filter(|e| !self.other_events().contains(e))
-            .collect()
-    }
-
-    /// Events searched for our entries (to take them out) besides [`Agent::events`]. Claude
-    /// Code's WorktreeCreate and WorktreeRemove are never written: a hook there *replaces*
-    /// Claude Code's `git worktree` step and must print the new path, which `send` does not.
-    fn other_events(self) -> &'static [&'static str] {
-        match self {
-            Agent::ClaudeCode => &["WorktreeCreate", "WorktreeRemove"],
-            _ => &[],
-        }
-    }
-
-    /// `//` and `/* */` comments are allowed in its settings (Gemini CLI strips them).
-    pub(super) fn comments(self) -> bool {
-        self == Agent::GeminiCli
-    }
-
-    /// The settings file, relative to the project (project scope) or to `$HOME` (user scope).
-    pub(super) fn settings_file(self) -> &'static str {
-        match self {
-            Agent::ClaudeCode => ".claude/settings.json",
-            Agent::Codex => ".codex/config.toml",
-            Agent::GeminiCli => ".gemini/settings.json",
-            Agent::Cursor => ".cursor/hooks.json",
-        }
-    }
-
-    /// What a file made from nothing starts as (and what `--remove` leaving exactly this
-    /// deletes again).
-    pub(super) fn skeleton(self) -> &'static str {
-        match self {
-            Agent::Cursor => "{\n  \"version\": 1\n}\n",
-            Agent::Codex => "",
-            _ => "{}\n",
-        }
-    }
-
-    fn grouped(self) -> bool {
-        matches!(self, Agent::ClaudeCode | Agent::GeminiCli)
+/// The settings file, relative to the project (project scope) or to the user's directory
+/// (user scope: `$HOME`, for Codex `$CODEX_HOME`).
+pub(crate) fn settings_file(agent: Agent, notify: bool) -> &'static str {
+    match agent {
+        Agent::ClaudeCode => ".claude/settings.json",
+        Agent::Codex if notify => ".codex/config.toml",
+        Agent::Codex => ".codex/hooks.json",
+        Agent::GeminiCli => ".gemini/settings.json",
+        Agent::Cursor => ".cursor/hooks.json",
+        Agent::QwenCode => ".qwen/settings.json",
+        Agent::FactoryDroid => ".factory/hooks.json",
     }
 }
 
-/// What our entry does.
+/// What a file made from nothing starts as (and what `--remove` leaving exactly this
+/// deletes again).
+pub(crate) fn skeleton(agent: Agent, notify: bool) -> &'static str {
+    match agent {
+        Agent::Cursor => "{\n  \"version\": 1\n}\n",
+        Agent::Codex if notify => "",
+        _ => "{}\n",
+    }
+}
+
+/// What our entries run: the shell command line, and for Claude Code with `--http` the URL
+/// its `http` hooks post to (events where it runs no `http` hook keep the command).
 #[derive(Clone, Debug)]
-pub(super) enum Hook {
-    /// A command hook: this shell command line.
-    Command(String),
-    /// Claude Code's `http` hook posting to this URL.
-    Http(String),
+pub(crate) struct Hook {
+    pub command: String,
+    pub http: Option<String>,
 }
 
-/// The hook entry for one event.
-pub(super) fn entry(agent: Agent, hook: &Hook) -> J {
+/// Our entry for `event`.
+pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> J {
     let s = |v: &str| J::Str(v.to_string());
     let obj = |m: Vec<(&str, J)>| J::Obj(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
-    match (agent, hook) {
-        // `async`: Claude Code runs it in the background, never waiting for it.
-        (Agent::ClaudeCode, Hook::Command(cmd)) => obj(vec![
+    let cmd = hook.command.as_str();
+    match agent {
+        Agent::ClaudeCode => match &hook.http {
+            // No `async` for http hooks: Claude Code waits for the answer, which the server
+            // gives at once (200 {}); the 5 s timeout bounds a server that hangs.
+            Some(url) if event.runs(Handler::Http) => obj(vec![
+                ("type", s("http")),
+                ("url", s(url)),
+                (
+                    "headers",
+                    obj(vec![("Authorization", s("Bearer $PRX_HOOKS_TOKEN"))]),
+                ),
+                ("allowedEnvVars", J::Arr(vec![s("PRX_HOOKS_TOKEN")])),
+                ("timeout", J::Num(5)),
+            ]),
+            // Where a turn or the session ends Claude Code may exit right after: it waits
+            // for this one (a `send`, ~2 ms; 5 s at most).
+            _ if event.closes => obj(vec![
+                ("type", s("command")),
+                ("command", s(cmd)),
+                ("timeout", J::Num(5)),
+            ]),
+            // Elsewhere it runs it in the background and never waits.
+            _ => obj(vec![
+                ("type", s("command")),
+                ("command", s(cmd)),
+                ("async", J::Bool(true)),
+            ]),
+        },
+        // Codex waits for every hook (it skips `async` ones); it caps SessionEnd's and
+        // Interrupt's at 3 s.
+        Agent::Codex => obj(vec![
             ("type", s("command")),
             ("command", s(cmd)),
-            ("async", J::Bool(true)),
-        ]),
-        // No `async` for http hooks: Claude Code waits for the answer, which the server gives
-        // at once (200 {}); the 5 s timeout bounds a server that hangs (default 600 s).
-        (Agent::ClaudeCode, Hook::Http(url)) => obj(vec![
-            ("type", s("http")),
-            ("url", s(url)),
             (
-                "headers",
-                obj(vec![("Authorization", s("Bearer $PRX_HOOKS_TOKEN"))]),
+                "timeout",
+                J::Num(if matches!(event.name, "SessionEnd" | "Interrupt") {
+                    3
+                } else {
+                    5
+                }),
             ),
-            ("allowedEnvVars", J::Arr(vec![s("PRX_HOOKS_TOKEN")])),
-            ("timeout", J::Num(5)),
         ]),
         // Gemini CLI waits for every hook; `send` gives up on the server after 2 s, and the
         // timeout (milliseconds) bounds the rest. `name` is what `/hooks disable` takes.
-        (Agent::GeminiCli, Hook::Command(cmd)) | (Agent::GeminiCli, Hook::Http(cmd)) => obj(vec![
+        Agent::GeminiCli => obj(vec![
             ("name", s("prx-hooks")),
             ("type", s("command")),
             ("command", s(cmd)),
             ("timeout", J::Num(5000)),
         ]),
-        (_, Hook::Command(cmd)) | (_, Hook::Http(cmd)) => obj(vec![("command", s(cmd))]),
+        Agent::Cursor => obj(vec![("command", s(cmd))]),
+        // Both wait for a command hook (timeout in seconds; Qwen Code's default is 60).
+        Agent::QwenCode | Agent::FactoryDroid => obj(vec![
+            ("type", s("command")),
+            ("command", s(cmd)),
+            ("timeout", J::Num(5)),
+        ]),
     }
 }
 
@@ -160,7 +122,7 @@ pub(super) fn entry(agent: Agent, hook: &Hook) -> J {
 /// assert_eq!(shell_quote("/opt/prx hooks/bin"), "'/opt/prx hooks/bin'");
 /// assert_eq!(shell_quote("it's"), r"'it'\''s'");
 /// ```
-pub(super) fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     if !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@,=".contains(&b))
@@ -171,13 +133,14 @@ pub(super) fn shell_quote(s: &str) -> String {
     }
 }
 
-/// The words of a POSIX shell command line (quotes and backslashes; no expansion). `None`
-/// for an unterminated quote.
-pub(super) fn shell_words(line: &str) -> Option<Vec<String>> {
+/// The words of `line` when it is one simple command (quotes and backslashes read, `$`
+/// expansions kept as written); `None` for anything more: an operator (`&&`, `;`, `|`, `&`),
+/// a redirection, a subshell, a command substitution, a comment, an unterminated quote.
+pub(crate) fn simple_words(line: &str) -> Option<Vec<String>> {
     let mut words = Vec::new();
     let mut word = String::new();
     let mut in_word = false;
-    let mut chars = line.chars();
+    let mut chars = line.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
             '\'' => {
@@ -194,6 +157,8 @@ pub(super) fn shell_words(line: &str) -> Option<Vec<String>> {
                 loop {
                     match chars.next()? {
                         '"' => break,
+                        '`' => return None,
+                        '$' if chars.peek() == Some(&'(') => return None,
                         '\\' => match chars.next()? {
                             c @ ('"' | '\\' | '$' | '`') => word.push(c),
                             '\n' => {}
@@ -213,6 +178,9 @@ pub(super) fn shell_words(line: &str) -> Option<Vec<String>> {
                     Some(c) => word.push(c),
                 }
             }
+            ';' | '&' | '|' | '<' | '>' | '(' | ')' | '`' | '\n' => return None,
+            '$' if chars.peek() == Some(&'(') => return None,
+            '#' if !in_word => return None,
             c if c.is_whitespace() => {
                 if in_word {
                     words.push(std::mem::take(&mut word));
@@ -232,7 +200,7 @@ pub(super) fn shell_words(line: &str) -> Option<Vec<String>> {
 }
 
 /// The argv runs `prx-hooks send … --from AGENT …` or `prx-hooks-send … --from AGENT …`.
-pub(super) fn is_our_argv(argv: &[String], agent: Agent) -> bool {
+pub(crate) fn is_our_argv(argv: &[String], agent: Agent) -> bool {
     let prog = argv.first().and_then(|p| Path::new(p).file_name());
     let sends = match prog {
         Some(n) if n == "prx-hooks" => argv.get(1).is_some_and(|w| w == "send"),
@@ -246,25 +214,22 @@ pub(super) fn is_our_argv(argv: &[String], agent: Agent) -> bool {
 }
 
 /// The entry object is one of ours.
-fn is_ours(agent: Agent, entry: &Node) -> bool {
+pub(crate) fn is_ours(agent: Agent, entry: &Node) -> bool {
     let field = |name: &str| entry.get(name).and_then(|(_, m)| m.value.str());
-    if agent == Agent::ClaudeCode
-        && field("type") == Some("http")
-        && field("url").is_some_and(|u| u.ends_with(&format!("/api/ingest/{}", agent.name())))
-    {
-        return true;
+    if agent.grouped() && field("type") == Some("http") {
+        return field("url").is_some_and(|u| u.ends_with(&format!("/api/ingest/{}", agent.name())));
     }
     if agent.grouped() && field("type").is_some_and(|t| t != "command") {
         return false;
     }
     field("command")
-        .and_then(shell_words)
+        .and_then(simple_words)
         .is_some_and(|argv| is_our_argv(&argv, agent))
 }
 
 /// A settings file that cannot be edited safely: where and why.
 #[derive(Debug)]
-pub(super) struct Refusal {
+pub(crate) struct Refusal {
     /// Byte offset in the text (a line and column are made of it), if any.
     pub offset: Option<usize>,
     /// The line and column, when known already (a parse error).
@@ -282,6 +247,16 @@ impl Refusal {
     }
 }
 
+impl From<json::ParseError> for Refusal {
+    fn from(e: json::ParseError) -> Refusal {
+        Refusal {
+            offset: None,
+            at: Some((e.line, e.column)),
+            reason: e.reason,
+        }
+    }
+}
+
 fn refuse(node: &Node, path: &str, expected: &str) -> Refusal {
     Refusal::new(
         Some(node.start),
@@ -290,23 +265,30 @@ fn refuse(node: &Node, path: &str, expected: &str) -> Refusal {
 }
 
 /// Where one of our entries is: `hooks.<event>[group]` and, grouped, `.hooks[inner]`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Found {
     group: usize,
     inner: Option<usize>,
 }
 
-/// The located containers of one event.
-struct Located<'a> {
-    root: &'a Node,
-    /// `hooks` and its index in the root.
-    hooks: Option<(usize, &'a Node)>,
-    /// `hooks.<event>` and its index in `hooks`.
-    event: Option<(usize, &'a Node)>,
+/// One member of `hooks` holding hooks: its index, name, array, and our entries in it.
+struct EventAt<'a> {
+    index: usize,
+    name: &'a str,
+    array: &'a Node,
     ours: Vec<Found>,
 }
 
-fn locate<'a>(root: &'a Node, agent: Agent, event: &str) -> Result<Located<'a>, Refusal> {
+/// A settings file's `hooks`, checked: where it is and every event array in it.
+struct Survey<'a> {
+    hooks: Option<(usize, &'a Node)>,
+    events: Vec<EventAt<'a>>,
+}
+
+/// Reads `root`'s hooks; a shape the agent would not read as we do is refused. Members named
+/// like an event the agent has are checked strictly; others (a misspelt event, settings
+/// kept among the events) are only searched for our entries.
+fn survey<'a>(root: &'a Node, agent: Agent) -> Result<Survey<'a>, Refusal> {
     if root.members().is_none() {
         return Err(refuse(root, "the top level", "an object"));
     }
@@ -316,43 +298,73 @@ fn locate<'a>(root: &'a Node, agent: Agent, event: &str) -> Result<Located<'a>, 
             "\"hooks\" appears twice (the agent reads only the last)".into(),
         ));
     }
-    let mut found = Located {
-        root,
+    let mut survey = Survey {
         hooks: None,
-        event: None,
-        ours: Vec::new(),
+        events: Vec::new(),
     };
     let Some((hi, hooks)) = root.get("hooks") else {
-        return Ok(found);
+        return Ok(survey);
     };
     let hooks = &hooks.value;
-    if hooks.members().is_none() {
+    let Some(members) = hooks.members() else {
         return Err(refuse(hooks, "hooks", "an object (event name → array)"));
-    }
-    found.hooks = Some((hi, hooks));
-    if let Some(dup) = json::duplicate(hooks, event) {
-        return Err(Refusal::new(
-            Some(dup.key_start),
-            format!("hooks.{event} appears twice (the agent reads only the last)"),
-        ));
-    }
-    let Some((ei, ev)) = hooks.get(event) else {
-        return Ok(found);
     };
-    let ev = &ev.value;
-    let Some(items) = ev.items() else {
-        let what = if agent.grouped() {
-            "an array of hook groups"
-        } else {
-            "an array of hooks"
-        };
-        return Err(refuse(ev, &format!("hooks.{event}"), what));
-    };
-    found.event = Some((ei, ev));
-    for (gi, item) in items.iter().enumerate() {
+    survey.hooks = Some((hi, hooks));
+    for (index, m) in members.iter().enumerate() {
+        if agent.config_members().contains(&m.key.as_str()) {
+            continue;
+        }
+        if let Some(dup) = json::duplicate(hooks, &m.key).filter(|d| d.key_start > m.key_start) {
+            return Err(Refusal::new(
+                Some(dup.key_start),
+                format!(
+                    "hooks.{} appears twice (the agent reads only the last)",
+                    m.key
+                ),
+            ));
+        }
+        let strict = hook_table::event(agent, &m.key).is_some();
+        if let Some(array) = event_array(agent, &m.key, &m.value, strict)? {
+            let ours = ours_in(agent, &m.key, array, strict)?;
+            survey.events.push(EventAt {
+                index,
+                name: &m.key,
+                array,
+                ours,
+            });
+        }
+    }
+    Ok(survey)
+}
+
+/// `hooks.<event>`'s array (`None`: not an array, in a member that is not an event).
+fn event_array<'a>(
+    agent: Agent,
+    name: &str,
+    value: &'a Node,
+    strict: bool,
+) -> Result<Option<&'a Node>, Refusal> {
+    match value.items() {
+        Some(_) => Ok(Some(value)),
+        None if !strict => Ok(None),
+        None => {
+            let what = if agent.grouped() {
+                "an array of hook groups"
+            } else {
+                "an array of hooks"
+            };
+            Err(refuse(value, &format!("hooks.{name}"), what))
+        }
+    }
+}
+
+/// Our entries in one event's array.
+fn ours_in(agent: Agent, event: &str, array: &Node, strict: bool) -> Result<Vec<Found>, Refusal> {
+    let mut found = Vec::new();
+    for (gi, item) in array.items().unwrap_or(&[]).iter().enumerate() {
         if !agent.grouped() {
             if item.members().is_some() && is_ours(agent, item) {
-                found.ours.push(Found {
+                found.push(Found {
                     group: gi,
                     inner: None,
                 });
@@ -361,17 +373,23 @@ fn locate<'a>(root: &'a Node, agent: Agent, event: &str) -> Result<Located<'a>, 
         }
         let path = format!("hooks.{event}[{gi}]");
         if item.members().is_none() {
-            return Err(refuse(item, &path, "an object ({\"matcher\", \"hooks\"})"));
+            if strict {
+                return Err(refuse(item, &path, "an object ({\"matcher\", \"hooks\"})"));
+            }
+            continue;
         }
         let Some((_, inner)) = item.get("hooks") else {
             continue;
         };
         let Some(entries) = inner.value.items() else {
-            return Err(refuse(&inner.value, &format!("{path}.hooks"), "an array"));
+            if strict {
+                return Err(refuse(&inner.value, &format!("{path}.hooks"), "an array"));
+            }
+            continue;
         };
         for (ii, e) in entries.iter().enumerate() {
             if e.members().is_some() && is_ours(agent, e) {
-                found.ours.push(Found {
+                found.push(Found {
                     group: gi,
                     inner: Some(ii),
                 });
@@ -381,149 +399,167 @@ fn locate<'a>(root: &'a Node, agent: Agent, event: &str) -> Result<Located<'a>, 
     Ok(found)
 }
 
-/// The entry node of `f`.
-fn entry_node<'a>(loc: &Located<'a>, f: Found) -> Option<&'a Node> {
-    let (_, ev) = loc.event?;
-    let group = ev.items()?.get(f.group)?;
-    match f.inner {
-        None => Some(group),
-        Some(i) => group.get("hooks")?.1.value.items()?.get(i),
-    }
-}
-
-/// Takes `f` out of `text`, and each container that leaves empty: the group, the event's
-/// array, `hooks`.
-fn take_out(text: &str, loc: &Located<'_>, f: Found) -> String {
-    let (Some((hi, hooks)), Some((ei, ev))) = (loc.hooks, loc.event) else {
-        return text.to_string();
-    };
-    let items = ev.items().unwrap_or(&[]);
-    if let Some(inner) = f.inner {
-        let group = &items[f.group];
-        if let Some((_, entries)) = group.get("hooks")
-            && entries.value.items().is_some_and(|e| e.len() > 1)
-        {
-            return json::remove_item(text, &entries.value, inner);
+/// The byte ranges that take `remove` (per event in `survey.events`, our entries) out, and
+/// each container that leaves empty: the group, the event's array, `hooks`.
+fn removal_ranges(
+    doc: &Doc,
+    text: &str,
+    survey: &Survey<'_>,
+    remove: &[Vec<Found>],
+) -> Vec<(usize, usize)> {
+    let mut ranges = Vec::new();
+    let mut events_gone = Vec::new();
+    for (at, gone) in survey.events.iter().zip(remove) {
+        if gone.is_empty() {
+            continue;
+        }
+        let items = at.array.items().unwrap_or(&[]);
+        let mut groups_gone = Vec::new();
+        let mut g = 0;
+        while g < gone.len() {
+            let group = gone[g].group;
+            let inner: Vec<usize> = gone[g..]
+                .iter()
+                .take_while(|f| f.group == group)
+                .filter_map(|f| f.inner)
+                .collect();
+            g += gone[g..].iter().take_while(|f| f.group == group).count();
+            let entries = items[group]
+                .get("hooks")
+                .and_then(|(_, m)| m.value.items().map(|e| (&m.value, e.len())));
+            match entries {
+                Some((array, len)) if !inner.is_empty() && inner.len() < len => {
+                    ranges.extend(json::removal(doc, text, array, &inner));
+                }
+                _ => groups_gone.push(group),
+            }
+        }
+        if groups_gone.len() < items.len() {
+            ranges.extend(json::removal(doc, text, at.array, &groups_gone));
+        } else {
+            events_gone.push(at.index);
         }
     }
-    if items.len() > 1 {
-        return json::remove_item(text, ev, f.group);
+    let Some((hi, hooks)) = survey.hooks else {
+        return ranges;
+    };
+    if events_gone.is_empty() {
+        return ranges;
     }
-    if hooks.members().is_some_and(|m| m.len() > 1) {
-        return json::remove_member(text, hooks, ei);
+    events_gone.sort_unstable();
+    if events_gone.len() < hooks.members().map_or(0, <[_]>::len) {
+        ranges.extend(json::removal(doc, text, hooks, &events_gone));
+    } else if doc.root.members().is_some_and(|m| m.len() > 1) {
+        ranges.extend(json::removal(doc, text, &doc.root, &[hi]));
+    } else {
+        ranges.push(json::emptied(doc, text, &doc.root));
     }
-    json::remove_member(text, loc.root, hi)
+    ranges
 }
 
 /// What [`apply_json`] does.
-pub(super) enum Want<'a> {
-    /// Our entry `entry` in each of `events` (and in no other event).
-    Connect { events: &'a [&'a str], entry: J },
+pub(crate) enum Want<'a> {
+    /// Our entry in each of `events` (and in no other event), running `hook`.
+    Connect {
+        events: &'a [&'static HookEvent],
+        hook: &'a Hook,
+    },
     /// None of ours anywhere.
     Remove,
 }
 
 /// `text` (a JSON settings file of `agent`) with our entries as `want` says; every other byte
 /// kept. Also returns how many entries were taken out or replaced (for the summary).
-pub(super) fn apply_json(
+///
+/// Every entry to take out goes in one pass over the text; then each wanted event gets its
+/// entry replaced in place or added (a few edits, each on a fresh read).
+pub(crate) fn apply_json(
     text: &str,
     agent: Agent,
     want: &Want<'_>,
 ) -> Result<(String, usize), Refusal> {
-    let mut text = text.to_string();
-    let mut replaced = 0;
-    let documented = agent.events();
-    let all = documented.iter().chain(agent.other_events());
-    let order: Vec<&str> = match want {
-        Want::Connect { events, .. } => events
-            .iter()
-            .copied()
-            .chain(all.copied().filter(|e| !events.contains(e)))
-            .collect(),
-        Want::Remove => all.copied().collect(),
+    let doc = json::parse(text, agent.comments())?;
+    let found = survey(&doc.root, agent)?;
+    // Per event: ours to take out (all of them, but for the first in each wanted event).
+    let wanted = |name: &str| match want {
+        Want::Connect { events, .. } => events.iter().any(|e| e.name == name),
+        Want::Remove => false,
     };
-    let parse = |t: &str| {
-        json::parse(t, agent.comments()).map_err(|e| Refusal {
-            offset: None,
-            at: Some((e.line, e.column)),
-            reason: e.reason,
+    let remove: Vec<Vec<Found>> = found
+        .events
+        .iter()
+        .map(|at| {
+            let skip = usize::from(wanted(at.name));
+            at.ours.iter().skip(skip).copied().collect()
         })
-    };
-    for event in order {
-        let wanted = match want {
-            Want::Connect { events, entry } if events.contains(&event) => Some(entry),
-            _ => None,
-        };
-        // One change at a time, each on a fresh parse: every span is exact.
-        for _round in 0..10_000 {
-            let root = parse(&text)?;
-            let style = Style::of(&text, Some(&root));
-            let loc = locate(&root, agent, event)?;
-            let next = match (wanted, loc.ours.first()) {
-                (None, None) => break,
-                (None, Some(&f)) => {
-                    replaced += 1;
-                    take_out(&text, &loc, f)
-                }
-                (Some(entry), None) => insert(&text, &loc, agent, event, entry, &style),
-                (Some(entry), Some(&first)) => {
-                    let node = entry_node(&loc, first);
-                    let same = node
-                        .and_then(|n| {
-                            serde_json::from_str::<serde_json::Value>(&text[n.start..n.end]).ok()
-                        })
-                        .is_some_and(|v| v == entry.to_value());
-                    if !same {
-                        replaced += 1;
-                        match node {
-                            Some(n) => json::replace(&text, n, entry, &style),
-                            None => break,
-                        }
-                    } else if let Some(&extra) = loc.ours.get(1) {
-                        replaced += 1;
-                        take_out(&text, &loc, extra)
-                    } else {
-                        break;
-                    }
-                }
-            };
-            text = next;
+        .collect();
+    let mut replaced: usize = remove.iter().map(Vec::len).sum();
+    let mut text = json::delete(text, removal_ranges(&doc, text, &found, &remove));
+    if let Want::Connect { events, hook } = want {
+        for event in *events {
+            let (next, changed) = put(&text, agent, event, &entry(agent, event, hook))?;
+            replaced += usize::from(changed);
+            if let Some(next) = next {
+                text = next;
+            }
         }
     }
     Ok((text, replaced))
 }
 
-/// `text` with our entry for `event` added, making `hooks` and `hooks.<event>` if missing.
-fn insert(
+/// `text` with our entry for `event` as `entry`: left (`None`), replaced in place (`true`),
+/// or added (making `hooks` and `hooks.<event>` if missing).
+fn put(
     text: &str,
-    loc: &Located<'_>,
     agent: Agent,
-    event: &str,
+    event: &HookEvent,
     entry: &J,
-    style: &Style,
-) -> String {
+) -> Result<(Option<String>, bool), Refusal> {
+    let doc = json::parse(text, agent.comments())?;
+    let style = Style::of(text, Some(&doc.root));
+    let found = survey(&doc.root, agent)?;
+    let at = found.events.iter().find(|e| e.name == event.name);
+    if let Some((at, first)) = at.and_then(|at| Some((at, *at.ours.first()?))) {
+        let group = &at.array.items().unwrap_or(&[])[first.group];
+        let node = match first.inner {
+            None => Some(group),
+            Some(i) => group
+                .get("hooks")
+                .and_then(|(_, m)| m.value.items()?.get(i)),
+        };
+        let Some(node) = node else {
+            return Ok((None, false));
+        };
+        let same = serde_json::from_str::<serde_json::Value>(&text[node.start..node.end])
+            .is_ok_and(|v| v == entry.to_value());
+        if same {
+            return Ok((None, false));
+        }
+        return Ok((Some(json::replace(text, node, entry, &style)), true));
+    }
     let item = if agent.grouped() {
         J::Obj(vec![("hooks".into(), J::Arr(vec![entry.clone()]))])
     } else {
         entry.clone()
     };
-    match (loc.hooks, loc.event) {
-        (_, Some((_, ev))) => json::push_item(text, ev, &item, style),
+    let next = match (found.hooks, at) {
+        (_, Some(at)) => json::push_item(text, at.array, &item, &style),
         (Some((_, hooks)), None) => {
-            json::insert_member(text, hooks, event, &J::Arr(vec![item]), style)
+            json::insert_member(text, hooks, event.name, &J::Arr(vec![item]), &style)
         }
         (None, _) => json::insert_member(
             text,
-            loc.root,
+            &doc.root,
             "hooks",
-            &J::Obj(vec![(event.to_string(), J::Arr(vec![item]))]),
-            style,
+            &J::Obj(vec![(event.name.to_string(), J::Arr(vec![item]))]),
+            &style,
         ),
-    }
+    };
+    Ok((Some(next), false))
 }
 
 /// Codex's `notify`: what is there now.
-pub(super) enum Notify {
+pub(crate) enum Notify {
     Missing,
     /// Ours, and whether it is exactly the wanted argv.
     Ours {
@@ -538,7 +574,7 @@ pub(super) enum Notify {
 
 /// `text` (Codex's config.toml) parsed, and what its `notify` is compared with `argv` (read
 /// before the spans go: an edit drops them).
-pub(super) fn parse_toml(
+pub(crate) fn parse_toml(
     text: &str,
     argv: &[String],
 ) -> Result<(toml_edit::DocumentMut, Notify), Refusal> {
@@ -585,7 +621,7 @@ fn notify_state(root: &toml_edit::Table, argv: &[String]) -> Notify {
 }
 
 /// `notify = argv` set in `doc`, keeping the line's spacing and trailing comment.
-pub(super) fn set_notify(doc: &mut toml_edit::DocumentMut, argv: &[String]) {
+pub(crate) fn set_notify(doc: &mut toml_edit::DocumentMut, argv: &[String]) {
     let array: toml_edit::Array = argv.iter().map(String::as_str).collect();
     match doc
         .get_mut("notify")
@@ -599,5 +635,164 @@ pub(super) fn set_notify(doc: &mut toml_edit::DocumentMut, argv: &[String]) {
         None => {
             doc.insert("notify", toml_edit::value(array));
         }
+    }
+}
+
+/// docs/connect.md's table of `agent`: every event, the handler `connect` writes (and with
+/// `--http`), whether the agent waits for it, what it becomes, and why.
+#[cfg(test)]
+pub(crate) fn table_markdown(agent: Agent) -> String {
+    use crate::hook_table::Written;
+    let command = Hook {
+        command: "c".into(),
+        http: None,
+    };
+    let http = Hook {
+        command: "c".into(),
+        http: Some("u".into()),
+    };
+    let waits = |e: &J| match e {
+        J::Obj(m)
+            if m.iter()
+                .any(|(k, v)| k == "async" && matches!(v, J::Bool(true))) =>
+        {
+            "no (async)"
+        }
+        _ => "yes",
+    };
+    let kind = |e: &J| match e {
+        J::Obj(m) => m
+            .iter()
+            .find(|(k, _)| k == "type")
+            .and_then(|(_, v)| match v {
+                J::Str(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| "command".into()),
+        _ => String::new(),
+    };
+    let mut out =
+        String::from("| event | handler | waits | becomes | why |\n|---|---|---|---|---|\n");
+    for e in hook_table::hook_events(agent) {
+        let (handler, wait, why) = match e.written {
+            Written::Yes => {
+                let c = entry(agent, e, &command);
+                let mut handler = kind(&c);
+                let mut wait = waits(&c).to_string();
+                if agent == Agent::GeminiCli && matches!(e.name, "SessionEnd" | "PreCompress") {
+                    wait = "no (Gemini CLI's choice)".into();
+                }
+                if agent == Agent::ClaudeCode {
+                    let h = entry(agent, e, &http);
+                    handler = format!("{handler}; `--http`: {}", kind(&h));
+                    if waits(&h) != waits(&c) {
+                        wait = format!("{wait}; `--http`: {}", waits(&h));
+                    }
+                }
+                (handler, wait, why(agent, e))
+            }
+            Written::OnRequest => (
+                "only with `--events`".into(),
+                String::new(),
+                e.note.unwrap_or_default().to_string(),
+            ),
+            Written::Never => (
+                "never".into(),
+                String::new(),
+                e.note.unwrap_or_default().to_string(),
+            ),
+        };
+        let becomes = agent
+            .lib()
+            .hook_events()
+            .iter()
+            .find(|l| l.name == e.name)
+            .map_or("", |l| l.maps_to);
+        out.push_str(&format!(
+            "| `{}` | {handler} | {wait} | {becomes} | {why} |\n",
+            e.name
+        ));
+    }
+    out
+}
+
+/// Why `connect` writes `event` the way it does (docs/connect.md's tables).
+#[cfg(test)]
+fn why(agent: Agent, event: &HookEvent) -> String {
+    let closes = "it ends a turn or the session: the agent may exit right after";
+    match agent {
+        Agent::ClaudeCode if event.closes => format!(
+            "{closes}, and Claude Code does not wait for an async hook (5 s at most)"
+        ),
+        Agent::ClaudeCode if !event.runs(Handler::Http) => {
+            "Claude Code runs no `http` hook here: a command, async, even with `--http`".into()
+        }
+        Agent::ClaudeCode => "Claude Code runs a command hook in the background; an `http` hook it waits for (the server answers at once)".into(),
+        Agent::Codex if matches!(event.name, "SessionEnd" | "Interrupt") => {
+            "Codex waits for every hook and skips async ones; it caps this one at 3 s".into()
+        }
+        Agent::Codex => "Codex waits for every hook and skips async ones".into(),
+        Agent::GeminiCli if event.name == "SessionEnd" => {
+            "Gemini CLI does not wait for SessionEnd hooks (nothing `connect` writes changes that): the event may be lost when Gemini exits at once".into()
+        }
+        Agent::GeminiCli if event.name == "PreCompress" => {
+            "Gemini CLI runs PreCompress hooks in the background".into()
+        }
+        _ if event.closes => format!("{closes}; {} waits for every hook", agent.title()),
+        _ => format!("{} waits for every hook", agent.title()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docs_connect_md_holds_each_agents_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/connect.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let stale: Vec<String> = Agent::ALL
+            .into_iter()
+            .map(table_markdown)
+            .filter(|t| !doc.contains(t.as_str()))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "docs/connect.md lacks these tables (or holds older ones):\n{}",
+            stale.join("\n")
+        );
+    }
+
+    #[test]
+    fn only_one_simple_command_can_be_ours() {
+        let words = |l: &str| simple_words(l);
+        assert_eq!(
+            words(
+                r#"prx-hooks-send --from claude-code --workspace "${CLAUDE_PROJECT_DIR:-.}"/'my ws'"#
+            ),
+            Some(vec![
+                "prx-hooks-send".into(),
+                "--from".into(),
+                "claude-code".into(),
+                "--workspace".into(),
+                "${CLAUDE_PROJECT_DIR:-.}/my ws".into()
+            ])
+        );
+        for line in [
+            "prx-hooks send --from claude-code && notify-send 'done'",
+            "prx-hooks send --from claude-code; echo",
+            "prx-hooks send --from claude-code | tee log",
+            "prx-hooks send --from claude-code > /dev/null",
+            "prx-hooks send --from claude-code &",
+            "prx-hooks send --from claude-code --workspace $(pwd)",
+            "prx-hooks send --from claude-code --workspace \"`pwd`\"",
+            "prx-hooks send --from claude-code # note",
+            "prx-hooks send --from 'claude-code",
+        ] {
+            assert_eq!(words(line), None, "{line}");
+        }
+        let argv = words("/usr/bin/prx-hooks send --from cursor --workspace a#b").unwrap();
+        assert!(is_our_argv(&argv, Agent::Cursor));
+        assert!(!is_our_argv(&argv, Agent::ClaudeCode));
     }
 }

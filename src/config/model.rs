@@ -270,7 +270,7 @@ fn regex_reason(e: &regex::Error) -> String {
 
 /// `*` (any run, possibly empty) and `?` (any one character) over the whole text. Iterative
 /// with one backtrack point, so it is linear-ish and cannot blow up on adversarial patterns.
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
     let text = std::str::from_utf8(text)
         .map(|t| t.chars().collect::<Vec<_>>())
         .unwrap_or_default();

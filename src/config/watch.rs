@@ -607,13 +607,7 @@ impl<D: Doc> Shared<D> {
         }
     }
 
-    fn apply(
-        &self,
-        st: &mut LoadState,
-        table: D::Table,
-        bytes: Option<Vec<u8>>,
-        initial: bool,
-    ) {
+    fn apply(&self, st: &mut LoadState, table: D::Table, bytes: Option<Vec<u8>>, initial: bool) {
         for w in D::warnings(&table) {
             tracing::warn!("{w}");
         }

@@ -145,7 +145,9 @@ impl PolicyTable {
             .filter(|p| p.points & point.bit() != 0)
             .map(|p| {
                 let (matched, why) = match matches(p, point, agent, tool, payload) {
-                    Ok(why) if !self.enabled => (false, format!("{why}, but the file's \"enabled\" is false")),
+                    Ok(why) if !self.enabled => {
+                        (false, format!("{why}, but the file's \"enabled\" is false"))
+                    }
                     Ok(why) => (true, why),
                     Err(why) => (false, why),
                 };

@@ -241,11 +241,7 @@ impl Checker {
     fn document(&mut self, root: &Node) -> PolicyTable {
         let mut table = empty_table();
         let Val::Obj(members) = &root.val else {
-            self.type_err(
-                root,
-                &JPath::root(),
-                "an object ({\"policies\": [ … ]})",
-            );
+            self.type_err(root, &JPath::root(), "an object ({\"policies\": [ … ]})");
             return table;
         };
         let top = JPath::root();
@@ -318,7 +314,10 @@ impl Checker {
                     self.err(
                         m.value.pos,
                         &path.key("id"),
-                        format!("{} is not a valid id: expected 1 to 64 of A-Z a-z 0-9 . _ -", quote(s)),
+                        format!(
+                            "{} is not a valid id: expected 1 to 64 of A-Z a-z 0-9 . _ -",
+                            quote(s)
+                        ),
                     );
                     None
                 }
@@ -339,29 +338,33 @@ impl Checker {
                 None
             }
         };
-        let decision = match field("decision") {
-            Some(m) => self
-                .string(&m.value, &path.key("decision"))
-                .and_then(|s| match Decision::from_name(s) {
-                    Some(d) => Some(d),
-                    None => {
-                        self.err(
-                            m.value.pos,
-                            &path.key("decision"),
-                            format!("{} is not a decision: expected \"allow\", \"ask\" or \"deny\"", quote(s)),
-                        );
-                        None
+        let decision =
+            match field("decision") {
+                Some(m) => self.string(&m.value, &path.key("decision")).and_then(|s| {
+                    match Decision::from_name(s) {
+                        Some(d) => Some(d),
+                        None => {
+                            self.err(
+                                m.value.pos,
+                                &path.key("decision"),
+                                format!(
+                                    "{} is not a decision: expected \"allow\", \"ask\" or \"deny\"",
+                                    quote(s)
+                                ),
+                            );
+                            None
+                        }
                     }
                 }),
-            None => {
-                self.err(
-                    node.pos,
-                    path,
-                    "missing field \"decision\": expected \"allow\", \"ask\" or \"deny\"",
-                );
-                None
-            }
-        };
+                None => {
+                    self.err(
+                        node.pos,
+                        path,
+                        "missing field \"decision\": expected \"allow\", \"ask\" or \"deny\"",
+                    );
+                    None
+                }
+            };
         let matcher = field("matcher").and_then(|m| self.matcher(m, path, "a tool"));
         if let (Some(m), Some(on)) = (field("matcher"), &on)
             && on.contains(&DecisionPoint::Prompt)

@@ -8,10 +8,10 @@ mod eval;
 mod load;
 mod model;
 
-pub use eval::{DecideError, MAX_PAYLOAD_BYTES, PoliciesStats, PolicyCount, Trace};
 pub use agents::{Question, question};
 pub(crate) use decider::Decider;
 pub(crate) use eval::STATS_SECTION;
+pub use eval::{DecideError, MAX_PAYLOAD_BYTES, PoliciesStats, PolicyCount, Trace};
 pub use load::{
     MAX_CONDITIONS, MAX_FILE_BYTES, MAX_PATH_SEGMENTS, MAX_POLICIES, MAX_REGEX_BYTES,
     POLICIES_FILE, load, load_with_warnings, parse,

@@ -41,7 +41,12 @@ fn the_contract_file_denies_rm_rf_for_every_agents_shell_tool() {
         ("gemini-cli", "run_shell_command"),
         ("codex", "exec_command"),
     ] {
-        for cmd in ["rm -rf /tmp/x", "cd a && rm -fr b", "rm -r dir", "sudo rm -Rf ."] {
+        for cmd in [
+            "rm -rf /tmp/x",
+            "cd a && rm -fr b",
+            "rm -r dir",
+            "sudo rm -Rf .",
+        ] {
             let v = tool(&t, agent, shell, cmd);
             assert_eq!(v.decision, Some(Decision::Deny), "{agent} {shell} {cmd}");
             assert_eq!(v.policy.as_deref(), Some("no-rm-rf"));
@@ -139,7 +144,11 @@ fn the_most_restrictive_decision_wins_with_the_first_such_policys_reason() {
     let v = tool(&t, "a", "Bash", "git push --force origin dev");
     assert_eq!(
         (v.decision, v.policy.as_deref(), v.reason.as_deref()),
-        (Some(Decision::Deny), Some("deny-any-force-main"), Some("second deny"))
+        (
+            Some(Decision::Deny),
+            Some("deny-any-force-main"),
+            Some("second deny")
+        )
     );
     let v = tool(&t, "a", "Bash", "git push origin dev");
     assert_eq!(
@@ -200,7 +209,10 @@ fn conditions_are_anded_and_a_missing_path_is_no_match() {
         &json!({"prompt": "my PASSWORD = hunter2"}),
     );
     assert_eq!(v.decision, Some(Decision::Deny));
-    assert_eq!(v.reason.as_deref(), Some("deny by policy no-secrets-prompt"));
+    assert_eq!(
+        v.reason.as_deref(),
+        Some("deny by policy no-secrets-prompt")
+    );
     let (_, traces) = t.explain(
         DecisionPoint::ToolCallStart,
         "claude-code",
@@ -275,9 +287,7 @@ fn oversized_regexes_and_payloads_are_refused_with_their_limits_named() {
     std::fs::write(ws.path().join("policies.json"), CONTRACT).unwrap();
     let hooks = Hooks::builder().workspace(ws.path()).build().unwrap();
     let big = format!(r#"{{"prompt": "{}"}}"#, "x".repeat(MAX_PAYLOAD_BYTES));
-    let err = hooks
-        .decide(DecisionPoint::Prompt, "a", &big)
-        .unwrap_err();
+    let err = hooks.decide(DecisionPoint::Prompt, "a", &big).unwrap_err();
     assert_eq!(
         err,
         DecideError::TooLarge {
@@ -330,22 +340,37 @@ fn hooks_decide_counts_and_never_touches_the_ring_or_a_hook() {
     }
     // Every decision is on the bus, from the asking agent.
     let first = sub.recv().unwrap();
-    assert_eq!((first.topic(), first.agent()), ("prx.policy.decision", "claude-code"));
+    assert_eq!(
+        (first.topic(), first.agent()),
+        ("prx.policy.decision", "claude-code")
+    );
     let v: serde_json::Value = serde_json::from_str(first.json_str()).unwrap();
     assert_eq!(
         (&v["point"], &v["decision"], &v["policy"], &v["reason"]),
-        (&json!("tool_call_start"), &json!("deny"), &json!("no-rm-rf"), &json!("rm -rf is not allowed in this workspace"))
+        (
+            &json!("tool_call_start"),
+            &json!("deny"),
+            &json!("no-rm-rf"),
+            &json!("rm -rf is not allowed in this workspace")
+        )
     );
     let second: serde_json::Value = serde_json::from_str(sub.recv().unwrap().json_str()).unwrap();
     assert_eq!(second["decision"], serde_json::Value::Null);
     let s = hooks.stats();
     assert_eq!((s.emitted, s.processed), (0, 0), "a decision emits nothing");
     let p = s.policies().unwrap();
-    assert_eq!((p.deny, p.none, p.allow, p.ask, p.refused), (10, 10, 0, 0, 0));
+    assert_eq!(
+        (p.deny, p.none, p.allow, p.ask, p.refused),
+        (10, 10, 0, 0, 0)
+    );
     assert_eq!(p.file.as_ref().map(|f| f.actions), Some(1));
     assert_eq!(p.by_policy.len(), 1);
     assert_eq!(
-        (p.by_policy[0].policy.as_str(), p.by_policy[0].decision, p.by_policy[0].decisions),
+        (
+            p.by_policy[0].policy.as_str(),
+            p.by_policy[0].decision,
+            p.by_policy[0].decisions
+        ),
         ("no-rm-rf", Decision::Deny, 10)
     );
     // The hook itself still runs for an emitted event: the lane is unchanged.
@@ -382,12 +407,21 @@ fn policies_json_hot_reloads_and_keeps_the_last_good_table() {
         }
     };
     std::fs::write(&file, CONTRACT).unwrap();
-    wait("the file to go live", &|| decide().decision == Some(Decision::Deny));
+    wait("the file to go live", &|| {
+        decide().decision == Some(Decision::Deny)
+    });
 
     // Broken: refused with its position, the last good table stays.
     std::fs::write(&file, "{\"policies\": [\n  {\"id\": 7}]}").unwrap();
     wait("the rejection", &|| {
-        hooks.stats().policies().unwrap().file.as_ref().unwrap().failing
+        hooks
+            .stats()
+            .policies()
+            .unwrap()
+            .file
+            .as_ref()
+            .unwrap()
+            .failing
     });
     let stats = hooks.stats();
     let f = stats.policies().unwrap().file.clone().unwrap();
@@ -399,13 +433,20 @@ fn policies_json_hot_reloads_and_keeps_the_last_good_table() {
     assert_eq!(decide().decision, Some(Decision::Deny), "last good kept");
 
     // Fixed, to an allow: live.
-    std::fs::write(
-        &file,
-        CONTRACT.replace("\"deny\"", "\"allow\""),
-    )
-    .unwrap();
-    wait("the fix to go live", &|| decide().decision == Some(Decision::Allow));
-    assert!(!hooks.stats().policies().unwrap().file.as_ref().unwrap().failing);
+    std::fs::write(&file, CONTRACT.replace("\"deny\"", "\"allow\"")).unwrap();
+    wait("the fix to go live", &|| {
+        decide().decision == Some(Decision::Allow)
+    });
+    assert!(
+        !hooks
+            .stats()
+            .policies()
+            .unwrap()
+            .file
+            .as_ref()
+            .unwrap()
+            .failing
+    );
 
     // Deleted: no policies.
     std::fs::remove_file(&file).unwrap();

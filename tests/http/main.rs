@@ -19,6 +19,7 @@ mod support;
 
 mod agents_cli;
 mod console;
+mod decide;
 mod http;
 mod http_cli;
 mod http_events;

@@ -1,7 +1,7 @@
 //! Deciding: a payload against the rules in force, most restrictive first, and the counts
 //! every decision leaves. Nothing here touches the ring, a worker, a hook or a plugin.
 
-use super::model::{Condition, Decision, DecisionPoint, Policy, PolicyTable, Test, Verdict};
+use super::model::{Condition, Decision, DecisionPoint, Index, Policy, PolicyTable, Test, Verdict};
 use crate::config::ConfigStats;
 use serde::Serialize;
 use serde_json::Value;
@@ -105,11 +105,15 @@ impl PolicyTable {
         let mut best: Option<(usize, &Policy)> = None;
         if self.enabled {
             let tool = payload.get("tool").and_then(Value::as_str);
+            let mut cache = Cache {
+                matchers: vec![None; self.index.matchers.len()],
+                sets: vec![None; self.index.sets.len()],
+            };
             for (i, p) in self.policies.iter().enumerate() {
                 if best.is_some_and(|(_, b)| b.decision >= p.decision) {
                     continue;
                 }
-                if matches(p, point, agent, tool, payload).is_ok() {
+                if self.hit(p, point, agent, tool, payload, &mut cache) {
                     best = Some((i, p));
                     if p.decision == Decision::Deny {
                         break;
@@ -160,6 +164,134 @@ impl PolicyTable {
             })
             .collect();
         (verdict, traces)
+    }
+}
+
+/// What one decision has worked out so far: each shared matcher's answer, and each path's
+/// regex set's matches (outer `None`: not asked yet; inner `None`: none matches).
+struct Cache {
+    matchers: Vec<Option<bool>>,
+    sets: Vec<Option<Option<regex::SetMatches>>>,
+}
+
+/// The most a path's shared regex set may compile to; past it the path's regexes run one by
+/// one (each is already bounded at 1 MiB).
+const SET_SIZE_LIMIT: usize = 64 << 20;
+
+impl PolicyTable {
+    /// Builds the [`Index`] (after loading; a table built otherwise decides without one).
+    pub(crate) fn build_index(&mut self) {
+        let mut index = Index::default();
+        for p in &mut self.policies {
+            p.matcher_ix = p.matcher.as_ref().map(|m| {
+                let src = m.source();
+                match index.matchers.iter().position(|x| x.source() == src) {
+                    Some(i) => i,
+                    None => {
+                        index.matchers.push(m.clone());
+                        index.matchers.len() - 1
+                    }
+                }
+            });
+        }
+        let mut paths: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+        for p in &self.policies {
+            for c in &p.when {
+                if let Test::Regex(r) = &c.test {
+                    match paths.iter_mut().find(|(segs, _)| *segs == c.segments) {
+                        Some((_, pats)) => pats.push(r.as_str().to_string()),
+                        None => paths.push((c.segments.clone(), vec![r.as_str().to_string()])),
+                    }
+                }
+            }
+        }
+        let sets: Vec<Option<regex::RegexSet>> = paths
+            .iter()
+            .map(|(_, pats)| {
+                regex::RegexSetBuilder::new(pats)
+                    .size_limit(SET_SIZE_LIMIT)
+                    .nest_limit(64)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        let mut next = vec![0usize; paths.len()];
+        for p in &mut self.policies {
+            for c in &mut p.when {
+                if !matches!(c.test, Test::Regex(_)) {
+                    continue;
+                }
+                let at = paths.iter().position(|(segs, _)| *segs == c.segments);
+                if let Some(at) = at {
+                    let k = next[at];
+                    next[at] += 1;
+                    c.in_set = sets[at].as_ref().map(|_| (at, k));
+                }
+            }
+        }
+        // Keep the sets' indices as the conditions recorded them (a failed set leaves a hole
+        // no condition points at).
+        index.sets = paths
+            .into_iter()
+            .zip(sets)
+            .map(|((segs, _), set)| (segs, set.unwrap_or_else(regex::RegexSet::empty)))
+            .collect();
+        self.index = index;
+    }
+
+    /// Whether `p` answers (the fast path of [`matches`]: no reasons, shared work cached).
+    fn hit(
+        &self,
+        p: &Policy,
+        point: DecisionPoint,
+        agent: &str,
+        tool: Option<&str>,
+        payload: &Value,
+        cache: &mut Cache,
+    ) -> bool {
+        if p.points & point.bit() == 0 || !p.enabled {
+            return false;
+        }
+        if let Some(m) = &p.agent
+            && !m.matches(agent)
+        {
+            return false;
+        }
+        if let Some(m) = &p.matcher {
+            let Some(t) = tool else { return false };
+            let ok = match p.matcher_ix.and_then(|i| cache.matchers.get_mut(i)) {
+                Some(Some(known)) => *known,
+                Some(slot) => *slot.insert(m.matches(t)),
+                None => m.matches(t),
+            };
+            if !ok {
+                return false;
+            }
+        }
+        p.when.iter().all(|c| match c.in_set {
+            Some((s, k)) => {
+                let matches = cache.sets[s].get_or_insert_with(|| {
+                    let (segs, set) = &self.index.sets[s];
+                    let value = lookup(payload, segs)?;
+                    // Most questions match none of a path's regexes: one early-exit search
+                    // tells, and only a hit pays for the search that names them all.
+                    with_text(value, |text| set.is_match(text).then(|| set.matches(text))).flatten()
+                });
+                matches.as_ref().is_some_and(|m| m.matched(k))
+            }
+            None => holds(c, payload).is_ok(),
+        })
+    }
+}
+
+/// `f` of the value's text: a string itself, a number or boolean as its JSON spelling; `None`
+/// for null, objects and arrays (what text tests never match).
+fn with_text<T>(value: &Value, f: impl FnOnce(&str) -> T) -> Option<T> {
+    match value {
+        Value::String(s) => Some(f(s)),
+        Value::Number(n) => Some(f(&n.to_string())),
+        Value::Bool(b) => Some(f(if *b { "true" } else { "false" })),
+        _ => None,
     }
 }
 

@@ -183,6 +183,7 @@ fn parse_with_warnings(
         .collect();
     if v.errs.is_empty() {
         let mut table = table;
+        table.build_index();
         table.warnings = warnings.clone();
         (Ok(table), warnings)
     } else {
@@ -419,6 +420,7 @@ impl Checker {
                 on,
                 points,
                 matcher,
+                matcher_ix: None,
                 agent,
                 when,
                 decision,
@@ -636,6 +638,7 @@ impl Checker {
             path: m.key.clone(),
             segments,
             test,
+            in_set: None,
         })
     }
 }

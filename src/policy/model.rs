@@ -141,6 +141,8 @@ pub struct Condition {
     pub(crate) segments: Vec<String>,
     /// The test.
     pub test: Test,
+    /// Where its regex sits in the table's shared set for its path (set, pattern).
+    pub(crate) in_set: Option<(usize, usize)>,
 }
 
 /// One rule of policies.json.
@@ -154,6 +156,8 @@ pub struct Policy {
     pub(crate) points: u8,
     /// The tools it applies to (`matcher`; `None`: every tool).
     pub matcher: Option<Matcher>,
+    /// Its matcher among the table's distinct ones.
+    pub(crate) matcher_ix: Option<usize>,
     /// The agents it applies to (`agent`, the same syntax; `None`: every agent).
     pub agent: Option<Matcher>,
     /// `when`: every condition must hold (none: always).
@@ -180,6 +184,8 @@ pub struct PolicyTable {
     pub source: Option<PathBuf>,
     /// Load-time warnings, as `FILE:LINE:COL: PATH: reason`.
     pub warnings: Vec<String>,
+    /// What one decision computes once for every policy (built at load).
+    pub(crate) index: Index,
 }
 
 /// A decision: what was decided, by which policy, why, and how long deciding took.
@@ -210,4 +216,13 @@ impl Verdict {
             elapsed,
         }
     }
+}
+
+/// What a table shares between its policies so that one decision computes it once: the
+/// distinct tool matchers, and per path one `RegexSet` of every regex written on it (built by
+/// `PolicyTable::build_index` at load).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Index {
+    pub(crate) matchers: Vec<Matcher>,
+    pub(crate) sets: Vec<(Vec<String>, regex::RegexSet)>,
 }

@@ -29,7 +29,17 @@ fn errors(text: &str) -> String {
 
 fn tool(t: &policy::PolicyTable, agent: &str, tool: &str, command: &str) -> Verdict {
     let payload = json!({"tool": tool, "arguments": {"command": command}});
-    t.decide(DecisionPoint::ToolCallStart, agent, &payload)
+    let v = t.decide(DecisionPoint::ToolCallStart, agent, &payload);
+    // The fast path (shared matchers, one regex set per path) agrees with the policy-by-policy
+    // explanation: the decision is the most restrictive of the policies that matched.
+    let (_, traces) = t.explain(DecisionPoint::ToolCallStart, agent, &payload);
+    let slow = traces
+        .iter()
+        .filter(|t| t.matched)
+        .map(|t| t.decision)
+        .max();
+    assert_eq!(v.decision, slow, "{command}: {traces:?}");
+    v
 }
 
 #[test]

@@ -22,7 +22,8 @@ const POLICIES: &str = r#"{"policies": [
 fn start(log: &std::path::Path) -> Ingest {
     let script = format!("cat >> {}; echo >> {}", log.display(), log.display());
     let hooks = json!({"hooks": {"tool_call_start": [
-        {"command": "/bin/sh", "args": ["-c", script], "stdin_json": true}
+        // One run at a time: two runs appending at once would interleave their lines.
+        {"command": "/bin/sh", "args": ["-c", script], "stdin_json": true, "max_concurrent": 1}
     ]}});
     let api = Ingest::start(&hooks.to_string());
     std::fs::write(api.ws.path().join("policies.json"), POLICIES).unwrap();

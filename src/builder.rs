@@ -367,6 +367,18 @@ impl HooksBuilder {
             }
             _ => None,
         };
+        // policies.json, loaded before any decision can be asked for.
+        let policies = match &self.workspace {
+            Some(ws) => policy::Decider::start(
+                ws.clone(),
+                config::WatchOptions {
+                    debounce: self.reload_debounce,
+                    ..config::WatchOptions::default()
+                },
+            )
+            .map_err(BuildError::Spawn)?,
+            None => policy::Decider::absent(),
+        };
         let per_ring = self.ring_capacity.div_ceil(self.workers);
         let pipeline = Pipeline::start(
             self.workers,
@@ -404,6 +416,7 @@ impl HooksBuilder {
                 None => ConfigState::Absent,
             }),
             editor: std::sync::OnceLock::new(),
+            policies,
             producers,
             sessions,
             seen: std::sync::Arc::new(match &self.workspace {

@@ -431,6 +431,12 @@ impl Bus {
         self.publish_as(topic, json.as_ref(), 1, (agent, session), max)
     }
 
+    /// Whether any subscription's pattern matches `topic` (one lock-free load): what a
+    /// publisher checks before building a message nobody would take.
+    pub(crate) fn wants(&self, topic: &str) -> bool {
+        self.0.subs.load().iter().any(|s| s.pattern.matches(topic))
+    }
+
     /// `publish` for a message caused by another one at `depth - 1` (plugins republishing).
     pub(crate) fn publish_at_depth(
         &self,

@@ -3,6 +3,8 @@
 
 use super::*;
 
+mod decide;
+
 /// The hook system: owns the rings, the workers, the bus and the sinks.
 ///
 /// `Send + Sync`; share it behind an `Arc`. Dropping it shuts down with the builder's
@@ -25,6 +27,8 @@ pub struct Hooks {
     pub(super) config: std::sync::Mutex<ConfigState>,
     /// The one hooks.json editor of this workspace (made on first use).
     pub(super) editor: std::sync::OnceLock<config::HooksEditor>,
+    /// policies.json and the decisions' counts (the decision lane, `hooks/decide.rs`).
+    pub(super) policies: policy::Decider,
     pub(super) producers: Arc<Producers>,
     /// One emitter per (agent, session) for every ingest path (ARCHITECTURE.md § Ingest).
     pub(super) sessions: ingest::Sessions,
@@ -234,6 +238,7 @@ impl Hooks {
         #[cfg(not(feature = "otel"))]
         let traces: Option<otel::OtelStats> = None;
         stats.set_section(otel::STATS_SECTION, traces);
+        stats.set_section(policy::STATS_SECTION, Some(self.policies.stats()));
         stats.set_section(ingest::STATS_SECTION, Some(self.sessions.stats()));
         stats.set_section(ingest::EVENT_IDS_SECTION, Some(self.seen.stats()));
         stats
@@ -304,7 +309,8 @@ impl Hooks {
             || self.bus.is_closed()
     }
 
-    /// Re-reads hooks.json and rescans the plugins now (what `prx-hooks run` does on SIGHUP).
+    /// Re-reads hooks.json and policies.json and rescans the plugins now (what `prx-hooks run`
+    /// does on SIGHUP).
     /// An invalid file is reported and the last good table (or plugin version) stays; `None`
     /// without a workspace or after shutdown.
     pub fn reload(&self) -> Option<config::Reload> {
@@ -313,6 +319,9 @@ impl Hooks {
             for e in p.reload().errors {
                 tracing::warn!("plugin: {e}");
             }
+        }
+        if let Some(config::Reload::Rejected) = self.policies.reload(true) {
+            tracing::warn!("policies.json is invalid: the policies in force stay");
         }
         match &*self.config.lock().unwrap_or_else(|e| e.into_inner()) {
             ConfigState::Live(watcher) => Some(watcher.reload_now()),
@@ -350,6 +359,7 @@ impl Hooks {
                 .unwrap_or_else(|e| e.into_inner())
                 .take(),
         );
+        self.policies.stop();
         {
             let mut state = self.config.lock().unwrap_or_else(|e| e.into_inner());
             if let ConfigState::Live(watcher) = &*state {

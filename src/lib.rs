@@ -75,6 +75,7 @@ pub mod nats;
 pub mod ndjson;
 pub mod otel;
 mod pipeline;
+pub mod policy;
 mod ring;
 // Without `nats` nothing attaches (the sinks' side stays: holds and marks are no-ops).
 #[cfg_attr(not(feature = "nats"), allow(dead_code))]

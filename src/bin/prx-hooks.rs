@@ -48,6 +48,8 @@ mod hook_table;
 mod init;
 #[path = "prx-hooks/input.rs"]
 mod input;
+#[path = "prx-hooks/policy_test.rs"]
+mod policy_test;
 #[path = "prx-hooks/run.rs"]
 mod run;
 #[cfg(feature = "http")]
@@ -122,10 +124,13 @@ enum Command {
     Run(run::RunArgs),
     /// Drive the pipeline as hard as possible and report emit latency and throughput.
     Bench(bench::BenchArgs),
-    /// Check the workspace's hooks.json; every error as FILE:LINE:COL: PATH: reason.
+    /// Check the workspace's hooks.json and policies.json; every error as FILE:LINE:COL: PATH:
+    /// reason.
     Validate(validate::ValidateArgs),
     /// Run every hook for EVENT once, wait, and print one line per outcome.
     Fire(fire::FireArgs),
+    /// Policies (policies.json): `policy test` decides a payload offline.
+    Policy(policy_test::PolicyArgs),
     /// Create a working workspace in DIR: a sample hooks.json, its scripts, sample events, a
     /// README. Never overwrites anything.
     Init(init::InitArgs),
@@ -201,6 +206,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::bench(args),
         Command::Validate(args) => validate::validate(args),
         Command::Fire(args) => return fire::fire_command(args),
+        Command::Policy(args) => policy_test::policy(args),
         Command::Init(args) => init::init(args),
         #[cfg(feature = "http")]
         Command::Tail(args) => tail::tail(args),

@@ -282,7 +282,7 @@ pub fn parse_with_warnings(
     }
 }
 
-fn raw(pos: usize, path: JPath, reason: impl Into<String>) -> RawError {
+pub(crate) fn raw(pos: usize, path: JPath, reason: impl Into<String>) -> RawError {
     RawError {
         pos,
         path,
@@ -294,7 +294,7 @@ fn raw(pos: usize, path: JPath, reason: impl Into<String>) -> RawError {
 /// Raw errors → `ConfigErrors`, in file order: the first [`MAX_ERRORS`], then one line
 /// counting the rest (at the position of the first one left out). Linear in the number of
 /// errors and the size of the text.
-fn finish(label: &str, text: &str, mut errs: Vec<RawError>) -> ConfigErrors {
+pub(crate) fn finish(label: &str, text: &str, mut errs: Vec<RawError>) -> ConfigErrors {
     errs.sort_by_key(|e| e.pos);
     if errs.len() > MAX_ERRORS {
         let more = errs.len() - MAX_ERRORS;

@@ -270,22 +270,31 @@ fn regex_reason(e: &regex::Error) -> String {
 
 /// `*` (any run, possibly empty) and `?` (any one character) over the whole text. Iterative
 /// with one backtrack point, so it is linear-ish and cannot blow up on adversarial patterns.
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    // ASCII (tool names almost always are): byte by byte, nothing allocated.
+    if pattern.is_ascii() && text.is_ascii() {
+        return glob(pattern, text, b'*', b'?');
+    }
     let text = std::str::from_utf8(text)
         .map(|t| t.chars().collect::<Vec<_>>())
         .unwrap_or_default();
     let pattern = std::str::from_utf8(pattern)
         .map(|p| p.chars().collect::<Vec<_>>())
         .unwrap_or_default();
+    glob(&pattern, &text, '*', '?')
+}
+
+/// [`glob_match`] over units of text (bytes of ASCII, or characters): `any` is `*`, `one` `?`.
+fn glob<T: Copy + PartialEq>(pattern: &[T], text: &[T], any: T, one: T) -> bool {
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {
         match pattern.get(p) {
-            Some('*') => {
+            Some(&c) if c == any => {
                 star = Some((p, t));
                 p += 1;
             }
-            Some(&c) if c == '?' || c == text[t] => {
+            Some(&c) if c == one || c == text[t] => {
                 p += 1;
                 t += 1;
             }
@@ -299,7 +308,7 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
             },
         }
     }
-    pattern[p..].iter().all(|&c| c == '*')
+    pattern[p..].iter().all(|&c| c == any)
 }
 
 #[cfg(test)]
@@ -315,6 +324,8 @@ mod tests {
         assert!(m("sh?ll", "shell") && !m("sh?ll", "shel"));
         assert!(m("*", "") && m("a*b*c", "aXXbYYc") && !m("a*b*c", "aXXbYY"));
         assert!(!m("Shell", "shell"), "case-sensitive");
+        // `?` is one character, not one byte, beyond ASCII (the ASCII path is byte by byte).
+        assert!(m("a?c", "aéc") && !m("a??c", "aéc") && m("é*", "éa") && !m("e*", "éa"));
         assert!(m("é*", "éa"));
         assert!(
             !m(&"*a".repeat(30), &"a".repeat(29)),

@@ -1,4 +1,5 @@
-//! Hot reload of `<workspace>/hooks.json`.
+//! Hot reload of `<workspace>/hooks.json` (and, through the same code, of `policies.json`:
+//! [`Doc`] is what differs between the two files).
 //!
 //! [`ConfigWatcher`] watches the workspace DIRECTORY (not the file: editors save by writing a
 //! temporary file and renaming it over, and the file may not exist yet), debounces bursts of
@@ -34,7 +35,7 @@
 //! and joins it.
 
 use super::error::ConfigErrors;
-use super::load::{HOOKS_FILE, empty_table, file_label, io_error, parse, read_hooks_file};
+use super::load::{HOOKS_FILE, empty_table, io_error, parse, read_hooks_file};
 use super::model::HookTable;
 use arc_swap::ArcSwap;
 use serde::Serialize;
@@ -47,7 +48,83 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Called with every table that goes live.
-pub(crate) type OnReload = Box<dyn Fn(Arc<HookTable>) + Send + Sync>;
+pub(crate) type OnReload<T = HookTable> = Box<dyn Fn(Arc<T>) + Send + Sync>;
+
+/// What a watcher watches: one file of the workspace, read into a table (hooks.json into a
+/// [`HookTable`]; `policies.json` into the policy layer's table). Everything in this module
+/// but the file's format is shared.
+pub(crate) trait Doc: Send + Sync + 'static {
+    /// What the file becomes.
+    type Table: Send + Sync + 'static;
+    /// The file's name inside the workspace.
+    const FILE: &'static str;
+    /// What the file configures, for log lines ("shell hooks").
+    const WHAT: &'static str;
+    /// Reads the file without blocking on a FIFO (`Ok(None)`: it does not exist).
+    fn read(workspace: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// Parses and validates its bytes; errors as `FILE:LINE:COL: PATH: reason`.
+    fn parse(bytes: &[u8], label: &str, workspace: &Path) -> Result<Self::Table, ConfigErrors>;
+    /// The table of a workspace without the file.
+    fn empty() -> Self::Table;
+    /// Notes where a table was read from.
+    fn set_source(table: &mut Self::Table, file: PathBuf);
+    /// Whether the table was read from the file.
+    fn loaded(table: &Self::Table) -> bool;
+    /// Its load-time warnings.
+    fn warnings(table: &Self::Table) -> &[String];
+    /// Adds a warning.
+    fn warn(table: &mut Self::Table, warning: String);
+    /// What of it is live, for the log (`4 shell hook(s) live`).
+    fn live(table: &Self::Table) -> String;
+    /// How many entries it has, and whether it is switched on as a whole.
+    fn size(table: &Self::Table) -> (usize, bool);
+}
+
+/// hooks.json.
+pub(crate) struct HooksDoc;
+
+impl Doc for HooksDoc {
+    type Table = HookTable;
+    const FILE: &'static str = HOOKS_FILE;
+    const WHAT: &'static str = "shell hooks";
+    fn read(workspace: &Path) -> io::Result<Option<Vec<u8>>> {
+        read_hooks_file(workspace)
+    }
+    fn parse(bytes: &[u8], label: &str, workspace: &Path) -> Result<HookTable, ConfigErrors> {
+        parse(bytes, label, workspace)
+    }
+    fn empty() -> HookTable {
+        empty_table()
+    }
+    fn set_source(table: &mut HookTable, file: PathBuf) {
+        table.source = Some(file);
+    }
+    fn loaded(table: &HookTable) -> bool {
+        table.source.is_some()
+    }
+    fn warnings(table: &HookTable) -> &[String] {
+        &table.warnings
+    }
+    fn warn(table: &mut HookTable, warning: String) {
+        table.warnings.push(warning);
+    }
+    fn live(table: &HookTable) -> String {
+        live(table)
+    }
+    fn size(table: &HookTable) -> (usize, bool) {
+        (table.actions.len(), table.enabled)
+    }
+}
+
+/// How a watcher names its file in messages: the bare name for the current directory, the
+/// joined path otherwise.
+pub(crate) fn label_of(workspace: &Path, file: &str) -> String {
+    if workspace.as_os_str().is_empty() || workspace == Path::new(".") {
+        file.to_string()
+    } else {
+        workspace.join(file).display().to_string()
+    }
+}
 
 /// How a [`ConfigWatcher`] watches.
 #[derive(Debug, Clone)]
@@ -147,8 +224,11 @@ pub struct ConfigStats {
 }
 
 /// Watches a workspace's hooks.json and keeps the latest valid table.
-pub struct ConfigWatcher {
-    shared: Arc<Shared>,
+pub struct ConfigWatcher(Watch<HooksDoc>);
+
+/// Watches one file of a workspace ([`Doc`]) and keeps the latest valid table.
+pub(crate) struct Watch<D: Doc> {
+    shared: Arc<Shared<D>>,
     tx: mpsc::Sender<Msg>,
     thread: Option<JoinHandle<()>>,
 }
@@ -158,14 +238,14 @@ enum Msg {
     Stop,
 }
 
-struct Shared {
+struct Shared<D: Doc> {
     workspace: PathBuf,
     /// The workspace resolved at start, to recognize events about the directory itself.
     workspace_canon: Option<PathBuf>,
     file: PathBuf,
     label: String,
-    table: ArcSwap<HookTable>,
-    on_reload: OnReload,
+    table: ArcSwap<D::Table>,
+    on_reload: OnReload<D::Table>,
     /// Serializes loads and callbacks.
     state: Mutex<LoadState>,
     stats: Mutex<Counters>,
@@ -224,14 +304,70 @@ impl ConfigWatcher {
         opts: WatchOptions,
         on_reload: OnReload,
     ) -> io::Result<ConfigWatcher> {
+        Watch::start_with(workspace, opts, on_reload).map(ConfigWatcher)
+    }
+
+    /// The active table (a cheap `Arc` clone; lock-free).
+    pub fn table(&self) -> Arc<HookTable> {
+        self.0.table()
+    }
+
+    /// Re-reads and re-validates the file now, on the calling thread, even if it did not
+    /// change (bare command names are resolved again: a program installed since is found).
+    /// For SIGHUP. Returns when the new table is live (or was rejected).
+    pub fn reload_now(&self) -> Reload {
+        self.0.reload_now()
+    }
+
+    /// Re-reads the file now, on the calling thread, and applies it only if its bytes differ
+    /// from the active table's (an API write, made live before the response). Returns when the
+    /// new table is live (or was rejected); the watcher's own event for the same bytes is then
+    /// [`Reload::Unchanged`].
+    pub fn reload_if_changed(&self) -> Reload {
+        self.0.reload_if_changed()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ConfigStats {
+        self.0.stats()
+    }
+
+    /// inotify, or polling.
+    pub fn kind(&self) -> WatcherKind {
+        self.0.kind()
+    }
+
+    /// The workspace whose hooks.json is watched.
+    pub fn workspace(&self) -> &Path {
+        self.0.workspace()
+    }
+}
+
+impl std::fmt::Debug for ConfigWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigWatcher")
+            .field("file", &self.0.shared.file)
+            .field("watcher", &self.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Doc> Watch<D> {
+    /// Loads `<workspace>/<D::FILE>` and starts watching it (what [`ConfigWatcher::start_with`]
+    /// says, for any [`Doc`]).
+    pub(crate) fn start_with(
+        workspace: PathBuf,
+        opts: WatchOptions,
+        on_reload: OnReload<D::Table>,
+    ) -> io::Result<Watch<D>> {
         let debounce = opts.debounce.max(Duration::from_millis(1));
         let poll_interval = opts.poll_interval.max(Duration::from_millis(1));
         let shared = Arc::new(Shared {
-            file: workspace.join(HOOKS_FILE),
-            label: file_label(&workspace),
+            file: workspace.join(D::FILE),
+            label: label_of(&workspace, D::FILE),
             workspace_canon: std::fs::canonicalize(&workspace).ok(),
             workspace,
-            table: ArcSwap::from_pointee(empty_table()),
+            table: ArcSwap::from_pointee(D::empty()),
             on_reload,
             state: Mutex::new(LoadState::default()),
             stats: Mutex::new(Counters::default()),
@@ -276,7 +412,7 @@ impl ConfigWatcher {
                 }
                 .run()
             })?;
-        Ok(ConfigWatcher {
+        Ok(Watch {
             shared,
             tx,
             thread: Some(thread),
@@ -284,40 +420,36 @@ impl ConfigWatcher {
     }
 
     /// The active table (a cheap `Arc` clone; lock-free).
-    pub fn table(&self) -> Arc<HookTable> {
+    pub(crate) fn table(&self) -> Arc<D::Table> {
         self.shared.table.load_full()
     }
 
-    /// Re-reads and re-validates the file now, on the calling thread, even if it did not
-    /// change (bare command names are resolved again: a program installed since is found).
-    /// For SIGHUP. Returns when the new table is live (or was rejected).
-    pub fn reload_now(&self) -> Reload {
+    /// See [`ConfigWatcher::reload_now`].
+    pub(crate) fn reload_now(&self) -> Reload {
         self.shared.reload(true)
     }
 
-    /// Re-reads the file now, on the calling thread, and applies it only if its bytes differ
-    /// from the active table's (an API write, made live before the response). Returns when the
-    /// new table is live (or was rejected); the watcher's own event for the same bytes is then
-    /// [`Reload::Unchanged`].
-    pub fn reload_if_changed(&self) -> Reload {
+    /// See [`ConfigWatcher::reload_if_changed`].
+    pub(crate) fn reload_if_changed(&self) -> Reload {
         self.shared.reload(false)
     }
 
-    /// A snapshot of the counters.
-    pub fn stats(&self) -> ConfigStats {
+    /// A snapshot of the counters (`actions`: the table's entries).
+    pub(crate) fn stats(&self) -> ConfigStats {
         let table = self.table();
+        let (entries, enabled) = D::size(&table);
         let c = lock(&self.shared.stats);
         ConfigStats {
             source: self.shared.file.display().to_string(),
-            loaded: table.source.is_some(),
+            loaded: D::loaded(&table),
             reloads: c.reloads,
             reload_errors: c.reload_errors,
             unchanged: c.unchanged,
             failing: c.failing,
             last_error: c.last_error.clone(),
-            actions: table.actions.len(),
-            enabled: table.enabled,
-            warnings: table.warnings.len(),
+            actions: entries,
+            enabled,
+            warnings: D::warnings(&table).len(),
             watcher: self.kind(),
             last_reload: c
                 .last_reload
@@ -326,7 +458,7 @@ impl ConfigWatcher {
     }
 
     /// inotify, or polling.
-    pub fn kind(&self) -> WatcherKind {
+    pub(crate) fn kind(&self) -> WatcherKind {
         if self.shared.kind.load(Ordering::Relaxed) == WatcherKind::Inotify as u8 {
             WatcherKind::Inotify
         } else {
@@ -334,27 +466,18 @@ impl ConfigWatcher {
         }
     }
 
-    /// The workspace whose hooks.json is watched.
-    pub fn workspace(&self) -> &Path {
+    /// The workspace whose file is watched.
+    pub(crate) fn workspace(&self) -> &Path {
         &self.shared.workspace
     }
 }
 
-impl Drop for ConfigWatcher {
+impl<D: Doc> Drop for Watch<D> {
     fn drop(&mut self) {
         let _ = self.tx.send(Msg::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-impl std::fmt::Debug for ConfigWatcher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConfigWatcher")
-            .field("file", &self.shared.file)
-            .field("watcher", &self.kind())
-            .finish_non_exhaustive()
     }
 }
 
@@ -388,42 +511,43 @@ fn file_signature(file: &Path) -> Signature {
     })
 }
 
-impl Shared {
+impl<D: Doc> Shared<D> {
     fn initial_load(&self) {
         let mut st = lock(&self.state);
-        match read_hooks_file(&self.workspace) {
+        match D::read(&self.workspace) {
             Ok(None) => {
-                tracing::debug!("{}: no file, no shell hooks", self.label);
-                self.apply(&mut st, empty_table(), None, true);
+                tracing::debug!("{}: no file, no {}", self.label, D::WHAT);
+                self.apply(&mut st, D::empty(), None, true);
             }
-            Ok(Some(bytes)) => match parse(&bytes, &self.label, &self.workspace) {
+            Ok(Some(bytes)) => match D::parse(&bytes, &self.label, &self.workspace) {
                 Ok(mut table) => {
-                    table.source = Some(self.file.clone());
+                    D::set_source(&mut table, self.file.clone());
                     self.apply(&mut st, table, Some(bytes), true);
                 }
                 Err(errs) => {
                     self.reject(&mut st, &errs, Some(bytes));
-                    self.apply(&mut st, empty_table(), None, true);
+                    self.apply(&mut st, D::empty(), None, true);
                 }
             },
             Err(e) => {
                 self.reject(&mut st, &io_error(&self.label, &e), None);
-                self.apply(&mut st, empty_table(), None, true);
+                self.apply(&mut st, D::empty(), None, true);
             }
         }
     }
 
     fn reload(&self, force: bool) -> Reload {
         let mut st = lock(&self.state);
-        match read_hooks_file(&self.workspace) {
+        match D::read(&self.workspace) {
             Ok(None) => {
                 if st.active.is_none() {
                     // Still no file (or the rejected one is gone): nothing to swap.
                     let mut c = lock(&self.stats);
                     if c.failing {
                         tracing::info!(
-                            "{} was deleted: no shell hooks until it is created again",
-                            self.label
+                            "{} was deleted: no {} until it is created again",
+                            self.label,
+                            D::WHAT
                         );
                     }
                     c.failing = false;
@@ -432,12 +556,13 @@ impl Shared {
                     st.rejected = None;
                     return Reload::Unchanged;
                 }
-                let mut table = empty_table();
+                let mut table = D::empty();
                 let msg = format!(
-                    "{} was deleted: no shell hooks until it is created again",
-                    self.label
+                    "{} was deleted: no {} until it is created again",
+                    self.label,
+                    D::WHAT
                 );
-                table.warnings.push(msg);
+                D::warn(&mut table, msg);
                 st.rejected = None;
                 self.apply(&mut st, table, None, false);
                 Reload::Applied
@@ -450,7 +575,7 @@ impl Shared {
                         tracing::info!(
                             "{} is valid again (as in force): {}",
                             self.label,
-                            live(&self.table.load())
+                            D::live(&self.table.load())
                         );
                     }
                     c.failing = false;
@@ -462,9 +587,9 @@ impl Shared {
                 if !force && st.rejected.as_deref() == Some(&bytes[..]) {
                     return Reload::Rejected;
                 }
-                match parse(&bytes, &self.label, &self.workspace) {
+                match D::parse(&bytes, &self.label, &self.workspace) {
                     Ok(mut table) => {
-                        table.source = Some(self.file.clone());
+                        D::set_source(&mut table, self.file.clone());
                         st.rejected = None;
                         self.apply(&mut st, table, Some(bytes), false);
                         Reload::Applied
@@ -482,16 +607,16 @@ impl Shared {
         }
     }
 
-    fn apply(&self, st: &mut LoadState, table: HookTable, bytes: Option<Vec<u8>>, initial: bool) {
-        for w in &table.warnings {
+    fn apply(&self, st: &mut LoadState, table: D::Table, bytes: Option<Vec<u8>>, initial: bool) {
+        for w in D::warnings(&table) {
             tracing::warn!("{w}");
         }
         let mut c = lock(&self.stats);
-        if table.source.is_some() {
+        if D::loaded(&table) {
             if c.failing && !initial {
-                tracing::info!("{} is valid again: {}", self.label, live(&table));
+                tracing::info!("{} is valid again: {}", self.label, D::live(&table));
             } else {
-                tracing::info!("{}: {}", self.label, live(&table));
+                tracing::info!("{}: {}", self.label, D::live(&table));
             }
         }
         let table = Arc::new(table);
@@ -506,7 +631,7 @@ impl Shared {
         drop(c);
         let cb = &self.on_reload;
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(table))).is_err() {
-            tracing::error!("the hooks.json reload callback panicked");
+            tracing::error!("the {} reload callback panicked", D::FILE);
         }
     }
 
@@ -558,8 +683,8 @@ enum Signal {
     Settled,
 }
 
-struct Worker {
-    shared: Arc<Shared>,
+struct Worker<D: Doc> {
+    shared: Arc<Shared<D>>,
     rx: mpsc::Receiver<Msg>,
     watcher: Option<notify::RecommendedWatcher>,
     debounce: Duration,
@@ -611,7 +736,7 @@ fn link_chain(file: &Path) -> Vec<PathBuf> {
     out
 }
 
-impl Worker {
+impl<D: Doc> Worker<D> {
     fn run(mut self) {
         let mut pending: Option<Burst> = None;
         let mut next_poll = Instant::now() + self.poll_interval;
@@ -673,7 +798,7 @@ impl Worker {
         };
         let canon = self.shared.workspace_canon.as_deref();
         let in_workspace = dir == self.shared.workspace || Some(dir) == canon;
-        if in_workspace && name == HOOKS_FILE {
+        if in_workspace && name == D::FILE {
             return true;
         }
         if self.links.files.is_empty() {

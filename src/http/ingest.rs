@@ -257,7 +257,9 @@ fn flag(key: &str, value: &str) -> Result<bool, ApiError> {
 /// Each translated payload's event name is recorded as seen for the agent of the route
 /// (`GET /api/agents`, seen.rs).
 ///
-/// The answer is the agents' "no decision, carry on" at once: `200 {}`, with the line's
+/// The answer is the agents' "no decision, carry on" at once: `200 {}` (for Claude Code's
+/// PreToolUse, PermissionRequest and UserPromptSubmit, what the policies decided, in its
+/// documented format: `http/decide.rs`), with the line's
 /// outcome in `X-Prx-Hooks-Outcome` (`queued`, `skipped`, `dropped`, `refused`, `error`). A
 /// payload that cannot be translated is a 400 naming its place (for Claude Code a non-2xx
 /// answer is a non-blocking error: the agent goes on and shows it); an unknown agent a 404.
@@ -303,6 +305,9 @@ pub(crate) async fn agent(
     let bytes = body::raw(&api, &headers, body, limit, Media::Json)
         .await
         .map_err(refused)?;
+    // Policies answer first (docs/policies.md § Doors); the event is ingested as always.
+    let name = opts.agent.as_deref().unwrap_or(from.name());
+    let decided = super::decide::door_answer(&api, from, name, &bytes);
     let small = bytes.len() <= INLINE_BYTES;
     let hooks = api.hooks.clone();
     let seen = api.clone();
@@ -363,7 +368,10 @@ pub(crate) async fn agent(
     let mut resp = if with_report {
         json_response(StatusCode::OK, &report)
     } else {
-        json_response(StatusCode::OK, &serde_json::json!({}))
+        json_response(
+            StatusCode::OK,
+            &decided.unwrap_or_else(|| serde_json::json!({})),
+        )
     };
     resp.headers_mut()
         .insert("x-prx-hooks-outcome", HeaderValue::from_static(outcome));

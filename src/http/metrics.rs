@@ -22,6 +22,7 @@ use crate::Stats;
 use crate::config::ConfigStats;
 use crate::nats::{ConsumeStats, PublishStats};
 use crate::otel::OtelStats;
+use crate::policy::{PoliciesStats, PolicyCount};
 use crate::shell::{HookCounts, ShellStats};
 use crate::stats::{SinkStats, SubscriberStats};
 use crate::wasm::{PluginStats, PluginsStats};
@@ -202,6 +203,29 @@ fn metrics(s: &Stats, http: Option<&HttpStats>, events: Option<&EventStreamStats
                 &[NATS_CONSUME_REFUSED],
                 &[(vec![], c)],
             );
+        }
+    }
+    if let Some(p) = s.policies() {
+        m.split(
+            "policy_decisions",
+            "questions asked of the policies, by outcome (none: no policy decided; refused: \
+             the payload was too large or not an object)",
+            "outcome",
+            &[POLICY_OUTCOMES],
+            &[(vec![], p)],
+        );
+        let policies: Vec<_> = p
+            .by_policy
+            .iter()
+            .map(|x| {
+                let mut l = label("policy", &x.policy);
+                l.push(("decision", x.decision.as_str().to_string()));
+                (l, x)
+            })
+            .collect();
+        m.per(POLICY, &policies);
+        if let Some(f) = &p.file {
+            m.single(POLICIES_FILE, f);
         }
     }
     if let Some(o) = s.section::<OtelStats>(crate::otel::STATS_SECTION) {
@@ -397,6 +421,36 @@ const SUBSCRIPTIONS: &[Def<PatternStats>] = &[
         "queue capacity of a pattern's subscriptions",
         |x| x.capacity,
     ),
+];
+
+const POLICY_OUTCOMES: Parts<PoliciesStats> = &[
+    ("allow", |x| x.allow),
+    ("ask", |x| x.ask),
+    ("deny", |x| x.deny),
+    ("none", |x| x.none),
+    ("refused", |x| x.refused),
+];
+
+const POLICY: &[Def<PolicyCount>] = &[counter(
+    "policy_decided",
+    "questions one policy answered (it was the policy reported), with its decision",
+    |x| x.decisions,
+)];
+
+const POLICIES_FILE: &[Def<ConfigStats>] = &[
+    counter(
+        "policies_reload_errors",
+        "policies.json loads rejected",
+        |c| c.reload_errors,
+    ),
+    gauge(
+        "policies_failing",
+        "1 while policies.json on disk is rejected",
+        |c| c.failing as u64,
+    ),
+    gauge("policies_loaded", "policies in the active table", |c| {
+        c.actions as u64
+    }),
 ];
 
 const CONFIG: &[Def<ConfigStats>] = &[

@@ -39,6 +39,7 @@ mod auth;
 mod body;
 mod conns;
 mod console;
+mod decide;
 mod error;
 mod events;
 mod guard;
@@ -322,6 +323,7 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         .route("/api/events", get(events::stream).post(ingest::post))
         .route("/api/ingest/{agent}", post(ingest::agent))
         .route("/api/agents", get(seen::list))
+        .route("/api/decide", post(decide::post))
         .route("/metrics", get(metrics::render))
         .into_parts();
     let (console, console_listed) = console::routes().into_parts();

@@ -521,6 +521,136 @@ fn validate_strict_makes_warnings_errors() {
 }
 
 #[test]
+fn validate_checks_policies_json_and_warns_on_a_policy_denying_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policies.json");
+    let validate = |strict: bool| {
+        let mut cmd = bin();
+        cmd.args(["validate", "--workspace"]).arg(dir.path());
+        if strict {
+            cmd.arg("--strict");
+        }
+        cmd.output().unwrap()
+    };
+    std::fs::write(
+        &file,
+        "{\"policies\": [\n  {\"id\": \"all\", \"on\": \"tool_call_start\", \"decision\": \"deny\"}\n]}",
+    )
+    .unwrap();
+    let out = validate(false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "warning: {}:2:3: policies[0]: policy \"all\" denies everything at tool_call_start (no matcher, agent or when narrows it)",
+            file.display()
+        ),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: ok: 1 polic(ies), 1 enabled, 1 warning(s)",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(validate(true).status.code(), Some(1));
+
+    std::fs::write(
+        &file,
+        "{\"policies\": [\n  {\"id\": \"x\", \"on\": \"tool_call_start\", \"decision\": \"block\"}\n]}",
+    )
+    .unwrap();
+    let out = validate(false);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!(
+            "{}:2:52: policies[0].decision: \"block\" is not a decision: expected \"allow\", \"ask\" or \"deny\"",
+            file.display()
+        ),
+    );
+}
+
+#[test]
+fn policy_test_shows_which_policies_matched_and_the_decision() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("policies.json"),
+        r#"{"policies": [
+  {"id": "no-rm-rf", "on": ["tool_call_start"], "matcher": "Bash|shell|run_shell_command|exec_command",
+   "when": {"arguments.command": {"regex": "\\brm\\s+-[a-zA-Z]*[rf]"}},
+   "decision": "deny", "reason": "rm -rf is not allowed in this workspace"},
+  {"id": "ask-web", "on": "tool_call_start", "matcher": "WebFetch", "decision": "ask"}
+]}"#,
+    )
+    .unwrap();
+    let test = |args: &[&str], stdin: &str| {
+        let mut child = bin()
+            .args(["policy", "test", "--workspace"])
+            .arg(dir.path())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = test(
+        &[],
+        r#"{"tool":"Bash","arguments":{"command":"rm -rf build"}}"#,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "match  no-rm-rf  deny  arguments.command held");
+    assert_eq!(
+        lines[1],
+        "-      ask-web  ask  tool \"Bash\" does not match \"WebFetch\""
+    );
+    assert!(
+        lines[2]
+            .starts_with("decision: deny by no-rm-rf: rm -rf is not allowed in this workspace  ("),
+        "{stdout}"
+    );
+    // Claude Code's own hook object.
+    let out = test(
+        &["--agent", "claude-code"],
+        r#"{"hook_event_name":"PreToolUse","tool_name":"Bash","tool_input":{"command":"ls"}}"#,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("-      no-rm-rf  deny  arguments.command does not match"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("decision: none (no policy decides; the agent's own flow)"),
+        "{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("claude-code PreToolUse is tool_call_start"),
+        "{out:?}"
+    );
+    // Not a payload: named, exit 2.
+    let out = test(&[], "[1, 2");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stdin:1:"),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn fire_reads_its_payload_from_a_file_or_stdin_and_names_where_it_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let out_file = dir.path().join("seen.json");

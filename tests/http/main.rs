@@ -20,6 +20,7 @@ mod support;
 mod agents_cli;
 mod closed_output;
 mod console;
+mod decide;
 mod http;
 mod http_cli;
 mod http_events;

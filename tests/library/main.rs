@@ -14,6 +14,7 @@ mod config_edit;
 mod core_races;
 mod env_policy;
 mod pipeline;
+mod policies;
 mod reload;
 mod run_feed;
 mod scheduling;

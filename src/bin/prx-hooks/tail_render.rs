@@ -317,6 +317,16 @@ fn body(l: &mut Line, event: Option<&str>, p: &Value) {
             l.add("", format!("{}: {}", f("component", 40), f("message", 120)));
         }
         Some(_) => {}
+        None if env["topic"] == "prx.policy.decision" => {
+            let decided = match p["decision"].as_str() {
+                Some(d) => format!("{d} by {}: {}", f("policy", 64), f("reason", 100)),
+                None => "no decision".to_string(),
+            };
+            l.add(
+                "",
+                format!("{} {decided} ({} µs)", f("point", 20), f("elapsed_us", 20)),
+            );
+        }
         None => {
             l.add("", cut(&p.to_string(), 120));
         }
@@ -474,6 +484,27 @@ mod tests {
         ] {
             assert!(!e(event, payload).contains('?'), "{event} {payload}");
         }
+    }
+
+    #[test]
+    fn a_policy_decision_reads_as_one_line() {
+        let env = serde_json::json!({"topic": "prx.policy.decision", "agent": "claude-code",
+            "session": "", "timestamp": null, "payload": {"point": "tool_call_start",
+            "decision": "deny", "policy": "no-rm-rf", "reason": "not here", "elapsed_us": 7}});
+        let line = event_line(&env).render(false);
+        assert!(
+            line.ends_with(
+                "claude-code/  prx.policy.decision  tool_call_start deny by no-rm-rf: not here (7 µs)"
+            ),
+            "{line}"
+        );
+        let mut none = env.clone();
+        none["payload"]["decision"] = Value::Null;
+        let line = event_line(&none).render(false);
+        assert!(
+            line.ends_with("tool_call_start no decision (7 µs)"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `prx-hooks validate`: hooks.json and every plugin manifest checked as `run` loads them.
+//! `prx-hooks validate`: hooks.json, policies.json and every plugin manifest checked as `run`
+//! loads them.
 //!
 //! docs/cli.md § `validate`.
 
@@ -9,7 +10,7 @@ use std::process::ExitCode;
 
 #[derive(Args)]
 pub(crate) struct ValidateArgs {
-    /// The workspace directory (hooks.json, plugins/).
+    /// The workspace directory (hooks.json, policies.json, plugins/).
     #[arg(long, default_value = ".")]
     workspace: PathBuf,
     /// Warnings are errors: exit 1 when there is any.
@@ -63,9 +64,11 @@ pub(super) fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
             false
         }
     };
+    let (policies_ok, policy_warnings) = validate_policies(&args.workspace);
+    warned += policy_warnings;
     let (plugins_ok, plugin_warnings) = validate_plugins(&args.workspace);
     warned += plugin_warnings;
-    if !hooks_ok || !plugins_ok {
+    if !hooks_ok || !policies_ok || !plugins_ok {
         return Ok(ExitCode::from(1));
     }
     if args.strict && warned > 0 {
@@ -116,4 +119,53 @@ pub(super) fn validate_plugins(workspace: &std::path::Path) -> (bool, usize) {
         say!("{}: {} error(s)", dir.display(), lines.len());
     }
     (lines.is_empty(), warnings.len())
+}
+
+/// Checks policies.json as `run` loads it: errors and warnings on stdout (a policy denying
+/// everything is a warning), a summary on stderr. Whether there were no errors, and how many
+/// warnings.
+fn validate_policies(workspace: &std::path::Path) -> (bool, usize) {
+    let file = workspace.join(prx_hooks::policy::POLICIES_FILE);
+    let label = if workspace == std::path::Path::new(".") {
+        prx_hooks::policy::POLICIES_FILE.to_string()
+    } else {
+        file.display().to_string()
+    };
+    let (loaded, warnings) = prx_hooks::policy::load_with_warnings(workspace);
+    match &loaded {
+        Ok(table) => {
+            for warning in &warnings {
+                out!("warning: {warning}");
+            }
+            match &table.source {
+                Some(_) => say!(
+                    "{label}: ok: {} polic(ies), {} enabled{}, {} warning(s)",
+                    table.policies.len(),
+                    table.policies.iter().filter(|p| p.enabled).count(),
+                    if table.enabled {
+                        ""
+                    } else {
+                        " (but the file's \"enabled\" is false)"
+                    },
+                    warnings.len()
+                ),
+                None => say!("{label}: not found: no policies"),
+            }
+            (true, warnings.len())
+        }
+        Err(errors) => {
+            for error in errors.iter() {
+                out!("{error}");
+            }
+            for warning in &warnings {
+                out!("warning: {warning}");
+            }
+            say!(
+                "{label}: {} error(s), {} warning(s)",
+                errors.len(),
+                warnings.len()
+            );
+            (false, warnings.len())
+        }
+    }
 }

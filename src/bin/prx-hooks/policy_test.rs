@@ -1,0 +1,122 @@
+//! `prx-hooks policy test`: a payload against the workspace's policies.json, offline — which
+//! policies matched and why, the decision and its time (docs/policies.md § Testing a payload).
+
+use crate::BoxError;
+use clap::{Args, Subcommand};
+use prx_hooks::agents::Agent;
+use prx_hooks::policy::{self, DecisionPoint};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Args)]
+pub(crate) struct PolicyArgs {
+    #[command(subcommand)]
+    command: PolicyCommand,
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Decide one payload read from stdin: each policy of its decision point, whether it
+    /// matched and why, then the decision and how long it took. Writes nothing, emits nothing.
+    Test(TestArgs),
+}
+
+#[derive(Args)]
+struct TestArgs {
+    /// The agent asking. An agent whose hook payloads prx-hooks reads (claude-code, codex,
+    /// gemini-cli) makes stdin that agent's hook object (its event gives the decision
+    /// point); any other name is matched by `agent` and stdin is the payload hooks receive.
+    #[arg(long, default_value = "prx-hooks")]
+    agent: String,
+    /// The decision point of a payload that is not an agent's hook object.
+    #[arg(
+        long,
+        value_name = "tool_call_start|prompt|permission",
+        default_value = "tool_call_start"
+    )]
+    point: String,
+    /// The workspace directory (policies.json).
+    #[arg(long, default_value = ".")]
+    workspace: PathBuf,
+}
+
+pub(crate) fn policy(args: PolicyArgs) -> Result<ExitCode, BoxError> {
+    match args.command {
+        PolicyCommand::Test(args) => test(args),
+    }
+}
+
+fn test(args: TestArgs) -> Result<ExitCode, BoxError> {
+    let table = match policy::load(&args.workspace) {
+        Ok(t) => t,
+        Err(errors) => {
+            for e in errors.iter() {
+                out!("{e}");
+            }
+            return Err(format!("policies.json has {} error(s)", errors.len()).into());
+        }
+    };
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .take(policy::MAX_PAYLOAD_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() > policy::MAX_PAYLOAD_BYTES {
+        return Err(format!(
+            "stdin: the payload is larger than {} bytes (the limit)",
+            policy::MAX_PAYLOAD_BYTES
+        )
+        .into());
+    }
+    let (point, payload) = match Agent::from_name(&args.agent) {
+        Some(agent) => match policy::question(agent, &bytes) {
+            Some(q) => {
+                say!("{} {} is {}", agent, q.event, q.point);
+                (q.point, q.payload)
+            }
+            None => {
+                return Err(format!(
+                    "stdin: not a {agent} hook object of an event policies decide \
+                     (a JSON object whose hook_event_name is PreToolUse, PermissionRequest, \
+                     UserPromptSubmit, BeforeTool or BeforeAgent)"
+                )
+                .into());
+            }
+        },
+        None => {
+            let point = DecisionPoint::from_name(&args.point).ok_or_else(|| {
+                format!(
+                    "--point {}: expected tool_call_start, prompt or permission",
+                    args.point
+                )
+            })?;
+            let text = std::str::from_utf8(&bytes).map_err(|e| format!("stdin: {e}"))?;
+            let value: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| format!("stdin:{}:{}: {e}", e.line(), e.column()))?;
+            if !value.is_object() {
+                return Err("stdin: expected a JSON object (the payload)".into());
+            }
+            (point, value)
+        }
+    };
+    let start = Instant::now();
+    let (verdict, traces) = table.explain(point, &args.agent, &payload);
+    let elapsed = start.elapsed();
+    for t in &traces {
+        let mark = if t.matched { "match" } else { "-" };
+        out!("{mark:<5}  {}  {}  {}", t.policy, t.decision, t.why);
+    }
+    match (&verdict.decision, &verdict.policy) {
+        (Some(d), Some(p)) => out!(
+            "decision: {d} by {p}: {}  ({} µs)",
+            verdict.reason.as_deref().unwrap_or(""),
+            elapsed.as_micros()
+        ),
+        _ => out!(
+            "decision: none (no policy decides; the agent's own flow)  ({} µs)",
+            elapsed.as_micros()
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}

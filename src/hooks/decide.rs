@@ -1,0 +1,108 @@
+//! The decision lane's entry points on [`Hooks`]: asked in-process, answered from the
+//! policies in force without touching the ring, a worker, a hook or a plugin
+//! (docs/policies.md).
+
+use super::*;
+use crate::policy::{DecideError, DecisionPoint, PolicyTable, Verdict};
+
+impl Hooks {
+    /// Asks the policies in force (`<workspace>/policies.json`) whether `agent` may go on at
+    /// `point`, with `payload` the lifecycle payload as hooks receive it (JSON text:
+    /// `{"tool": "Bash", "arguments": {"command": "…"}}` for a tool). `Ok` with
+    /// [`Verdict::decision`] `None` when no policy decides; `Err` (nothing decided) for a
+    /// payload over [`MAX_PAYLOAD_BYTES`](crate::policy::MAX_PAYLOAD_BYTES) or not a JSON
+    /// object. Every answer is counted ([`Stats::policies`]). Nothing is emitted: the agent
+    /// sends its event as usual.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::policy::{Decision, DecisionPoint};
+    /// let ws = std::env::temp_dir().join(format!("prx-hooks-doc-decide-{}", std::process::id()));
+    /// std::fs::create_dir_all(&ws)?;
+    /// std::fs::write(ws.join("policies.json"), r#"{"policies": [
+    ///   {"id": "no-rm-rf", "on": ["tool_call_start"], "matcher": "Bash|shell",
+    ///    "when": {"arguments.command": {"regex": "\\brm\\s+-[a-zA-Z]*[rf]"}},
+    ///    "decision": "deny", "reason": "rm -rf is not allowed in this workspace"}]}"#)?;
+    /// let hooks = prx_hooks::Hooks::builder().workspace(&ws).build()?;
+    /// let v = hooks.decide(DecisionPoint::ToolCallStart, "my-agent",
+    ///     r#"{"tool": "shell", "arguments": {"command": "rm -rf build"}}"#)?;
+    /// assert_eq!(v.decision, Some(Decision::Deny));
+    /// assert_eq!(v.reason.as_deref(), Some("rm -rf is not allowed in this workspace"));
+    /// hooks.shutdown(std::time::Duration::from_secs(2));
+    /// # std::fs::remove_dir_all(&ws)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn decide(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &str,
+    ) -> Result<Verdict, DecideError> {
+        let verdict = self.policies.decide(point, agent, payload)?;
+        self.announce(point, agent, &verdict);
+        Ok(verdict)
+    }
+
+    /// [`Hooks::decide`] with the payload already parsed (no size limit applies: the caller
+    /// holds it). `elapsed` is the rules' time alone.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::policy::DecisionPoint;
+    /// let hooks = prx_hooks::Hooks::builder().build()?; // no workspace: no policies
+    /// let v = hooks.decide_value(DecisionPoint::Prompt, "a", &serde_json::json!({"prompt": "hi"}));
+    /// assert_eq!(v.decision, None);
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
+    pub fn decide_value(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &serde_json::Value,
+    ) -> Verdict {
+        let verdict = self.policies.decide_value(point, agent, payload);
+        self.announce(point, agent, &verdict);
+        verdict
+    }
+
+    /// Publishes a decision on the bus as [`policy::DECISION_TOPIC`] when a subscription wants
+    /// it (the live stream, `tail`, a NATS publisher): `{"point", "decision", "policy",
+    /// "reason", "elapsed_us"}`, from the asking agent. Nobody subscribed: nothing is built.
+    fn announce(&self, point: DecisionPoint, agent: &str, v: &Verdict) {
+        if !self.bus.wants(policy::DECISION_TOPIC) {
+            return;
+        }
+        let json = serde_json::json!({
+            "point": point.as_str(),
+            "decision": v.decision.map(|d| d.as_str()),
+            "policy": v.policy,
+            "reason": v.reason,
+            "elapsed_us": v.elapsed.as_micros() as u64,
+        });
+        // A subscriber's full queue drops it there, counted by the bus as any message.
+        let _ = self
+            .bus
+            .publish_from(policy::DECISION_TOPIC, agent, "", json.to_string());
+    }
+
+    /// The policies in force now (empty without a workspace or a policies.json).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// assert!(hooks.policy_table().policies.is_empty());
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
+    pub fn policy_table(&self) -> Arc<PolicyTable> {
+        self.policies.table()
+    }
+
+    /// Loads policies.json now if it changed since the table in force was read (the watcher
+    /// would, a debounce later). `None` without a workspace or after shutdown.
+    pub fn apply_policies_file(&self) -> Option<config::Reload> {
+        self.policies.reload(false)
+    }
+}

@@ -1,0 +1,150 @@
+//! The decision doors of the HTTP API (docs/policies.md § Doors): `POST /api/decide` for any
+//! agent, and the answer Claude Code's `http` hook gets from `POST /api/ingest/claude-code`
+//! on the events it lets a hook decide. Both ask [`Hooks::decide`](crate::Hooks::decide):
+//! no ring, worker, hook or plugin is waited for.
+
+use super::body::{self, Media};
+use super::error::ApiError;
+use super::json_response;
+use super::{Api, ApiState};
+use crate::agents::Agent;
+use crate::policy::{DecideError, Decision, DecisionPoint, MAX_PAYLOAD_BYTES, Verdict};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value, json};
+use std::time::Instant;
+
+/// The largest `POST /api/decide` body: a payload at its limit and room for the envelope.
+const MAX_BODY_BYTES: usize = MAX_PAYLOAD_BYTES + 64 * 1024;
+
+/// The `run --events` envelope, with a decision point as its `event`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope<'a> {
+    event: String,
+    agent: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    session: Option<String>,
+    #[serde(borrow, default)]
+    payload: Option<&'a RawValue>,
+}
+
+/// `POST /api/decide`: `{"event": "tool_call_start" | "prompt" | "permission", "agent",
+/// "session", "payload"}` in; `{"decision", "reason", "policy", "elapsed_us"}` out (`decision`
+/// null when no policy decides). It decides only: nothing is emitted.
+pub(crate) async fn post(
+    State(api): ApiState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = body::raw(&api, &headers, body, MAX_BODY_BYTES, Media::Json).await?;
+    let start = Instant::now();
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("body: invalid UTF-8: {e}")))?;
+    let env: Envelope = serde_json::from_str(text)
+        .map_err(|e| ApiError::bad_request(format!("body:{}:{}: {e}", e.line(), e.column())))?;
+    let Some(point) = DecisionPoint::from_name(&env.event) else {
+        let names: Vec<&str> = DecisionPoint::ALL.iter().map(|p| p.as_str()).collect();
+        return Err(ApiError::bad_request(format!(
+            "event: {} is not a decision point; expected one of {}",
+            crate::config::quote(&env.event),
+            names.join(", ")
+        ))
+        .at("event"));
+    };
+    let payload = env.payload.map(RawValue::get).unwrap_or("{}");
+    let mut verdict = api
+        .hooks
+        .decide(point, &env.agent, payload)
+        .map_err(|e| match e {
+            e @ DecideError::TooLarge { .. } => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("payload: {e}"),
+            )
+            .at("payload"),
+            e => ApiError::bad_request(format!("payload: {e}")).at("payload"),
+        })?;
+    verdict.elapsed = start.elapsed();
+    Ok(json_response(StatusCode::OK, &answer(&verdict)))
+}
+
+fn answer(v: &Verdict) -> Value {
+    let mut out = json!({
+        "decision": v.decision.map(Decision::as_str),
+        "reason": v.reason,
+        "policy": v.policy,
+        "elapsed_us": v.elapsed.as_micros() as u64,
+    });
+    if let (Some(c), Some(o)) = (&v.context, out.as_object_mut()) {
+        o.insert("context".into(), Value::String(c.clone()));
+    }
+    out
+}
+
+/// What `POST /api/ingest/{agent}` answers an agent's hook on an event policies decide
+/// (`None`: `{}` as before — not a decision point, not JSON, no such agent door). `agent` is
+/// the name policies match (the `agent` query parameter, or the agent's own name).
+pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> Option<Value> {
+    if from != Agent::ClaudeCode {
+        return None;
+    }
+    let q = crate::policy::question(from, bytes)?;
+    let verdict = api.hooks.decide_value(q.point, agent, &q.payload);
+    Some(claude_code(&q.event, &verdict))
+}
+
+/// Claude Code's documented answer for `event` (<https://code.claude.com/docs/en/hooks>):
+/// PreToolUse's `permissionDecision`, PermissionRequest's `decision.behavior`,
+/// UserPromptSubmit's `decision: "block"`; `{}` when nothing decides. `ask` where Claude Code
+/// has none (PermissionRequest, UserPromptSubmit) is a deny with the reason kept.
+fn claude_code(event: &str, v: &Verdict) -> Value {
+    let Some(decision) = v.decision else {
+        return json!({});
+    };
+    let reason = v.reason.clone().unwrap_or_default();
+    let mut specific = Map::new();
+    specific.insert("hookEventName".into(), event.into());
+    match event {
+        "PreToolUse" => {
+            specific.insert("permissionDecision".into(), decision.as_str().into());
+            specific.insert("permissionDecisionReason".into(), reason.into());
+        }
+        "PermissionRequest" => {
+            let behavior = match decision {
+                Decision::Allow => "allow",
+                Decision::Ask | Decision::Deny => "deny",
+            };
+            let mut d = json!({"behavior": behavior});
+            if behavior == "deny" {
+                d["message"] = reason.into();
+            }
+            specific.insert("decision".into(), d);
+        }
+        _ => {
+            if let Some(c) = &v.context {
+                specific.insert("additionalContext".into(), c.clone().into());
+            }
+            let mut out = Map::new();
+            if decision != Decision::Allow {
+                out.insert("decision".into(), "block".into());
+                out.insert("reason".into(), reason.into());
+            }
+            if specific.len() > 1 {
+                out.insert("hookSpecificOutput".into(), Value::Object(specific));
+            }
+            return Value::Object(out);
+        }
+    }
+    if let Some(c) = &v.context
+        && event == "PreToolUse"
+    {
+        specific.insert("additionalContext".into(), c.clone().into());
+    }
+    json!({"hookSpecificOutput": specific})
+}

@@ -1,0 +1,163 @@
+//! [`Decider`]: the policies a [`Hooks`](crate::Hooks) answers with — the table in force
+//! (swapped in by the policies.json watcher, read without a lock), and the counts.
+
+use super::eval::{Counters, DecideError, PoliciesStats, PolicyCount, read_payload};
+use super::load::{PoliciesDoc, empty_table};
+use super::model::{DecisionPoint, PolicyTable, Verdict};
+use crate::config::{ConfigStats, Reload, Watch, WatchOptions};
+use arc_swap::ArcSwap;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The decision lane of one [`Hooks`](crate::Hooks).
+pub(crate) struct Decider {
+    live: Arc<ArcSwap<Live>>,
+    watch: Mutex<WatchState>,
+    counters: Counters,
+}
+
+/// The table in force and, per policy, how often it decided (kept by id across reloads).
+struct Live {
+    table: Arc<PolicyTable>,
+    hits: Vec<Arc<AtomicU64>>,
+}
+
+impl Live {
+    /// `table` with the counters of the ids `known` has (new ones for new ids); `known` keeps
+    /// only the table's ids, so it stays as large as the file allows.
+    fn new(table: Arc<PolicyTable>, known: &mut HashMap<String, Arc<AtomicU64>>) -> Live {
+        let hits: Vec<Arc<AtomicU64>> = table
+            .policies
+            .iter()
+            .map(|p| known.entry(p.id.clone()).or_default().clone())
+            .collect();
+        known.retain(|id, _| table.policies.iter().any(|p| &p.id == id));
+        Live { table, hits }
+    }
+}
+
+enum WatchState {
+    Live(Watch<PoliciesDoc>),
+    Stopped(ConfigStats),
+    Absent,
+}
+
+impl std::fmt::Debug for Decider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decider")
+            .field("policies", &self.live.load().table.policies.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Decider {
+    /// Without a workspace: no policies, ever.
+    pub(crate) fn absent() -> Decider {
+        Decider {
+            live: Arc::new(ArcSwap::from_pointee(Live {
+                table: Arc::new(empty_table()),
+                hits: Vec::new(),
+            })),
+            watch: Mutex::new(WatchState::Absent),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Loads `<workspace>/policies.json` (before this returns) and watches it.
+    pub(crate) fn start(workspace: PathBuf, opts: WatchOptions) -> std::io::Result<Decider> {
+        let live = Arc::new(ArcSwap::from_pointee(Live {
+            table: Arc::new(empty_table()),
+            hits: Vec::new(),
+        }));
+        let swap = live.clone();
+        let known: Mutex<HashMap<String, Arc<AtomicU64>>> = Mutex::default();
+        let on_reload = Box::new(move |t: Arc<PolicyTable>| {
+            let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
+            swap.store(Arc::new(Live::new(t, &mut known)));
+        });
+        let watch = Watch::<PoliciesDoc>::start_with(workspace, opts, on_reload)?;
+        Ok(Decider {
+            live,
+            watch: Mutex::new(WatchState::Live(watch)),
+            counters: Counters::default(),
+        })
+    }
+
+    pub(crate) fn table(&self) -> Arc<PolicyTable> {
+        self.live.load().table.clone()
+    }
+
+    pub(crate) fn decide(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &str,
+    ) -> Result<Verdict, DecideError> {
+        let start = std::time::Instant::now();
+        let value = match read_payload(payload) {
+            Ok(v) => v,
+            Err(e) => {
+                self.counters.refused();
+                return Err(e);
+            }
+        };
+        let mut verdict = self.decide_value(point, agent, &value);
+        verdict.elapsed = start.elapsed();
+        Ok(verdict)
+    }
+
+    pub(crate) fn decide_value(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &serde_json::Value,
+    ) -> Verdict {
+        let live = self.live.load();
+        let (verdict, at) = live.table.decide_at(point, agent, payload);
+        if let Some(hits) = at.and_then(|i| live.hits.get(i)) {
+            hits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters.count(&verdict);
+        verdict
+    }
+
+    /// Re-reads policies.json now (`force`: even if unchanged).
+    pub(crate) fn reload(&self, force: bool) -> Option<Reload> {
+        match &*self.watch.lock().unwrap_or_else(|e| e.into_inner()) {
+            WatchState::Live(w) if force => Some(w.reload_now()),
+            WatchState::Live(w) => Some(w.reload_if_changed()),
+            _ => None,
+        }
+    }
+
+    /// Stops watching; the table in force stays.
+    pub(crate) fn stop(&self) {
+        let mut state = self.watch.lock().unwrap_or_else(|e| e.into_inner());
+        if let WatchState::Live(w) = &*state {
+            *state = WatchState::Stopped(w.stats());
+        }
+    }
+
+    pub(crate) fn stats(&self) -> PoliciesStats {
+        let file = match &*self.watch.lock().unwrap_or_else(|e| e.into_inner()) {
+            WatchState::Live(w) => Some(w.stats()),
+            WatchState::Stopped(s) => Some(s.clone()),
+            WatchState::Absent => None,
+        };
+        let live = self.live.load();
+        let by_policy = live
+            .table
+            .policies
+            .iter()
+            .zip(&live.hits)
+            .map(|(p, hits)| PolicyCount {
+                policy: p.id.clone(),
+                decision: p.decision,
+                decisions: hits.load(Ordering::Relaxed),
+            })
+            .collect();
+        self.counters.snapshot(file, by_policy)
+    }
+}

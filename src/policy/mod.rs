@@ -1,0 +1,22 @@
+//! The decision lane: `<workspace>/policies.json` answers allow / deny / ask before a tool
+//! runs, a prompt is sent or a permission is asked for (docs/policies.md, ARCHITECTURE.md
+//! § Policies). Hooks observe; only policies decide, and only when asked.
+
+mod agents;
+mod decider;
+mod eval;
+mod load;
+mod model;
+
+pub use agents::{Question, question};
+pub(crate) use decider::Decider;
+pub(crate) use eval::STATS_SECTION;
+pub use eval::{DecideError, MAX_PAYLOAD_BYTES, PoliciesStats, PolicyCount, Trace};
+pub use load::{
+    MAX_CONDITIONS, MAX_FILE_BYTES, MAX_PATH_SEGMENTS, MAX_POLICIES, MAX_REGEX_BYTES,
+    POLICIES_FILE, load, load_with_warnings, parse,
+};
+pub use model::{Condition, Decision, DecisionPoint, Policy, PolicyTable, Test, Verdict};
+
+/// The bus topic every decision is published under (when a subscription wants it).
+pub const DECISION_TOPIC: &str = "prx.policy.decision";

@@ -1,0 +1,228 @@
+//! What a loaded policies.json is: decision points, decisions, rules and their conditions.
+
+use crate::config::Matcher;
+use serde::Serialize;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where an agent asks before going on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DecisionPoint {
+    /// A tool is about to run (Claude Code's and Codex's PreToolUse, Gemini CLI's BeforeTool,
+    /// the `tool_call_start` lifecycle event). The payload is `tool_call_start`'s:
+    /// `{"tool": …, "arguments": {…}, …extra fields}`.
+    ToolCallStart,
+    /// A user prompt is about to be sent (UserPromptSubmit, BeforeAgent,
+    /// beforeSubmitPrompt). The payload is the agent's object (`prompt`, …).
+    Prompt,
+    /// The agent is about to ask the user for a permission (Claude Code's PermissionRequest).
+    /// The payload is shaped like `tool_call_start`'s (`tool`, `arguments`, …).
+    Permission,
+}
+
+impl DecisionPoint {
+    /// Every decision point.
+    pub const ALL: [DecisionPoint; 3] = [
+        DecisionPoint::ToolCallStart,
+        DecisionPoint::Prompt,
+        DecisionPoint::Permission,
+    ];
+
+    /// `tool_call_start`, `prompt` or `permission`, as policies.json writes it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::policy::DecisionPoint;
+    /// assert_eq!(DecisionPoint::Prompt.as_str(), "prompt");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionPoint::ToolCallStart => "tool_call_start",
+            DecisionPoint::Prompt => "prompt",
+            DecisionPoint::Permission => "permission",
+        }
+    }
+
+    /// The point named as policies.json writes it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::policy::DecisionPoint;
+    /// assert_eq!(DecisionPoint::from_name("permission"), Some(DecisionPoint::Permission));
+    /// assert_eq!(DecisionPoint::from_name("tool_call"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<DecisionPoint> {
+        DecisionPoint::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
+    pub(crate) fn bit(self) -> u8 {
+        1 << self as u8
+    }
+
+    /// Whether the point's payload names a tool (a `matcher` applies).
+    pub fn has_tool(self) -> bool {
+        !matches!(self, DecisionPoint::Prompt)
+    }
+}
+
+impl fmt::Display for DecisionPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a policy answers. Ordered from the least to the most restrictive: when several
+/// answer, the greatest wins (`deny` > `ask` > `allow`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// Let it run without asking the user.
+    Allow,
+    /// Ask the user (agents without an ask turn it into a deny, the reason kept).
+    Ask,
+    /// Refuse, with the reason shown to the agent.
+    Deny,
+}
+
+impl Decision {
+    /// `allow`, `ask` or `deny`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(prx_hooks::policy::Decision::Deny.as_str(), "deny");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allow => "allow",
+            Decision::Ask => "ask",
+            Decision::Deny => "deny",
+        }
+    }
+
+    pub(crate) fn from_name(name: &str) -> Option<Decision> {
+        [Decision::Allow, Decision::Ask, Decision::Deny]
+            .into_iter()
+            .find(|d| d.as_str() == name)
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How one condition tests the value at its path.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Test {
+    /// The `regex` crate's regex, searching anywhere in the value unless anchored.
+    Regex(regex::Regex),
+    /// `*` and `?` over the whole value (case-sensitive).
+    Glob(String),
+    /// The value starts with this text.
+    Prefix(String),
+    /// The value equals this JSON value (strings, numbers, booleans, null, arrays, objects).
+    Equals(serde_json::Value),
+}
+
+/// One key of a policy's `when`: a path into the payload and its test.
+#[derive(Debug, Clone)]
+pub struct Condition {
+    /// The path as written (`arguments.command`).
+    pub path: String,
+    /// Its segments (`["arguments", "command"]`).
+    pub(crate) segments: Vec<String>,
+    /// The test.
+    pub test: Test,
+    /// Where its regex sits in the table's shared set for its path (set, pattern).
+    pub(crate) in_set: Option<(usize, usize)>,
+}
+
+/// One rule of policies.json.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Policy {
+    /// `id`, unique in the file.
+    pub id: String,
+    /// The decision points it answers (`on`).
+    pub on: Vec<DecisionPoint>,
+    pub(crate) points: u8,
+    /// The tools it applies to (`matcher`; `None`: every tool).
+    pub matcher: Option<Matcher>,
+    /// Its matcher among the table's distinct ones.
+    pub(crate) matcher_ix: Option<usize>,
+    /// The agents it applies to (`agent`, the same syntax; `None`: every agent).
+    pub agent: Option<Matcher>,
+    /// `when`: every condition must hold (none: always).
+    pub when: Vec<Condition>,
+    /// What it answers when it matches.
+    pub decision: Decision,
+    /// Why, as the agent shows it.
+    pub reason: String,
+    /// Text added to the agent's context where the agent supports it.
+    pub context: Option<String>,
+    /// `enabled` (default true).
+    pub enabled: bool,
+}
+
+/// A loaded policies.json: the rules in file order.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct PolicyTable {
+    /// The rules, in file order.
+    pub policies: Vec<Policy>,
+    /// The file's global switch (`"enabled": false` switches every policy off).
+    pub enabled: bool,
+    /// Where the table was read from (`None`: no file).
+    pub source: Option<PathBuf>,
+    /// Load-time warnings, as `FILE:LINE:COL: PATH: reason`.
+    pub warnings: Vec<String>,
+    /// What one decision computes once for every policy (built at load).
+    pub(crate) index: Index,
+}
+
+/// A decision: what was decided, by which policy, why, and how long deciding took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Verdict {
+    /// The winning decision; `None` when no policy decides (the agent's own flow).
+    pub decision: Option<Decision>,
+    /// The reason of the first policy, in file order, with the winning decision.
+    pub reason: Option<String>,
+    /// That policy's id.
+    pub policy: Option<String>,
+    /// That policy's `context`, if it has one.
+    pub context: Option<String>,
+    /// How long the decision took.
+    #[serde(skip)]
+    pub elapsed: Duration,
+}
+
+impl Verdict {
+    /// No policy decides.
+    pub fn none(elapsed: Duration) -> Verdict {
+        Verdict {
+            decision: None,
+            reason: None,
+            policy: None,
+            context: None,
+            elapsed,
+        }
+    }
+}
+
+/// What a table shares between its policies so that one decision computes it once: the
+/// distinct tool matchers, and per path one `RegexSet` of every regex written on it (built by
+/// `PolicyTable::build_index` at load).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Index {
+    pub(crate) matchers: Vec<Matcher>,
+    pub(crate) sets: Vec<(Vec<String>, regex::RegexSet)>,
+}

@@ -1,0 +1,265 @@
+//! The decision doors over real loopback TCP (docs/policies.md § Doors): `POST /api/decide`,
+//! and Claude Code's `http` hook door `POST /api/ingest/claude-code` answering PreToolUse,
+//! PermissionRequest and UserPromptSubmit in Claude Code's format while the event is still
+//! ingested and its hooks still run.
+
+use crate::ingest::Ingest;
+use crate::support::{lines, wait_for};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "ingest-token-0123456789abcdef";
+
+const POLICIES: &str = r#"{"policies": [
+  {"id": "no-rm-rf", "on": ["tool_call_start"], "matcher": "Bash|shell|run_shell_command|exec_command",
+   "when": {"arguments.command": {"regex": "\\brm\\s+-[a-zA-Z]*[rf]"}},
+   "decision": "deny", "reason": "rm -rf is not allowed in this workspace"},
+  {"id": "ask-web", "on": ["permission", "tool_call_start"], "matcher": "WebFetch", "decision": "ask", "reason": "fetching the web?"},
+  {"id": "allow-read", "on": ["permission"], "matcher": "Read", "decision": "allow"},
+  {"id": "no-keys", "on": ["prompt"], "when": {"prompt": {"regex": "sk-[A-Za-z0-9]{20}"}}, "decision": "deny", "reason": "the prompt holds an API key"},
+  {"id": "prompt-note", "on": ["prompt"], "when": {"prompt": {"prefix": "deploy"}}, "decision": "allow", "context": "deploys go through CI"}
+]}"#;
+
+fn start(log: &std::path::Path) -> Ingest {
+    let script = format!("cat >> {}; echo >> {}", log.display(), log.display());
+    let hooks = json!({"hooks": {"tool_call_start": [
+        // One run at a time: two runs appending at once would interleave their lines.
+        {"command": "/bin/sh", "args": ["-c", script], "stdin_json": true, "max_concurrent": 1}
+    ]}});
+    let api = Ingest::start(&hooks.to_string());
+    std::fs::write(api.ws.path().join("policies.json"), POLICIES).unwrap();
+    assert_eq!(
+        api.hooks.apply_policies_file(),
+        Some(prx_hooks::config::Reload::Applied)
+    );
+    api
+}
+
+fn post_json(api: &Ingest, path: &str, body: &Value) -> (u16, Value, Option<String>) {
+    let url = format!("http://{}{path}", api.server.local_addr());
+    let mut resp = Ingest::client()
+        .post(url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .send(body.to_string())
+        .unwrap();
+    let outcome = resp
+        .headers()
+        .get("x-prx-hooks-outcome")
+        .map(|v| v.to_str().unwrap().to_string());
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap();
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, value, outcome)
+}
+
+fn bash(command: &str) -> Value {
+    json!({"tool": "Bash", "arguments": {"command": command}})
+}
+
+#[test]
+fn api_decide_answers_decision_reason_policy_and_elapsed_and_emits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = start(&dir.path().join("log"));
+    let ask = |event: &str, payload: Value| {
+        post_json(
+            &api,
+            "/api/decide",
+            &json!({"event": event, "agent": "claude-code", "session": "s1", "payload": payload}),
+        )
+    };
+    let (status, body, _) = ask("tool_call_start", bash("rm -rf /tmp/victim"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["decision"], "deny");
+    assert_eq!(body["reason"], "rm -rf is not allowed in this workspace");
+    assert_eq!(body["policy"], "no-rm-rf");
+    assert!(body["elapsed_us"].is_u64(), "{body}");
+
+    let (status, body, _) = ask("tool_call_start", bash("ls"));
+    assert_eq!(status, 200);
+    assert_eq!(
+        (&body["decision"], &body["reason"], &body["policy"]),
+        (&Value::Null, &Value::Null, &Value::Null),
+        "{body}"
+    );
+    let (_, body, _) = ask("prompt", json!({"prompt": "deploy it"}));
+    assert_eq!(
+        (&body["decision"], &body["context"]),
+        (&json!("allow"), &json!("deploys go through CI"))
+    );
+    let (_, body, _) = ask("permission", json!({"tool": "WebFetch", "arguments": {}}));
+    assert_eq!(body["decision"], "ask");
+
+    // Bad questions: named, nothing decided.
+    let (status, body, _) = ask("tool_call", bash("rm -rf /"));
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("event: \"tool_call\" is not a decision point; expected one of tool_call_start, prompt, permission"),
+        "{body}"
+    );
+    let (status, body, _) = post_json(
+        &api,
+        "/api/decide",
+        &json!({"event": "prompt", "agent": "a", "payload": {}, "extra": 1}),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `extra`"),
+        "{body}"
+    );
+    let (status, body, _) = ask("prompt", json!("text"));
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("payload: the payload is not a JSON object"),
+        "{body}"
+    );
+    let big = "x".repeat(prx_hooks::policy::MAX_PAYLOAD_BYTES);
+    let (status, body, _) = ask("prompt", json!({"prompt": big}));
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("a decision reads at most 1048576 bytes"),
+        "{body}"
+    );
+
+    let stats = api.stats();
+    assert_eq!(stats["emitted"], 0, "/api/decide emits nothing: {stats}");
+    let p = &stats["policies"];
+    assert_eq!(
+        (
+            &p["deny"],
+            &p["none"],
+            &p["allow"],
+            &p["ask"],
+            &p["refused"]
+        ),
+        (&json!(1), &json!(1), &json!(1), &json!(1), &json!(2)),
+        "{p}"
+    );
+    assert_eq!(
+        p["by_policy"][0],
+        json!({"policy": "no-rm-rf", "decision": "deny", "decisions": 1})
+    );
+    let url = format!("http://{}/metrics", api.server.local_addr());
+    let text = Ingest::client()
+        .get(url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    for line in [
+        "prx_hooks_policy_decisions_total{outcome=\"deny\"} 1",
+        "prx_hooks_policy_decisions_total{outcome=\"refused\"} 2",
+        "prx_hooks_policy_decided_total{policy=\"no-rm-rf\",decision=\"deny\"} 1",
+        "prx_hooks_policy_decided_total{policy=\"ask-web\",decision=\"ask\"} 1",
+        "prx_hooks_policies_loaded 5",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+    }
+}
+
+#[test]
+fn claude_codes_http_hook_gets_its_documented_decision_and_the_event_is_still_ingested() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let api = start(&log);
+    let door = "/api/ingest/claude-code";
+    let pre = |command: &str| {
+        json!({"session_id": "cc1", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+               "tool_input": {"command": command}, "cwd": "/w"})
+    };
+    let (status, body, outcome) = post_json(&api, door, &pre("rm -rf /tmp/victim"));
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        json!({"hookSpecificOutput": {"hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": "rm -rf is not allowed in this workspace"}})
+    );
+    assert_eq!(
+        outcome.as_deref(),
+        Some("queued"),
+        "the event is ingested too"
+    );
+    let (_, body, outcome) = post_json(&api, door, &pre("ls -la"));
+    assert_eq!(body, json!({}), "nothing decides: {{}}");
+    assert_eq!(outcome.as_deref(), Some("queued"));
+    // Both events reached the tool_call_start hook, the denied one included.
+    wait_for("two hook runs", || lines(&log).len() >= 2);
+    let runs = lines(&log);
+    assert!(runs[0].contains("rm -rf /tmp/victim"), "{runs:?}");
+    assert!(runs[1].contains("ls -la"), "{runs:?}");
+
+    // PermissionRequest: allow and deny as `decision.behavior`; ask (none there) is a deny.
+    let perm = |tool: &str| {
+        json!({"session_id": "cc1", "hook_event_name": "PermissionRequest", "tool_name": tool,
+               "tool_input": {"url": "https://example.com"}})
+    };
+    let (_, body, _) = post_json(&api, door, &perm("Read"));
+    assert_eq!(
+        body,
+        json!({"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {"behavior": "allow"}}})
+    );
+    let (_, body, _) = post_json(&api, door, &perm("WebFetch"));
+    assert_eq!(
+        body,
+        json!({"hookSpecificOutput": {"hookEventName": "PermissionRequest",
+            "decision": {"behavior": "deny", "message": "fetching the web?"}}})
+    );
+    let (_, body, _) = post_json(&api, door, &perm("Edit"));
+    assert_eq!(body, json!({}));
+    // PreToolUse keeps ask.
+    let (_, body, _) = post_json(
+        &api,
+        door,
+        &json!({"session_id": "cc1", "hook_event_name": "PreToolUse", "tool_name": "WebFetch", "tool_input": {}}),
+    );
+    assert_eq!(body["hookSpecificOutput"]["permissionDecision"], "ask");
+
+    // UserPromptSubmit: a block with the reason; an allow with context adds it.
+    let prompt = |text: &str| json!({"session_id": "cc1", "hook_event_name": "UserPromptSubmit", "prompt": text});
+    let (_, body, outcome) = post_json(
+        &api,
+        door,
+        &prompt("use sk-abcdefghijklmnopqrstuvwxyz please"),
+    );
+    assert_eq!(
+        body,
+        json!({"decision": "block", "reason": "the prompt holds an API key"})
+    );
+    // Ingested as before: its topic line, which nobody here subscribes to.
+    assert_eq!(outcome.as_deref(), Some("skipped"));
+    let (_, body, _) = post_json(&api, door, &prompt("deploy the app"));
+    assert_eq!(
+        body,
+        json!({"hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": "deploys go through CI"}})
+    );
+    let (_, body, _) = post_json(&api, door, &prompt("hello"));
+    assert_eq!(body, json!({}));
+    // Not a decision point: `{}` as before.
+    let (_, body, _) = post_json(
+        &api,
+        door,
+        &json!({"session_id": "cc1", "hook_event_name": "PostToolUse", "tool_name": "Bash",
+                "tool_input": {"command": "rm -rf /"}, "tool_response": "ok"}),
+    );
+    assert_eq!(body, json!({}));
+    let p = &api.stats()["policies"];
+    assert_eq!(
+        (&p["deny"], &p["ask"], &p["allow"]),
+        (&json!(2), &json!(2), &json!(2)),
+        "{p}"
+    );
+}

@@ -1,0 +1,865 @@
+//! What every agent's session shares: finding the pinned program, a workspace whose hooks record
+//! every run, a real `prx-hooks run --listen`, `connect`, running the agent, and the check of
+//! what arrived against the agent's table.
+
+use crate::stderr::Lines;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_prx-hooks");
+pub const SEND_BIN: &str = env!("CARGO_BIN_EXE_prx-hooks-send");
+
+/// The command the agents' hooks and the fake models agree on, and its output.
+pub const COMMAND: &str = "echo hi";
+pub const COMMAND_OUTPUT: &str = "hi";
+/// The model's final text.
+pub const ANSWER: &str = "done: the command printed hi";
+pub const PROMPT: &str = "Run `echo hi` in the shell and tell me what it printed.";
+
+// ---------------------------------------------------------------------------------------------
+// The pinned programs
+
+/// An installed agent program at its pinned version.
+pub struct Cli {
+    pub program: PathBuf,
+    pub version: String,
+}
+
+/// Where `.ci/install-agents` installs the programs.
+pub fn agents_dir() -> PathBuf {
+    std::env::var_os("PRX_HOOKS_AGENTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/agents"))
+}
+
+/// `tests/agents/versions`: (package, version, program) per line.
+fn pins() -> Vec<(String, String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents/versions");
+    std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(w.len(), 3, "{}: {l:?}", path.display());
+            (w[0].to_string(), w[1].to_string(), w[2].to_string())
+        })
+        .collect()
+}
+
+/// `package`'s program at its pinned version, or `None` (after one line on stderr saying how to
+/// install it) when it is not installed and `PRX_HOOKS_AGENTS` is not `require`. An installed
+/// version other than the pinned one always fails.
+pub fn cli(package: &str) -> Option<Cli> {
+    let (_, version, program) = pins()
+        .into_iter()
+        .find(|(p, _, _)| p == package)
+        .unwrap_or_else(|| panic!("{package} is not pinned in tests/agents/versions"));
+    let dir = agents_dir();
+    let manifest = dir.join("node_modules").join(package).join("package.json");
+    let program = dir.join("node_modules/.bin").join(program);
+    let Ok(text) = std::fs::read_to_string(&manifest) else {
+        let required = std::env::var("PRX_HOOKS_AGENTS").is_ok_and(|v| v == "require");
+        let line = format!(
+            "{package}@{version} is not installed in {}: `bash .ci/install-agents` installs the pinned agent CLIs with npm",
+            dir.display()
+        );
+        assert!(!required, "PRX_HOOKS_AGENTS=require: {line}");
+        // Straight to stderr, past the test harness's capture: the one line a developer sees.
+        let _ = writeln!(std::io::stderr(), "skipped: {line}");
+        return None;
+    };
+    let installed: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        installed["version"].as_str(),
+        Some(version.as_str()),
+        "{} holds another version than tests/agents/versions pins: run `bash .ci/install-agents`",
+        manifest.display()
+    );
+    // The program itself says the same version.
+    let out = Command::new(&program)
+        .arg("--version")
+        .env("HOME", std::env::temp_dir())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", program.display()));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains(&version),
+        "{} --version: {said} {}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(Cli { program, version })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workspace, the agent's project and its home
+
+/// A temporary tree: the prx-hooks workspace (`init`, then hooks recording every run), the
+/// agent's project (its working directory), its `HOME`, and where the records go.
+pub struct Setup {
+    _root: tempfile::TempDir,
+    pub ws: PathBuf,
+    pub project: PathBuf,
+    pub home: PathBuf,
+    records: PathBuf,
+    raw: PathBuf,
+    logs: PathBuf,
+}
+
+impl Setup {
+    pub fn new() -> Setup {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().canonicalize().unwrap();
+        let (ws, project, home) = (base.join("ws"), base.join("project"), base.join("home"));
+        let (records, raw, logs) = (base.join("records"), base.join("raw"), base.join("logs"));
+        for d in [&project, &home, &records, &raw, &logs] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let out = Command::new(BIN).arg("init").arg(&ws).output().unwrap();
+        assert!(out.status.success(), "init: {out:?}");
+        // One hook per lifecycle event, each run leaving a directory with its payload (stdin)
+        // and its ZERO_HOOK_* variables.
+        let mut hooks = serde_json::Map::new();
+        for kind in prx_hooks::EventKind::ALL {
+            let script = format!(
+                "d=$(mktemp -d '{}/{}.XXXXXX') && cat > \"$d/payload\" && env -0 | grep -z '^ZERO_HOOK_' > \"$d/env\"",
+                records.display(),
+                kind.name()
+            );
+            hooks.insert(
+                kind.name().into(),
+                serde_json::json!([{"command": "/bin/sh", "args": ["-c", script], "stdin_json": true}]),
+            );
+        }
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "hooks": hooks })).unwrap();
+        std::fs::write(ws.join("hooks.json"), text).unwrap();
+        Setup {
+            _root: root,
+            ws,
+            project,
+            home,
+            records,
+            raw,
+            logs,
+        }
+    }
+
+    /// `$CODEX_HOME` (under the temporary home).
+    pub fn codex_home(&self) -> PathBuf {
+        self.home.join(".codex")
+    }
+
+    /// `prx-hooks ARGS` in the project, with the temporary `HOME` and `CODEX_HOME`.
+    pub fn prx(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .current_dir(&self.project)
+            .env("HOME", &self.home)
+            .env("CODEX_HOME", self.codex_home())
+            .env_remove("PRX_HOOKS_TOKEN")
+            .output()
+            .unwrap()
+    }
+
+    /// `prx-hooks connect AGENT --workspace WS ARGS` (or `--remove`); fails the test unless it
+    /// exits 0.
+    pub fn connect(&self, agent: &str, args: &[&str]) {
+        let ws = self.ws.to_str().unwrap();
+        let mut all = vec!["connect", agent];
+        all.extend(args);
+        if !args.contains(&"--remove") {
+            all.extend(["--workspace", ws]);
+        }
+        let out = self.prx(&all);
+        assert!(
+            out.status.success(),
+            "connect {agent} {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A shell command for the agent's settings, as a user's own hook: it records the JSON the
+    /// agent sent on stdin, with the time (ns) it ran, and prints nothing.
+    pub fn users_own_hook(&self) -> String {
+        format!(
+            "f=$(mktemp '{}/raw.XXXXXX') && {{ date +%s%N; cat; }} > \"$f\"",
+            self.raw.display()
+        )
+    }
+
+    /// What the agent sent to the user's own hook, in the order it ran.
+    pub fn raws(&self) -> Vec<Raw> {
+        let mut raws: Vec<Raw> = std::fs::read_dir(&self.raw)
+            .unwrap()
+            .map(|e| {
+                let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+                let (t, json) = text.split_once('\n').unwrap();
+                let object: Value = serde_json::from_str(json)
+                    .unwrap_or_else(|e| panic!("the agent sent {json:?}: {e}"));
+                Raw {
+                    name: object["hook_event_name"].as_str().unwrap().to_string(),
+                    at_ns: t.trim().parse().unwrap(),
+                    object: Some(object),
+                }
+            })
+            .collect();
+        raws.sort_by_key(|r| r.at_ns);
+        raws
+    }
+
+    /// Every hook run so far.
+    pub fn records(&self) -> Vec<Record> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&self.records).unwrap() {
+            let dir = e.unwrap().path();
+            let (Ok(payload), Ok(env)) = (
+                std::fs::read_to_string(dir.join("payload")),
+                std::fs::read(dir.join("env")),
+            ) else {
+                continue; // still being written
+            };
+            let env: BTreeMap<String, String> = env
+                .split(|&b| b == 0)
+                .filter(|v| !v.is_empty())
+                .map(|v| {
+                    let v = String::from_utf8_lossy(v);
+                    let (k, v) = v.split_once('=').unwrap();
+                    (k.to_string(), v.to_string())
+                })
+                .collect();
+            if !env.contains_key("ZERO_HOOK_SEQ") {
+                continue; // env not written yet
+            }
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            out.push(Record {
+                hook_event: name.split('.').next().unwrap().to_string(),
+                payload: serde_json::from_str(&payload)
+                    .unwrap_or_else(|e| panic!("{}: {payload:?}: {e}", dir.display())),
+                payload_text: payload,
+                env,
+            });
+        }
+        out.sort_by_key(|r| r.seq());
+        out
+    }
+
+    /// The files the agent's stdout and stderr go to.
+    fn log(&self, name: &str) -> PathBuf {
+        self.logs.join(name)
+    }
+
+    /// The spool's entries (what `send` kept while no server answered).
+    pub fn spooled(&self) -> usize {
+        std::fs::read_dir(self.ws.join(".prx-hooks/spool"))
+            .map(|d| {
+                d.filter(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "spool"))
+                })
+                .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Runs the agent: `cmd` with only the environment given (plus `PATH` and the temporary
+    /// `HOME`), in the project, stdin closed. Its output goes to files; it is killed (its whole
+    /// process group) after `limit`, which fails the test.
+    pub fn run_agent(&self, name: &str, mut cmd: Command, limit: Duration) -> AgentRun {
+        use std::os::unix::process::CommandExt;
+        let (out_path, err_path) = (self.log(&format!("{name}.out")), self.log(&format!("{name}.err")));
+        let mut child = cmd
+            .current_dir(&self.project)
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &self.home)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(&err_path).unwrap())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                let pg = nix::unistd::Pid::from_raw(-(child.id() as i32));
+                let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGKILL);
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let run = AgentRun {
+            code: status.and_then(|s| s.code()),
+            stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
+            stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+        };
+        assert!(
+            status.is_some(),
+            "{name} did not finish within {limit:?}: {}",
+            run.show()
+        );
+        assert_eq!(run.code, Some(0), "{name}: {}", run.show());
+        run
+    }
+}
+
+/// What the agent's run printed.
+pub struct AgentRun {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl AgentRun {
+    pub fn show(&self) -> String {
+        format!(
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// An event as the agent sent it to the user's own hook (or, for Codex's `notify`, only its
+/// name: nothing else sees it).
+#[derive(Clone, Debug)]
+pub struct Raw {
+    pub name: String,
+    pub at_ns: u128,
+    pub object: Option<Value>,
+}
+
+/// One run of a workspace hook: the payload it read and its `ZERO_HOOK_*` variables.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// The event the hook is for (its directory's name).
+    pub hook_event: String,
+    pub payload: Value,
+    pub payload_text: String,
+    pub env: BTreeMap<String, String>,
+}
+
+impl Record {
+    pub fn seq(&self) -> u64 {
+        self.env["ZERO_HOOK_SEQ"].parse().unwrap()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server and the live stream
+
+/// A running `prx-hooks run --workspace WS --listen 127.0.0.1:0`.
+pub struct Server {
+    child: Child,
+    lines: Lines,
+}
+
+impl Server {
+    pub fn start(ws: &Path) -> Server {
+        let mut child = Command::new(BIN)
+            .args(["run", "--workspace"])
+            .arg(ws)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .env_remove("PRX_HOOKS_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = Lines::of(&mut child);
+        lines.find("HTTP API on ");
+        Server { child, lines }
+    }
+
+    /// SIGTERM; fails unless it exits 0. Its final report (stderr's last JSON line).
+    pub fn stop(mut self) -> Value {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = self.child.wait().unwrap();
+        let all = self.lines.all();
+        assert_eq!(status.code(), Some(0), "run: {}", all.join("\n"));
+        all.iter()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .unwrap_or(Value::Null)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `prx-hooks tail --json --last N` on the workspace: its lines (bus messages) as they come.
+pub struct Tail {
+    child: Child,
+    rx: mpsc::Receiver<String>,
+    /// Every line so far.
+    pub lines: Vec<String>,
+}
+
+impl Tail {
+    pub fn start(ws: &Path, last: usize) -> Tail {
+        let mut child = Command::new(BIN)
+            .args(["tail", "--json", "--last", &last.to_string(), "--workspace"])
+            .arg(ws)
+            .env_remove("PRX_HOOKS_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Tail {
+            child,
+            rx,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Takes what has come so far.
+    pub fn poll(&mut self) {
+        while let Ok(l) = self.rx.try_recv() {
+            self.lines.push(l);
+        }
+    }
+
+    /// Waits (30 s at most) until `n` lines came.
+    pub fn wait_for(&mut self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.lines.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(l) => self.lines.push(l),
+                Err(_) => panic!(
+                    "tail showed {} of {n} lines:\n{}",
+                    self.lines.len(),
+                    self.lines.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// The bus messages so far, parsed.
+    pub fn messages(&self) -> Vec<Value> {
+        self.lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("tail: {l:?}: {e}")))
+            .collect()
+    }
+}
+
+impl Drop for Tail {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until every event the agent sent shows on the bus (at least one message each) and
+/// every lifecycle message has run its hook, and nothing more came for half a second.
+pub fn settle(setup: &Setup, tail: &mut Tail, raws: &[Raw]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut quiet_since: Option<(Instant, usize, usize)> = None;
+    loop {
+        tail.poll();
+        let messages = tail.messages();
+        let lifecycle = messages.iter().filter(|m| is_lifecycle(m)).count();
+        let records = setup.records().len();
+        let covered = raws
+            .iter()
+            .all(|r| messages.iter().any(|m| source_name(m) == Some(r.name.as_str())));
+        if covered && records == lifecycle {
+            match quiet_since {
+                Some((t, m, r)) if m == messages.len() && r == records => {
+                    if t.elapsed() >= Duration::from_millis(500) {
+                        return;
+                    }
+                }
+                _ => quiet_since = Some((Instant::now(), messages.len(), records)),
+            }
+        } else {
+            quiet_since = None;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "30 s after the session: {} event(s) the agent sent, {} bus message(s), {lifecycle} lifecycle, {records} hook run(s)\nsent: {:?}\nbus:\n{}",
+            raws.len(),
+            messages.len(),
+            raws.iter().map(|r| &r.name).collect::<Vec<_>>(),
+            tail.lines.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `prx-hooks tail --json --last N`, with N what the live stream showed: the same lines, and no
+/// more.
+pub fn tail_last_shows_the_same(ws: &Path, live: &[String]) {
+    let mut again = Tail::start(ws, live.len());
+    again.wait_for(live.len());
+    std::thread::sleep(Duration::from_millis(500));
+    again.poll();
+    assert_eq!(again.lines, live, "tail --last {}", live.len());
+}
+
+fn is_lifecycle(m: &Value) -> bool {
+    m["topic"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("prx.lifecycle."))
+}
+
+/// The agent's name for the event a bus message came from (its `hook_event_name`, or Codex
+/// notify's `type`).
+pub fn source_name(m: &Value) -> Option<&str> {
+    let p = &m["payload"];
+    p["hook_event_name"]
+        .as_str()
+        .or_else(|| p["type"].as_str())
+        .or_else(|| p["agent_hook_event_name"].as_str())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tables and the check
+
+/// What one of the agent's events becomes.
+#[derive(Clone, Debug)]
+pub enum Becomes {
+    /// A lifecycle event: its kind, the members of the agent's object it reads into its own
+    /// fields (the rest are kept as extra fields), and checks on its payload.
+    Event {
+        kind: &'static str,
+        reads: &'static [&'static str],
+        checks: Vec<Check>,
+    },
+    /// The agent's whole object on this bus topic.
+    Topic(String),
+}
+
+impl Becomes {
+    fn target(&self) -> String {
+        match self {
+            Becomes::Event { kind, .. } => format!("prx.lifecycle.{kind}"),
+            Becomes::Topic(t) => t.clone(),
+        }
+    }
+}
+
+/// A lifecycle event.
+pub fn event(kind: &'static str, reads: &'static [&'static str], checks: Vec<Check>) -> Becomes {
+    Becomes::Event {
+        kind,
+        reads,
+        checks,
+    }
+}
+
+/// A check on a lifecycle payload: the member at a JSON pointer …
+#[derive(Clone, Debug)]
+pub enum Check {
+    /// … is this value;
+    Is(&'static str, Value),
+    /// … is absent;
+    Absent(&'static str),
+    /// … is a string containing this;
+    Contains(&'static str, &'static str),
+    /// … is the value at the second pointer in the agent's object.
+    FromAgent(&'static str, &'static str),
+    /// … is the session's id.
+    Session(&'static str),
+}
+
+/// One of the agent's events and what it becomes.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub event: &'static str,
+    /// As docs/agents.md maps it once turns are lifecycle events (a turn opens with
+    /// `agent_start` and closes with `agent_end` + `turn_complete`; a session's start and end
+    /// are topics).
+    pub mapped: Vec<Becomes>,
+    /// What this build does instead, where it differs: tolerated, and said on stderr.
+    pub today: Option<Vec<Becomes>>,
+}
+
+/// A row whose event is the same in both mappings.
+pub fn row(event: &'static str, mapped: Vec<Becomes>) -> Row {
+    Row {
+        event,
+        mapped,
+        today: None,
+    }
+}
+
+/// A row that this build maps otherwise: `today` is what it does.
+pub fn differs(event: &'static str, mapped: Vec<Becomes>, today: Vec<Becomes>) -> Row {
+    Row {
+        event,
+        mapped,
+        today: Some(today),
+    }
+}
+
+/// How the agent's events may be ordered on arrival.
+#[derive(Clone, Copy, Debug)]
+pub enum Order {
+    /// The agent waits for each hook: lifecycle events arrive in the order it sent them.
+    Exact,
+    /// The agent runs our hooks in the background: two events arrive in order when the agent
+    /// sent them at least this far apart (the fake model's pauses and the command's run put
+    /// that time between the session's steps).
+    Apart(Duration),
+}
+
+/// What a session must have delivered.
+pub struct Expect<'a> {
+    pub agent: &'a str,
+    pub table: &'a [Row],
+    pub session: &'a str,
+    pub order: Order,
+}
+
+/// Checks every bus message and hook run against the agent's events and its table: each event
+/// arrives as its row says (the mapped column, or where this build differs the `today` one), once;
+/// nothing arrives that the agent did not send; each lifecycle event ran its hook once with the
+/// bus message's payload and matching `ZERO_HOOK_*` variables; lifecycle events in order.
+/// Returns the differences from the mapped column that were tolerated, one line each.
+pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -> Vec<String> {
+    let agent = expect.agent;
+    let show_bus = || {
+        bus.iter()
+            .map(|m| format!("{} {}", m["topic"], source_name(m).unwrap_or("?")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // Every bus message comes from one of the agent's events, of this session.
+    for m in bus {
+        let name = source_name(m).unwrap_or_else(|| panic!("a message of no event: {m}"));
+        assert!(
+            raws.iter().any(|r| r.name == name),
+            "{agent} never sent {name}, yet it arrived: {m}"
+        );
+        assert_eq!(m["agent"], agent, "{m}");
+        assert_eq!(m["session"], expect.session, "{m}");
+    }
+    let mut notes = Vec::new();
+    // (raw index, position in its row, message index) of every lifecycle message.
+    let mut lifecycle: Vec<(usize, usize, usize)> = Vec::new();
+    let mut names: Vec<&str> = raws.iter().map(|r| r.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let row = expect.table.iter().find(|r| r.event == name).unwrap_or_else(|| {
+            panic!("{agent} sent {name}, which its table does not name: add a row")
+        });
+        let sent: Vec<usize> = (0..raws.len()).filter(|&i| raws[i].name == name).collect();
+        let got: Vec<usize> = (0..bus.len())
+            .filter(|&i| source_name(&bus[i]) == Some(name))
+            .collect();
+        let targets = |column: &[Becomes]| {
+            let mut t: Vec<String> = column
+                .iter()
+                .flat_map(|b| std::iter::repeat_n(b.target(), sent.len()))
+                .collect();
+            t.sort();
+            t
+        };
+        let mut arrived: Vec<String> = got
+            .iter()
+            .map(|&i| bus[i]["topic"].as_str().unwrap().to_string())
+            .collect();
+        arrived.sort();
+        let column = if arrived == targets(&row.mapped) {
+            &row.mapped
+        } else if let Some(today) = row.today.as_ref().filter(|t| arrived == targets(t)) {
+            notes.push(format!(
+                "{agent} {name}: {:?} as this build maps it, where the turn mapping has {:?}",
+                today.iter().map(Becomes::target).collect::<Vec<_>>(),
+                row.mapped.iter().map(Becomes::target).collect::<Vec<_>>()
+            ));
+            today
+        } else {
+            panic!(
+                "{agent} sent {name} {} time(s); arrived {arrived:?}; its row: {:?}, or in this build {:?}\nbus:\n{}",
+                sent.len(),
+                targets(&row.mapped),
+                row.today.as_deref().map(targets),
+                show_bus()
+            );
+        };
+        // Pair the k-th message of each target with the k-th time the agent sent the event.
+        for (pos, becomes) in column.iter().enumerate() {
+            let target = becomes.target();
+            let of: Vec<usize> = got
+                .iter()
+                .copied()
+                .filter(|&i| bus[i]["topic"] == target.as_str())
+                .collect();
+            for (k, &i) in of.iter().enumerate() {
+                let raw = &raws[sent[k]];
+                check_message(expect, becomes, raw, &bus[i]);
+                if matches!(becomes, Becomes::Event { .. }) {
+                    lifecycle.push((sent[k], pos, i));
+                }
+            }
+        }
+    }
+    // Each lifecycle message ran its hook once, with its payload and variables.
+    let lifecycle_messages: Vec<&Value> = bus.iter().filter(|m| is_lifecycle(m)).collect();
+    assert_eq!(
+        records.len(),
+        lifecycle_messages.len(),
+        "hook runs {:?}\nbus:\n{}",
+        records.iter().map(|r| &r.hook_event).collect::<Vec<_>>(),
+        show_bus()
+    );
+    let mut seqs: Vec<u64> = records.iter().map(Record::seq).collect();
+    seqs.dedup();
+    assert_eq!(
+        seqs,
+        (0..records.len() as u64).collect::<Vec<_>>(),
+        "one session's lifecycle events are numbered 0, 1, 2 … with none twice"
+    );
+    let mut ids: Vec<&str> = records
+        .iter()
+        .map(|r| r.env["ZERO_HOOK_EVENT_ID"].as_str())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), records.len(), "an event id twice");
+    for m in &lifecycle_messages {
+        let seq = m["seq"].as_u64().unwrap();
+        let r = records
+            .iter()
+            .find(|r| r.seq() == seq)
+            .unwrap_or_else(|| panic!("no hook ran for {m}"));
+        let kind = m["event"].as_str().unwrap();
+        let env = |k: &str| r.env.get(k).map(String::as_str);
+        assert_eq!(r.hook_event, kind, "{m}");
+        assert_eq!(r.payload, m["payload"], "the hook's stdin is the message's payload");
+        assert_eq!(env("ZERO_HOOK_EVENT"), Some(kind));
+        assert_eq!(env("ZERO_HOOK_AGENT"), Some(agent));
+        assert_eq!(env("ZERO_HOOK_SESSION"), Some(expect.session));
+        assert_eq!(env("ZERO_HOOK_PAYLOAD"), Some(r.payload_text.as_str()));
+        assert_eq!(env("ZERO_HOOK_TIMESTAMP"), m["timestamp"].as_str(), "{m}");
+        assert_eq!(env("ZERO_HOOK_EVENT_ID"), m["event_id"].as_str(), "{m}");
+        assert!(
+            env("ZERO_HOOK_ID").is_some_and(|id| id.starts_with(kind)),
+            "{:?}",
+            r.env
+        );
+    }
+    // Order: by seq, lifecycle events follow the agent's order (where the agent keeps one).
+    lifecycle.sort_by_key(|&(_, _, i)| bus[i]["seq"].as_u64().unwrap());
+    for (a, &(ra, pa, ia)) in lifecycle.iter().enumerate() {
+        for &(rb, pb, ib) in &lifecycle[a + 1..] {
+            // b arrived after a: fine unless the agent sent b's event first.
+            let (ta, tb) = (raws[ra].at_ns, raws[rb].at_ns);
+            let out_of_order = if ra == rb {
+                pb < pa
+            } else {
+                match expect.order {
+                    Order::Exact => tb < ta,
+                    Order::Apart(gap) => tb + gap.as_nanos() <= ta,
+                }
+            };
+            assert!(
+                !out_of_order,
+                "{} (from {}) arrived after {} (from {}), which {agent} sent before it\nbus:\n{}",
+                bus[ib]["topic"],
+                raws[rb].name,
+                bus[ia]["topic"],
+                raws[ra].name,
+                show_bus()
+            );
+        }
+    }
+    notes
+}
+
+/// One message against its row's entry and the agent's object.
+fn check_message(expect: &Expect, becomes: &Becomes, raw: &Raw, m: &Value) {
+    let p = &m["payload"];
+    match becomes {
+        Becomes::Topic(_) => {
+            if let Some(object) = &raw.object {
+                assert_eq!(p, object, "a topic carries the agent's whole object");
+            }
+        }
+        Becomes::Event {
+            kind,
+            reads,
+            checks,
+        } => {
+            assert_eq!(m["event"], *kind, "{m}");
+            if *kind == "agent_start" {
+                assert_eq!(
+                    (p["agent"].as_str(), p["session"].as_str()),
+                    (Some(expect.agent), Some(expect.session)),
+                    "{m}"
+                );
+            }
+            // Every member the agent sent is kept (as `agent_<name>` where the event has a field
+            // of that name), but those the event reads into its own fields.
+            if let Some(object) = raw.object.as_ref().and_then(Value::as_object) {
+                for (k, v) in object {
+                    if reads.contains(&k.as_str()) {
+                        continue;
+                    }
+                    assert!(
+                        p.get(k) == Some(v) || p.get(format!("agent_{k}")) == Some(v),
+                        "{kind} from {}: the agent's {k} is not kept: {p}",
+                        raw.name
+                    );
+                }
+            }
+            for c in checks {
+                let (at, ok) = match c {
+                    Check::Is(at, want) => (at, p.pointer(at) == Some(want)),
+                    Check::Absent(at) => (at, p.pointer(at).is_none()),
+                    Check::Contains(at, s) => (
+                        at,
+                        p.pointer(at)
+                            .and_then(Value::as_str)
+                            .is_some_and(|v| v.contains(s)),
+                    ),
+                    Check::FromAgent(at, from) => {
+                        let want = raw.object.as_ref().and_then(|o| o.pointer(from));
+                        (at, want.is_some() && p.pointer(at) == want)
+                    }
+                    Check::Session(at) => (at, p.pointer(at) == Some(&Value::from(expect.session))),
+                };
+                assert!(ok, "{kind} from {}: {c:?} fails at {at}: {p}", raw.name);
+            }
+        }
+    }
+}
+
+/// What an agent session left to check: the tolerated differences are said on stderr.
+pub fn say(notes: &[String]) {
+    for n in notes {
+        eprintln!("tolerated: {n}");
+    }
+}

@@ -52,27 +52,33 @@ fn pins() -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// `package`'s program at its pinned version, or `None` (after one line on stderr saying how to
-/// install it) when it is not installed and `PRX_HOOKS_AGENTS` is not `require`. An installed
-/// version other than the pinned one always fails.
+/// `package`'s program at its pinned version, or `None` (after one line on stderr saying why)
+/// when `PRX_HOOKS_AGENTS` is `off`, or when it is not installed and `PRX_HOOKS_AGENTS` is not
+/// `require`. An installed version other than the pinned one always fails.
 pub fn cli(package: &str) -> Option<Cli> {
     let (_, version, program) = pins()
         .into_iter()
         .find(|(p, _, _)| p == package)
         .unwrap_or_else(|| panic!("{package} is not pinned in tests/agents/versions"));
+    let mode = std::env::var("PRX_HOOKS_AGENTS").unwrap_or_default();
+    // Straight to stderr, past the test harness's capture: the one line a developer sees.
+    let skip = |line: String| {
+        let _ = writeln!(std::io::stderr(), "skipped: {line}");
+        None
+    };
+    if mode == "off" {
+        return skip(format!("{package}@{version}: PRX_HOOKS_AGENTS=off"));
+    }
     let dir = agents_dir();
     let manifest = dir.join("node_modules").join(package).join("package.json");
     let program = dir.join("node_modules/.bin").join(program);
     let Ok(text) = std::fs::read_to_string(&manifest) else {
-        let required = std::env::var("PRX_HOOKS_AGENTS").is_ok_and(|v| v == "require");
         let line = format!(
             "{package}@{version} is not installed in {}: `bash .ci/install-agents` installs the pinned agent CLIs with npm",
             dir.display()
         );
-        assert!(!required, "PRX_HOOKS_AGENTS=require: {line}");
-        // Straight to stderr, past the test harness's capture: the one line a developer sees.
-        let _ = writeln!(std::io::stderr(), "skipped: {line}");
-        return None;
+        assert!(mode != "require", "PRX_HOOKS_AGENTS=require: {line}");
+        return skip(line);
     };
     let installed: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(
@@ -256,17 +262,40 @@ impl Setup {
         self.logs.join(name)
     }
 
-    /// The spool's entries (what `send` kept while no server answered).
-    pub fn spooled(&self) -> usize {
-        std::fs::read_dir(self.ws.join(".prx-hooks/spool"))
-            .map(|d| {
-                d.filter(|e| {
-                    e.as_ref()
-                        .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "spool"))
-                })
-                .count()
+    /// The agent's event names in the spool's entries (what `send` kept while no server
+    /// answered), sorted; waits (10 s at most) until there are `n`, for senders still writing.
+    pub fn spooled(&self, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let names = self.spool_names();
+            if names.len() >= n || Instant::now() > deadline {
+                return names;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn spool_names(&self) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(self.ws.join(".prx-hooks/spool")) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = dir
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "spool"))
+            .map(|p| {
+                // A header line, then the agent's object.
+                let text = std::fs::read_to_string(&p).unwrap();
+                let (_, body) = text.split_once('\n').unwrap();
+                let object: Value = serde_json::from_str(body)
+                    .unwrap_or_else(|e| panic!("{}: {e}: {body:?}", p.display()));
+                source_name(&serde_json::json!({ "payload": object }))
+                    .unwrap_or("?")
+                    .to_string()
             })
-            .unwrap_or(0)
+            .collect();
+        names.sort();
+        names
     }
 
     /// Runs the agent: `cmd` with only the environment given (plus `PATH` and the temporary
@@ -274,7 +303,10 @@ impl Setup {
     /// process group) after `limit`, which fails the test.
     pub fn run_agent(&self, name: &str, mut cmd: Command, limit: Duration) -> AgentRun {
         use std::os::unix::process::CommandExt;
-        let (out_path, err_path) = (self.log(&format!("{name}.out")), self.log(&format!("{name}.err")));
+        let (out_path, err_path) = (
+            self.log(&format!("{name}.out")),
+            self.log(&format!("{name}.err")),
+        );
         let mut child = cmd
             .current_dir(&self.project)
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -406,6 +438,24 @@ impl Drop for Server {
     }
 }
 
+/// The server's final report: every hook it was sent ran and exited 0, and it dropped no event.
+pub fn hooks_all_ran(report: &Value) {
+    let totals = &report["stats"]["shell"]["totals"];
+    assert!(totals["sent"].as_u64().is_some_and(|n| n > 0), "{report}");
+    assert_eq!(totals["ok"], totals["sent"], "{report}");
+    for k in [
+        "exit",
+        "signal",
+        "killed",
+        "timed_out",
+        "spawn_failed",
+        "dropped",
+    ] {
+        assert_eq!(totals[k], 0, "shell.totals.{k}: {report}");
+    }
+    assert_eq!(report["stats"]["dropped"], 0, "{report}");
+}
+
 /// `prx-hooks tail --json --last N` on the workspace: its lines (bus messages) as they come.
 pub struct Tail {
     child: Child,
@@ -489,9 +539,11 @@ pub fn settle(setup: &Setup, tail: &mut Tail, raws: &[Raw]) {
         let messages = tail.messages();
         let lifecycle = messages.iter().filter(|m| is_lifecycle(m)).count();
         let records = setup.records().len();
-        let covered = raws
-            .iter()
-            .all(|r| messages.iter().any(|m| source_name(m) == Some(r.name.as_str())));
+        let covered = raws.iter().all(|r| {
+            messages
+                .iter()
+                .any(|m| source_name(m) == Some(r.name.as_str()))
+        });
         if covered && records == lifecycle {
             match quiet_since {
                 Some((t, m, r)) if m == messages.len() && r == records => {
@@ -671,9 +723,13 @@ pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -
     names.sort();
     names.dedup();
     for name in names {
-        let row = expect.table.iter().find(|r| r.event == name).unwrap_or_else(|| {
-            panic!("{agent} sent {name}, which its table does not name: add a row")
-        });
+        let row = expect
+            .table
+            .iter()
+            .find(|r| r.event == name)
+            .unwrap_or_else(|| {
+                panic!("{agent} sent {name}, which its table does not name: add a row")
+            });
         let sent: Vec<usize> = (0..raws.len()).filter(|&i| raws[i].name == name).collect();
         let got: Vec<usize> = (0..bus.len())
             .filter(|&i| source_name(&bus[i]) == Some(name))
@@ -758,7 +814,10 @@ pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -
         let kind = m["event"].as_str().unwrap();
         let env = |k: &str| r.env.get(k).map(String::as_str);
         assert_eq!(r.hook_event, kind, "{m}");
-        assert_eq!(r.payload, m["payload"], "the hook's stdin is the message's payload");
+        assert_eq!(
+            r.payload, m["payload"],
+            "the hook's stdin is the message's payload"
+        );
         assert_eq!(env("ZERO_HOOK_EVENT"), Some(kind));
         assert_eq!(env("ZERO_HOOK_AGENT"), Some(agent));
         assert_eq!(env("ZERO_HOOK_SESSION"), Some(expect.session));

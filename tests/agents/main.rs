@@ -6,13 +6,14 @@
 //! as the agent's table in its module says, once each and in order.
 //!
 //! Without the programs (a machine without npm) each test prints one line saying how to
-//! install them and passes; with `PRX_HOOKS_AGENTS=require` (`.ci/run` sets it) a missing or
-//! different version fails. docs/testing.md § Agents' real CLIs.
+//! install them and passes; with `PRX_HOOKS_AGENTS=require` (`.ci/run` sets it) a missing
+//! program fails, and a version other than the pinned one always does. `PRX_HOOKS_AGENTS=off`
+//! skips them (one line each). docs/agents.md § Tested with the real CLIs.
 
-#[path = "../support/stderr.rs"]
-mod stderr;
 #[path = "../support/models.rs"]
 mod models;
+#[path = "../support/stderr.rs"]
+mod stderr;
 #[path = "../support/hooks.rs"]
 mod support;
 

@@ -1,6 +1,7 @@
 //! Fake model servers for the agents' real CLIs (tests/agents): Anthropic's Messages API (SSE),
-//! OpenAI's Responses API (SSE) and Gemini's `streamGenerateContent` (SSE) with its
-//! `generateContent` (JSON), each on a loopback port of its own.
+//! OpenAI's Responses API (SSE) and Chat Completions API (SSE or JSON), and Gemini's
+//! `streamGenerateContent` (SSE) with its `generateContent` (JSON), each on a loopback port of
+//! its own.
 //!
 //! Each answers a [`Script`]: while the conversation holds no tool result, a request that offers
 //! the agent's shell tool gets one call of it with the script's command; every other request gets
@@ -24,6 +25,9 @@ pub enum Api {
     Anthropic,
     /// `POST /v1/responses` (Codex's `wire_api = "responses"`), streamed.
     OpenAiResponses,
+    /// `POST /v1/chat/completions` (the OpenAI-compatible providers of Qwen Code, Cline and
+    /// Factory Droid), streamed or not as the request asks.
+    OpenAiChat,
     /// `POST /v1beta/models/M:streamGenerateContent?alt=sse` (Gemini CLI), and the JSON
     /// `:generateContent` its model router asks first.
     Gemini,
@@ -276,9 +280,12 @@ fn respond(
         return not_found;
     }
     match api {
-        Api::Anthropic if path.starts_with("/v1/messages/count_tokens") => {
-            (Answer::Count, OK, JSON, json!({"input_tokens": 1}).to_string())
-        }
+        Api::Anthropic if path.starts_with("/v1/messages/count_tokens") => (
+            Answer::Count,
+            OK,
+            JSON,
+            json!({"input_tokens": 1}).to_string(),
+        ),
         Api::Anthropic if path.starts_with("/v1/messages") => {
             let call = offers(body, "/tools", "/name", &["Bash"]).is_some()
                 && !holds(body, "/messages", "tool_result");
@@ -286,7 +293,12 @@ fn respond(
             if body["stream"] == true {
                 (answer, OK, SSE, anthropic_stream(body, call, script))
             } else {
-                (answer, OK, JSON, anthropic_message(body, call, script).to_string())
+                (
+                    answer,
+                    OK,
+                    JSON,
+                    anthropic_message(body, call, script).to_string(),
+                )
             }
         }
         Api::OpenAiResponses if path.starts_with("/v1/responses") => {
@@ -304,6 +316,25 @@ fn respond(
             };
             (answer, OK, SSE, responses_stream(call, script))
         }
+        Api::OpenAiChat if path.starts_with("/v1/chat/completions") => {
+            let tool = offers(body, "/tools", "/function/name", SHELL_TOOLS);
+            let call = tool.filter(|_| !chat_has_result(body));
+            let answer = if call.is_some() {
+                Answer::ToolCall
+            } else {
+                Answer::Text
+            };
+            if body["stream"] == true {
+                (answer, OK, SSE, chat_stream(body, call, script))
+            } else {
+                (
+                    answer,
+                    OK,
+                    JSON,
+                    chat_message(body, call, script).to_string(),
+                )
+            }
+        }
         Api::Gemini if path.contains(":streamGenerateContent") => {
             let call = offers(
                 body,
@@ -319,9 +350,12 @@ fn respond(
         Api::Gemini if path.contains(":generateContent") => {
             (Answer::Route, OK, JSON, gemini_route().to_string())
         }
-        Api::Gemini if path.contains(":countTokens") => {
-            (Answer::Count, OK, JSON, json!({"totalTokens": 1}).to_string())
-        }
+        Api::Gemini if path.contains(":countTokens") => (
+            Answer::Count,
+            OK,
+            JSON,
+            json!({"totalTokens": 1}).to_string(),
+        ),
         _ => not_found,
     }
 }
@@ -354,6 +388,80 @@ fn holds(body: &Value, list: &str, ty: &str) -> bool {
                 .as_array()
                 .is_some_and(|c| c.iter().any(|b| b["type"] == ty))
     })
+}
+
+/// The shell tools of the agents that speak Chat Completions, by the name each offers.
+const SHELL_TOOLS: &[&str] = &[
+    "run_shell_command",
+    "execute_command",
+    "run_commands",
+    "Execute",
+    "bash",
+];
+
+/// Whether the conversation holds a tool's result (a `tool` message).
+fn chat_has_result(body: &Value) -> bool {
+    body["messages"]
+        .as_array()
+        .is_some_and(|ms| ms.iter().any(|m| m["role"] == "tool"))
+}
+
+/// The arguments of the scripted call of `tool`.
+fn chat_arguments(tool: &str, script: &Script) -> Value {
+    match tool {
+        "run_commands" => json!({"commands": [script.command]}),
+        "execute_command" => json!({"command": script.command, "requires_approval": false}),
+        _ => json!({"command": script.command, "description": "Run the scripted command"}),
+    }
+}
+
+fn chat_usage() -> Value {
+    json!({"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19})
+}
+
+fn chat_stream(body: &Value, tool: Option<&str>, script: &Script) -> String {
+    let model = body["model"].as_str().unwrap_or("gpt-fake");
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-prx-fake", "object": "chat.completion.chunk", "created": 1,
+               "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut events = vec![(
+        "",
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+    )];
+    let finish = if let Some(name) = tool {
+        let call = json!([{"index": 0, "id": CALL_ID, "type": "function", "function":
+            {"name": name, "arguments": chat_arguments(name, script).to_string()}}]);
+        events.push(("", chunk(json!({"tool_calls": call}), Value::Null)));
+        "tool_calls"
+    } else {
+        events.push(("", chunk(json!({"content": script.answer}), Value::Null)));
+        "stop"
+    };
+    let mut last = chunk(json!({}), json!(finish));
+    last["usage"] = chat_usage();
+    events.push(("", last));
+    let mut out = sse(&events);
+    out.push_str("data: [DONE]\n\n");
+    out
+}
+
+fn chat_message(body: &Value, tool: Option<&str>, script: &Script) -> Value {
+    let (message, finish) = match tool {
+        Some(name) => (
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": CALL_ID, "type": "function",
+                   "function": {"name": name, "arguments": chat_arguments(name, script).to_string()}}]}),
+            "tool_calls",
+        ),
+        None => (
+            json!({"role": "assistant", "content": script.answer}),
+            "stop",
+        ),
+    };
+    json!({"id": "chatcmpl-prx-fake", "object": "chat.completion", "created": 1,
+           "model": body["model"].as_str().unwrap_or("gpt-fake"),
+           "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+           "usage": chat_usage()})
 }
 
 fn gemini_has_response(body: &Value) -> bool {
@@ -473,7 +581,8 @@ fn responses_stream(tool: Option<&str>, script: &Script) -> String {
             ),
         ]);
     } else {
-        let empty = json!({"type": "message", "id": "msg_prx_fake", "role": "assistant", "content": []});
+        let empty =
+            json!({"type": "message", "id": "msg_prx_fake", "role": "assistant", "content": []});
         let item = json!({"type": "message", "id": "msg_prx_fake", "role": "assistant",
                           "content": [{"type": "output_text", "text": script.answer, "annotations": []}]});
         events.extend([

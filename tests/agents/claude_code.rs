@@ -5,7 +5,7 @@
 
 use crate::harness::{
     ANSWER, Becomes, COMMAND, COMMAND_OUTPUT, Check, Cli, Expect, Order, PROMPT, Raw, Row, Server,
-    Setup, Tail, check, cli, differs, event, hooks_all_ran, row, say, settle,
+    Setup, Tail, check, cli, differs, event, hooks_all_ran, row, say, sent_as_pinned, settle,
     tail_last_shows_the_same,
 };
 use crate::models::{Answer, Api, ModelServer, Script};
@@ -127,6 +127,104 @@ fn table() -> Vec<Row> {
 }
 // =============================================================================================
 
+/// What one session of the pinned version sends (tests/agents/versions).
+const SENT: &[(&str, &[&str])] = &[
+    (
+        "SessionStart",
+        &[
+            "cwd",
+            "hook_event_name",
+            "session_id",
+            "source",
+            "transcript_path",
+        ],
+    ),
+    (
+        "UserPromptSubmit",
+        &[
+            "cwd",
+            "hook_event_name",
+            "permission_mode",
+            "prompt",
+            "prompt_id",
+            "session_id",
+            "transcript_path",
+        ],
+    ),
+    (
+        "PreToolUse",
+        &[
+            "cwd",
+            "effort",
+            "hook_event_name",
+            "permission_mode",
+            "prompt_id",
+            "session_id",
+            "tool_input",
+            "tool_name",
+            "tool_use_id",
+            "transcript_path",
+        ],
+    ),
+    (
+        "PostToolUse",
+        &[
+            "cwd",
+            "duration_ms",
+            "effort",
+            "hook_event_name",
+            "permission_mode",
+            "prompt_id",
+            "session_id",
+            "tool_input",
+            "tool_name",
+            "tool_response",
+            "tool_use_id",
+            "transcript_path",
+        ],
+    ),
+    (
+        "PostToolBatch",
+        &[
+            "cwd",
+            "effort",
+            "hook_event_name",
+            "permission_mode",
+            "prompt_id",
+            "session_id",
+            "tool_calls",
+            "transcript_path",
+        ],
+    ),
+    (
+        "Stop",
+        &[
+            "background_tasks",
+            "cwd",
+            "effort",
+            "hook_event_name",
+            "last_assistant_message",
+            "permission_mode",
+            "prompt_id",
+            "session_crons",
+            "session_id",
+            "stop_hook_active",
+            "transcript_path",
+        ],
+    ),
+    (
+        "SessionEnd",
+        &[
+            "cwd",
+            "hook_event_name",
+            "prompt_id",
+            "reason",
+            "session_id",
+            "transcript_path",
+        ],
+    ),
+];
+
 /// The fake model's pause before each answer, and the least time apart two of Claude Code's
 /// events must be sent for their order to be checked (its hooks run in the background, so
 /// events sent together may arrive in either order).
@@ -238,6 +336,7 @@ fn claude_code_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
 
     let result = session(&s, &cli, &model);
     let raws = s.raws();
+    sent_as_pinned(&cli, &raws, SENT);
     let session = session_id(&result, &raws);
     for want in [
         "SessionStart",

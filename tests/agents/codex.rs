@@ -6,8 +6,8 @@
 
 use crate::harness::{
     ANSWER, Becomes, COMMAND, COMMAND_OUTPUT, Check, Cli, Expect, Order, PROMPT, Raw, Row,
-    SEND_BIN, Server, Setup, Tail, check, cli, differs, event, hooks_all_ran, row, say, settle,
-    tail_last_shows_the_same,
+    SEND_BIN, Server, Setup, Tail, check, cli, differs, event, hooks_all_ran, row, say,
+    sent_as_pinned, settle, tail_last_shows_the_same,
 };
 use crate::models::{Answer, Api, CALL_ID, ModelServer, Script};
 use serde_json::json;
@@ -139,6 +139,90 @@ fn table() -> Vec<Row> {
     rows
 }
 // =============================================================================================
+
+/// What one session of the pinned version sends (tests/agents/versions).
+const SENT: &[(&str, &[&str])] = &[
+    (
+        "SessionStart",
+        &[
+            "cwd",
+            "hook_event_name",
+            "model",
+            "permission_mode",
+            "session_id",
+            "source",
+            "transcript_path",
+        ],
+    ),
+    (
+        "UserPromptSubmit",
+        &[
+            "cwd",
+            "hook_event_name",
+            "model",
+            "permission_mode",
+            "prompt",
+            "session_id",
+            "transcript_path",
+            "turn_id",
+        ],
+    ),
+    (
+        "PreToolUse",
+        &[
+            "cwd",
+            "hook_event_name",
+            "model",
+            "permission_mode",
+            "session_id",
+            "tool_input",
+            "tool_name",
+            "tool_use_id",
+            "transcript_path",
+            "turn_id",
+        ],
+    ),
+    (
+        "PostToolUse",
+        &[
+            "cwd",
+            "hook_event_name",
+            "model",
+            "permission_mode",
+            "session_id",
+            "tool_input",
+            "tool_name",
+            "tool_response",
+            "tool_use_id",
+            "transcript_path",
+            "turn_id",
+        ],
+    ),
+    (
+        "Stop",
+        &[
+            "cwd",
+            "hook_event_name",
+            "last_assistant_message",
+            "model",
+            "permission_mode",
+            "session_id",
+            "stop_hook_active",
+            "transcript_path",
+            "turn_id",
+        ],
+    ),
+    (
+        "SessionEnd",
+        &[
+            "cwd",
+            "hook_event_name",
+            "reason",
+            "session_id",
+            "transcript_path",
+        ],
+    ),
+];
 
 /// `$CODEX_HOME/config.toml`: the fake model as the provider, as a user writes it. Returns its
 /// path and text.
@@ -277,6 +361,7 @@ fn codex_hooks_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
             "{r:?}"
         );
     }
+    sent_as_pinned(&cli, &raws, SENT);
     for want in [
         "SessionStart",
         "UserPromptSubmit",

@@ -4,12 +4,14 @@
 //! events arrive in the order it sent them.
 
 use crate::harness::{
-    ANSWER, Becomes, COMMAND, COMMAND_OUTPUT, Check, Expect, Order, PROMPT, Row, Server, Setup,
-    Tail, check, cli, differs, event, hooks_all_ran, row, say, settle, tail_last_shows_the_same,
+    ANSWER, Becomes, COMMAND, COMMAND_OUTPUT, Check, Cli, Expect, Order, PROMPT, Raw, Row, Server,
+    Setup, Tail, check, cli, differs, event, hooks_all_ran, row, say, sent_as_pinned, settle,
+    tail_last_shows_the_same,
 };
 use crate::models::{Answer, Api, ModelServer, Script};
 use prx_hooks::agents::Agent;
 use serde_json::json;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -121,14 +123,174 @@ fn table() -> Vec<Row> {
 }
 // =============================================================================================
 
-#[test]
-fn gemini_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
-    let Some(cli) = cli("@google/gemini-cli") else {
-        return;
-    };
-    let s = Setup::new();
-    let model = ModelServer::start(Api::Gemini, Script::shell(COMMAND, ANSWER));
-    // The user's side: API-key auth, the project trusted, their own hook on every event.
+/// What one session of the pinned version sends (tests/agents/versions).
+const SENT: &[(&str, &[&str])] = &[
+    (
+        "SessionStart",
+        &[
+            "cwd",
+            "hook_event_name",
+            "session_id",
+            "source",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "BeforeAgent",
+        &[
+            "cwd",
+            "hook_event_name",
+            "prompt",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "PreCompress",
+        &[
+            "cwd",
+            "hook_event_name",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+            "trigger",
+        ],
+    ),
+    (
+        "BeforeModel",
+        &[
+            "cwd",
+            "hook_event_name",
+            "llm_request",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "BeforeToolSelection",
+        &[
+            "cwd",
+            "hook_event_name",
+            "llm_request",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "AfterModel",
+        &[
+            "cwd",
+            "hook_event_name",
+            "llm_request",
+            "llm_response",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "BeforeTool",
+        &[
+            "cwd",
+            "hook_event_name",
+            "session_id",
+            "timestamp",
+            "tool_input",
+            "tool_name",
+            "transcript_path",
+        ],
+    ),
+    (
+        "AfterTool",
+        &[
+            "cwd",
+            "hook_event_name",
+            "session_id",
+            "timestamp",
+            "tool_input",
+            "tool_name",
+            "tool_response",
+            "transcript_path",
+        ],
+    ),
+    (
+        "PreCompress",
+        &[
+            "cwd",
+            "hook_event_name",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+            "trigger",
+        ],
+    ),
+    (
+        "BeforeModel",
+        &[
+            "cwd",
+            "hook_event_name",
+            "llm_request",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "BeforeToolSelection",
+        &[
+            "cwd",
+            "hook_event_name",
+            "llm_request",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "AfterModel",
+        &[
+            "cwd",
+            "hook_event_name",
+            "llm_request",
+            "llm_response",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "AfterAgent",
+        &[
+            "cwd",
+            "hook_event_name",
+            "prompt",
+            "prompt_response",
+            "session_id",
+            "stop_hook_active",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+    (
+        "SessionEnd",
+        &[
+            "cwd",
+            "hook_event_name",
+            "reason",
+            "session_id",
+            "timestamp",
+            "transcript_path",
+        ],
+    ),
+];
+
+/// The user's side: API-key auth and the project trusted (`~/.gemini`), and the project's
+/// `.gemini/settings.json` with their own hook on every event. Returns its path and bytes.
+fn users_settings(s: &Setup) -> (PathBuf, String) {
     let gemini_home = s.home.join(".gemini");
     std::fs::create_dir_all(&gemini_home).unwrap();
     std::fs::write(
@@ -152,11 +314,13 @@ fn gemini_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     std::fs::create_dir_all(settings.parent().unwrap()).unwrap();
     let before = serde_json::to_string_pretty(&json!({ "hooks": hooks })).unwrap();
     std::fs::write(&settings, &before).unwrap();
+    (settings, before)
+}
 
-    let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
-    s.connect(AGENT, &[]);
-
+/// One `gemini -p` session: the model asked for the tool call, then (with the command's output)
+/// for the answer; the events Gemini CLI sent, and its session's id. Gemini CLI shows what a
+/// hook printed as a "Hook system message": nothing of ours may show.
+fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> (Vec<Raw>, String) {
     let mut cmd = Command::new(&cli.program);
     cmd.args(["-p", PROMPT, "--yolo"])
         .env("GOOGLE_GEMINI_BASE_URL", model.url())
@@ -168,7 +332,13 @@ fn gemini_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
         run.show(),
         model.summary()
     );
-    // The model: a tool call, then (with the command's output) the answer.
+    for shown in ["spool", "no server", "Hook system message"] {
+        assert!(
+            !run.stdout.contains(shown) && !run.stderr.contains(shown),
+            "gemini showed {shown:?}: {}",
+            run.show()
+        );
+    }
     let reqs = model.requests();
     let call = reqs
         .iter()
@@ -190,6 +360,7 @@ fn gemini_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     assert_eq!(answered.header("x-goog-api-key"), Some("fake-gemini-key"));
 
     let raws = s.raws();
+    sent_as_pinned(cli, &raws, SENT);
     let session = raws[0].object.as_ref().unwrap()["session_id"]
         .as_str()
         .unwrap()
@@ -197,20 +368,22 @@ fn gemini_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     for r in &raws {
         assert_eq!(r.object.as_ref().unwrap()["session_id"], session.as_str());
     }
-    for want in [
-        "SessionStart",
-        "BeforeAgent",
-        "BeforeModel",
-        "BeforeTool",
-        "AfterTool",
-        "AfterAgent",
-    ] {
-        assert!(
-            raws.iter().any(|r| r.name == want),
-            "gemini {} never sent {want}",
-            cli.version
-        );
-    }
+    (raws, session)
+}
+
+#[test]
+fn gemini_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
+    let Some(cli) = cli("@google/gemini-cli") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::Gemini, Script::shell(COMMAND, ANSWER));
+    let (settings, before) = users_settings(&s);
+    let server = Server::start(&s.ws);
+    let mut tail = Tail::start(&s.ws, 4096);
+    s.connect(AGENT, &[]);
+
+    let (raws, session) = session(&s, &cli, &model);
     settle(&s, &mut tail, &raws);
     let table = table();
     let expect = Expect {
@@ -224,6 +397,51 @@ fn gemini_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     drop(tail);
     let report = server.stop();
     hooks_all_ran(&report);
+
+    s.connect(AGENT, &["--remove"]);
+    assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
+    say(&notes);
+}
+
+#[test]
+fn gemini_cli_with_the_server_down_spools_silently_and_the_next_run_replays_each_event_once() {
+    let Some(cli) = cli("@google/gemini-cli") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::Gemini, Script::shell(COMMAND, ANSWER));
+    let (settings, before) = users_settings(&s);
+    // A workspace whose server ran and has stopped.
+    Server::start(&s.ws).stop();
+    s.connect(AGENT, &[]);
+
+    let (raws, session) = session(&s, &cli, &model);
+    // Gemini CLI waits for each hook: every event is in the spool when it exits; no hook ran.
+    let mut sent: Vec<String> = raws.iter().map(|r| r.name.clone()).collect();
+    sent.sort();
+    assert_eq!(
+        s.spooled(0),
+        sent,
+        "one spool entry per event gemini {} sent",
+        cli.version
+    );
+    assert!(s.records().is_empty());
+
+    let server = Server::start(&s.ws);
+    let mut tail = Tail::start(&s.ws, 4096);
+    settle(&s, &mut tail, &raws);
+    let table = table();
+    let expect = Expect {
+        agent: AGENT,
+        table: &table,
+        session: &session,
+        order: Order::Exact,
+    };
+    let notes = check(&expect, &raws, &s.records(), &tail.messages());
+    assert!(s.spooled(0).is_empty(), "the replay emptied the spool");
+    tail_last_shows_the_same(&s.ws, &tail.lines);
+    drop(tail);
+    hooks_all_ran(&server.stop());
 
     s.connect(AGENT, &["--remove"]);
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);

@@ -345,6 +345,45 @@ impl Setup {
     }
 }
 
+/// The events one session of the pinned version sends, in order, each with the members of its
+/// object: what a new version must still send for its table to hold. A version that sends
+/// another event, leaves one out or adds, drops or renames a member fails here, with the
+/// session as it went, to be pasted once the table says what the new version's events become.
+pub fn sent_as_pinned(cli: &Cli, raws: &[Raw], pinned: &[(&str, &[&str])]) {
+    let got: Vec<(String, Vec<String>)> = raws
+        .iter()
+        .map(|r| {
+            let mut keys: Vec<String> = r
+                .object
+                .as_ref()
+                .and_then(Value::as_object)
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default();
+            keys.sort();
+            (r.name.clone(), keys)
+        })
+        .collect();
+    let want: Vec<(String, Vec<String>)> = pinned
+        .iter()
+        .map(|(name, keys)| {
+            let mut keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+            keys.sort();
+            (name.to_string(), keys)
+        })
+        .collect();
+    let literal = got
+        .iter()
+        .map(|(n, k)| format!("    (\"{n}\", &{k:?}),"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        got == want,
+        "{} {} sent other events, or other members, than the table was checked against:\n{literal}",
+        cli.program.display(),
+        cli.version
+    );
+}
+
 /// What the agent's run printed.
 pub struct AgentRun {
     pub code: Option<i32>,

@@ -322,16 +322,10 @@ fn codex_notify_written_by_connect_delivers_the_turn_once() {
     say(&notes);
 }
 
-#[test]
-fn codex_hooks_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
-    let Some(cli) = cli("@openai/codex") else {
-        return;
-    };
-    let s = Setup::new();
-    let model = ModelServer::start(Api::OpenAiResponses, Script::shell(COMMAND, ANSWER));
-    users_config(&s, &model);
-    // docs/agents.md § OpenAI Codex CLI: `send --from codex` on each hook event, by hand (and
-    // no notify, or each turn arrives twice); beside it, the user's own hook.
+/// `$CODEX_HOME/hooks.json` as docs/agents.md § OpenAI Codex CLI shows: `send --from codex` on
+/// each hook event, by hand (and no notify, or each turn arrives twice); beside it, the user's
+/// own hook.
+fn hooks_by_hand(s: &Setup) {
     let ours = format!(
         "{SEND_BIN} --from codex --workspace {}",
         s.ws.to_str().unwrap()
@@ -349,10 +343,11 @@ fn codex_hooks_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
         json!({ "hooks": hooks }).to_string(),
     )
     .unwrap();
-    let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
+}
 
-    let session = session(&s, &cli, &model, true);
+/// One `codex exec` session with its hooks trusted: the events it sent, and its session's id.
+fn hooked_session(s: &Setup, cli: &Cli, model: &ModelServer) -> (Vec<Raw>, String) {
+    let session = session(s, cli, model, true);
     let raws = s.raws();
     for r in &raws {
         assert_eq!(
@@ -361,20 +356,23 @@ fn codex_hooks_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
             "{r:?}"
         );
     }
-    sent_as_pinned(&cli, &raws, SENT);
-    for want in [
-        "SessionStart",
-        "UserPromptSubmit",
-        "PreToolUse",
-        "PostToolUse",
-        "Stop",
-    ] {
-        assert!(
-            raws.iter().any(|r| r.name == want),
-            "codex {} never sent {want}",
-            cli.version
-        );
-    }
+    sent_as_pinned(cli, &raws, SENT);
+    (raws, session)
+}
+
+#[test]
+fn codex_hooks_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
+    let Some(cli) = cli("@openai/codex") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::OpenAiResponses, Script::shell(COMMAND, ANSWER));
+    users_config(&s, &model);
+    hooks_by_hand(&s);
+    let server = Server::start(&s.ws);
+    let mut tail = Tail::start(&s.ws, 4096);
+
+    let (raws, session) = hooked_session(&s, &cli, &model);
     settle(&s, &mut tail, &raws);
     let table = table();
     let expect = Expect {
@@ -386,7 +384,68 @@ fn codex_hooks_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let notes = check(&expect, &raws, &s.records(), &tail.messages());
     tail_last_shows_the_same(&s.ws, &tail.lines);
     drop(tail);
-    let report = server.stop();
-    hooks_all_ran(&report);
+    hooks_all_ran(&server.stop());
     say(&notes);
+}
+
+#[test]
+fn codex_hooks_with_the_server_down_spool_and_the_next_run_replays_each_event_once() {
+    let Some(cli) = cli("@openai/codex") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::OpenAiResponses, Script::shell(COMMAND, ANSWER));
+    users_config(&s, &model);
+    hooks_by_hand(&s);
+    // A workspace whose server ran and has stopped.
+    Server::start(&s.ws).stop();
+
+    let (raws, session) = hooked_session(&s, &cli, &model);
+    // Codex waits for each hook: every event is in the spool when it exits; no hook ran.
+    let mut sent: Vec<String> = raws.iter().map(|r| r.name.clone()).collect();
+    sent.sort();
+    assert_eq!(
+        s.spooled(0),
+        sent,
+        "one spool entry per event codex {} sent",
+        cli.version
+    );
+    assert!(s.records().is_empty());
+
+    let server = Server::start(&s.ws);
+    let mut tail = Tail::start(&s.ws, 4096);
+    settle(&s, &mut tail, &raws);
+    let table = table();
+    let expect = Expect {
+        agent: AGENT,
+        table: &table,
+        session: &session,
+        order: Order::Exact,
+    };
+    let notes = check(&expect, &raws, &s.records(), &tail.messages());
+    assert!(s.spooled(0).is_empty(), "the replay emptied the spool");
+    tail_last_shows_the_same(&s.ws, &tail.lines);
+    drop(tail);
+    hooks_all_ran(&server.stop());
+    say(&notes);
+}
+
+/// Codex runs the hooks of `hooks.json` only once they are trusted (`/hooks` in its interface,
+/// or `--dangerously-bypass-hook-trust`): untrusted, not one runs, ours nor the user's.
+#[test]
+fn codex_hooks_not_trusted_never_run() {
+    let Some(cli) = cli("@openai/codex") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::OpenAiResponses, Script::shell(COMMAND, ANSWER));
+    users_config(&s, &model);
+    hooks_by_hand(&s);
+    let server = Server::start(&s.ws);
+
+    session(&s, &cli, &model, false);
+    assert!(s.raws().is_empty(), "untrusted hooks ran: {:?}", s.raws());
+    let report = server.stop();
+    assert_eq!(report["stats"]["emitted"], 0, "{report}");
+    assert!(s.records().is_empty());
 }

@@ -284,25 +284,57 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer, trust_hooks: bool) -> Stri
         .to_string()
 }
 
+/// The user's own hook on every event, in `$CODEX_HOME/hooks.json`. Returns its path and bytes.
+fn users_hooks(s: &Setup) -> (PathBuf, String) {
+    let mut hooks = serde_json::Map::new();
+    for e in HOOK_EVENTS {
+        hooks.insert(
+            e.into(),
+            json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]),
+        );
+    }
+    let path = s.codex_home().join("hooks.json");
+    let text = serde_json::to_string_pretty(&json!({ "hooks": hooks })).unwrap();
+    std::fs::write(&path, &text).unwrap();
+    (path, text)
+}
+
+/// `connect codex` next to the user's config and hooks, one session, `--remove`. Where
+/// `connect` writes Codex's hooks (`hooks.json`, trusted for the session with
+/// `--dangerously-bypass-hook-trust`), every event the user's hook saw arrives as the table
+/// says; where it writes `notify` (untrusted: the user's hooks do not run), the turn arrives
+/// once. `--remove` leaves both files as they were.
 #[test]
-fn codex_notify_written_by_connect_delivers_the_turn_once() {
+fn codex_connect_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let Some(cli) = cli("@openai/codex") else {
         return;
     };
     let s = Setup::new();
     let model = ModelServer::start(Api::OpenAiResponses, Script::shell(COMMAND, ANSWER));
-    let (config, before) = users_config(&s, &model);
+    let (config, config_before) = users_config(&s, &model);
+    let (hooks, hooks_before) = users_hooks(&s);
     let server = Server::start(&s.ws);
     let mut tail = Tail::start(&s.ws, 4096);
     s.connect(AGENT, &[]);
+    let writes_hooks = std::fs::read_to_string(&hooks)
+        .unwrap()
+        .contains("--from codex");
 
-    let session = session(&s, &cli, &model, false);
-    // notify's object goes to our program alone: only its name is known beforehand.
-    let raws = [Raw {
-        name: "agent-turn-complete".into(),
-        at_ns: 0,
-        object: None,
-    }];
+    let mut notes = Vec::new();
+    let (raws, session) = if writes_hooks {
+        hooked_session(&s, &cli, &model)
+    } else {
+        notes.push("this build's `connect codex` writes notify, not hooks.json (codex_hooks_* test the hooks by hand)".to_string());
+        let session = session(&s, &cli, &model, false);
+        assert!(s.raws().is_empty(), "untrusted hooks ran");
+        // notify's object goes to our program alone: only its name is known beforehand.
+        let raws = vec![Raw {
+            name: "agent-turn-complete".into(),
+            at_ns: 0,
+            object: None,
+        }];
+        (raws, session)
+    };
     settle(&s, &mut tail, &raws);
     let table = table();
     let expect = Expect {
@@ -311,14 +343,14 @@ fn codex_notify_written_by_connect_delivers_the_turn_once() {
         session: &session,
         order: Order::Exact,
     };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
+    notes.extend(check(&expect, &raws, &s.records(), &tail.messages()));
     tail_last_shows_the_same(&s.ws, &tail.lines);
     drop(tail);
-    let report = server.stop();
-    hooks_all_ran(&report);
+    hooks_all_ran(&server.stop());
 
     s.connect(AGENT, &["--remove"]);
-    assert_eq!(std::fs::read_to_string(&config).unwrap(), before);
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), config_before);
+    assert_eq!(std::fs::read_to_string(&hooks).unwrap(), hooks_before);
     say(&notes);
 }
 

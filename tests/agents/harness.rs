@@ -123,7 +123,10 @@ impl Setup {
     pub fn new() -> Setup {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().canonicalize().unwrap();
-        let (ws, project, home) = (base.join("ws"), base.join("project"), base.join("home"));
+        // The workspace inside the project, so that what `connect` writes there names no path
+        // of this machine.
+        let (project, home) = (base.join("project"), base.join("home"));
+        let ws = project.join("prx");
         let (records, raw, logs) = (base.join("records"), base.join("raw"), base.join("logs"));
         for d in [&project, &home, &records, &raw, &logs] {
             std::fs::create_dir_all(d).unwrap();
@@ -167,6 +170,7 @@ impl Setup {
         Command::new(BIN)
             .args(args)
             .current_dir(&self.project)
+            .env("PATH", path())
             .env("HOME", &self.home)
             .env("CODEX_HOME", self.codex_home())
             .env_remove("PRX_HOOKS_TOKEN")
@@ -298,8 +302,8 @@ impl Setup {
         names
     }
 
-    /// Runs the agent: `cmd` with only the environment given (plus `PATH` and the temporary
-    /// `HOME`), in the project, stdin closed. Its output goes to files; it is killed (its whole
+    /// Runs the agent: `cmd` with only the environment given (plus `PATH`, this build's
+    /// programs first, and the temporary `HOME`), in the project, stdin closed. Its output goes to files; it is killed (its whole
     /// process group) after `limit`, which fails the test.
     pub fn run_agent(&self, name: &str, mut cmd: Command, limit: Duration) -> AgentRun {
         use std::os::unix::process::CommandExt;
@@ -309,7 +313,7 @@ impl Setup {
         );
         let mut child = cmd
             .current_dir(&self.project)
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("PATH", path())
             .env("HOME", &self.home)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out_path).unwrap())
@@ -382,6 +386,14 @@ pub fn sent_as_pinned(cli: &Cli, raws: &[Raw], pinned: &[(&str, &[&str])]) {
         cli.program.display(),
         cli.version
     );
+}
+
+/// `PATH` with the directory of this build's `prx-hooks` and `prx-hooks-send` first, as for a
+/// user who installed them.
+pub fn path() -> std::ffi::OsString {
+    let bin = Path::new(BIN).parent().unwrap().to_path_buf();
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&rest))).unwrap()
 }
 
 /// What the agent's run printed.

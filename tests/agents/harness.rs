@@ -196,6 +196,22 @@ impl Setup {
         );
     }
 
+    /// `prx-hooks connect AGENT --workspace WS`: whether this build connects that agent (it
+    /// exits 0); any other failure than an agent this build does not know fails the test.
+    pub fn try_connect(&self, agent: &str) -> bool {
+        let out = self.prx(&["connect", agent, "--workspace", self.ws.to_str().unwrap()]);
+        if out.status.success() {
+            return true;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("unknown agent \"{agent}\"")),
+            "connect {agent}: {}\n{err}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        false
+    }
+
     /// A shell command for the agent's settings, as a user's own hook: it records the JSON the
     /// agent sent on stdin, with the time (ns) it ran, and prints nothing.
     pub fn users_own_hook(&self) -> String {
@@ -705,6 +721,9 @@ pub struct Row {
     pub mapped: Vec<Becomes>,
     /// What this build does instead, where it differs: tolerated, and said on stderr.
     pub today: Option<Vec<Becomes>>,
+    /// In the mapped column: when the agent's object lacks this member, the event becomes the
+    /// second instead.
+    pub unless: Option<(&'static str, Vec<Becomes>)>,
 }
 
 /// A row whose event is the same in both mappings.
@@ -713,6 +732,22 @@ pub fn row(event: &'static str, mapped: Vec<Becomes>) -> Row {
         event,
         mapped,
         today: None,
+        unless: None,
+    }
+}
+
+/// A row whose event becomes `otherwise` when the agent's object lacks `member`.
+pub fn row_unless(
+    event: &'static str,
+    mapped: Vec<Becomes>,
+    member: &'static str,
+    otherwise: Vec<Becomes>,
+) -> Row {
+    Row {
+        event,
+        mapped,
+        today: None,
+        unless: Some((member, otherwise)),
     }
 }
 
@@ -722,6 +757,7 @@ pub fn differs(event: &'static str, mapped: Vec<Becomes>, today: Vec<Becomes>) -
         event,
         mapped,
         today: Some(today),
+        unless: None,
     }
 }
 
@@ -785,11 +821,25 @@ pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -
         let got: Vec<usize> = (0..bus.len())
             .filter(|&i| source_name(&bus[i]) == Some(name))
             .collect();
-        let targets = |column: &[Becomes]| {
-            let mut t: Vec<String> = column
-                .iter()
-                .flat_map(|b| std::iter::repeat_n(b.target(), sent.len()))
-                .collect();
+        // What each time the agent sent it becomes, in a column.
+        let per_send = |column: &[Becomes], mapped: bool| -> Vec<Vec<Becomes>> {
+            sent.iter()
+                .map(|&i| match &row.unless {
+                    Some((member, other))
+                        if mapped
+                            && raws[i]
+                                .object
+                                .as_ref()
+                                .is_some_and(|o| o.get(member).is_none()) =>
+                    {
+                        other.clone()
+                    }
+                    _ => column.to_vec(),
+                })
+                .collect()
+        };
+        let targets = |sends: &[Vec<Becomes>]| {
+            let mut t: Vec<String> = sends.iter().flatten().map(Becomes::target).collect();
             t.sort();
             t
         };
@@ -798,37 +848,52 @@ pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -
             .map(|&i| bus[i]["topic"].as_str().unwrap().to_string())
             .collect();
         arrived.sort();
-        let column = if arrived == targets(&row.mapped) {
-            &row.mapped
-        } else if let Some(today) = row.today.as_ref().filter(|t| arrived == targets(t)) {
+        let mapped = per_send(&row.mapped, true);
+        let today = row.today.as_deref().map(|t| per_send(t, false));
+        let sends = if arrived == targets(&mapped) {
+            mapped
+        } else if let Some(today) = today.filter(|t| arrived == targets(t)) {
             notes.push(format!(
                 "{agent} {name}: {:?} as this build maps it, where the turn mapping has {:?}",
-                today.iter().map(Becomes::target).collect::<Vec<_>>(),
-                row.mapped.iter().map(Becomes::target).collect::<Vec<_>>()
+                targets(&today),
+                targets(&mapped)
             ));
             today
         } else {
             panic!(
                 "{agent} sent {name} {} time(s); arrived {arrived:?}; its row: {:?}, or in this build {:?}\nbus:\n{}",
                 sent.len(),
-                targets(&row.mapped),
-                row.today.as_deref().map(targets),
+                targets(&mapped),
+                row.today.as_deref().map(|t| targets(&per_send(t, false))),
                 show_bus()
             );
         };
-        // Pair the k-th message of each target with the k-th time the agent sent the event.
-        for (pos, becomes) in column.iter().enumerate() {
-            let target = becomes.target();
+        // Pair the k-th message of each target with the k-th time the agent sent the event
+        // that becomes it.
+        let mut all: Vec<String> = sends.iter().flatten().map(Becomes::target).collect();
+        all.sort();
+        all.dedup();
+        for target in all {
             let of: Vec<usize> = got
                 .iter()
                 .copied()
                 .filter(|&i| bus[i]["topic"] == target.as_str())
                 .collect();
-            for (k, &i) in of.iter().enumerate() {
-                let raw = &raws[sent[k]];
-                check_message(expect, becomes, raw, &bus[i]);
+            let sent = &sent;
+            let from: Vec<(usize, usize, &Becomes)> = sends
+                .iter()
+                .enumerate()
+                .flat_map(|(k, col)| {
+                    col.iter()
+                        .enumerate()
+                        .filter(|(_, b)| b.target() == target)
+                        .map(move |(pos, b)| (sent[k], pos, b))
+                })
+                .collect();
+            for (&i, &(r, pos, becomes)) in of.iter().zip(&from) {
+                check_message(expect, becomes, &raws[r], &bus[i]);
                 if matches!(becomes, Becomes::Event { .. }) {
-                    lifecycle.push((sent[k], pos, i));
+                    lifecycle.push((r, pos, i));
                 }
             }
         }

@@ -22,3 +22,4 @@ mod harness;
 mod claude_code;
 mod codex;
 mod gemini_cli;
+mod qwen_code;

@@ -793,7 +793,7 @@ pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -
             .collect::<Vec<_>>()
             .join("\n")
     };
-    // Every bus message comes from one of the agent's events, of this session.
+    // Every bus message comes from one of the events the agent sent, with its name and session id.
     for m in bus {
         let name = source_name(m).unwrap_or_else(|| panic!("a message of no event: {m}"));
         assert!(

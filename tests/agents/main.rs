@@ -21,5 +21,6 @@ mod harness;
 
 mod claude_code;
 mod codex;
+mod factory_droid;
 mod gemini_cli;
 mod qwen_code;

@@ -52,8 +52,8 @@ fn pins() -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// `package`'s program at its pinned version, or `None` (after one line on stderr saying why)
-/// when `PRX_HOOKS_AGENTS` is `off`, or when it is not installed and `PRX_HOOKS_AGENTS` is not
+/// `package`'s program at its pinned version, or `None` (the first time, after one line on
+/// stderr saying why) when `PRX_HOOKS_AGENTS` is `off`, or when it is not installed and `PRX_HOOKS_AGENTS` is not
 /// `require`. An installed version other than the pinned one always fails.
 pub fn cli(package: &str) -> Option<Cli> {
     let (_, version, program) = pins()
@@ -61,20 +61,24 @@ pub fn cli(package: &str) -> Option<Cli> {
         .find(|(p, _, _)| p == package)
         .unwrap_or_else(|| panic!("{package} is not pinned in tests/agents/versions"));
     let mode = std::env::var("PRX_HOOKS_AGENTS").unwrap_or_default();
-    // Straight to stderr, past the test harness's capture: the one line a developer sees.
-    let skip = |line: String| {
-        let _ = writeln!(std::io::stderr(), "skipped: {line}");
+    let dir = agents_dir();
+    // Straight to stderr, past the test harness's capture, once for the whole binary: the one
+    // line a developer sees.
+    let skip = |why: String| {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            let _ = writeln!(std::io::stderr(), "skipped: the agents' real CLIs: {why}");
+        });
         None
     };
     if mode == "off" {
-        return skip(format!("{package}@{version}: PRX_HOOKS_AGENTS=off"));
+        return skip("PRX_HOOKS_AGENTS=off".into());
     }
-    let dir = agents_dir();
     let manifest = dir.join("node_modules").join(package).join("package.json");
     let program = dir.join("node_modules/.bin").join(program);
     let Ok(text) = std::fs::read_to_string(&manifest) else {
         let line = format!(
-            "{package}@{version} is not installed in {}: `bash .ci/install-agents` installs the pinned agent CLIs with npm",
+            "{package}@{version} is not installed in {}: `bash .ci/install-agents` installs the versions tests/agents/versions pins, with npm",
             dir.display()
         );
         assert!(mode != "require", "PRX_HOOKS_AGENTS=require: {line}");
@@ -318,8 +322,8 @@ impl Setup {
         names
     }
 
-    /// Runs the agent: `cmd` with only the environment given (plus `PATH`, this build's
-    /// programs first, and the temporary `HOME`), in the project, stdin closed. Its output goes to files; it is killed (its whole
+    /// Runs the agent: `cmd` with only the environment it was given (plus `PATH`, this
+    /// build's programs first, and the temporary `HOME`), in the project, stdin closed. Its output goes to files; it is killed (its whole
     /// process group) after `limit`, which fails the test.
     pub fn run_agent(&self, name: &str, mut cmd: Command, limit: Duration) -> AgentRun {
         use std::os::unix::process::CommandExt;
@@ -327,6 +331,12 @@ impl Setup {
             self.log(&format!("{name}.out")),
             self.log(&format!("{name}.err")),
         );
+        // Only what is given: no proxy, key or setting of the machine's reaches the agent.
+        for (k, _) in std::env::vars_os() {
+            if !cmd.get_envs().any(|(set, _)| set == k) {
+                cmd.env_remove(k);
+            }
+        }
         let mut child = cmd
             .current_dir(&self.project)
             .env("PATH", path())

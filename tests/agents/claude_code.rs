@@ -21,7 +21,7 @@ const AGENT: &str = "claude-code";
 // CLAUDE CODE: WHAT EACH OF ITS EVENTS BECOMES
 //
 // `mapped` is the turn mapping (docs/agents.md): a prompt opens a turn (`agent_start`), `Stop`
-// closes it (`agent_end` + `turn_complete`), a session's start and end are topics of their own.
+// closes it (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
 // `differs(…, today)` marks where this build still maps otherwise; only that is tolerated.
 // =============================================================================================
 fn table() -> Vec<Row> {
@@ -80,12 +80,12 @@ fn table() -> Vec<Row> {
         differs(
             "Stop",
             vec![
-                event("agent_end", &[], vec![Check::Is("/success", json!(true))]),
                 event(
                     "turn_complete",
                     &[],
                     vec![Check::Is("/last_assistant_message", json!(ANSWER))],
                 ),
+                event("agent_end", &[], vec![Check::Is("/success", json!(true))]),
             ],
             vec![event(
                 "turn_complete",

@@ -726,7 +726,7 @@ pub enum Check {
 pub struct Row {
     pub event: &'static str,
     /// As docs/agents.md maps it once turns are lifecycle events (a turn opens with
-    /// `agent_start` and closes with `agent_end` + `turn_complete`; a session's start and end
+    /// `agent_start` and closes with `turn_complete`, then `agent_end`; a session's start and end
     /// are topics).
     pub mapped: Vec<Becomes>,
     /// What this build does instead, where it differs: tolerated, and said on stderr.

@@ -46,7 +46,7 @@ const HOOK_EVENTS: [&str; 22] = [
 // QWEN CODE: WHAT EACH OF ITS EVENTS BECOMES
 //
 // Claude-shaped, mapped as docs/agents.md says: a prompt opens a turn (`agent_start`), `Stop`
-// closes it (`agent_end` + `turn_complete`), a session's start and end are topics of their own.
+// closes it (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
 // =============================================================================================
 fn table() -> Vec<Row> {
     let topic = |e: &str| Becomes::Topic(format!("prx.agent.{AGENT}.{e}"));
@@ -99,12 +99,12 @@ fn table() -> Vec<Row> {
         row(
             "Stop",
             vec![
-                event("agent_end", &[], vec![Check::Is("/success", json!(true))]),
                 event(
                     "turn_complete",
                     &[],
                     vec![Check::Is("/last_assistant_message", json!(ANSWER))],
                 ),
+                event("agent_end", &[], vec![Check::Is("/success", json!(true))]),
             ],
         ),
         row("SessionEnd", vec![topic("session_end")]),

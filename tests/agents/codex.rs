@@ -5,11 +5,11 @@
 //! the order it sent them.
 
 use crate::harness::{
-    ANSWER, Becomes, COMMAND, COMMAND_OUTPUT, Check, Cli, Expect, Order, PROMPT, Raw, Row,
-    SEND_BIN, Server, Setup, Tail, check, cli, differs, event, hooks_all_ran, row, say,
-    sent_as_pinned, settle, tail_last_shows_the_same,
+    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, SEND_BIN, Server, Setup, Tail, cli,
+    hooks_all_ran, sent_as_pinned, settle, tail_last_shows_the_same,
 };
 use crate::models::{Answer, Api, CALL_ID, ModelServer, Script};
+use crate::table::{Becomes, Check, Expect, Order, Row, check, differs, event, row, say};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::Command;

@@ -4,11 +4,11 @@
 //! events arrive in the order it sent them.
 
 use crate::harness::{
-    ANSWER, Becomes, COMMAND, COMMAND_OUTPUT, Check, Cli, Expect, Order, PROMPT, Raw, Row, Server,
-    Setup, Tail, check, cli, differs, event, hooks_all_ran, row, say, sent_as_pinned, settle,
-    tail_last_shows_the_same,
+    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, hooks_all_ran,
+    sent_as_pinned, settle, tail_last_shows_the_same,
 };
 use crate::models::{Answer, Api, ModelServer, Script};
+use crate::table::{Becomes, Check, Expect, Order, Row, check, differs, event, row, say};
 use prx_hooks::agents::Agent;
 use serde_json::json;
 use std::path::PathBuf;

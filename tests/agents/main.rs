@@ -18,6 +18,7 @@ mod stderr;
 mod support;
 
 mod harness;
+mod table;
 
 mod claude_code;
 mod codex;

@@ -22,6 +22,7 @@ mod table;
 
 mod claude_code;
 mod codex;
+mod copilot_cli;
 mod factory_droid;
 mod gemini_cli;
 mod qwen_code;

@@ -1,0 +1,432 @@
+//! Claude Code (`claude -p`) against the fake Messages API: `connect claude-code` writes its
+//! project settings next to the user's own hooks, Claude Code runs our hooks in the background
+//! (`async`), and every event arrives as the table says, once. With the server stopped the
+//! events wait in the spool, silently, and the next `run` replays each once.
+
+use crate::harness::{
+    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, hooks_all_ran,
+    sent_as_pinned, settle, tail_last_shows_the_same,
+};
+use crate::models::{Answer, Api, ModelServer, Script};
+use crate::table::{Becomes, Check, Expect, Order, Row, check, differs, event, row, say};
+use prx_hooks::agents::Agent;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const AGENT: &str = "claude-code";
+
+// =============================================================================================
+// CLAUDE CODE: WHAT EACH OF ITS EVENTS BECOMES
+//
+// `mapped` is the turn mapping (docs/agents.md): a prompt opens a turn (`agent_start`), `Stop`
+// closes it (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
+// `differs(…, today)` marks where this build still maps otherwise; only that is tolerated.
+// =============================================================================================
+fn table() -> Vec<Row> {
+    let topic = |e: &str| Becomes::Topic(format!("prx.agent.{AGENT}.{e}"));
+    let mut rows = vec![
+        // This build: a session's start is `agent_start`.
+        differs(
+            "SessionStart",
+            vec![topic("session_start")],
+            vec![event("agent_start", &[], vec![])],
+        ),
+        // This build: the prompt is a topic.
+        differs(
+            "UserPromptSubmit",
+            vec![event(
+                "agent_start",
+                &[],
+                vec![Check::FromAgent("/prompt", "/prompt")],
+            )],
+            vec![topic("UserPromptSubmit")],
+        ),
+        row(
+            "PreToolUse",
+            vec![event(
+                "tool_call_start",
+                &["tool_name", "tool_input"],
+                vec![
+                    Check::Is("/tool", json!("Bash")),
+                    Check::Is("/arguments/command", json!(COMMAND)),
+                    Check::FromAgent("/arguments", "/tool_input"),
+                ],
+            )],
+        ),
+        row(
+            "PostToolUse",
+            vec![event(
+                "tool_call",
+                &["tool_name", "tool_response"],
+                vec![
+                    Check::Is("/tool", json!("Bash")),
+                    Check::Is("/success", json!(true)),
+                    Check::Contains("/output", COMMAND_OUTPUT),
+                    Check::Is("/tool_input/command", json!(COMMAND)),
+                ],
+            )],
+        ),
+        row(
+            "PostToolUseFailure",
+            vec![event(
+                "tool_call",
+                &["tool_name", "error"],
+                vec![Check::Is("/success", json!(false))],
+            )],
+        ),
+        // This build: `turn_complete` alone.
+        differs(
+            "Stop",
+            vec![
+                event(
+                    "turn_complete",
+                    &[],
+                    vec![Check::Is("/last_assistant_message", json!(ANSWER))],
+                ),
+                event("agent_end", &[], vec![Check::Is("/success", json!(true))]),
+            ],
+            vec![event(
+                "turn_complete",
+                &[],
+                vec![Check::Is("/last_assistant_message", json!(ANSWER))],
+            )],
+        ),
+        // This build: `error` alone.
+        differs(
+            "StopFailure",
+            vec![
+                event(
+                    "error",
+                    &["error"],
+                    vec![Check::Is("/component", json!("api"))],
+                ),
+                event("agent_end", &[], vec![Check::Is("/success", json!(false))]),
+            ],
+            vec![event(
+                "error",
+                &["error"],
+                vec![Check::Is("/component", json!("api"))],
+            )],
+        ),
+        // This build: a session's end is `agent_end` (without `success`).
+        differs(
+            "SessionEnd",
+            vec![topic("session_end")],
+            vec![event("agent_end", &[], vec![Check::Absent("/success")])],
+        ),
+    ];
+    // Every other event: the agent's whole object on a topic named after it.
+    for &e in Agent::ClaudeCode.events() {
+        if !rows.iter().any(|r| r.event == e) {
+            rows.push(row(e, vec![topic(e)]));
+        }
+    }
+    rows
+}
+// =============================================================================================
+
+/// What one session of the pinned version sends (tests/agents/versions).
+const SENT: &[(&str, &[&str])] = &[
+    (
+        "SessionStart",
+        &[
+            "cwd",
+            "hook_event_name",
+            "session_id",
+            "source",
+            "transcript_path",
+        ],
+    ),
+    (
+        "UserPromptSubmit",
+        &[
+            "cwd",
+            "hook_event_name",
+            "permission_mode",
+            "prompt",
+            "prompt_id",
+            "session_id",
+            "transcript_path",
+        ],
+    ),
+    (
+        "PreToolUse",
+        &[
+            "cwd",
+            "effort",
+            "hook_event_name",
+            "permission_mode",
+            "prompt_id",
+            "session_id",
+            "tool_input",
+            "tool_name",
+            "tool_use_id",
+            "transcript_path",
+        ],
+    ),
+    (
+        "PostToolUse",
+        &[
+            "cwd",
+            "duration_ms",
+            "effort",
+            "hook_event_name",
+            "permission_mode",
+            "prompt_id",
+            "session_id",
+            "tool_input",
+            "tool_name",
+            "tool_response",
+            "tool_use_id",
+            "transcript_path",
+        ],
+    ),
+    (
+        "PostToolBatch",
+        &[
+            "cwd",
+            "effort",
+            "hook_event_name",
+            "permission_mode",
+            "prompt_id",
+            "session_id",
+            "tool_calls",
+            "transcript_path",
+        ],
+    ),
+    (
+        "Stop",
+        &[
+            "background_tasks",
+            "cwd",
+            "effort",
+            "hook_event_name",
+            "last_assistant_message",
+            "permission_mode",
+            "prompt_id",
+            "session_crons",
+            "session_id",
+            "stop_hook_active",
+            "transcript_path",
+        ],
+    ),
+    (
+        "SessionEnd",
+        &[
+            "cwd",
+            "hook_event_name",
+            "prompt_id",
+            "reason",
+            "session_id",
+            "transcript_path",
+        ],
+    ),
+];
+
+/// The fake model's pause before each answer, and the least time apart two of Claude Code's
+/// events must be sent for their order to be checked (its hooks run in the background, so
+/// events sent together may arrive in either order).
+const PAUSE: Duration = Duration::from_millis(1500);
+const APART: Duration = Duration::from_millis(1000);
+
+/// The project's `.claude/settings.json`: the user's own hook (recording what Claude Code sends)
+/// on every event `connect` writes. Returns its path and bytes.
+fn users_settings(s: &Setup) -> (PathBuf, String) {
+    let mut hooks = serde_json::Map::new();
+    for &e in Agent::ClaudeCode.events() {
+        if e.starts_with("Worktree") {
+            continue; // a hook there replaces git's own step; connect leaves them out too
+        }
+        hooks.insert(
+            e.into(),
+            json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]),
+        );
+    }
+    let text =
+        serde_json::to_string_pretty(&json!({"model": "claude-fake", "hooks": hooks})).unwrap();
+    let path = s.project.join(".claude/settings.json");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, &text).unwrap();
+    (path, text)
+}
+
+fn script() -> Script {
+    Script {
+        pause: PAUSE,
+        ..Script::shell(COMMAND, ANSWER)
+    }
+}
+
+/// One `claude -p` session; its result (`--output-format json`).
+fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> Value {
+    let mut cmd = Command::new(&cli.program);
+    cmd.args(["-p", PROMPT, "--output-format", "json"])
+        .arg("--dangerously-skip-permissions")
+        .env("ANTHROPIC_BASE_URL", model.url())
+        .env("ANTHROPIC_API_KEY", "sk-ant-fake")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1");
+    if nix::unistd::geteuid().is_root() {
+        // Claude Code refuses --dangerously-skip-permissions as root outside a sandbox.
+        cmd.env("IS_SANDBOX", "1");
+    }
+    let run = s.run_agent("claude", cmd, Duration::from_secs(180));
+    let result: Value = serde_json::from_str(run.stdout.trim())
+        .unwrap_or_else(|e| panic!("claude's result: {e}: {}", run.show()));
+    assert_eq!(
+        (result["is_error"].as_bool(), result["result"].as_str()),
+        (Some(false), Some(ANSWER)),
+        "{}\nmodel:\n{}",
+        run.show(),
+        model.summary()
+    );
+    result
+}
+
+/// The model was asked twice in the session's turn: the tool call, then (with its result) the
+/// answer.
+fn model_saw_the_tool_result(model: &ModelServer) {
+    let reqs = model.requests();
+    let call = reqs
+        .iter()
+        .position(|r| r.answer == Answer::ToolCall)
+        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
+    let result = reqs[call + 1..]
+        .iter()
+        .find(|r| r.answer == Answer::Text)
+        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
+    let last = result.body["messages"].as_array().unwrap().last().unwrap();
+    let block = last["content"]
+        .as_array()
+        .and_then(|c| c.iter().find(|b| b["type"] == "tool_result"))
+        .unwrap_or_else(|| panic!("no tool_result in {last}"));
+    assert_eq!(block["tool_use_id"], crate::models::TOOL_USE_ID);
+    assert!(block.to_string().contains(COMMAND_OUTPUT), "{block}");
+    for r in &reqs {
+        assert_eq!(r.header("x-api-key"), Some("sk-ant-fake"), "{}", r.path);
+    }
+}
+
+/// The session's id: what Claude Code said, and what every event carried.
+fn session_id(result: &Value, raws: &[Raw]) -> String {
+    let id = result["session_id"].as_str().unwrap().to_string();
+    for r in raws {
+        assert_eq!(
+            r.object.as_ref().unwrap()["session_id"],
+            id.as_str(),
+            "{r:?}"
+        );
+    }
+    id
+}
+
+#[test]
+fn claude_code_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
+    let Some(cli) = cli("@anthropic-ai/claude-code") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::Anthropic, script());
+    let (settings, before) = users_settings(&s);
+    let server = Server::start(&s.ws);
+    let mut tail = Tail::start(&s.ws, 4096);
+    s.connect(AGENT, &[]);
+
+    let result = session(&s, &cli, &model);
+    let raws = s.raws();
+    sent_as_pinned(&cli, &raws, SENT);
+    let session = session_id(&result, &raws);
+    for want in [
+        "SessionStart",
+        "UserPromptSubmit",
+        "PreToolUse",
+        "PostToolUse",
+        "Stop",
+    ] {
+        assert!(
+            raws.iter().any(|r| r.name == want),
+            "claude {} never sent {want}",
+            cli.version
+        );
+    }
+    model_saw_the_tool_result(&model);
+    settle(&s, &mut tail, &raws);
+    let table = table();
+    let expect = Expect {
+        agent: AGENT,
+        table: &table,
+        session: &session,
+        order: Order::Apart(APART),
+    };
+    let notes = check(&expect, &raws, &s.records(), &tail.messages());
+    tail_last_shows_the_same(&s.ws, &tail.lines);
+    drop(tail);
+    let report = server.stop();
+    hooks_all_ran(&report);
+
+    s.connect(AGENT, &["--remove"]);
+    assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
+    say(&notes);
+}
+
+#[test]
+fn claude_code_with_the_server_down_spools_silently_and_the_next_run_replays_each_event_once() {
+    let Some(cli) = cli("@anthropic-ai/claude-code") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::Anthropic, script());
+    let (settings, before) = users_settings(&s);
+    // A workspace whose server ran and has stopped.
+    Server::start(&s.ws).stop();
+    s.connect(AGENT, &[]);
+
+    let result = session(&s, &cli, &model);
+    let raws = s.raws();
+    let session = session_id(&result, &raws);
+    model_saw_the_tool_result(&model);
+    // Each of Claude Code's hook runs left its event in the spool; no hook ran.
+    let mut sent: Vec<String> = raws.iter().map(|r| r.name.clone()).collect();
+    sent.sort();
+    assert_eq!(
+        s.spooled(raws.len()),
+        sent,
+        "one spool entry per event claude {} sent",
+        cli.version
+    );
+    assert!(s.records().is_empty());
+
+    let server = Server::start(&s.ws);
+    let mut tail = Tail::start(&s.ws, 4096);
+    settle(&s, &mut tail, &raws);
+    let table = table();
+    let expect = Expect {
+        agent: AGENT,
+        table: &table,
+        session: &session,
+        order: Order::Apart(APART),
+    };
+    let notes = check(&expect, &raws, &s.records(), &tail.messages());
+    assert!(s.spooled(0).is_empty(), "the replay emptied the spool");
+    tail_last_shows_the_same(&s.ws, &tail.lines);
+    drop(tail);
+    let report = server.stop();
+    hooks_all_ran(&report);
+    let ran = s.records().len();
+
+    // The run after that has nothing to replay: no hook runs again.
+    let server = Server::start(&s.ws);
+    let mut tail = Tail::start(&s.ws, 4096);
+    std::thread::sleep(Duration::from_secs(1));
+    tail.poll();
+    assert!(tail.lines.is_empty(), "{:?}", tail.lines);
+    drop(tail);
+    server.stop();
+    assert_eq!(s.records().len(), ran);
+
+    s.connect(AGENT, &["--remove"]);
+    assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
+    say(&notes);
+}

@@ -393,7 +393,7 @@ fn connect_qwen_code_and_factory_droid_write_every_event_synchronous_and_remove_
         ("qwen-code", ".qwen/settings.json", "QWEN_PROJECT_DIR", 21),
         (
             "factory-droid",
-            ".factory/hooks.json",
+            ".factory/settings.json",
             "FACTORY_PROJECT_DIR",
             9,
         ),

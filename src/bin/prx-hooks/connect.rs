@@ -35,7 +35,7 @@ Files (project scope: in --project, default the current directory; user scope: i
   gemini-cli   .gemini/settings.json   a command hook per event
   cursor       .cursor/hooks.json      a command hook per event
   qwen-code    .qwen/settings.json     a command hook per event
-  factory-droid .factory/hooks.json    a command hook per event
+  factory-droid .factory/settings.json a command hook per event
 
 In a project file the command is prx-hooks-send as found on PATH and the workspace is written
 relative to the project (\"${CLAUDE_PROJECT_DIR:-.}\"/ws): the file can be committed. --absolute

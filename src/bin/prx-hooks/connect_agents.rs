@@ -27,7 +27,9 @@ pub(crate) fn settings_file(agent: Agent, notify: bool) -> &'static str {
         Agent::GeminiCli => ".gemini/settings.json",
         Agent::Cursor => ".cursor/hooks.json",
         Agent::QwenCode => ".qwen/settings.json",
-        Agent::FactoryDroid => ".factory/hooks.json",
+        // Not `.factory/hooks.json`: Droid 0.215 reads only its settings files' `hooks`, and a
+        // newer Droid that finds a hooks.json stops reading the user's hooks in settings.json.
+        Agent::FactoryDroid => ".factory/settings.json",
     }
 }
 

@@ -242,7 +242,7 @@ pub(super) fn event_line(env: &Value) -> Line {
     };
     l.add(sgr, format!("{name:<15}")).add("", "  ");
     let start = l.0.len();
-    body(&mut l, event, p);
+    body(&mut l, event, env["topic"].as_str(), p);
     if let (Some(e), Value::Object(m)) = (event, p) {
         let known = documented(e);
         for (k, v) in m.iter().filter(|(k, _)| !known.contains(&k.as_str())) {
@@ -255,7 +255,7 @@ pub(super) fn event_line(env: &Value) -> Line {
 
 /// What an event says, from the fields it has: one an agent left out (a lenient line, an
 /// agent's hook that gives no exit status) is left out here too, never shown as `?`.
-fn body(l: &mut Line, event: Option<&str>, p: &Value) {
+fn body(l: &mut Line, event: Option<&str>, topic: Option<&str>, p: &Value) {
     let has = |field: &str| !matches!(p.get(field), None | Some(Value::Null));
     let f = |field: &str, max: usize| cut(&text(&p[field]), max);
     // The present ones of `fields`, space-separated.
@@ -317,7 +317,7 @@ fn body(l: &mut Line, event: Option<&str>, p: &Value) {
             l.add("", format!("{}: {}", f("component", 40), f("message", 120)));
         }
         Some(_) => {}
-        None if env["topic"] == "prx.policy.decision" => {
+        None if topic == Some("prx.policy.decision") => {
             let decided = match p["decision"].as_str() {
                 Some(d) => format!("{d} by {}: {}", f("policy", 64), f("reason", 100)),
                 None => "no decision".to_string(),

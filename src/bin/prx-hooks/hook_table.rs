@@ -170,7 +170,7 @@ pub(crate) struct HookEvent {
     /// The handler types the agent runs on this event.
     handlers: Handlers,
     /// It ends a turn or a session: the agent may exit right after it, so our entry there is
-    /// one the agent waits for (docs/connect.md § Synchronous where a turn or session ends).
+    /// one the agent waits for (docs/connect.md § Synchronous where a turn or the session ends).
     pub(crate) closes: bool,
     pub(crate) written: Written,
     /// Why it is not written by default.

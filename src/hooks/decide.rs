@@ -69,9 +69,14 @@ impl Hooks {
 
     /// Publishes a decision on the bus as [`policy::DECISION_TOPIC`] when a subscription wants
     /// it (the live stream, `tail`, a NATS publisher): `{"point", "decision", "policy",
-    /// "reason", "elapsed_us"}`, from the asking agent. Nobody subscribed: nothing is built.
+    /// "reason", "elapsed_us"}`, from the asking agent. Nobody subscribed, or no policy in
+    /// force (no policies.json, or one without policies: the lane is off), nothing is built.
     fn announce(&self, point: DecisionPoint, agent: &str, v: &Verdict) {
         if !self.bus.wants(policy::DECISION_TOPIC) {
+            return;
+        }
+        let table = self.policies.table();
+        if table.source.is_none() || table.policies.is_empty() {
             return;
         }
         let json = serde_json::json!({

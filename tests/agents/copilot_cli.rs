@@ -55,7 +55,7 @@ fn table() -> Vec<Row> {
                 "tool_call_start",
                 &["tool_name", "tool_input"],
                 vec![
-                    Check::Is("/tool", json!("bash")),
+                    Check::FromAgent("/tool", "/tool_name"),
                     Check::Is("/arguments/command", json!(COMMAND)),
                     Check::FromAgent("/arguments", "/tool_input"),
                 ],
@@ -67,7 +67,7 @@ fn table() -> Vec<Row> {
                 "tool_call",
                 &["tool_name", "tool_result"],
                 vec![
-                    Check::Is("/tool", json!("bash")),
+                    Check::FromAgent("/tool", "/tool_name"),
                     Check::Is("/success", json!(true)),
                     Check::Contains("/output", COMMAND_OUTPUT),
                 ],

@@ -211,7 +211,12 @@ fn connect_writes_the_settings_file_whatever_became_of_its_output() {
         let settings = project.join(".claude/settings.json");
         let connect = |extra: &[&str]| {
             let mut cmd = prx(&["connect", "claude-code", "--project"]);
-            cmd.arg(&project).arg("--workspace").arg(&ws).args(extra);
+            // --absolute: this test's binaries are not on PATH, which a committable entry needs.
+            cmd.arg(&project)
+                .arg("--workspace")
+                .arg(&ws)
+                .arg("--absolute")
+                .args(extra);
             cmd
         };
         let ran = run(&mut connect(&["--dry-run"]), closed, b"");

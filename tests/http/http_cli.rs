@@ -753,9 +753,15 @@ fn huge_session_ids_are_refused_by_name_and_the_server_keeps_none_of_them() {
         translated["errors"][0]["message"],
         reports[0]["errors"][0]["message"]
     );
+    // The Stop payload makes two lines (turn_complete, then agent_end), each refused.
+    assert_eq!(
+        translated["errors"].as_array().map(Vec::len),
+        Some(2),
+        "{translated}"
+    );
     assert_eq!(
         stats["ingest"]["errors"],
-        LINES as u64 + 1,
+        LINES as u64 + 2,
         "{}",
         stats["ingest"]
     );

@@ -392,7 +392,7 @@ fn on_path() -> Result<Vec<String>, BoxError> {
     if find_on_path("prx-hooks").is_some() {
         return Ok(vec!["prx-hooks".into(), "send".into()]);
     }
-    Err("connect: neither prx-hooks-send nor prx-hooks is on PATH: a project file names the program and each machine's PATH finds it. Install it (`cargo install --path .` puts both in ~/.cargo/bin), or pass --absolute to write this machine's path (the file is then for this machine only), or use --scope user".into())
+    Err("connect: neither prx-hooks-send nor prx-hooks is on PATH: a project file names the program and each machine's PATH finds it. Install it (`cargo install --locked --path . --target-dir target` in this repository puts both in ~/.cargo/bin), or pass --absolute to write this machine's path (the file is then for this machine only), or use --scope user".into())
 }
 
 /// Where `PATH` finds the executable `name`.

@@ -297,7 +297,7 @@ fn program_found(words: &[String], path: &str, check: &mut FileCheck) {
     };
     if !found {
         let problem = format!(
-            "{path}: runs {program}, which {}: the agent's hook fails with \"command not found\"; install prx-hooks (`cargo install --path .`) or run `prx-hooks connect` again",
+            "{path}: runs {program}, which {}: the agent's hook fails with \"command not found\"; install prx-hooks (`cargo install --locked --path . --target-dir target`) or run `prx-hooks connect` again",
             if program.contains('/') {
                 "does not exist or cannot run"
             } else {

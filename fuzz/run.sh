@@ -18,7 +18,7 @@ if ! [[ $secs =~ ^[1-9][0-9]*$ ]]; then
     exit 2
 fi
 toolchain=${FUZZ_TOOLCHAIN:-+nightly}
-targets=(ndjson_line agents payload_json json_compact bus_publish hooks_json plugin_toml api_edit simd_differential)
+targets=(ndjson_line agents payload_json json_compact bus_publish hooks_json policies_json plugin_toml api_edit simd_differential)
 
 cd "$(dirname "$0")/.." || exit 2
 if ! cargo "$toolchain" fuzz --version >/dev/null 2>&1; then

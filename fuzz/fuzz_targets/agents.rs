@@ -15,12 +15,19 @@ fuzz_target!(|data: &[u8]| {
         match translate(agent, data, &TranslateOptions::default()) {
             Err(e) => {
                 let text = e.to_string();
-                assert!(!text.contains('\n') && e.line() >= 1 && e.column() >= 1, "{text:?}");
+                assert!(
+                    !text.contains('\n') && e.line() >= 1 && e.column() >= 1,
+                    "{text:?}"
+                );
                 assert!(text.starts_with(&format!("{}:{}: {}: ", e.line(), e.column(), e.path())));
             }
             Ok(t) => {
                 assert!(!t.line.contains('\n'), "{:?}", t.line);
-                let opts = if t.lenient { ParseOptions::lenient() } else { ParseOptions::default() };
+                let opts = if t.lenient {
+                    ParseOptions::lenient()
+                } else {
+                    ParseOptions::default()
+                };
                 match (parse_input_with(t.line.as_bytes(), opts), &t.target) {
                     (Ok(Input::Event(rec)), Target::Lifecycle(kind)) => {
                         assert_eq!((rec.kind(), rec.agent.as_str()), (*kind, agent.name()));

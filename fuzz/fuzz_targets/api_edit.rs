@@ -107,11 +107,11 @@ fuzz_target!(|data: &[u8]| {
                 let tail = parts.next().unwrap();
                 let lines: Vec<&str> = text.split('\n').collect();
                 assert!(line >= 1 && line <= lines.len(), "{placed}");
-                assert!(col >= 1 && col <= lines[line - 1].chars().count() + 1, "{placed}");
                 assert!(
-                    tail.starts_with(&format!(" {}: ", e.path())),
+                    col >= 1 && col <= lines[line - 1].chars().count() + 1,
                     "{placed}"
                 );
+                assert!(tail.starts_with(&format!(" {}: ", e.path())), "{placed}");
             }
             assert_eq!(
                 std::fs::read_to_string(&file).unwrap(),

@@ -58,7 +58,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!((k, v.get()), (dk, dv.get()), "payload {delivered}");
     }
     let extras = &all[n..];
-    assert_eq!(record.has_extras(), !extras.is_empty(), "payload {delivered}");
+    assert_eq!(
+        record.has_extras(),
+        !extras.is_empty(),
+        "payload {delivered}"
+    );
     for (k, _) in extras {
         assert!(
             !kind.fields().contains(&k.as_str()),
@@ -106,11 +110,18 @@ fuzz_target!(|data: &[u8]| {
         .keys()
         .filter(|k| !kind.fields().contains(&k.as_str()))
         .collect();
-    assert_eq!(extras.len(), given_extras.len(), "line {line:?}, payload {delivered}");
+    assert_eq!(
+        extras.len(),
+        given_extras.len(),
+        "line {line:?}, payload {delivered}"
+    );
     for (k, raw) in extras {
         let want = given.get(k).expect("every extra field comes from the line");
         if let Serde::Ok(got) = parse(raw.get().as_bytes()) {
-            assert_eq!(&got, want, "extra field {k}: line {line:?}, payload {delivered}");
+            assert_eq!(
+                &got, want,
+                "extra field {k}: line {line:?}, payload {delivered}"
+            );
         }
     }
     for &name in kind.fields() {

@@ -32,7 +32,11 @@ fuzz_target!(|src: &[u8]| {
 
 fn compactor(src: &[u8]) {
     let mut compact = Vec::new();
-    let ok = prx_hooks::__private::json::append_compact(&mut compact, src, prx_hooks::__private::json::Top::Any);
+    let ok = prx_hooks::__private::json::append_compact(
+        &mut compact,
+        src,
+        prx_hooks::__private::json::Top::Any,
+    );
     let mut copy = src.to_vec();
     let simd: Result<simd_json::OwnedValue, _> = simd_json::to_owned_value(&mut copy);
     match (&simd, ok) {

@@ -430,3 +430,48 @@ fn claude_code_with_the_server_down_spools_silently_and_the_next_run_replays_eac
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
     say(&notes);
 }
+
+/// A Claude Code session through the default `connect`, exported to a real OTLP receiver:
+/// every `invoke_agent` span the session makes ends (none as "unfinished", the error a span
+/// gets when its turn never closed), and the session is one trace.
+#[test]
+fn claude_code_sessions_trace_closes_in_one_trace() {
+    let Some(cli) = cli("@anthropic-ai/claude-code") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::Anthropic, script());
+    // The user's own hooks record what Claude Code sent (the raw payloads).
+    let _ = users_settings(&s);
+    let receiver = crate::receiver::Receiver::start();
+    let otlp = receiver.url();
+    let server = Server::start_with(&s.ws, &["--otlp", &otlp]);
+    s.connect(AGENT, &[]);
+    session(&s, &cli, &model);
+    let raws = s.raws();
+    assert!(raws.iter().any(|r| r.name == "Stop"), "claude sent no Stop");
+    // Every event has reached the server (the entries for Stop are synchronous).
+    let mut tail = Tail::start(&s.ws, 4096);
+    settle(&s, &mut tail, &raws);
+    drop(tail);
+    hooks_all_ran(&server.stop());
+    let spans = receiver.spans();
+    let tree = crate::receiver::render_tree(&spans);
+    let agents: Vec<_> = spans
+        .iter()
+        .filter(|sp| sp.name.starts_with("invoke_agent"))
+        .collect();
+    println!("{tree}");
+    assert!(!agents.is_empty(), "no invoke_agent span:\n{tree}");
+    for sp in &spans {
+        let status = sp.status.as_ref();
+        let message = status.map(|st| st.message.as_str()).unwrap_or("");
+        assert!(
+            !message.contains("unfinished"),
+            "{} ended unfinished:\n{tree}",
+            sp.name
+        );
+    }
+    let traces: std::collections::HashSet<_> = agents.iter().map(|sp| &sp.trace_id).collect();
+    assert_eq!(traces.len(), 1, "one session, one trace:\n{tree}");
+}

@@ -474,10 +474,16 @@ pub struct Server {
 
 impl Server {
     pub fn start(ws: &Path) -> Server {
+        Server::start_with(ws, &[])
+    }
+
+    /// [`Server::start`] with more of `run`'s flags (`--otlp URL`).
+    pub fn start_with(ws: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(BIN)
             .args(["run", "--workspace"])
             .arg(ws)
             .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
             .env("RUST_LOG", "info")
             .env_remove("PRX_HOOKS_TOKEN")
             .stdout(Stdio::null())

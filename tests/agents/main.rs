@@ -12,6 +12,8 @@
 
 #[path = "../support/models.rs"]
 mod models;
+#[path = "../otel/receiver.rs"]
+mod receiver;
 #[path = "../support/stderr.rs"]
 mod stderr;
 #[path = "../support/hooks.rs"]

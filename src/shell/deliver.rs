@@ -76,8 +76,8 @@ fn cannot_block(sh: &Shared, id: &str) {
     drop(told);
     tracing::warn!(
         "hook {id} exited 2 on tool_call_start, which blocks nothing here: hooks run beside the \
-         agent and never decide, so the tool ran. A guard that must stop a tool belongs in the \
-         agent's own blocking hook (docs/hooks.md § Hooks observe, never decide); said once per hook"
+         agent and never decide, so the tool ran. A guard that must stop a tool is a policy \
+         (policies.json, docs/policies.md) or the agent's own blocking hook; said once per hook"
     );
 }
 

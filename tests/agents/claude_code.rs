@@ -261,7 +261,13 @@ fn script() -> Script {
 
 /// One `claude -p` session; its result (`--output-format json`).
 fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> Value {
+    session_with(s, cli, model, &[])
+}
+
+/// [`session`] with more environment for Claude Code (the token its `http` hooks send).
+fn session_with(s: &Setup, cli: &Cli, model: &ModelServer, env: &[(&str, &str)]) -> Value {
     let mut cmd = Command::new(&cli.program);
+    cmd.envs(env.iter().copied());
     cmd.args(["-p", PROMPT, "--output-format", "json"])
         .arg("--dangerously-skip-permissions")
         .env("ANTHROPIC_BASE_URL", model.url())
@@ -436,6 +442,16 @@ fn claude_code_with_the_server_down_spools_silently_and_the_next_run_replays_eac
 /// gets when its turn never closed), and the session is one trace.
 #[test]
 fn claude_code_sessions_trace_closes_in_one_trace() {
+    traced_session(&[]);
+}
+
+/// The same through `connect --http` (Claude Code's `http` hooks, a command on SessionStart).
+#[test]
+fn claude_code_sessions_trace_closes_in_one_trace_with_http_hooks() {
+    traced_session(&["--http"]);
+}
+
+fn traced_session(connect: &[&str]) {
     let Some(cli) = cli("@anthropic-ai/claude-code") else {
         return;
     };
@@ -446,8 +462,9 @@ fn claude_code_sessions_trace_closes_in_one_trace() {
     let receiver = crate::receiver::Receiver::start();
     let otlp = receiver.url();
     let server = Server::start_with(&s.ws, &["--otlp", &otlp]);
-    s.connect(AGENT, &[]);
-    session(&s, &cli, &model);
+    s.connect(AGENT, connect);
+    let token = std::fs::read_to_string(s.ws.join(".prx-hooks/token")).unwrap();
+    session_with(&s, &cli, &model, &[("PRX_HOOKS_TOKEN", token.trim())]);
     let raws = s.raws();
     assert!(raws.iter().any(|r| r.name == "Stop"), "claude sent no Stop");
     // Every event has reached the server (the entries for Stop are synchronous).

@@ -236,9 +236,32 @@ fn connect_writes_the_settings_file_whatever_became_of_its_output() {
             .collect();
         assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
 
+        // doctor reports on what connect wrote (problems: no server runs; exit 1 or 2, its own).
+        let mut doctor = prx(&["doctor", "--project"]);
+        doctor.arg(&project);
+        let ran = run(&mut doctor, closed, b"");
+        assert_no_panic("doctor", closed, &ran);
+        assert!(matches!(ran.status.code(), Some(0..=2)), "{:?}", ran.status);
+
         let ran = run(&mut connect(&["--remove"]), closed, b"");
         assert_no_panic("connect --remove", closed, &ran);
         assert_eq!(ran.status.code(), Some(0));
+
+        // policy test decides a payload from stdin and prints why.
+        std::fs::write(
+            ws.join("policies.json"),
+            r#"{"policies": [{"id": "no-rm", "on": ["tool_call_start"], "matcher": "Bash", "when": {"arguments.command": {"regex": "rm -rf"}}, "decision": "deny", "reason": "no"}]}"#,
+        )
+        .unwrap();
+        let mut policy = prx(&["policy", "test", "--workspace"]);
+        policy.arg(&ws);
+        let ran = run(
+            &mut policy,
+            closed,
+            br#"{"tool": "Bash", "arguments": {"command": "rm -rf /"}}"#,
+        );
+        assert_no_panic("policy test", closed, &ran);
+        std::fs::remove_file(ws.join("policies.json")).unwrap();
     }
 }
 

@@ -545,7 +545,8 @@ impl ShellSink {
     /// [`RUN_LOG_MAX_RUNS`] runs once compacted, [`RUN_LOG_MAX_BYTES`]; created 0600, never
     /// through a symbolic link) and first reads back the runs it holds into the hooks' histories, so
     /// [`runs`](Self::runs) shows them after a restart. Call it once, before events flow; a
-    /// second call is an error. Returns how many runs were read back.
+    /// second call is an error. Returns how many runs were read back for hooks of the table in
+    /// force (the runs of hooks no longer in it stay in the file, not in the histories).
     ///
     /// # Examples
     ///
@@ -558,14 +559,24 @@ impl ShellSink {
     /// ```
     pub fn keep_runs(&self, path: &Path) -> std::io::Result<usize> {
         let (log, runs) = runlog::RunLog::open(path)?;
-        let n = runs.len();
         self.shared
             .run_log
             .set(log)
             .map_err(|_| std::io::Error::other("hook runs are kept in a file already"))?;
+        // Only hooks of the table in force get their runs back: a hook since removed from
+        // hooks.json (or an id nobody configured) does not reappear in the stats.
+        let prepared = self.shared.table.load();
+        let ids: HashSet<&str> = prepared
+            .table
+            .actions
+            .iter()
+            .map(|a| a.id.as_str())
+            .collect();
         let mut s = lock(&self.shared.sched);
-        for o in runs {
+        let mut n = 0;
+        for o in runs.into_iter().filter(|o| ids.contains(o.id.as_str())) {
             s.record_loaded(o, self.shared.history);
+            n += 1;
         }
         Ok(n)
     }

@@ -68,8 +68,11 @@ impl std::fmt::Debug for RunLog {
 impl RunLog {
     /// Opens (or creates) the file at `path` and reads back the runs it holds, oldest first.
     pub(crate) fn open(path: &Path) -> io::Result<(RunLog, Vec<Outcome>)> {
+        // One writer per file: a second hook system over the same workspace would rewrite the
+        // file from its own memory at compaction and lose the first one's runs.
+        let lock = lock_beside(path)?;
         let mut file = open_private(path)?;
-        let file_len = file.metadata()?.len();
+        let mut file_len = file.metadata()?.len();
         let counts = Arc::new(Counters::default());
         let (lines, unreadable) = read_back(&mut file)?;
         let mut runs = Vec::with_capacity(lines.len());
@@ -95,8 +98,21 @@ impl RunLog {
         }
         counts.loaded.store(runs.len() as u64, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel::<Outcome>(QUEUE);
+        // A torn last line (a writer killed mid-line) ends here, so the next run starts a line
+        // of its own instead of being glued to the fragment.
+        if file_len > 0 {
+            let mut last = [0u8; 1];
+            file.seek(SeekFrom::Start(file_len - 1))?;
+            file.read_exact(&mut last)?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n")?;
+                file_len += 1;
+            }
+        }
         let mut writer = Writer {
             path: path.to_path_buf(),
+            _lock: lock,
+            broken: false,
             file,
             bytes: file_len,
             kept: VecDeque::new(),
@@ -163,6 +179,35 @@ impl Drop for RunLog {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// Takes the exclusive lock of `<path>.lock` (made 0600, never through a link), or says who
+/// has it.
+fn lock_beside(path: &Path) -> io::Result<File> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&name)?;
+    // SAFETY: `lock` is an open descriptor for the call; flock touches nothing else.
+    let rc = unsafe {
+        nix::libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&lock),
+            nix::libc::LOCK_EX | nix::libc::LOCK_NB,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::other(format!(
+            "{}: kept by another prx-hooks over this workspace ({}); this one keeps none",
+            path.display(),
+            io::Error::last_os_error()
+        )));
+    }
+    Ok(lock)
 }
 
 /// Opens `path` for reading and appending: created 0600, never through a symbolic link, a
@@ -248,6 +293,11 @@ fn read_back(file: &mut File) -> io::Result<(VecDeque<String>, u64)> {
 /// lines, rewrites the file with its last [`MAX_RUNS`] runs.
 struct Writer {
     path: PathBuf,
+    /// Held while the writer lives: the exclusive `flock` on `<log>.lock`.
+    _lock: File,
+    /// A compaction failed: nothing more is written (each run counted lost), so the file stays
+    /// within its bound.
+    broken: bool,
     file: File,
     /// The last [`MAX_RUNS`] lines that fit in `MAX_BYTES / 2`, without their newlines: what a
     /// compaction writes.
@@ -264,6 +314,10 @@ struct Writer {
 
 impl Writer {
     fn append(&mut self, o: &Outcome) {
+        if self.broken {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let Ok(mut line) = serde_json::to_string(o) else {
             self.counts.lost.fetch_add(1, Ordering::Relaxed);
             return;
@@ -281,7 +335,13 @@ impl Writer {
         if (self.bytes > MAX_BYTES || self.kept.len() + self.appended > 2 * MAX_RUNS)
             && let Err(e) = self.compact()
         {
-            self.failed(&e);
+            // The run is written; what failed is keeping the file small: stop writing.
+            self.broken = true;
+            tracing::warn!(
+                "{}: cannot be compacted ({e}); no more hook runs are kept in it (counted as \
+                 run_log.lost)",
+                self.path.display()
+            );
         }
     }
 
@@ -302,12 +362,28 @@ impl Writer {
             .path
             .with_extension(format!("tmp.{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
+        if let Err(e) = self.write_kept(&tmp) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        if let Err(e) = std::fs::rename(&tmp, &self.path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        self.file = open_private(&self.path)?;
+        self.bytes = self.kept_bytes;
+        self.appended = 0;
+        Ok(())
+    }
+
+    /// The kept lines into a new private file at `tmp`.
+    fn write_kept(&self, tmp: &Path) -> io::Result<()> {
         let mut out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&tmp)?;
+            .open(tmp)?;
         let mut text = Vec::with_capacity(64 << 10);
         for line in &self.kept {
             text.extend_from_slice(line.as_bytes());
@@ -317,16 +393,7 @@ impl Writer {
                 text.clear();
             }
         }
-        out.write_all(&text)?;
-        drop(out);
-        if let Err(e) = std::fs::rename(&tmp, &self.path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        self.file = open_private(&self.path)?;
-        self.bytes = self.kept_bytes;
-        self.appended = 0;
-        Ok(())
+        out.write_all(&text)
     }
 
     fn failed(&mut self, e: &io::Error) {
@@ -456,6 +523,44 @@ mod tests {
         assert_eq!(back.len(), 1);
         assert_eq!(log.counts().unreadable, 3, "{:?}", log.counts());
         assert_eq!(log.counts().loaded, 1);
+        // The next run starts a line of its own, not glued to the torn one.
+        log.keep(&run(2, ""));
+        log.close();
+        drop(log);
+        let (_, back) = RunLog::open(&path).unwrap();
+        assert_eq!(back.iter().map(|o| o.seq).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[test]
+    fn a_second_writer_of_the_same_file_is_refused_not_raced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.ndjson");
+        let (first, _) = RunLog::open(&path).unwrap();
+        let e = RunLog::open(&path).unwrap_err();
+        assert!(e.to_string().contains("kept by another"), "{e}");
+        first.close();
+        drop(first);
+        RunLog::open(&path).expect("free again once the first is gone");
+    }
+
+    #[test]
+    fn a_compaction_that_fails_stops_the_writing_so_the_file_stays_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.ndjson");
+        // The compaction's temporary name is taken by a directory: it cannot be made.
+        std::fs::create_dir(path.with_extension(format!("tmp.{}", std::process::id()))).unwrap();
+        let (log, _) = RunLog::open(&path).unwrap();
+        for i in 0..3 * MAX_RUNS {
+            while log.counts().written + log.counts().lost < i as u64 {
+                std::thread::yield_now();
+            }
+            log.keep(&run(i, ""));
+        }
+        log.close();
+        let c = log.counts();
+        assert_eq!(c.written + c.lost, 3 * MAX_RUNS as u64, "{c:?}");
+        assert!(c.written <= 2 * MAX_RUNS as u64 + 1, "{c:?}");
+        assert!(lines(&path) <= 2 * MAX_RUNS + 1, "{} lines", lines(&path));
     }
 
     #[test]

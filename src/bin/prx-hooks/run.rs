@@ -152,7 +152,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, BoxError> {
 /// Hook runs are kept in `<workspace>/.prx-hooks/runs.ndjson` across restarts (the console's
 /// and the API's run history); one that cannot be kept is said once, and `run` goes on.
 fn keep_runs(hooks: &Hooks, workspace: &std::path::Path) {
-    use std::os::unix::fs::DirBuilderExt as _;
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
     let Some(shell) = hooks.shell() else { return };
     let dir = workspace.join(".prx-hooks");
     let made = std::fs::DirBuilder::new()
@@ -163,6 +163,15 @@ fn keep_runs(hooks: &Hooks, workspace: &std::path::Path) {
             _ => Err(e),
         })
         .and_then(|()| match std::fs::symlink_metadata(&dir) {
+            Ok(m)
+                if m.is_dir()
+                    && (m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0) =>
+            {
+                Err(std::io::Error::other(format!(
+                    "{} is another user's or writable by others: the runs file is not kept there",
+                    dir.display()
+                )))
+            }
             Ok(m) if m.is_dir() => Ok(()),
             Ok(_) => Err(std::io::Error::other(format!(
                 "{} is not a directory (a link is not followed)",
@@ -462,7 +471,7 @@ fn report(hooks: &Hooks, args: &RunArgs, input: &InputCounters, ended: Ended) ->
     if args.stats_json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         say!("{report}");
     } else {
-        say!("{}", summary(&stats));
+        say!("{}", summary(&stats, lost));
     }
     if failed {
         ExitCode::from(1)
@@ -472,8 +481,13 @@ fn report(hooks: &Hooks, args: &RunArgs, input: &InputCounters, ended: Ended) ->
 }
 
 /// The end of a run for a person at a terminal: what was processed and lost, in one line.
-fn summary(stats: &prx_hooks::Stats) -> String {
-    let lost = stats.dropped + stats.dropped_budget + stats.oversize + stats.dropped_shutdown;
+/// `lost` is what makes the exit code 1 (refused lines, drops, exporters' losses); events
+/// still queued at the drain's deadline are said apart.
+fn summary(stats: &prx_hooks::Stats, lost: u64) -> String {
+    let late = match stats.dropped_shutdown {
+        0 => String::new(),
+        n => format!(", {n} still queued at the deadline"),
+    };
     let failed: Vec<String> = stats
         .sinks
         .iter()
@@ -494,8 +508,8 @@ fn summary(stats: &prx_hooks::Stats) -> String {
         n => format!(", {n} that nothing listened to"),
     };
     format!(
-        "prx-hooks: stopped: {} event(s), {} processed{unheard}, {lost} lost{failed} (the whole \
-         report: run --stats-json)",
+        "prx-hooks: stopped: {} event(s), {} processed{unheard}, {lost} lost{late}{failed} (the \
+         whole report: run --stats-json)",
         stats.emitted, stats.processed
     )
 }

@@ -1,6 +1,6 @@
 //! `prx-hooks run --otlp URL` as a user runs it: the sample workspace's events replayed
-//! through its hooks, exported to a real receiver, the span tree printed (README.md §
-//! Traces shows it).
+//! through its hooks, exported to a real receiver, the span tree printed (docs/otel.md §
+//! The sample workspace's trace shows it).
 
 use crate::receiver::{Mode, Receiver, attr, render_tree};
 use crate::*;

@@ -300,7 +300,7 @@ pub fn attr(span: &Span, key: &str) -> Option<String> {
 }
 
 /// The span tree as text: one line per span, children indented under their parent, in start
-/// order (what README.md shows).
+/// order (what docs/otel.md § The sample workspace's trace shows).
 pub fn render_tree(spans: &[Span]) -> String {
     let mut sorted: Vec<&Span> = spans.iter().collect();
     sorted.sort_by_key(|s| (s.start_time_unix_nano, s.end_time_unix_nano));

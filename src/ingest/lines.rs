@@ -543,6 +543,54 @@ impl<'h> LineIngest<'h> {
         self.opts = self.opts.lenient(on);
     }
 
+    /// Every line of an agent's translated payload ([`crate::agents::translate`]), in order,
+    /// read leniently where the payload says so: the first keeps `origin`'s event id, line `n`
+    /// after it carries `<id>-<n>` (a turn's end is `turn_complete` then `agent_end`, and each
+    /// must run once however often the payload is sent again), and the agent's own time, where
+    /// it gives one, is the events'. `settled` gives each line its settle call. Returns the
+    /// first line's outcome.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::agents::{Agent, TranslateOptions, translate};
+    /// use prx_hooks::ingest::{IngestOptions, LineIngest, LineOrigin, Outcome};
+    /// let hooks = prx_hooks::Hooks::builder().build()?;
+    /// let _sub = hooks.bus().subscribe("*")?;
+    /// let stop = br#"{"session_id":"s","hook_event_name":"Stop"}"#;
+    /// let t = translate(Agent::ClaudeCode, stop, &TranslateOptions::default())?;
+    /// let mut lines = LineIngest::new(&hooks, IngestOptions::default());
+    /// let first = lines.translated_from(&t, LineOrigin::default().id("e1"), || None);
+    /// assert_eq!(first, Outcome::Queued);
+    /// assert_eq!(lines.report().queued, 2); // turn_complete (e1), agent_end (e1-2)
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn translated_from(
+        &mut self,
+        t: &crate::agents::Translated,
+        origin: LineOrigin<'_>,
+        mut settled: impl FnMut() -> Option<OnSettled>,
+    ) -> Outcome {
+        self.set_lenient(t.lenient);
+        let origin = match &t.time {
+            Some(time) => origin.time(time),
+            None => origin,
+        };
+        let mut first = None;
+        for (n, (line, _)) in (1u64..).zip(t.lines()) {
+            let numbered = (n > 1)
+                .then(|| origin.event_id().map(|id| format!("{id}-{n}")))
+                .flatten();
+            let o = match &numbered {
+                Some(id) => origin.id(id),
+                None => origin,
+            };
+            let got = self.line_from(n, line.as_bytes(), o, settled());
+            first.get_or_insert(got.outcome);
+        }
+        first.unwrap_or(Outcome::Refused)
+    }
+
     /// A line refused before it could be read as an event (an agent payload that could not
     /// be translated, …): an error at `column` with `message`, counted like any.
     ///

@@ -232,23 +232,8 @@ fn feed(
                     prx_hooks::agents::translate(a, body, &opts).map_err(|e| e.to_string())
                 }) {
                 Ok(t) => {
-                    lines.set_lenient(t.lenient);
-                    // The agent's own time is the event's, when it gives one.
-                    let origin = match &t.time {
-                        Some(time) => origin.time(time),
-                        None => origin,
-                    };
-                    // A turn's end is two lines: the first keeps the entry's id, line `n`
-                    // after it is `<id>-<n>`, so that each runs once however often it is
-                    // replayed.
-                    for (n, (line, _)) in (1u64..).zip(t.lines()) {
-                        let numbered = (n > 1).then(|| format!("{id}-{n}"));
-                        let origin = match &numbered {
-                            Some(id) => origin.id(id),
-                            None => origin,
-                        };
-                        lines.line_from(n, line.as_bytes(), origin, Some(tracker.settled()));
-                    }
+                    // The entry's id on the first line, `<id>-<n>` on the others.
+                    lines.translated_from(&t, origin, || Some(tracker.settled()));
                 }
                 Err(e) => {
                     lines.refuse(1, 1, &e);

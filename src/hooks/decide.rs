@@ -105,6 +105,11 @@ impl Hooks {
         self.policies.table()
     }
 
+    /// Counts a question refused before it could be asked (a payload over the limit).
+    pub(crate) fn count_refused_decision(&self) {
+        self.policies.refused();
+    }
+
     /// Loads policies.json now if it changed since the table in force was read (the watcher
     /// would, a debounce later). `None` without a workspace or after shutdown.
     pub fn apply_policies_file(&self) -> Option<config::Reload> {

@@ -94,6 +94,16 @@ pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> 
     if from != Agent::ClaudeCode {
         return None;
     }
+    // No policy in force: nothing to decide, and the payload is not parsed a second time
+    // (the ingest translates it). Past the payload limit a decision is refused, counted, and
+    // the agent's own flow goes on.
+    if api.hooks.policy_table().policies.is_empty() {
+        return None;
+    }
+    if bytes.len() > crate::policy::MAX_PAYLOAD_BYTES {
+        api.hooks.count_refused_decision();
+        return None;
+    }
     let q = crate::policy::question(from, bytes)?;
     let verdict = api.hooks.decide_value(q.point, agent, &q.payload);
     Some(claude_code(&q.event, &verdict))

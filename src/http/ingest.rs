@@ -315,30 +315,8 @@ pub(crate) async fn agent(
         let translated = crate::agents::translate(from, &bytes, &opts)?;
         // Seen, whatever becomes of the line: `prx-hooks doctor` asks what reached us.
         seen.seen.record(from, &translated.event);
-        let opts = IngestOptions::default().lenient(translated.lenient);
-        let mut lines = LineIngest::new(&hooks, opts);
-        // Every line the payload makes (a turn's end is `turn_complete` then `agent_end`):
-        // line n after the first carries the id `<id>-n`, so a payload sent again is
-        // recognised line by line, as the spool's replay does; the agent's own time, where it
-        // gives one, is the event's.
-        let base = origin.as_line();
-        let base = match &translated.time {
-            Some(time) => base.time(time),
-            None => base,
-        };
-        let mut first = None;
-        for (n, (line, _)) in (1u64..).zip(translated.lines()) {
-            let numbered = (n > 1)
-                .then(|| base.event_id().map(|id| format!("{id}-{n}")))
-                .flatten();
-            let o = match &numbered {
-                Some(id) => base.id(id),
-                None => base,
-            };
-            let got = lines.line_from(n, line.as_bytes(), o, None);
-            first.get_or_insert(got.outcome);
-        }
-        let outcome = first.unwrap_or(Outcome::Refused);
+        let mut lines = LineIngest::new(&hooks, IngestOptions::default());
+        let outcome = lines.translated_from(&translated, origin.as_line(), || None);
         Ok::<_, crate::agents::TranslateError>((outcome, lines.into_report()))
     };
     let done = if small {
@@ -350,6 +328,15 @@ pub(crate) async fn agent(
     };
     let (outcome, report) = match done {
         Ok(x) => x,
+        // A decision made stands though the event could not be read: a non-2xx answer would
+        // let Claude Code run the tool the policies denied.
+        Err(_) if decided.is_some() && !with_report => {
+            api.ingest.refused_request();
+            let mut resp = json_response(StatusCode::OK, &decided.unwrap_or_default());
+            resp.headers_mut()
+                .insert("x-prx-hooks-outcome", HeaderValue::from_static("error"));
+            return Ok(resp);
+        }
         Err(e) => {
             return Err(refused(
                 ApiError::bad_request(format!("body:{e}")).at(e.path().to_string()),

@@ -133,6 +133,11 @@ impl Decider {
     }
 
     /// Stops watching; the table in force stays.
+    /// Counts a question refused before deciding (`refused` in the stats).
+    pub(crate) fn refused(&self) {
+        self.counters.refused();
+    }
+
     pub(crate) fn stop(&self) {
         let mut state = self.watch.lock().unwrap_or_else(|e| e.into_inner());
         if let WatchState::Live(w) = &*state {

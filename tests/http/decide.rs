@@ -262,4 +262,12 @@ fn claude_codes_http_hook_gets_its_documented_decision_and_the_event_is_still_in
         (&json!(2), &json!(2), &json!(2)),
         "{p}"
     );
+    // A payload the ingest cannot read (no session id) still gets its decision, not a 400
+    // Claude Code would run the tool on.
+    let mut unreadable = pre("rm -rf /tmp/victim");
+    unreadable.as_object_mut().unwrap().remove("session_id");
+    let (status, body, outcome) = post_json(&api, door, &unreadable);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["hookSpecificOutput"]["permissionDecision"], "deny");
+    assert_eq!(outcome.as_deref(), Some("error"));
 }

@@ -5,7 +5,7 @@
 //! event must reach a real `prx-hooks run --listen` (its hooks, the live stream, `tail --last`)
 //! as the agent's table in its module says, once each and in order.
 //!
-//! Without the programs (a machine without npm) each test prints one line saying how to
+//! Without the programs (a machine without npm) the binary prints one line saying how to
 //! install them and passes; with `PRX_HOOKS_AGENTS=require` (`.ci/run` sets it) a missing
 //! program fails, and a version other than the pinned one always does. `PRX_HOOKS_AGENTS=off`
 //! skips them (one line each). docs/agents.md § Tested with the real CLIs.

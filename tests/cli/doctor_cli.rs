@@ -427,3 +427,30 @@ fn doctor_finds_hooks_switched_off_in_the_agents_settings() {
         "{out}"
     );
 }
+
+/// A FIFO where an agent's settings file belongs is said, not waited on (doctor used to block
+/// in `read` until a writer came).
+#[test]
+fn doctor_says_a_settings_fifo_and_does_not_wait_on_it() {
+    let s = setup();
+    let fifo = s.project.join(".claude/settings.json");
+    std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let mut child = s
+        .cmd(&["doctor"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            panic!("doctor waits on a FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let all = text(&out.stdout) + &text(&out.stderr);
+    assert!(all.contains("not a regular file"), "{all}");
+}

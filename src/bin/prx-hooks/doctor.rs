@@ -174,18 +174,15 @@ fn check_agent(agent: Agent, project: &Path, general: &mut Vec<Finding>) -> Agen
         )),
     }
     for (path, scope) in candidates {
-        match std::fs::read_to_string(&path) {
+        // As connect reads it: a FIFO or a device is refused, not waited on; the size bounded.
+        match connect::write::read_settings(&path).map(|c| c.text) {
             // Ours run `prx-hooks` or `prx-hooks-send`, or post to `/api/ingest/AGENT`.
-            Ok(text) if text.contains("prx-hooks") || text.contains("/api/ingest/") => {
+            Ok(Some(text)) if text.contains("prx-hooks") || text.contains("/api/ingest/") => {
                 let check = checks::check_json(agent, &path, &text, project);
                 files.push((path, scope, check));
             }
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => general.push(Finding::new(
-                Level::Unchecked,
-                format!("{}: {e}", path.display()),
-            )),
+            Err(e) => general.push(Finding::new(Level::Unchecked, e.to_string())),
         }
     }
     if agent == Agent::Codex
@@ -199,7 +196,7 @@ fn check_agent(agent: Agent, project: &Path, general: &mut Vec<Finding>) -> Agen
 /// Codex's config.toml when it runs our `notify`.
 fn codex_notify() -> Option<(PathBuf, &'static str, FileCheck)> {
     let path = connect::codex_home().ok()?.join("config.toml");
-    let text = std::fs::read_to_string(&path).ok()?;
+    let text = connect::write::read_settings(&path).ok()?.text?;
     let mut check = FileCheck::default();
     let config = CodexConfig::read(&path, &text, &mut check)?;
     let argv = config.notify?;

@@ -539,17 +539,29 @@ fn write_change(
         return Ok(Some(ExitCode::SUCCESS));
     }
     // The backup sits beside the file named (not in a link's directory of dotfiles).
+    // Staged first (the before-state is on disk before the file changes) and put in place
+    // only once the file was written: an attempt the agent's own save undid leaves the backup
+    // of the last change that happened.
     let backup = write::backup_path(file);
-    if let Some(b) = &change.before {
-        write::write_backup(&backup, b, current.mode)?;
-    }
-    let outcome = if delete {
-        write::remove_file(target, current)?
-    } else {
-        write::replace_file(target, current, &change.after)?
+    let staged = match &change.before {
+        Some(b) => Some(write::stage_backup(&backup, b, current.mode)?),
+        None => None,
     };
-    if outcome == write::Outcome::Changed {
-        return Ok(None);
+    let outcome = if delete {
+        write::remove_file(target, current)
+    } else {
+        write::replace_file(target, current, &change.after)
+    };
+    match (outcome, staged) {
+        (Ok(write::Outcome::Written), Some(t)) => write::commit_backup(&t, &backup)?,
+        (Ok(write::Outcome::Written), None) => {}
+        (other, staged) => {
+            if let Some(t) = staged {
+                let _ = std::fs::remove_file(t);
+            }
+            other?;
+            return Ok(None);
+        }
     }
     let backup = change.before.as_ref().map(|_| backup);
     report(

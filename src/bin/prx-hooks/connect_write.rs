@@ -110,18 +110,25 @@ fn sibling(file: &Path, suffix: &str) -> PathBuf {
     file.with_file_name(name)
 }
 
-/// The content before the change at `backup` (the settings file's mode, without write for
-/// others: it may hold secrets).
-pub(crate) fn write_backup(backup: &Path, text: &str, mode: Option<u32>) -> Result<(), BoxError> {
+/// The content before the change, in a temporary file beside `backup` (the settings file's
+/// mode, without write for others: it may hold secrets); [`commit_backup`] puts it in place.
+pub(crate) fn stage_backup(
+    backup: &Path,
+    text: &str,
+    mode: Option<u32>,
+) -> Result<PathBuf, BoxError> {
     let mode = mode.map(|m| m & 0o777 & !0o002);
     let dir = parent(backup);
-    let tmp = write_temp(&dir, backup, text, mode)
-        .map_err(|e| format!("connect: the backup {}: {e}", backup.display()))?;
-    std::fs::rename(&tmp, backup).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("connect: the backup {}: {e}", backup.display())
-    })?;
-    Ok(())
+    Ok(write_temp(&dir, backup, text, mode)
+        .map_err(|e| format!("connect: the backup {}: {e}", backup.display()))?)
+}
+
+/// Puts a staged backup in place, once the settings file was written.
+pub(crate) fn commit_backup(staged: &Path, backup: &Path) -> Result<(), BoxError> {
+    std::fs::rename(staged, backup).map_err(|e| {
+        let _ = std::fs::remove_file(staged);
+        format!("connect: the backup {}: {e}", backup.display()).into()
+    })
 }
 
 fn parent(path: &Path) -> PathBuf {

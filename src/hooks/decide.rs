@@ -106,6 +106,7 @@ impl Hooks {
     }
 
     /// Counts a question refused before it could be asked (a payload over the limit).
+    #[cfg(feature = "http")]
     pub(crate) fn count_refused_decision(&self) {
         self.policies.refused();
     }

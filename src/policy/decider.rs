@@ -132,12 +132,13 @@ impl Decider {
         }
     }
 
-    /// Stops watching; the table in force stays.
     /// Counts a question refused before deciding (`refused` in the stats).
+    #[cfg(feature = "http")]
     pub(crate) fn refused(&self) {
         self.counters.refused();
     }
 
+    /// Stops watching; the table in force stays.
     pub(crate) fn stop(&self) {
         let mut state = self.watch.lock().unwrap_or_else(|e| e.into_inner());
         if let WatchState::Live(w) = &*state {

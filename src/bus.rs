@@ -20,7 +20,8 @@ pub(crate) use crate::message::Meta;
 use crate::sink::Sink;
 use crate::stats::{SinkCounters, SinkCounts, SubscriberStats};
 use arc_swap::ArcSwap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -222,6 +223,9 @@ struct SubInfo {
     capacity: usize,
     delivered: AtomicU64,
     dropped: AtomicU64,
+    /// How many messages the subscription has taken out of `rx` and not yet returned
+    /// (`Subscription::taken`'s length, for stats).
+    taken: AtomicUsize,
 }
 
 impl Subscriber {
@@ -368,6 +372,7 @@ impl Bus {
             capacity,
             delivered: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            taken: AtomicUsize::new(0),
         });
         let sub = Subscriber {
             info: info.clone(),
@@ -381,6 +386,7 @@ impl Bus {
         reg.infos.retain(|w| w.strong_count() > 0);
         reg.infos.push(Arc::downgrade(&info));
         Ok(Subscription {
+            taken: Mutex::new(VecDeque::new()),
             sub: info,
             bus: self.clone(),
         })
@@ -549,7 +555,7 @@ impl Bus {
                 pattern: info.pattern.to_string(),
                 delivered: info.delivered.load(Ordering::Relaxed),
                 dropped: info.dropped.load(Ordering::Relaxed),
-                queued: info.rx.len() as u64,
+                queued: (info.rx.len() + info.taken.load(Ordering::Relaxed)) as u64,
                 capacity: info.capacity as u64,
             })
             .collect()
@@ -647,9 +653,22 @@ impl Sink for Bus {
 
 /// A bus subscription: a bounded queue of [`Message`]s matching its pattern. `Send`, not `Clone`.
 /// Dropping it unsubscribes.
+///
+/// # Invariants
+///
+/// `taken` holds messages already moved out of the queue, older than any still in it. Every
+/// read, blocking ones included, runs with `taken` locked, takes from it first and refills it
+/// only when it is empty: so messages come out in the order they were published, even to
+/// several threads reading one subscription. `taken` holds at most one queue's worth
+/// (`capacity`), and `SubInfo::taken` mirrors its length.
 pub struct Subscription {
     sub: Arc<SubInfo>,
     bus: Bus,
+    /// What the last batch read took from the queue and no read has returned yet. One lock
+    /// per batch on the queue, which the publishing worker also locks, instead of one per
+    /// message: the two cores then stop passing the queue's lock back and forth for every
+    /// event (docs/performance.md § The bus).
+    taken: Mutex<VecDeque<Message>>,
 }
 
 impl Subscription {
@@ -670,9 +689,11 @@ impl Subscription {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn recv(&self) -> Result<Message, RecvError> {
-        match self.poll() {
+        let mut taken = self.lock_taken();
+        match self.poll(&mut taken) {
             Some(Ok(msg)) => Ok(msg),
             Some(Err(())) => Err(RecvError),
+            // `taken` is empty and stays ours: the next message in the queue is the oldest.
             None => self.sub.rx.recv().map_err(|_| RecvError),
         }
     }
@@ -690,11 +711,19 @@ impl Subscription {
     /// assert!(sub.try_recv().is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// `Empty` too while another thread reads this subscription: what is waiting goes to it.
     pub fn try_recv(&self) -> Result<Message, TryRecvError> {
-        self.sub.rx.try_recv().map_err(|e| match e {
-            flume::TryRecvError::Empty => TryRecvError::Empty,
-            flume::TryRecvError::Disconnected => TryRecvError::Closed,
-        })
+        let mut taken = match self.taken.try_lock() {
+            Ok(taken) => taken,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(TryRecvError::Empty),
+        };
+        match self.take_or_closed(&mut taken) {
+            Some(Ok(msg)) => Ok(msg),
+            Some(Err(())) => Err(TryRecvError::Closed),
+            None => Err(TryRecvError::Empty),
+        }
     }
 
     /// Waits at most `timeout` for the next message (spinning briefly first, like `recv`).
@@ -712,7 +741,10 @@ impl Subscription {
     /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message, RecvTimeoutError> {
         let deadline = std::time::Instant::now() + timeout;
-        match self.poll() {
+        let Some(mut taken) = self.lock_taken_until(deadline) else {
+            return Err(RecvTimeoutError::Timeout);
+        };
+        match self.poll(&mut taken) {
             Some(Ok(msg)) => Ok(msg),
             Some(Err(())) => Err(RecvTimeoutError::Closed),
             None => self.sub.rx.recv_deadline(deadline).map_err(|e| match e {
@@ -722,19 +754,69 @@ impl Subscription {
         }
     }
 
-    /// The spin-then-yield phase of `recv`: `None` when nothing came (the caller blocks).
-    fn poll(&self) -> Option<Result<Message, ()>> {
+    /// The spin-then-yield phase of `recv`: `None` when nothing came (the caller blocks, still
+    /// holding `taken`).
+    fn poll(&self, taken: &mut VecDeque<Message>) -> Option<Result<Message, ()>> {
         for round in 0..SPIN_ROUNDS + YIELD_ROUNDS {
-            match self.sub.rx.try_recv() {
-                Ok(msg) => return Some(Ok(msg)),
-                Err(flume::TryRecvError::Disconnected) => return Some(Err(())),
-                Err(flume::TryRecvError::Empty) if round < SPIN_ROUNDS => {
-                    (0..1u32 << round.min(4)).for_each(|_| std::hint::spin_loop())
-                }
-                Err(flume::TryRecvError::Empty) => std::thread::yield_now(),
+            if let Some(got) = self.take_or_closed(taken) {
+                return Some(got);
+            }
+            if round < SPIN_ROUNDS {
+                (0..1u32 << round.min(4)).for_each(|_| std::hint::spin_loop());
+            } else {
+                std::thread::yield_now();
             }
         }
         None
+    }
+
+    /// The oldest message not yet returned: from `taken`, or else the queue's whole content
+    /// moved into `taken` under one lock of the queue. `None` when both are empty; `Err` once
+    /// nothing is left and the bus has let go of the queue (closed, or this subscription
+    /// removed).
+    fn take_or_closed(&self, taken: &mut VecDeque<Message>) -> Option<Result<Message, ()>> {
+        if let Some(msg) = taken.pop_front() {
+            self.sub.taken.store(taken.len(), Ordering::Relaxed);
+            return Some(Ok(msg));
+        }
+        // Read before the drain: if the queue was already disconnected, nothing can arrive
+        // after the drain looked, so an empty drain means the end.
+        let closed = self.sub.rx.is_disconnected();
+        taken.extend(self.sub.rx.drain());
+        match taken.pop_front() {
+            Some(msg) => {
+                self.sub.taken.store(taken.len(), Ordering::Relaxed);
+                Some(Ok(msg))
+            }
+            None if closed => Some(Err(())),
+            None => None,
+        }
+    }
+
+    fn lock_taken(&self) -> std::sync::MutexGuard<'_, VecDeque<Message>> {
+        self.taken.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `taken`, unless another thread reading this subscription holds it past `deadline`.
+    fn lock_taken_until(
+        &self,
+        deadline: std::time::Instant,
+    ) -> Option<std::sync::MutexGuard<'_, VecDeque<Message>>> {
+        loop {
+            match self.taken.try_lock() {
+                Ok(taken) => return Some(taken),
+                Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    // Another reader is waiting for a message or taking one: rare, so a short
+                    // sleep rather than a second wait queue.
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    std::thread::sleep(left.min(Duration::from_micros(200)));
+                }
+            }
+        }
     }
 
     /// Messages as they arrive, until the bus shuts down (each step is a [`recv`](Self::recv)).
@@ -767,7 +849,7 @@ impl Subscription {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_iter(&self) -> impl Iterator<Item = Message> + '_ {
-        self.sub.rx.try_iter()
+        std::iter::from_fn(|| self.try_recv().ok())
     }
 
     /// The subscription's id on its bus (as [`Bus::subscribers`] shows it).
@@ -785,7 +867,8 @@ impl Subscription {
     }
 
     /// The queue's receiving end, for a reader that waits on several queues at once (the HTTP
-    /// event stream's hub selects over this and the run feed).
+    /// event stream's hub selects over this and the run feed). Such a reader reads only
+    /// through it: `recv` and its kin may have taken older messages out of the queue.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn receiver(&self) -> &flume::Receiver<Message> {
         &self.sub.rx
@@ -817,12 +900,12 @@ impl Subscription {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn len(&self) -> usize {
-        self.sub.rx.len()
+        self.sub.rx.len() + self.sub.taken.load(Ordering::Relaxed)
     }
 
     /// Whether no message is waiting.
     pub fn is_empty(&self) -> bool {
-        self.sub.rx.is_empty()
+        self.len() == 0
     }
 
     /// The most messages the queue holds.
@@ -908,6 +991,116 @@ mod tests {
             bus.publish_from("prx.agent.cursor.beforeReadFile", "cursor", "c", &huge),
             Err(BusError::PayloadTooLarge { max: 4096, .. })
         ));
+    }
+
+    fn numbers(sub: &Subscription) -> Vec<u64> {
+        sub.try_iter()
+            .map(|m| std::str::from_utf8(m.json()).unwrap().parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_read_takes_the_queue_in_one_batch_and_keeps_the_order() {
+        let (bus, _i) = bus(4);
+        let sub = bus.subscribe("t.*").unwrap();
+        for n in 0..4 {
+            bus.publish("t.x", n.to_string()).unwrap();
+        }
+        assert_eq!(sub.recv().unwrap().json(), b"0");
+        // Three taken with the first, none left in the queue: four more fit, the ninth not.
+        assert_eq!(sub.len(), 3);
+        for n in 4..9 {
+            bus.publish("t.x", n.to_string()).unwrap();
+        }
+        assert_eq!(sub.len(), 7);
+        assert_eq!(sub.dropped(), 1);
+        assert_eq!(numbers(&sub), [1, 2, 3, 4, 5, 6, 7]);
+        assert!(sub.is_empty());
+    }
+
+    #[test]
+    fn messages_taken_before_the_bus_closed_are_still_read() {
+        let (bus, _i) = bus(8);
+        let sub = bus.subscribe("t.*").unwrap();
+        for n in 0..3 {
+            bus.publish("t.x", n.to_string()).unwrap();
+        }
+        assert_eq!(sub.try_recv().unwrap().json(), b"0");
+        bus.close();
+        assert_eq!(sub.recv().unwrap().json(), b"1");
+        assert_eq!(
+            sub.recv_timeout(Duration::from_millis(1)).unwrap().json(),
+            b"2"
+        );
+        assert!(sub.recv().is_err());
+        assert_eq!(sub.try_recv().unwrap_err(), TryRecvError::Closed);
+    }
+
+    /// Two threads reading one subscription while a third publishes: every message comes out
+    /// exactly once, and each reader sees them in publishing order.
+    #[test]
+    fn two_readers_of_one_subscription_share_it_exactly_once_in_order() {
+        const N: u64 = 200_000;
+        let (bus, _i) = bus(1 << 20);
+        let sub = Arc::new(bus.subscribe("t.*").unwrap());
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let sub = sub.clone();
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    while let Ok(m) = sub.recv() {
+                        got.push(
+                            std::str::from_utf8(m.json())
+                                .unwrap()
+                                .parse::<u64>()
+                                .unwrap(),
+                        );
+                    }
+                    got
+                })
+            })
+            .collect();
+        for n in 0..N {
+            bus.publish("t.x", n.to_string()).unwrap();
+        }
+        bus.close();
+        let mut all = Vec::new();
+        for r in readers {
+            let got = r.join().unwrap();
+            assert!(
+                got.windows(2).all(|w| w[0] < w[1]),
+                "a reader saw them out of order"
+            );
+            all.extend(got);
+        }
+        all.sort_unstable();
+        assert_eq!(all, (0..N).collect::<Vec<_>>());
+    }
+
+    /// While one thread waits in `recv`, another's `try_recv` answers at once and its
+    /// `recv_timeout` gives up at its deadline; the next message goes to the waiting thread.
+    #[test]
+    fn a_waiting_reader_never_blocks_another_readers_try_recv_or_timeout() {
+        let (bus, _i) = bus(8);
+        let sub = Arc::new(bus.subscribe("t.*").unwrap());
+        let waiting = {
+            let sub = sub.clone();
+            std::thread::spawn(move || sub.recv().map(|m| m.json().to_vec()))
+        };
+        // Give the waiting thread time to take the lock and block (liveness only).
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(sub.try_recv().unwrap_err(), TryRecvError::Empty);
+        let t0 = std::time::Instant::now();
+        assert_eq!(
+            sub.recv_timeout(Duration::from_millis(50)).unwrap_err(),
+            RecvTimeoutError::Timeout
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "recv_timeout overslept"
+        );
+        bus.publish("t.x", "7").unwrap();
+        assert_eq!(waiting.join().unwrap().unwrap(), b"7");
     }
 
     fn msg(kind: EventKind, seq: u64) -> Message {

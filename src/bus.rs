@@ -667,7 +667,7 @@ pub struct Subscription {
     /// What the last batch read took from the queue and no read has returned yet. One lock
     /// per batch on the queue, which the publishing worker also locks, instead of one per
     /// message: the two cores then stop passing the queue's lock back and forth for every
-    /// event (docs/performance.md § The bus).
+    /// event (ARCHITECTURE.md § Memory).
     taken: Mutex<VecDeque<Message>>,
 }
 

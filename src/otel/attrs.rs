@@ -509,20 +509,101 @@ fn fixed64_field(out: &mut Vec<u8>, tag: u32, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
+/// Extra fields exported without `--otlp-content`: ids, names of models and providers, token
+/// counts, durations, statuses and reasons. Everything else may carry content (tool input and
+/// output, prompts, messages, paths, transcripts) and stays out unless content is on, so a
+/// field an agent adds tomorrow is withheld by default (docs/otel.md § Content).
+pub(crate) const SAFE_EXTRAS: &[&str] = &[
+    // ids
+    "tool_call_id",
+    "tool_use_id",
+    "call_id",
+    "turn_id",
+    "agent_id",
+    "agent_type",
+    "parent_session",
+    "generation_id",
+    "conversation_id",
+    "request_id",
+    "event_id",
+    "hook_event_name",
+    // models, providers, modes
+    "model",
+    "provider",
+    "mcp_server",
+    "permission_mode",
+    "source",
+    "trigger",
+    // tokens
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "total_tokens",
+    "reasoning_tokens",
+    "message_count",
+    // durations
+    "duration_ms",
+    "duration",
+    // statuses and reasons
+    "reason",
+    "stop_reason",
+    "finish_reason",
+    "status",
+    "is_interrupt",
+    "exit_code",
+    "error_type",
+    "policy_decision",
+    "policy_id",
+    "policy_reason",
+];
+
+/// Token counts exported under the GenAI conventions' names rather than as `prx.extra.*`.
+const USAGE: [(&str, &str); 6] = [
+    ("input_tokens", "gen_ai.usage.input_tokens"),
+    ("output_tokens", "gen_ai.usage.output_tokens"),
+    (
+        "cache_read_input_tokens",
+        "gen_ai.usage.cache_read.input_tokens",
+    ),
+    ("cache_read_tokens", "gen_ai.usage.cache_read.input_tokens"),
+    (
+        "cache_creation_input_tokens",
+        "gen_ai.usage.cache_creation.input_tokens",
+    ),
+    (
+        "cache_write_tokens",
+        "gen_ai.usage.cache_creation.input_tokens",
+    ),
+];
+
+/// The attribute counting the extra fields withheld for want of `--otlp-content`.
+pub(crate) const WITHHELD: &str = "prx.content_withheld";
+
 /// The extra fields of a payload (members that are not the event's documented fields) as
 /// `prx.extra.<name>` attributes: at most `max` of them, strings and nested JSON bounded to
-/// `max_bytes`. Returns how many were left out.
+/// `max_bytes`. Without `content`, only [`SAFE_EXTRAS`] are exported and the others are
+/// counted in [`WITHHELD`]; token counts that are integers become `gen_ai.usage.*`. Returns
+/// how many were left out for the bound.
 pub(crate) fn extras(
     rec: &mut Rec,
     payload: &Payload<'_>,
     documented: &[&str],
+    content: bool,
     max: usize,
     max_bytes: usize,
 ) -> u32 {
     let mut left_out = 0;
+    let mut withheld = 0;
     let mut n = 0;
     for (k, raw) in payload.iter() {
         if documented.contains(&k.as_ref()) {
+            continue;
+        }
+        if !content && !SAFE_EXTRAS.contains(&k.as_ref()) {
+            withheld += 1;
             continue;
         }
         if n == max {
@@ -539,7 +620,13 @@ pub(crate) fn extras(
             },
             _ => Val::Str(rec.push_bounded(&raw_text(raw), max_bytes)),
         };
-        rec.extra(&k, value);
+        match (USAGE.iter().find(|(name, _)| *name == k.as_ref()), value) {
+            (Some(&(_, key)), Val::Int(i)) => rec.int(key, i),
+            _ => rec.extra(&k, value),
+        }
+    }
+    if withheld > 0 {
+        rec.int(WITHHELD, withheld);
     }
     rec.dropped_attributes_count += left_out;
     left_out
@@ -676,7 +763,7 @@ mod tests {
         let json = r#"{"tool":"t","cwd":"/p","n":3,"ok":true,"obj":{"a":[1,2]},"long":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#;
         let mut members = Vec::new();
         let payload = Payload::parse(json, &mut members);
-        let left = extras(&mut r, &payload, &["tool"], 4, 16);
+        let left = extras(&mut r, &payload, &["tool"], true, 4, 16);
         assert_eq!(left, 1);
         let s = decode(&r);
         let keys: Vec<_> = s.attributes.iter().map(|a| a.key.as_str()).collect();
@@ -690,5 +777,35 @@ mod tests {
             Some(Value::StringValue(r#"{"a":[1,2]}"#.into()))
         );
         assert_eq!(s.dropped_attributes_count, 1);
+    }
+
+    #[test]
+    fn without_content_only_safe_extras_leave_and_tokens_use_the_conventions_names() {
+        let mut r = Rec::empty();
+        r.begin(Kind::Internal, [1; 16], [1; 8], None, 0);
+        let json = r#"{"tool_input":{"command":"curl -H 'Authorization: Bearer s3cret'"},"cwd":"/home/me","prompt":"my password is","model":"m1","input_tokens":120,"output_tokens":30,"cache_read_input_tokens":7,"tool_use_id":"t1","brand_new_field":"x"}"#;
+        let mut members = Vec::new();
+        let payload = Payload::parse(json, &mut members);
+        extras(&mut r, &payload, &[], false, 32, 4096);
+        let s = decode(&r);
+        let mut keys: Vec<_> = s.attributes.iter().map(|a| a.key.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "gen_ai.usage.cache_read.input_tokens",
+                "gen_ai.usage.input_tokens",
+                "gen_ai.usage.output_tokens",
+                "prx.content_withheld",
+                "prx.extra.model",
+                "prx.extra.tool_use_id",
+            ]
+        );
+        assert_eq!(
+            attr(&s, "gen_ai.usage.input_tokens"),
+            Some(Value::IntValue(120))
+        );
+        assert_eq!(attr(&s, WITHHELD), Some(Value::IntValue(4)));
+        assert!(!format!("{s:?}").contains("s3cret"));
     }
 }

@@ -269,6 +269,7 @@ impl Builder {
             rec,
             c.payload,
             c.kind.fields(),
+            self.limits.content,
             self.limits.max_extras,
             self.limits.max_value_bytes,
         );

@@ -1,7 +1,7 @@
 //! One test per mapping rule of docs/agents.md: turns, sessions, subagents, tokens, time,
 //! the fields kept, and `success` only from a structured status.
 
-use crate::agents::fixture;
+use crate::fixtures::fixture;
 use prx_hooks::agents::{Agent, Target, TranslateOptions, translate};
 use prx_hooks::ndjson::{Input, ParseOptions, parse_input_with};
 use serde_json::{Value, json};

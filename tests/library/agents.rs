@@ -2,32 +2,11 @@
 //! each citing its page) translated, and the result read back by the ingest's own parser:
 //! the event or topic it maps to, its documented fields, its session, the extras kept.
 
+use crate::fixtures::fixture;
 use prx_hooks::EventKind;
 use prx_hooks::agents::{Agent, Target, TranslateOptions, translate};
 use prx_hooks::ndjson::{Input, ParseOptions, parse_input_with};
 use serde_json::Value;
-use std::path::PathBuf;
-
-/// The fixture's JSON (its `//` comment lines removed) and the page it cites.
-pub fn fixture(agent: Agent, event: &str) -> (String, String) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/agents")
-        .join(agent.name())
-        .join(format!("{event}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (every documented event has a fixture)",
-            path.display()
-        )
-    });
-    let source = text
-        .lines()
-        .find_map(|l| l.strip_prefix("// source: "))
-        .unwrap_or_else(|| panic!("{}: no `// source:` line", path.display()))
-        .to_string();
-    let json: Vec<&str> = text.lines().filter(|l| !l.starts_with("//")).collect();
-    (json.join("\n"), source)
-}
 
 /// What each documented event maps to (docs/agents.md), line by line: a lifecycle event's
 /// name, or `topic:SEGMENT` (`topic` alone: the event's own name).

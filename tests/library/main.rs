@@ -4,6 +4,8 @@
 //! One test binary per area (each links the whole library): the modules are the former
 //! per-file binaries, the shared helpers are declared once here.
 
+#[path = "../support/fixtures.rs"]
+mod fixtures;
 #[path = "../support/procs.rs"]
 mod procs;
 

@@ -8,6 +8,9 @@ mod receiver;
 mod support_plugins;
 
 mod cli;
+mod content;
+#[path = "../support/fixtures.rs"]
+mod fixtures;
 mod hooks;
 mod pressure;
 mod spans;

@@ -60,6 +60,15 @@ impl<'a> EventRef<'a> {
     }
 }
 
+/// When the event happened: by its sender's clock where it says (an ingested event's
+/// `Prx-Timestamp` or agent time, kept through the spool; a NATS event's `Prx-Timestamp`),
+/// else when the worker read it (docs/otel.md § Events → spans).
+fn event_time(m: &Message) -> SystemTime {
+    m.origin_timestamp()
+        .and_then(|t| humantime::parse_rfc3339(t).ok())
+        .unwrap_or_else(|| m.timestamp())
+}
+
 impl Batch {
     /// Copies `m`'s event in (a custom topic is skipped).
     pub(crate) fn push(&mut self, m: &Message) {
@@ -72,7 +81,7 @@ impl Batch {
         self.entries.push(Entry {
             kind,
             seq: m.seq(),
-            timestamp: m.timestamp(),
+            timestamp: event_time(m),
             json_end: agent_end - m.agent().len(),
             agent_end,
             session_end,

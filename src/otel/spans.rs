@@ -378,7 +378,9 @@ impl Builder {
             Some(chat) => chat,
             None => {
                 self.counts.unmatched_ends += 1;
-                self.chat_span(c)
+                let mut chat = self.chat_span(c);
+                self.place_by_duration(&mut chat, c);
+                chat
             }
         };
         self.extras(&mut chat.rec, c);
@@ -446,7 +448,9 @@ impl Builder {
             Some(at) => e.tools.remove(at),
             None => {
                 self.counts.unmatched_ends += 1;
-                self.tool_span(c, &tool)
+                let mut open = self.tool_span(c, &tool);
+                self.place_by_duration(&mut open, c);
+                open
             }
         };
         self.extras(&mut open.rec, c);
@@ -464,6 +468,24 @@ impl Builder {
         let ids = self.ids_of(c.key, &open);
         self.finish(open, c.t);
         ids
+    }
+
+    /// An end that came without its start but says how long it took (`duration_ms`, as
+    /// agents that send only the end do): the span starts that long before the end, and an
+    /// implicit agent span opened by this end starts no later than it.
+    fn place_by_duration(&mut self, open: &mut Open, c: &Ctx) {
+        let Some(ms) = c.payload.int("duration_ms").filter(|ms| *ms > 0) else {
+            return;
+        };
+        let start = c.t.saturating_sub((ms as u64).saturating_mul(1_000_000));
+        open.rec.start = start;
+        let e = self.state(c.key);
+        if e.implicit
+            && let Some(root) = &mut e.root
+            && root.rec.start > start
+        {
+            root.rec.start = start;
+        }
     }
 
     fn turn_complete(&mut self, c: &Ctx) -> (TraceId, SpanId) {

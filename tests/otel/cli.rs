@@ -262,3 +262,71 @@ fn spans_lost_to_a_receiver_that_never_answers_are_said_once_and_run_exits_1() {
     );
     assert_eq!(code, Some(1), "{}", stderr.join("\n"));
 }
+
+/// A spool entry as `send` writes it: its header (route, id, the event's time), then the line.
+fn spooled(ws: &Path, n: usize, time: &str, line: serde_json::Value) {
+    let dir = ws.join(".prx-hooks/spool");
+    std::fs::create_dir_all(&dir).unwrap();
+    for d in [ws.join(".prx-hooks"), dir.clone()] {
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    }
+    let header = serde_json::json!({"route": "events", "id": format!("e{n}"), "time": time});
+    let name = format!("{:020}-{:010}.spool", 1_000_000_000_000u64 + n as u64, 1);
+    std::fs::write(dir.join(name), format!("{header}\n{line}\n")).unwrap();
+}
+
+#[test]
+fn a_replayed_spool_exports_spans_at_the_events_own_times() {
+    let rx = Receiver::start();
+    let ws = tempfile::tempdir().unwrap();
+    let envelope = |event: &str, payload: serde_json::Value| serde_json::json!({"event": event, "agent": "coder", "session": "s1", "payload": payload});
+    spooled(
+        ws.path(),
+        0,
+        "2026-12-07T10:00:00Z",
+        envelope(
+            "tool_call_start",
+            serde_json::json!({"tool": "shell", "arguments": {}}),
+        ),
+    );
+    spooled(
+        ws.path(),
+        1,
+        "2026-12-07T10:00:03.5Z",
+        envelope(
+            "tool_call",
+            serde_json::json!({"tool": "shell", "success": true, "output": ""}),
+        ),
+    );
+    spooled(
+        ws.path(),
+        2,
+        "2026-12-07T10:00:04Z",
+        envelope("turn_complete", serde_json::json!({})),
+    );
+    let empty = ws.path().join("none.ndjson");
+    std::fs::write(&empty, "").unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--workspace"])
+        .arg(ws.path())
+        .arg("--events")
+        .arg(&empty)
+        .args(["--otlp", &rx.url()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spans = rx.wait_spans(2, Duration::from_secs(10));
+    let at = |t: &str| nanos(humantime::parse_rfc3339(t).unwrap());
+    let tool = one(&spans, "execute_tool shell");
+    assert_eq!(
+        (tool.start_time_unix_nano, tool.end_time_unix_nano),
+        (at("2026-12-07T10:00:00Z"), at("2026-12-07T10:00:03.5Z")),
+        "the agent's times, not the replay's"
+    );
+    let agent = one(&spans, "invoke_agent coder");
+    assert_eq!(agent.end_time_unix_nano, at("2026-12-07T10:00:04Z"));
+}

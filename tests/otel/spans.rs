@@ -343,6 +343,12 @@ fn unmatched_starts_end_with_an_error_and_ends_without_starts_are_zero_length_al
     );
     let chat = one(&tx_wait, "chat m");
     assert!(is_error(chat));
+    // An end without its start that says how long it took starts that long before it.
+    assert_eq!(
+        chat.end_time_unix_nano - chat.start_time_unix_nano,
+        5_000_000,
+        "placed by its duration_ms"
+    );
     hooks.shutdown(Duration::from_secs(5));
     let spans = rx.wait_spans(6, Duration::from_secs(5));
     let never = one(&spans, "execute_tool never-ends");

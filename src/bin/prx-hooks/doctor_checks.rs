@@ -7,6 +7,7 @@ use crate::connect::agents::{self, is_ours, simple_words};
 use crate::connect::json::{self, Node};
 use crate::hook_table::{self, Agent};
 use prx_hooks::agents::Handlers;
+use prx_hooks::text::suggest;
 use std::path::{Path, PathBuf};
 
 /// Where one of our entries sends: a workspace (a command) or a URL (an http hook).
@@ -382,33 +383,6 @@ fn expand(word: &str, _agent: Agent, project: &Path) -> String {
     }
     out.push_str(rest);
     out
-}
-
-/// The candidate closest to `word` (case aside), when close enough to be a typo.
-fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    let distance = |a: &str, b: &str| {
-        let (a, b): (Vec<char>, Vec<char>) = (
-            a.to_lowercase().chars().collect(),
-            b.to_lowercase().chars().collect(),
-        );
-        let mut row: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.iter().enumerate() {
-            let mut prev = row[0];
-            row[0] = i + 1;
-            for (j, cb) in b.iter().enumerate() {
-                let cur = row[j + 1];
-                row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
-                prev = cur;
-            }
-        }
-        row[b.len()]
-    };
-    candidates
-        .iter()
-        .map(|c| (distance(word, c), *c))
-        .filter(|(d, c)| *d <= (c.len() / 3).max(2))
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c)
 }
 
 /// What Codex's config.toml says of hooks: our `notify`, the trust records, whether hooks are

@@ -96,7 +96,8 @@ pub use stats::Stats;
 
 mod builder;
 mod hooks;
-mod text;
+#[doc(hidden)]
+pub mod text;
 
 pub use builder::{BuildError, HooksBuilder};
 #[cfg(feature = "nats")]

@@ -47,28 +47,28 @@ const EVENTS: [HookEvent; 33] = [
     ev("TeammateIdle", ALL, "topic"),
     ev("PreCompact", CHM, "topic"),
     ev("PostCompact", CHM, "topic"),
-    ev("PreModelSwitch", CHM, "topic").unsubscribed(
-        "a hook that times out there blocks the model switch; new in Claude Code 2.1.251 (one before 2.1.101 refuses a settings file naming an event it does not know)",
-    ),
-    ev("PostModelSwitch", CHM, "topic").unsubscribed(NEWER),
+    // Claude Code waits for a hook here before it switches: ours is async (a command) or
+    // answered at once (`--http`).
+    ev("PreModelSwitch", CHM, "topic").noted(NEWER),
+    ev("PostModelSwitch", CHM, "topic").noted(NEWER),
     ev("Elicitation", CHM, "topic"),
     ev("ElicitationResult", CHM, "topic"),
     ev("ConfigChange", CHM, "topic"),
     ev("CwdChanged", CHM, "topic"),
-    ev("DirectoryAdded", CHM, "topic").unsubscribed(NEWER),
+    ev("DirectoryAdded", CHM, "topic").noted(NEWER),
     ev("FileChanged", CHM, "topic"),
-    ev("WorktreeCreate", CHM, "topic").unsubscribed(
+    ev("WorktreeCreate", CHM, "topic").taking_over(
         "a hook there replaces Claude Code's own `git worktree add` and must print the new path",
     ),
     ev("WorktreeRemove", CHM, "topic")
-        .unsubscribed("a hook there replaces Claude Code's own worktree removal"),
+        .taking_over("a hook there replaces Claude Code's own worktree removal"),
     ev("SessionEnd", CHM, "topic session_end").closing(),
 ];
 
-/// Why an event new in 2.1.2xx is written only on request.
-const NEWER: &str = "new in Claude Code 2.1.219 or later; one before 2.1.101 refuses a settings file naming an event it does not know";
+/// What a team sharing a settings file should know of an event new in 2.1.2xx.
+const NEWER: &str = "new in Claude Code 2.1.219 to 2.1.251: an older one since 2.1.101 skips the entry and runs the rest (one before 2.1.101 refuses the whole file)";
 
-const NAMES: [&str; 27] = subscribed(&EVENTS);
+const NAMES: [&str; 30] = subscribed(&EVENTS);
 
 pub(crate) static SPEC: Spec = Spec {
     docs: "https://code.claude.com/docs/en/hooks",

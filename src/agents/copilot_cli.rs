@@ -15,7 +15,7 @@ use crate::EventKind;
 
 const C: Handlers = Handlers::COMMAND;
 
-/// In the reference's order of payloads.
+/// In the reference's order of payloads, each with its PascalCase name where it has one.
 const EVENTS: [HookEvent; 13] = [
     // `prompt` hooks: on sessionStart only.
     ev(
@@ -23,22 +23,34 @@ const EVENTS: [HookEvent; 13] = [
         C.with(Handlers::PROMPT),
         "topic session_start",
     )
+    .also("SessionStart")
     .stdout_unread(),
     ev("sessionEnd", C, "topic session_end")
+        .also("SessionEnd")
         .closing()
         .stdout_unread(),
-    ev("userPromptSubmitted", C, "agent_start").stdout_unread(),
-    ev("preToolUse", C, "tool_call_start"),
-    ev("postToolUse", C, "tool_call"),
-    ev("postToolUseFailure", C, "tool_call"),
-    ev("agentStop", C, "turn_complete, agent_end").closing(),
+    ev("userPromptSubmitted", C, "agent_start")
+        .also("UserPromptSubmit")
+        .stdout_unread(),
+    ev("preToolUse", C, "tool_call_start").also("PreToolUse"),
+    ev("postToolUse", C, "tool_call").also("PostToolUse"),
+    ev("postToolUseFailure", C, "tool_call").also("PostToolUseFailure"),
+    ev("agentStop", C, "turn_complete, agent_end")
+        .also("Stop")
+        .closing(),
     ev("subagentStart", C, "topic"),
-    ev("subagentStop", C, "topic"),
-    ev("errorOccurred", C, "error").stdout_unread(),
-    ev("preCompact", C, "topic").stdout_unread(),
+    ev("subagentStop", C, "topic").also("SubagentStop"),
+    ev("errorOccurred", C, "error")
+        .also("ErrorOccurred")
+        .stdout_unread(),
+    ev("preCompact", C, "topic")
+        .also("PreCompact")
+        .stdout_unread(),
     ev("permissionRequest", C, "topic").unsubscribed(
         "its payload is not documented: a camelCase one cannot be told from a preToolUse",
     ),
+    // Its payload says `hook_event_name` "Notification" in both formats; the reference gives
+    // it no PascalCase name to configure.
     ev("notification", C, "topic"),
 ];
 
@@ -87,22 +99,15 @@ fn infer(p: &Payload<'_>) -> Option<&'static str> {
     })
 }
 
-/// The camelCase name of a PascalCase event.
+/// The camelCase name of a PascalCase event (its [`alias`](HookEvent::alias)).
 fn canonical(event: &str) -> &str {
-    match event {
-        "SessionStart" => "sessionStart",
-        "SessionEnd" => "sessionEnd",
-        "UserPromptSubmit" => "userPromptSubmitted",
-        "PreToolUse" => "preToolUse",
-        "PostToolUse" => "postToolUse",
-        "PostToolUseFailure" => "postToolUseFailure",
-        "Stop" => "agentStop",
-        "SubagentStop" => "subagentStop",
-        "ErrorOccurred" => "errorOccurred",
-        "PreCompact" => "preCompact",
-        "Notification" => "notification",
-        other => other,
+    if event == "Notification" {
+        return "notification";
     }
+    EVENTS
+        .iter()
+        .find(|e| e.alias == Some(event))
+        .map_or(event, |e| e.name)
 }
 
 fn map(p: &Payload<'_>, plan: &mut Plan) -> Result<(), TranslateError> {

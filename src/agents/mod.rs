@@ -159,7 +159,8 @@ impl Agent {
         }
     }
 
-    /// The event named `name` in the agent's documentation, if it lists one.
+    /// The event named `name` in the agent's documentation (by its name or its
+    /// [`alias`](HookEvent::alias)), if it lists one.
     ///
     /// # Examples
     ///
@@ -167,9 +168,13 @@ impl Agent {
     /// use prx_hooks::agents::Agent;
     /// assert!(Agent::Codex.hook_event("SessionEnd").is_some_and(|e| e.closes));
     /// assert!(Agent::Codex.hook_event("StopFailure").is_none());
+    /// // Copilot CLI's PascalCase name of agentStop.
+    /// assert_eq!(Agent::CopilotCli.hook_event("Stop").map(|e| e.name), Some("agentStop"));
     /// ```
     pub fn hook_event(self, name: &str) -> Option<&'static HookEvent> {
-        self.hook_events().iter().find(|e| e.name == name)
+        self.hook_events()
+            .iter()
+            .find(|e| e.name == name || e.alias == Some(name))
     }
 
     /// The events the agent's documentation lists (docs/agents.md) that a hook should be
@@ -293,6 +298,23 @@ impl Handlers {
         self.0 & other.0 == other.0
     }
 
+    /// The one type an agent's settings name `name` (`command`, `http`, `mcp_tool`, `prompt`,
+    /// `agent`), or `None` for a name no agent has.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::agents::Handlers;
+    /// assert_eq!(Handlers::from_name("http"), Some(Handlers::HTTP));
+    /// assert_eq!(Handlers::from_name("webhook"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Handlers> {
+        Handlers::NAMES
+            .into_iter()
+            .find(|(_, n)| *n == name)
+            .map(|(h, _)| h)
+    }
+
     /// The types' names as the agents spell them in their settings (`command`, `http`,
     /// `mcp_tool`, `prompt`, `agent`).
     pub fn names(self) -> impl Iterator<Item = &'static str> {
@@ -323,6 +345,14 @@ pub struct HookEvent {
     /// payload cannot be told apart from another event's ([`note`](HookEvent::note) says
     /// why).
     pub subscribe: bool,
+    /// Another name the agent's settings may give it, with the same event (Copilot CLI's
+    /// PascalCase names, `PreToolUse` for `preToolUse`, which choose its payloads in
+    /// snake_case with `hook_event_name`).
+    pub alias: Option<&'static str>,
+    /// A hook here takes over a step of the agent (Claude Code's `WorktreeCreate` runs it
+    /// instead of `git worktree add`): no hook that only reports should ever be written for it,
+    /// even on request ([`note`](HookEvent::note) says why). Implies `subscribe` false.
+    pub takes_over: bool,
     /// Whether the agent reads what a hook prints on stdout here as the hook's answer (a
     /// decision, context to add): a hook with nothing to say prints `{}` or nothing, never
     /// text. False where the agent adds stdout to the model's context as it is (Kiro CLI) or
@@ -508,6 +538,8 @@ pub(crate) const fn ev(name: &'static str, handlers: Handlers, maps_to: &'static
         closes: false,
         maps_to,
         subscribe: true,
+        alias: None,
+        takes_over: false,
         reads_stdout: true,
         note: None,
     }
@@ -525,6 +557,18 @@ impl HookEvent {
         self.subscribe = false;
         self.note = Some(why);
         self
+    }
+
+    /// The agent's settings may also name it `alias`.
+    pub(crate) const fn also(mut self, alias: &'static str) -> HookEvent {
+        self.alias = Some(alias);
+        self
+    }
+
+    /// A hook here takes over a step of the agent, for the reason `why`: never written.
+    pub(crate) const fn taking_over(mut self, why: &'static str) -> HookEvent {
+        self.takes_over = true;
+        self.unsubscribed(why)
     }
 
     /// The agent does not read the hook's stdout as its answer here.

@@ -33,16 +33,7 @@ impl<'de> Deserialize<'de> for Members<'de> {
 
 /// Line and column (1-based, columns in characters) of byte `pos` of `text`.
 pub(crate) fn place(text: &str, pos: usize) -> (usize, usize) {
-    let mut pos = pos.min(text.len());
-    while !text.is_char_boundary(pos) {
-        pos -= 1;
-    }
-    let before = &text[..pos];
-    let start = before.rfind('\n').map_or(0, |i| i + 1);
-    (
-        before.matches('\n').count() + 1,
-        before[start..].chars().count() + 1,
-    )
+    crate::text::line_col(text, pos)
 }
 
 /// One payload of an agent's hook: its text, its top-level members and the event it names.

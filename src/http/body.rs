@@ -119,16 +119,9 @@ pub(crate) fn in_body(body: &str, pos: usize, path: &str, reason: &str) -> Strin
 /// Byte offset → 1-based line (LF-separated) and character column, as the editor counts them
 /// (a leading byte order mark is not a column).
 fn locate(text: &str, pos: usize) -> (usize, usize) {
-    let mut pos = pos.min(text.len());
-    while !text.is_char_boundary(pos) {
-        pos -= 1;
-    }
-    let before = &text[..pos];
-    let start = before.rfind('\n').map_or(0, |i| i + 1);
-    let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
-    let mut col = before[start..].chars().count() + 1;
-    if start == 0 && col > 1 && text.starts_with('\u{feff}') {
-        col -= 1;
+    let (line, col) = crate::text::line_col(text, pos);
+    if line == 1 && col > 1 && text.starts_with('\u{feff}') {
+        return (line, col - 1);
     }
     (line, col)
 }

@@ -77,13 +77,15 @@ impl AgentsSeen {
         }
     }
 
-    /// `agent` sent a payload naming `event`.
+    /// `agent` sent a payload naming `event` (by its name or its alias: Copilot CLI's
+    /// PascalCase names count as the camelCase events they are).
     pub(crate) fn record(&self, agent: Agent, event: &str) {
         let Some(per) = self.agents.iter().find(|a| a.agent == agent) else {
             return;
         };
         let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
-        if let Some(slot) = per.events.iter().find(|s| s.name == event) {
+        let known = agent.hook_event(event).map_or(event, |e| e.name);
+        if let Some(slot) = per.events.iter().find(|s| s.name == known) {
             slot.last.fetch_max(now, Ordering::Relaxed);
             slot.count.fetch_add(1, Ordering::Relaxed);
             return;
@@ -215,6 +217,8 @@ mod tests {
         let seen = AgentsSeen::new();
         seen.record(Agent::ClaudeCode, "PreToolUse");
         seen.record(Agent::ClaudeCode, "PreToolUse");
+        // Copilot CLI's PascalCase name is its preToolUse.
+        seen.record(Agent::CopilotCli, "PreToolUse");
         for i in 0..20 {
             seen.record(Agent::Cursor, &format!("newEvent{i}"));
         }
@@ -230,6 +234,10 @@ mod tests {
         assert!(pre.age_ms.is_some() && pre.last_seen_unix_ms.is_some());
         let stop = claude.events.iter().find(|e| e.event == "Stop").unwrap();
         assert_eq!((stop.count, stop.age_ms), (0, None));
+        let copilot = r.agents.iter().find(|a| a.agent == "copilot-cli").unwrap();
+        let pre = copilot.events.iter().find(|e| e.event == "preToolUse");
+        assert_eq!(pre.map(|e| e.count), Some(1));
+        assert_eq!(copilot.unknown.count, 0);
         let cursor = r.agents.iter().find(|a| a.agent == "cursor").unwrap();
         assert_eq!(cursor.unknown.count, 21);
         assert_eq!(cursor.unknown.names.len(), KEPT_UNKNOWN_NAMES);

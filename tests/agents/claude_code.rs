@@ -4,11 +4,13 @@
 //! events wait in the spool, silently, and the next `run` replays each once.
 
 use crate::harness::{
-    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, hooks_all_ran,
-    sent_as_pinned, settle, tail_last_shows_the_same,
+    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, documented,
+    hooks_all_ran, of_one_session, on_every_event, sent_as_pinned, settle, tool_round_trip,
 };
-use crate::models::{Answer, Api, ModelServer, Script};
-use crate::table::{Becomes, Check, Expect, Order, Row, check, differs, event, row, say};
+use crate::models::{Api, ModelServer, Script};
+use crate::table::{
+    Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row, topic,
+};
 use prx_hooks::agents::Agent;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -20,29 +22,14 @@ const AGENT: &str = "claude-code";
 // =============================================================================================
 // CLAUDE CODE: WHAT EACH OF ITS EVENTS BECOMES
 //
-// `mapped` is the turn mapping (docs/agents.md): a prompt opens a turn (`agent_start`), `Stop`
-// closes it (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
-// `differs(…, today)` marks where this build still maps otherwise; only that is tolerated.
+// As docs/agents.md maps them: a prompt opens a turn (`agent_start`), `Stop` closes it
+// (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
 // =============================================================================================
 fn table() -> Vec<Row> {
-    let topic = |e: &str| Becomes::Topic(format!("prx.agent.{AGENT}.{e}"));
-    let mut rows = vec![
-        // This build: a session's start is `agent_start`.
-        differs(
-            "SessionStart",
-            vec![topic("session_start")],
-            vec![event("agent_start", &[], vec![])],
-        ),
-        // This build: the prompt is a topic.
-        differs(
-            "UserPromptSubmit",
-            vec![event(
-                "agent_start",
-                &[],
-                vec![Check::FromAgent("/prompt", "/prompt")],
-            )],
-            vec![topic("UserPromptSubmit")],
-        ),
+    let topic = |e: &str| topic(AGENT, e);
+    let rows = vec![
+        row("SessionStart", vec![topic("session_start")]),
+        row("UserPromptSubmit", prompt_opens_the_turn()),
         row(
             "PreToolUse",
             vec![event(
@@ -76,8 +63,7 @@ fn table() -> Vec<Row> {
                 vec![Check::Is("/success", json!(false))],
             )],
         ),
-        // This build: `turn_complete` alone.
-        differs(
+        row(
             "Stop",
             vec![
                 event(
@@ -87,14 +73,8 @@ fn table() -> Vec<Row> {
                 ),
                 event("agent_end", &[], vec![Check::Is("/success", json!(true))]),
             ],
-            vec![event(
-                "turn_complete",
-                &[],
-                vec![Check::Is("/last_assistant_message", json!(ANSWER))],
-            )],
         ),
-        // This build: `error` alone.
-        differs(
+        row(
             "StopFailure",
             vec![
                 event(
@@ -104,26 +84,10 @@ fn table() -> Vec<Row> {
                 ),
                 event("agent_end", &[], vec![Check::Is("/success", json!(false))]),
             ],
-            vec![event(
-                "error",
-                &["error"],
-                vec![Check::Is("/component", json!("api"))],
-            )],
         ),
-        // This build: a session's end is `agent_end` (without `success`).
-        differs(
-            "SessionEnd",
-            vec![topic("session_end")],
-            vec![event("agent_end", &[], vec![Check::Absent("/success")])],
-        ),
+        row("SessionEnd", vec![topic("session_end")]),
     ];
-    // Every other event: the agent's whole object on a topic named after it.
-    for &e in Agent::ClaudeCode.events() {
-        if !rows.iter().any(|r| r.event == e) {
-            rows.push(row(e, vec![topic(e)]));
-        }
-    }
-    rows
+    and_topics(AGENT, rows, &documented(Agent::ClaudeCode))
 }
 // =============================================================================================
 
@@ -234,16 +198,8 @@ const APART: Duration = Duration::from_millis(1000);
 /// The project's `.claude/settings.json`: the user's own hook (recording what Claude Code sends)
 /// on every event `connect` writes. Returns its path and bytes.
 fn users_settings(s: &Setup) -> (PathBuf, String) {
-    let mut hooks = serde_json::Map::new();
-    for &e in Agent::ClaudeCode.events() {
-        if e.starts_with("Worktree") {
-            continue; // a hook there replaces git's own step; connect leaves them out too
-        }
-        hooks.insert(
-            e.into(),
-            json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]),
-        );
-    }
+    let own = json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]);
+    let hooks = on_every_event(Agent::ClaudeCode.events().iter().copied(), &own);
     let text =
         serde_json::to_string_pretty(&json!({"model": "claude-fake", "hooks": hooks})).unwrap();
     let path = s.project.join(".claude/settings.json");
@@ -294,15 +250,7 @@ fn session_with(s: &Setup, cli: &Cli, model: &ModelServer, env: &[(&str, &str)])
 /// The model was asked twice in the session's turn: the tool call, then (with its result) the
 /// answer.
 fn model_saw_the_tool_result(model: &ModelServer) {
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let result = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
+    let result = tool_round_trip(model);
     let last = result.body["messages"].as_array().unwrap().last().unwrap();
     let block = last["content"]
         .as_array()
@@ -310,7 +258,7 @@ fn model_saw_the_tool_result(model: &ModelServer) {
         .unwrap_or_else(|| panic!("no tool_result in {last}"));
     assert_eq!(block["tool_use_id"], crate::models::TOOL_USE_ID);
     assert!(block.to_string().contains(COMMAND_OUTPUT), "{block}");
-    for r in &reqs {
+    for r in &model.requests() {
         assert_eq!(r.header("x-api-key"), Some("sk-ant-fake"), "{}", r.path);
     }
 }
@@ -318,13 +266,7 @@ fn model_saw_the_tool_result(model: &ModelServer) {
 /// The session's id: what Claude Code said, and what every event carried.
 fn session_id(result: &Value, raws: &[Raw]) -> String {
     let id = result["session_id"].as_str().unwrap().to_string();
-    for r in raws {
-        assert_eq!(
-            r.object.as_ref().unwrap()["session_id"],
-            id.as_str(),
-            "{r:?}"
-        );
-    }
+    of_one_session(raws, &id);
     id
 }
 
@@ -337,44 +279,19 @@ fn claude_code_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let model = ModelServer::start(Api::Anthropic, script());
     let (settings, before) = users_settings(&s);
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
+    let tail = Tail::start(&s.ws, 4096);
     s.connect(AGENT, &[]);
 
     let result = session(&s, &cli, &model);
     let raws = s.raws();
     sent_as_pinned(&cli, &raws, SENT);
     let session = session_id(&result, &raws);
-    for want in [
-        "SessionStart",
-        "UserPromptSubmit",
-        "PreToolUse",
-        "PostToolUse",
-        "Stop",
-    ] {
-        assert!(
-            raws.iter().any(|r| r.name == want),
-            "claude {} never sent {want}",
-            cli.version
-        );
-    }
     model_saw_the_tool_result(&model);
-    settle(&s, &mut tail, &raws);
     let table = table();
-    let expect = Expect {
-        agent: AGENT,
-        table: &table,
-        session: &session,
-        order: Order::Apart(APART),
-    };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    let report = server.stop();
-    hooks_all_ran(&report);
+    check_settled(&s, server, tail, &raws, &expect(&table, &session));
 
     s.connect(AGENT, &["--remove"]);
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
-    say(&notes);
 }
 
 #[test]
@@ -393,33 +310,13 @@ fn claude_code_with_the_server_down_spools_silently_and_the_next_run_replays_eac
     let raws = s.raws();
     let session = session_id(&result, &raws);
     model_saw_the_tool_result(&model);
-    // Each of Claude Code's hook runs left its event in the spool; no hook ran.
-    let mut sent: Vec<String> = raws.iter().map(|r| r.name.clone()).collect();
-    sent.sort();
-    assert_eq!(
-        s.spooled(raws.len()),
-        sent,
-        "one spool entry per event claude {} sent",
-        cli.version
-    );
-    assert!(s.records().is_empty());
+    s.spooled_each(&cli, &raws);
 
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
-    settle(&s, &mut tail, &raws);
+    let tail = Tail::start(&s.ws, 4096);
     let table = table();
-    let expect = Expect {
-        agent: AGENT,
-        table: &table,
-        session: &session,
-        order: Order::Apart(APART),
-    };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
+    check_settled(&s, server, tail, &raws, &expect(&table, &session));
     assert!(s.spooled(0).is_empty(), "the replay emptied the spool");
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    let report = server.stop();
-    hooks_all_ran(&report);
     let ran = s.records().len();
 
     // The run after that has nothing to replay: no hook runs again.
@@ -434,7 +331,17 @@ fn claude_code_with_the_server_down_spools_silently_and_the_next_run_replays_eac
 
     s.connect(AGENT, &["--remove"]);
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
-    say(&notes);
+}
+
+/// What a session must have delivered: Claude Code runs our hooks in the background, so in
+/// order where it sent them [`APART`] apart.
+fn expect<'a>(table: &'a [Row], session: &'a str) -> Expect<'a> {
+    Expect {
+        agent: AGENT,
+        table,
+        session,
+        order: Order::Apart(APART),
+    }
 }
 
 /// A Claude Code session through the default `connect`, exported to a real OTLP receiver:

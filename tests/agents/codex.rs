@@ -1,15 +1,17 @@
-//! Codex (`codex exec`) against the fake Responses API, two ways: `connect codex` writes its
-//! `notify` program (one event per turn), and the lifecycle hooks of `$CODEX_HOME/hooks.json`
-//! written by hand as docs/agents.md shows (Codex runs them only when trusted:
-//! `--dangerously-bypass-hook-trust`). Codex waits for each hook, so lifecycle events arrive in
-//! the order it sent them.
+//! Codex (`codex exec`) against the fake Responses API, its hooks in `$CODEX_HOME/hooks.json`
+//! two ways: written by `connect codex`, and by hand as docs/agents.md shows (Codex runs them
+//! only when trusted: `--dangerously-bypass-hook-trust`). Codex waits for each hook, so
+//! lifecycle events arrive in the order it sent them.
 
 use crate::harness::{
     ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, SEND_BIN, Server, Setup, Tail, cli,
-    hooks_all_ran, sent_as_pinned, settle, tail_last_shows_the_same,
+    documented, of_one_session, on_every_event, sent_as_pinned, tool_round_trip,
 };
-use crate::models::{Answer, Api, CALL_ID, ModelServer, Script};
-use crate::table::{Becomes, Check, Expect, Order, Row, check, differs, event, row, say};
+use crate::models::{Api, CALL_ID, ModelServer, Script};
+use crate::table::{
+    Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row, topic,
+};
+use prx_hooks::agents::Agent;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,49 +19,17 @@ use std::time::Duration;
 
 const AGENT: &str = "codex";
 
-/// The hook events of the pinned Codex (its hooks.json accepts these names).
-const HOOK_EVENTS: [&str; 12] = [
-    "SessionStart",
-    "UserPromptSubmit",
-    "PreToolUse",
-    "PermissionRequest",
-    "PostToolUse",
-    "PreCompact",
-    "PostCompact",
-    "SubagentStart",
-    "SubagentStop",
-    "Stop",
-    "Interrupt",
-    "SessionEnd",
-];
-
 // =============================================================================================
-// CODEX: WHAT EACH OF ITS EVENTS BECOMES (its hooks, and notify's `agent-turn-complete`)
+// CODEX: WHAT EACH OF ITS HOOK EVENTS BECOMES
 //
-// `mapped` is the turn mapping (docs/agents.md): a prompt opens a turn (`agent_start`), `Stop`
-// closes it (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
-// `differs(…, today)` marks where this build still maps otherwise; only that is tolerated.
+// As docs/agents.md maps them: a prompt opens a turn (`agent_start`), `Stop` closes it
+// (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
 // =============================================================================================
 fn table() -> Vec<Row> {
-    let topic = |e: &str| Becomes::Topic(format!("prx.agent.{AGENT}.{e}"));
-    let turn_end = |checks: Vec<Check>| event("turn_complete", &[], checks);
-    let mut rows = vec![
-        // This build: a session's start is `agent_start`.
-        differs(
-            "SessionStart",
-            vec![topic("session_start")],
-            vec![event("agent_start", &[], vec![])],
-        ),
-        // This build: the prompt is a topic.
-        differs(
-            "UserPromptSubmit",
-            vec![event(
-                "agent_start",
-                &[],
-                vec![Check::FromAgent("/prompt", "/prompt")],
-            )],
-            vec![topic("UserPromptSubmit")],
-        ),
+    let topic = |e: &str| topic(AGENT, e);
+    let rows = vec![
+        row("SessionStart", vec![topic("session_start")]),
+        row("UserPromptSubmit", prompt_opens_the_turn()),
         row(
             "PreToolUse",
             vec![event(
@@ -86,51 +56,29 @@ fn table() -> Vec<Row> {
                 ],
             )],
         ),
-        // This build: `turn_complete` alone.
-        differs(
+        row(
             "Stop",
             // Codex does not say how the turn ended: no `success`.
             vec![
-                turn_end(vec![Check::Is("/last_assistant_message", json!(ANSWER))]),
+                event(
+                    "turn_complete",
+                    &[],
+                    vec![Check::Is("/last_assistant_message", json!(ANSWER))],
+                ),
                 event("agent_end", &[], vec![Check::Absent("/success")]),
             ],
-            vec![turn_end(vec![Check::Is(
-                "/last_assistant_message",
-                json!(ANSWER),
-            )])],
         ),
-        // This build: a topic named after the event.
-        differs(
-            "SessionEnd",
-            vec![topic("session_end")],
-            vec![topic("SessionEnd")],
-        ),
-        // This build: a topic.
-        differs(
+        row("SessionEnd", vec![topic("session_end")]),
+        row(
             "Interrupt",
             vec![event(
                 "agent_end",
                 &[],
                 vec![Check::Is("/success", json!(false))],
             )],
-            vec![topic("Interrupt")],
-        ),
-        // notify's one event: no `agent_end`, as notify has no event that opens a turn.
-        row(
-            "agent-turn-complete",
-            vec![turn_end(vec![
-                Check::Session("/thread-id"),
-                Check::Is("/last-assistant-message", json!(ANSWER)),
-            ])],
         ),
     ];
-    // Every other event: the agent's whole object on a topic named after it.
-    for e in HOOK_EVENTS {
-        if !rows.iter().any(|r| r.event == e) {
-            rows.push(row(e, vec![topic(e)]));
-        }
-    }
-    rows
+    and_topics(AGENT, rows, &documented(Agent::Codex))
 }
 // =============================================================================================
 
@@ -249,15 +197,7 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer, trust_hooks: bool) -> Stri
         run.show(),
         model.summary()
     );
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let answered = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
+    let answered = tool_round_trip(model);
     let output = answered.body["input"]
         .as_array()
         .and_then(|i| i.iter().find(|i| i["type"] == "function_call_output"))
@@ -280,24 +220,17 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer, trust_hooks: bool) -> Stri
 
 /// The user's own hook on every event, in `$CODEX_HOME/hooks.json`. Returns its path and bytes.
 fn users_hooks(s: &Setup) -> (PathBuf, String) {
-    let mut hooks = serde_json::Map::new();
-    for e in HOOK_EVENTS {
-        hooks.insert(
-            e.into(),
-            json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]),
-        );
-    }
+    let own = json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]);
+    let hooks = on_every_event(Agent::Codex.events().iter().copied(), &own);
     let path = s.codex_home().join("hooks.json");
     let text = serde_json::to_string_pretty(&json!({ "hooks": hooks })).unwrap();
     std::fs::write(&path, &text).unwrap();
     (path, text)
 }
 
-/// `connect codex` next to the user's config and hooks, one session, `--remove`. Where
-/// `connect` writes Codex's hooks (`hooks.json`, trusted for the session with
-/// `--dangerously-bypass-hook-trust`), every event the user's hook saw arrives as the table
-/// says; where it writes `notify` (untrusted: the user's hooks do not run), the turn arrives
-/// once. `--remove` leaves both files as they were.
+/// `connect codex` next to the user's config and hooks (trusted for the session with
+/// `--dangerously-bypass-hook-trust`), one session: every event the user's hook saw arrives as
+/// the table says. `--remove` leaves both files as they were.
 #[test]
 fn codex_connect_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let Some(cli) = cli("@openai/codex") else {
@@ -308,44 +241,28 @@ fn codex_connect_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let (config, config_before) = users_config(&s, &model);
     let (hooks, hooks_before) = users_hooks(&s);
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
+    let tail = Tail::start(&s.ws, 4096);
     s.connect(AGENT, &[]);
-    let writes_hooks = std::fs::read_to_string(&hooks)
-        .unwrap()
-        .contains("--from codex");
+    let written = std::fs::read_to_string(&hooks).unwrap();
+    assert!(written.contains("--from codex"), "{written}");
 
-    let mut notes = Vec::new();
-    let (raws, session) = if writes_hooks {
-        hooked_session(&s, &cli, &model)
-    } else {
-        notes.push("this build's `connect codex` writes notify, not hooks.json (codex_hooks_* test the hooks by hand)".to_string());
-        let session = session(&s, &cli, &model, false);
-        assert!(s.raws().is_empty(), "untrusted hooks ran");
-        // notify's object goes to our program alone: only its name is known beforehand.
-        let raws = vec![Raw {
-            name: "agent-turn-complete".into(),
-            at_ns: 0,
-            object: None,
-        }];
-        (raws, session)
-    };
-    settle(&s, &mut tail, &raws);
+    let (raws, session) = hooked_session(&s, &cli, &model);
     let table = table();
-    let expect = Expect {
-        agent: AGENT,
-        table: &table,
-        session: &session,
-        order: Order::Exact,
-    };
-    notes.extend(check(&expect, &raws, &s.records(), &tail.messages()));
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    hooks_all_ran(&server.stop());
+    check_settled(&s, server, tail, &raws, &expect(&table, &session));
 
     s.connect(AGENT, &["--remove"]);
     assert_eq!(std::fs::read_to_string(&config).unwrap(), config_before);
     assert_eq!(std::fs::read_to_string(&hooks).unwrap(), hooks_before);
-    say(&notes);
+}
+
+/// What a session must have delivered: Codex waits for each hook, so in order.
+fn expect<'a>(table: &'a [Row], session: &'a str) -> Expect<'a> {
+    Expect {
+        agent: AGENT,
+        table,
+        session,
+        order: Order::Exact,
+    }
 }
 
 /// `$CODEX_HOME/hooks.json` as docs/agents.md § OpenAI Codex CLI shows: `send --from codex` on
@@ -356,14 +273,11 @@ fn hooks_by_hand(s: &Setup) {
         "{SEND_BIN} --from codex --workspace {}",
         s.ws.to_str().unwrap()
     );
-    let mut hooks = serde_json::Map::new();
-    for e in HOOK_EVENTS {
-        hooks.insert(
-            e.into(),
-            json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]},
-                   {"hooks": [{"type": "command", "command": ours}]}]),
-        );
-    }
+    let hooks = on_every_event(
+        Agent::Codex.events().iter().copied(),
+        &json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]},
+                {"hooks": [{"type": "command", "command": ours}]}]),
+    );
     std::fs::write(
         s.codex_home().join("hooks.json"),
         json!({ "hooks": hooks }).to_string(),
@@ -375,13 +289,7 @@ fn hooks_by_hand(s: &Setup) {
 fn hooked_session(s: &Setup, cli: &Cli, model: &ModelServer) -> (Vec<Raw>, String) {
     let session = session(s, cli, model, true);
     let raws = s.raws();
-    for r in &raws {
-        assert_eq!(
-            r.object.as_ref().unwrap()["session_id"],
-            session.as_str(),
-            "{r:?}"
-        );
-    }
+    of_one_session(&raws, &session);
     sent_as_pinned(cli, &raws, SENT);
     (raws, session)
 }
@@ -396,22 +304,11 @@ fn codex_hooks_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     users_config(&s, &model);
     hooks_by_hand(&s);
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
+    let tail = Tail::start(&s.ws, 4096);
 
     let (raws, session) = hooked_session(&s, &cli, &model);
-    settle(&s, &mut tail, &raws);
     let table = table();
-    let expect = Expect {
-        agent: AGENT,
-        table: &table,
-        session: &session,
-        order: Order::Exact,
-    };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    hooks_all_ran(&server.stop());
-    say(&notes);
+    check_settled(&s, server, tail, &raws, &expect(&table, &session));
 }
 
 #[test]
@@ -427,33 +324,14 @@ fn codex_hooks_with_the_server_down_spool_and_the_next_run_replays_each_event_on
     Server::start(&s.ws).stop();
 
     let (raws, session) = hooked_session(&s, &cli, &model);
-    // Codex waits for each hook: every event is in the spool when it exits; no hook ran.
-    let mut sent: Vec<String> = raws.iter().map(|r| r.name.clone()).collect();
-    sent.sort();
-    assert_eq!(
-        s.spooled(0),
-        sent,
-        "one spool entry per event codex {} sent",
-        cli.version
-    );
-    assert!(s.records().is_empty());
+    // Codex waits for each hook: every event is in the spool when it exits.
+    s.spooled_each(&cli, &raws);
 
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
-    settle(&s, &mut tail, &raws);
+    let tail = Tail::start(&s.ws, 4096);
     let table = table();
-    let expect = Expect {
-        agent: AGENT,
-        table: &table,
-        session: &session,
-        order: Order::Exact,
-    };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
+    check_settled(&s, server, tail, &raws, &expect(&table, &session));
     assert!(s.spooled(0).is_empty(), "the replay emptied the spool");
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    hooks_all_ran(&server.stop());
-    say(&notes);
 }
 
 /// Codex runs the hooks of `hooks.json` only once they are trusted (`/hooks` in its interface,

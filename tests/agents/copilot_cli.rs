@@ -1,14 +1,18 @@
 //! GitHub Copilot CLI (`copilot -p`) against the fake Chat Completions API (its own provider:
-//! `COPILOT_PROVIDER_BASE_URL`), the user's own hooks in the project's `.github/hooks/` (in
-//! the PascalCase names, whose payloads are snake_case with `hook_event_name`). This build has
-//! no `connect` for it: where it translates `copilot-cli`, ours are written beside them by hand.
+//! `COPILOT_PROVIDER_BASE_URL`): `connect copilot-cli` writes `.github/hooks/prx-hooks.json`
+//! beside the user's own hook file (both in the PascalCase names, whose payloads are
+//! snake_case with `hook_event_name`), `doctor` finds it working, `--remove` takes the file
+//! away. Copilot CLI waits for each hook, so lifecycle events arrive in the order it sent them.
 
 use crate::harness::{
-    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, hooks_all_ran,
-    sent_as_pinned, settle, tail_last_shows_the_same,
+    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, chat_tool_result, cli,
+    on_every_event, one_session,
 };
-use crate::models::{Answer, Api, CALL_ID, ModelServer, Script};
-use crate::table::{Becomes, Check, Expect, Order, Row, check, event, row, say};
+use crate::models::{Api, ModelServer, Script};
+use crate::table::{
+    Check, Expect, Order, Row, check_settled, event, prompt_opens_the_turn, row, topic,
+};
+use prx_hooks::agents::Agent;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::Command;
@@ -16,19 +20,16 @@ use std::time::Duration;
 
 const AGENT: &str = "copilot-cli";
 
-/// Copilot CLI's events in their PascalCase names (its hooks reference).
-const HOOK_EVENTS: [&str; 10] = [
-    "SessionStart",
-    "SessionEnd",
-    "UserPromptSubmit",
-    "PreToolUse",
-    "PostToolUse",
-    "PostToolUseFailure",
-    "Stop",
-    "SubagentStop",
-    "ErrorOccurred",
-    "PreCompact",
-];
+/// The names `connect` writes Copilot CLI's events under (PascalCase where the event has such
+/// a name), with the camelCase name each becomes a topic by.
+fn hook_events() -> Vec<(&'static str, &'static str)> {
+    Agent::CopilotCli
+        .hook_events()
+        .iter()
+        .filter(|e| e.subscribe)
+        .map(|e| (e.alias.unwrap_or(e.name), e.name))
+        .collect()
+}
 
 // =============================================================================================
 // GITHUB COPILOT CLI: WHAT EACH OF ITS EVENTS BECOMES
@@ -38,17 +39,10 @@ const HOOK_EVENTS: [&str; 10] = [
 // their own.
 // =============================================================================================
 fn table() -> Vec<Row> {
-    let topic = |e: &str| Becomes::Topic(format!("prx.agent.{AGENT}.{e}"));
-    let mut rows = vec![
+    let topic = |e: &str| topic(AGENT, e);
+    let rows = vec![
         row("SessionStart", vec![topic("session_start")]),
-        row(
-            "UserPromptSubmit",
-            vec![event(
-                "agent_start",
-                &[],
-                vec![Check::FromAgent("/prompt", "/prompt")],
-            )],
-        ),
+        row("UserPromptSubmit", prompt_opens_the_turn()),
         row(
             "PreToolUse",
             vec![event(
@@ -88,12 +82,24 @@ fn table() -> Vec<Row> {
         ),
         row("SessionEnd", vec![topic("session_end")]),
     ];
-    for e in HOOK_EVENTS {
-        if !rows.iter().any(|r| r.event == e) {
-            rows.push(row(e, vec![topic(e)]));
-        }
-    }
-    rows
+    // Every other event: the agent's whole object on a topic of its camelCase name (the
+    // payload of `notification` says "Notification" in either format).
+    let others: Vec<Row> = hook_events()
+        .into_iter()
+        .map(|(key, name)| {
+            (
+                if name == "notification" {
+                    "Notification"
+                } else {
+                    key
+                },
+                name,
+            )
+        })
+        .filter(|(key, _)| !rows.iter().any(|r| r.event == *key))
+        .map(|(key, name)| row(key, vec![topic(name)]))
+        .collect();
+    rows.into_iter().chain(others).collect()
 }
 // =============================================================================================
 
@@ -178,35 +184,13 @@ fn users_hooks(s: &Setup) -> (PathBuf, String) {
         json!({ "trusted_folders": [s.project.to_str().unwrap()] }).to_string(),
     )
     .unwrap();
-    let mut hooks = serde_json::Map::new();
-    for e in HOOK_EVENTS {
-        hooks.insert(
-            e.into(),
-            json!([{"type": "command", "bash": s.users_own_hook(), "timeoutSec": 30}]),
-        );
-    }
+    let own = json!([{"type": "command", "bash": s.users_own_hook(), "timeoutSec": 30}]);
+    let hooks = on_every_event(hook_events().into_iter().map(|(key, _)| key), &own);
     let path = s.project.join(".github/hooks/users-own.json");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let text = serde_json::to_string_pretty(&json!({"version": 1, "hooks": hooks})).unwrap();
     std::fs::write(&path, &text).unwrap();
     (path, text)
-}
-
-/// Ours, by hand, in `.github/hooks/prx-hooks.json`: `prx-hooks-send --from copilot-cli`.
-fn our_hooks(s: &Setup) {
-    let ours = format!(
-        "prx-hooks-send --from {AGENT} --workspace {}",
-        s.ws.display()
-    );
-    let mut hooks = serde_json::Map::new();
-    for e in HOOK_EVENTS {
-        hooks.insert(
-            e.into(),
-            json!([{"type": "command", "bash": ours, "timeoutSec": 30}]),
-        );
-    }
-    let text = serde_json::to_string_pretty(&json!({"version": 1, "hooks": hooks})).unwrap();
-    std::fs::write(s.project.join(".github/hooks/prx-hooks.json"), text).unwrap();
 }
 
 /// One `copilot -p` session: the model asked for the tool call, then (with the command's
@@ -224,37 +208,15 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> (Vec<Raw>, String) {
         run.show(),
         model.summary()
     );
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let answered = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
-    let result = answered.body["messages"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["role"] == "tool"))
-        .unwrap_or_else(|| panic!("no tool message in {}", answered.body));
-    assert_eq!(result["tool_call_id"], CALL_ID);
-    assert!(result.to_string().contains(COMMAND_OUTPUT), "{result}");
-    assert_eq!(answered.header("authorization"), Some("Bearer sk-fake"));
-
-    let raws = s.raws();
-    sent_as_pinned(cli, &raws, SENT);
-    let session = raws[0].object.as_ref().unwrap()["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    for r in &raws {
-        assert_eq!(r.object.as_ref().unwrap()["session_id"], session.as_str());
-    }
-    (raws, session)
+    chat_tool_result(model);
+    one_session(s, cli, SENT)
 }
 
+/// `connect copilot-cli` beside the user's own hook file, one session: every event arrives as
+/// the table says; `doctor` finds the file, the trust and the events; `--remove` deletes the
+/// file it made, and the user's stays as it was.
 #[test]
-fn copilot_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
+fn copilot_cli_connect_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let Some(cli) = cli("@github/copilot") else {
         return;
     };
@@ -262,22 +224,26 @@ fn copilot_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let model = ModelServer::start(Api::OpenAiChat, Script::shell(COMMAND, ANSWER));
     let (hooks, before) = users_hooks(&s);
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
-    let translated = prx_hooks::agents::Agent::from_name(AGENT).is_some();
-    if translated {
-        our_hooks(&s);
-    }
+    let tail = Tail::start(&s.ws, 4096);
+    s.connect(AGENT, &[]);
+    let ours = s.project.join(".github/hooks/prx-hooks.json");
+    let written = std::fs::read_to_string(&ours).unwrap();
+    assert!(
+        written.contains("\"bash\": \"prx-hooks-send --from copilot-cli --workspace prx\""),
+        "{written}"
+    );
 
     let (raws, session) = session(&s, &cli, &model);
-    if !translated {
-        // Copilot CLI ran offline and sent what SENT pins.
-        say(&[
-            "this build does not translate copilot-cli: only Copilot CLI's own events are checked"
-                .to_string(),
-        ]);
-        return;
+    let doctor = s.prx(&["doctor", "--agent", AGENT]);
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert_eq!(doctor.status.code(), Some(0), "doctor:\n{said}");
+    for want in [
+        ".github/hooks/prx-hooks.json (project)",
+        "Copilot CLI trusts",
+        "GitHub Copilot CLI seen: ",
+    ] {
+        assert!(said.contains(want), "doctor does not say {want:?}:\n{said}");
     }
-    settle(&s, &mut tail, &raws);
     let table = table();
     let expect = Expect {
         agent: AGENT,
@@ -285,11 +251,9 @@ fn copilot_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
         session: &session,
         order: Order::Exact,
     };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    hooks_all_ran(&server.stop());
+    check_settled(&s, server, tail, &raws, &expect);
 
+    s.connect(AGENT, &["--remove"]);
+    assert!(!ours.exists(), "--remove left {}", ours.display());
     assert_eq!(std::fs::read_to_string(&hooks).unwrap(), before);
-    say(&notes);
 }

@@ -1,34 +1,24 @@
 //! Factory Droid (`droid exec`) against the fake Chat Completions API (a custom model with its
 //! `baseUrl` in `~/.factory/settings.json`), the user's own hooks in the project's
 //! `.factory/settings.json` (the pinned Droid runs the hooks of its settings files, and none of
-//! a `hooks.json`), and `connect factory-droid` beside them where this build has it. Droid
+//! a `hooks.json`), and `connect factory-droid` beside them. Droid
 //! waits for each hook, so lifecycle events arrive in the order it sent them.
 
 use crate::harness::{
-    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, hooks_all_ran,
-    sent_as_pinned, settle, tail_last_shows_the_same,
+    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, chat_tool_result, cli,
+    documented, on_every_event, one_session,
 };
-use crate::models::{Answer, Api, CALL_ID, ModelServer, Script};
-use crate::table::{Becomes, Check, Expect, Order, Row, check, event, row, say};
+use crate::models::{Api, ModelServer, Script};
+use crate::table::{
+    Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row, topic,
+};
+use prx_hooks::agents::Agent;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 const AGENT: &str = "factory-droid";
-
-/// The hook events of Factory Droid's hooks reference.
-const HOOK_EVENTS: [&str; 9] = [
-    "SessionStart",
-    "UserPromptSubmit",
-    "PreToolUse",
-    "PostToolUse",
-    "Notification",
-    "PreCompact",
-    "SubagentStop",
-    "Stop",
-    "SessionEnd",
-];
 
 // =============================================================================================
 // FACTORY DROID: WHAT EACH OF ITS EVENTS BECOMES
@@ -37,17 +27,10 @@ const HOOK_EVENTS: [&str; 9] = [
 // closes it (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
 // =============================================================================================
 fn table() -> Vec<Row> {
-    let topic = |e: &str| Becomes::Topic(format!("prx.agent.{AGENT}.{e}"));
-    let mut rows = vec![
+    let topic = |e: &str| topic(AGENT, e);
+    let rows = vec![
         row("SessionStart", vec![topic("session_start")]),
-        row(
-            "UserPromptSubmit",
-            vec![event(
-                "agent_start",
-                &[],
-                vec![Check::FromAgent("/prompt", "/prompt")],
-            )],
-        ),
+        row("UserPromptSubmit", prompt_opens_the_turn()),
         row(
             "PreToolUse",
             vec![event(
@@ -88,12 +71,7 @@ fn table() -> Vec<Row> {
         ),
         row("SessionEnd", vec![topic("session_end")]),
     ];
-    for e in HOOK_EVENTS {
-        if !rows.iter().any(|r| r.event == e) {
-            rows.push(row(e, vec![topic(e)]));
-        }
-    }
-    rows
+    and_topics(AGENT, rows, &documented(Agent::FactoryDroid))
 }
 // =============================================================================================
 
@@ -180,13 +158,8 @@ fn users_settings(s: &Setup, model: &ModelServer) -> (PathBuf, String) {
         .to_string(),
     )
     .unwrap();
-    let mut hooks = serde_json::Map::new();
-    for e in HOOK_EVENTS {
-        hooks.insert(
-            e.into(),
-            json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]),
-        );
-    }
+    let own = json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]);
+    let hooks = on_every_event(Agent::FactoryDroid.events().iter().copied(), &own);
     let path = s.project.join(".factory/settings.json");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let before = serde_json::to_string_pretty(&json!({ "hooks": hooks })).unwrap();
@@ -212,33 +185,8 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> (Vec<Raw>, String) {
         run.show(),
         model.summary()
     );
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let answered = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
-    let result = answered.body["messages"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["role"] == "tool"))
-        .unwrap_or_else(|| panic!("no tool message in {}", answered.body));
-    assert_eq!(result["tool_call_id"], CALL_ID);
-    assert!(result.to_string().contains(COMMAND_OUTPUT), "{result}");
-    assert_eq!(answered.header("authorization"), Some("Bearer sk-fake"));
-
-    let raws = s.raws();
-    sent_as_pinned(cli, &raws, SENT);
-    let session = raws[0].object.as_ref().unwrap()["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    for r in &raws {
-        assert_eq!(r.object.as_ref().unwrap()["session_id"], session.as_str());
-    }
-    (raws, session)
+    chat_tool_result(model);
+    one_session(s, cli, SENT)
 }
 
 #[test]
@@ -250,20 +198,10 @@ fn factory_droid_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let model = ModelServer::start(Api::OpenAiChat, Script::shell(COMMAND, ANSWER));
     let (settings, before) = users_settings(&s, &model);
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
-    let connected = s.try_connect(AGENT);
+    let tail = Tail::start(&s.ws, 4096);
+    s.connect(AGENT, &[]);
 
     let (raws, session) = session(&s, &cli, &model);
-    if !connected {
-        // Droid ran offline and sent what SENT pins; nothing of ours was written.
-        assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
-        say(&[
-            "this build has no `connect factory-droid`: only Droid's own events are checked"
-                .to_string(),
-        ]);
-        return;
-    }
-    settle(&s, &mut tail, &raws);
     let table = table();
     let expect = Expect {
         agent: AGENT,
@@ -271,12 +209,8 @@ fn factory_droid_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
         session: &session,
         order: Order::Exact,
     };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    hooks_all_ran(&server.stop());
+    check_settled(&s, server, tail, &raws, &expect);
 
     s.connect(AGENT, &["--remove"]);
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
-    say(&notes);
 }

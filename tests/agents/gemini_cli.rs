@@ -4,11 +4,13 @@
 //! events arrive in the order it sent them.
 
 use crate::harness::{
-    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, hooks_all_ran,
-    sent_as_pinned, settle, tail_last_shows_the_same,
+    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, documented,
+    on_every_event, one_session, tool_round_trip,
 };
-use crate::models::{Answer, Api, ModelServer, Script};
-use crate::table::{Becomes, Check, Expect, Order, Row, check, differs, event, row, say};
+use crate::models::{Api, ModelServer, Script};
+use crate::table::{
+    Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row, topic,
+};
 use prx_hooks::agents::Agent;
 use serde_json::json;
 use std::path::PathBuf;
@@ -20,50 +22,31 @@ const AGENT: &str = "gemini-cli";
 // =============================================================================================
 // GEMINI CLI: WHAT EACH OF ITS EVENTS BECOMES
 //
-// `mapped` is the turn mapping (docs/agents.md): a prompt opens a turn (`BeforeAgent` →
-// `agent_start`), `AfterAgent` closes it (`turn_complete`, then `agent_end`), each model call is an
+// As docs/agents.md maps them: a prompt opens a turn (`BeforeAgent` → `agent_start`),
+// `AfterAgent` closes it (`turn_complete`, then `agent_end`), each model call is an
 // `llm_request` and its (last) chunk an `llm_response`, a session's start and end are topics of
-// their own. `differs(…, today)` marks where this build still maps otherwise; only that is
-// tolerated.
+// their own.
 // =============================================================================================
 fn table() -> Vec<Row> {
-    let topic = |e: &str| Becomes::Topic(format!("prx.agent.{AGENT}.{e}"));
-    let mut rows = vec![
-        // This build: a session's start is `agent_start`.
-        differs(
-            "SessionStart",
-            vec![topic("session_start")],
-            vec![event("agent_start", &[], vec![])],
-        ),
-        // This build: a topic.
-        differs(
-            "BeforeAgent",
-            vec![event(
-                "agent_start",
-                &[],
-                vec![Check::FromAgent("/prompt", "/prompt")],
-            )],
-            vec![topic("BeforeAgent")],
-        ),
-        // This build: a topic.
-        differs(
+    let topic = |e: &str| topic(AGENT, e);
+    let rows = vec![
+        row("SessionStart", vec![topic("session_start")]),
+        row("BeforeAgent", prompt_opens_the_turn()),
+        row(
             "BeforeModel",
             vec![event(
                 "llm_request",
                 &["llm_request"],
                 vec![Check::FromAgent("/model", "/llm_request/model")],
             )],
-            vec![topic("BeforeModel")],
         ),
-        // This build: a topic.
-        differs(
+        row(
             "AfterModel",
             vec![event(
                 "llm_response",
                 &["llm_request", "llm_response"],
                 vec![Check::FromAgent("/model", "/llm_request/model")],
             )],
-            vec![topic("AfterModel")],
         ),
         row(
             "BeforeTool",
@@ -91,8 +74,7 @@ fn table() -> Vec<Row> {
                 ],
             )],
         ),
-        // This build: `turn_complete` alone.
-        differs(
+        row(
             "AfterAgent",
             // Gemini CLI does not say how the turn ended: no `success`.
             vec![
@@ -103,26 +85,10 @@ fn table() -> Vec<Row> {
                 ),
                 event("agent_end", &[], vec![Check::Absent("/success")]),
             ],
-            vec![event(
-                "turn_complete",
-                &[],
-                vec![Check::Is("/prompt_response", json!(ANSWER))],
-            )],
         ),
-        // This build: a session's end is `agent_end` (without `success`).
-        differs(
-            "SessionEnd",
-            vec![topic("session_end")],
-            vec![event("agent_end", &[], vec![Check::Absent("/success")])],
-        ),
+        row("SessionEnd", vec![topic("session_end")]),
     ];
-    // Every other event: the agent's whole object on a topic named after it.
-    for &e in Agent::GeminiCli.events() {
-        if !rows.iter().any(|r| r.event == e) {
-            rows.push(row(e, vec![topic(e)]));
-        }
-    }
-    rows
+    and_topics(AGENT, rows, &documented(Agent::GeminiCli))
 }
 // =============================================================================================
 
@@ -306,13 +272,8 @@ fn users_settings(s: &Setup) -> (PathBuf, String) {
         json!({ s.project.to_str().unwrap(): "TRUST_FOLDER" }).to_string(),
     )
     .unwrap();
-    let mut hooks = serde_json::Map::new();
-    for &e in Agent::GeminiCli.events() {
-        hooks.insert(
-            e.into(),
-            json!([{"hooks": [{"name": "users-own", "type": "command", "command": s.users_own_hook()}]}]),
-        );
-    }
+    let own = json!([{"hooks": [{"name": "users-own", "type": "command", "command": s.users_own_hook()}]}]);
+    let hooks = on_every_event(Agent::GeminiCli.events().iter().copied(), &own);
     let settings = s.project.join(".gemini/settings.json");
     std::fs::create_dir_all(settings.parent().unwrap()).unwrap();
     let before = serde_json::to_string_pretty(&json!({ "hooks": hooks })).unwrap();
@@ -342,15 +303,7 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> (Vec<Raw>, String) {
             run.show()
         );
     }
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let answered = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
+    let answered = tool_round_trip(model);
     let response = answered.body["contents"]
         .as_array()
         .and_then(|cs| {
@@ -362,16 +315,7 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> (Vec<Raw>, String) {
     assert!(response.to_string().contains(COMMAND_OUTPUT), "{response}");
     assert_eq!(answered.header("x-goog-api-key"), Some("fake-gemini-key"));
 
-    let raws = s.raws();
-    sent_as_pinned(cli, &raws, SENT);
-    let session = raws[0].object.as_ref().unwrap()["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    for r in &raws {
-        assert_eq!(r.object.as_ref().unwrap()["session_id"], session.as_str());
-    }
-    (raws, session)
+    one_session(s, cli, SENT)
 }
 
 #[test]
@@ -383,27 +327,15 @@ fn gemini_cli_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let model = ModelServer::start(Api::Gemini, Script::shell(COMMAND, ANSWER));
     let (settings, before) = users_settings(&s);
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
+    let tail = Tail::start(&s.ws, 4096);
     s.connect(AGENT, &[]);
 
     let (raws, session) = session(&s, &cli, &model);
-    settle(&s, &mut tail, &raws);
     let table = table();
-    let expect = Expect {
-        agent: AGENT,
-        table: &table,
-        session: &session,
-        order: Order::Exact,
-    };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    let report = server.stop();
-    hooks_all_ran(&report);
+    check_settled(&s, server, tail, &raws, &expect(&table, &session));
 
     s.connect(AGENT, &["--remove"]);
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
-    say(&notes);
 }
 
 #[test]
@@ -419,34 +351,25 @@ fn gemini_cli_with_the_server_down_spools_silently_and_the_next_run_replays_each
     s.connect(AGENT, &[]);
 
     let (raws, session) = session(&s, &cli, &model);
-    // Gemini CLI waits for each hook: every event is in the spool when it exits; no hook ran.
-    let mut sent: Vec<String> = raws.iter().map(|r| r.name.clone()).collect();
-    sent.sort();
-    assert_eq!(
-        s.spooled(0),
-        sent,
-        "one spool entry per event gemini {} sent",
-        cli.version
-    );
-    assert!(s.records().is_empty());
+    // Gemini CLI waits for each hook: every event is in the spool when it exits.
+    s.spooled_each(&cli, &raws);
 
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
-    settle(&s, &mut tail, &raws);
+    let tail = Tail::start(&s.ws, 4096);
     let table = table();
-    let expect = Expect {
-        agent: AGENT,
-        table: &table,
-        session: &session,
-        order: Order::Exact,
-    };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
+    check_settled(&s, server, tail, &raws, &expect(&table, &session));
     assert!(s.spooled(0).is_empty(), "the replay emptied the spool");
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    hooks_all_ran(&server.stop());
 
     s.connect(AGENT, &["--remove"]);
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
-    say(&notes);
+}
+
+/// What a session must have delivered: Gemini CLI waits for each hook, so in order.
+fn expect<'a>(table: &'a [Row], session: &'a str) -> Expect<'a> {
+    Expect {
+        agent: AGENT,
+        table,
+        session,
+        order: Order::Exact,
+    }
 }

@@ -2,6 +2,7 @@
 //! every run, a real `prx-hooks run --listen`, `connect`, running the agent (the check of what
 //! arrived against the agent's table is in `table.rs`).
 
+use crate::models::{Answer, CALL_ID, ModelServer, Request};
 use crate::stderr::Lines;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -200,22 +201,6 @@ impl Setup {
         );
     }
 
-    /// `prx-hooks connect AGENT --workspace WS`: whether this build connects that agent (it
-    /// exits 0); any other failure than an agent this build does not know fails the test.
-    pub fn try_connect(&self, agent: &str) -> bool {
-        let out = self.prx(&["connect", agent, "--workspace", self.ws.to_str().unwrap()]);
-        if out.status.success() {
-            return true;
-        }
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains(&format!("unknown agent \"{agent}\"")),
-            "connect {agent}: {}\n{err}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        false
-    }
-
     /// A shell command for the agent's settings, as a user's own hook: it records the JSON the
     /// agent sent on stdin, with the time (ns) it ran, and prints nothing.
     pub fn users_own_hook(&self) -> String {
@@ -322,6 +307,21 @@ impl Setup {
         names
     }
 
+    /// Each event the agent sent left one entry in the spool (its hooks found no server), and
+    /// no hook ran.
+    pub fn spooled_each(&self, cli: &Cli, raws: &[Raw]) {
+        let mut sent: Vec<String> = raws.iter().map(|r| r.name.clone()).collect();
+        sent.sort();
+        assert_eq!(
+            self.spooled(raws.len()),
+            sent,
+            "one spool entry per event {} {} sent",
+            cli.program.display(),
+            cli.version
+        );
+        assert!(self.records().is_empty());
+    }
+
     /// Runs the agent: `cmd` with only the environment it was given (plus `PATH`, this
     /// build's programs first, and the temporary `HOME`), in the project, stdin closed. Its output goes to files; it is killed (its whole
     /// process group) after `limit`, which fails the test.
@@ -412,6 +412,71 @@ pub fn sent_as_pinned(cli: &Cli, raws: &[Raw], pinned: &[(&str, &[&str])]) {
         cli.program.display(),
         cli.version
     );
+}
+
+/// The events the agent sent in its one session, as the pinned version sends them
+/// ([`sent_as_pinned`]), and the session's id, which every one of them carries.
+pub fn one_session(s: &Setup, cli: &Cli, pinned: &[(&str, &[&str])]) -> (Vec<Raw>, String) {
+    let raws = s.raws();
+    sent_as_pinned(cli, &raws, pinned);
+    let session = raws[0].object.as_ref().unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    of_one_session(&raws, &session);
+    (raws, session)
+}
+
+/// Every event the agent sent carries `session` as its `session_id`.
+pub fn of_one_session(raws: &[Raw], session: &str) {
+    for r in raws {
+        assert_eq!(r.object.as_ref().unwrap()["session_id"], session, "{r:?}");
+    }
+}
+
+/// Every event `agent`'s documentation lists, by the name its settings give it.
+pub fn documented(agent: prx_hooks::agents::Agent) -> Vec<&'static str> {
+    agent.hook_events().iter().map(|e| e.name).collect()
+}
+
+/// `hooks` for an agent's settings: `entry` (a JSON array of groups or of hooks) on each of
+/// `events`.
+pub fn on_every_event<'a>(
+    events: impl IntoIterator<Item = &'a str>,
+    entry: &Value,
+) -> serde_json::Map<String, Value> {
+    events
+        .into_iter()
+        .map(|e| (e.to_string(), entry.clone()))
+        .collect()
+}
+
+/// The model was asked for the tool call, then (with the tool's result) for the answer: that
+/// second request.
+pub fn tool_round_trip(model: &ModelServer) -> Request {
+    let reqs = model.requests();
+    let call = reqs
+        .iter()
+        .position(|r| r.answer == Answer::ToolCall)
+        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
+    reqs[call + 1..]
+        .iter()
+        .find(|r| r.answer == Answer::Text)
+        .cloned()
+        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()))
+}
+
+/// [`tool_round_trip`] over the Chat Completions API: the answer was asked with the tool's
+/// message for the call, holding the command's output, and the agent sent the key `sk-fake`.
+pub fn chat_tool_result(model: &ModelServer) {
+    let answered = tool_round_trip(model);
+    let result = answered.body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["role"] == "tool"))
+        .unwrap_or_else(|| panic!("no tool message in {}", answered.body));
+    assert_eq!(result["tool_call_id"], CALL_ID);
+    assert!(result.to_string().contains(COMMAND_OUTPUT), "{result}");
+    assert_eq!(answered.header("authorization"), Some("Bearer sk-fake"));
 }
 
 /// `PATH` with the directory of this build's `prx-hooks` and `prx-hooks-send` first, as for a

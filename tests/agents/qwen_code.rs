@@ -4,43 +4,21 @@
 //! each hook, so lifecycle events arrive in the order it sent them.
 
 use crate::harness::{
-    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, hooks_all_ran,
-    sent_as_pinned, settle, tail_last_shows_the_same,
+    ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, chat_tool_result, cli,
+    documented, on_every_event, one_session,
 };
-use crate::models::{Answer, Api, CALL_ID, ModelServer, Script};
-use crate::table::{Becomes, Check, Expect, Order, Row, check, event, row, row_unless, say};
+use crate::models::{Api, ModelServer, Script};
+use crate::table::{
+    Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row,
+    row_unless, topic,
+};
+use prx_hooks::agents::Agent;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 const AGENT: &str = "qwen-code";
-
-/// The hook events of the pinned Qwen Code (its bundled hooks documentation).
-const HOOK_EVENTS: [&str; 22] = [
-    "PreToolUse",
-    "PostToolUse",
-    "PostToolUseFailure",
-    "PostToolBatch",
-    "UserPromptSubmit",
-    "UserPromptExpansion",
-    "SessionStart",
-    "SessionEnd",
-    "SessionDelete",
-    "MessageDisplay",
-    "Stop",
-    "StopFailure",
-    "SubagentStart",
-    "SubagentStop",
-    "PreCompact",
-    "PostCompact",
-    "Notification",
-    "PermissionRequest",
-    "PermissionDenied",
-    "TodoCreated",
-    "TodoCompleted",
-    "InstructionsLoaded",
-];
 
 // =============================================================================================
 // QWEN CODE: WHAT EACH OF ITS EVENTS BECOMES
@@ -49,18 +27,14 @@ const HOOK_EVENTS: [&str; 22] = [
 // closes it (`turn_complete`, then `agent_end`), a session's start and end are topics of their own.
 // =============================================================================================
 fn table() -> Vec<Row> {
-    let topic = |e: &str| Becomes::Topic(format!("prx.agent.{AGENT}.{e}"));
-    let mut rows = vec![
+    let topic = |e: &str| topic(AGENT, e);
+    let rows = vec![
         row("SessionStart", vec![topic("session_start")]),
         // Qwen Code runs UserPromptSubmit again before the model call that carries the tool's
         // result: only a user's submission (`submitted_prompt`) opens a turn.
         row_unless(
             "UserPromptSubmit",
-            vec![event(
-                "agent_start",
-                &[],
-                vec![Check::FromAgent("/prompt", "/prompt")],
-            )],
+            prompt_opens_the_turn(),
             "submitted_prompt",
             vec![topic("UserPromptSubmit")],
         ),
@@ -109,12 +83,7 @@ fn table() -> Vec<Row> {
         ),
         row("SessionEnd", vec![topic("session_end")]),
     ];
-    for e in HOOK_EVENTS {
-        if !rows.iter().any(|r| r.event == e) {
-            rows.push(row(e, vec![topic(e)]));
-        }
-    }
-    rows
+    and_topics(AGENT, rows, &documented(Agent::QwenCode))
 }
 // =============================================================================================
 
@@ -257,7 +226,8 @@ const SENT: &[(&str, &[&str])] = &[
 ];
 
 /// The user's side: the project trusted (`~/.qwen`), and the project's `.qwen/settings.json`
-/// with their own hook on every event but MessageDisplay. Returns its path and bytes.
+/// with their own hook on every event `connect` writes (all but MessageDisplay, which fires
+/// as a reply streams). Returns its path and bytes.
 fn users_settings(s: &Setup) -> (PathBuf, String) {
     let qwen_home = s.home.join(".qwen");
     std::fs::create_dir_all(&qwen_home).unwrap();
@@ -266,16 +236,8 @@ fn users_settings(s: &Setup) -> (PathBuf, String) {
         json!({ s.project.to_str().unwrap(): "TRUST_FOLDER" }).to_string(),
     )
     .unwrap();
-    let mut hooks = serde_json::Map::new();
-    for e in HOOK_EVENTS {
-        if e == "MessageDisplay" {
-            continue; // it fires as a reply streams; connect leaves it out too
-        }
-        hooks.insert(
-            e.into(),
-            json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]),
-        );
-    }
+    let own = json!([{"hooks": [{"type": "command", "command": s.users_own_hook()}]}]);
+    let hooks = on_every_event(Agent::QwenCode.events().iter().copied(), &own);
     let settings = s.project.join(".qwen/settings.json");
     std::fs::create_dir_all(settings.parent().unwrap()).unwrap();
     // `$version` 4: Qwen Code rewrites an older settings file (adding it) when it starts.
@@ -300,33 +262,8 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> (Vec<Raw>, String) {
         run.show(),
         model.summary()
     );
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let answered = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
-    let result = answered.body["messages"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["role"] == "tool"))
-        .unwrap_or_else(|| panic!("no tool message in {}", answered.body));
-    assert_eq!(result["tool_call_id"], CALL_ID);
-    assert!(result.to_string().contains(COMMAND_OUTPUT), "{result}");
-    assert_eq!(answered.header("authorization"), Some("Bearer sk-fake"));
-
-    let raws = s.raws();
-    sent_as_pinned(cli, &raws, SENT);
-    let session = raws[0].object.as_ref().unwrap()["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    for r in &raws {
-        assert_eq!(r.object.as_ref().unwrap()["session_id"], session.as_str());
-    }
-    (raws, session)
+    chat_tool_result(model);
+    one_session(s, cli, SENT)
 }
 
 #[test]
@@ -338,20 +275,10 @@ fn qwen_code_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let model = ModelServer::start(Api::OpenAiChat, Script::shell(COMMAND, ANSWER));
     let (settings, before) = users_settings(&s);
     let server = Server::start(&s.ws);
-    let mut tail = Tail::start(&s.ws, 4096);
-    let connected = s.try_connect(AGENT);
+    let tail = Tail::start(&s.ws, 4096);
+    s.connect(AGENT, &[]);
 
     let (raws, session) = session(&s, &cli, &model);
-    if !connected {
-        // Qwen Code ran offline and sent what SENT pins; nothing of ours was written.
-        assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
-        say(&[
-            "this build has no `connect qwen-code`: only Qwen Code's own events are checked"
-                .to_string(),
-        ]);
-        return;
-    }
-    settle(&s, &mut tail, &raws);
     let table = table();
     let expect = Expect {
         agent: AGENT,
@@ -359,12 +286,8 @@ fn qwen_code_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
         session: &session,
         order: Order::Exact,
     };
-    let notes = check(&expect, &raws, &s.records(), &tail.messages());
-    tail_last_shows_the_same(&s.ws, &tail.lines);
-    drop(tail);
-    hooks_all_ran(&server.stop());
+    check_settled(&s, server, tail, &raws, &expect);
 
     s.connect(AGENT, &["--remove"]);
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), before);
-    say(&notes);
 }

@@ -1,7 +1,10 @@
 //! The agents' tables and the check of a session against one: what each of an agent's events
 //! becomes, and whether every bus message and hook run says so.
 
-use crate::harness::{Raw, Record, is_lifecycle, source_name};
+use crate::harness::{
+    Raw, Record, Server, Setup, Tail, hooks_all_ran, is_lifecycle, settle, source_name,
+    tail_last_shows_the_same,
+};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -48,32 +51,24 @@ pub enum Check {
     Contains(&'static str, &'static str),
     /// … is the value at the second pointer in the agent's object.
     FromAgent(&'static str, &'static str),
-    /// … is the session's id.
-    Session(&'static str),
 }
 
 /// One of the agent's events and what it becomes.
 #[derive(Clone, Debug)]
 pub struct Row {
     pub event: &'static str,
-    /// As docs/agents.md maps it once turns are lifecycle events (a turn opens with
-    /// `agent_start` and closes with `turn_complete`, then `agent_end`; a session's start and end
-    /// are topics).
+    /// As docs/agents.md maps it (a turn opens with `agent_start` and closes with
+    /// `turn_complete`, then `agent_end`; a session's start and end are topics).
     pub mapped: Vec<Becomes>,
-    /// What a build without the turn mapping ([`turn_mapping`]) does instead, where it
-    /// differs: tolerated there, and said on stderr.
-    pub today: Option<Vec<Becomes>>,
-    /// In the mapped column: when the agent's object lacks this member, the event becomes the
-    /// second instead.
+    /// When the agent's object lacks this member, the event becomes the second instead.
     pub unless: Option<(&'static str, Vec<Becomes>)>,
 }
 
-/// A row whose event is the same in both mappings.
+/// A row: `event` becomes `mapped`.
 pub fn row(event: &'static str, mapped: Vec<Becomes>) -> Row {
     Row {
         event,
         mapped,
-        today: None,
         unless: None,
     }
 }
@@ -88,19 +83,37 @@ pub fn row_unless(
     Row {
         event,
         mapped,
-        today: None,
         unless: Some((member, otherwise)),
     }
 }
 
-/// A row that this build maps otherwise: `today` is what it does.
-pub fn differs(event: &'static str, mapped: Vec<Becomes>, today: Vec<Becomes>) -> Row {
-    Row {
-        event,
-        mapped,
-        today: Some(today),
-        unless: None,
+/// `rows`, then a row for each of `events` they do not name: the agent's whole object on a
+/// topic named after the event.
+pub fn and_topics<'a>(
+    agent: &str,
+    mut rows: Vec<Row>,
+    events: impl IntoIterator<Item = &'a &'static str>,
+) -> Vec<Row> {
+    for &e in events {
+        if !rows.iter().any(|r| r.event == e) {
+            rows.push(row(e, vec![topic(agent, e)]));
+        }
     }
+    rows
+}
+
+/// The agent's whole object on `prx.agent.<agent>.<name>`.
+pub fn topic(agent: &str, name: &str) -> Becomes {
+    Becomes::Topic(format!("prx.agent.{agent}.{name}"))
+}
+
+/// `agent_start` from a prompt: the prompt kept.
+pub fn prompt_opens_the_turn() -> Vec<Becomes> {
+    vec![event(
+        "agent_start",
+        &[],
+        vec![Check::FromAgent("/prompt", "/prompt")],
+    )]
 }
 
 /// How the agent's events may be ordered on arrival.
@@ -123,12 +136,10 @@ pub struct Expect<'a> {
 }
 
 /// Checks every bus message and hook run against the agent's events and its table: each event
-/// arrives as its row says (the mapped column, or in a build without the turn mapping the
-/// `today` one), once; nothing arrives that the agent did not send; each lifecycle event ran its
-/// hook once with the bus message's payload and matching `ZERO_HOOK_*` variables; lifecycle
-/// events in order.
-/// Returns the differences from the mapped column that were tolerated, one line each.
-pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -> Vec<String> {
+/// arrives as its row says, once; nothing arrives that the agent did not send; each lifecycle
+/// event ran its hook once with the bus message's payload and matching `ZERO_HOOK_*`
+/// variables; lifecycle events in order.
+pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) {
     let agent = expect.agent;
     let show_bus = || {
         bus.iter()
@@ -146,7 +157,6 @@ pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -
         assert_eq!(m["agent"], agent, "{m}");
         assert_eq!(m["session"], expect.session, "{m}");
     }
-    let mut notes = Vec::new();
     // (raw index, position in its row, message index) of every lifecycle message.
     let mut lifecycle: Vec<(usize, usize, usize)> = Vec::new();
     let mut names: Vec<&str> = raws.iter().map(|r| r.name.as_str()).collect();
@@ -164,57 +174,35 @@ pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -
         let got: Vec<usize> = (0..bus.len())
             .filter(|&i| source_name(&bus[i]) == Some(name))
             .collect();
-        // What each time the agent sent it becomes, in a column.
-        let per_send = |column: &[Becomes], mapped: bool| -> Vec<Vec<Becomes>> {
-            sent.iter()
-                .map(|&i| match &row.unless {
-                    Some((member, other))
-                        if mapped
-                            && raws[i]
-                                .object
-                                .as_ref()
-                                .is_some_and(|o| o.get(member).is_none()) =>
-                    {
-                        other.clone()
-                    }
-                    _ => column.to_vec(),
-                })
-                .collect()
-        };
-        let targets = |sends: &[Vec<Becomes>]| {
-            let mut t: Vec<String> = sends.iter().flatten().map(Becomes::target).collect();
-            t.sort();
-            t
-        };
+        // What each time the agent sent it becomes.
+        let sends: Vec<Vec<Becomes>> = sent
+            .iter()
+            .map(|&i| match &row.unless {
+                Some((member, other))
+                    if raws[i]
+                        .object
+                        .as_ref()
+                        .is_some_and(|o| o.get(member).is_none()) =>
+                {
+                    other.clone()
+                }
+                _ => row.mapped.clone(),
+            })
+            .collect();
+        let mut want: Vec<String> = sends.iter().flatten().map(Becomes::target).collect();
+        want.sort();
         let mut arrived: Vec<String> = got
             .iter()
             .map(|&i| bus[i]["topic"].as_str().unwrap().to_string())
             .collect();
         arrived.sort();
-        let mapped = per_send(&row.mapped, true);
-        let today = row
-            .today
-            .as_deref()
-            .filter(|_| !turn_mapping())
-            .map(|t| per_send(t, false));
-        let sends = if arrived == targets(&mapped) {
-            mapped
-        } else if let Some(today) = today.filter(|t| arrived == targets(t)) {
-            notes.push(format!(
-                "{agent} {name}: {:?} as this build maps it, where the turn mapping has {:?}",
-                targets(&today),
-                targets(&mapped)
-            ));
-            today
-        } else {
-            panic!(
-                "{agent} sent {name} {} time(s); arrived {arrived:?}; its row: {:?}, or in this build {:?}\nbus:\n{}",
-                sent.len(),
-                targets(&mapped),
-                row.today.as_deref().map(|t| targets(&per_send(t, false))),
-                show_bus()
-            );
-        };
+        assert_eq!(
+            arrived,
+            want,
+            "{agent} sent {name} {} time(s)\nbus:\n{}",
+            sent.len(),
+            show_bus()
+        );
         // Pair the k-th message of each target with the k-th time the agent sent the event
         // that becomes it.
         let mut all: Vec<String> = sends.iter().flatten().map(Becomes::target).collect();
@@ -318,14 +306,6 @@ pub fn check(expect: &Expect, raws: &[Raw], records: &[Record], bus: &[Value]) -
             );
         }
     }
-    notes
-}
-
-/// Whether this build maps turns as docs/agents.md now says (a prompt opens a turn, a turn's
-/// end is `turn_complete` then `agent_end`, sessions are topics). The build that does also
-/// translates Qwen Code; in it, a row's `today` column is no longer tolerated.
-pub fn turn_mapping() -> bool {
-    prx_hooks::agents::Agent::from_name("qwen-code").is_some()
 }
 
 /// One message against its row's entry and the agent's object.
@@ -386,7 +366,6 @@ fn check_message(expect: &Expect, becomes: &Becomes, raw: &Raw, m: &Value) {
                         let want = raw.object.as_ref().and_then(|o| o.pointer(from));
                         (at, want.is_some() && p.pointer(at) == want)
                     }
-                    Check::Session(at) => (at, p.pointer(at) == Some(&Value::from(expect.session))),
                 };
                 assert!(ok, "{kind} from {}: {c:?} fails at {at}: {p}", raw.name);
             }
@@ -394,9 +373,21 @@ fn check_message(expect: &Expect, becomes: &Becomes, raw: &Raw, m: &Value) {
     }
 }
 
-/// What an agent session left to check: the tolerated differences are said on stderr.
-pub fn say(notes: &[String]) {
-    for n in notes {
-        eprintln!("tolerated: {n}");
-    }
+/// Once the session's events have all arrived ([`settle`]): every one as `expect`'s table says
+/// ([`check`]), `tail --last` shows the same, and the server, stopped, ran every hook and
+/// dropped nothing. Returns its final report.
+pub fn check_settled(
+    s: &Setup,
+    server: Server,
+    mut tail: Tail,
+    raws: &[Raw],
+    expect: &Expect,
+) -> Value {
+    settle(s, &mut tail, raws);
+    check(expect, raws, &s.records(), &tail.messages());
+    tail_last_shows_the_same(&s.ws, &tail.lines);
+    drop(tail);
+    let report = server.stop();
+    hooks_all_ran(&report);
+    report
 }

@@ -118,8 +118,9 @@ fn sh_words(command: &str) -> Vec<String> {
     text(&out.stdout).lines().map(str::to_string).collect()
 }
 
-/// Claude Code's documented events, less WorktreeCreate/WorktreeRemove (docs/connect.md).
-const CLAUDE_EVENTS: [&str; 27] = [
+/// Claude Code's documented events, less MessageDisplay and WorktreeCreate/WorktreeRemove
+/// (docs/connect.md).
+const CLAUDE_EVENTS: [&str; 30] = [
     "Setup",
     "SessionStart",
     "InstructionsLoaded",
@@ -141,10 +142,13 @@ const CLAUDE_EVENTS: [&str; 27] = [
     "TeammateIdle",
     "PreCompact",
     "PostCompact",
+    "PreModelSwitch",
+    "PostModelSwitch",
     "Elicitation",
     "ElicitationResult",
     "ConfigChange",
     "CwdChanged",
+    "DirectoryAdded",
     "FileChanged",
     "SessionEnd",
 ];
@@ -220,7 +224,7 @@ fn connect_keeps_the_users_settings_byte_for_byte_twice_changes_nothing_and_remo
     assert_eq!(std::fs::read_to_string(&backup).unwrap(), USERS_CLAUDE);
     assert_eq!(mode(&backup), 0o600);
     assert!(
-        text(&out.stdout).contains("27 event(s)"),
+        text(&out.stdout).contains("30 event(s)"),
         "{}",
         text(&out.stdout)
     );

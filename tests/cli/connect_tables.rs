@@ -426,3 +426,114 @@ fn connect_qwen_code_and_factory_droid_write_every_event_synchronous_and_remove_
         assert_eq!(std::fs::read_to_string(&file).unwrap(), mine, "{agent}");
     }
 }
+
+/// Copilot CLI and Windsurf give their hooks no project variable but run them in the project's
+/// root: the workspace is written relative to it. Copilot CLI's entries go in a file of their
+/// own (its PascalCase names where the event has one), which `--remove` deletes; Windsurf's go
+/// beside the user's own in `.windsurf/hooks.json`, which `--remove` gives back byte for byte.
+/// User scope writes each one's user file. Neither program runs here (Windsurf has no CLI;
+/// Copilot CLI's real sessions are in tests/agents): this is what the files say.
+#[test]
+fn connect_copilot_cli_and_windsurf_write_the_workspace_relative_to_the_project() {
+    let s = setup();
+    let ws = s.ws.to_str().unwrap();
+
+    ok(&s.run(&["connect", "copilot-cli", "--workspace", ws]));
+    let v = s.json(".github/hooks/prx-hooks.json");
+    assert_eq!(v["version"], 1);
+    let hooks = v["hooks"].as_object().unwrap();
+    let mut keys: Vec<&str> = hooks.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "ErrorOccurred",
+            "PostToolUse",
+            "PostToolUseFailure",
+            "PreCompact",
+            "PreToolUse",
+            "SessionEnd",
+            "SessionStart",
+            "Stop",
+            "SubagentStop",
+            "UserPromptSubmit",
+            "notification",
+            "subagentStart",
+        ]
+    );
+    for (event, entries) in hooks {
+        assert_eq!(entries.as_array().unwrap().len(), 1, "{event}");
+        let e = &entries[0];
+        assert_eq!(
+            (&e["type"], &e["cwd"], &e["timeoutSec"]),
+            (&"command".into(), &".".into(), &5.into()),
+            "{event}"
+        );
+        assert_eq!(
+            e["bash"], "prx-hooks-send --from copilot-cli --workspace 'prx ws'",
+            "{event}"
+        );
+    }
+    let out = s.run(&["connect", "copilot-cli", "--workspace", ws]);
+    ok(&out);
+    assert!(
+        text(&out.stdout).contains("already connected"),
+        "{}",
+        text(&out.stdout)
+    );
+    // doctor reads it as Copilot CLI does: every entry on an event it has; the folder is not
+    // trusted yet.
+    let out = s.run(&["doctor", "--agent", "copilot-cli"]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("Copilot CLI does not trust"), "{said}");
+    assert!(!said.contains("not an event"), "{said}");
+    ok(&s.run(&["connect", "copilot-cli", "--remove"]));
+    assert!(!s.project.join(".github/hooks/prx-hooks.json").exists());
+    ok(&s.run(&[
+        "connect",
+        "copilot-cli",
+        "--workspace",
+        ws,
+        "--scope",
+        "user",
+    ]));
+    let user = s.home.join(".copilot/hooks/prx-hooks.json");
+    let written = std::fs::read_to_string(&user).unwrap();
+    assert!(written.contains("--from copilot-cli"), "{written}");
+    assert!(written.contains(&format!("'{ws}'")), "{written}");
+    ok(&s.run(&["connect", "copilot-cli", "--remove", "--scope", "user"]));
+    assert!(!user.exists());
+
+    let file = s.project.join(".windsurf/hooks.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let mine = "{\n  \"hooks\": {\n    \"post_write_code\": [\n      { \"command\": \"npx prettier --write .\", \"show_output\": true }\n    ]\n  }\n}\n";
+    std::fs::write(&file, mine).unwrap();
+    ok(&s.run(&["connect", "windsurf", "--workspace", ws]));
+    let v = s.json(".windsurf/hooks.json");
+    let hooks = v["hooks"].as_object().unwrap();
+    assert_eq!(hooks.len(), 11, "{:?}", hooks.keys());
+    assert_eq!(
+        v["hooks"]["post_write_code"][0]["command"],
+        "npx prettier --write ."
+    );
+    for (event, entries) in hooks {
+        let ours = entries.as_array().unwrap().last().unwrap();
+        assert_eq!(
+            ours,
+            &serde_json::json!({"command": "prx-hooks-send --from windsurf --workspace 'prx ws'", "show_output": false}),
+            "{event}"
+        );
+    }
+    ok(&s.run(&["connect", "windsurf", "--remove"]));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), mine);
+    ok(&s.run(&["connect", "windsurf", "--workspace", ws, "--scope", "user"]));
+    let user = s.home.join(".codeium/windsurf/hooks.json");
+    assert!(
+        std::fs::read_to_string(&user)
+            .unwrap()
+            .contains("--from windsurf")
+    );
+    ok(&s.run(&["connect", "windsurf", "--remove", "--scope", "user"]));
+    assert!(!user.exists());
+}

@@ -18,9 +18,10 @@ pub(crate) mod json;
 pub(crate) mod write;
 
 use crate::BoxError;
-use crate::hook_table::{self, Agent, Handler, HookEvent, Written};
+use crate::hook_table::{self, Agent, HookEvent, Written};
 use agents::{Hook, Notify, Refusal, Want};
 use clap::{Args, ValueEnum};
+use prx_hooks::agents::Handlers;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -36,6 +37,10 @@ Files (project scope: in --project, default the current directory; user scope: i
   cursor       .cursor/hooks.json      a command hook per event
   qwen-code    .qwen/settings.json     a command hook per event
   factory-droid .factory/settings.json a command hook per event
+  copilot-cli  .github/hooks/prx-hooks.json  a command hook per event, a file of its own
+                                       (user scope: ~/.copilot/hooks/, $COPILOT_HOME honoured)
+  windsurf     .windsurf/hooks.json    a command hook per event (user scope:
+                                       ~/.codeium/windsurf/hooks.json)
 
 In a project file the command is prx-hooks-send as found on PATH and the workspace is written
 relative to the project (\"${CLAUDE_PROJECT_DIR:-.}\"/ws): the file can be committed. --absolute
@@ -49,7 +54,8 @@ Exit codes:
      --http, prx-hooks-send not on PATH or a workspace outside the project (without
      --absolute), a file the agent kept saving, or an I/O error")]
 pub(crate) struct ConnectArgs {
-    /// The agent: claude-code, codex, gemini-cli, cursor, qwen-code or factory-droid.
+    /// The agent: claude-code, codex, gemini-cli, cursor, qwen-code, factory-droid,
+    /// copilot-cli or windsurf.
     #[arg(value_name = "AGENT")]
     agent: String,
     /// The workspace the agent's events go to (its server's .prx-hooks/address and token, its
@@ -251,7 +257,10 @@ fn agent_and_scope(args: &ConnectArgs) -> Result<(Agent, Scope), BoxError> {
 fn pick_events(agent: Agent, args: &ConnectArgs) -> Result<Vec<&'static HookEvent>, BoxError> {
     let all = hook_table::hook_events(agent);
     if args.events.is_empty() {
-        return Ok(all.iter().filter(|e| e.written == Written::Yes).collect());
+        return Ok(all
+            .iter()
+            .filter(|e| hook_table::written(e) == Written::Yes)
+            .collect());
     }
     if args.notify {
         return Err(
@@ -261,10 +270,10 @@ fn pick_events(agent: Agent, args: &ConnectArgs) -> Result<Vec<&'static HookEven
     let mut picked = Vec::new();
     for name in &args.events {
         match hook_table::event(agent, name) {
-            Some(e) if e.written == Written::Never => {
+            Some(e) if hook_table::written(e) == Written::Never => {
                 return Err(format!(
                     "connect {agent}: --events: {name} is never written: {}",
-                    e.note.unwrap_or_default()
+                    hook_table::why_not_written(e).unwrap_or_default()
                 )
                 .into());
             }
@@ -301,13 +310,32 @@ pub(crate) fn home() -> Result<PathBuf, BoxError> {
 
 /// The settings file to edit: in `--project` or in the user's directory.
 fn settings_path(agent: Agent, scope: Scope, args: &ConnectArgs) -> Result<PathBuf, BoxError> {
-    let rel = agents::settings_file(agent, args.notify);
-    match (scope, agent) {
-        (Scope::Project, _) => Ok(project_dir(&args.project)?.join(rel)),
-        (Scope::User, Agent::Codex) => {
-            Ok(codex_home()?.join(Path::new(rel).file_name().unwrap_or_default()))
+    match scope {
+        Scope::Project => {
+            Ok(project_dir(&args.project)?.join(agents::settings_file(agent, args.notify)))
         }
-        (Scope::User, _) => Ok(home()?.join(rel)),
+        Scope::User => user_settings_file(agent, args.notify),
+    }
+}
+
+/// The user's settings file of `agent` (Codex's in `$CODEX_HOME`, Copilot CLI's hooks in
+/// `$COPILOT_HOME/hooks`, Windsurf's in `~/.codeium/windsurf`).
+pub(crate) fn user_settings_file(agent: Agent, notify: bool) -> Result<PathBuf, BoxError> {
+    let rel = Path::new(agents::settings_file(agent, notify));
+    let name = rel.file_name().unwrap_or_default();
+    Ok(match agent {
+        Agent::Codex => codex_home()?.join(name),
+        Agent::CopilotCli => copilot_home()?.join("hooks").join(name),
+        Agent::Windsurf => home()?.join(".codeium/windsurf").join(name),
+        _ => home()?.join(rel),
+    })
+}
+
+/// `$COPILOT_HOME`, or `~/.copilot` when it is unset or empty.
+pub(crate) fn copilot_home() -> Result<PathBuf, BoxError> {
+    match std::env::var_os("COPILOT_HOME").filter(|h| !h.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h)),
+        None => Ok(home()?.join(".copilot")),
     }
 }
 
@@ -410,13 +438,14 @@ pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
 /// The workspace as a shell word relative to the project: `"${CLAUDE_PROJECT_DIR:-.}"/ws`
 /// (the agent sets the variable for its hooks; without it, the directory the hook runs in).
 fn relative_workspace(agent: Agent, ws: &Path, project: &Path) -> Result<String, BoxError> {
-    let Some(var) = agent.project_dir_var() else {
+    let var = agent.project_dir_var();
+    if var.is_none() && !agent.runs_in_project() {
         return Err(format!(
             "connect {agent}: {} gives its hooks no project directory (they run in the session's directory): a project file would hold this machine's path to the workspace; pass --absolute, or use --scope user (the default)",
             agent.title()
         )
         .into());
-    };
+    }
     let Ok(rel) = ws.strip_prefix(project) else {
         return Err(format!(
             "connect: the workspace {} is outside the project {}: a project file would hold this machine's path. Make the workspace inside the project (`prx-hooks init {}/prx`), or pass --absolute (the file is then for this machine only), or use --scope user",
@@ -426,11 +455,14 @@ fn relative_workspace(agent: Agent, ws: &Path, project: &Path) -> Result<String,
         )
         .into());
     };
-    let base = format!("\"${{{var}:-.}}\"");
-    Ok(if rel.as_os_str().is_empty() {
-        base
-    } else {
-        format!("{base}/{}", agents::shell_quote(&rel.to_string_lossy()))
+    // Without a variable, the hook runs in the project's root.
+    let base = var.map(|v| format!("\"${{{v}:-.}}\""));
+    let rel = (!rel.as_os_str().is_empty()).then(|| agents::shell_quote(&rel.to_string_lossy()));
+    Ok(match (base, rel) {
+        (Some(base), Some(rel)) => format!("{base}/{rel}"),
+        (Some(base), None) => base,
+        (None, Some(rel)) => rel,
+        (None, None) => ".".into(),
     })
 }
 
@@ -636,7 +668,7 @@ fn next_steps(plan: &Plan, args: &ConnectArgs) {
         let kept: Vec<&str> = plan
             .events
             .iter()
-            .filter(|e| !e.runs(Handler::Http))
+            .filter(|e| !e.handlers.contains(Handlers::HTTP))
             .map(|e| e.name)
             .collect();
         if !kept.is_empty() {
@@ -662,6 +694,9 @@ fn next_steps(plan: &Plan, args: &ConnectArgs) {
         ),
         Agent::QwenCode => note(
             "Qwen Code runs a project's hooks only in a folder it trusts (trust it when Qwen asks), and none at all while disableAllHooks is true in its settings",
+        ),
+        Agent::CopilotCli => note(
+            "Copilot CLI runs a repository's .github/hooks only in a folder it trusts (trust it when Copilot asks: trustedFolders in ~/.copilot/config.json), and only when started in the repository's root",
         ),
         Agent::Codex if args.notify => note(
             "Codex calls notify after each turn (agent-turn-complete) only; its hooks (connect codex without --notify) also see tools and sessions",

@@ -3,10 +3,11 @@
 //! docs/connect.md has the tables and the agents' pages they follow; the events and handler
 //! types come from [`hook_table`](crate::hook_table).
 //!
-//! Claude Code, Codex (hooks.json), Gemini CLI, Qwen Code and Factory Droid group hooks: `hooks.<Event>` is an array of
-//! `{matcher?, hooks: [entry…]}`; ours is one group `{"hooks": [entry]}` per event. Cursor
-//! lists entries directly: `hooks.<event>` is an array of `{command, …}`. Codex's older
-//! `notify` is one program in config.toml.
+//! Claude Code, Codex (hooks.json), Gemini CLI, Qwen Code and Factory Droid group hooks:
+//! `hooks.<Event>` is an array of `{matcher?, hooks: [entry…]}`; ours is one group
+//! `{"hooks": [entry]}` per event. Cursor, Copilot CLI and Windsurf list entries directly:
+//! `hooks.<event>` is an array of `{command, …}` (Copilot CLI: `{type, bash, …}`). Codex's
+//! older `notify` is one program in config.toml.
 //!
 //! An entry is ours when its command is one simple command (no `&&`, `;`, `|`, redirection or
 //! substitution) running `prx-hooks send … --from AGENT` or `prx-hooks-send … --from AGENT`,
@@ -14,7 +15,8 @@
 //! changed or removed.
 
 use super::json::{self, Doc, J, Node, Style};
-use crate::hook_table::{self, Agent, Handler, HookEvent};
+use crate::hook_table::{self, Agent, HookEvent};
+use prx_hooks::agents::Handlers;
 use std::path::Path;
 
 /// The settings file, relative to the project (project scope) or to the user's directory
@@ -30,6 +32,10 @@ pub(crate) fn settings_file(agent: Agent, notify: bool) -> &'static str {
         // Not `.factory/hooks.json`: Droid 0.215 reads only its settings files' `hooks`, and a
         // newer Droid that finds a hooks.json stops reading the user's hooks in settings.json.
         Agent::FactoryDroid => ".factory/settings.json",
+        // A file of its own among the repository's hook files: Copilot CLI reads every
+        // `.github/hooks/*.json`.
+        Agent::CopilotCli => ".github/hooks/prx-hooks.json",
+        Agent::Windsurf => ".windsurf/hooks.json",
     }
 }
 
@@ -37,7 +43,7 @@ pub(crate) fn settings_file(agent: Agent, notify: bool) -> &'static str {
 /// deletes again).
 pub(crate) fn skeleton(agent: Agent, notify: bool) -> &'static str {
     match agent {
-        Agent::Cursor => "{\n  \"version\": 1\n}\n",
+        Agent::Cursor | Agent::CopilotCli => "{\n  \"version\": 1\n}\n",
         Agent::Codex if notify => "",
         _ => "{}\n",
     }
@@ -60,7 +66,7 @@ pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> J {
         Agent::ClaudeCode => match &hook.http {
             // No `async` for http hooks: Claude Code waits for the answer, which the server
             // gives at once (200 {}); the 5 s timeout bounds a server that hangs.
-            Some(url) if event.runs(Handler::Http) => obj(vec![
+            Some(url) if event.handlers.contains(Handlers::HTTP) => obj(vec![
                 ("type", s("http")),
                 ("url", s(url)),
                 (
@@ -107,6 +113,16 @@ pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> J {
             ("timeout", J::Num(5000)),
         ]),
         Agent::Cursor => obj(vec![("command", s(cmd))]),
+        // Copilot CLI waits for a command hook (30 s by default); `cwd` is relative to the
+        // repository's root, where `.github/hooks` is: the workspace is relative to it.
+        Agent::CopilotCli => obj(vec![
+            ("type", s("command")),
+            ("bash", s(cmd)),
+            ("cwd", s(".")),
+            ("timeoutSec", J::Num(5)),
+        ]),
+        // Windsurf runs it in the workspace's root; what it prints is not shown.
+        Agent::Windsurf => obj(vec![("command", s(cmd)), ("show_output", J::Bool(false))]),
         // Both wait for a command hook (timeout in seconds; Qwen Code's default is 60).
         Agent::QwenCode | Agent::FactoryDroid => obj(vec![
             ("type", s("command")),
@@ -224,7 +240,8 @@ pub(crate) fn is_ours(agent: Agent, entry: &Node) -> bool {
     if agent.grouped() && field("type").is_some_and(|t| t != "command") {
         return false;
     }
-    field("command")
+    field(agent.command_field())
+        .or_else(|| field("command"))
         .and_then(simple_words)
         .is_some_and(|argv| is_our_argv(&argv, agent))
 }
@@ -484,7 +501,7 @@ pub(crate) fn apply_json(
     let found = survey(&doc.root, agent)?;
     // Per event: ours to take out (all of them, but for the first in each wanted event).
     let wanted = |name: &str| match want {
-        Want::Connect { events, .. } => events.iter().any(|e| e.name == name),
+        Want::Connect { events, .. } => events.iter().any(|e| hook_table::key(agent, e) == name),
         Want::Remove => false,
     };
     let remove: Vec<Vec<Found>> = found
@@ -520,7 +537,8 @@ fn put(
     let doc = json::parse(text, agent.comments())?;
     let style = Style::of(text, Some(&doc.root));
     let found = survey(&doc.root, agent)?;
-    let at = found.events.iter().find(|e| e.name == event.name);
+    let key = hook_table::key(agent, event);
+    let at = found.events.iter().find(|e| e.name == key);
     if let Some((at, first)) = at.and_then(|at| Some((at, *at.ours.first()?))) {
         let group = &at.array.items().unwrap_or(&[])[first.group];
         let node = match first.inner {
@@ -547,13 +565,13 @@ fn put(
     let next = match (found.hooks, at) {
         (_, Some(at)) => json::push_item(text, at.array, &item, &style),
         (Some((_, hooks)), None) => {
-            json::insert_member(text, hooks, event.name, &J::Arr(vec![item]), &style)
+            json::insert_member(text, hooks, key, &J::Arr(vec![item]), &style)
         }
         (None, _) => json::insert_member(
             text,
             &doc.root,
             "hooks",
-            &J::Obj(vec![(event.name.to_string(), J::Arr(vec![item]))]),
+            &J::Obj(vec![(key.to_string(), J::Arr(vec![item]))]),
             &style,
         ),
     };
@@ -676,13 +694,16 @@ pub(crate) fn table_markdown(agent: Agent) -> String {
     let mut out =
         String::from("| event | handler | waits | becomes | why |\n|---|---|---|---|---|\n");
     for e in hook_table::hook_events(agent) {
-        let (handler, wait, why) = match e.written {
+        let (handler, wait, why) = match hook_table::written(e) {
             Written::Yes => {
                 let c = entry(agent, e, &command);
                 let mut handler = kind(&c);
                 let mut wait = waits(&c).to_string();
                 if agent == Agent::GeminiCli && matches!(e.name, "SessionEnd" | "PreCompress") {
                     wait = "no (Gemini CLI's choice)".into();
+                }
+                if agent == Agent::Windsurf {
+                    wait = "not documented".into();
                 }
                 if agent == Agent::ClaudeCode {
                     let h = entry(agent, e, &http);
@@ -696,23 +717,22 @@ pub(crate) fn table_markdown(agent: Agent) -> String {
             Written::OnRequest => (
                 "only with `--events`".into(),
                 String::new(),
-                e.note.unwrap_or_default().to_string(),
+                hook_table::why_not_written(e)
+                    .unwrap_or_default()
+                    .to_string(),
             ),
             Written::Never => (
                 "never".into(),
                 String::new(),
-                e.note.unwrap_or_default().to_string(),
+                hook_table::why_not_written(e)
+                    .unwrap_or_default()
+                    .to_string(),
             ),
         };
-        let becomes = agent
-            .lib()
-            .hook_events()
-            .iter()
-            .find(|l| l.name == e.name)
-            .map_or("", |l| l.maps_to);
+        let becomes = e.maps_to;
         out.push_str(&format!(
             "| `{}` | {handler} | {wait} | {becomes} | {why} |\n",
-            e.name
+            hook_table::key(agent, e)
         ));
     }
     out
@@ -726,7 +746,7 @@ fn why(agent: Agent, event: &HookEvent) -> String {
         Agent::ClaudeCode if event.closes => format!(
             "{closes}, and Claude Code does not wait for an async hook (5 s at most)"
         ),
-        Agent::ClaudeCode if !event.runs(Handler::Http) => {
+        Agent::ClaudeCode if !event.handlers.contains(Handlers::HTTP) => {
             "Claude Code runs no `http` hook here: a command, async, even with `--http`".into()
         }
         Agent::ClaudeCode => "Claude Code runs a command hook in the background; an `http` hook it waits for (the server answers at once)".into(),
@@ -739,6 +759,9 @@ fn why(agent: Agent, event: &HookEvent) -> String {
         }
         Agent::GeminiCli if event.name == "PreCompress" => {
             "Gemini CLI runs PreCompress hooks in the background".into()
+        }
+        Agent::Windsurf => {
+            "its page does not say whether Cascade waits for a hook; `send` is done in ~2 ms".into()
         }
         _ if event.closes => format!("{closes}; {} waits for every hook", agent.title()),
         _ => format!("{} waits for every hook", agent.title()),

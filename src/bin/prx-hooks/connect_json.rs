@@ -119,21 +119,7 @@ pub(crate) struct ParseError {
     pub reason: String,
 }
 
-/// The 1-based line and column (in characters) of byte `offset` of `text`.
-pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let mut offset = offset.min(text.len());
-    while !text.is_char_boundary(offset) {
-        offset -= 1;
-    }
-    let before = &text.as_bytes()[..offset];
-    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let line_start = before
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |i| i + 1);
-    // Count characters, not bytes: a column an editor can jump to.
-    (line, text[line_start..offset].chars().count() + 1)
-}
+pub(crate) use prx_hooks::text::line_col;
 
 /// A settings file read: its value, and where its commas and comments are.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 //!
 //! A settings file is read through a descriptor opened without blocking (a FIFO or a device
 //! is refused before any read), then replaced by swapping a finished temporary file with it
-//! (`renameat2(RENAME_EXCHANGE)`): the file taken out is then checked, under a write lease so
+//! (`renameat2(RENAME_EXCHANGE)`): the file taken out is then checked, under a read lease so
 //! that nobody is still writing it, to be the one that was read, same inode and same bytes.
 //! When it is not, the agent saved it in between: the two are swapped back, nothing of ours
 //! stays, and the caller reads the file again.
@@ -138,8 +138,9 @@ fn parent(path: &Path) -> PathBuf {
         .to_path_buf()
 }
 
-/// `text` in a new temporary file beside `path` (0600 while written, then `mode`, default
-/// 0644 less the umask), synced. Missing directories are made (0755 less the umask).
+/// `text` in a new temporary file beside `path` (0600 while written, then `mode`; without one,
+/// made 0644 less the umask, as any new file), synced. Missing directories are made (0755
+/// less the umask). The process's umask is never changed: another thread's files keep theirs.
 fn write_temp(dir: &Path, path: &Path, text: &str, mode: Option<u32>) -> std::io::Result<PathBuf> {
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -154,15 +155,17 @@ fn write_temp(dir: &Path, path: &Path, text: &str, mode: Option<u32>) -> std::io
         std::process::id()
     ));
     let result = (|| {
+        // The kernel applies the umask to a mode given at creation, never to a chmod.
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o600)
+            .mode(if mode.is_some() { 0o600 } else { 0o644 })
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
             .open(&tmp)?;
         f.write_all(text.as_bytes())?;
-        let mode = mode.unwrap_or(0o644 & !umask());
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        if let Some(mode) = mode {
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        }
         f.sync_all()
     })();
     match result {
@@ -172,14 +175,6 @@ fn write_temp(dir: &Path, path: &Path, text: &str, mode: Option<u32>) -> std::io
             Err(e)
         }
     }
-}
-
-/// The process's umask (set and put back at once; `connect` runs no other thread).
-fn umask() -> u32 {
-    use nix::sys::stat::{Mode, umask};
-    let old = umask(Mode::from_bits_truncate(0o077));
-    umask(old);
-    old.bits()
 }
 
 /// Replaces `path`, read as `was`, with `text`: its old mode kept (without write for others;
@@ -331,8 +326,9 @@ fn file_name(path: &Path) -> &Path {
 }
 
 /// The file at `path` is `ident` holding `text`, and nobody is writing it: checked under a
-/// write lease, which the kernel grants only while no other descriptor has it open for
-/// writing. A file system or owner that grants no lease is checked without one.
+/// read lease, which the kernel grants only while no descriptor has it open for writing (a
+/// reader, an editor showing the file, does not stand in the way: a write lease would wait for
+/// it too). A file system or owner that grants no lease is checked without one.
 fn taken_out_is(path: &Path, ident: Option<(u64, u64)>, text: Option<&str>) -> bool {
     let Ok(f) = std::fs::OpenOptions::new()
         .read(true)
@@ -343,9 +339,10 @@ fn taken_out_is(path: &Path, ident: Option<(u64, u64)>, text: Option<&str>) -> b
     };
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
-        // SAFETY: F_SETLEASE on a descriptor this function owns; no memory is passed.
+        // SAFETY: F_SETLEASE on a descriptor this function owns (opened read-only, as a read
+        // lease needs); no memory is passed.
         let r =
-            unsafe { nix::libc::fcntl(f.as_raw_fd(), nix::libc::F_SETLEASE, nix::libc::F_WRLCK) };
+            unsafe { nix::libc::fcntl(f.as_raw_fd(), nix::libc::F_SETLEASE, nix::libc::F_RDLCK) };
         if r == 0 {
             break;
         }
@@ -507,5 +504,83 @@ mod tests {
         assert!(!file.exists());
         // No temporary file is left.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_reader_holding_the_file_open_is_not_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("settings.json");
+        std::fs::write(&file, "{\"a\": 1}\n").unwrap();
+        // An editor showing the file: open for reading the whole time.
+        let reader = std::fs::File::open(&file).unwrap();
+        let was = read_settings(&file).unwrap();
+        assert_eq!(
+            replace_file(&file, &was, "{\"ours\": 1}\n").unwrap(),
+            Outcome::Written
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "{\"ours\": 1}\n");
+        let was = read_settings(&file).unwrap();
+        let reader2 = std::fs::File::open(&file).unwrap();
+        assert_eq!(remove_file(&file, &was).unwrap(), Outcome::Written);
+        drop((reader, reader2));
+        // A writer still holding it open is one: its write may not have landed yet.
+        std::fs::write(&file, "{\"a\": 2}\n").unwrap();
+        let writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .unwrap();
+        let was = read_settings(&file).unwrap();
+        assert_eq!(
+            replace_file(&file, &was, "{\"ours\": 2}\n").unwrap(),
+            Outcome::Changed
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "{\"a\": 2}\n");
+        drop(writer);
+    }
+
+    /// The umask of the process is left alone: a file another thread makes meanwhile gets the
+    /// mode it asked for, less the umask, every time.
+    #[test]
+    fn another_threads_new_files_keep_their_mode_while_connect_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        let file = dir.path().join("settings.json");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let made = {
+            let (stop, theirs) = (stop.clone(), theirs.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let p = theirs.join(n.to_string());
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o666)
+                        .open(&p)
+                        .unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let _ = std::fs::remove_file(&file);
+            let was = read_settings(&file).unwrap();
+            assert_eq!(replace_file(&file, &was, "{}\n").unwrap(), Outcome::Written);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let n = made.join().unwrap();
+        assert!(n > 0);
+        let modes: std::collections::BTreeSet<u32> = std::fs::read_dir(&theirs)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().mode() & 0o777)
+            .collect();
+        assert_eq!(modes.len(), 1, "{n} files, modes {modes:?}");
+        // The settings file made from nothing: 0644 less the same umask.
+        let mode = std::fs::metadata(&file).unwrap().mode() & 0o777;
+        let umask = 0o666 & !modes.first().unwrap();
+        assert_eq!(mode, 0o644 & !umask, "{mode:o}");
     }
 }

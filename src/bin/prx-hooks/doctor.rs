@@ -15,7 +15,7 @@ mod checks;
 use crate::BoxError;
 use crate::client::{self, Target as Url};
 use crate::connect::{self, agents};
-use crate::hook_table::Agent;
+use crate::hook_table::{self, Agent};
 use checks::{CodexConfig, FileCheck, Ours, Target, Trust};
 use clap::Args;
 use http_body_util::BodyExt as _;
@@ -32,7 +32,8 @@ Looks at, for each agent connected in --project or in the user's files:
   its settings, read as the agent reads them (plain JSON; Gemini CLI's with comments)
   every entry: an event the agent has, a handler type it runs on that event
   our entries: the program on PATH, the workspace, Claude Code's waits where a turn ends
-  trust: Codex's /hooks records and trusted projects, Gemini CLI's trusted folders
+  trust: Codex's /hooks records and trusted projects, Gemini CLI's and Copilot CLI's
+         trusted folders
   the server in each workspace our entries name, with the token they use
   what the server last saw of each agent's events, and the events it did not know
 
@@ -45,7 +46,7 @@ pub(crate) struct DoctorArgs {
     #[arg(long, value_name = "DIR", default_value = ".")]
     project: PathBuf,
     /// Only these agents (comma-separated: claude-code, codex, gemini-cli, cursor, qwen-code,
-    /// factory-droid).
+    /// factory-droid, copilot-cli, windsurf).
     #[arg(long, value_name = "AGENT,…", value_delimiter = ',')]
     agent: Vec<String>,
 }
@@ -162,10 +163,7 @@ fn print_finding(f: &Finding) {
 fn check_agent(agent: Agent, project: &Path, general: &mut Vec<Finding>) -> AgentCheck {
     let mut files = Vec::new();
     let mut candidates = vec![(project.join(agents::settings_file(agent, false)), "project")];
-    let user = match agent {
-        Agent::Codex => connect::codex_home().map(|h| h.join("hooks.json")),
-        _ => connect::home().map(|h| h.join(agents::settings_file(agent, false))),
-    };
+    let user = connect::user_settings_file(agent, false);
     match user {
         Ok(p) => candidates.push((p, "user")),
         Err(e) => general.push(Finding::new(
@@ -215,12 +213,39 @@ fn codex_notify() -> Option<(PathBuf, &'static str, FileCheck)> {
     Some((path, "user", check))
 }
 
-/// Codex's and Gemini CLI's trust, for the files holding our entries.
+/// Codex's, Gemini CLI's and Copilot CLI's trust, for the files holding our entries.
 fn trust(c: &AgentCheck, project: &Path) -> Vec<Finding> {
     match c.agent {
         Agent::Codex => codex_trust(c, project),
         Agent::GeminiCli => gemini_trust(project),
+        // Its user hooks run anywhere; a repository's only in a folder it trusts.
+        Agent::CopilotCli if c.files.iter().any(|(_, scope, _)| *scope == "project") => {
+            copilot_trust(project)
+        }
         _ => Vec::new(),
+    }
+}
+
+fn copilot_trust(project: &Path) -> Vec<Finding> {
+    let home = match connect::copilot_home() {
+        Ok(h) => h,
+        Err(e) => {
+            return vec![Finding::new(
+                Level::Unchecked,
+                format!("Copilot CLI's trusted folders: {e}"),
+            )];
+        }
+    };
+    match checks::copilot_trust(&home, project) {
+        Ok(None) => vec![Finding::new(
+            Level::Ok,
+            format!("Copilot CLI trusts {}", project.display()),
+        )],
+        Ok(Some(problem)) => vec![Finding::new(Level::Problem, problem)],
+        Err(e) => vec![Finding::new(
+            Level::Unchecked,
+            format!("Copilot CLI's trusted folders: {e}"),
+        )],
     }
 }
 
@@ -578,7 +603,9 @@ fn event_lines(c: &AgentCheck, seen: &BTreeMap<String, (Option<u64>, u64)>) -> V
     let mut recent: Vec<(u64, String)> = Vec::new();
     let mut never = Vec::new();
     for o in ours {
-        match seen.get(&o.event) {
+        // The server counts an event under its documented name, not its alias.
+        let name = hook_table::event(c.agent, &o.event).map_or(o.event.as_str(), |e| e.name);
+        match seen.get(name) {
             Some((Some(age), n)) => {
                 recent.push((*age, format!("{} {} ago ({n})", o.event, ago(*age))))
             }

@@ -5,7 +5,9 @@
 use super::{Finding, Level};
 use crate::connect::agents::{self, is_ours, simple_words};
 use crate::connect::json::{self, Node};
-use crate::hook_table::{self, Agent, Handler};
+use crate::hook_table::{self, Agent};
+use prx_hooks::agents::Handlers;
+use prx_hooks::text::suggest;
 use std::path::{Path, PathBuf};
 
 /// Where one of our entries sends: a workspace (a command) or a URL (an http hook).
@@ -48,6 +50,8 @@ fn rejected(agent: Agent) -> &'static str {
         Agent::Cursor => "Cursor runs none of these hooks",
         Agent::QwenCode => "Qwen Code cannot read this file",
         Agent::FactoryDroid => "Factory Droid loads none of these hooks",
+        Agent::CopilotCli => "Copilot CLI loads none of this file's hooks",
+        Agent::Windsurf => "Cascade loads none of these hooks",
     }
 }
 
@@ -175,9 +179,9 @@ fn check_event(
         let path = format!("hooks.{name}{path}");
         let kind = e.get("type").and_then(|(_, m)| m.value.str());
         let handler = match (kind, agent) {
-            (None, Agent::Cursor) => Some(Handler::Command),
+            (None, a) if a.untyped_is_command() => Some(Handlers::COMMAND),
             (None, _) => None,
-            (Some(k), _) => Handler::from_name(k),
+            (Some(k), _) => Handlers::from_name(k),
         };
         let why_not = why_not_run(agent, event, handler, kind, e, text);
         if let (Some(why), Some(_)) = (&why_not, event) {
@@ -209,7 +213,7 @@ fn entries_of(agent: Agent, items: &[Node]) -> Vec<((usize, usize), String, &Nod
 fn why_not_run(
     agent: Agent,
     event: Option<&hook_table::HookEvent>,
-    handler: Option<Handler>,
+    handler: Option<Handlers>,
     kind: Option<&str>,
     entry: &Node,
     text: &str,
@@ -217,7 +221,7 @@ fn why_not_run(
     let Some(event) = event else {
         return Some(format!("not an event {} has", agent.title()));
     };
-    let runs = event.handler_names();
+    let runs: Vec<&str> = event.handlers.names().collect();
     match handler {
         None => Some(match kind {
             Some(k) => format!(
@@ -226,9 +230,9 @@ fn why_not_run(
             ),
             None => "no \"type\": the agent cannot tell what to run".into(),
         }),
-        Some(h) if !event.runs(h) => Some(format!(
+        Some(h) if !event.handlers.contains(h) => Some(format!(
             "an {} hook on {}, which {} does not run there (it runs {} hooks there)",
-            h.name(),
+            h.names().next().unwrap_or("?"),
             event.name,
             agent.title(),
             runs.join(", ")
@@ -265,7 +269,10 @@ fn ours_entry(
                 .to_string(),
         )
     } else {
-        let words = field("command").and_then(simple_words).unwrap_or_default();
+        let words = field(agent.command_field())
+            .or_else(|| field("command"))
+            .and_then(simple_words)
+            .unwrap_or_default();
         program_found(&words, path, check);
         Target::Workspace(workspace_of(agent, &words, project))
     };
@@ -338,10 +345,7 @@ pub(crate) fn workspace_of(agent: Agent, words: &[String], project: &Path) -> Pa
 /// are the project, the others this environment's.
 fn expand(word: &str, _agent: Agent, project: &Path) -> String {
     let value = |name: &str| -> Option<String> {
-        if matches!(
-            name,
-            "CLAUDE_PROJECT_DIR" | "GEMINI_PROJECT_DIR" | "CURSOR_PROJECT_DIR"
-        ) {
+        if Agent::ALL.iter().any(|a| a.project_dir_var() == Some(name)) {
             return Some(project.to_string_lossy().into_owned());
         }
         std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -379,33 +383,6 @@ fn expand(word: &str, _agent: Agent, project: &Path) -> String {
     }
     out.push_str(rest);
     out
-}
-
-/// The candidate closest to `word` (case aside), when close enough to be a typo.
-fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    let distance = |a: &str, b: &str| {
-        let (a, b): (Vec<char>, Vec<char>) = (
-            a.to_lowercase().chars().collect(),
-            b.to_lowercase().chars().collect(),
-        );
-        let mut row: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.iter().enumerate() {
-            let mut prev = row[0];
-            row[0] = i + 1;
-            for (j, cb) in b.iter().enumerate() {
-                let cur = row[j + 1];
-                row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
-                prev = cur;
-            }
-        }
-        row[b.len()]
-    };
-    candidates
-        .iter()
-        .map(|c| (distance(word, c), *c))
-        .filter(|(d, c)| *d <= (c.len() / 3).max(2))
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c)
 }
 
 /// What Codex's config.toml says of hooks: our `notify`, the trust records, whether hooks are
@@ -509,6 +486,48 @@ fn snake(event: &str) -> String {
         }
     }
     out
+}
+
+/// Copilot CLI's trust in `project`: a folder of `trustedFolders` (in `config.json` of
+/// `copilot_home`, which Copilot CLI manages, or `settings.json`) that holds it. `None`:
+/// trusted.
+pub(crate) fn copilot_trust(copilot_home: &Path, project: &Path) -> Result<Option<String>, String> {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let project = real(project);
+    let mut read = Vec::new();
+    for name in ["settings.json", "config.json"] {
+        let file = copilot_home.join(name);
+        let text = match std::fs::read_to_string(&file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: {e}", file.display())),
+        };
+        let doc = json::parse(&text, true)
+            .map_err(|e| format!("{}:{}:{}: {}", file.display(), e.line, e.column, e.reason))?;
+        // `trustedFolders` as Copilot CLI writes it (it rewrites a `trusted_folders` it read).
+        let trusted = ["trustedFolders", "trusted_folders"].iter().any(|key| {
+            doc.root
+                .get(key)
+                .and_then(|(_, m)| m.value.items())
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(Node::str)
+                .any(|f| project.starts_with(real(Path::new(f))))
+        });
+        if trusted {
+            return Ok(None);
+        }
+        read.push(file.display().to_string());
+    }
+    Ok(Some(format!(
+        "Copilot CLI does not trust {} yet ({}): it runs no hook of the repository's .github/hooks there; trust the folder when Copilot asks",
+        project.display(),
+        if read.is_empty() {
+            format!("no {}/settings.json or config.json", copilot_home.display())
+        } else {
+            format!("not in trustedFolders of {}", read.join(" or "))
+        }
+    )))
 }
 
 /// Gemini CLI's trust in `project`: its folder trust setting (on unless

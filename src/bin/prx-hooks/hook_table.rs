@@ -1,10 +1,11 @@
-//! Each agent's hook events as `connect` and `doctor` use them: the handler types the agent
-//! runs on each event and whether it closes a turn or a session, from the library's
-//! [`Agent::hook_events`](prx_hooks::agents::Agent::hook_events), and whether `connect`
-//! writes the event (docs/connect.md § Every event, its handler, sync or async).
+//! The agents `connect` and `doctor` know, and their hook events as both use them: the
+//! library's [`Agent::hook_events`](prx_hooks::agents::Agent::hook_events) is the one table
+//! (events, handler types, closing or not, written or not); this adds whether `connect` writes
+//! an event (docs/connect.md § Every event, its handler, sync or async).
 
-use prx_hooks::agents::{self as lib, Handlers};
-use std::sync::OnceLock;
+use prx_hooks::agents as lib;
+#[cfg(test)]
+use prx_hooks::agents::Handlers;
 
 /// The agents `connect` and `doctor` know: those whose hook settings file is documented.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -15,16 +16,20 @@ pub(crate) enum Agent {
     Cursor,
     QwenCode,
     FactoryDroid,
+    CopilotCli,
+    Windsurf,
 }
 
 impl Agent {
-    pub(crate) const ALL: [Agent; 6] = [
+    pub(crate) const ALL: [Agent; 8] = [
         Agent::ClaudeCode,
         Agent::Codex,
         Agent::GeminiCli,
         Agent::Cursor,
         Agent::QwenCode,
         Agent::FactoryDroid,
+        Agent::CopilotCli,
+        Agent::Windsurf,
     ];
 
     /// The library's agent (its payloads, its events).
@@ -36,6 +41,8 @@ impl Agent {
             Agent::Cursor => lib::Agent::Cursor,
             Agent::QwenCode => lib::Agent::QwenCode,
             Agent::FactoryDroid => lib::Agent::FactoryDroid,
+            Agent::CopilotCli => lib::Agent::CopilotCli,
+            Agent::Windsurf => lib::Agent::Windsurf,
         }
     }
 
@@ -71,7 +78,7 @@ impl Agent {
     }
 
     /// The environment variable the agent sets for its hooks to the project's directory
-    /// (`None`: Codex sets none; its hooks run in the session's directory).
+    /// (`None`: Codex, Copilot CLI and Windsurf set none).
     pub(crate) fn project_dir_var(self) -> Option<&'static str> {
         match self {
             Agent::ClaudeCode => Some("CLAUDE_PROJECT_DIR"),
@@ -79,8 +86,37 @@ impl Agent {
             Agent::Cursor => Some("CURSOR_PROJECT_DIR"),
             Agent::QwenCode => Some("QWEN_PROJECT_DIR"),
             Agent::FactoryDroid => Some("FACTORY_PROJECT_DIR"),
-            Agent::Codex => None,
+            Agent::Codex | Agent::CopilotCli | Agent::Windsurf => None,
         }
+    }
+
+    /// The agent runs a project file's hooks in the project's root without a variable
+    /// naming it: Copilot CLI in the directory our entry's `cwd` gives ("relative to
+    /// repository root"), Windsurf in the workspace root (its `working_directory` default).
+    pub(crate) fn runs_in_project(self) -> bool {
+        matches!(self, Agent::CopilotCli | Agent::Windsurf)
+    }
+
+    /// The member of an entry holding its shell command (Copilot CLI: `bash`; its
+    /// cross-platform `command` is read too).
+    pub(crate) fn command_field(self) -> &'static str {
+        match self {
+            Agent::CopilotCli => "bash",
+            _ => "command",
+        }
+    }
+
+    /// An entry without `type` is a command (Cursor's and Windsurf's entries have no type;
+    /// Copilot CLI's defaults to `command`).
+    pub(crate) fn untyped_is_command(self) -> bool {
+        matches!(self, Agent::Cursor | Agent::CopilotCli | Agent::Windsurf)
+    }
+
+    /// `connect` writes an event under its [`alias`](prx_hooks::agents::HookEvent::alias)
+    /// where it has one: Copilot CLI's PascalCase names, whose payloads carry
+    /// `hook_event_name` in snake_case, as the other agents' do.
+    pub(crate) fn writes_alias(self) -> bool {
+        self == Agent::CopilotCli
     }
 
     /// Members of `hooks` that are settings, not events (Gemini CLI tolerates its
@@ -92,10 +128,10 @@ impl Agent {
         }
     }
 
-    /// Entries of `hooks.<event>` are groups `{matcher?, hooks: [entry…]}` (Cursor lists the
-    /// entries themselves).
+    /// Entries of `hooks.<event>` are groups `{matcher?, hooks: [entry…]}` (Cursor, Copilot
+    /// CLI and Windsurf list the entries themselves).
     pub(crate) fn grouped(self) -> bool {
-        self != Agent::Cursor
+        !matches!(self, Agent::Cursor | Agent::CopilotCli | Agent::Windsurf)
     }
 }
 
@@ -105,51 +141,9 @@ impl std::fmt::Display for Agent {
     }
 }
 
-/// A handler type an agent can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Handler {
-    Command,
-    Http,
-    McpTool,
-    Prompt,
-    Agent,
-}
-
-impl Handler {
-    /// The `type` value in settings.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Handler::Command => "command",
-            Handler::Http => "http",
-            Handler::McpTool => "mcp_tool",
-            Handler::Prompt => "prompt",
-            Handler::Agent => "agent",
-        }
-    }
-
-    pub(crate) fn from_name(name: &str) -> Option<Handler> {
-        [
-            Handler::Command,
-            Handler::Http,
-            Handler::McpTool,
-            Handler::Prompt,
-            Handler::Agent,
-        ]
-        .into_iter()
-        .find(|h| h.name() == name)
-    }
-
-    /// The library's set holding this one type.
-    fn set(self) -> Handlers {
-        match self {
-            Handler::Command => Handlers::COMMAND,
-            Handler::Http => Handlers::HTTP,
-            Handler::McpTool => Handlers::MCP_TOOL,
-            Handler::Prompt => Handlers::PROMPT,
-            Handler::Agent => Handlers::AGENT,
-        }
-    }
-}
+/// One hook event of an agent: the library's description of it, the one table of which events
+/// an agent has, the handler types it runs on each, and whether it closes a turn or a session.
+pub(crate) use prx_hooks::agents::HookEvent;
 
 /// Whether `connect` writes an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,88 +152,52 @@ pub(crate) enum Written {
     Yes,
     /// Only when `--events` names it (why: the event's `note`).
     OnRequest,
-    /// Never: a hook there changes what the agent does (why: the event's `note`).
+    /// Never: a hook there takes over a step of the agent (why: the event's `note`).
     Never,
 }
 
-/// One hook event of an agent: the library's description of it
-/// ([`prx_hooks::agents::HookEvent`]) and whether `connect` writes it.
-#[derive(Debug)]
-pub(crate) struct HookEvent {
-    pub(crate) name: &'static str,
-    /// The handler types the agent runs on this event.
-    handlers: Handlers,
-    /// It ends a turn or a session: the agent may exit right after it, so our entry there is
-    /// one the agent waits for (docs/connect.md § Synchronous where a turn or the session ends).
-    pub(crate) closes: bool,
-    pub(crate) written: Written,
-    /// Why it is not written by default.
-    pub(crate) note: Option<&'static str>,
-}
-
-impl HookEvent {
-    /// The agent runs a hook of type `h` on this event.
-    pub(crate) fn runs(&self, h: Handler) -> bool {
-        self.handlers.contains(h.set())
-    }
-
-    /// The types it runs here, by name (`command, http`).
-    pub(crate) fn handler_names(&self) -> Vec<&'static str> {
-        self.handlers.names().collect()
+/// Whether `connect` writes `event`: as the library's
+/// [`subscribe`](prx_hooks::agents::HookEvent::subscribe) and
+/// [`takes_over`](prx_hooks::agents::HookEvent::takes_over) say.
+pub(crate) fn written(event: &HookEvent) -> Written {
+    if event.takes_over {
+        Written::Never
+    } else if event.subscribe {
+        Written::Yes
+    } else {
+        Written::OnRequest
     }
 }
 
-/// Events `connect` never writes, even when `--events` names them: a hook there takes over a
-/// step of the agent (the library's note says which).
-const NEVER: &[(Agent, &str)] = &[
-    (Agent::ClaudeCode, "WorktreeCreate"),
-    (Agent::ClaudeCode, "WorktreeRemove"),
-];
-
-/// The table of `agent`, made once from the library's.
-fn table(agent: Agent) -> Vec<HookEvent> {
-    agent
-        .lib()
-        .hook_events()
-        .iter()
-        .map(|e| {
-            let written = if NEVER.contains(&(agent, e.name)) {
-                Written::Never
-            } else if e.subscribe {
-                Written::Yes
-            } else {
-                Written::OnRequest
-            };
-            let note = match written {
-                Written::Yes => None,
-                _ => Some(
-                    e.note
-                        .unwrap_or("documented, but no hook is written for it by default"),
-                ),
-            };
-            HookEvent {
-                name: e.name,
-                handlers: e.handlers,
-                closes: e.closes,
-                written,
-                note,
-            }
-        })
-        .collect()
+/// Why `connect` does not write `event` by default (`None`: it does).
+pub(crate) fn why_not_written(event: &HookEvent) -> Option<&'static str> {
+    match written(event) {
+        Written::Yes => None,
+        _ => Some(
+            event
+                .note
+                .unwrap_or("documented, but no hook is written for it by default"),
+        ),
+    }
 }
 
 /// Every hook event of `agent`, in the order its documentation lists them
 /// ([`prx_hooks::agents::Agent::hook_events`]).
 pub(crate) fn hook_events(agent: Agent) -> &'static [HookEvent] {
-    static TABLES: OnceLock<Vec<Vec<HookEvent>>> = OnceLock::new();
-    let tables = TABLES.get_or_init(|| Agent::ALL.into_iter().map(table).collect());
-    let i = Agent::ALL.iter().position(|a| *a == agent).unwrap_or(0);
-    &tables[i]
+    agent.lib().hook_events()
 }
 
-/// The event named `name` of `agent`.
+/// The event named `name` of `agent` (by its name or its alias).
 pub(crate) fn event(agent: Agent, name: &str) -> Option<&'static HookEvent> {
-    hook_events(agent).iter().find(|e| e.name == name)
+    agent.lib().hook_event(name)
+}
+
+/// The name `connect` writes `event` under in `agent`'s settings.
+pub(crate) fn key(agent: Agent, event: &HookEvent) -> &'static str {
+    match event.alias {
+        Some(alias) if agent.writes_alias() => alias,
+        _ => event.name,
+    }
 }
 
 #[cfg(test)]
@@ -252,18 +210,26 @@ mod tests {
             let events = hook_events(agent);
             assert!(!events.is_empty(), "{agent}");
             for (i, e) in events.iter().enumerate() {
-                assert!(e.runs(Handler::Command), "{agent} {}", e.name);
+                assert!(e.handlers.contains(Handlers::COMMAND), "{agent} {}", e.name);
                 assert!(
                     !events[..i].iter().any(|o| o.name == e.name),
                     "{agent} {} twice",
                     e.name
                 );
-                assert_eq!(e.note.is_some(), e.written != Written::Yes, "{}", e.name);
+                assert_eq!(
+                    why_not_written(e).is_some(),
+                    written(e) != Written::Yes,
+                    "{}",
+                    e.name
+                );
             }
         }
-        for (agent, name) in NEVER {
-            assert!(event(*agent, name).is_some(), "{agent} {name}");
-        }
+        let never: Vec<&str> = hook_events(Agent::ClaudeCode)
+            .iter()
+            .filter(|e| written(e) == Written::Never)
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(never, ["WorktreeCreate", "WorktreeRemove"]);
         let closing: Vec<&str> = hook_events(Agent::ClaudeCode)
             .iter()
             .filter(|e| e.closes)
@@ -275,7 +241,7 @@ mod tests {
         );
         let http_less: Vec<&str> = hook_events(Agent::ClaudeCode)
             .iter()
-            .filter(|e| !e.runs(Handler::Http))
+            .filter(|e| !e.handlers.contains(Handlers::HTTP))
             .map(|e| e.name)
             .collect();
         assert_eq!(http_less, ["Setup", "SessionStart"]);

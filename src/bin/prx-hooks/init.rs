@@ -16,6 +16,7 @@
 mod stage;
 
 use crate::BoxError;
+use crate::connect::agents::shell_quote;
 use clap::Args;
 use std::ffi::OsString;
 use std::io::Write;
@@ -195,7 +196,7 @@ pub(crate) fn init(args: InitArgs) -> Result<ExitCode, BoxError> {
         )
         .into());
     }
-    let made = stage::Stage::create(base, &missing, umask())
+    let made = stage::Stage::create(base, &missing)
         .and_then(|mut st| {
             for (name, text, mode) in &files {
                 st.write(name, text, *mode)?;
@@ -263,26 +264,6 @@ fn split_missing(dir: &Path) -> (PathBuf, Vec<OsString>) {
     }
     missing.reverse();
     (d, missing)
-}
-
-/// The process's umask (set and put back at once; `init` runs no other thread).
-fn umask() -> u32 {
-    use nix::sys::stat::{Mode, umask};
-    let old = umask(Mode::from_bits_truncate(0o077));
-    umask(old);
-    old.bits()
-}
-
-/// `s` as one shell word.
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@".contains(&b))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]

@@ -143,14 +143,25 @@ pub(super) struct Stage {
     hooks: Option<(OwnedFd, FileStat)>,
     /// What each top-level entry written was when it was made ([`ENTRIES`]' names).
     made: Vec<(&'static str, FileStat)>,
-    /// The umask, for the directory modes a plain `mkdir` would have given.
-    umask: u32,
+    /// The mode a plain `mkdir` gives a directory here (0777 less the umask).
+    dir_mode: u32,
+}
+
+/// The mode `mkdir` gives a new directory in `dir`: a probe made with 0777 (the kernel takes
+/// the umask away), read, and removed. The process's umask is never changed: another thread's
+/// files keep theirs.
+fn mkdir_mode(dir: BorrowedFd<'_>) -> std::io::Result<u32> {
+    let probe = OsStr::new(".mode-probe");
+    mkdirat(dir, probe, Mode::from_bits_truncate(0o777)).map_err(|e| err("mkdir", e))?;
+    let st = fstatat(dir, probe, AtFlags::AT_SYMLINK_NOFOLLOW);
+    let _ = unlinkat(dir, probe, UnlinkatFlags::RemoveDir);
+    Ok(st.map_err(|e| err("stat", e))?.st_mode & 0o777)
 }
 
 impl Stage {
     /// Creates a staging directory in `base`, holding `missing` (the target's components that
     /// do not exist yet, outermost first; the first is the staging directory itself).
-    pub(super) fn create(base: Base, missing: &[OsString], umask: u32) -> std::io::Result<Stage> {
+    pub(super) fn create(base: Base, missing: &[OsString]) -> std::io::Result<Stage> {
         let name = OsString::from(format!("{PREFIX}{}", random_hex()));
         mkdirat(base.fd(), name.as_os_str(), Mode::from_bits_truncate(0o700)).map_err(|e| {
             err(
@@ -173,6 +184,13 @@ impl Stage {
                 return Err(e);
             }
         };
+        let dir_mode = match mkdir_mode(root.as_fd()) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = unlinkat(base.fd(), name.as_os_str(), UnlinkatFlags::RemoveDir);
+                return Err(e);
+            }
+        };
         let mut stage = Stage {
             base,
             name,
@@ -180,7 +198,7 @@ impl Stage {
             ws,
             hooks: None,
             made: Vec::new(),
-            umask,
+            dir_mode,
         };
         let st = fstat(stage.root.as_fd()).map_err(|e| err("fstat", e))?;
         if st.st_uid != nix::unistd::geteuid().as_raw() || st.st_mode & 0o077 != 0 {
@@ -265,11 +283,8 @@ impl Stage {
         if let Some(top) = missing.first() {
             // The staging directory becomes the target (or its outermost missing parent): the
             // mode `mkdir` would have given it, instead of the private 0700.
-            fchmod(
-                self.root.as_fd(),
-                Mode::from_bits_truncate(0o777 & !self.umask),
-            )
-            .map_err(|e| err("chmod", e))?;
+            fchmod(self.root.as_fd(), Mode::from_bits_truncate(self.dir_mode))
+                .map_err(|e| err("chmod", e))?;
             fsync(self.root.as_fd()).map_err(|e| err("fsync", e))?;
             renameat2(
                 self.base.fd(),

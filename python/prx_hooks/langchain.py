@@ -1,4 +1,5 @@
-"""LangChain and LangGraph: a callback handler that emits prx-hooks' lifecycle events.
+"""LangChain and LangGraph: a callback handler that emits prx-hooks' lifecycle events, and a
+guard that asks prx-hooks' policies before a tool runs.
 
     from prx_hooks.langchain import PrxCallbackHandler
     handler = PrxCallbackHandler(hooks.emitter("my-agent", "session-42"))
@@ -19,6 +20,12 @@ LangChain's ids, so that a hook can correlate a tool's start and end, or an LLM 
 run; tool events carry ``tool_call_id`` when the model gave one, ``llm_response`` the token
 counts when the model reported them. The handler runs inline (``run_inline``) and costs an
 emit per callback: hooks run on prx-hooks' threads, never in the agent's.
+
+``PrxToolGuard(hooks, "my-agent")`` asks ``hooks.decide`` before each tool call: as
+LangGraph's ``ToolNode(tools, wrap_tool_call=guard, awrap_tool_call=guard.awrap)``, or around
+tools themselves (``guard.tools([...])``) for anything that invokes LangChain tools. A ``deny``
+(or an ``ask``: there is no one to ask) keeps the tool from running and gives the model a tool
+message (status ``error``) with the policy's reason; an ``allow`` or no decision runs it.
 """
 
 from __future__ import annotations
@@ -30,14 +37,17 @@ from uuid import UUID
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import BaseTool
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "prx_hooks.langchain needs langchain-core: pip install langchain-core"
     ) from e
 
-from ._native import Emitter
+from ._guard import check_on_error, check_tool_call
+from ._native import Emitter, Hooks
 
-__all__ = ["PrxCallbackHandler"]
+__all__ = ["PrxCallbackHandler", "PrxToolGuard"]
 
 
 def _ids(run_id: UUID, parent_run_id: Optional[UUID]) -> Dict[str, Any]:
@@ -305,3 +315,91 @@ def _usage(response: Any) -> Dict[str, int]:
         if isinstance(usage.get(key), int):
             total[ours] = usage[key]
     return total
+
+
+class PrxToolGuard:
+    """Asks ``hooks``' policies (``<workspace>/policies.json``) before a tool runs, as
+    ``agent`` (the name policies' ``agent`` matchers see), at ``tool_call_start`` with the
+    payload ``{"tool": <tool name>, "arguments": <the model's arguments>}``.
+
+    - LangGraph: ``ToolNode(tools, wrap_tool_call=guard, awrap_tool_call=guard.awrap)``
+      (``create_react_agent(model, that_node)``);
+    - any LangChain runtime: ``guard.tools(tools)`` wraps each tool.
+
+    ``deny`` and ``ask`` keep the tool from running: the model gets a ``ToolMessage`` with the
+    reason and ``status="error"``. ``allow`` and no decision run it. ``on_error="deny"``
+    refuses a call the policies could not be asked about (default ``"none"``: it runs, as
+    ``on_error`` does in policies.json)."""
+
+    def __init__(self, hooks: Hooks, agent: str, *, on_error: str = "none") -> None:
+        self.hooks = hooks
+        self.agent = agent
+        self.on_error = check_on_error(on_error)
+
+    def refusal(self, tool_call: Dict[str, Any]) -> Optional[ToolMessage]:
+        """The message for the model when the policies refuse ``tool_call`` (a LangChain
+        ``ToolCall``: ``name``, ``args``, ``id``), ``None`` when it may run."""
+        name = str(tool_call.get("name", ""))
+        text, _ = check_tool_call(self.hooks, self.agent, name, tool_call.get("args"), self.on_error)
+        if text is None:
+            return None
+        return ToolMessage(
+            content=text, tool_call_id=str(tool_call.get("id") or ""), name=name, status="error"
+        )
+
+    def __call__(self, request: Any, execute: Any) -> Any:
+        """LangGraph's ``wrap_tool_call``: ``request.tool_call`` runs through ``execute`` only
+        when the policies let it."""
+        refused = self.refusal(request.tool_call)
+        return refused if refused is not None else execute(request)
+
+    async def awrap(self, request: Any, execute: Any) -> Any:
+        """LangGraph's ``awrap_tool_call``."""
+        refused = self.refusal(request.tool_call)
+        return refused if refused is not None else await execute(request)
+
+    def tool(self, tool: BaseTool) -> BaseTool:
+        """``tool`` behind this guard: same name, description and arguments."""
+        return _GuardedTool(tool, self)
+
+    def tools(self, tools: Any) -> list:
+        """Each of ``tools`` behind this guard."""
+        return [self.tool(t) for t in tools]
+
+
+class _GuardedTool(BaseTool):
+    """A tool asking a ``PrxToolGuard`` before its inner tool is invoked."""
+
+    inner: BaseTool
+    guard: Any
+
+    def __init__(self, inner: BaseTool, guard: PrxToolGuard) -> None:
+        super().__init__(
+            name=inner.name,
+            description=inner.description,
+            args_schema=inner.args_schema,
+            return_direct=inner.return_direct,
+            response_format=inner.response_format,
+            inner=inner,
+            guard=guard,
+        )
+
+    def _refused(self, tool_input: Any) -> Any:
+        if isinstance(tool_input, dict) and tool_input.get("type") == "tool_call":
+            return self.guard.refusal(tool_input)
+        call = {"name": self.name, "args": tool_input, "id": None}
+        refused = self.guard.refusal(call)
+        return None if refused is None else refused.content
+
+    def invoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        refused = self._refused(input)
+        return refused if refused is not None else self.inner.invoke(input, config, **kwargs)
+
+    async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        refused = self._refused(input)
+        if refused is not None:
+            return refused
+        return await self.inner.ainvoke(input, config, **kwargs)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - invoke is overridden
+        raise NotImplementedError("a guarded tool runs through invoke()")

@@ -4,12 +4,12 @@ verdict into "run it" or "refuse, telling the model why"."""
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from ._native import Hooks, Verdict
 from .errors import DecideError
 
-__all__ = ["check_tool_call", "refusal_text"]
+__all__ = ["check_tool_call", "refusal_text", "record_refusal"]
 
 ON_ERROR = ("none", "deny")
 
@@ -55,3 +55,38 @@ def check_tool_call(
     if on_error == "deny":
         return f"the policies could not decide ({error}): denied", None
     return None, None
+
+
+def record_refusal(
+    emitter: Any,
+    tool: str,
+    arguments: Any,
+    call_id: Optional[str],
+    text: str,
+    verdict: Optional[Verdict],
+) -> None:
+    """Emits the refused call as the lifecycle events an agent's door would: its
+    ``tool_call_start`` with the decision as extra fields (``policy_decision``, ``policy_id``,
+    ``policy_reason``: docs/policies.md § Audit), so that hooks, the bus and the trace see it.
+    A ``deny`` ends the call there (its span ends at the decision); an ``ask`` refused for want
+    of someone to ask is followed by a failed ``tool_call`` with the reason."""
+    decision = verdict.decision if verdict is not None and verdict.decision else "deny"
+    extras: Dict[str, Any] = {}
+    if call_id:
+        extras["tool_call_id"] = str(call_id)
+    extras["policy_decision"] = decision
+    if verdict is not None and verdict.policy:
+        extras["policy_id"] = verdict.policy
+    extras["policy_reason"] = text
+    if isinstance(arguments, (bytes, bytearray)):
+        arguments = arguments.decode("utf-8", "replace")
+    if not isinstance(arguments, (dict, str)):
+        arguments = json.dumps(arguments, ensure_ascii=False, default=repr)
+    try:
+        emitter.tool_call_start(tool, arguments, extras=extras)
+    except TypeError:
+        text_args = json.dumps(arguments, ensure_ascii=False, default=repr)
+        emitter.tool_call_start(tool, text_args, extras=extras)
+    if decision != "deny":
+        end = {"tool_call_id": str(call_id)} if call_id else None
+        emitter.tool_call(tool, False, text, extras=end)

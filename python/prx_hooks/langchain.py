@@ -44,7 +44,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "prx_hooks.langchain needs langchain-core: pip install langchain-core"
     ) from e
 
-from ._guard import check_on_error, check_tool_call
+from ._guard import check_on_error, check_tool_call, record_refusal
 from ._native import Emitter, Hooks
 
 __all__ = ["PrxCallbackHandler", "PrxToolGuard"]
@@ -329,20 +329,33 @@ class PrxToolGuard:
     ``deny`` and ``ask`` keep the tool from running: the model gets a ``ToolMessage`` with the
     reason and ``status="error"``. ``allow`` and no decision run it. ``on_error="deny"``
     refuses a call the policies could not be asked about (default ``"none"``: it runs, as
-    ``on_error`` does in policies.json)."""
+    ``on_error`` does in policies.json). With ``emitter=``, a refused call (which no callback
+    sees: the tool never starts) is emitted as ``tool_call_start`` with the decision as extra
+    fields (``policy_decision``, ``policy_id``, ``policy_reason``)."""
 
-    def __init__(self, hooks: Hooks, agent: str, *, on_error: str = "none") -> None:
+    def __init__(
+        self,
+        hooks: Hooks,
+        agent: str,
+        *,
+        emitter: Optional[Emitter] = None,
+        on_error: str = "none",
+    ) -> None:
         self.hooks = hooks
         self.agent = agent
+        self.emitter = emitter
         self.on_error = check_on_error(on_error)
 
     def refusal(self, tool_call: Dict[str, Any]) -> Optional[ToolMessage]:
         """The message for the model when the policies refuse ``tool_call`` (a LangChain
         ``ToolCall``: ``name``, ``args``, ``id``), ``None`` when it may run."""
         name = str(tool_call.get("name", ""))
-        text, _ = check_tool_call(self.hooks, self.agent, name, tool_call.get("args"), self.on_error)
+        args = tool_call.get("args")
+        text, verdict = check_tool_call(self.hooks, self.agent, name, args, self.on_error)
         if text is None:
             return None
+        if self.emitter is not None:
+            record_refusal(self.emitter, name, args, tool_call.get("id"), text, verdict)
         return ToolMessage(
             content=text, tool_call_id=str(tool_call.get("id") or ""), name=name, status="error"
         )

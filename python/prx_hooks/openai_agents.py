@@ -54,7 +54,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "prx_hooks.openai_agents needs the OpenAI Agents SDK: pip install openai-agents"
     ) from e
 
-from ._guard import check_on_error, check_tool_call
+from ._guard import check_on_error, check_tool_call, record_refusal
 from ._native import Emitter, Hooks
 
 __all__ = ["PrxRunHooks", "PrxTracingProcessor", "guard_tools", "prx_tool_guardrail"]
@@ -242,7 +242,11 @@ class PrxTracingProcessor(TracingProcessor):
 
 
 def prx_tool_guardrail(
-    hooks: Hooks, agent: Optional[str] = None, *, on_error: str = "none"
+    hooks: Hooks,
+    agent: Optional[str] = None,
+    *,
+    emitter: Optional[Emitter] = None,
+    on_error: str = "none",
 ) -> ToolInputGuardrail:
     """A tool input guardrail asking ``hooks``' policies (``<workspace>/policies.json``) at
     ``tool_call_start`` with ``{"tool": <tool name>, "arguments": <the model's arguments>}``,
@@ -250,7 +254,9 @@ def prx_tool_guardrail(
     tool does not run and the model gets the reason (``reject_content``); ``allow`` and no
     decision let it run. ``output_info`` holds the verdict (``Verdict.to_dict()``).
     ``on_error="deny"`` rejects a call the policies could not be asked about (default
-    ``"none"``: it runs)."""
+    ``"none"``: it runs). With ``emitter=``, a rejected call is emitted as ``tool_call_start``
+    with the decision as extra fields (``policy_decision``, ``policy_id``, ``policy_reason``),
+    as run hooks never see it."""
     on_error = check_on_error(on_error)
 
     def prx_hooks_policies(data: Any) -> ToolGuardrailFunctionOutput:
@@ -260,6 +266,10 @@ def prx_tool_guardrail(
         info = verdict.to_dict() if verdict is not None else None
         if text is None:
             return ToolGuardrailFunctionOutput.allow(output_info=info)
+        if emitter is not None:
+            record_refusal(
+                emitter, ctx.tool_name, ctx.tool_arguments, ctx.tool_call_id, text, verdict
+            )
         return ToolGuardrailFunctionOutput.reject_content(text, output_info=info)
 
     return ToolInputGuardrail(guardrail_function=prx_hooks_policies, name="prx_hooks_policies")

@@ -117,3 +117,29 @@ def test_on_error_deny_refuses_a_call_the_policies_cannot_be_asked_about(hooks):
     assert hooks.stats()["policies"]["refused"] == 2
     with pytest.raises(ValueError, match='on_error=.maybe.: expected "none" or "deny"'):
         PrxToolGuard(hooks, "coder", on_error="maybe")
+
+
+def test_with_an_emitter_a_refused_call_is_emitted_with_its_decision(hooks):
+    RAN.clear()
+    sub = hooks.bus.subscribe("prx.lifecycle.*")
+    guard = PrxToolGuard(hooks, "coder", emitter=hooks.emitter("coder", "lg-audit"))
+    node = ToolNode([shell], wrap_tool_call=guard)
+    agent(COMMANDS, node).invoke({"messages": [("user", "clean up")]})
+    assert RAN == ["ls -l", "cargo build"]
+    got = []
+    for _ in range(3):
+        m = sub.recv(timeout=10)
+        got.append((m.event, m.session, m.payload))
+    assert sub.try_recv() is None
+    assert got == [
+        ("tool_call_start", "lg-audit", {
+            "tool": "shell", "arguments": {"command": "rm -rf /tmp/victim"}, "tool_call_id": "call_1",
+            "policy_decision": "deny", "policy_id": "no-rm-rf",
+            "policy_reason": "rm -rf is not allowed in this workspace"}),
+        # An ask refused for want of someone to ask: the start, then the call's failed end.
+        ("tool_call_start", "lg-audit", {
+            "tool": "shell", "arguments": {"command": "git push origin main"}, "tool_call_id": "call_3",
+            "policy_decision": "ask", "policy_id": "ask-push", "policy_reason": "pushing needs a person"}),
+        ("tool_call", "lg-audit", {
+            "tool": "shell", "success": False, "output": "pushing needs a person", "tool_call_id": "call_3"}),
+    ]

@@ -120,3 +120,19 @@ def test_the_policies_see_the_agent_name_given_or_the_sdk_agents(hooks, tmp_path
     asyncio.run(Runner.run(Agent(name="reviewer", model=model,
                                  tools=guard_tools([shell], prx_tool_guardrail(hooks, "coder"))), "go"))
     assert RAN == ["ls"] and tool_outputs(model) == {"call_0": "ran ls"}
+
+
+def test_with_an_emitter_a_rejected_call_is_emitted_with_its_decision(hooks):
+    RAN.clear()
+    sub = hooks.bus.subscribe("prx.lifecycle.tool_call_start")
+    guardrail = prx_tool_guardrail(hooks, emitter=hooks.emitter("coder", "oa-audit"))
+    model = ScriptedModel(["rm -rf /tmp/victim", "ls"])
+    asyncio.run(Runner.run(Agent(name="coder", model=model, tools=guard_tools([shell], guardrail)), "go"))
+    assert RAN == ["ls"]
+    m = sub.recv(timeout=10)
+    assert (m.event, m.agent, m.session) == ("tool_call_start", "coder", "oa-audit")
+    assert m.payload == {
+        "tool": "shell", "arguments": {"command": "rm -rf /tmp/victim"}, "tool_call_id": "call_0",
+        "policy_decision": "deny", "policy_id": "no-rm-rf",
+        "policy_reason": "rm -rf is not allowed in this workspace"}
+    assert sub.try_recv() is None  # the allowed call: not the guardrail's to emit

@@ -9,6 +9,7 @@ mod support_plugins;
 
 mod cli;
 mod hooks;
+mod policy;
 mod pressure;
 mod spans;
 

@@ -31,7 +31,9 @@ message (status ``error``) with the policy's reason; an ``allow`` or no decision
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections import OrderedDict
 from typing import Any, Dict, Optional, Tuple
 from uuid import UUID
 
@@ -48,6 +50,9 @@ from ._guard import check_on_error, check_tool_call, record_refusal
 from ._native import Emitter, Hooks
 
 __all__ = ["PrxCallbackHandler", "PrxToolGuard"]
+
+# Decisions a guard keeps for its callback handler, at most.
+_DECIDED_KEPT = 1024
 
 
 def _ids(run_id: UUID, parent_run_id: Optional[UUID]) -> Dict[str, Any]:
@@ -81,10 +86,18 @@ class PrxCallbackHandler(BaseCallbackHandler):
     run_inline = True
     raise_error = False
 
-    def __init__(self, emitter: Emitter, *, component: str = "langchain") -> None:
+    def __init__(
+        self,
+        emitter: Emitter,
+        *,
+        component: str = "langchain",
+        guard: Optional["PrxToolGuard"] = None,
+    ) -> None:
         super().__init__()
         self.emitter = emitter
         self.component = component
+        # With a guard: a tool call it let run carries the decision it was given (if any).
+        self.guard = guard
         # run id -> (provider, model, start in ns); tool run id -> (name, start in ns);
         # root run ids. Plain dicts: single operations on them are atomic under the GIL.
         self._llms: Dict[UUID, Tuple[str, str, int]] = {}
@@ -249,6 +262,8 @@ class PrxCallbackHandler(BaseCallbackHandler):
         extras = _ids(run_id, parent_run_id)
         if call_id:
             extras["tool_call_id"] = str(call_id)
+            if self.guard is not None:
+                extras.update(self.guard.take_decision(str(call_id)))
         arguments: Any = inputs if isinstance(inputs, dict) else {"input": input_str}
         try:
             self.emitter.tool_call_start(name, arguments, extras=extras)
@@ -331,7 +346,8 @@ class PrxToolGuard:
     refuses a call the policies could not be asked about (default ``"none"``: it runs, as
     ``on_error`` does in policies.json). With ``emitter=``, a refused call (which no callback
     sees: the tool never starts) is emitted as ``tool_call_start`` with the decision as extra
-    fields (``policy_decision``, ``policy_id``, ``policy_reason``)."""
+    fields (``policy_decision``, ``policy_id``, ``policy_reason``); a call it lets run gets
+    them on the ``tool_call_start`` of ``PrxCallbackHandler(em, guard=guard)``."""
 
     def __init__(
         self,
@@ -345,6 +361,30 @@ class PrxToolGuard:
         self.agent = agent
         self.emitter = emitter
         self.on_error = check_on_error(on_error)
+        # Tool call id -> the decision fields of a call let run, until the callback handler
+        # given this guard (``PrxCallbackHandler(em, guard=guard)``) emits its start. Bounded:
+        # the oldest goes first.
+        self._decided: "OrderedDict[str, Dict[str, str]]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take_decision(self, call_id: str) -> Dict[str, str]:
+        """The decision fields (``policy_decision``, ``policy_id``, ``policy_reason``) of the
+        tool call ``call_id`` this guard let run, once; ``{}`` when no policy decided."""
+        with self._lock:
+            return self._decided.pop(call_id, {})
+
+    def _keep_decision(self, call_id: Any, verdict: Any) -> None:
+        if not call_id or verdict is None or verdict.decision is None:
+            return
+        fields = {"policy_decision": verdict.decision}
+        if verdict.policy:
+            fields["policy_id"] = verdict.policy
+        if verdict.reason:
+            fields["policy_reason"] = verdict.reason
+        with self._lock:
+            self._decided[str(call_id)] = fields
+            while len(self._decided) > _DECIDED_KEPT:
+                self._decided.popitem(last=False)
 
     def refusal(self, tool_call: Dict[str, Any]) -> Optional[ToolMessage]:
         """The message for the model when the policies refuse ``tool_call`` (a LangChain
@@ -353,6 +393,7 @@ class PrxToolGuard:
         args = tool_call.get("args")
         text, verdict = check_tool_call(self.hooks, self.agent, name, args, self.on_error)
         if text is None:
+            self._keep_decision(tool_call.get("id"), verdict)
             return None
         if self.emitter is not None:
             record_refusal(self.emitter, name, args, tool_call.get("id"), text, verdict)

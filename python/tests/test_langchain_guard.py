@@ -143,3 +143,26 @@ def test_with_an_emitter_a_refused_call_is_emitted_with_its_decision(hooks):
         ("tool_call", "lg-audit", {
             "tool": "shell", "success": False, "output": "pushing needs a person", "tool_call_id": "call_3"}),
     ]
+
+
+def test_with_the_callback_handler_every_tool_call_start_carries_its_decision(hooks):
+    from prx_hooks.langchain import PrxCallbackHandler
+
+    RAN.clear()
+    em = hooks.emitter("coder", "lg-audit-2")
+    sub = hooks.bus.subscribe("prx.lifecycle.tool_call_start")
+    guard = PrxToolGuard(hooks, "coder", emitter=em)
+    handler = PrxCallbackHandler(em, guard=guard)
+    node = ToolNode([shell], wrap_tool_call=guard)
+    agent(COMMANDS, node).invoke({"messages": [("user", "clean up")]}, config={"callbacks": [handler]})
+    assert RAN == ["ls -l", "cargo build"]
+    starts = [sub.recv(timeout=10).payload for _ in range(4)]
+    assert sub.try_recv() is None
+    fields = ("tool_call_id", "policy_decision", "policy_id", "policy_reason")
+    assert [tuple(p.get(f) for f in fields) for p in starts] == [
+        ("call_0", "allow", "allow-ls", "listing is fine"),  # ran: the handler's start
+        ("call_1", "deny", "no-rm-rf", "rm -rf is not allowed in this workspace"),  # the guard's
+        ("call_2", None, None, None),  # ran, no policy decided
+        ("call_3", "ask", "ask-push", "pushing needs a person"),  # the guard's
+    ]
+    assert guard.take_decision("call_0") == {}  # given once

@@ -14,15 +14,33 @@
 //!   and the Claude Code door pay: parse, decide, count).
 //! * `baseline/regexset_100`: `RegexSet::is_match` of the 100 rules' patterns (as regexes)
 //!   against the command alone.
+//!
+//! Group `policy_http` (a real `Server` on loopback, one kept-alive ureq connection; target
+//! ≤ 3× `GET /healthz`):
+//! * `http_decide`: `POST /api/decide` with the same payload against the same 100 rules;
+//! * `http_healthz`: `GET /healthz` on the same server, the transport floor.
+//!
+//! FLOOD (after criterion, `--bench` only): whether 10,000 decisions/s over HTTP delay `emit`
+//! or hook runs. 24 rounds alternate "flood on" and "flood off" (which goes first alternates);
+//! each round times 4,000 emits one by one (a bus subscriber drains them, so they are queued,
+//! not skipped) and 6 `tool_call` events from emit to the end of their `/bin/true` hook's run
+//! (the run feed). Two client threads, each on its own kept-alive connection, pace
+//! `POST /api/decide` at 5,000/s each while the flood is on; the rate reached is printed.
 
 mod common;
 
 use common::*;
 use criterion::Criterion;
-use prx_hooks::Hooks;
+use prx_hooks::http::{HttpOptions, Server, Token};
 use prx_hooks::policy::{DecisionPoint, PolicyTable, parse};
+use prx_hooks::{Event, Hooks};
 use serde_json::json;
 use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "bench-token-0123456789abcdef";
 
 const PAYLOAD: &str = r#"{"tool":"Bash","arguments":{"command":"cargo test --release --test library policies -- --nocapture","description":"Run the policy tests"},"session_id":"0f9c2b1e-2f43-4d6e-9a51-6c1d2f0e9b7a","hook_event_name":"PreToolUse","cwd":"/home/dev/src/app"}"#;
 
@@ -126,19 +144,275 @@ fn bench(c: &mut Criterion) {
     hooks.shutdown(std::time::Duration::from_secs(2));
 }
 
+/// A workspace with the 100 rules and a `tool_call` hook (`/bin/true`), served over loopback.
+struct Served {
+    _ws: tempfile::TempDir,
+    hooks: Arc<Hooks>,
+    server: Server,
+}
+
+fn serve(rules: &str) -> Served {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("policies.json"), rules).unwrap();
+    std::fs::write(
+        ws.path().join("hooks.json"),
+        r#"{"hooks": {"tool_call": [{"id": "audit", "command": "/bin/true"}]}}"#,
+    )
+    .unwrap();
+    let hooks = Arc::new(Hooks::builder().workspace(ws.path()).build().unwrap());
+    assert_eq!(hooks.policy_table().policies.len(), 100);
+    let opts = HttpOptions::new(Token::new(TOKEN, "bench").unwrap());
+    let server = Server::start(hooks.clone(), opts, "127.0.0.1:0".parse().unwrap()).unwrap();
+    Served {
+        _ws: ws,
+        hooks,
+        server,
+    }
+}
+
+/// A kept-alive client: `decide()` posts the payload to `/api/decide`, `healthz()` gets it.
+struct Client {
+    agent: ureq::Agent,
+    base: String,
+    auth: String,
+    body: String,
+}
+
+impl Client {
+    fn new(s: &Served) -> Client {
+        Client {
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(true)
+                .build()
+                .into(),
+            base: format!("http://{}", s.server.local_addr()),
+            auth: format!("Bearer {TOKEN}"),
+            body: format!(
+                r#"{{"event":"tool_call_start","agent":"claude-code","session":"s1","payload":{PAYLOAD}}}"#
+            ),
+        }
+    }
+
+    fn decide(&self) -> usize {
+        let mut resp = self
+            .agent
+            .post(format!("{}/api/decide", self.base))
+            .header("authorization", &self.auth)
+            .header("content-type", "application/json")
+            .send(self.body.as_str())
+            .expect("decide");
+        resp.body_mut().read_to_vec().expect("body").len()
+    }
+
+    fn healthz(&self) -> usize {
+        let mut resp = self
+            .agent
+            .get(format!("{}/healthz", self.base))
+            .call()
+            .expect("healthz");
+        resp.body_mut().read_to_vec().expect("body").len()
+    }
+}
+
+fn bench_http(c: &mut Criterion, served: &Served) {
+    let client = Client::new(served);
+    let answer = {
+        let mut resp = client
+            .agent
+            .post(format!("{}/api/decide", client.base))
+            .header("authorization", &client.auth)
+            .header("content-type", "application/json")
+            .send(client.body.as_str())
+            .unwrap();
+        resp.body_mut().read_to_string().unwrap()
+    };
+    assert!(answer.starts_with(r#"{"decision":null"#), "{answer}");
+    let mut g = c.benchmark_group("policy_http");
+    g.bench_function("http_decide", |b| b.iter(|| client.decide()));
+    g.bench_function("http_healthz", |b| b.iter(|| client.healthz()));
+    g.finish();
+}
+
+/// Quantile `p` of `v` (sorted here).
+fn quantile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// What one condition (flood on or off) measured over its rounds.
+#[derive(Default)]
+struct Side {
+    emit_ns: Vec<f64>,
+    /// Per round: the median emit, for the paired ratios.
+    emit_round_p50: Vec<f64>,
+    hook_ms: Vec<f64>,
+    hook_round_p50: Vec<f64>,
+}
+
+fn flood(served: &Served) {
+    const ROUNDS: usize = 24;
+    const EMITS: usize = 4_000;
+    const HOOK_RUNS: usize = 6;
+    const PER_THREAD: u64 = 5_000; // decisions/s, two threads
+    let hooks = &served.hooks;
+    let on = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let flooders: Vec<_> = (0..2)
+        .map(|_| {
+            let (on, stop, sent) = (on.clone(), stop.clone(), sent.clone());
+            let client = Client::new(served);
+            std::thread::spawn(move || {
+                let gap = Duration::from_nanos(1_000_000_000 / PER_THREAD);
+                let mut next = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    if !on.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(1));
+                        next = Instant::now();
+                        continue;
+                    }
+                    client.decide();
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    next += gap;
+                    let now = Instant::now();
+                    if next > now {
+                        std::thread::sleep(next - now);
+                    } else if now - next > Duration::from_millis(50) {
+                        next = now; // behind: no burst to catch up
+                    }
+                }
+            })
+        })
+        .collect();
+    // The emits' listener: a subscriber drained on its own thread.
+    let sub = hooks.bus().subscribe("prx.lifecycle.llm_request").unwrap();
+    let drain_stop = stop.clone();
+    let drain = std::thread::spawn(move || {
+        while !drain_stop.load(Ordering::Relaxed) {
+            let _ = sub.recv_timeout(Duration::from_millis(20));
+        }
+    });
+    let runs = hooks.shell().expect("shell hooks").subscribe_runs(1024);
+    let em = hooks.emitter("bench", "flood");
+    let mut sides = [Side::default(), Side::default()]; // [off, on]
+    let mut flood_time = Duration::ZERO;
+    let mut flood_sent = 0;
+    for round in 0..ROUNDS * 2 {
+        let flooding = (round % 2 == 0) == (round / 2 % 2 == 0);
+        on.store(flooding, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(100)); // the flood reaches its pace
+        let (t0, s0) = (Instant::now(), sent.load(Ordering::Relaxed));
+        let side = &mut sides[usize::from(flooding)];
+        let mut round_emits = Vec::with_capacity(EMITS);
+        for _ in 0..EMITS {
+            let t = Instant::now();
+            black_box(em.emit(Event::LlmRequest {
+                provider: "anthropic",
+                model: "claude",
+                messages_count: 3,
+            }));
+            round_emits.push(t.elapsed().as_nanos() as f64);
+        }
+        let mut round_hooks = Vec::with_capacity(HOOK_RUNS);
+        for _ in 0..HOOK_RUNS {
+            while runs.try_recv().is_some() {}
+            let t = Instant::now();
+            em.emit(Event::ToolCall {
+                tool: "shell",
+                success: true,
+                output: "ok",
+            });
+            runs.recv_timeout(Duration::from_secs(10))
+                .expect("a hook run");
+            round_hooks.push(t.elapsed().as_secs_f64() * 1e3);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if flooding {
+            flood_time += t0.elapsed();
+            flood_sent += sent.load(Ordering::Relaxed) - s0;
+        }
+        side.emit_round_p50
+            .push(quantile(&mut round_emits.clone(), 0.5));
+        side.hook_round_p50
+            .push(quantile(&mut round_hooks.clone(), 0.5));
+        side.emit_ns.extend(round_emits);
+        side.hook_ms.extend(round_hooks);
+    }
+    on.store(false, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    drain.join().unwrap();
+    let [off, fl] = &mut sides;
+    println!(
+        "\nFLOOD ({ROUNDS} rounds each, alternated): POST /api/decide at {:.0}/s while on (target 10,000/s)",
+        flood_sent as f64 / flood_time.as_secs_f64()
+    );
+    for (what, a, b, unit) in [
+        ("emit", &mut off.emit_ns, &mut fl.emit_ns, "ns"),
+        (
+            "tool_call emit -> hook run end",
+            &mut off.hook_ms,
+            &mut fl.hook_ms,
+            "ms",
+        ),
+    ] {
+        println!(
+            "{what:<32} off: p50 {:.1} p99 {:.1} {unit}   on: p50 {:.1} p99 {:.1} {unit}",
+            quantile(a, 0.5),
+            quantile(a, 0.99),
+            quantile(b, 0.5),
+            quantile(b, 0.99)
+        );
+    }
+    let ratios = |a: &[f64], b: &[f64]| {
+        let mut r: Vec<f64> = b.iter().zip(a).map(|(on, off)| on / off).collect();
+        let (q1, q2, q3) = (
+            quantile(&mut r, 0.25),
+            quantile(&mut r, 0.5),
+            quantile(&mut r, 0.75),
+        );
+        format!("median {q2:.3}x (quartiles {q1:.3}x .. {q3:.3}x)")
+    };
+    println!(
+        "per-round p50, on / off: emit {}; hook run {}",
+        ratios(&off.emit_round_p50, &fl.emit_round_p50),
+        ratios(&off.hook_round_p50, &fl.hook_round_p50)
+    );
+    let p = hooks.stats();
+    let p = p.policies().expect("policies");
+    println!(
+        "decisions counted: {} (none) {} (refused)",
+        p.none, p.refused
+    );
+}
+
 fn main() {
     process_start();
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
+    let served = serve(&rules().0);
+    bench_http(&mut c, &served);
     c.final_summary();
-    if median_ns("policy/rules_100_value").is_none() {
-        return; // test mode, or filtered out
+    if bench_mode() && std::env::var_os("PRX_BENCH_NO_FLOOD").is_none() {
+        flood(&served);
+    }
+    let Served { hooks, server, .. } = served;
+    drop(server);
+    hooks.shutdown(Duration::from_secs(2));
+    if !bench_mode() {
+        return; // test mode
     }
     println!("\nRATIOS (same run)");
     print_time_ratio("policy/rules_100_value", "baseline/regexset_100");
     print_time_ratio("policy/rules_100_text", "baseline/regexset_100");
+    print_time_ratio("policy_http/http_decide", "policy_http/http_healthz");
     println!("\nTARGETS");
     print_target("policy/rules_100_value", 2000.0);
     print_target("policy/rules_100_text", 2000.0);
+    if let Some(h) = median_ns("policy_http/http_healthz") {
+        print_target("policy_http/http_decide", 3.0 * h);
+    }
     print_machine_note();
 }

@@ -23,9 +23,18 @@ from ._native import (
     NatsConsume,
     NatsPublish,
     Subscription,
+    Verdict,
     __version__,
 )
-from .errors import BuildError, BusError, ClosedError, Error, ExtrasError, ForkError
+from .errors import (
+    BuildError,
+    BusError,
+    ClosedError,
+    DecideError,
+    Error,
+    ExtrasError,
+    ForkError,
+)
 
 __all__ = [
     "EVENTS",
@@ -33,6 +42,7 @@ __all__ = [
     "BuildError",
     "BusError",
     "ClosedError",
+    "DecideError",
     "Emitter",
     "Error",
     "ExtrasError",
@@ -42,6 +52,7 @@ __all__ = [
     "NatsConsume",
     "NatsPublish",
     "Subscription",
+    "Verdict",
     "__version__",
 ]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Error", "BuildError", "ExtrasError", "BusError", "ClosedError", "ForkError"]
+__all__ = ["Error", "BuildError", "ExtrasError", "BusError", "ClosedError", "ForkError", "DecideError"]
 
 
 class Error(Exception):
@@ -32,3 +32,9 @@ class ClosedError(Error):
 class ForkError(Error, RuntimeError):
     """An object made before ``os.fork()`` was used in the child, where its threads do not
     exist. Make a new ``Hooks`` in the child."""
+
+
+class DecideError(Error, ValueError):
+    """``hooks.decide(...)`` could not ask: the payload is not a JSON object, or is larger
+    than a decision reads (the limit is named). Nothing was decided; the refusal is counted
+    in ``stats()["policies"]``."""

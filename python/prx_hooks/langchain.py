@@ -1,4 +1,5 @@
-"""LangChain and LangGraph: a callback handler that emits prx-hooks' lifecycle events.
+"""LangChain and LangGraph: a callback handler that emits prx-hooks' lifecycle events, and a
+guard that asks prx-hooks' policies before a tool runs.
 
     from prx_hooks.langchain import PrxCallbackHandler
     handler = PrxCallbackHandler(hooks.emitter("my-agent", "session-42"))
@@ -19,25 +20,39 @@ LangChain's ids, so that a hook can correlate a tool's start and end, or an LLM 
 run; tool events carry ``tool_call_id`` when the model gave one, ``llm_response`` the token
 counts when the model reported them. The handler runs inline (``run_inline``) and costs an
 emit per callback: hooks run on prx-hooks' threads, never in the agent's.
+
+``PrxToolGuard(hooks, "my-agent")`` asks ``hooks.decide`` before each tool call: as
+LangGraph's ``ToolNode(tools, wrap_tool_call=guard, awrap_tool_call=guard.awrap)``, or around
+tools themselves (``guard.tools([...])``) for anything that invokes LangChain tools. A ``deny``
+(or an ``ask``: there is no one to ask) keeps the tool from running and gives the model a tool
+message (status ``error``) with the policy's reason; an ``allow`` or no decision runs it.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections import OrderedDict
 from typing import Any, Dict, Optional, Tuple
 from uuid import UUID
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import BaseTool
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "prx_hooks.langchain needs langchain-core: pip install langchain-core"
     ) from e
 
-from ._native import Emitter
+from ._guard import check_on_error, check_tool_call, record_refusal
+from ._native import Emitter, Hooks
 
-__all__ = ["PrxCallbackHandler"]
+__all__ = ["PrxCallbackHandler", "PrxToolGuard"]
+
+# Decisions a guard keeps for its callback handler, at most.
+_DECIDED_KEPT = 1024
 
 
 def _ids(run_id: UUID, parent_run_id: Optional[UUID]) -> Dict[str, Any]:
@@ -71,10 +86,18 @@ class PrxCallbackHandler(BaseCallbackHandler):
     run_inline = True
     raise_error = False
 
-    def __init__(self, emitter: Emitter, *, component: str = "langchain") -> None:
+    def __init__(
+        self,
+        emitter: Emitter,
+        *,
+        component: str = "langchain",
+        guard: Optional["PrxToolGuard"] = None,
+    ) -> None:
         super().__init__()
         self.emitter = emitter
         self.component = component
+        # With a guard: a tool call it let run carries the decision it was given (if any).
+        self.guard = guard
         # run id -> (provider, model, start in ns); tool run id -> (name, start in ns);
         # root run ids. Plain dicts: single operations on them are atomic under the GIL.
         self._llms: Dict[UUID, Tuple[str, str, int]] = {}
@@ -239,6 +262,8 @@ class PrxCallbackHandler(BaseCallbackHandler):
         extras = _ids(run_id, parent_run_id)
         if call_id:
             extras["tool_call_id"] = str(call_id)
+            if self.guard is not None:
+                extras.update(self.guard.take_decision(str(call_id)))
         arguments: Any = inputs if isinstance(inputs, dict) else {"input": input_str}
         try:
             self.emitter.tool_call_start(name, arguments, extras=extras)
@@ -305,3 +330,130 @@ def _usage(response: Any) -> Dict[str, int]:
         if isinstance(usage.get(key), int):
             total[ours] = usage[key]
     return total
+
+
+class PrxToolGuard:
+    """Asks ``hooks``' policies (``<workspace>/policies.json``) before a tool runs, as
+    ``agent`` (the name policies' ``agent`` matchers see), at ``tool_call_start`` with the
+    payload ``{"tool": <tool name>, "arguments": <the model's arguments>}``.
+
+    - LangGraph: ``ToolNode(tools, wrap_tool_call=guard, awrap_tool_call=guard.awrap)``
+      (``create_react_agent(model, that_node)``);
+    - any LangChain runtime: ``guard.tools(tools)`` wraps each tool.
+
+    ``deny`` and ``ask`` keep the tool from running: the model gets a ``ToolMessage`` with the
+    reason and ``status="error"``. ``allow`` and no decision run it. ``on_error="deny"``
+    refuses a call the policies could not be asked about (default ``"none"``: it runs, as
+    ``on_error`` does in policies.json). With ``emitter=``, a refused call (which no callback
+    sees: the tool never starts) is emitted as ``tool_call_start`` with the decision as extra
+    fields (``policy_decision``, ``policy_id``, ``policy_reason``); a call it lets run gets
+    them on the ``tool_call_start`` of ``PrxCallbackHandler(em, guard=guard)``."""
+
+    def __init__(
+        self,
+        hooks: Hooks,
+        agent: str,
+        *,
+        emitter: Optional[Emitter] = None,
+        on_error: str = "none",
+    ) -> None:
+        self.hooks = hooks
+        self.agent = agent
+        self.emitter = emitter
+        self.on_error = check_on_error(on_error)
+        # Tool call id -> the decision fields of a call let run, until the callback handler
+        # given this guard (``PrxCallbackHandler(em, guard=guard)``) emits its start. Bounded:
+        # the oldest goes first.
+        self._decided: "OrderedDict[str, Dict[str, str]]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take_decision(self, call_id: str) -> Dict[str, str]:
+        """The decision fields (``policy_decision``, ``policy_id``, ``policy_reason``) of the
+        tool call ``call_id`` this guard let run, once; ``{}`` when no policy decided."""
+        with self._lock:
+            return self._decided.pop(call_id, {})
+
+    def _keep_decision(self, call_id: Any, verdict: Any) -> None:
+        if not call_id or verdict is None or verdict.decision is None:
+            return
+        fields = {"policy_decision": verdict.decision}
+        if verdict.policy:
+            fields["policy_id"] = verdict.policy
+        if verdict.reason:
+            fields["policy_reason"] = verdict.reason
+        with self._lock:
+            self._decided[str(call_id)] = fields
+            while len(self._decided) > _DECIDED_KEPT:
+                self._decided.popitem(last=False)
+
+    def refusal(self, tool_call: Dict[str, Any]) -> Optional[ToolMessage]:
+        """The message for the model when the policies refuse ``tool_call`` (a LangChain
+        ``ToolCall``: ``name``, ``args``, ``id``), ``None`` when it may run."""
+        name = str(tool_call.get("name", ""))
+        args = tool_call.get("args")
+        text, verdict = check_tool_call(self.hooks, self.agent, name, args, self.on_error)
+        if text is None:
+            self._keep_decision(tool_call.get("id"), verdict)
+            return None
+        if self.emitter is not None:
+            record_refusal(self.emitter, name, args, tool_call.get("id"), text, verdict)
+        return ToolMessage(
+            content=text, tool_call_id=str(tool_call.get("id") or ""), name=name, status="error"
+        )
+
+    def __call__(self, request: Any, execute: Any) -> Any:
+        """LangGraph's ``wrap_tool_call``: ``request.tool_call`` runs through ``execute`` only
+        when the policies let it."""
+        refused = self.refusal(request.tool_call)
+        return refused if refused is not None else execute(request)
+
+    async def awrap(self, request: Any, execute: Any) -> Any:
+        """LangGraph's ``awrap_tool_call``."""
+        refused = self.refusal(request.tool_call)
+        return refused if refused is not None else await execute(request)
+
+    def tool(self, tool: BaseTool) -> BaseTool:
+        """``tool`` behind this guard: same name, description and arguments."""
+        return _GuardedTool(tool, self)
+
+    def tools(self, tools: Any) -> list:
+        """Each of ``tools`` behind this guard."""
+        return [self.tool(t) for t in tools]
+
+
+class _GuardedTool(BaseTool):
+    """A tool asking a ``PrxToolGuard`` before its inner tool is invoked."""
+
+    inner: BaseTool
+    guard: Any
+
+    def __init__(self, inner: BaseTool, guard: PrxToolGuard) -> None:
+        super().__init__(
+            name=inner.name,
+            description=inner.description,
+            args_schema=inner.args_schema,
+            return_direct=inner.return_direct,
+            response_format=inner.response_format,
+            inner=inner,
+            guard=guard,
+        )
+
+    def _refused(self, tool_input: Any) -> Any:
+        if isinstance(tool_input, dict) and tool_input.get("type") == "tool_call":
+            return self.guard.refusal(tool_input)
+        call = {"name": self.name, "args": tool_input, "id": None}
+        refused = self.guard.refusal(call)
+        return None if refused is None else refused.content
+
+    def invoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        refused = self._refused(input)
+        return refused if refused is not None else self.inner.invoke(input, config, **kwargs)
+
+    async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        refused = self._refused(input)
+        if refused is not None:
+            return refused
+        return await self.inner.ainvoke(input, config, **kwargs)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - invoke is overridden
+        raise NotImplementedError("a guarded tool runs through invoke()")

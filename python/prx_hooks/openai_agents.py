@@ -26,16 +26,23 @@ emits a span's events when the span ends: the SDK fills in a span's data (a tool
 arguments, a model's input) after opening it. Extra fields carry the ids to correlate by
 (``agent_name``, ``tool_call_id``, ``trace_id``, ``span_id``, ``parent_id``) and token counts
 where the SDK reports them.
+
+``prx_tool_guardrail(hooks, "my-agent")`` is a tool input guardrail asking prx-hooks'
+policies before a function tool runs (``function_tool(..., tool_input_guardrails=[g])``, or
+``guard_tools(tools, g)``): a ``deny`` (or an ``ask``: there is no one to ask) rejects the call
+and the model gets the policy's reason instead of the tool's output; an ``allow`` or no
+decision runs it.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from datetime import datetime
 from typing import Any, Dict, Optional, Tuple
 
 try:
-    from agents import RunHooks
+    from agents import RunHooks, ToolGuardrailFunctionOutput, ToolInputGuardrail
     from agents.tracing import TracingProcessor
     from agents.tracing.span_data import (
         FunctionSpanData,
@@ -47,9 +54,10 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "prx_hooks.openai_agents needs the OpenAI Agents SDK: pip install openai-agents"
     ) from e
 
-from ._native import Emitter
+from ._guard import check_on_error, check_tool_call, record_refusal
+from ._native import Emitter, Hooks
 
-__all__ = ["PrxRunHooks", "PrxTracingProcessor"]
+__all__ = ["PrxRunHooks", "PrxTracingProcessor", "guard_tools", "prx_tool_guardrail"]
 
 
 def _model(model: Any) -> Tuple[str, str]:
@@ -231,3 +239,49 @@ class PrxTracingProcessor(TracingProcessor):
 
     def force_flush(self) -> None:
         pass
+
+
+def prx_tool_guardrail(
+    hooks: Hooks,
+    agent: Optional[str] = None,
+    *,
+    emitter: Optional[Emitter] = None,
+    on_error: str = "none",
+) -> ToolInputGuardrail:
+    """A tool input guardrail asking ``hooks``' policies (``<workspace>/policies.json``) at
+    ``tool_call_start`` with ``{"tool": <tool name>, "arguments": <the model's arguments>}``,
+    as ``agent`` (default: the SDK agent's name). ``deny`` and ``ask`` reject the call: the
+    tool does not run and the model gets the reason (``reject_content``); ``allow`` and no
+    decision let it run. ``output_info`` holds the verdict (``Verdict.to_dict()``).
+    ``on_error="deny"`` rejects a call the policies could not be asked about (default
+    ``"none"``: it runs). With ``emitter=``, a rejected call is emitted as ``tool_call_start``
+    with the decision as extra fields (``policy_decision``, ``policy_id``, ``policy_reason``),
+    as run hooks never see it."""
+    on_error = check_on_error(on_error)
+
+    def prx_hooks_policies(data: Any) -> ToolGuardrailFunctionOutput:
+        ctx = data.context
+        name = agent if agent is not None else str(getattr(data.agent, "name", ""))
+        text, verdict = check_tool_call(hooks, name, ctx.tool_name, ctx.tool_arguments, on_error)
+        info = verdict.to_dict() if verdict is not None else None
+        if text is None:
+            return ToolGuardrailFunctionOutput.allow(output_info=info)
+        if emitter is not None:
+            record_refusal(
+                emitter, ctx.tool_name, ctx.tool_arguments, ctx.tool_call_id, text, verdict
+            )
+        return ToolGuardrailFunctionOutput.reject_content(text, output_info=info)
+
+    return ToolInputGuardrail(guardrail_function=prx_hooks_policies, name="prx_hooks_policies")
+
+
+def guard_tools(tools: Any, guardrail: ToolInputGuardrail) -> list:
+    """Copies of the function tools ``tools`` with ``guardrail`` first among their tool input
+    guardrails (the tools given are left as they were)."""
+    out = []
+    for tool in tools:
+        existing = list(getattr(tool, "tool_input_guardrails", None) or [])
+        guarded = copy.copy(tool)
+        guarded.tool_input_guardrails = [guardrail] + existing
+        out.append(guarded)
+    return out

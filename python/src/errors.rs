@@ -27,6 +27,7 @@ exceptions! {
     bus_error => "BusError",
     closed_error => "ClosedError",
     fork_error_class => "ForkError",
+    decide_error => "DecideError",
 }
 
 /// The error of an object made before a fork, used in the child.

@@ -366,6 +366,21 @@ impl PyHooks {
         Ok(PyEmitter::new(self.core()?.hooks.emitter(agent, session)))
     }
 
+    /// Asks the policies in force (`<workspace>/policies.json`) whether `agent` may go on at
+    /// `point` (`"tool_call_start"`, `"prompt"`, `"permission"`), `payload` the lifecycle
+    /// payload as hooks receive it (a dict or JSON text). A `Verdict`; `DecideError` for a
+    /// payload over the limit or not a JSON object. Counted; nothing is emitted.
+    #[pyo3(signature = (point, agent, payload=None))]
+    fn decide(
+        &self,
+        py: Python<'_>,
+        point: &str,
+        agent: &str,
+        payload: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<crate::decide::PyVerdict> {
+        crate::decide::decide(py, &self.core()?.hooks, point, agent, payload)
+    }
+
     /// The in-process bus.
     #[getter]
     fn bus(&self) -> PyResult<PyBus> {

@@ -8,6 +8,7 @@
 //! shutdown), which release the GIL and look at signals between slices.
 
 mod bus;
+mod decide;
 mod emitter;
 mod errors;
 mod fork;
@@ -139,6 +140,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hooks::PyHooks>()?;
     m.add_class::<emitter::PyEmitter>()?;
     m.add_class::<bus::PyBus>()?;
+    m.add_class::<decide::PyVerdict>()?;
     m.add_class::<bus::PySubscription>()?;
     m.add_class::<bus::PyMessage>()?;
     m.add_class::<nats::PyNatsPublish>()?;

@@ -8,7 +8,10 @@ use super::error::ApiError;
 use super::json_response;
 use super::{Api, ApiState};
 use crate::agents::Agent;
-use crate::policy::{DecideError, Decision, DecisionPoint, MAX_PAYLOAD_BYTES, Verdict};
+use crate::policy::{
+    DECISION_FIELD, DecideError, Decision, DecisionPoint, MAX_PAYLOAD_BYTES, POLICY_ID_FIELD,
+    REASON_FIELD, Verdict,
+};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -87,10 +90,65 @@ fn answer(v: &Verdict) -> Value {
     out
 }
 
+/// A decision made at an agent's door: the agent's answer, and the verdict its lifecycle
+/// event carries (docs/policies.md § Audit).
+pub(crate) struct Decided {
+    /// What the agent's hook gets, in its documented format.
+    pub(crate) answer: Value,
+    /// What the event carries.
+    pub(crate) stamp: Stamp,
+}
+
+/// The decision an ingested event is stamped with.
+pub(crate) struct Stamp {
+    verdict: Verdict,
+}
+
+impl Stamp {
+    /// Adds the decision to the translated event's payload as extra fields
+    /// ([`policy::DECISION_FIELD`](crate::policy::DECISION_FIELD), `policy_id`, and
+    /// `policy_reason` when the policy has one), so that the event's hooks,
+    /// the bus, the console and the trace see what was decided. No decision, or a topic
+    /// line (a prompt): unchanged.
+    pub(crate) fn stamp(&self, t: &mut crate::agents::Translated) {
+        let Some(decision) = self.verdict.decision else {
+            return;
+        };
+        if !matches!(t.target, crate::agents::Target::Lifecycle(_)) {
+            return;
+        }
+        stamp_line(&mut t.line, decision, &self.verdict);
+    }
+}
+
+/// The `run --events` line with `payload` as its last member, `{…,"payload":{…}}`: the
+/// fields go at the payload's end (JSON text of their own, no re-serialising of the rest).
+fn stamp_line(line: &mut String, decision: Decision, v: &Verdict) {
+    if !line.ends_with("}}") || !line.contains(r#""payload":{"#) {
+        return;
+    }
+    let empty = line.ends_with("{}}");
+    line.truncate(line.len() - 2);
+    let mut fields = Map::new();
+    fields.insert(DECISION_FIELD.into(), decision.as_str().into());
+    if let Some(p) = &v.policy {
+        fields.insert(POLICY_ID_FIELD.into(), p.clone().into());
+    }
+    if let Some(r) = &v.reason {
+        fields.insert(REASON_FIELD.into(), r.clone().into());
+    }
+    let text = Value::Object(fields).to_string();
+    if !empty {
+        line.push(',');
+    }
+    line.push_str(&text[1..text.len() - 1]);
+    line.push_str("}}");
+}
+
 /// What `POST /api/ingest/{agent}` answers an agent's hook on an event policies decide
 /// (`None`: `{}` as before — not a decision point, not JSON, no such agent door). `agent` is
 /// the name policies match (the `agent` query parameter, or the agent's own name).
-pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> Option<Value> {
+pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> Option<Decided> {
     if from != Agent::ClaudeCode {
         return None;
     }
@@ -106,7 +164,10 @@ pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> 
     }
     let q = crate::policy::question(from, bytes)?;
     let verdict = api.hooks.decide_value(q.point, agent, &q.payload);
-    Some(claude_code(&q.event, &verdict))
+    Some(Decided {
+        answer: claude_code(&q.event, &verdict),
+        stamp: Stamp { verdict },
+    })
 }
 
 /// Claude Code's documented answer for `event` (<https://code.claude.com/docs/en/hooks>):

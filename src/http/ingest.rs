@@ -307,12 +307,19 @@ pub(crate) async fn agent(
         .map_err(refused)?;
     // Policies answer first (docs/policies.md § Doors); the event is ingested as always.
     let name = opts.agent.as_deref().unwrap_or(from.name());
-    let decided = super::decide::door_answer(&api, from, name, &bytes);
+    let (decided, stamp) = match super::decide::door_answer(&api, from, name, &bytes) {
+        Some(d) => (Some(d.answer), Some(d.stamp)),
+        None => (None, None),
+    };
     let small = bytes.len() <= INLINE_BYTES;
     let hooks = api.hooks.clone();
     let seen = api.clone();
     let work = move || {
-        let translated = crate::agents::translate(from, &bytes, &opts)?;
+        let mut translated = crate::agents::translate(from, &bytes, &opts)?;
+        // The event carries what was decided (docs/policies.md § Audit).
+        if let Some(stamp) = &stamp {
+            stamp.stamp(&mut translated);
+        }
         // Seen, whatever becomes of the line: `prx-hooks doctor` asks what reached us.
         seen.seen.record(from, &translated.event);
         let mut lines = LineIngest::new(&hooks, IngestOptions::default());

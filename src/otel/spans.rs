@@ -7,6 +7,7 @@ use super::batch::EventRef;
 use super::export::Chunk;
 use super::payload::{Member, Payload, raw_text};
 use crate::EventKind;
+use crate::policy;
 use crate::shell::{Outcome, OutcomeKind};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -422,6 +423,25 @@ impl Builder {
             open.rec.text_attr("gen_ai.tool.call.arguments", v);
         }
         let ids = self.ids_of(c.key, &open);
+        // Decided before it ran (docs/policies.md § Audit): the decision is a guardrail span
+        // under the tool's; a denied tool never runs, so its span ends here, with the reason.
+        if let Some(decision) = c.payload.str_opt(policy::DECISION_FIELD) {
+            self.guardrail(c, ids, &tool, &decision);
+            if decision == "deny" {
+                let reason = c.payload.str(policy::REASON_FIELD);
+                let reason = if reason.is_empty() {
+                    format!(
+                        "denied by policy {}",
+                        c.payload.str(policy::POLICY_ID_FIELD)
+                    )
+                } else {
+                    reason.into_owned()
+                };
+                open.rec.error("policy_denied", &reason);
+                self.finish(open, c.t);
+                return ids;
+            }
+        }
         // Bounded per emitter: the oldest open tool gives way.
         let max_tools = self.limits.max_open.saturating_sub(2).max(1);
         let e = self.state(c.key);
@@ -431,6 +451,45 @@ impl Builder {
             self.unmatched(old, "too many open tool calls");
         }
         ids
+    }
+
+    /// An `apply_guardrail {policy}` span under the tool span `parent`, at the event's time:
+    /// GenAI's guardrail shape (`gen_ai.operation.name` `apply_guardrail`) with the decision
+    /// as a `gen_ai.evaluation.result` event (name, score label, explanation).
+    fn guardrail(&mut self, c: &Ctx, parent: (TraceId, SpanId), tool: &str, decision: &str) {
+        let policy = c.payload.str(policy::POLICY_ID_FIELD);
+        let reason = c.payload.str(policy::REASON_FIELD);
+        let id = self.ids.span();
+        let mut rec = self.rec();
+        rec.begin(Kind::Internal, parent.0, id, Some(parent.1), c.t);
+        rec.name2(
+            "apply_guardrail",
+            if policy.is_empty() { decision } else { &policy },
+        );
+        let e = &self.emitters[&c.key];
+        Self::common(&mut rec, e, "apply_guardrail");
+        rec.str("gen_ai.tool.name", tool);
+        if let Some(call) = call_id(c.payload) {
+            rec.str("gen_ai.tool.call.id", &call);
+        }
+        rec.str("prx.policy.decision", decision);
+        if !policy.is_empty() {
+            rec.str("prx.policy.id", &policy);
+        }
+        let (reason, _) = attrs::cut(&reason, self.limits.max_value_bytes);
+        if !reason.is_empty() {
+            rec.str("prx.policy.reason", reason);
+        }
+        let mut result = vec![
+            ("gen_ai.evaluation.name", &*policy),
+            ("gen_ai.evaluation.score.label", decision),
+        ];
+        if !reason.is_empty() {
+            result.push(("gen_ai.evaluation.explanation", reason));
+        }
+        rec.event("gen_ai.evaluation.result", c.t, &result);
+        rec.end = c.t;
+        self.emit(rec);
     }
 
     fn tool_end(&mut self, c: &Ctx) -> (TraceId, SpanId) {

@@ -20,3 +20,11 @@ pub use model::{Condition, Decision, DecisionPoint, Policy, PolicyTable, Test, V
 
 /// The bus topic every decision is published under (when a subscription wants it).
 pub const DECISION_TOPIC: &str = "prx.policy.decision";
+
+/// The extra field a decided lifecycle event carries with its decision (`allow`, `ask`,
+/// `deny`): set by the doors that both decide and ingest (docs/policies.md § Audit).
+pub const DECISION_FIELD: &str = "policy_decision";
+/// The extra field with the id of the policy reported (beside [`DECISION_FIELD`]).
+pub const POLICY_ID_FIELD: &str = "policy_id";
+/// The extra field with that policy's reason, when it has one.
+pub const REASON_FIELD: &str = "policy_reason";

@@ -394,6 +394,79 @@ fn an_agents_row_shows_the_command_first_and_leaves_file_paths_to_the_detail() {
     page.assert_no_script_errors();
 }
 
+#[test]
+fn a_decided_tool_calls_row_shows_the_decision_and_its_reason() {
+    let c = Console::start_in(&hooks_file(&[]), |ws| {
+        std::fs::write(
+            ws.join("policies.json"),
+            r#"{"policies": [{"id": "no-rm-rf", "on": ["tool_call_start"], "matcher": "Bash",
+              "when": {"arguments.command": {"regex": "\\brm\\s+-[a-zA-Z]*[rf]"}},
+              "decision": "deny", "reason": "rm -rf is not allowed in this workspace"}]}"#,
+        )
+        .unwrap();
+    });
+    let page = c.sign_in(Viewport::Desktop);
+    let auth = format!("Bearer {TOKEN}");
+    for command in ["rm -rf build", "ls -la"] {
+        let body =
+            json!({"session_id": "s-1", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+                          "tool_input": {"command": command}})
+            .to_string();
+        let r = http(
+            "POST",
+            &c.url("/api/ingest/claude-code"),
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let rows = page.wait(
+        "the two tool calls' rows and the decision's",
+        "const rows = [...document.querySelectorAll('#stream-list li.row.bus')].map(li => ({ \
+           event: li.querySelector('.badge.event').textContent, \
+           mark: (li.querySelector('.text .badge.decision') || {}).textContent || null, \
+           title: (li.querySelector('.text .badge.decision') || {}).title || null, \
+           text: li.querySelector('.text').textContent })); \
+         return rows.length >= 4 ? rows : null;",
+        vec![],
+    );
+    let rows = rows.as_array().unwrap();
+    let find = |event: &str, needle: &str| {
+        rows.iter()
+            .find(|r| r["event"] == event && r["text"].as_str().unwrap().contains(needle))
+            .unwrap_or_else(|| panic!("no {event} row with {needle:?}: {rows:?}"))
+    };
+    // The decided event: the decision as a badge (the reason as its title), then the
+    // decision's words, then what the tool was asked to do.
+    let denied = find("tool_call_start", "rm -rf build");
+    assert_eq!(denied["mark"], "deny", "{denied}");
+    assert_eq!(denied["title"], "rm -rf is not allowed in this workspace");
+    let text = denied["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("deny deny by no-rm-rf: rm -rf is not allowed in this workspace · tool: Bash · command: rm -rf build"),
+        "{text}"
+    );
+    assert!(!text.contains("policy_"), "{text}");
+    // The decision as published on the bus.
+    let published = find("prx.policy.decision", "no-rm-rf");
+    assert_eq!(published["mark"], "deny");
+    // No policy decided: the row as before, and the published question says so.
+    let plain = find("tool_call_start", "ls -la");
+    assert_eq!(plain["mark"], Value::Null, "{plain}");
+    assert!(
+        plain["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("tool: Bash · command: ls -la")
+    );
+    let none = find("prx.policy.decision", "no decision");
+    assert_eq!(none["mark"], "none");
+    page.assert_no_script_errors();
+}
+
 /// A server that keeps its runs (as `prx-hooks run` does) shows a hook's runs from before a
 /// restart in the page's run history.
 #[test]

@@ -271,3 +271,40 @@ fn claude_codes_http_hook_gets_its_documented_decision_and_the_event_is_still_in
     assert_eq!(body["hookSpecificOutput"]["permissionDecision"], "deny");
     assert_eq!(outcome.as_deref(), Some("error"));
 }
+
+#[test]
+fn the_lifecycle_event_of_a_decided_tool_call_carries_the_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let api = start(&log);
+    let door = "/api/ingest/claude-code";
+    let pre = |tool: &str, command: &str| {
+        json!({"session_id": "cc2", "hook_event_name": "PreToolUse", "tool_name": tool,
+               "tool_input": {"command": command}, "tool_use_id": "toolu_1"})
+    };
+    post_json(&api, door, &pre("Bash", "rm -rf /tmp/victim"));
+    post_json(&api, door, &pre("WebFetch", "x"));
+    post_json(&api, door, &pre("Bash", "ls -la"));
+    wait_for("three hook runs", || lines(&log).len() >= 3);
+    let runs: Vec<Value> = lines(&log)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // What the tool_call_start hooks receive: the decision beside the documented fields.
+    assert_eq!(runs[0]["tool"], "Bash");
+    assert_eq!(runs[0]["policy_decision"], "deny", "{}", runs[0]);
+    assert_eq!(runs[0]["policy_id"], "no-rm-rf");
+    assert_eq!(
+        runs[0]["policy_reason"],
+        "rm -rf is not allowed in this workspace"
+    );
+    assert_eq!(runs[0]["tool_use_id"], "toolu_1", "the agent's fields stay");
+    assert_eq!(
+        (&runs[1]["policy_decision"], &runs[1]["policy_id"]),
+        (&json!("ask"), &json!("ask-web"))
+    );
+    // No policy decided: no decision fields (the hooks see the payload as before).
+    for field in ["policy_decision", "policy_id", "policy_reason"] {
+        assert!(runs[2].get(field).is_none(), "{}", runs[2]);
+    }
+}

@@ -12,6 +12,7 @@ mod content;
 #[path = "../support/fixtures.rs"]
 mod fixtures;
 mod hooks;
+mod policy;
 mod pressure;
 mod spans;
 

@@ -959,12 +959,35 @@
     return truncate(parts.join(" · "), 240);
   }
 
+  // A decision (docs/policies.md § Audit): the decided event's own fields, or the
+  // `prx.policy.decision` message the decision was published as. `null` if neither.
+  const DECISION_TOPIC = "prx.policy.decision";
+  const DECISION_FIELDS = new Set(["policy_decision", "policy_id", "policy_reason"]);
+  function decisionOf(d) {
+    const p = d.payload;
+    if (!p || typeof p !== "object") return null;
+    if (d.topic === DECISION_TOPIC) {
+      return { decision: p.decision || "none", policy: p.policy, reason: p.reason, point: p.point, us: p.elapsed_us };
+    }
+    if (typeof p.policy_decision === "string") {
+      return { decision: p.policy_decision, policy: p.policy_id, reason: p.policy_reason };
+    }
+    return null;
+  }
+
+  function decisionText(x) {
+    if (x.decision === "none") return (x.point ? x.point + " " : "") + "no decision";
+    return (x.point ? x.point + " " : "") + x.decision + (x.policy ? " by " + x.policy : "") +
+      (x.reason ? ": " + truncate(String(x.reason).replace(/\s+/g, " "), 160) : "") +
+      (typeof x.us === "number" ? " (" + fmt(x.us) + " µs)" : "");
+  }
+
   function rowNode(row) {
     if (row.kind === "notice") {
       return el("li", { class: "row notice", "data-kind": row.data.kind }, row.data.text);
     }
     const d = row.data;
-    let badge, who, text, cls = "";
+    let badge, who, text, mark = null, cls = "";
     if (row.kind === "run") {
       // A run that never started says why in the text; its badge is the kind.
       const notRun = d.kind === "skipped" || d.kind === "dropped" || d.kind === "cancelled";
@@ -976,7 +999,18 @@
     } else {
       badge = el("span", { class: "badge event", title: d.topic || null }, d.event || d.topic || "message");
       who = [d.agent, d.session].filter((x) => x).join(" / ");
-      text = summary(d.payload, d.event);
+      const decided = decisionOf(d);
+      if (decided && d.topic === DECISION_TOPIC) {
+        text = decisionText(decided);
+      } else if (decided) {
+        const rest = Object.fromEntries(Object.entries(d.payload).filter(([k]) => !DECISION_FIELDS.has(k)));
+        text = decisionText(decided) + " · " + summary(rest, d.event);
+      } else {
+        text = summary(d.payload, d.event);
+      }
+      if (decided) {
+        mark = el("span", { class: "badge decision decision-" + decided.decision, title: decided.reason || null }, decided.decision);
+      }
       cls = "bus";
     }
     const detail = el("pre", { class: "detail", hidden: true }, block(JSON.stringify(d, null, 2)));
@@ -984,7 +1018,7 @@
       el("span", { class: "time" }, clock(d.timestamp || d.time)),
       badge,
       el("span", { class: "who" }, who),
-      el("span", { class: "text" }, text));
+      el("span", { class: "text" }, mark, mark ? " " : null, text));
     head.addEventListener("click", () => {
       const open = head.getAttribute("aria-expanded") === "true";
       head.setAttribute("aria-expanded", String(!open));

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 ///   `hookSpecificOutput.permissionDecision` and its reason; PermissionRequest's
 ///   `decision.behavior`; UserPromptSubmit's `decision: "block"` and reason.
 /// - Codex (<https://developers.openai.com/codex/hooks>): the same shapes, but its PreToolUse
-///   takes only `deny` (an `allow` or `ask` there marks the hook failed), so `ask` is a deny
+///   acts only on `deny` (an `ask` there marks the hook failed), so `ask` is a deny
 ///   with the reason kept and `allow` says nothing.
 /// - Gemini CLI (<https://geminicli.com/docs/hooks/reference>): `decision` (`allow` / `deny`)
 ///   and `reason` at the top level on BeforeTool and BeforeAgent; `ask` is a deny.

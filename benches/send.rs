@@ -9,7 +9,11 @@
 //! * `prx-hooks send --from claude-code` — one Claude Code `PostToolUse` payload, translated
 //!   by the server;
 //! * the same three with `prx-hooks-send`, the small program `connect` writes into the agents'
-//!   settings.
+//!   settings;
+//! * `prx-hooks-send --from claude-code` on a decision point: a `PreToolUse` running
+//!   `rm -rf build`, which the workspace's no-rm-rf policy denies (the answer printed on
+//!   stdout), and one running `ls`, which no policy decides — beside the `PostToolUse` above,
+//!   today's fire-and-forget `send` (docs/policies.md § Speed).
 //!
 //! Each round runs every command once, in a rotating order, timing spawn to exit. Printed:
 //! p50/p90/p99 per command and `send`'s p50 as a multiple of `/bin/true`'s.
@@ -68,6 +72,10 @@ fn ms(d: Duration) -> String {
 fn start_server(ws: &Path) -> std::process::Child {
     let hooks = r#"{"hooks": {"tool_call": [{"command": "/bin/true"}]}}"#;
     std::fs::write(ws.join("hooks.json"), hooks).unwrap();
+    let policies = r#"{"policies": [{"id": "no-rm-rf", "on": ["tool_call_start"], "matcher": "Bash",
+        "when": {"arguments.command": {"regex": "\\brm\\s+-[a-zA-Z]*[rf]"}},
+        "decision": "deny", "reason": "rm -rf is not allowed in this workspace"}]}"#;
+    std::fs::write(ws.join("policies.json"), policies).unwrap();
     let child = Command::new(BIN)
         .args(["run", "--listen", "127.0.0.1:0", "--workspace"])
         .arg(ws)
@@ -99,6 +107,13 @@ fn main() {
     let ws_arg = ws.path().display().to_string();
     let tool_call = br#"{"event":"tool_call","agent":"coder","session":"bench","payload":{"tool":"shell","success":true,"output":"ok"}}"#;
     let claude = br#"{"session_id":"bench","transcript_path":"/tmp/t.jsonl","cwd":"/tmp","permission_mode":"default","hook_event_name":"PostToolUse","tool_name":"Bash","tool_input":{"command":"ls"},"tool_response":{"stdout":"a\nb\n","stderr":"","interrupted":false},"tool_use_id":"toolu_01"}"#;
+    let pre = |command: &str| {
+        format!(
+            r#"{{"session_id":"bench","transcript_path":"/tmp/t.jsonl","cwd":"/tmp","permission_mode":"default","hook_event_name":"PreToolUse","tool_name":"Bash","tool_input":{{"command":"{command}"}},"tool_use_id":"toolu_02"}}"#
+        )
+        .into_bytes()
+    };
+    let (denied, undecided) = (pre("rm -rf build"), pre("ls"));
     let case = |name, program: &str, args: &[&str], stdin: &[u8]| Case {
         name,
         program: program.to_string(),
@@ -135,11 +150,36 @@ fn main() {
             &["--from", "claude-code", "--workspace", &ws_arg],
             claude,
         ),
+        case(
+            "prx-hooks-send PreToolUse denied",
+            SEND_BIN,
+            &["--from", "claude-code", "--workspace", &ws_arg],
+            &denied,
+        ),
+        case(
+            "prx-hooks-send PreToolUse no decision",
+            SEND_BIN,
+            &["--from", "claude-code", "--workspace", &ws_arg],
+            &undecided,
+        ),
     ];
     // Warm the page cache and the server's first connection.
     for c in &cases {
         time(c);
     }
+    // The decision point is one: the policy's deny comes back.
+    let mut child = Command::new(SEND_BIN)
+        .args(["--from", "claude-code", "--workspace", &ws_arg])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _ = child.stdin.take().unwrap().write_all(&denied);
+    let said = child.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&said.stdout).contains("\"deny\""),
+        "{said:?}"
+    );
     for round in 0..rounds {
         let n = cases.len();
         for k in 0..n {
@@ -171,6 +211,12 @@ fn main() {
         p50[3].as_secs_f64() / p50[1].as_secs_f64()
     );
     println!("  send --from claude-code p50 = {:.1}× /bin/true", ratio(4));
+    let of = |i: usize| p50[i].as_secs_f64() / p50[7].as_secs_f64();
+    println!(
+        "  prx-hooks-send on a decision point p50 = {:.2}× (denied), {:.2}× (no decision) the fire-and-forget PostToolUse (target: ≤ 1.1×)",
+        of(8),
+        of(9)
+    );
     println!(
         "  prx-hooks-send p50 = {:.1}× /bin/true, --from claude-code {:.1}× (target: ≤ 3 ms and ≤ 4× /bin/true)",
         ratio(6),

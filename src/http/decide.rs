@@ -1,7 +1,7 @@
 //! The decision doors of the HTTP API (docs/policies.md § Doors): `POST /api/decide` for any
-//! agent, and the answer Claude Code's `http` hook gets from `POST /api/ingest/claude-code`
-//! on the events it lets a hook decide. Both ask [`Hooks::decide`](crate::Hooks::decide):
-//! no ring, worker, hook or plugin is waited for.
+//! agent, and the answer `POST /api/ingest/{claude-code,codex,gemini-cli}` gives on the events
+//! those agents let a hook decide (Claude Code's `http` hook, `prx-hooks-send --from`). Both
+//! ask [`Hooks::decide`](crate::Hooks::decide): no ring, worker, hook or plugin is waited for.
 
 use super::body::{self, Media};
 use super::error::ApiError;
@@ -145,11 +145,14 @@ fn stamp_line(line: &mut String, decision: Decision, v: &Verdict) {
     line.push_str("}}");
 }
 
-/// What `POST /api/ingest/{agent}` answers an agent's hook on an event policies decide
-/// (`None`: `{}` as before — not a decision point, not JSON, no such agent door). `agent` is
-/// the name policies match (the `agent` query parameter, or the agent's own name).
+/// What `POST /api/ingest/{agent}` answers an agent's hook on an event policies decide, in
+/// the agent's own format ([`policy::answer`](crate::policy::answer); `None`: `{}` as before —
+/// not a decision point, not JSON, an agent policies do not answer), with the stamp its
+/// lifecycle event carries. Claude Code's `http` hook reads the answer as the body;
+/// `prx-hooks-send` finds it as the report's `answer`. `agent` is the name policies match
+/// (the `agent` query parameter, or the agent's own name).
 pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> Option<Decided> {
-    if from != Agent::ClaudeCode {
+    if !matches!(from, Agent::ClaudeCode | Agent::Codex | Agent::GeminiCli) {
         return None;
     }
     // No policy in force: nothing to decide, and the payload is not parsed a second time
@@ -165,57 +168,7 @@ pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> 
     let q = crate::policy::question(from, bytes)?;
     let verdict = api.hooks.decide_value(q.point, agent, &q.payload);
     Some(Decided {
-        answer: claude_code(&q.event, &verdict),
+        answer: crate::policy::answer(from, &q.event, &verdict),
         stamp: Stamp { verdict },
     })
-}
-
-/// Claude Code's documented answer for `event` (<https://code.claude.com/docs/en/hooks>):
-/// PreToolUse's `permissionDecision`, PermissionRequest's `decision.behavior`,
-/// UserPromptSubmit's `decision: "block"`; `{}` when nothing decides. `ask` where Claude Code
-/// has none (PermissionRequest, UserPromptSubmit) is a deny with the reason kept.
-fn claude_code(event: &str, v: &Verdict) -> Value {
-    let Some(decision) = v.decision else {
-        return json!({});
-    };
-    let reason = v.reason.clone().unwrap_or_default();
-    let mut specific = Map::new();
-    specific.insert("hookEventName".into(), event.into());
-    match event {
-        "PreToolUse" => {
-            specific.insert("permissionDecision".into(), decision.as_str().into());
-            specific.insert("permissionDecisionReason".into(), reason.into());
-        }
-        "PermissionRequest" => {
-            let behavior = match decision {
-                Decision::Allow => "allow",
-                Decision::Ask | Decision::Deny => "deny",
-            };
-            let mut d = json!({"behavior": behavior});
-            if behavior == "deny" {
-                d["message"] = reason.into();
-            }
-            specific.insert("decision".into(), d);
-        }
-        _ => {
-            if let Some(c) = &v.context {
-                specific.insert("additionalContext".into(), c.clone().into());
-            }
-            let mut out = Map::new();
-            if decision != Decision::Allow {
-                out.insert("decision".into(), "block".into());
-                out.insert("reason".into(), reason.into());
-            }
-            if specific.len() > 1 {
-                out.insert("hookSpecificOutput".into(), Value::Object(specific));
-            }
-            return Value::Object(out);
-        }
-    }
-    if let Some(c) = &v.context
-        && event == "PreToolUse"
-    {
-        specific.insert("additionalContext".into(), c.clone().into());
-    }
-    json!({"hookSpecificOutput": specific})
 }

@@ -257,14 +257,15 @@ fn flag(key: &str, value: &str) -> Result<bool, ApiError> {
 /// Each translated payload's event name is recorded as seen for the agent of the route
 /// (`GET /api/agents`, seen.rs).
 ///
-/// The answer is the agents' "no decision, carry on" at once: `200 {}` (for Claude Code's
-/// PreToolUse, PermissionRequest and UserPromptSubmit, what the policies decided, in its
+/// The answer is the agents' "no decision, carry on" at once: `200 {}` (on the events Claude
+/// Code, Codex and Gemini CLI let a hook decide, what the policies decided, in the agent's
 /// documented format: `http/decide.rs`), with the line's
 /// outcome in `X-Prx-Hooks-Outcome` (`queued`, `skipped`, `dropped`, `refused`, `error`). A
 /// payload that cannot be translated is a 400 naming its place (for Claude Code a non-2xx
 /// answer is a non-blocking error: the agent goes on and shows it); an unknown agent a 404.
 /// With `report=true` (what `prx-hooks send` asks) the body is the line's [`IngestReport`]
-/// instead, so a refusal's reason reaches the sender.
+/// instead, so a refusal's reason reaches the sender, and the decision, if any, is its
+/// `answer` member.
 pub(crate) async fn agent(
     State(api): ApiState,
     name: Result<Path<String>, PathRejection>,
@@ -360,7 +361,14 @@ pub(crate) async fn agent(
         _ => "error",
     };
     let mut resp = if with_report {
-        json_response(StatusCode::OK, &report)
+        // `prx-hooks-send` prints the decision it finds here as the hook's answer.
+        match (decided, serde_json::to_value(&report)) {
+            (Some(answer), Ok(serde_json::Value::Object(mut body))) => {
+                body.insert("answer".into(), answer);
+                json_response(StatusCode::OK, &body)
+            }
+            _ => json_response(StatusCode::OK, &report),
+        }
     } else {
         json_response(
             StatusCode::OK,

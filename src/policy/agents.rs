@@ -37,14 +37,7 @@ pub fn question(agent: Agent, payload: &[u8]) -> Option<Question> {
         return None;
     };
     let event = obj.get("hook_event_name")?.as_str()?.to_string();
-    let point = match (agent, event.as_str()) {
-        (Agent::ClaudeCode | Agent::Codex, "PreToolUse") => DecisionPoint::ToolCallStart,
-        (Agent::ClaudeCode | Agent::Codex, "PermissionRequest") => DecisionPoint::Permission,
-        (Agent::ClaudeCode | Agent::Codex, "UserPromptSubmit") => DecisionPoint::Prompt,
-        (Agent::GeminiCli, "BeforeTool") => DecisionPoint::ToolCallStart,
-        (Agent::GeminiCli, "BeforeAgent") => DecisionPoint::Prompt,
-        _ => return None,
-    };
+    let point = decision_point(agent, &event)?;
     let payload = if point.has_tool() {
         Value::Object(tool_payload(obj))
     } else {
@@ -54,6 +47,29 @@ pub fn question(agent: Agent, payload: &[u8]) -> Option<Question> {
         event,
         point,
         payload,
+    })
+}
+
+/// The decision point `agent`'s hook event `event` is, if the agent lets a hook decide there
+/// (Claude Code and Codex: PreToolUse, PermissionRequest, UserPromptSubmit; Gemini CLI:
+/// BeforeTool, BeforeAgent).
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::agents::Agent;
+/// use prx_hooks::policy::{DecisionPoint, decision_point};
+/// assert_eq!(decision_point(Agent::GeminiCli, "BeforeTool"), Some(DecisionPoint::ToolCallStart));
+/// assert_eq!(decision_point(Agent::ClaudeCode, "PostToolUse"), None);
+/// ```
+pub fn decision_point(agent: Agent, event: &str) -> Option<DecisionPoint> {
+    Some(match (agent, event) {
+        (Agent::ClaudeCode | Agent::Codex, "PreToolUse") => DecisionPoint::ToolCallStart,
+        (Agent::ClaudeCode | Agent::Codex, "PermissionRequest") => DecisionPoint::Permission,
+        (Agent::ClaudeCode | Agent::Codex, "UserPromptSubmit") => DecisionPoint::Prompt,
+        (Agent::GeminiCli, "BeforeTool") => DecisionPoint::ToolCallStart,
+        (Agent::GeminiCli, "BeforeAgent") => DecisionPoint::Prompt,
+        _ => return None,
     })
 }
 

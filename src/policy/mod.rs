@@ -3,12 +3,14 @@
 //! § Policies). Hooks observe; only policies decide, and only when asked.
 
 mod agents;
+mod answer;
 mod decider;
 mod eval;
 mod load;
 mod model;
 
-pub use agents::{Question, question};
+pub use agents::{Question, decision_point, question};
+pub use answer::answer;
 pub(crate) use decider::Decider;
 pub(crate) use eval::STATS_SECTION;
 pub use eval::{DecideError, MAX_PAYLOAD_BYTES, PoliciesStats, PolicyCount, Trace};

@@ -216,6 +216,27 @@ impl Verdict {
             elapsed,
         }
     }
+
+    /// `decision` with `reason`, by no policy: what a door answers on its own (the fail mode
+    /// of `prx-hooks-send --on-unreachable deny`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::policy::{Decision, Verdict};
+    /// let v = Verdict::decided(Decision::Deny, "the policy server could not be reached");
+    /// assert_eq!(v.decision, Some(Decision::Deny));
+    /// assert_eq!(v.policy, None);
+    /// ```
+    pub fn decided(decision: Decision, reason: impl Into<String>) -> Verdict {
+        Verdict {
+            decision: Some(decision),
+            reason: Some(reason.into()),
+            policy: None,
+            context: None,
+            elapsed: Duration::ZERO,
+        }
+    }
 }
 
 /// What a table shares between its policies so that one decision computes it once: the

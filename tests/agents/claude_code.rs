@@ -222,6 +222,24 @@ fn session(s: &Setup, cli: &Cli, model: &ModelServer) -> Value {
 
 /// [`session`] with more environment for Claude Code (the token its `http` hooks send).
 fn session_with(s: &Setup, cli: &Cli, model: &ModelServer, env: &[(&str, &str)]) -> Value {
+    let (result, run) = claude(s, cli, model, env);
+    assert_eq!(
+        (result["is_error"].as_bool(), result["result"].as_str()),
+        (Some(false), Some(ANSWER)),
+        "{}\nmodel:\n{}",
+        run.show(),
+        model.summary()
+    );
+    result
+}
+
+/// One `claude -p` session, whatever its result.
+fn claude(
+    s: &Setup,
+    cli: &Cli,
+    model: &ModelServer,
+    env: &[(&str, &str)],
+) -> (Value, crate::harness::AgentRun) {
     let mut cmd = Command::new(&cli.program);
     cmd.envs(env.iter().copied());
     cmd.args(["-p", PROMPT, "--output-format", "json"])
@@ -237,14 +255,7 @@ fn session_with(s: &Setup, cli: &Cli, model: &ModelServer, env: &[(&str, &str)])
     let run = s.run_agent("claude", cmd, Duration::from_secs(180));
     let result: Value = serde_json::from_str(run.stdout.trim())
         .unwrap_or_else(|e| panic!("claude's result: {e}: {}", run.show()));
-    assert_eq!(
-        (result["is_error"].as_bool(), result["result"].as_str()),
-        (Some(false), Some(ANSWER)),
-        "{}\nmodel:\n{}",
-        run.show(),
-        model.summary()
-    );
-    result
+    (result, run)
 }
 
 /// The model was asked twice in the session's turn: the tool call, then (with its result) the
@@ -398,4 +409,98 @@ fn traced_session(connect: &[&str]) {
     }
     let traces: std::collections::HashSet<_> = agents.iter().map(|sp| &sp.trace_id).collect();
     assert_eq!(traces.len(), 1, "one session, one trace:\n{tree}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Policies (docs/policies.md § Doors): the real Claude Code, `connect` with a workspace that
+// holds the no-rm-rf rule, the fake model asking to run `rm -rf <victim>`.
+
+/// What the tool result sent back to the model after its tool call says.
+fn tool_result(model: &ModelServer) -> String {
+    let reqs = model.requests();
+    let call = reqs
+        .iter()
+        .position(|r| r.answer == Answer::ToolCall)
+        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
+    let next = reqs[call + 1..]
+        .iter()
+        .find(|r| r.answer == Answer::Text)
+        .unwrap_or_else(|| panic!("no request after the tool call:\n{}", model.summary()));
+    let last = next.body["messages"].as_array().unwrap().last().unwrap();
+    last["content"]
+        .as_array()
+        .and_then(|c| c.iter().find(|b| b["type"] == "tool_result"))
+        .unwrap_or_else(|| panic!("no tool_result in {last}"))
+        .to_string()
+}
+
+#[test]
+fn claude_code_policies_deny_rm_rf_the_tool_does_not_run_and_the_model_is_told_why() {
+    let Some(cli) = cli("@anthropic-ai/claude-code") else {
+        return;
+    };
+    let (s, victim) = crate::harness::guarded();
+    let model = ModelServer::start(Api::Anthropic, crate::harness::rm_rf(&victim));
+    let server = Server::start(&s.ws);
+    // The workspace holds policies.json: connect writes the decision points synchronous.
+    s.connect(AGENT, &[]);
+    session(&s, &cli, &model);
+    assert!(victim.join("keep").exists(), "the denied rm -rf ran");
+    let result = tool_result(&model);
+    assert!(
+        result.contains("rm -rf is not allowed in this workspace"),
+        "the model is told the reason: {result}"
+    );
+    server.stop();
+
+    // An allowed command runs, its output goes back to the model.
+    let model = ModelServer::start(Api::Anthropic, Script::shell(COMMAND, ANSWER));
+    let server = Server::start(&s.ws);
+    session(&s, &cli, &model);
+    model_saw_the_tool_result(&model);
+    server.stop();
+}
+
+#[test]
+fn claude_code_policies_with_the_server_down_apply_the_fail_mode_connect_wrote() {
+    let Some(cli) = cli("@anthropic-ai/claude-code") else {
+        return;
+    };
+    let (s, victim) = crate::harness::guarded();
+    // A workspace whose server ran and has stopped.
+    Server::start(&s.ws).stop();
+    s.connect(AGENT, &["--on-unreachable", "deny"]);
+    let model = ModelServer::start(Api::Anthropic, crate::harness::rm_rf(&victim));
+    // Every decision point denies, the prompt first: Claude Code says why and stops there.
+    let (result, run) = claude(&s, &cli, &model, &[]);
+    assert!(
+        victim.join("keep").exists(),
+        "rm -rf ran with the server down"
+    );
+    let said = result["result"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("UserPromptSubmit") && said.contains("policy server could not be reached"),
+        "{}",
+        run.show()
+    );
+    assert!(
+        !model
+            .requests()
+            .iter()
+            .any(|r| r.answer == Answer::ToolCall),
+        "{}",
+        model.summary()
+    );
+    // The denied prompt's event is spooled as any other.
+    assert!(
+        s.spooled(1).contains(&"UserPromptSubmit".to_string()),
+        "{:?}",
+        s.spooled(0)
+    );
+
+    // The default, none: the agent's own flow (here: it runs).
+    s.connect(AGENT, &[]);
+    let model = ModelServer::start(Api::Anthropic, crate::harness::rm_rf(&victim));
+    session(&s, &cli, &model);
+    assert!(!victim.exists(), "with no decision the command ran");
 }

@@ -353,3 +353,91 @@ fn codex_hooks_not_trusted_never_run() {
     assert_eq!(report["stats"]["emitted"], 0, "{report}");
     assert!(s.records().is_empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Policies (docs/policies.md § Doors): `connect codex` with a workspace that holds the
+// no-rm-rf rule; the fake model asks to run `rm -rf <victim>`.
+
+/// One `codex exec` session with our hooks trusted.
+fn run_guarded(s: &Setup, cli: &Cli) -> crate::harness::AgentRun {
+    let mut cmd = Command::new(&cli.program);
+    cmd.args(["exec", "--skip-git-repo-check"])
+        .arg("--dangerously-bypass-approvals-and-sandbox")
+        .arg("--dangerously-bypass-hook-trust")
+        .arg(PROMPT)
+        .env("CODEX_HOME", s.codex_home())
+        .env("PRX_FAKE_OPENAI_KEY", "sk-fake");
+    s.run_agent("codex", cmd, Duration::from_secs(180))
+}
+
+/// [`run_guarded`], the model answered after its tool call: what the tool's result told it.
+fn guarded_session(s: &Setup, cli: &Cli, model: &ModelServer) -> String {
+    let run = run_guarded(s, cli);
+    assert!(
+        run.stdout.contains(ANSWER),
+        "{}\nmodel:\n{}",
+        run.show(),
+        model.summary()
+    );
+    let reqs = model.requests();
+    let call = reqs
+        .iter()
+        .position(|r| r.answer == Answer::ToolCall)
+        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
+    let answered = reqs[call + 1..]
+        .iter()
+        .find(|r| r.answer == Answer::Text)
+        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
+    answered.body["input"]
+        .as_array()
+        .and_then(|i| i.iter().find(|i| i["type"] == "function_call_output"))
+        .unwrap_or_else(|| panic!("no function_call_output in {}", answered.body))
+        .to_string()
+}
+
+#[test]
+fn codex_policies_deny_rm_rf_the_tool_does_not_run_and_the_model_is_told_why() {
+    let Some(cli) = cli("@openai/codex") else {
+        return;
+    };
+    let (s, victim) = crate::harness::guarded();
+    let model = ModelServer::start(Api::OpenAiResponses, crate::harness::rm_rf(&victim));
+    users_config(&s, &model);
+    let server = Server::start(&s.ws);
+    s.connect(AGENT, &[]);
+    let result = guarded_session(&s, &cli, &model);
+    assert!(victim.join("keep").exists(), "the denied rm -rf ran");
+    assert!(
+        result.contains("rm -rf is not allowed in this workspace"),
+        "the model is told the reason: {result}"
+    );
+    // An allowed command runs.
+    let model = ModelServer::start(Api::OpenAiResponses, Script::shell(COMMAND, ANSWER));
+    users_config(&s, &model);
+    let result = guarded_session(&s, &cli, &model);
+    assert!(result.contains(COMMAND_OUTPUT), "{result}");
+    server.stop();
+
+    // The server down, --on-unreachable deny: every decision point denies, the prompt first.
+    s.connect(AGENT, &["--on-unreachable", "deny"]);
+    let model = ModelServer::start(Api::OpenAiResponses, crate::harness::rm_rf(&victim));
+    users_config(&s, &model);
+    let run = run_guarded(&s, &cli);
+    assert!(
+        victim.join("keep").exists(),
+        "rm -rf ran with the server down"
+    );
+    assert!(
+        run.stderr.contains("UserPromptSubmit Blocked"),
+        "{}",
+        run.show()
+    );
+    assert!(
+        !model
+            .requests()
+            .iter()
+            .any(|r| r.answer == Answer::ToolCall),
+        "{}",
+        model.summary()
+    );
+}

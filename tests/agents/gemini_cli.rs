@@ -373,3 +373,90 @@ fn expect<'a>(table: &'a [Row], session: &'a str) -> Expect<'a> {
         order: Order::Exact,
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Policies (docs/policies.md § Doors): `connect gemini-cli` with a workspace that holds the
+// no-rm-rf rule; the fake model asks to run `rm -rf <victim>`.
+
+/// One `gemini -p --yolo` session.
+fn run_guarded(s: &Setup, cli: &Cli, model: &ModelServer) -> crate::harness::AgentRun {
+    let mut cmd = Command::new(&cli.program);
+    cmd.args(["-p", PROMPT, "--yolo"])
+        .env("GOOGLE_GEMINI_BASE_URL", model.url())
+        .env("GEMINI_API_KEY", "fake-gemini-key");
+    s.run_agent("gemini", cmd, Duration::from_secs(180))
+}
+
+/// [`run_guarded`], the model answered after its tool call: what the tool's result told it.
+fn guarded_session(s: &Setup, cli: &Cli, model: &ModelServer) -> String {
+    let run = run_guarded(s, cli, model);
+    assert!(
+        run.stdout.contains(ANSWER),
+        "{}\nmodel:\n{}",
+        run.show(),
+        model.summary()
+    );
+    let reqs = model.requests();
+    let call = reqs
+        .iter()
+        .position(|r| r.answer == Answer::ToolCall)
+        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
+    let answered = reqs[call + 1..]
+        .iter()
+        .find(|r| r.answer == Answer::Text)
+        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
+    answered.body["contents"]
+        .as_array()
+        .and_then(|cs| {
+            cs.iter()
+                .flat_map(|c| c["parts"].as_array().into_iter().flatten())
+                .find(|p| p.get("functionResponse").is_some())
+        })
+        .unwrap_or_else(|| panic!("no functionResponse in {}", answered.body))
+        .to_string()
+}
+
+#[test]
+fn gemini_cli_policies_deny_rm_rf_the_tool_does_not_run_and_the_model_is_told_why() {
+    let Some(cli) = cli("@google/gemini-cli") else {
+        return;
+    };
+    let (s, victim) = crate::harness::guarded();
+    users_settings(&s);
+    let server = Server::start(&s.ws);
+    s.connect(AGENT, &[]);
+    let model = ModelServer::start(Api::Gemini, crate::harness::rm_rf(&victim));
+    let result = guarded_session(&s, &cli, &model);
+    assert!(victim.join("keep").exists(), "the denied rm -rf ran");
+    assert!(
+        result.contains("rm -rf is not allowed in this workspace"),
+        "the model is told the reason: {result}"
+    );
+    // An allowed command runs.
+    let model = ModelServer::start(Api::Gemini, Script::shell(COMMAND, ANSWER));
+    let result = guarded_session(&s, &cli, &model);
+    assert!(result.contains(COMMAND_OUTPUT), "{result}");
+    server.stop();
+
+    // The server down, --on-unreachable deny: every decision point denies, the prompt first.
+    s.connect(AGENT, &["--on-unreachable", "deny"]);
+    let model = ModelServer::start(Api::Gemini, crate::harness::rm_rf(&victim));
+    let run = run_guarded(&s, &cli, &model);
+    assert!(
+        victim.join("keep").exists(),
+        "rm -rf ran with the server down"
+    );
+    assert!(
+        run.stderr.contains("policy server could not be reached"),
+        "{}",
+        run.show()
+    );
+    assert!(
+        !model
+            .requests()
+            .iter()
+            .any(|r| r.answer == Answer::ToolCall),
+        "{}",
+        model.summary()
+    );
+}

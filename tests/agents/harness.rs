@@ -741,3 +741,28 @@ pub fn source_name(m: &Value) -> Option<&str> {
         .or_else(|| p["type"].as_str())
         .or_else(|| p["agent_hook_event_name"].as_str())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Policies (docs/policies.md § Doors)
+
+/// The rule set docs/policies.md opens with, as written.
+pub const NO_RM_RF: &str = r#"{"policies": [
+  {"id": "no-rm-rf", "on": ["tool_call_start"], "matcher": "Bash|shell|run_shell_command|exec_command",
+   "when": {"arguments.command": {"regex": "\\brm\\s+-[a-zA-Z]*[rf]"}},
+   "decision": "deny", "reason": "rm -rf is not allowed in this workspace"}
+]}"#;
+
+/// A workspace with the rule, and a victim directory holding one file.
+pub fn guarded() -> (Setup, PathBuf) {
+    let s = Setup::new();
+    std::fs::write(s.ws.join("policies.json"), NO_RM_RF).unwrap();
+    let victim = s.project.join("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::write(victim.join("keep"), "precious").unwrap();
+    (s, victim)
+}
+
+/// The model's one tool call: `rm -rf VICTIM`.
+pub fn rm_rf(victim: &Path) -> crate::models::Script {
+    crate::models::Script::shell(&format!("rm -rf {}", victim.display()), ANSWER)
+}

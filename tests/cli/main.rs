@@ -19,6 +19,8 @@ mod cli;
 #[cfg(feature = "http")]
 mod connect_cli;
 #[cfg(feature = "http")]
+mod connect_policies;
+#[cfg(feature = "http")]
 mod connect_safety;
 #[cfg(feature = "http")]
 mod connect_tables;

@@ -27,6 +27,7 @@ mod http_events;
 mod idle_cli;
 mod ingest;
 mod send_cli;
+mod send_decide_cli;
 mod socket_cli;
 mod spool_cli;
 mod tail_cli;

@@ -14,6 +14,8 @@
 pub(crate) mod agents;
 #[path = "connect_json.rs"]
 pub(crate) mod json;
+#[path = "connect_policies.rs"]
+pub(crate) mod policies;
 #[path = "connect_write.rs"]
 pub(crate) mod write;
 
@@ -95,6 +97,16 @@ pub(crate) struct ConnectArgs {
     /// Codex --notify: replace a notify program that is not ours (it stays in the backup).
     #[arg(long)]
     force: bool,
+    /// Claude Code, Codex, Gemini CLI: the events the agent lets a hook decide (a tool about
+    /// to run, a prompt, a permission) get entries the agent waits for, which print the
+    /// policies' decision (docs/policies.md § Doors). The default when the workspace holds a
+    /// policies.json.
+    #[arg(long)]
+    policies: bool,
+    /// With --policies (implied): what those entries answer when no server does: none (the
+    /// agent's own flow) or deny.
+    #[arg(long, value_name = "MODE", value_enum)]
+    on_unreachable: Option<crate::send::OnUnreachable>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -238,6 +250,9 @@ fn agent_and_scope(args: &ConnectArgs) -> Result<(Agent, Scope), BoxError> {
             agent.title()
         )
         .into());
+    }
+    if codex && args.notify && (args.policies || args.on_unreachable.is_some()) {
+        return Err("connect codex --notify: notify cannot decide anything: leave --policies and --on-unreachable out, or --notify (Codex's PreToolUse hook decides)".into());
     }
     if args.http.is_some() && args.remove {
         return Err(
@@ -387,7 +402,16 @@ fn hook_for(
         Some(url) => Some(http_url(url, &ws)?),
         None => None,
     };
-    Ok((ws, Hook { command, http }, argv))
+    let policies = policies::wanted(agent, args.policies, args.on_unreachable, &ws)?;
+    Ok((
+        ws,
+        Hook {
+            command,
+            http,
+            policies,
+        },
+        argv,
+    ))
 }
 
 fn quoted(words: &[String]) -> String {
@@ -653,6 +677,25 @@ fn report(
     out!("  the agent's hook format: {}", agent.docs());
     if n > 0 {
         out!("  {n} earlier prx-hooks {} replaced", entries(n));
+    }
+    if let Some(p) = hook.and_then(|h| h.policies) {
+        let decides: Vec<&str> = plan
+            .events
+            .iter()
+            .filter(|e| prx_hooks::policy::decision_point(agent.lib(), e.name).is_some())
+            .map(|e| e.name)
+            .collect();
+        if !decides.is_empty() {
+            out!(
+                "  policies decide on {}: the agent waits for those entries; with no server: {}",
+                decides.join(", "),
+                match p.on_unreachable {
+                    crate::send::OnUnreachable::Deny => "deny",
+                    crate::send::OnUnreachable::None =>
+                        "no decision (--on-unreachable deny to deny)",
+                }
+            );
+        }
     }
     if plan.scope == Scope::Project && !args.absolute {
         out!(

@@ -55,12 +55,17 @@ pub(crate) fn skeleton(agent: Agent, notify: bool) -> &'static str {
 pub(crate) struct Hook {
     pub command: String,
     pub http: Option<String>,
+    /// With `--policies`: the decision points' entries (connect_policies.rs).
+    pub policies: Option<super::policies::Policies>,
 }
 
 /// Our entry for `event`.
 pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> J {
     let s = |v: &str| J::Str(v.to_string());
     let obj = |m: Vec<(&str, J)>| J::Obj(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+    if let Some(decides) = super::policies::entry(agent, event, hook) {
+        return decides;
+    }
     let cmd = hook.command.as_str();
     match agent {
         Agent::ClaudeCode => match &hook.http {
@@ -666,10 +671,19 @@ pub(crate) fn table_markdown(agent: Agent) -> String {
     let command = Hook {
         command: "c".into(),
         http: None,
+        policies: None,
     };
     let http = Hook {
         command: "c".into(),
         http: Some("u".into()),
+        policies: None,
+    };
+    let decides = Hook {
+        command: "c".into(),
+        http: None,
+        policies: Some(super::policies::Policies {
+            on_unreachable: crate::send::OnUnreachable::None,
+        }),
     };
     let waits = |e: &J| match e {
         J::Obj(m)
@@ -712,7 +726,16 @@ pub(crate) fn table_markdown(agent: Agent) -> String {
                         wait = format!("{wait}; `--http`: {}", waits(&h));
                     }
                 }
-                (handler, wait, why(agent, e))
+                let mut why = why(agent, e);
+                if prx_hooks::policy::decision_point(agent.lib(), e.name).is_some() {
+                    let d = entry(agent, e, &decides);
+                    handler = format!("{handler}; `--policies`: {}", kind(&d));
+                    wait = format!("{wait}; `--policies`: {}", waits(&d));
+                    why = format!(
+                        "{why}; a decision point: with `--policies` it waits for the policies' answer (§ Decision points)"
+                    );
+                }
+                (handler, wait, why)
             }
             Written::OnRequest => (
                 "only with `--events`".into(),

@@ -6,7 +6,10 @@
 //! wasmtime; one connection on a current-thread runtime, a bounded read of stdin. It never
 //! fails the agent: anything but `--strict` exits 0, and what went wrong is one line on
 //! stderr; a success (a spooled event is one) says nothing there. With `--from`, an agent that
-//! reads a hook's stdout as its answer gets `{}` on stdout whenever `send` exits 0. Exit codes:
+//! reads a hook's stdout as its answer gets `{}` on stdout whenever `send` exits 0, or, on an
+//! event the agent lets a hook decide (docs/policies.md § Doors), the policies' decision in
+//! the agent's own format: the server's, or with no server the fail mode `--on-unreachable`
+//! names. Exit codes:
 //! 0 delivered, spooled, or refused (said); with `--strict`, 1 when the event was not
 //! delivered to a server, a line was refused or the server dropped an event; 64 a usage error
 //! (never 2, which agents read as "block").
@@ -14,7 +17,7 @@
 use crate::BoxError;
 use crate::client::{Target, connect, parse_url};
 use crate::spool::{self, Header, Route, Spool, SpoolError};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use http_body_util::BodyExt as _;
 use hyper_util::rt::TokioIo;
 use prx_hooks::http::token;
@@ -78,7 +81,26 @@ pub(crate) struct SendArgs {
     spool_max_files: usize,
     #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = crate::units::parse_size)]
     spool_max_bytes: usize,
+    /// With --from, on an event the agent lets a hook decide (a tool about to run, a prompt, a
+    /// permission): the answer when no server answers. `none`: nothing decided, the agent's
+    /// own flow; `deny`: the agent's deny, its reason saying the policy server could not be
+    /// reached. The event is spooled either way.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = OnUnreachable::None)]
+    on_unreachable: OnUnreachable,
 }
+
+/// What a decision point gets when no server answers (`--on-unreachable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnUnreachable {
+    /// No decision: the agent's own flow.
+    None,
+    /// The agent's deny.
+    Deny,
+}
+
+/// The reason a deny for want of a server gives the agent.
+const UNREACHABLE: &str = "prx-hooks: the policy server could not be reached, and this hook \
+                           denies when it cannot ask (--on-unreachable deny)";
 
 /// One line on stderr (a closed stderr is ignored: the agent must go on).
 fn say(message: impl std::fmt::Display) {
@@ -103,23 +125,45 @@ enum Answer {
 
 pub(crate) fn send(args: SendArgs) -> Result<ExitCode, BoxError> {
     // An agent that reads a hook's stdout as its answer (and Gemini CLI its stderr when stdout
-    // is empty) gets `{}`, "nothing to say", whenever `send` exits 0.
+    // is empty) gets `{}`, "nothing to say", whenever `send` exits 0; a decision whatever the
+    // exit code (Claude Code reads a JSON answer on every exit code).
     let answers = args
         .from
         .as_deref()
         .and_then(prx_hooks::agents::Agent::from_name)
         .is_some_and(|a| a.answers_on_stdout());
-    let code = deliver_or_spool(args)?;
-    if answers && code == ExitCode::SUCCESS {
+    let (code, decided) = deliver_or_spool(args)?;
+    let said = match decided {
+        Some(answer) => Some(format!("{answer}\n")),
+        None if answers && code == ExitCode::SUCCESS => Some("{}\n".to_string()),
+        None => None,
+    };
+    if let Some(said) = said {
         let mut out = std::io::stdout().lock();
         // A closed stdout is the agent's business: it must go on.
-        let _ = out.write_all(b"{}\n").and_then(|()| out.flush());
+        let _ = out.write_all(said.as_bytes()).and_then(|()| out.flush());
     }
     Ok(code)
 }
 
-/// Delivers the input, or spools it: what `send` does but its answer on stdout.
-fn deliver_or_spool(args: SendArgs) -> Result<ExitCode, BoxError> {
+/// The agent's deny for an event it lets a hook decide, when no server answered and
+/// `--on-unreachable deny` says so (`None`: any other event, or the mode is `none`).
+fn unreachable_answer(args: &SendArgs, route: &Route, body: &[u8]) -> Option<Value> {
+    if args.on_unreachable != OnUnreachable::Deny {
+        return None;
+    }
+    let Route::Ingest { from, .. } = route else {
+        return None;
+    };
+    let agent = prx_hooks::agents::Agent::from_name(from)?;
+    let q = prx_hooks::policy::question(agent, body)?;
+    let verdict =
+        prx_hooks::policy::Verdict::decided(prx_hooks::policy::Decision::Deny, UNREACHABLE);
+    Some(prx_hooks::policy::answer(agent, &q.event, &verdict))
+}
+
+/// Delivers the input, or spools it: what `send` does, and the decision to print, if any.
+fn deliver_or_spool(args: SendArgs) -> Result<(ExitCode, Option<Value>), BoxError> {
     let fail = |strict: bool| ExitCode::from(if strict { 1 } else { 0 });
     // A file size limit (ulimit -f) must give EFBIG, which the spool cleans up after, not
     // kill us mid-write.
@@ -136,7 +180,7 @@ fn deliver_or_spool(args: SendArgs) -> Result<ExitCode, BoxError> {
         Err(e) => {
             say(format!("{e}; nothing was sent"));
             spool.count(|s| s.bad_input += 1);
-            return Ok(fail(args.strict));
+            return Ok((fail(args.strict), None));
         }
     };
     // The events' id and time from their first try on: the same if they are spooled and
@@ -176,17 +220,21 @@ fn deliver_or_spool(args: SendArgs) -> Result<ExitCode, BoxError> {
                      them)"
                 ));
             }
-            Ok(if refused + dropped > 0 {
+            // The policies' decision, in the agent's format (`ingest.rs` puts it there).
+            let decided = report.get("answer").filter(|a| a.is_object()).cloned();
+            let code = if refused + dropped > 0 {
                 fail(args.strict)
             } else {
                 ExitCode::SUCCESS
-            })
+            };
+            Ok((code, decided))
         }
         Answer::Refused(why) => {
             say(why);
-            Ok(fail(args.strict))
+            Ok((fail(args.strict), None))
         }
         Answer::Away(why) => {
+            let decided = unreachable_answer(&args, &header.route, &body);
             match spool.add(
                 &header,
                 &body,
@@ -216,7 +264,7 @@ fn deliver_or_spool(args: SendArgs) -> Result<ExitCode, BoxError> {
                     ));
                 }
             }
-            Ok(fail(args.strict))
+            Ok((fail(args.strict), decided))
         }
     }
 }

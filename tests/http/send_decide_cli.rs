@@ -1,0 +1,281 @@
+//! `prx-hooks-send --from AGENT` as a decision door (docs/policies.md § Doors), against a real
+//! `prx-hooks run --listen` over loopback: on an event the agent lets a hook decide it prints
+//! the agent's own documented decision, exit 0, and the event is still ingested; other events
+//! get `{}` as before; with no server the fail mode `--on-unreachable` applies and the event
+//! is spooled once.
+
+use crate::send_cli::{Sent, Server, payloads};
+use crate::support::wait_for;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const SEND_BIN: &str = env!("CARGO_BIN_EXE_prx-hooks-send");
+
+const POLICIES: &str = r#"{"policies": [
+  {"id": "no-rm-rf", "on": ["tool_call_start"], "matcher": "Bash|shell|run_shell_command|exec_command",
+   "when": {"arguments.command": {"regex": "\\brm\\s+-[a-zA-Z]*[rf]"}},
+   "decision": "deny", "reason": "rm -rf is not allowed in this workspace"},
+  {"id": "ls-is-fine", "on": ["tool_call_start"], "matcher": "Bash|run_shell_command",
+   "when": {"arguments.command": {"prefix": "ls"}}, "decision": "allow"},
+  {"id": "ask-web", "on": ["tool_call_start"], "matcher": "WebFetch|web_fetch",
+   "decision": "ask", "reason": "fetching the web?"},
+  {"id": "no-keys", "on": ["prompt"], "when": {"prompt": {"regex": "sk-[A-Za-z0-9]{20}"}},
+   "decision": "deny", "reason": "the prompt holds an API key"}
+]}"#;
+
+const DENIED: &str = "rm -rf is not allowed in this workspace";
+
+/// A workspace with the policies above and a hook logging every `tool_call_start`.
+fn workspace() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (ws, log) = crate::send_cli::logging_workspace("tool_call_start");
+    std::fs::write(ws.path().join("policies.json"), POLICIES).unwrap();
+    (ws, log)
+}
+
+/// `prx-hooks-send --workspace WS ARGS` with `stdin`, as an agent's command hook runs it.
+fn hook(ws: &Path, args: &[&str], stdin: &Value) -> Sent {
+    let mut child = Command::new(SEND_BIN)
+        .arg("--workspace")
+        .arg(ws)
+        .args(args)
+        .env_remove("PRX_HOOKS_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    // A usage error exits before reading: the pipe may be closed.
+    let _ = child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.to_string().as_bytes());
+    let out = child.wait_with_output().unwrap();
+    Sent {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The JSON `send` printed (exit 0 asserted: `send` never exits 2).
+fn answer(s: &Sent) -> Value {
+    assert_eq!(s.code, 0, "{s:?}");
+    serde_json::from_str(s.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {s:?}"))
+}
+
+fn tool(agent: &str, tool: &str, command: &str) -> Value {
+    let event = if agent == "gemini-cli" {
+        "BeforeTool"
+    } else {
+        "PreToolUse"
+    };
+    json!({"session_id": format!("{agent}-1"), "hook_event_name": event, "cwd": "/w",
+           "transcript_path": null, "tool_name": tool, "tool_input": {"command": command}})
+}
+
+fn spooled(ws: &Path) -> usize {
+    std::fs::read_dir(ws.join(".prx-hooks/spool"))
+        .map(|d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "spool"))
+            })
+            .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn send_prints_each_agents_documented_decision_and_the_event_is_still_ingested() {
+    let (ws, log) = workspace();
+    let server = Server::start(ws.path());
+    fn from(agent: &str) -> [&str; 2] {
+        ["--from", agent]
+    }
+
+    // Claude Code: PreToolUse's permissionDecision and reason; allow as allow; nothing: {}.
+    let cc = from("claude-code");
+    let s = hook(
+        ws.path(),
+        &cc,
+        &tool("claude-code", "Bash", "rm -rf /tmp/victim"),
+    );
+    assert_eq!(
+        answer(&s),
+        json!({"hookSpecificOutput": {"hookEventName": "PreToolUse",
+            "permissionDecision": "deny", "permissionDecisionReason": DENIED}}),
+        "{s:?}"
+    );
+    let s = hook(ws.path(), &cc, &tool("claude-code", "Bash", "ls -la"));
+    assert_eq!(
+        answer(&s)["hookSpecificOutput"]["permissionDecision"],
+        "allow"
+    );
+    let s = hook(ws.path(), &cc, &tool("claude-code", "Bash", "echo hi"));
+    assert_eq!(answer(&s), json!({}), "nothing decides: {{}} as before");
+    let s = hook(
+        ws.path(),
+        &cc,
+        &json!({"session_id": "claude-code-1", "hook_event_name": "UserPromptSubmit",
+                "prompt": "use sk-abcdefghijklmnopqrstuvwxyz"}),
+    );
+    assert_eq!(
+        answer(&s),
+        json!({"decision": "block", "reason": "the prompt holds an API key"})
+    );
+    // Not a decision point: `{}` as before, though a rule would match its command.
+    let s = hook(
+        ws.path(),
+        &cc,
+        &json!({"session_id": "claude-code-1", "hook_event_name": "PostToolUse", "tool_name": "Bash",
+                "tool_input": {"command": "rm -rf /tmp/victim"}, "tool_response": "ok"}),
+    );
+    assert_eq!(answer(&s), json!({}));
+
+    // Codex: PreToolUse's permissionDecision deny; an ask (Codex has none) is a deny; an
+    // allow, which Codex's PreToolUse does not take, is no answer.
+    let cx = from("codex");
+    let s = hook(ws.path(), &cx, &tool("codex", "Bash", "rm -rf /tmp/victim"));
+    assert_eq!(
+        answer(&s),
+        json!({"hookSpecificOutput": {"hookEventName": "PreToolUse",
+            "permissionDecision": "deny", "permissionDecisionReason": DENIED}})
+    );
+    let s = hook(ws.path(), &cx, &tool("codex", "WebFetch", "x"));
+    assert_eq!(
+        answer(&s),
+        json!({"hookSpecificOutput": {"hookEventName": "PreToolUse",
+            "permissionDecision": "deny", "permissionDecisionReason": "fetching the web?"}})
+    );
+    let s = hook(ws.path(), &cx, &tool("codex", "Bash", "ls"));
+    assert_eq!(answer(&s), json!({}));
+
+    // Gemini CLI: BeforeTool's top-level decision and reason.
+    let gm = from("gemini-cli");
+    let s = hook(
+        ws.path(),
+        &gm,
+        &tool("gemini-cli", "run_shell_command", "rm -fr /tmp/victim"),
+    );
+    assert_eq!(answer(&s), json!({"decision": "deny", "reason": DENIED}));
+    let s = hook(
+        ws.path(),
+        &gm,
+        &tool("gemini-cli", "run_shell_command", "ls /tmp"),
+    );
+    assert_eq!(answer(&s), json!({"decision": "allow"}));
+    let s = hook(
+        ws.path(),
+        &gm,
+        &tool("gemini-cli", "run_shell_command", "echo"),
+    );
+    assert_eq!(answer(&s), json!({}));
+
+    // Every tool call reached the tool_call_start hook, the denied ones included.
+    wait_for("nine tool_call_start hook runs", || {
+        payloads(&log).len() == 9
+    });
+    let commands: Vec<String> = payloads(&log)
+        .iter()
+        .map(|p| p["arguments"]["command"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        commands.iter().filter(|c| c.starts_with("rm -")).count(),
+        3,
+        "{commands:?}"
+    );
+    assert_eq!(spooled(ws.path()), 0, "all delivered");
+    let (code, _) = server.stop();
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn with_no_server_send_applies_its_fail_mode_and_spools_the_event_once() {
+    let (ws, log) = workspace();
+    let deny = ["--from", "claude-code", "--on-unreachable", "deny"];
+    let rm = tool("claude-code", "Bash", "rm -rf /tmp/victim");
+
+    // deny: Claude Code's deny, the reason saying why.
+    let s = hook(ws.path(), &deny, &rm);
+    let a = answer(&s);
+    assert_eq!(
+        a["hookSpecificOutput"]["permissionDecision"], "deny",
+        "{s:?}"
+    );
+    let reason = a["hookSpecificOutput"]["permissionDecisionReason"]
+        .as_str()
+        .unwrap();
+    assert!(
+        reason.contains("policy server could not be reached"),
+        "{reason}"
+    );
+    assert_eq!(spooled(ws.path()), 1, "spooled as before");
+    // Whatever the command: no server, no rules read.
+    let s = hook(ws.path(), &deny, &tool("claude-code", "Bash", "ls"));
+    assert_eq!(
+        answer(&s)["hookSpecificOutput"]["permissionDecision"],
+        "deny"
+    );
+    // Gemini CLI's and Codex's own deny.
+    let s = hook(
+        ws.path(),
+        &["--from", "gemini-cli", "--on-unreachable", "deny"],
+        &tool("gemini-cli", "run_shell_command", "ls"),
+    );
+    let a = answer(&s);
+    assert_eq!(a["decision"], "deny", "{s:?}");
+    assert!(
+        a["reason"]
+            .as_str()
+            .unwrap()
+            .contains("policy server could not be reached")
+    );
+    let s = hook(
+        ws.path(),
+        &["--from", "codex", "--on-unreachable", "deny"],
+        &tool("codex", "Bash", "ls"),
+    );
+    assert_eq!(
+        answer(&s)["hookSpecificOutput"]["permissionDecision"],
+        "deny"
+    );
+    // Not a decision point: nothing decided though the mode is deny.
+    let s = hook(
+        ws.path(),
+        &deny,
+        &json!({"session_id": "claude-code-1", "hook_event_name": "PostToolUse", "tool_name": "Bash",
+                "tool_input": {"command": "ls"}, "tool_response": "ok"}),
+    );
+    assert_eq!(answer(&s), json!({}));
+    // The default, none: nothing decided, the agent's own flow.
+    let s = hook(ws.path(), &["--from", "claude-code"], &rm);
+    assert_eq!(answer(&s), json!({}));
+    let s = hook(
+        ws.path(),
+        &["--from", "claude-code", "--on-unreachable", "none"],
+        &rm,
+    );
+    assert_eq!(answer(&s), json!({}));
+    // A bad mode is a usage error, not a decision.
+    let s = hook(
+        ws.path(),
+        &["--from", "claude-code", "--on-unreachable", "allow"],
+        &rm,
+    );
+    assert_eq!(s.code, 64, "{s:?}");
+    assert!(
+        s.stderr.contains("none") && s.stderr.contains("deny"),
+        "{s:?}"
+    );
+
+    // Each event spooled once; the next run replays each once (six tool calls reach the hook).
+    assert_eq!(spooled(ws.path()), 7);
+    let server = Server::start(ws.path());
+    wait_for("the six spooled tool calls", || payloads(&log).len() >= 6);
+    wait_for("the spool emptied", || spooled(ws.path()) == 0);
+    let (_, report) = server.stop();
+    assert_eq!(payloads(&log).len(), 6, "{report}");
+}

@@ -76,7 +76,7 @@ impl Hooks {
             return;
         }
         let table = self.policies.table();
-        if table.source.is_none() || table.policies.is_empty() {
+        if table.source.is_none() || (table.policies.is_empty() && table.commands.is_empty()) {
             return;
         }
         let json = serde_json::json!({

@@ -307,7 +307,7 @@ pub(crate) async fn agent(
         .map_err(refused)?;
     // Policies answer first (docs/policies.md § Doors); the event is ingested as always.
     let name = opts.agent.as_deref().unwrap_or(from.name());
-    let decided = super::decide::door_answer(&api, from, name, &bytes);
+    let decided = super::decide::door_answer(&api, from, name, &bytes).await;
     let small = bytes.len() <= INLINE_BYTES;
     let hooks = api.hooks.clone();
     let seen = api.clone();

@@ -70,9 +70,11 @@ pub(crate) fn read_payload(text: &str) -> Result<Value, DecideError> {
 }
 
 impl PolicyTable {
-    /// Decides: every enabled rule for `point` that matches `agent` and `payload`; the most
-    /// restrictive decision wins, reported with the first such rule in file order (a deny
-    /// answers at once). No rule matching: no decision.
+    /// Decides with the rules: every enabled rule for `point` that matches `agent` and
+    /// `payload`; the most restrictive decision wins, reported with the first such rule in
+    /// file order (a deny answers at once). No rule matching: no decision. Command policies
+    /// are not run here (no process is started): [`Hooks::decide`](crate::Hooks::decide)
+    /// runs them.
     ///
     /// # Examples
     ///

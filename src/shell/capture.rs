@@ -184,13 +184,25 @@ pub(crate) fn run(run: &Run) -> Captured {
     }
 }
 
-/// Reads what `r` has now; `true` at EOF (or an error other than "nothing yet").
+/// At most this much is read from one pipe per round, so a process writing as fast as we
+/// read cannot keep us from its deadline.
+const ROUND_BYTES: usize = 64 * 1024;
+
+/// Reads what `r` has now, at most [`ROUND_BYTES`]; `true` at EOF (or an error other than
+/// "nothing yet").
 fn drain(r: &mut std::fs::File, mut sink: impl FnMut(&[u8])) -> bool {
     let mut buf = [0u8; 16 * 1024];
+    let mut read = 0;
     loop {
+        if read >= ROUND_BYTES {
+            return false;
+        }
         match r.read(&mut buf) {
             Ok(0) => return true,
-            Ok(n) => sink(&buf[..n]),
+            Ok(n) => {
+                read += n;
+                sink(&buf[..n]);
+            }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
             Err(_) => return true,

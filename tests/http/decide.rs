@@ -337,4 +337,21 @@ fn a_command_policy_answers_api_decide_and_claude_codes_door() {
         (&json!("guard"), &json!(3), &json!(2), &json!(1), &json!(2)),
         "{stats}"
     );
+    let url = format!("http://{}/metrics", api.server.local_addr());
+    let text = Ingest::client()
+        .get(url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    for line in [
+        "prx_hooks_policy_command_runs_total{policy=\"guard\"} 3",
+        "prx_hooks_policy_command_timed_out_total{policy=\"guard\"} 0",
+        "prx_hooks_policy_command_decided_total{policy=\"guard\"} 2",
+        "prx_hooks_policies_loaded 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+    }
 }

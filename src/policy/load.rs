@@ -227,7 +227,8 @@ pub(super) struct Checker {
     pub(super) timeout: std::time::Duration,
 }
 
-/// One element of `policies`.
+/// One element of `policies` (short-lived: moved into the table as soon as it is read).
+#[allow(clippy::large_enum_variant)]
 enum Entry {
     Rule(Policy),
     Command(super::command::CommandPolicy),

@@ -41,7 +41,8 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn ids(t: &PolicyTable) -> Vec<String> {
-    t.policies.iter().map(|p| p.id.clone()).collect()
+    let rules = t.policies.iter().map(|p| p.id.clone());
+    rules.chain(t.commands.iter().map(|c| c.id.clone())).collect()
 }
 
 fn check_table(data: &[u8], t: &PolicyTable) {
@@ -52,11 +53,16 @@ fn check_table(data: &[u8], t: &PolicyTable) {
         Some(Value::Array(items)) => items.len(),
         _ => 0,
     };
-    assert_eq!(t.policies.len(), n, "one policy per element");
-    assert!(t.policies.len() <= policy::MAX_POLICIES);
+    assert_eq!(
+        t.policies.len() + t.commands.len(),
+        n,
+        "one policy (rule or command) per element"
+    );
+    assert!(n <= policy::MAX_POLICIES);
+    assert!(t.commands.len() <= policy::MAX_COMMAND_POLICIES);
     let mut seen = HashSet::new();
-    for p in &t.policies {
-        assert!(seen.insert(p.id.clone()), "duplicate id {:?}", p.id);
+    for id in ids(t) {
+        assert!(seen.insert(id.clone()), "duplicate id {id:?}");
     }
     let lossy = String::from_utf8_lossy(data);
     let payload = json!({

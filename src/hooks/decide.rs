@@ -12,7 +12,10 @@ impl Hooks {
     /// [`Verdict::decision`] `None` when no policy decides; `Err` (nothing decided) for a
     /// payload over [`MAX_PAYLOAD_BYTES`](crate::policy::MAX_PAYLOAD_BYTES) or not a JSON
     /// object. Every answer is counted ([`Stats::policies`]). Nothing is emitted: the agent
-    /// sends its event as usual.
+    /// sends its event as usual. Rules answer first; command policies the question selects
+    /// then run as processes on this thread (several at once on threads of their own), each
+    /// bounded by its `timeout_ms` (docs/policies.md § Command policies): from an async
+    /// executor, call it where blocking is allowed.
     ///
     /// # Examples
     ///
@@ -76,7 +79,7 @@ impl Hooks {
             return;
         }
         let table = self.policies.table();
-        if table.source.is_none() || table.policies.is_empty() {
+        if table.source.is_none() || (table.policies.is_empty() && table.commands.is_empty()) {
             return;
         }
         let json = serde_json::json!({

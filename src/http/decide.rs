@@ -61,18 +61,24 @@ pub(crate) async fn post(
         .at("event"));
     };
     let payload = env.payload.map(RawValue::get).unwrap_or("{}");
-    let mut verdict = api
-        .hooks
-        .decide(point, &env.agent, payload)
-        .map_err(|e| match e {
-            e @ DecideError::TooLarge { .. } => ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("payload: {e}"),
-            )
-            .at("payload"),
-            e => ApiError::bad_request(format!("payload: {e}")).at("payload"),
-        })?;
+    let decided = if api.hooks.policy_table().commands.is_empty() {
+        api.hooks.decide(point, &env.agent, payload)
+    } else {
+        // Command policies run processes and wait for them: off the async workers.
+        let (hooks, agent, payload) = (api.hooks.clone(), env.agent.clone(), payload.to_string());
+        tokio::task::spawn_blocking(move || hooks.decide(point, &agent, &payload))
+            .await
+            .map_err(|e| ApiError::internal(format!("the decision failed: {e}")))?
+    };
+    let mut verdict = decided.map_err(|e| match e {
+        e @ DecideError::TooLarge { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("payload: {e}"),
+        )
+        .at("payload"),
+        e => ApiError::bad_request(format!("payload: {e}")).at("payload"),
+    })?;
     verdict.elapsed = start.elapsed();
     Ok(json_response(StatusCode::OK, &answer(&verdict)))
 }
@@ -151,14 +157,20 @@ fn stamp_line(line: &mut String, decision: Decision, v: &Verdict) {
 /// lifecycle event carries. Claude Code's `http` hook reads the answer as the body;
 /// `prx-hooks-send` finds it as the report's `answer`. `agent` is the name policies match
 /// (the `agent` query parameter, or the agent's own name).
-pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> Option<Decided> {
+pub(crate) async fn door_answer(
+    api: &Api,
+    from: Agent,
+    agent: &str,
+    bytes: &[u8],
+) -> Option<Decided> {
     if !matches!(from, Agent::ClaudeCode | Agent::Codex | Agent::GeminiCli) {
         return None;
     }
     // No policy in force: nothing to decide, and the payload is not parsed a second time
     // (the ingest translates it). Past the payload limit a decision is refused, counted, and
     // the agent's own flow goes on.
-    if api.hooks.policy_table().policies.is_empty() {
+    let table = api.hooks.policy_table();
+    if table.policies.is_empty() && table.commands.is_empty() {
         return None;
     }
     if bytes.len() > crate::policy::MAX_PAYLOAD_BYTES {
@@ -166,7 +178,17 @@ pub(crate) fn door_answer(api: &Api, from: Agent, agent: &str, bytes: &[u8]) -> 
         return None;
     }
     let q = crate::policy::question(from, bytes)?;
-    let verdict = api.hooks.decide_value(q.point, agent, &q.payload);
+    let verdict = if api.hooks.policy_table().commands.is_empty() {
+        api.hooks.decide_value(q.point, agent, &q.payload)
+    } else {
+        // Command policies run processes and wait for them: off the async workers. A join
+        // error (the decision panicked) decides nothing: the agent's own flow.
+        let (hooks, agent) = (api.hooks.clone(), agent.to_string());
+        let (point, payload) = (q.point, q.payload);
+        tokio::task::spawn_blocking(move || hooks.decide_value(point, &agent, &payload))
+            .await
+            .ok()?
+    };
     Some(Decided {
         answer: crate::policy::answer(from, &q.event, &verdict),
         stamp: Stamp { verdict },

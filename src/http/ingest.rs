@@ -308,7 +308,7 @@ pub(crate) async fn agent(
         .map_err(refused)?;
     // Policies answer first (docs/policies.md § Doors); the event is ingested as always.
     let name = opts.agent.as_deref().unwrap_or(from.name());
-    let (decided, stamp) = match super::decide::door_answer(&api, from, name, &bytes) {
+    let (decided, stamp) = match super::decide::door_answer(&api, from, name, &bytes).await {
         Some(d) => (Some(d.answer), Some(d.stamp)),
         None => (None, None),
     };

@@ -22,7 +22,7 @@ use crate::Stats;
 use crate::config::ConfigStats;
 use crate::nats::{ConsumeStats, PublishStats};
 use crate::otel::OtelStats;
-use crate::policy::{PoliciesStats, PolicyCount};
+use crate::policy::{CommandCount, PoliciesStats, PolicyCount};
 use crate::shell::{HookCounts, ShellStats};
 use crate::stats::{SinkStats, SubscriberStats};
 use crate::wasm::{PluginStats, PluginsStats};
@@ -224,6 +224,12 @@ fn metrics(s: &Stats, http: Option<&HttpStats>, events: Option<&EventStreamStats
             })
             .collect();
         m.per(POLICY, &policies);
+        let commands: Vec<_> = p
+            .commands
+            .iter()
+            .map(|x| (label("policy", &x.policy), x))
+            .collect();
+        m.per(COMMAND_POLICY, &commands);
         if let Some(f) = &p.file {
             m.single(POLICIES_FILE, f);
         }
@@ -436,6 +442,49 @@ const POLICY: &[Def<PolicyCount>] = &[counter(
     "questions one policy answered (it was the policy reported), with its decision",
     |x| x.decisions,
 )];
+
+const COMMAND_POLICY: &[Def<CommandCount>] = &[
+    counter(
+        "policy_command_runs",
+        "runs of one command policy's guard",
+        |x| x.runs,
+    ),
+    counter(
+        "policy_command_timed_out",
+        "guard runs killed at their deadline",
+        |x| x.timed_out,
+    ),
+    counter(
+        "policy_command_crashed",
+        "guard runs that exited with a code other than 0 and 2, or by a signal",
+        |x| x.crashed,
+    ),
+    counter(
+        "policy_command_bad_answers",
+        "guard runs whose stdout was not a JSON decision",
+        |x| x.bad_answer,
+    ),
+    counter(
+        "policy_command_too_large",
+        "guard runs killed for writing more than the answer limit on stdout",
+        |x| x.too_large,
+    ),
+    counter(
+        "policy_command_spawn_failed",
+        "guard runs that could not be started",
+        |x| x.spawn_failed,
+    ),
+    counter(
+        "policy_command_cancelled",
+        "guard runs killed because another source had already denied",
+        |x| x.cancelled,
+    ),
+    counter(
+        "policy_command_decided",
+        "questions one command policy answered (it was the policy reported)",
+        |x| x.decisions,
+    ),
+];
 
 const POLICIES_FILE: &[Def<ConfigStats>] = &[
     counter(

@@ -1,9 +1,10 @@
 //! [`Decider`]: the policies a [`Hooks`](crate::Hooks) answers with — the table in force
 //! (swapped in by the policies.json watcher, read without a lock), and the counts.
 
-use super::eval::{Counters, DecideError, PoliciesStats, PolicyCount, read_payload};
+use super::command::{Answer, CommandCounters, Runner};
+use super::eval::{Counters, DecideError, PoliciesStats, PolicyCount, read_payload, selects};
 use super::load::{PoliciesDoc, empty_table};
-use super::model::{DecisionPoint, PolicyTable, Verdict};
+use super::model::{Decision, DecisionPoint, PolicyTable, Verdict};
 use crate::config::{ConfigStats, Reload, Watch, WatchOptions};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
@@ -16,25 +17,49 @@ pub(crate) struct Decider {
     live: Arc<ArcSwap<Live>>,
     watch: Mutex<WatchState>,
     counters: Counters,
+    /// What command policies run with (`None` without a workspace: no policies, ever).
+    runner: Option<Runner>,
 }
 
 /// The table in force and, per policy, how often it decided (kept by id across reloads).
 struct Live {
     table: Arc<PolicyTable>,
     hits: Vec<Arc<AtomicU64>>,
+    commands: Vec<Arc<CommandCounters>>,
+}
+
+/// The counters of the ids loaded so far, kept across reloads.
+#[derive(Default)]
+struct Known {
+    rules: HashMap<String, Arc<AtomicU64>>,
+    commands: HashMap<String, Arc<CommandCounters>>,
 }
 
 impl Live {
     /// `table` with the counters of the ids `known` has (new ones for new ids); `known` keeps
     /// only the table's ids, so it stays as large as the file allows.
-    fn new(table: Arc<PolicyTable>, known: &mut HashMap<String, Arc<AtomicU64>>) -> Live {
+    fn new(table: Arc<PolicyTable>, known: &mut Known) -> Live {
         let hits: Vec<Arc<AtomicU64>> = table
             .policies
             .iter()
-            .map(|p| known.entry(p.id.clone()).or_default().clone())
+            .map(|p| known.rules.entry(p.id.clone()).or_default().clone())
             .collect();
-        known.retain(|id, _| table.policies.iter().any(|p| &p.id == id));
-        Live { table, hits }
+        known
+            .rules
+            .retain(|id, _| table.policies.iter().any(|p| &p.id == id));
+        let commands: Vec<Arc<CommandCounters>> = table
+            .commands
+            .iter()
+            .map(|c| known.commands.entry(c.id.clone()).or_default().clone())
+            .collect();
+        known
+            .commands
+            .retain(|id, _| table.commands.iter().any(|c| &c.id == id));
+        Live {
+            table,
+            hits,
+            commands,
+        }
     }
 }
 
@@ -59,9 +84,11 @@ impl Decider {
             live: Arc::new(ArcSwap::from_pointee(Live {
                 table: Arc::new(empty_table()),
                 hits: Vec::new(),
+                commands: Vec::new(),
             })),
             watch: Mutex::new(WatchState::Absent),
             counters: Counters::default(),
+            runner: None,
         }
     }
 
@@ -70,9 +97,11 @@ impl Decider {
         let live = Arc::new(ArcSwap::from_pointee(Live {
             table: Arc::new(empty_table()),
             hits: Vec::new(),
+            commands: Vec::new(),
         }));
         let swap = live.clone();
-        let known: Mutex<HashMap<String, Arc<AtomicU64>>> = Mutex::default();
+        let known: Mutex<Known> = Mutex::default();
+        let runner = Runner::new(&workspace);
         let on_reload = Box::new(move |t: Arc<PolicyTable>| {
             let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
             swap.store(Arc::new(Live::new(t, &mut known)));
@@ -82,6 +111,7 @@ impl Decider {
             live,
             watch: Mutex::new(WatchState::Live(watch)),
             counters: Counters::default(),
+            runner: Some(runner),
         })
     }
 
@@ -108,17 +138,74 @@ impl Decider {
         Ok(verdict)
     }
 
+    /// Decides with every source: the rules first (a rule's deny answers at once), then the
+    /// command policies selected, run at once; the most restrictive answer wins, reported
+    /// with the first source in file order that gave it.
     pub(crate) fn decide_value(
         &self,
         point: DecisionPoint,
         agent: &str,
         payload: &serde_json::Value,
     ) -> Verdict {
+        let start = std::time::Instant::now();
         let live = self.live.load();
-        let (verdict, at) = live.table.decide_at(point, agent, payload);
-        if let Some(hits) = at.and_then(|i| live.hits.get(i)) {
-            hits.fetch_add(1, Ordering::Relaxed);
+        let table = &live.table;
+        let (mut verdict, at) = table.decide_at(point, agent, payload);
+        let mut command_won = None;
+        if verdict.decision != Some(Decision::Deny)
+            && table.enabled
+            && let Some(runner) = &self.runner
+            && !table.commands.is_empty()
+        {
+            let tool = payload.get("tool").and_then(serde_json::Value::as_str);
+            let run: Vec<usize> = (0..table.commands.len())
+                .filter(|&i| {
+                    let f = table.commands[i].filter();
+                    selects(&f, point, agent, tool, payload).is_ok()
+                })
+                .collect();
+            if !run.is_empty() {
+                let answers =
+                    runner.run_all(&table.commands, &run, point, agent, payload, &live.commands);
+                let rule = at.zip(verdict.decision).map(|(i, d)| Answer {
+                    order: table.policies[i].order,
+                    decision: d,
+                    reason: verdict.reason.clone().unwrap_or_default(),
+                    policy: verdict.policy.clone().unwrap_or_default(),
+                    context: verdict.context.clone(),
+                    command: None,
+                });
+                let best = rule
+                    .into_iter()
+                    .chain(answers)
+                    .max_by(|a, b| a.decision.cmp(&b.decision).then(b.order.cmp(&a.order)));
+                if let Some(b) = best {
+                    command_won = b.command;
+                    verdict = Verdict {
+                        decision: Some(b.decision),
+                        reason: Some(b.reason),
+                        policy: Some(b.policy),
+                        context: b.context,
+                        elapsed: verdict.elapsed,
+                    };
+                }
+            }
         }
+        match command_won {
+            Some(i) => {
+                if let Some(c) = live.commands.get(i) {
+                    c.decisions.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            None => {
+                if let Some(hits) = at.and_then(|i| live.hits.get(i))
+                    && verdict.decision.is_some()
+                {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        verdict.elapsed = start.elapsed();
         self.counters.count(&verdict);
         verdict
     }
@@ -164,6 +251,13 @@ impl Decider {
                 decisions: hits.load(Ordering::Relaxed),
             })
             .collect();
-        self.counters.snapshot(file, by_policy)
+        let commands = live
+            .table
+            .commands
+            .iter()
+            .zip(&live.commands)
+            .map(|(c, k)| k.snapshot(&c.id))
+            .collect();
+        self.counters.snapshot(file, by_policy, commands)
     }
 }

@@ -70,9 +70,11 @@ pub(crate) fn read_payload(text: &str) -> Result<Value, DecideError> {
 }
 
 impl PolicyTable {
-    /// Decides: every enabled rule for `point` that matches `agent` and `payload`; the most
-    /// restrictive decision wins, reported with the first such rule in file order (a deny
-    /// answers at once). No rule matching: no decision.
+    /// Decides with the rules: every enabled rule for `point` that matches `agent` and
+    /// `payload`; the most restrictive decision wins, reported with the first such rule in
+    /// file order (a deny answers at once). No rule matching: no decision. Command policies
+    /// are not run here (no process is started): [`Hooks::decide`](crate::Hooks::decide)
+    /// runs them.
     ///
     /// # Examples
     ///
@@ -295,6 +297,39 @@ fn with_text<T>(value: &Value, f: impl FnOnce(&str) -> T) -> Option<T> {
     }
 }
 
+/// What selects the payloads a policy answers (a rule) or runs for (a command policy).
+pub(crate) struct Filter<'a> {
+    pub(crate) points: u8,
+    pub(crate) enabled: bool,
+    pub(crate) agent: Option<&'a crate::config::Matcher>,
+    pub(crate) matcher: Option<&'a crate::config::Matcher>,
+    pub(crate) when: &'a [Condition],
+}
+
+impl Policy {
+    fn filter(&self) -> Filter<'_> {
+        Filter {
+            points: self.points,
+            enabled: self.enabled,
+            agent: self.agent.as_ref(),
+            matcher: self.matcher.as_ref(),
+            when: &self.when,
+        }
+    }
+}
+
+impl super::command::CommandPolicy {
+    pub(crate) fn filter(&self) -> Filter<'_> {
+        Filter {
+            points: self.points,
+            enabled: self.enabled,
+            agent: self.agent.as_ref(),
+            matcher: self.matcher.as_ref(),
+            when: &self.when,
+        }
+    }
+}
+
 /// Whether `p` answers: `Ok(what held)` or `Err(what did not)`.
 fn matches(
     p: &Policy,
@@ -303,18 +338,29 @@ fn matches(
     tool: Option<&str>,
     payload: &Value,
 ) -> Result<String, String> {
-    if p.points & point.bit() == 0 {
+    selects(&p.filter(), point, agent, tool, payload)
+}
+
+/// Whether `f` selects the payload: `Ok(what held)` or `Err(what did not)`.
+pub(crate) fn selects(
+    f: &Filter,
+    point: DecisionPoint,
+    agent: &str,
+    tool: Option<&str>,
+    payload: &Value,
+) -> Result<String, String> {
+    if f.points & point.bit() == 0 {
         return Err(format!("not on {point}"));
     }
-    if !p.enabled {
+    if !f.enabled {
         return Err("disabled".into());
     }
-    if let Some(m) = &p.agent
+    if let Some(m) = f.agent
         && !m.matches(agent)
     {
         return Err(format!("agent {agent:?} does not match {:?}", m.source()));
     }
-    if let Some(m) = &p.matcher {
+    if let Some(m) = f.matcher {
         match tool {
             Some(t) if m.matches(t) => {}
             Some(t) => return Err(format!("tool {t:?} does not match {:?}", m.source())),
@@ -322,7 +368,7 @@ fn matches(
         }
     }
     let mut held = Vec::new();
-    for c in &p.when {
+    for c in f.when {
         match holds(c, payload) {
             Ok(()) => held.push(c.path.as_str()),
             Err(why) => return Err(why),
@@ -411,11 +457,13 @@ impl Counters {
         &self,
         file: Option<ConfigStats>,
         by_policy: Vec<PolicyCount>,
+        commands: Vec<super::command::CommandCount>,
     ) -> PoliciesStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         PoliciesStats {
             file,
             by_policy,
+            commands,
             allow: get(&self.allow),
             ask: get(&self.ask),
             deny: get(&self.deny),
@@ -443,6 +491,9 @@ pub struct PoliciesStats {
     pub refused: u64,
     /// Each policy in force, in file order, with how often it was the one reported.
     pub by_policy: Vec<PolicyCount>,
+    /// Each command policy in force, in file order: its runs by how they ended (timeouts,
+    /// crashes, bad and oversized answers counted apart) and how often it was reported.
+    pub commands: Vec<super::command::CommandCount>,
 }
 
 /// How often one policy decided (was the policy reported), since its id was first loaded.

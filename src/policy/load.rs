@@ -1,6 +1,7 @@
 //! Reading and validating `<workspace>/policies.json`: every problem reported at once as
 //! `FILE:LINE:COL: JSON.PATH: reason`, with the same JSON reader and error format as hooks.json.
 
+use super::command::MAX_COMMAND_POLICIES;
 use super::model::{Condition, Decision, DecisionPoint, Policy, PolicyTable, Test};
 use crate::config::spanned::{self, Member, Node, RawError, Val};
 use crate::config::{
@@ -25,16 +26,33 @@ pub const MAX_PATH_SEGMENTS: usize = 32;
 /// also bounded (1 MiB each, the `regex` crate's size limit), like hooks' matchers.
 pub const MAX_REGEX_BYTES: usize = 4096;
 
-const TOP_FIELDS: &[&str] = &["policies", "enabled"];
+const TOP_FIELDS: &[&str] = &["policies", "enabled", "timeout_ms"];
 const POLICY_FIELDS: &[&str] = &[
-    "id", "on", "matcher", "agent", "when", "decision", "reason", "context", "enabled",
+    "id",
+    "on",
+    "matcher",
+    "agent",
+    "when",
+    "decision",
+    "reason",
+    "context",
+    "enabled",
+    "command",
+    "args",
+    "timeout_ms",
+    "on_error",
 ];
+/// The fields only a rule has (a command policy's command answers).
+const RULE_ONLY: &[&str] = &["decision", "reason", "context"];
+/// The fields only a command policy has.
+const COMMAND_ONLY: &[&str] = &["args", "timeout_ms", "on_error"];
 const TESTS: &[&str] = &["regex", "glob", "prefix", "equals"];
 
 /// A workspace without policies.json: no rules, switched on.
 pub(crate) fn empty_table() -> PolicyTable {
     PolicyTable {
         enabled: true,
+        timeout: std::time::Duration::from_millis(super::command::DEFAULT_TIMEOUT_MS),
         ..PolicyTable::default()
     }
 }
@@ -104,7 +122,7 @@ pub fn load_with_warnings(workspace: &Path) -> (Result<PolicyTable, ConfigErrors
     match read_file(workspace) {
         Ok(None) => (Ok(empty_table()), Vec::new()),
         Ok(Some(bytes)) => {
-            let (mut table, warnings) = parse_with_warnings(&bytes, &label);
+            let (mut table, warnings) = parse_with_warnings(&bytes, &label, Some(workspace));
             if let Ok(t) = &mut table {
                 t.source = Some(workspace.join(POLICIES_FILE));
             }
@@ -115,6 +133,8 @@ pub fn load_with_warnings(workspace: &Path) -> (Result<PolicyTable, ConfigErrors
 }
 
 /// Parses and validates the text of a policies.json; `file_label` names the file in messages.
+/// A command policy's relative `command` is resolved against the current directory
+/// ([`load`] resolves it against the workspace).
 ///
 /// # Examples
 ///
@@ -124,12 +144,13 @@ pub fn load_with_warnings(workspace: &Path) -> (Result<PolicyTable, ConfigErrors
 /// assert!(errs.to_string().starts_with("policies.json:1:64: policies[0].decision: "));
 /// ```
 pub fn parse(text: &[u8], file_label: &str) -> Result<PolicyTable, ConfigErrors> {
-    parse_with_warnings(text, file_label).0
+    parse_with_warnings(text, file_label, None).0
 }
 
 fn parse_with_warnings(
     text: &[u8],
     file_label: &str,
+    workspace: Option<&Path>,
 ) -> (Result<PolicyTable, ConfigErrors>, Vec<String>) {
     let label = one_line(file_label);
     let fail = |text: &str, errs: Vec<RawError>| (Err(finish_errors(&label, text, errs)), vec![]);
@@ -153,9 +174,15 @@ fn parse_with_warnings(
         }
     };
     let parsed = spanned::parse(text);
+    let workspace = match workspace {
+        Some(w) => std::path::absolute(w).unwrap_or_else(|_| w.to_path_buf()),
+        None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+    };
     let mut v = Checker {
         errs: parsed.duplicates,
         warns: Vec::new(),
+        workspace,
+        timeout: std::time::Duration::from_millis(super::command::DEFAULT_TIMEOUT_MS),
     };
     let root = match parsed.root {
         Ok(root) => root,
@@ -191,13 +218,24 @@ fn parse_with_warnings(
     }
 }
 
-struct Checker {
-    errs: Vec<RawError>,
+pub(super) struct Checker {
+    pub(super) errs: Vec<RawError>,
     warns: Vec<RawError>,
+    /// Where a relative command resolves.
+    pub(super) workspace: PathBuf,
+    /// The file's `timeout_ms` (read before the policies: top-level fields first).
+    pub(super) timeout: std::time::Duration,
+}
+
+/// One element of `policies` (short-lived: moved into the table as soon as it is read).
+#[allow(clippy::large_enum_variant)]
+enum Entry {
+    Rule(Policy),
+    Command(super::command::CommandPolicy),
 }
 
 impl Checker {
-    fn err(&mut self, pos: usize, path: &JPath, reason: impl Into<String>) {
+    pub(super) fn err(&mut self, pos: usize, path: &JPath, reason: impl Into<String>) {
         self.errs.push(raw_error(pos, path.clone(), reason));
     }
 
@@ -205,12 +243,12 @@ impl Checker {
         self.warns.push(raw_error(pos, path.clone(), reason));
     }
 
-    fn type_err(&mut self, node: &Node, path: &JPath, expected: &str) {
+    pub(super) fn type_err(&mut self, node: &Node, path: &JPath, expected: &str) {
         let reason = format!("expected {expected}, found {}", node.val.kind());
         self.err(node.pos, path, reason);
     }
 
-    fn string<'n>(&mut self, node: &'n Node, path: &JPath) -> Option<&'n str> {
+    pub(super) fn string<'n>(&mut self, node: &'n Node, path: &JPath) -> Option<&'n str> {
         match &node.val {
             Val::Str(s) => Some(s),
             _ => {
@@ -246,9 +284,17 @@ impl Checker {
             return table;
         };
         let top = JPath::root();
+        if let Some(m) = members.iter().find(|m| m.key == "timeout_ms")
+            && let Some(t) = self.timeout_ms(&m.value, &top.key("timeout_ms"))
+        {
+            self.timeout = t;
+            table.timeout = t;
+        }
+        let mut order = 0usize;
         for m in members {
             let path = top.key(&m.key);
             match m.key.as_str() {
+                "timeout_ms" => {}
                 "enabled" => {
                     if let Some(b) = self.boolean(&m.value, &path) {
                         table.enabled = b;
@@ -270,18 +316,37 @@ impl Checker {
                         let mut ids: HashMap<String, usize> = HashMap::new();
                         for (i, item) in items.iter().enumerate() {
                             let ipath = path.index(i);
-                            if let Some((p, id_pos)) = self.policy(item, &ipath) {
-                                if let Some(&first) = ids.get(&p.id) {
+                            if let Some((entry, id_pos)) = self.policy(item, &ipath, order) {
+                                let id = match &entry {
+                                    Entry::Rule(p) => &p.id,
+                                    Entry::Command(c) => &c.id,
+                                };
+                                if let Some(&first) = ids.get(id) {
                                     let mut e = raw_error(
                                         id_pos,
                                         ipath.key("id"),
-                                        format!("duplicate id {}", quote(&p.id)),
+                                        format!("duplicate id {}", quote(id)),
                                     );
                                     e.first = Some(first);
                                     self.errs.push(e);
-                                } else {
-                                    ids.insert(p.id.clone(), id_pos);
-                                    table.policies.push(p);
+                                    continue;
+                                }
+                                ids.insert(id.clone(), id_pos);
+                                order += 1;
+                                match entry {
+                                    Entry::Rule(p) => table.policies.push(p),
+                                    Entry::Command(c) => {
+                                        if table.commands.len() == MAX_COMMAND_POLICIES {
+                                            self.err(
+                                                item.pos,
+                                                &ipath,
+                                                format!(
+                                                    "more than {MAX_COMMAND_POLICIES} command policies (the limit: a decision may run them all at once)"
+                                                ),
+                                            );
+                                        }
+                                        table.commands.push(c)
+                                    }
                                 }
                             }
                         }
@@ -295,16 +360,36 @@ impl Checker {
     }
 
     /// One policy; `None` when it has an error (reported). Also returns where its id is.
-    fn policy(&mut self, node: &Node, path: &JPath) -> Option<(Policy, usize)> {
+    fn policy(&mut self, node: &Node, path: &JPath, order: usize) -> Option<(Entry, usize)> {
         let Val::Obj(members) = &node.val else {
             self.type_err(node, path, "a policy object");
             return None;
         };
         let errors_before = self.errs.len();
         let field = |name: &str| members.iter().find(|m| m.key == name);
+        let is_command = field("command").is_some();
         for m in members {
-            if !POLICY_FIELDS.contains(&m.key.as_str()) {
+            let key = m.key.as_str();
+            if !POLICY_FIELDS.contains(&key) {
                 self.unknown(m, path, POLICY_FIELDS);
+            } else if is_command && RULE_ONLY.contains(&key) {
+                self.err(
+                    m.key_pos,
+                    &path.key(key),
+                    format!(
+                        "a command policy has no {}: its command answers (exit 2 denies with stderr as the reason, or a JSON decision on stdout)",
+                        quote(key)
+                    ),
+                );
+            } else if !is_command && COMMAND_ONLY.contains(&key) {
+                self.err(
+                    m.key_pos,
+                    &path.key(key),
+                    format!(
+                        "only a command policy (one with \"command\") has {}",
+                        quote(key)
+                    ),
+                );
             }
         }
         let id = match field("id") {
@@ -357,6 +442,7 @@ impl Checker {
                         }
                     }
                 }),
+                None if is_command => None,
                 None => {
                     self.err(
                         node.pos,
@@ -388,10 +474,26 @@ impl Checker {
         let enabled = field("enabled")
             .and_then(|m| self.boolean(&m.value, &path.key("enabled")))
             .unwrap_or(true);
+        let command = if is_command {
+            self.command(members, path)
+        } else {
+            None
+        };
         if self.errs.len() > errors_before {
             return None;
         }
-        let ((id, id_pos), on, decision) = (id?, on?, decision?);
+        let ((id, id_pos), on) = (id?, on?);
+        let points = on.iter().fold(0, |bits, p| bits | p.bit());
+        if is_command {
+            let spec = command?;
+            return Some((
+                Entry::Command(
+                    spec.into_policy(id, on, points, matcher, agent, when, enabled, order),
+                ),
+                id_pos,
+            ));
+        }
+        let decision = decision?;
         let reason = match reason {
             Some(r) => r.to_string(),
             None => format!("{decision} by policy {id}"),
@@ -413,9 +515,8 @@ impl Checker {
                 ),
             );
         }
-        let points = on.iter().fold(0, |bits, p| bits | p.bit());
         Some((
-            Policy {
+            Entry::Rule(Policy {
                 id,
                 on,
                 points,
@@ -427,7 +528,8 @@ impl Checker {
                 reason,
                 context,
                 enabled,
-            },
+                order,
+            }),
             id_pos,
         ))
     }
@@ -676,8 +778,8 @@ impl Doc for PoliciesDoc {
     fn read(workspace: &Path) -> std::io::Result<Option<Vec<u8>>> {
         read_file(workspace)
     }
-    fn parse(bytes: &[u8], label: &str, _workspace: &Path) -> Result<PolicyTable, ConfigErrors> {
-        parse(bytes, label)
+    fn parse(bytes: &[u8], label: &str, workspace: &Path) -> Result<PolicyTable, ConfigErrors> {
+        parse_with_warnings(bytes, label, Some(workspace)).0
     }
     fn empty() -> PolicyTable {
         empty_table()
@@ -695,7 +797,8 @@ impl Doc for PoliciesDoc {
         table.warnings.push(warning);
     }
     fn live(table: &PolicyTable) -> String {
-        let on = table.policies.iter().filter(|p| p.enabled).count();
+        let on = table.policies.iter().filter(|p| p.enabled).count()
+            + table.commands.iter().filter(|c| c.enabled).count();
         if table.enabled {
             format!("{on} polic(ies) live")
         } else {
@@ -703,6 +806,6 @@ impl Doc for PoliciesDoc {
         }
     }
     fn size(table: &PolicyTable) -> (usize, bool) {
-        (table.policies.len(), table.enabled)
+        (table.policies.len() + table.commands.len(), table.enabled)
     }
 }

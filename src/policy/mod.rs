@@ -4,13 +4,19 @@
 
 mod agents;
 mod answer;
+mod command;
 mod decider;
 mod eval;
 mod load;
+mod load_command;
 mod model;
 
 pub use agents::{Question, decision_point, question};
 pub use answer::answer;
+pub use command::{
+    CommandCount, CommandPolicy, DEFAULT_TIMEOUT_MS, MAX_ANSWER_BYTES, MAX_COMMAND_POLICIES,
+    MAX_TIMEOUT_MS, OnError,
+};
 pub(crate) use decider::Decider;
 pub(crate) use eval::STATS_SECTION;
 pub use eval::{DecideError, MAX_PAYLOAD_BYTES, PoliciesStats, PolicyCount, Trace};

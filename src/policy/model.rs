@@ -170,6 +170,8 @@ pub struct Policy {
     pub context: Option<String>,
     /// `enabled` (default true).
     pub enabled: bool,
+    /// Its position among every policy of the file (command policies included).
+    pub(crate) order: usize,
 }
 
 /// A loaded policies.json: the rules in file order.
@@ -178,6 +180,10 @@ pub struct Policy {
 pub struct PolicyTable {
     /// The rules, in file order.
     pub policies: Vec<Policy>,
+    /// The command policies (`command`), in file order.
+    pub commands: Vec<super::command::CommandPolicy>,
+    /// The file's `timeout_ms`: each command policy's deadline unless it sets its own.
+    pub timeout: Duration,
     /// The file's global switch (`"enabled": false` switches every policy off).
     pub enabled: bool,
     /// Where the table was read from (`None`: no file).

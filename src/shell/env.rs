@@ -151,6 +151,21 @@ impl ChildEnv {
         Ok(ChildEnv { vars })
     }
 
+    /// The parent share `base` (from [`parent_env`]) and then `extra`, which wins over it
+    /// (a command policy's environment).
+    pub(crate) fn with_extra(base: &[(OsString, OsString)], extra: &[(&str, &str)]) -> ChildEnv {
+        let mut vars: Vec<CString> = extra
+            .iter()
+            .map(|(k, v)| entry(k.as_bytes(), v.as_bytes()))
+            .collect();
+        for (k, v) in base {
+            if !extra.iter().any(|(e, _)| OsStr::new(e) == k) {
+                vars.push(entry(k.as_bytes(), v.as_bytes()));
+            }
+        }
+        ChildEnv { vars }
+    }
+
     /// An environment of exactly `pairs` (benches).
     pub(crate) fn from_pairs(pairs: &[(&str, &str)]) -> ChildEnv {
         ChildEnv {

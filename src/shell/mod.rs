@@ -36,6 +36,7 @@
 //!   until the deadline, then SIGKILL every group still running, cancel what never started,
 //!   reap every child, remove every payload file, join the threads.
 
+pub(crate) mod capture;
 pub mod cgroup;
 mod deliver;
 pub mod env;
@@ -150,6 +151,7 @@ pub(crate) mod spawn_bench {
                 env: &self.env,
                 rlimits: &[],
                 cgroup_procs: None,
+                capture_stdout: false,
             };
             let sp = spawn::spawn(&self.action, &req, &self.opts)?;
             let mut status = 0;

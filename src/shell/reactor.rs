@@ -732,6 +732,7 @@ mod tests {
             env: &env,
             rlimits: &[],
             cgroup_procs: None,
+            capture_stdout: false,
         };
         let opts = super::super::spawn::SpawnOpts::new(dir.path()).unwrap();
         let sp = super::super::spawn::spawn(&action, &req, &opts).unwrap();

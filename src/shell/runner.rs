@@ -62,6 +62,7 @@ impl Shared {
             env: &env,
             rlimits: &rlimits,
             cgroup_procs: cg.as_ref().and_then(|c| c.procs_fd()),
+            capture_stdout: false,
         };
         match spawn::spawn(action, &req, opts) {
             Ok(sp) => {

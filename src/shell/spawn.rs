@@ -175,6 +175,8 @@ pub(crate) struct Spawned {
     /// polls `waitpid(pid, WNOHANG)` on a short tick instead.
     pub(crate) pidfd: Option<OwnedFd>,
     pub(crate) stdin: Option<File>,
+    /// Only with [`Request::capture_stdout`] (hooks' stdout goes to `/dev/null`).
+    pub(crate) stdout: Option<File>,
     pub(crate) stderr: Option<File>,
     pub(crate) started: Instant,
     pub(crate) started_at: SystemTime,
@@ -229,6 +231,9 @@ pub(crate) struct Request<'a> {
     pub(crate) rlimits: &'a [Rlimit],
     /// `cgroup.procs` of the run's cgroup.
     pub(crate) cgroup_procs: Option<RawFd>,
+    /// Whether stdout is a pipe the caller reads (command policies' answers) rather than
+    /// `/dev/null`.
+    pub(crate) capture_stdout: bool,
 }
 
 /// Starts `action`. Errors are the `spawn failed: …` reason.
@@ -251,6 +256,12 @@ pub(crate) fn spawn(action: &Action, req: &Request, opts: &SpawnOpts) -> Result<
     } else {
         (None, None)
     };
+    let (stdout_ours, stdout_theirs) = if req.capture_stdout {
+        let (r, w) = pipe().map_err(|e| io_err("stdout pipe", e))?;
+        (Some(File::from(r)), Some(w))
+    } else {
+        (None, None)
+    };
     let (stderr_r, stderr_w) = pipe().map_err(|e| io_err("stderr pipe", e))?;
     let null = opts.dev_null.as_raw_fd();
     let mut child = ChildArgs {
@@ -259,7 +270,7 @@ pub(crate) fn spawn(action: &Action, req: &Request, opts: &SpawnOpts) -> Result<
         envp: envp.as_ptr(),
         stdio: [
             stdin_theirs.as_ref().map_or(null, |f| f.as_raw_fd()),
-            null,
+            stdout_theirs.as_ref().map_or(null, |f| f.as_raw_fd()),
             stderr_w.as_raw_fd(),
         ],
         cwd: cwd.as_raw_fd(),
@@ -297,7 +308,7 @@ pub(crate) fn spawn(action: &Action, req: &Request, opts: &SpawnOpts) -> Result<
     // SAFETY: reading back what the child wrote; it has exec'd or exited (CLONE_VFORK), so
     // nothing writes `error` any more.
     let error = unsafe { std::ptr::read_volatile(&child.error) };
-    drop((stdin_theirs, stderr_w, cwd));
+    drop((stdin_theirs, stdout_theirs, stderr_w, cwd));
     if error.step != STEP_NONE {
         // It exited without exec'ing: reap it now, it is ours.
         reap_blocking(pid);
@@ -309,10 +320,14 @@ pub(crate) fn spawn(action: &Action, req: &Request, opts: &SpawnOpts) -> Result<
     if let Some(p) = &stdin_ours {
         set_nonblocking(p.as_raw_fd());
     }
+    if let Some(p) = &stdout_ours {
+        set_nonblocking(p.as_raw_fd());
+    }
     Ok(Spawned {
         pid: pid as u32,
         pidfd,
         stdin: stdin_ours,
+        stdout: stdout_ours,
         stderr: Some(stderr),
         started,
         started_at,

@@ -7,7 +7,7 @@ use crate::harness::{
     ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, documented,
     hooks_all_ran, of_one_session, on_every_event, sent_as_pinned, settle, tool_round_trip,
 };
-use crate::models::{Api, ModelServer, Script};
+use crate::models::{Answer, Api, ModelServer, Script};
 use crate::table::{
     Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row, topic,
 };

@@ -308,3 +308,87 @@ fn the_lifecycle_event_of_a_decided_tool_call_carries_the_decision() {
         assert!(runs[2].get(field).is_none(), "{}", runs[2]);
     }
 }
+
+#[test]
+fn a_command_policy_answers_api_decide_and_claude_codes_door() {
+    use std::os::unix::fs::PermissionsExt;
+    let api = Ingest::start(r#"{"hooks": {}}"#);
+    let ws = api.ws.path();
+    // A guard written for Claude Code's command hooks: tool_input on stdin, exit 2 to deny.
+    let guard = ws.join("no-rm-rf.sh");
+    std::fs::write(
+        &guard,
+        "#!/bin/sh\ninput=$(cat)\ncase \"$input\" in *'\"tool_input\"'*'rm -rf'*) echo 'guard says no' >&2; exit 2;; esac\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&guard, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        ws.join("policies.json"),
+        json!({"policies": [{"id": "guard", "on": ["tool_call_start"], "matcher": "Bash",
+            "command": "./no-rm-rf.sh", "timeout_ms": 10000}]})
+        .to_string(),
+    )
+    .unwrap();
+    assert_eq!(
+        api.hooks.apply_policies_file(),
+        Some(prx_hooks::config::Reload::Applied)
+    );
+    let ask = |command: &str| {
+        post_json(
+            &api,
+            "/api/decide",
+            &json!({"event": "tool_call_start", "agent": "claude-code", "payload": bash(command)}),
+        )
+    };
+    let (status, body, _) = ask("rm -rf /tmp/victim");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (&body["decision"], &body["reason"], &body["policy"]),
+        (&json!("deny"), &json!("guard says no"), &json!("guard")),
+        "{body}"
+    );
+    let (_, body, _) = ask("ls");
+    assert_eq!(body["decision"], Value::Null, "{body}");
+    let (status, body, _) = post_json(
+        &api,
+        "/api/ingest/claude-code",
+        &json!({"session_id": "cc1", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+                "tool_input": {"command": "rm -rf /"}, "cwd": "/w"}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        json!({"hookSpecificOutput": {"hookEventName": "PreToolUse",
+            "permissionDecision": "deny", "permissionDecisionReason": "guard says no"}})
+    );
+    let stats = api.stats();
+    let c = &stats["policies"]["commands"][0];
+    assert_eq!(
+        (
+            &c["policy"],
+            &c["runs"],
+            &c["deny"],
+            &c["none"],
+            &c["decisions"]
+        ),
+        (&json!("guard"), &json!(3), &json!(2), &json!(1), &json!(2)),
+        "{stats}"
+    );
+    let url = format!("http://{}/metrics", api.server.local_addr());
+    let text = Ingest::client()
+        .get(url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    for line in [
+        "prx_hooks_policy_command_runs_total{policy=\"guard\"} 3",
+        "prx_hooks_policy_command_timed_out_total{policy=\"guard\"} 0",
+        "prx_hooks_policy_command_decided_total{policy=\"guard\"} 2",
+        "prx_hooks_policies_loaded 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+    }
+}

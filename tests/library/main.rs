@@ -11,6 +11,7 @@ mod procs;
 
 mod agent_rules;
 mod agents;
+mod command_policies;
 mod config;
 mod config_edit;
 mod core_races;

@@ -10,8 +10,8 @@
 use super::agents::Hook;
 use super::json::J;
 use crate::hook_table::{Agent, HookEvent};
-use prx_hooks::agents::Handlers;
 use crate::send::OnUnreachable;
+use prx_hooks::agents::Handlers;
 use std::path::Path;
 
 /// The agents whose decision points `connect --policies` writes.
@@ -62,7 +62,11 @@ pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> Option<J> {
     let deny = policies.on_unreachable == OnUnreachable::Deny;
     // Claude Code waits for an `http` hook, and the server answers it with the decision; only
     // when the server is down must a command answer instead.
-    if agent == Agent::ClaudeCode && hook.http.is_some() && event.handlers.contains(Handlers::HTTP) && !deny {
+    if agent == Agent::ClaudeCode
+        && hook.http.is_some()
+        && event.handlers.contains(Handlers::HTTP)
+        && !deny
+    {
         return None;
     }
     let command = if deny {

@@ -9,8 +9,7 @@
 //! script written for those agents' command hooks reads it unchanged, and one written against
 //! the lifecycle payload hooks receive reads it too.
 
-use super::model::{Condition, Decision, DecisionPoint};
-use crate::config::{Action, Matcher};
+use super::model::{CommandPolicy, Decision, DecisionPoint, OnError};
 use crate::shell::capture::{self, Captured, Ended, SpawnOpts};
 use crate::shell::env::ChildEnv;
 use serde::Serialize;
@@ -28,50 +27,6 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 250;
 pub const MAX_TIMEOUT_MS: u64 = 30_000;
 /// The most command policies one file may have (each decision may run all of them at once).
 pub const MAX_COMMAND_POLICIES: usize = 16;
-
-/// What a source that fails answers: a timeout, a crash, an answer that is not JSON or too
-/// large.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum OnError {
-    /// No decision from this policy (the agent's own flow) — never `allow`.
-    #[default]
-    None,
-    /// Deny, the failure given as the reason.
-    Deny,
-}
-
-/// One command policy of policies.json (`command`, `args`, `timeout_ms`, `on_error`).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct CommandPolicy {
-    /// `id`, unique in the file (among rules too).
-    pub id: String,
-    /// The decision points it answers (`on`).
-    pub on: Vec<DecisionPoint>,
-    pub(crate) points: u8,
-    /// The tools it runs for (`matcher`; `None`: every tool).
-    pub matcher: Option<Matcher>,
-    /// The agents it runs for (`agent`; `None`: every agent).
-    pub agent: Option<Matcher>,
-    /// `when`: it runs only when every condition holds (none: always).
-    pub when: Vec<Condition>,
-    /// `command` as written.
-    pub command: String,
-    /// `args`, passed as they are, without a shell.
-    pub args: Vec<String>,
-    /// `timeout_ms`: how long it may take before its process tree is killed.
-    pub timeout: Duration,
-    /// `on_error`: what a timeout, crash or bad answer gives.
-    pub on_error: OnError,
-    /// `enabled` (default true).
-    pub enabled: bool,
-    /// Its position among every policy of the file (rules included).
-    pub(crate) order: usize,
-    /// What the spawn runs: the program resolved at load, the workspace as cwd, stdin piped.
-    pub(crate) action: Action,
-}
 
 /// How one command policy's runs ended, counted since its id was first loaded.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

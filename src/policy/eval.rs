@@ -318,7 +318,7 @@ impl Policy {
     }
 }
 
-impl super::command::CommandPolicy {
+impl super::model::CommandPolicy {
     pub(crate) fn filter(&self) -> Filter<'_> {
         Filter {
             points: self.points,

@@ -231,7 +231,7 @@ pub(super) struct Checker {
 #[allow(clippy::large_enum_variant)]
 enum Entry {
     Rule(Policy),
-    Command(super::command::CommandPolicy),
+    Command(super::model::CommandPolicy),
 }
 
 impl Checker {

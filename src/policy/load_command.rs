@@ -1,8 +1,9 @@
 //! Reading a command policy's own fields in policies.json (`command`, `args`, `timeout_ms`,
 //! `on_error`), and the file's `timeout_ms`, each error naming FILE:LINE:COL and the field.
 
-use super::command::{CommandPolicy, MAX_TIMEOUT_MS, OnError};
+use super::command::MAX_TIMEOUT_MS;
 use super::load::Checker;
+use super::model::{CommandPolicy, OnError};
 use super::model::{Condition, DecisionPoint};
 use crate::config::spanned::{Member, Node, Val};
 use crate::config::{Action, JsonPath as JPath, Matcher, quote};

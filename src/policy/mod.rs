@@ -14,8 +14,7 @@ mod model;
 pub use agents::{Question, decision_point, question};
 pub use answer::answer;
 pub use command::{
-    CommandCount, CommandPolicy, DEFAULT_TIMEOUT_MS, MAX_ANSWER_BYTES, MAX_COMMAND_POLICIES,
-    MAX_TIMEOUT_MS, OnError,
+    CommandCount, DEFAULT_TIMEOUT_MS, MAX_ANSWER_BYTES, MAX_COMMAND_POLICIES, MAX_TIMEOUT_MS,
 };
 pub(crate) use decider::Decider;
 pub(crate) use eval::STATS_SECTION;
@@ -24,7 +23,9 @@ pub use load::{
     MAX_CONDITIONS, MAX_FILE_BYTES, MAX_PATH_SEGMENTS, MAX_POLICIES, MAX_REGEX_BYTES,
     POLICIES_FILE, load, load_with_warnings, parse,
 };
-pub use model::{Condition, Decision, DecisionPoint, Policy, PolicyTable, Test, Verdict};
+pub use model::{
+    CommandPolicy, Condition, Decision, DecisionPoint, OnError, Policy, PolicyTable, Test, Verdict,
+};
 
 /// The bus topic every decision is published under (when a subscription wants it).
 pub const DECISION_TOPIC: &str = "prx.policy.decision";

@@ -1,6 +1,6 @@
 //! What a loaded policies.json is: decision points, decisions, rules and their conditions.
 
-use crate::config::Matcher;
+use crate::config::{Action, Matcher};
 use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
@@ -181,7 +181,7 @@ pub struct PolicyTable {
     /// The rules, in file order.
     pub policies: Vec<Policy>,
     /// The command policies (`command`), in file order.
-    pub commands: Vec<super::command::CommandPolicy>,
+    pub commands: Vec<CommandPolicy>,
     /// The file's `timeout_ms`: each command policy's deadline unless it sets its own.
     pub timeout: Duration,
     /// The file's global switch (`"enabled": false` switches every policy off).
@@ -252,4 +252,47 @@ impl Verdict {
 pub(crate) struct Index {
     pub(crate) matchers: Vec<Matcher>,
     pub(crate) sets: Vec<(Vec<String>, regex::RegexSet)>,
+}
+/// What a source that fails answers: a timeout, a crash, an answer that is not JSON or too
+/// large.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OnError {
+    /// No decision from this policy (the agent's own flow) — never `allow`.
+    #[default]
+    None,
+    /// Deny, the failure given as the reason.
+    Deny,
+}
+
+/// One command policy of policies.json (`command`, `args`, `timeout_ms`, `on_error`).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CommandPolicy {
+    /// `id`, unique in the file (among rules too).
+    pub id: String,
+    /// The decision points it answers (`on`).
+    pub on: Vec<DecisionPoint>,
+    pub(crate) points: u8,
+    /// The tools it runs for (`matcher`; `None`: every tool).
+    pub matcher: Option<Matcher>,
+    /// The agents it runs for (`agent`; `None`: every agent).
+    pub agent: Option<Matcher>,
+    /// `when`: it runs only when every condition holds (none: always).
+    pub when: Vec<Condition>,
+    /// `command` as written.
+    pub command: String,
+    /// `args`, passed as they are, without a shell.
+    pub args: Vec<String>,
+    /// `timeout_ms`: how long it may take before its process tree is killed.
+    pub timeout: Duration,
+    /// `on_error`: what a timeout, crash or bad answer gives.
+    pub on_error: OnError,
+    /// `enabled` (default true).
+    pub enabled: bool,
+    /// Its position among every policy of the file (rules included).
+    pub(crate) order: usize,
+    /// What the spawn runs: the program resolved at load, the workspace as cwd, stdin piped.
+    pub(crate) action: Action,
 }

@@ -310,6 +310,9 @@ impl Builder {
         rec.name2("invoke_agent", &e.agent);
         let e = &self.emitters[&c.key];
         Self::common(&mut rec, e, "invoke_agent");
+        if let Some(provider) = agent_provider(&e.agent) {
+            rec.str("gen_ai.provider.name", provider);
+        }
         Open::new(rec)
     }
 
@@ -354,9 +357,17 @@ impl Builder {
 
     fn chat_span(&mut self, c: &Ctx) -> Open {
         let model = c.payload.str("model");
+        let provider = c.payload.str("provider");
         let mut chat = self.child(c, "chat", &model, Kind::Client);
-        chat.rec
-            .str("gen_ai.provider.name", &c.payload.str("provider"));
+        chat.rec.str("gen_ai.provider.name", &provider);
+        // The agent span names the provider of its first model call when its agent does not
+        // say it already.
+        if let Some(root) = &mut self.state(c.key).root
+            && !provider.is_empty()
+            && root.rec.attr_text("gen_ai.provider.name").is_none()
+        {
+            root.rec.str("gen_ai.provider.name", &provider);
+        }
         chat.rec.str("gen_ai.request.model", &model);
         chat
     }
@@ -739,6 +750,19 @@ struct Ctx<'a> {
     t: u64,
     kind: EventKind,
     payload: &'a Payload<'a>,
+}
+
+/// The provider of a coding agent that talks to one (the GenAI conventions' well-known
+/// values); `None` for agents that use several (Cursor, Copilot CLI, …) and for every other
+/// name, whose spans take the provider of their first model call.
+fn agent_provider(agent: &str) -> Option<&'static str> {
+    use crate::agents::Agent;
+    match Agent::from_name(agent)? {
+        Agent::ClaudeCode => Some("anthropic"),
+        Agent::Codex => Some("openai"),
+        Agent::GeminiCli => Some("gcp.gemini"),
+        _ => None,
+    }
 }
 
 fn call_id<'a>(p: &Payload<'a>) -> Option<std::borrow::Cow<'a, str>> {

@@ -70,6 +70,11 @@ fn an_agent_run_becomes_invoke_agent_with_chat_and_execute_tool_children_at_the_
         Some("demo-1")
     );
     assert_eq!(attr(agent, "prx.messages_count").as_deref(), Some("9"));
+    // The agent names no provider: its first model call's.
+    assert_eq!(
+        attr(agent, "gen_ai.provider.name").as_deref(),
+        Some("anthropic")
+    );
     assert_eq!(
         (agent.start_time_unix_nano, agent.end_time_unix_nano),
         (times[0], times[7])
@@ -392,4 +397,37 @@ fn the_pairing_state_is_bounded_per_emitter_and_in_total() {
     let o = otel(&hooks.stats());
     assert_eq!(o.unmatched_starts, 6 + 5 + 5, "{o:?}");
     assert!(balanced(&o), "{o:?}");
+}
+
+#[test]
+fn a_coding_agents_span_names_its_provider_before_any_model_call() {
+    let rx = Receiver::start();
+    let hooks = hooks_with(options(&rx.url()));
+    for (agent, provider) in [
+        ("claude-code", Some("anthropic")),
+        ("codex", Some("openai")),
+        ("gemini-cli", Some("gcp.gemini")),
+        ("cursor", None),
+    ] {
+        let em = hooks.emitter(agent, "s");
+        em.emit(Event::ToolCallStart {
+            tool: "Bash",
+            arguments: "{}",
+        });
+        em.emit(Event::ToolCall {
+            tool: "Bash",
+            success: true,
+            output: "",
+        });
+        em.emit(Event::TurnComplete);
+        let spans = rx.wait_spans(2, Duration::from_secs(20));
+        let root = one(&spans, &format!("invoke_agent {agent}"));
+        assert_eq!(
+            attr(root, "gen_ai.provider.name").as_deref(),
+            provider,
+            "{agent}"
+        );
+        rx.clear();
+    }
+    hooks.shutdown(Duration::from_secs(5));
 }

@@ -257,6 +257,11 @@ impl Rec {
         })
     }
 
+    /// `key` set to `val`, replacing a value set before.
+    pub(crate) fn set_attr(&mut self, key: &'static str, val: Val) {
+        self.set(Text::Static(key), val);
+    }
+
     pub(crate) fn int(&mut self, key: &'static str, v: i64) {
         self.set(Text::Static(key), Val::Int(v));
     }
@@ -515,6 +520,7 @@ fn fixed64_field(out: &mut Vec<u8>, tag: u32, v: u64) {
 /// field an agent adds tomorrow is withheld by default (docs/otel.md § Content).
 pub(crate) const SAFE_EXTRAS: &[&str] = &[
     // ids
+    "user_id",
     "tool_call_id",
     "tool_use_id",
     "call_id",
@@ -622,6 +628,7 @@ pub(crate) fn extras(
         };
         match (USAGE.iter().find(|(name, _)| *name == k.as_ref()), value) {
             (Some(&(_, key)), Val::Int(i)) => rec.int(key, i),
+            _ if k.as_ref() == "user_id" => rec.set_attr("user.id", value),
             _ => rec.extra(&k, value),
         }
     }

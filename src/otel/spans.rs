@@ -262,6 +262,8 @@ impl Builder {
     fn common(rec: &mut Rec, e: &EmitterState, op: &'static str) {
         rec.text_attr("gen_ai.operation.name", Text::Static(op));
         rec.str("gen_ai.conversation.id", &e.session);
+        // The general conventions' name, which Phoenix groups sessions by.
+        rec.str("session.id", &e.session);
         rec.str("gen_ai.agent.name", &e.agent);
     }
 

@@ -71,6 +71,7 @@ fn exported(content: bool) -> (BTreeMap<String, BTreeSet<String>>, Vec<String>) 
             if a.key.starts_with("prx.extra.")
                 || a.key.starts_with("gen_ai.usage.")
                 || a.key == "prx.content_withheld"
+                || a.key == "user.id"
             {
                 per_agent
                     .entry(agent.clone())
@@ -129,7 +130,9 @@ fn without_content_each_agents_spans_carry_only_the_listed_extra_fields() {
         for k in keys {
             let ok = match k.strip_prefix("prx.extra.") {
                 Some(name) => listed.contains(name),
-                None => k.starts_with("gen_ai.usage.") || k == "prx.content_withheld",
+                None => {
+                    k.starts_with("gen_ai.usage.") || k == "prx.content_withheld" || k == "user.id"
+                }
             };
             assert!(ok, "{agent} exports {k} without --otlp-content");
         }

@@ -28,7 +28,7 @@ fn an_agent_run_becomes_invoke_agent_with_chat_and_execute_tool_children_at_the_
         duration_ms: 1840,
         success: true,
     });
-    let extras = Extras::fields(r#"{"tool_call_id":"call-7","cwd":"/src/app"}"#);
+    let extras = Extras::fields(r#"{"tool_call_id":"call-7","cwd":"/src/app","user_id":"u-42"}"#);
     em.emit_with_extras(
         Event::ToolCallStart {
             tool: "shell",
@@ -69,6 +69,7 @@ fn an_agent_run_becomes_invoke_agent_with_chat_and_execute_tool_children_at_the_
         attr(agent, "gen_ai.conversation.id").as_deref(),
         Some("demo-1")
     );
+    assert_eq!(attr(agent, "session.id").as_deref(), Some("demo-1"));
     assert_eq!(attr(agent, "prx.messages_count").as_deref(), Some("9"));
     // The agent names no provider: its first model call's.
     assert_eq!(
@@ -126,6 +127,7 @@ fn an_agent_run_becomes_invoke_agent_with_chat_and_execute_tool_children_at_the_
         Some("call-7")
     );
     assert_eq!(attr(tool, "prx.content_withheld").as_deref(), Some("1"));
+    assert_eq!(attr(tool, "user.id").as_deref(), Some("u-42"));
     assert_eq!(attr(tool, "error.type").as_deref(), Some("tool_error"));
     assert!(is_error(tool));
     assert_eq!(

@@ -337,7 +337,12 @@ impl Builder {
     }
 
     fn agent_end(&mut self, c: &Ctx) -> (TraceId, SpanId) {
-        self.close_children(c.key, "agent ended");
+        let interrupted = interrupted(c.payload);
+        if interrupted {
+            self.interrupt_children(c.key);
+        } else {
+            self.close_children(c.key, "agent ended");
+        }
         let mut root = match self.state(c.key).root.take() {
             Some(r) => r,
             None => {
@@ -350,7 +355,10 @@ impl Builder {
         if let Some(n) = c.payload.int("messages_count") {
             root.rec.int("prx.messages_count", n);
         }
-        if c.payload.bool("success") == Some(false) {
+        if interrupted {
+            // Not a failure, not a clean end: OpenTelemetry has no status for it.
+            root.rec.str(END_REASON, "interrupted");
+        } else if c.payload.bool("success") == Some(false) {
             root.rec.error("agent_failed", "agent_end: success = false");
         }
         self.finish(root, c.t);
@@ -534,7 +542,9 @@ impl Builder {
                 .push_bounded(&raw_text(out), self.limits.max_value_bytes);
             open.rec.text_attr("gen_ai.tool.call.result", v);
         }
-        if c.payload.bool("success") == Some(false) {
+        if interrupted(c.payload) {
+            open.rec.str(END_REASON, "interrupted");
+        } else if c.payload.bool("success") == Some(false) {
             open.rec.error("tool_error", "tool_call: success = false");
         }
         let ids = self.ids_of(c.key, &open);
@@ -649,6 +659,21 @@ impl Builder {
         }
     }
 
+    /// The user interrupted the turn: its open chat and tool spans end at the emitter's newest
+    /// event, status UNSET with `prx.end_reason = interrupted` (not `unfinished`).
+    fn interrupt_children(&mut self, k: u64) {
+        let Some(e) = self.emitters.get_mut(&k) else {
+            return;
+        };
+        let t = e.last_time;
+        let mut open: Vec<Open> = e.tools.drain(..).collect();
+        open.extend(e.chat.take());
+        for mut o in open {
+            o.rec.str(END_REASON, "interrupted");
+            self.finish(o, t);
+        }
+    }
+
     fn close_emitter(&mut self, k: u64, why: &str) {
         self.close_children(k, why);
         if let Some(mut e) = self.emitters.remove(&k)
@@ -752,6 +777,15 @@ struct Ctx<'a> {
     t: u64,
     kind: EventKind,
     payload: &'a Payload<'a>,
+}
+
+/// Why a span ended when it is neither a success nor a failure (`interrupted`).
+const END_REASON: &str = "prx.end_reason";
+
+/// Whether the user interrupted what this event ends: `is_interrupt` (Claude Code's, Cursor's
+/// and Qwen Code's tool failures) or Codex's `Interrupt` hook.
+fn interrupted(p: &Payload<'_>) -> bool {
+    p.bool("is_interrupt") == Some(true) || p.str("hook_event_name") == "Interrupt"
 }
 
 /// The provider of a coding agent that talks to one (the GenAI conventions' well-known

@@ -433,3 +433,60 @@ fn a_coding_agents_span_names_its_provider_before_any_model_call() {
     }
     hooks.shutdown(Duration::from_secs(5));
 }
+
+/// An interrupted turn is neither a failure nor a clean end: what it leaves open ends with
+/// status UNSET and `prx.end_reason = interrupted`, never as `unfinished`.
+#[test]
+fn an_interrupt_ends_what_is_open_as_interrupted_not_failed() {
+    let rx = Receiver::start();
+    let hooks = hooks_with(options(&rx.url()));
+    let em = hooks.emitter("codex", "s");
+    em.emit(Event::AgentStart {
+        agent: "codex",
+        session: "s",
+    });
+    // A tool the user stopped (Claude Code's PostToolUseFailure with is_interrupt).
+    em.emit(Event::ToolCallStart {
+        tool: "Bash",
+        arguments: "{}",
+    });
+    em.emit_with_extras(
+        Event::ToolCall {
+            tool: "Bash",
+            success: false,
+            output: "",
+        },
+        &Extras::fields(r#"{"is_interrupt":true}"#),
+    )
+    .unwrap();
+    // Another still running when Codex's Interrupt hook ends the turn.
+    em.emit(Event::ToolCallStart {
+        tool: "apply_patch",
+        arguments: "{}",
+    });
+    em.emit_with_extras(
+        Event::AgentEnd {
+            success: false,
+            messages_count: 2,
+        },
+        &Extras::fields(r#"{"hook_event_name":"Interrupt"}"#),
+    )
+    .unwrap();
+    let spans = rx.wait_spans(3, Duration::from_secs(20));
+    for name in [
+        "execute_tool Bash",
+        "execute_tool apply_patch",
+        "invoke_agent codex",
+    ] {
+        let s = one(&spans, name);
+        assert!(!is_error(s), "{name}: {:?}", s.status);
+        assert_eq!(
+            attr(s, "prx.end_reason").as_deref(),
+            Some("interrupted"),
+            "{name}"
+        );
+    }
+    let o = otel(&hooks.stats());
+    assert_eq!(o.unmatched_starts, 0, "{o:?}");
+    hooks.shutdown(Duration::from_secs(5));
+}

@@ -224,8 +224,9 @@ struct SubInfo {
     delivered: AtomicU64,
     dropped: AtomicU64,
     /// How many messages the subscription has taken out of `rx` and not yet returned
-    /// (`Subscription::taken`'s length, for stats).
-    taken: AtomicUsize,
+    /// (`Subscription::taken`'s length, for stats). Written by the reader for every message:
+    /// on a line of its own, away from the counters the worker writes.
+    taken: crossbeam_utils::CachePadded<AtomicUsize>,
 }
 
 impl Subscriber {
@@ -372,7 +373,7 @@ impl Bus {
             capacity,
             delivered: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
-            taken: AtomicUsize::new(0),
+            taken: crossbeam_utils::CachePadded::new(AtomicUsize::new(0)),
         });
         let sub = Subscriber {
             info: info.clone(),

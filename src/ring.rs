@@ -154,6 +154,9 @@ impl<T> Ring<T> {
     /// [`PushError::Closed`] after [`Ring::close`]. Never waits: the loop only retries when
     /// another producer won the same position (that producer made progress) or the ring was
     /// closed under us (the next iteration returns).
+    // Inlined into `emit`'s claim: whether the code generator does so on its own changes
+    // with the size of the crate around it (docs/performance.md § Comparing two trees).
+    #[inline]
     pub(crate) fn push(&self, fill: impl FnOnce(&mut T)) -> Result<(), PushError> {
         let mut pos = self.tail.load(Ordering::Relaxed);
         loop {

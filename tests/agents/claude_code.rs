@@ -7,7 +7,7 @@ use crate::harness::{
     ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, documented,
     hooks_all_ran, of_one_session, on_every_event, sent_as_pinned, settle, tool_round_trip,
 };
-use crate::models::{Answer, Api, ModelServer, Script};
+use crate::models::{Api, ModelServer, Script};
 use crate::table::{
     Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row, topic,
 };
@@ -417,16 +417,8 @@ fn traced_session(connect: &[&str]) {
 
 /// What the tool result sent back to the model after its tool call says.
 fn tool_result(model: &ModelServer) -> String {
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let next = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no request after the tool call:\n{}", model.summary()));
-    let last = next.body["messages"].as_array().unwrap().last().unwrap();
+    let next = crate::harness::request_after_tool_call(model);
+    let last = next["messages"].as_array().unwrap().last().unwrap();
     last["content"]
         .as_array()
         .and_then(|c| c.iter().find(|b| b["type"] == "tool_result"))
@@ -484,10 +476,7 @@ fn claude_code_policies_with_the_server_down_apply_the_fail_mode_connect_wrote()
         run.show()
     );
     assert!(
-        !model
-            .requests()
-            .iter()
-            .any(|r| r.answer == Answer::ToolCall),
+        !crate::harness::asked_a_tool_call(&model),
         "{}",
         model.summary()
     );

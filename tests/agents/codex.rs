@@ -7,7 +7,7 @@ use crate::harness::{
     ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, SEND_BIN, Server, Setup, Tail, cli,
     documented, of_one_session, on_every_event, sent_as_pinned, tool_round_trip,
 };
-use crate::models::{Answer, Api, CALL_ID, ModelServer, Script};
+use crate::models::{Api, CALL_ID, ModelServer, Script};
 use crate::table::{
     Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row, topic,
 };
@@ -379,19 +379,11 @@ fn guarded_session(s: &Setup, cli: &Cli, model: &ModelServer) -> String {
         run.show(),
         model.summary()
     );
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let answered = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
-    answered.body["input"]
+    let answered = crate::harness::request_after_tool_call(model);
+    answered["input"]
         .as_array()
         .and_then(|i| i.iter().find(|i| i["type"] == "function_call_output"))
-        .unwrap_or_else(|| panic!("no function_call_output in {}", answered.body))
+        .unwrap_or_else(|| panic!("no function_call_output in {answered}"))
         .to_string()
 }
 
@@ -433,10 +425,7 @@ fn codex_policies_deny_rm_rf_the_tool_does_not_run_and_the_model_is_told_why() {
         run.show()
     );
     assert!(
-        !model
-            .requests()
-            .iter()
-            .any(|r| r.answer == Answer::ToolCall),
+        !crate::harness::asked_a_tool_call(&model),
         "{}",
         model.summary()
     );

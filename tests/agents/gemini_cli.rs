@@ -7,7 +7,7 @@ use crate::harness::{
     ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, Server, Setup, Tail, cli, documented,
     on_every_event, one_session, tool_round_trip,
 };
-use crate::models::{Answer, Api, ModelServer, Script};
+use crate::models::{Api, ModelServer, Script};
 use crate::table::{
     Check, Expect, Order, Row, and_topics, check_settled, event, prompt_opens_the_turn, row, topic,
 };
@@ -396,23 +396,15 @@ fn guarded_session(s: &Setup, cli: &Cli, model: &ModelServer) -> String {
         run.show(),
         model.summary()
     );
-    let reqs = model.requests();
-    let call = reqs
-        .iter()
-        .position(|r| r.answer == Answer::ToolCall)
-        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
-    let answered = reqs[call + 1..]
-        .iter()
-        .find(|r| r.answer == Answer::Text)
-        .unwrap_or_else(|| panic!("no answer after the tool call:\n{}", model.summary()));
-    answered.body["contents"]
+    let answered = crate::harness::request_after_tool_call(model);
+    answered["contents"]
         .as_array()
         .and_then(|cs| {
             cs.iter()
                 .flat_map(|c| c["parts"].as_array().into_iter().flatten())
                 .find(|p| p.get("functionResponse").is_some())
         })
-        .unwrap_or_else(|| panic!("no functionResponse in {}", answered.body))
+        .unwrap_or_else(|| panic!("no functionResponse in {answered}"))
         .to_string()
 }
 
@@ -452,10 +444,7 @@ fn gemini_cli_policies_deny_rm_rf_the_tool_does_not_run_and_the_model_is_told_wh
         run.show()
     );
     assert!(
-        !model
-            .requests()
-            .iter()
-            .any(|r| r.answer == Answer::ToolCall),
+        !crate::harness::asked_a_tool_call(&model),
         "{}",
         model.summary()
     );

@@ -766,3 +766,27 @@ pub fn guarded() -> (Setup, PathBuf) {
 pub fn rm_rf(victim: &Path) -> crate::models::Script {
     crate::models::Script::shell(&format!("rm -rf {}", victim.display()), ANSWER)
 }
+
+/// The body of the model request that followed the first tool call (what the tool's result
+/// told the model), for the policy tests.
+pub fn request_after_tool_call(model: &ModelServer) -> Value {
+    let reqs = model.requests();
+    let call = reqs
+        .iter()
+        .position(|r| r.answer == Answer::ToolCall)
+        .unwrap_or_else(|| panic!("no tool call asked:\n{}", model.summary()));
+    reqs[call + 1..]
+        .iter()
+        .find(|r| r.answer == Answer::Text)
+        .unwrap_or_else(|| panic!("no request after the tool call:\n{}", model.summary()))
+        .body
+        .clone()
+}
+
+/// Whether the model was ever asked for a tool call (a run denied at its prompt never is).
+pub fn asked_a_tool_call(model: &ModelServer) -> bool {
+    model
+        .requests()
+        .iter()
+        .any(|r| r.answer == Answer::ToolCall)
+}

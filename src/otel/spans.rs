@@ -303,12 +303,15 @@ impl Builder {
     }
 
     fn root_span(&mut self, c: &Ctx) -> Open {
-        let trace = self.ids.trace();
+        let (trace, parent) = match self.launcher(c) {
+            Some((trace, parent)) => (trace, Some(parent)),
+            None => (self.ids.trace(), None),
+        };
         let id = self.ids.span();
         let mut rec = self.rec();
         let e = self.state(c.key);
         e.trace = trace;
-        rec.begin(Kind::Internal, trace, id, None, c.t);
+        rec.begin(Kind::Internal, trace, id, parent, c.t);
         rec.name2("invoke_agent", &e.agent);
         let e = &self.emitters[&c.key];
         Self::common(&mut rec, e, "invoke_agent");
@@ -316,6 +319,20 @@ impl Builder {
             rec.str("gen_ai.provider.name", provider);
         }
         Open::new(rec)
+    }
+
+    /// Where a subagent's run goes (ARCHITECTURE.md § OpenTelemetry traces): a subagent is an
+    /// emitter of its own whose events name their parent's session (`parent_session`); while
+    /// the parent's turn is open, the subagent's `invoke_agent` is a child of the parent's
+    /// newest open tool call (the one that launched it), else of the parent's turn, in the
+    /// parent's trace. `None`: the root of a new trace.
+    fn launcher(&self, c: &Ctx) -> Option<(TraceId, SpanId)> {
+        let parent_session = c.payload.str_opt(PARENT_SESSION)?;
+        let e = self.emitters.get(&c.key)?;
+        let parent = self.emitters.get(&key(&e.agent, &parent_session))?;
+        let root = parent.root.as_ref()?;
+        let under = parent.tools.last().map_or(root.rec.id, |t| t.rec.id);
+        Some((parent.trace, under))
     }
 
     fn ids_of(&self, k: u64, o: &Open) -> (TraceId, SpanId) {
@@ -778,6 +795,9 @@ struct Ctx<'a> {
     kind: EventKind,
     payload: &'a Payload<'a>,
 }
+
+/// The extra field a subagent's events name their parent's session with (crate::agents).
+const PARENT_SESSION: &str = "parent_session";
 
 /// Why a span ended when it is neither a success nor a failure (`interrupted`).
 const END_REASON: &str = "prx.end_reason";

@@ -15,6 +15,7 @@ mod hooks;
 mod policy;
 mod pressure;
 mod spans;
+mod subagents;
 
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prx_hooks::otel::{OtelStats, OtlpOptions};

@@ -99,6 +99,11 @@ impl Record {
         Extras::fields(&self.extras).omit(&self.omitted)
     }
 
+    /// The extra fields' JSON object text (empty when there are none).
+    pub(crate) fn extras_json(&self) -> &str {
+        &self.extras
+    }
+
     /// Whether the line carried anything beyond the documented fields (or lacked one).
     pub fn has_extras(&self) -> bool {
         !self.extras.is_empty() || !self.omitted.is_empty()

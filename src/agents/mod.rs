@@ -52,6 +52,7 @@ mod kiro;
 mod plan;
 mod qwen_code;
 mod read;
+pub mod transcript;
 mod windsurf;
 
 use crate::EventKind;

@@ -94,3 +94,24 @@ fn describe(req: &Request) -> Caller {
         .unwrap_or("-");
     Caller(format!("{peer} (user agent {agent:?})"))
 }
+
+/// Whether the request came from this machine: over the server's unix socket, or from a
+/// loopback address. A router hosted by another server (no peer recorded) is not local.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Local(pub bool);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Local {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let ext = &parts.extensions;
+        let local = ext.get::<PeerName>().is_some()
+            || ext
+                .get::<ConnectInfo<SocketAddr>>()
+                .is_some_and(|c| c.0.ip().is_loopback());
+        Ok(Local(local))
+    }
+}

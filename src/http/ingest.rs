@@ -8,6 +8,7 @@
 //! [`IngestReport`]: `{"queued","dropped","skipped","refused","errors","more_errors"}`. A hook
 //! is never waited for: `emit` never blocks, and a full ring is `dropped`, counted.
 
+use super::auth::Local;
 use super::body::{self, Media};
 use super::error::ApiError;
 use super::json_response;
@@ -268,6 +269,7 @@ fn flag(key: &str, value: &str) -> Result<bool, ApiError> {
 /// `answer` member.
 pub(crate) async fn agent(
     State(api): ApiState,
+    Local(local): Local,
     name: Result<Path<String>, PathRejection>,
     uri: Uri,
     headers: HeaderMap,
@@ -312,11 +314,24 @@ pub(crate) async fn agent(
         Some(d) => (Some(d.answer), Some(d.stamp)),
         None => (None, None),
     };
-    let small = bytes.len() <= INLINE_BYTES;
+    // A transcript is read off the async threads; only for a request from this machine.
+    let transcripts = api
+        .opts
+        .transcripts
+        .clone()
+        .filter(|_| local && crate::agents::transcript::reads(from));
+    let small = bytes.len() <= INLINE_BYTES && transcripts.is_none();
     let hooks = api.hooks.clone();
     let seen = api.clone();
     let work = move || {
         let mut translated = crate::agents::translate(from, &bytes, &opts)?;
+        // The model calls of the turn this payload ends, before its end (docs/agents.md
+        // § Transcripts).
+        if let Some(reader) = &transcripts
+            && let Some(report) = reader.ingest(&hooks, from, &translated)
+        {
+            seen.ingest.count(&report);
+        }
         // The event carries what was decided (docs/policies.md § Audit).
         if let Some(stamp) = &stamp {
             stamp.stamp(&mut translated);
@@ -337,10 +352,21 @@ pub(crate) async fn agent(
     let (outcome, report) = match done {
         Ok(x) => x,
         // A decision made stands though the event could not be read: a non-2xx answer would
-        // let Claude Code run the tool the policies denied.
-        Err(_) if decided.is_some() && !with_report => {
+        // let Claude Code run the tool the policies denied, and `send` print "no decision".
+        Err(e) if decided.is_some() => {
             api.ingest.refused_request();
-            let mut resp = json_response(StatusCode::OK, &decided.unwrap_or_default());
+            let decided = decided.unwrap_or_default();
+            let body = if with_report {
+                // The refusal as a report's error (line 1), the decision as its answer.
+                let mut lines = LineIngest::new(&api.hooks, IngestOptions::default());
+                lines.refuse(1, 1, &format!("body:{e}"));
+                let mut body = serde_json::to_value(lines.into_report()).unwrap_or_default();
+                body["answer"] = decided;
+                body
+            } else {
+                decided
+            };
+            let mut resp = json_response(StatusCode::OK, &body);
             resp.headers_mut()
                 .insert("x-prx-hooks-outcome", HeaderValue::from_static("error"));
             return Ok(resp);

@@ -20,6 +20,7 @@ use super::error::ApiError;
 use super::{ApiState, EventStreamStats, HttpStats};
 use crate::Stats;
 use crate::config::ConfigStats;
+use crate::ingest::AgentTokens;
 use crate::nats::{ConsumeStats, PublishStats};
 use crate::otel::OtelStats;
 use crate::policy::{CommandCount, PoliciesStats, PolicyCount};
@@ -103,6 +104,21 @@ fn metrics(s: &Stats, http: Option<&HttpStats>, events: Option<&EventStreamStats
         .map(|x| (label("pattern", &x.pattern), x))
         .collect();
     m.per(SUBSCRIPTIONS, &subs);
+    if let Some(sessions) = s.sessions() {
+        let agents: Vec<_> = sessions
+            .tokens
+            .iter()
+            .map(|x| (label("agent", &x.agent), x))
+            .collect();
+        m.split(
+            "tokens",
+            "tokens the ingested events carried (their input_tokens, output_tokens and cache \
+             token fields), per agent and kind; input leaves the cached input out",
+            "kind",
+            &[TOKEN_KINDS],
+            &agents,
+        );
+    }
     if let Some(c) = s.config() {
         m.single(CONFIG, c);
     }
@@ -427,6 +443,13 @@ const SUBSCRIPTIONS: &[Def<PatternStats>] = &[
         "queue capacity of a pattern's subscriptions",
         |x| x.capacity,
     ),
+];
+
+const TOKEN_KINDS: Parts<AgentTokens> = &[
+    ("input", |x| x.tokens.input),
+    ("output", |x| x.tokens.output),
+    ("cache_read", |x| x.tokens.cache_read),
+    ("cache_creation", |x| x.tokens.cache_creation),
 ];
 
 const POLICY_OUTCOMES: Parts<PoliciesStats> = &[

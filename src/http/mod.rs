@@ -116,6 +116,10 @@ pub struct HttpOptions {
     /// `GET /api/events`: queues, backlog, stream cap, keep-alive (docs/http.md § The live
     /// stream).
     pub events: EventStreamOptions,
+    /// `POST /api/ingest/{agent}`: read Claude Code's and Codex's transcripts at a turn's end,
+    /// for requests from this machine only (docs/agents.md § Transcripts). `None` (the
+    /// default): never read.
+    pub transcripts: Option<Arc<crate::ingest::Transcripts>>,
     hosts: HostCheck,
 }
 
@@ -144,6 +148,7 @@ impl HttpOptions {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: None,
             events: EventStreamOptions::default(),
+            transcripts: None,
             hosts: HostCheck::Default,
         }
     }
@@ -151,6 +156,24 @@ impl HttpOptions {
     /// See [`HttpOptions::events`].
     pub fn events(mut self, events: EventStreamOptions) -> HttpOptions {
         self.events = events;
+        self
+    }
+
+    /// Reads agents' transcripts at a turn's end with `reader` (see
+    /// [`HttpOptions::transcripts`]); the same reader may serve a spool replay too, so a
+    /// transcript is read on from where either left it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::http::{HttpOptions, Token};
+    /// use prx_hooks::ingest::Transcripts;
+    /// let opts = HttpOptions::new(Token::generate()?).read_transcripts(std::sync::Arc::new(Transcripts::new()));
+    /// assert!(opts.transcripts.is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_transcripts(mut self, reader: Arc<crate::ingest::Transcripts>) -> HttpOptions {
+        self.transcripts = Some(reader);
         self
     }
 
@@ -323,6 +346,7 @@ pub(crate) fn build(hooks: Arc<Hooks>, opts: HttpOptions, serving: Serving) -> R
         .route("/api/events", get(events::stream).post(ingest::post))
         .route("/api/ingest/{agent}", post(ingest::agent))
         .route("/api/agents", get(seen::list))
+        .route("/api/sessions", get(status::sessions))
         .route("/api/decide", post(decide::post))
         .route("/metrics", get(metrics::render))
         .into_parts();

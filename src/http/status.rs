@@ -32,6 +32,7 @@ pub(crate) async fn stats(State(api): ApiState) -> Response {
     let http = api.conns.as_ref().map(|c| c.snapshot());
     let events = api.events.stats();
     let api_ingest = api.ingest.snapshot();
+    let transcripts = api.opts.transcripts.as_ref().map(|t| t.stats());
     match snapshot(api).await {
         Ok(stats) => match serde_json::to_value(&stats) {
             Ok(Value::Object(mut m)) => {
@@ -40,6 +41,9 @@ pub(crate) async fn stats(State(api): ApiState) -> Response {
                 }
                 m.insert("events".into(), json!(events));
                 m.insert("ingest".into(), json!(api_ingest));
+                if let Some(t) = transcripts {
+                    m.insert(crate::ingest::TRANSCRIPTS_SECTION.into(), json!(t));
+                }
                 json_response(StatusCode::OK, &m)
             }
             _ => json_response(StatusCode::OK, &stats),
@@ -74,4 +78,15 @@ pub(crate) async fn plugins(State(api): ApiState) -> Response {
         None => json!({ "enabled": false, "plugins": [], "errors": [] }),
     };
     json_response(StatusCode::OK, &body)
+}
+
+/// `GET /api/sessions`: the sessions the session map holds, most recently used first, each
+/// with the tokens its events carried (`{"sessions": [{agent, session, idle_ms,
+/// input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens}]}`).
+pub(crate) async fn sessions(State(api): ApiState) -> Response {
+    let hooks = api.hooks.clone();
+    match tokio::task::spawn_blocking(move || hooks.sessions().held()).await {
+        Ok(held) => json_response(StatusCode::OK, &json!({ "sessions": held })),
+        Err(e) => ApiError::internal(format!("reading the sessions failed: {e}")).into_response(),
+    }
 }

@@ -723,6 +723,12 @@ impl<'h> LineIngest<'h> {
                 return out;
             }
         };
+        if emitted == Emit::Queued && !oversize {
+            let tokens = super::Tokens::from_extras(record.extras_json());
+            if !tokens.is_zero() {
+                em.count_tokens(tokens);
+            }
+        }
         out.outcome = match emitted {
             // Refused for its size: counted as the error said above (and by `emit` in the
             // stats' `oversize`), not as a drop.

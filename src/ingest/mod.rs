@@ -18,6 +18,8 @@ mod memory;
 mod pace;
 mod seen;
 mod sessions;
+mod tokens;
+mod transcripts;
 
 pub use lines::{
     IngestError, IngestErrorKind, IngestOptions, IngestReport, Ingested, LineIngest, LineOrigin,
@@ -26,7 +28,13 @@ pub use lines::{
 pub(crate) use seen::Seen;
 pub use seen::{EventIdStats, MAX_ID_BYTES, STATS_SECTION as EVENT_IDS_SECTION};
 pub use sessions::{
-    ENTRY_BYTES, Refused, STATS_SECTION, SessionEmitter, SessionOptions, Sessions, SessionsStats,
+    ENTRY_BYTES, HeldSession, Refused, STATS_SECTION, SessionEmitter, SessionOptions, Sessions,
+    SessionsStats,
+};
+pub use tokens::{AgentTokens, MAX_AGENTS as MAX_TOKEN_AGENTS, OTHER_AGENTS, Tokens};
+pub use transcripts::{
+    DerivedLine, MAX_FILES as MAX_TRANSCRIPTS, MAX_READ_BYTES as MAX_TRANSCRIPT_READ_BYTES,
+    STATS_SECTION as TRANSCRIPTS_SECTION, TranscriptStats, Transcripts,
 };
 
 #[cfg(all(test, loom))]

@@ -36,6 +36,7 @@
 //! one `Instant::now`, and one load of the ring's tail per queued event.
 
 use super::memory::SeqMemory;
+use super::tokens::{AgentTokens, ByAgent, Tokens};
 use crate::emitter::{Emit, Emitter, Lane, Producers};
 use crate::event::{Event, Extras, ExtrasError};
 use crate::ndjson::MAX_NAME_BYTES;
@@ -221,6 +222,24 @@ pub struct SessionsStats {
     pub forgotten: u64,
     /// `SessionOptions::idle`, in milliseconds.
     pub idle_ms: u64,
+    /// Tokens the ingested events carried, per agent, since start (at most
+    /// [`MAX_AGENTS`](super::MAX_TOKEN_AGENTS) names; `/metrics`' `tokens_*` families).
+    pub tokens: Vec<AgentTokens>,
+}
+
+/// A session the map holds, as [`Sessions::held`] lists it.
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HeldSession {
+    /// The agent's name.
+    pub agent: String,
+    /// The session id.
+    pub session: String,
+    /// Milliseconds since it was last used.
+    pub idle_ms: u64,
+    /// The tokens its events carried while held.
+    #[serde(flatten)]
+    pub tokens: Tokens,
 }
 
 /// The session map of one [`Hooks`](crate::Hooks): see the [module docs](crate::ingest) for the rules.
@@ -231,6 +250,8 @@ pub struct Sessions {
     producers: Arc<Producers>,
     lanes: Box<[Arc<Lane>]>,
     opts: SessionOptions,
+    /// Tokens per agent since start (bounded: `tokens::MAX_AGENTS`).
+    by_agent: Mutex<ByAgent>,
 }
 
 /// One shard: a slab of entries, a hash index over it, the clock hand and the seq memory.
@@ -265,6 +286,8 @@ struct Entry {
     last_used: Instant,
     /// Used since the clock hand last passed (its second chance).
     recent: bool,
+    /// The tokens its events carried (`ingest::tokens`).
+    tokens: Tokens,
 }
 
 impl Entry {
@@ -383,6 +406,7 @@ impl Shard {
             tail: None,
             last_used: now,
             recent: true,
+            tokens: Tokens::default(),
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -435,6 +459,7 @@ impl Sessions {
             producers,
             lanes: lanes.into(),
             opts,
+            by_agent: Mutex::default(),
         }
     }
 
@@ -542,6 +567,7 @@ impl Sessions {
             slot,
             emitter,
             tail: Cell::new(None),
+            tokens: Cell::new(Tokens::default()),
         })
     }
 
@@ -623,7 +649,44 @@ impl Sessions {
             t.refused += c.refused;
             t.forgotten += c.forgotten;
         }
+        t.tokens = self
+            .by_agent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .snapshot();
         t
+    }
+
+    /// The sessions held now, each with its tokens and how long since its last use, most
+    /// recently used first (`GET /api/sessions`; a session's totals go with its entry when it
+    /// is released).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::{Event, Hooks};
+    /// let hooks = Hooks::builder().build()?;
+    /// drop(hooks.sessions().get("coder", "s1")?);
+    /// let held = hooks.sessions().held();
+    /// assert_eq!((held[0].agent.as_str(), held[0].session.as_str()), ("coder", "s1"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn held(&self) -> Vec<HeldSession> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for s in 0..self.shards.len() {
+            let shard = self.lock(s);
+            for e in shard.slots.iter().filter_map(|slot| slot.entry.as_ref()) {
+                out.push(HeldSession {
+                    agent: e.emitter.agent().to_string(),
+                    session: e.emitter.session().to_string(),
+                    idle_ms: now.saturating_duration_since(e.last_used).as_millis() as u64,
+                    tokens: e.tokens,
+                });
+            }
+        }
+        out.sort_by_key(|h| h.idle_ms);
+        out
     }
 }
 
@@ -644,6 +707,8 @@ pub struct SessionEmitter<'a> {
     slot: usize,
     emitter: Emitter,
     tail: Cell<Option<usize>>,
+    /// Tokens of the events queued through this handle, added to the entry when it drops.
+    tokens: Cell<Tokens>,
 }
 
 impl SessionEmitter<'_> {
@@ -675,6 +740,14 @@ impl SessionEmitter<'_> {
         let r = self.emitter.emit_attached(event, extras, attached)?;
         self.note(r);
         Ok(r)
+    }
+
+    /// Counts the tokens an event queued through this handle carried (its extra fields):
+    /// added to the session's and the agent's totals when the handle drops.
+    pub(crate) fn count_tokens(&self, t: Tokens) {
+        let mut all = self.tokens.get();
+        all.add(t);
+        self.tokens.set(all);
     }
 
     fn note(&self, r: Emit) {
@@ -710,6 +783,17 @@ impl Drop for SessionEmitter<'_> {
             }
             e.last_used = now;
             e.recent = true;
+            e.tokens.add(self.tokens.get());
+        }
+        drop(shard);
+        let tokens = self.tokens.get();
+        if !tokens.is_zero() {
+            let mut by = self
+                .sessions
+                .by_agent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            by.add(self.emitter.agent(), tokens);
         }
     }
 }

@@ -379,7 +379,7 @@ fn traced_session(connect: &[&str]) {
     let _ = users_settings(&s);
     let receiver = crate::receiver::Receiver::start();
     let otlp = receiver.url();
-    let server = Server::start_with(&s.ws, &["--otlp", &otlp]);
+    let server = Server::start_with(&s.ws, &["--otlp", &otlp, "--transcripts"]);
     s.connect(AGENT, connect);
     let token = std::fs::read_to_string(s.ws.join(".prx-hooks/token")).unwrap();
     session_with(&s, &cli, &model, &[("PRX_HOOKS_TOKEN", token.trim())]);
@@ -409,6 +409,29 @@ fn traced_session(connect: &[&str]) {
     }
     let traces: std::collections::HashSet<_> = agents.iter().map(|sp| &sp.trace_id).collect();
     assert_eq!(traces.len(), 1, "one session, one trace:\n{tree}");
+    // The turn's two model calls, read from the transcript at the turn's end: chat spans in
+    // the turn, at the transcript's times, with the fake model's usage (12 in, 7 out each).
+    let chats: Vec<_> = spans
+        .iter()
+        .filter(|sp| sp.name == "chat claude-fake")
+        .collect();
+    assert_eq!(chats.len(), 2, "two model calls:\n{tree}");
+    for chat in &chats {
+        let attr = |k| crate::receiver::attr(chat, k);
+        assert_eq!(chat.trace_id, agents[0].trace_id, "{tree}");
+        assert_eq!(chat.parent_span_id, agents[0].span_id, "{tree}");
+        assert_eq!(attr("gen_ai.usage.input_tokens").as_deref(), Some("12"));
+        assert_eq!(attr("gen_ai.usage.output_tokens").as_deref(), Some("7"));
+        assert_eq!(attr("gen_ai.provider.name").as_deref(), Some("anthropic"));
+        assert!(
+            chat.start_time_unix_nano < chat.end_time_unix_nano,
+            "{tree}"
+        );
+        assert!(
+            chat.start_time_unix_nano >= agents[0].start_time_unix_nano,
+            "{tree}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

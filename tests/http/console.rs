@@ -1539,3 +1539,108 @@ fn the_filter_menus_are_capped_and_say_that_more_exist() {
     );
     page.assert_no_script_errors();
 }
+
+/// The session view: the sessions agents send events for, with their tokens, filtered by
+/// agent; choosing one shows only its events and hook runs in the live list.
+#[test]
+fn the_sessions_view_lists_each_sessions_tokens_and_picks_one_for_the_live_list() {
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("runs.log");
+    let c = Console::start(&hooks_file(&[appender("audit", "tool_call_start", &log)]));
+    let page = c.sign_in(Viewport::Desktop);
+    let line = |agent: &str, session: &str, event: &str, payload: Value| {
+        json!({"event": event, "agent": agent, "session": session, "payload": payload}).to_string()
+    };
+    let tool = |cmd: &str| json!({"tool": "Bash", "arguments": {"command": cmd}});
+    let body = [
+        line(
+            "coder",
+            "s-one",
+            "llm_response",
+            json!({"provider": "anthropic", "model": "m",
+            "duration_ms": 5, "success": true, "input_tokens": 1200, "output_tokens": 34}),
+        ),
+        line("coder", "s-one", "tool_call_start", tool("ls one")),
+        line("coder", "s-two", "tool_call_start", tool("ls two")),
+        line("reviewer", "s-three", "tool_call_start", tool("ls three")),
+    ]
+    .join("\n");
+    let auth = format!("Bearer {TOKEN}");
+    let r = http(
+        "POST",
+        &c.url("/api/events"),
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/x-ndjson"),
+        ],
+        body.as_bytes(),
+    );
+    assert!(r.status < 300, "{} {}", r.status, r.text);
+    // Every hook run is on the stream before the view is read.
+    page.wait(
+        "three hook runs",
+        "return document.querySelectorAll('#stream-list li.row.run').length >= 3;",
+        vec![],
+    );
+    let cells = page.wait(
+        "s-one's row with its tokens",
+        "const r = document.querySelector('#sessions-list tr[data-session=\"s-one\"]'); return r ? [...r.cells].map(c => c.textContent) : null;",
+        vec![],
+    );
+    let cells: Vec<&str> = cells
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(&cells[..4], ["coder", "s-one", "1,200", "34"], "{cells:?}");
+
+    // By agent: the reviewer's session alone.
+    page.js(
+        "const s = document.getElementById('sessions-agent'); s.value = 'reviewer'; s.dispatchEvent(new Event('change'));",
+        vec![],
+    );
+    let shown = page.wait(
+        "the reviewer's sessions only",
+        "const rows = [...document.querySelectorAll('#sessions-list tr')].map(r => r.dataset.session); return rows.length === 1 ? rows : null;",
+        vec![],
+    );
+    assert_eq!(shown, json!(["s-three"]));
+    page.js(
+        "const s = document.getElementById('sessions-agent'); s.value = ''; s.dispatchEvent(new Event('change'));",
+        vec![],
+    );
+
+    // One session picked: its event, its model call and its hook run, nothing of the others.
+    page.wait(
+        "s-two's row back",
+        "return !!document.querySelector('#sessions-list tr[data-session=\"s-two\"]');",
+        vec![],
+    );
+    page.click("#sessions-list tr[data-session=\"s-one\"] button.link");
+    let rows = page.wait(
+        "only s-one's rows",
+        "const rows = [...document.querySelectorAll('#stream-list li.row')].map(li => li.textContent); return rows.length === 3 ? rows : null;",
+        vec![],
+    );
+    let rows = rows.to_string();
+    assert!(
+        rows.contains("ls one") && rows.contains("llm_response"),
+        "{rows}"
+    );
+    assert!(rows.contains("hook audit"), "its hook run: {rows}");
+    assert!(
+        !rows.contains("ls two") && !rows.contains("ls three"),
+        "{rows}"
+    );
+    assert!(page.text("#session-chip").contains("s-one"));
+
+    // The chip lets every session back in.
+    page.click("#session-chip");
+    page.wait(
+        "every row again",
+        "return document.querySelectorAll('#stream-list li.row').length >= 7;",
+        vec![],
+    );
+    page.assert_no_script_errors();
+}

@@ -2682,3 +2682,185 @@ fn every_error_about_a_place_in_a_body_reads_body_line_col_path_reason() {
     assert_eq!((line, col), (1, 16), "{e}");
     assert!(rest.starts_with("agent: duplicate key"), "{e}");
 }
+
+#[test]
+fn token_fields_add_up_per_session_and_per_agent_in_sessions_stats_and_metrics() {
+    let api = Api::start(None);
+    let _sub = api.hooks.bus().subscribe("prx.lifecycle.*").unwrap();
+    let response = |agent: &str, session: &str, input: u64, output: u64, cache: u64| {
+        format!(
+            r#"{{"event":"llm_response","agent":"{agent}","session":"{session}","payload":{{"provider":"p","model":"m","duration_ms":1,"success":true,"input_tokens":{input},"output_tokens":{output},"cache_read_input_tokens":{cache}}}}}"#
+        )
+    };
+    let body = [
+        response("coder", "s1", 10, 1, 100),
+        response("coder", "s1", 20, 2, 0),
+        response("coder", "s2", 5, 5, 0),
+        response("reviewer", "s3", 7, 0, 0),
+        // Not a number: nothing counted, the event still queued.
+        r#"{"event":"llm_response","agent":"coder","session":"s1","payload":{"provider":"p","model":"m","duration_ms":1,"success":true,"input_tokens":"lots"}}"#.to_string(),
+    ]
+    .join("\n");
+    let r = api.send("POST", "/api/events", &body);
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json()["queued"], 5, "{}", r.text);
+
+    let sessions = api.get("/api/sessions").json();
+    let list = sessions["sessions"].as_array().unwrap();
+    let find = |s: &str| {
+        list.iter()
+            .find(|x| x["session"] == s)
+            .unwrap_or_else(|| panic!("{s} in {sessions}"))
+    };
+    assert_eq!(find("s1")["agent"], "coder");
+    assert_eq!(
+        (
+            &find("s1")["input_tokens"],
+            &find("s1")["output_tokens"],
+            &find("s1")["cache_read_input_tokens"]
+        ),
+        (&json!(30), &json!(3), &json!(100))
+    );
+    assert_eq!(find("s3")["input_tokens"], 7);
+
+    let stats = api.get("/api/stats").json();
+    let tokens = stats["sessions"]["tokens"].as_array().unwrap().clone();
+    let coder = tokens.iter().find(|a| a["agent"] == "coder").unwrap();
+    assert_eq!(
+        (&coder["input_tokens"], &coder["output_tokens"]),
+        (&json!(35), &json!(8))
+    );
+
+    let text = api.get("/metrics").text;
+    for (series, value) in [
+        (r#"prx_hooks_tokens_total{agent="coder",kind="input"}"#, 35),
+        (
+            r#"prx_hooks_tokens_total{agent="coder",kind="cache_read"}"#,
+            100,
+        ),
+        (
+            r#"prx_hooks_tokens_total{agent="reviewer",kind="output"}"#,
+            0,
+        ),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series))
+            .unwrap_or_else(|| panic!("{series} missing:\n{text}"));
+        assert_eq!(line, format!("{series} {value}"), "{text}");
+    }
+}
+
+#[test]
+fn a_claude_code_turn_end_from_this_machine_brings_its_transcripts_model_calls_first() {
+    let reader = Arc::new(prx_hooks::ingest::Transcripts::new());
+    let api = Api::start_with(None, |o| o.read_transcripts(reader.clone()));
+    let sub = api.hooks.bus().subscribe("prx.lifecycle.*").unwrap();
+    let transcript = api.ws().join("session.jsonl");
+    std::fs::write(
+        &transcript,
+        concat!(
+            r#"{"type":"user","message":{"role":"user","content":"go"},"timestamp":"2026-12-07T10:00:00.000Z"}"#,
+            "\n",
+            r#"{"type":"api-request","id":"req-1","timestamp":"2026-12-07T10:00:00.500Z"}"#,
+            "\n",
+            r#"{"type":"assistant","requestRef":"req-1","timestamp":"2026-12-07T10:00:02.000Z","message":{"id":"msg_1","model":"claude-x","content":[{"type":"text","text":"SECRET ANSWER"}],"usage":{"input_tokens":12,"cache_read_input_tokens":30,"output_tokens":7}}}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let stop =
+        json!({"session_id": "s1", "hook_event_name": "Stop", "transcript_path": transcript});
+    let post = |body: &Value| {
+        let r = api.send("POST", "/api/ingest/claude-code", &body.to_string());
+        assert_eq!(r.status, 200, "{}", r.text);
+    };
+    post(&stop);
+    let got: Vec<_> = (0..4)
+        .map(|_| sub.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
+    let kinds: Vec<_> = got.iter().map(|m| m.topic().to_string()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "prx.lifecycle.llm_request",
+            "prx.lifecycle.llm_response",
+            "prx.lifecycle.turn_complete",
+            "prx.lifecycle.agent_end"
+        ]
+    );
+    let response: Value = serde_json::from_slice(got[1].json()).unwrap();
+    assert_eq!(
+        (
+            &response["model"],
+            &response["input_tokens"],
+            &response["cache_read_input_tokens"],
+            &response["output_tokens"],
+            &response["duration_ms"]
+        ),
+        (
+            &json!("claude-x"),
+            &json!(12),
+            &json!(30),
+            &json!(7),
+            &json!(1500)
+        )
+    );
+    assert!(!got[1].json_str().contains("SECRET"), "no content");
+    assert_eq!(
+        got[0].origin_timestamp(),
+        Some("2026-12-07T10:00:00.500000Z")
+    );
+    assert_eq!(
+        got[1].origin_timestamp(),
+        Some("2026-12-07T10:00:02.000000Z")
+    );
+    assert_eq!(got[0].agent(), "claude-code");
+    assert_eq!(got[0].session(), "s1");
+
+    // The same turn's end again (a retry): nothing new in the transcript, no model call twice.
+    post(&stop);
+    let again: Vec<_> = (0..2)
+        .map(|_| {
+            sub.recv_timeout(Duration::from_secs(10))
+                .unwrap()
+                .topic()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        again,
+        ["prx.lifecycle.turn_complete", "prx.lifecycle.agent_end"]
+    );
+    let stats = api.get("/api/stats").json();
+    assert_eq!(stats["transcripts"]["reads"], 2, "{stats}");
+    assert_eq!(stats["transcripts"]["calls"], 1, "{stats}");
+    assert_eq!(
+        stats["sessions"]["tokens"][0]["output_tokens"], 7,
+        "{stats}"
+    );
+
+    // A path that is not a transcript is not read, and is counted.
+    post(&json!({"session_id": "s1", "hook_event_name": "Stop", "transcript_path": "/etc/passwd"}));
+    let stats = api.get("/api/stats").json();
+    assert_eq!(stats["transcripts"]["refused"], 1, "{stats}");
+}
+
+#[test]
+fn without_transcripts_asked_for_a_turn_end_reads_none() {
+    let api = Api::start(None);
+    let sub = api.hooks.bus().subscribe("prx.lifecycle.*").unwrap();
+    let transcript = api.ws().join("session.jsonl");
+    std::fs::write(
+        &transcript,
+        r#"{"type":"assistant","timestamp":"2026-12-07T10:00:02Z","message":{"id":"m","model":"x","usage":{"input_tokens":1,"output_tokens":1}}}"#.to_string() + "\n",
+    )
+    .unwrap();
+    let stop =
+        json!({"session_id": "s1", "hook_event_name": "Stop", "transcript_path": transcript});
+    let r = api.send("POST", "/api/ingest/claude-code", &stop.to_string());
+    assert_eq!(r.status, 200, "{}", r.text);
+    let first = sub.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(first.topic(), "prx.lifecycle.turn_complete");
+    assert!(api.get("/api/stats").json().get("transcripts").is_none());
+}

@@ -279,3 +279,26 @@ fn with_no_server_send_applies_its_fail_mode_and_spools_the_event_once() {
     let (_, report) = server.stop();
     assert_eq!(payloads(&log).len(), 6, "{report}");
 }
+
+/// A payload the policies can decide but the ingest cannot read (Claude Code's PreToolUse
+/// without its `session_id`): the decision still reaches the agent, and the refusal is said.
+#[test]
+fn a_decision_stands_when_the_event_itself_cannot_be_read() {
+    let (ws, _log) = workspace();
+    let server = Server::start(ws.path());
+    let mut rm = tool("claude-code", "Bash", "rm -rf /tmp/victim");
+    rm.as_object_mut().unwrap().remove("session_id");
+    let sent = hook(ws.path(), &["--from", "claude-code"], &rm);
+    let got = answer(&sent);
+    assert_eq!(
+        got["hookSpecificOutput"]["permissionDecision"], "deny",
+        "{sent:?}"
+    );
+    assert_eq!(
+        got["hookSpecificOutput"]["permissionDecisionReason"], DENIED,
+        "{sent:?}"
+    );
+    assert!(sent.stderr.contains("session_id"), "said: {sent:?}");
+    assert_eq!(spooled(ws.path()), 0, "taken, not spooled");
+    drop(server);
+}

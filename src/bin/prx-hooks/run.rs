@@ -51,6 +51,12 @@ pub(crate) struct RunArgs {
     /// bound address and localhost); `*` turns the Host/Origin check off.
     #[arg(long, value_name = "NAME", requires = "listen")]
     allow_host: Vec<String>,
+    /// At a Claude Code or Codex turn's end sent from this machine, read the transcript it
+    /// names for the turn's model calls: `llm_request` / `llm_response` events with their
+    /// models, times and tokens (no content; docs/agents.md § Transcripts).
+    #[cfg(feature = "http")]
+    #[arg(long, requires = "listen")]
+    transcripts: bool,
     /// The API token's file (mode 0600); else $PRX_HOOKS_TOKEN; else
     /// <workspace>/.prx-hooks/token, generated when absent.
     #[arg(long, value_name = "F", requires = "listen")]
@@ -719,9 +725,12 @@ fn start_api(hooks: &Arc<Hooks>, args: &RunArgs, addr: &str) -> Result<ApiServer
     raise_nofile();
     // The live stream keeps its backlog from the start, so `tail --last N` shows what the
     // replay did before anyone watched.
-    let opts = HttpOptions::new(token)
+    let mut opts = HttpOptions::new(token)
         .allow_hosts(&args.allow_host)
         .events(EventStreamOptions::default().record_always(true));
+    if args.transcripts {
+        opts = opts.read_transcripts(Arc::new(prx_hooks::ingest::Transcripts::new()));
+    }
     let server = match &listen {
         Listen::Tcp(addr) => Server::start(hooks.clone(), opts, *addr),
         Listen::Unix(path) => Server::start_unix(hooks.clone(), opts, path),

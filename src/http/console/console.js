@@ -144,6 +144,8 @@
     // the server's history keeps the runs that started.
     liveRuns: new Map(),
     runsOf: null,
+    // The session the live list shows alone ({agent, session}), or null.
+    session: null,
     editing: null,
     busy: false,
   };
@@ -278,8 +280,10 @@
     loadHooks();
     pollStats();
     pollPlugins();
+    pollSessions();
     state.timers.push(setInterval(pollStats, 1000));
     state.timers.push(setInterval(pollPlugins, 2000));
+    state.timers.push(setInterval(pollSessions, 2000));
     state.timers.push(setInterval(() => loadHooks({ revalidate: true }), 5000));
     openStream();
   }
@@ -905,12 +909,64 @@
   }
 
   const menus = { event: menu("filter-event"), agent: menu("filter-agent") };
+  const sessionMenu = menu("sessions-agent");
 
   function matches(row) {
     const ev = $("filter-event").value;
     const agent = $("filter-agent").value;
     if (row.kind === "notice") return true;
+    const s = state.session;
+    if (s && (row.agent !== s.agent || (row.data && row.data.session) !== s.session)) return false;
     return (!ev || row.event === ev) && (!agent || row.agent === agent);
+  }
+
+  // ---- sessions (GET /api/sessions) ------------------------------------------------------
+
+  let sessionsInFlight = false;
+  async function pollSessions() {
+    if (!state.token || sessionsInFlight) return;
+    sessionsInFlight = true;
+    try {
+      const r = await api("GET", "api/sessions", { quiet: true });
+      renderSessions((r.body && r.body.sessions) || []);
+    } catch (_) {
+      /* the banner says it */
+    } finally {
+      sessionsInFlight = false;
+    }
+  }
+
+  // One session's events and runs only, in the live list (`null`: every session).
+  function pickSession(s) {
+    state.session = s;
+    const chip = $("session-chip");
+    chip.textContent = s ? "Session " + truncate(s.session, 40) + " ×" : "";
+    show(chip, !!s);
+    renderRows();
+    if (s) $("stream").scrollIntoView({ block: "start" });
+  }
+
+  function renderSessions(list) {
+    const agents = new Set(list.map((x) => x.agent));
+    for (const a of agents) sessionMenu.see(a, a);
+    const agent = $("sessions-agent").value;
+    const shown = list.filter((x) => !agent || x.agent === agent);
+    const body = $("sessions-list");
+    clear(body);
+    for (const x of shown) {
+      const picked = state.session && state.session.agent === x.agent && state.session.session === x.session;
+      const pick = el("button", { type: "button", class: "link", "aria-pressed": String(!!picked) }, truncate(x.session, 60));
+      pick.addEventListener("click", () => pickSession(picked ? null : { agent: x.agent, session: x.session }));
+      body.appendChild(el("tr", { "data-agent": x.agent, "data-session": x.session },
+        el("td", null, x.agent),
+        el("td", null, pick),
+        el("td", { class: "num tokens-in" }, fmt(x.input_tokens || 0)),
+        el("td", { class: "num tokens-out" }, fmt(x.output_tokens || 0)),
+        el("td", { class: "num" }, fmt(x.cache_read_input_tokens || 0)),
+        el("td", { class: "muted small" }, ms(x.idle_ms) + " ago")));
+    }
+    show($("sessions-empty"), shown.length === 0);
+    show($("sessions-table"), shown.length > 0);
   }
 
   function renderRows() {
@@ -1038,6 +1094,8 @@
     $("filter-event").addEventListener("change", renderRows);
     $("filter-agent").addEventListener("change", renderRows);
     $("clear").addEventListener("click", () => { state.rows = []; state.unseen = 0; renderRows(); });
+    $("session-chip").addEventListener("click", () => pickSession(null));
+    $("sessions-agent").addEventListener("change", pollSessions);
   }
 
   // ---- counters and charts ---------------------------------------------------------------

@@ -331,6 +331,86 @@ fn events_a_server_took_whose_answer_was_lost_do_not_run_again() {
     assert_eq!(report["spool"]["removed"], json!(1), "{report}");
 }
 
+/// A TCP relay to `target` that holds each answer `delay` before passing it on, as a server
+/// whose socket write is slow would.
+fn slow_answers(target: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming().map_while(Result::ok) {
+            let Ok(server) = TcpStream::connect(target) else {
+                continue;
+            };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_in, &mut s_out);
+                let _ = s_out.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut s_in, mut c_out) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                let mut first = true;
+                while let Ok(n) = s_in.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if std::mem::take(&mut first) {
+                        std::thread::sleep(delay);
+                    }
+                    if c_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = c_out.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    addr
+}
+
+/// With `send`'s default 2 s timeout, a server whose answer takes 3 s to come back: the server
+/// ran the hook, `send` spooled the event, and the next `run` ran it again. Now the replay
+/// knows its id and counts it as a duplicate: the hook runs once.
+#[test]
+fn an_answer_held_past_sends_default_timeout_does_not_make_a_second_run() {
+    let (ws, ids) = id_workspace("true");
+    let server = Server::start(ws.path());
+    let address = std::fs::read_to_string(ws.path().join(".prx-hooks/address")).unwrap();
+    let target: std::net::SocketAddr = address
+        .trim()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let relay = slow_answers(target, Duration::from_secs(3));
+    let url = format!("http://{relay}");
+    let sent = send(
+        ws.path(),
+        &["--url", &url],
+        tool_call("s", "once").as_bytes(),
+    );
+    assert_eq!(sent.code, 0, "{sent:?}");
+    assert_eq!(
+        entries(ws.path()).len(),
+        1,
+        "the answer came in time: {sent:?}"
+    );
+    wait_for("the hook", || lines(&ids).len() == 1);
+    let (_, _) = server.stop();
+
+    let server = Server::start(ws.path());
+    wait_for("the replay", || entries(ws.path()).is_empty());
+    let (_, report) = server.stop();
+    assert_eq!(
+        lines(&ids).len(),
+        1,
+        "ran again: {:?}: {report}",
+        lines(&ids)
+    );
+    assert_eq!(report["spool"]["duplicates"], json!(1), "{report}");
+}
+
 /// 100 senders at once into a spool of 10,000 entries with no server: 57 waited over a second
 /// for the spool's lock, said their event was lost, exited 0, and nothing counted it. Now a
 /// sender keeps its event without the lock; what the bound removes is counted.

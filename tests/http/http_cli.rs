@@ -504,6 +504,73 @@ fn a_hooks_runs_are_kept_across_a_restart_of_run() {
     assert_eq!(code, 0);
 }
 
+/// `POST /api/events` with `Prx-Event-Id: <id>` (line `n` is `<id>-<n>`): the answer's JSON.
+fn post_with_id(base: &str, id: &str, body: &str) -> Value {
+    let mut r = agent()
+        .post(format!("{base}/api/events"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("prx-event-id", id)
+        .content_type("application/x-ndjson")
+        .send(body.as_bytes())
+        .unwrap();
+    let text = r.body_mut().read_to_string().unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The ids of events that ran are remembered on disk, bounded: after 140,000 of them a real
+/// `run` holds at most two files of 65,536 records, and the next `run` of the workspace still
+/// knows the newest (sent again: a duplicate, not run) and has forgotten the oldest (run).
+#[test]
+fn event_ids_are_remembered_on_disk_across_a_restart_and_bounded() {
+    const BATCHES: usize = 14;
+    const PER_BATCH: usize = 10_000;
+    let ws = tempfile::tempdir().unwrap();
+    let body = |n: usize| -> String { (0..n).map(|i| tool_call_line(&i.to_string())).collect() };
+    let mut d = Daemon::start(ws.path(), &["--print"], Some(TOKEN));
+    let base = d.base();
+    let batch = body(PER_BATCH);
+    for b in 0..BATCHES {
+        let answer = post_with_id(&base, &format!("b{b}"), &batch);
+        assert_eq!(answer["queued"], json!(PER_BATCH), "{answer}");
+    }
+    let (code, rest) = d.terminate();
+    assert_eq!(code, 0, "{}", rest.join("\n"));
+    let report: Value = rest
+        .iter()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    let ids = &report["stats"]["event_ids"];
+    assert!(ids["remembered"].as_u64().unwrap() <= 2 * 65_536, "{ids}");
+    let files: Vec<u64> = std::fs::read_dir(ws.path().join(".prx-hooks"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("seen-ids-"))
+        .map(|e| e.metadata().unwrap().len())
+        .collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(files.iter().all(|&len| len <= 65_536 * 16), "{files:?}");
+
+    let mut d = Daemon::start(ws.path(), &["--print"], Some(TOKEN));
+    let base = d.base();
+    let newest = post_with_id(&base, &format!("b{}", BATCHES - 1), &body(PER_BATCH));
+    assert_eq!(
+        (&newest["queued"], &newest["duplicates"]),
+        (&json!(0), &json!(PER_BATCH)),
+        "the newest ids are remembered: {newest}"
+    );
+    let oldest = post_with_id(&base, "b0", &body(1));
+    // `duplicates` is left out of the answer when 0.
+    assert_eq!(
+        (&oldest["queued"], oldest.get("duplicates")),
+        (&json!(1), None),
+        "the oldest id is forgotten: {oldest}"
+    );
+    let (code, _) = d.terminate();
+    assert_eq!(code, 0);
+}
+
 use crate::support;
 
 const TOKEN: &str = "token-for-the-cli-tests-0000";

@@ -571,6 +571,46 @@ fn event_ids_are_remembered_on_disk_across_a_restart_and_bounded() {
     assert_eq!(code, 0);
 }
 
+/// The kept runs are bounded: 1,200 hook runs through a real `run`, and the next `run` of the
+/// workspace reads back the last 1,000 (the file under 16 MiB, mode 0600).
+#[test]
+fn the_runs_kept_across_a_restart_are_the_last_thousand() {
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = json!({"hooks": {"tool_call": [{"id": "audit", "command": "/bin/true"}]}});
+    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let events = ws.path().join("events.ndjson");
+    let lines: String = (0..1_200).map(|i| tool_call_line(&i.to_string())).collect();
+    std::fs::write(&events, lines).unwrap();
+    let run = |events: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_prx-hooks"))
+            .args(["run", "--workspace"])
+            .arg(ws.path())
+            .arg("--events")
+            .arg(events)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        let report: Value = err
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null);
+        report["stats"]["shell"]["run_log"].clone()
+    };
+    let first = run(&events);
+    assert_eq!(first["written"], json!(1_200), "{first}");
+    let file = ws.path().join(".prx-hooks/runs.ndjson");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert!(meta.len() <= 16 << 20, "{}", meta.len());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let empty = ws.path().join("none.ndjson");
+    std::fs::write(&empty, "").unwrap();
+    let second = run(&empty);
+    assert_eq!(second["loaded"], json!(1_000), "{second}");
+}
+
 use crate::support;
 
 const TOKEN: &str = "token-for-the-cli-tests-0000";

@@ -1358,3 +1358,73 @@ fn run_with_a_closed_stderr_answers_a_nats_usage_error_with_2_not_a_panic() {
         .unwrap();
     assert_eq!(status.code(), Some(2), "{status:?}");
 }
+
+/// An event `prx-hooks send` kept in the spool is published, when the next `run` replays it,
+/// under the id it was first sent with (its entry's id and line: the `Nats-Msg-Id`, so a
+/// second delivery of it is a duplicate to JetStream too) and at the time it happened (its
+/// entry's time: the `Prx-Timestamp`), not the replay's.
+#[test]
+fn a_spooled_events_id_and_time_are_its_nats_msg_id_and_prx_timestamp() {
+    let server = NatsServer::start();
+    let sub = Collector::start(&server.url(), "prx.lifecycle.>");
+    let ws = tempfile::tempdir().unwrap();
+    let spool = ws.path().join(".prx-hooks/spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    for d in [ws.path().join(".prx-hooks"), spool.clone()] {
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    }
+    let header = r#"{"route":"events","id":"sent-7f3a","time":"2026-12-07T10:00:00.000001Z"}"#;
+    std::fs::write(
+        spool.join("01000000000000000000-0000000001.spool"),
+        format!(
+            "{header}\n{}\n{}\n",
+            tool_call_line("coder", 0),
+            tool_call_line("coder", 1)
+        ),
+    )
+    .unwrap();
+    let out = bin()
+        .args(["run", "--workspace"])
+        .arg(ws.path())
+        .args(["--events", "/dev/null", "--nats", &server.url()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let got = sub.wait_for(2, Duration::from_secs(30));
+    let mut ids: Vec<(String, String)> = got
+        .iter()
+        .map(|g| {
+            (
+                g.headers["Nats-Msg-Id"].clone(),
+                g.headers["Prx-Timestamp"].clone(),
+            )
+        })
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            (
+                "sent-7f3a-1".to_string(),
+                "2026-12-07T10:00:00.000001Z".to_string()
+            ),
+            (
+                "sent-7f3a-2".to_string(),
+                "2026-12-07T10:00:00.000001Z".to_string()
+            ),
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&spool)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".spool"))
+            .count(),
+        0,
+        "the entry went once published: {text}"
+    );
+}

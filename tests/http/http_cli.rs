@@ -332,6 +332,285 @@ fn a_missing_workspace_says_how_to_make_one() {
     );
 }
 
+/// README's "Connect an agent" section, followed as written on a fresh machine: its commands
+/// run in order in an empty project directory (`prx-hooks` found on PATH, a home of its own),
+/// the console line it shows is the one `run` prints, and the settings file `connect` writes
+/// delivers a Claude Code event to the server it started, spooling nothing.
+#[test]
+fn readmes_connect_steps_work_in_order_on_a_fresh_machine() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = &readme[readme
+        .find("## Connect an agent")
+        .expect("README has a Connect section")..];
+    let block = |fence: &str| -> Vec<String> {
+        let start = section.find(fence).expect(fence) + fence.len();
+        let end = start + section[start..].find("\n```").unwrap();
+        section[start..end]
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let commands = block("```sh\n");
+    let shown = block("```text\n");
+    assert_eq!(shown.len(), 1, "{shown:?}");
+
+    let fresh = tempfile::tempdir().unwrap();
+    let project = fresh.path().join("project");
+    let home = fresh.path().join("home");
+    std::fs::create_dir(&project).unwrap();
+    std::fs::create_dir(&home).unwrap();
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_prx-hooks")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let command = |words: &[&str]| {
+        let mut c = Command::new(words[0]);
+        c.args(&words[1..])
+            .current_dir(&project)
+            .env("HOME", &home)
+            .env("PATH", &path)
+            .env_remove("PRX_HOOKS_TOKEN")
+            .env_remove("CLAUDE_PROJECT_DIR");
+        c
+    };
+    let mut server: Option<(Child, Lines)> = None;
+    for line in &commands {
+        let line = line.split(" #").next().unwrap().trim();
+        let (line, background) = match line.strip_suffix('&') {
+            Some(l) => (l.trim(), true),
+            None => (line, false),
+        };
+        let line = line.replace("127.0.0.1:7878", "127.0.0.1:0");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[0], "prx-hooks", "{line}");
+        if background {
+            let mut child = command(&words)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut lines = Lines::of(&mut child);
+            let api = lines.find("HTTP API on ");
+            let addr = api.rsplit(' ').next().unwrap().to_string();
+            let console = lines.find("console on ");
+            assert_eq!(
+                console,
+                shown[0].replace("http://127.0.0.1:7878", &addr),
+                "README shows another console line than `{line}` prints"
+            );
+            server = Some((child, lines));
+        } else {
+            let out = command(&words).output().unwrap();
+            assert!(
+                out.status.success(),
+                "`{line}` failed in a fresh project: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let (mut child, _lines) = server.expect("README starts a server");
+
+    // What Claude Code runs at the end of a turn, as it runs it (the project's root as cwd
+    // and CLAUDE_PROJECT_DIR).
+    let settings: Value = serde_json::from_slice(
+        &std::fs::read(project.join(".claude/settings.json")).expect("connect wrote the file"),
+    )
+    .unwrap();
+    let stop = settings["hooks"]["Stop"][0]["hooks"][0]["command"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no Stop entry: {settings}"))
+        .to_string();
+    let mut entry = command(&["/bin/sh", "-c", &stop]);
+    entry
+        .env("CLAUDE_PROJECT_DIR", &project)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut hook = entry.spawn().unwrap();
+    use std::io::Write as _;
+    hook.stdin
+        .take()
+        .unwrap()
+        .write_all(
+            br#"{"session_id":"readme-1","hook_event_name":"Stop","stop_hook_active":false}"#,
+        )
+        .unwrap();
+    let out = hook.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{stop}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spool = project.join("prx/.prx-hooks/spool");
+    let spooled = std::fs::read_dir(&spool)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".spool"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(spooled, 0, "the event was spooled, not delivered");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+/// A hook's runs outlive `prx-hooks run`: kept in `.prx-hooks/runs.ndjson` (mode 0600), they
+/// are in the API's (and so the console's) run history of the next `run` before any event.
+#[test]
+fn a_hooks_runs_are_kept_across_a_restart_of_run() {
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = json!({"hooks": {"tool_call": [{"id": "audit", "command": "/bin/true"}]}});
+    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let runs = |base: &str| {
+        let (status, body) = get(base, "/api/hooks/audit/runs", TOKEN);
+        assert_eq!(status, 200, "{body}");
+        body["runs"].as_array().cloned().unwrap_or_default()
+    };
+    let mut d = Daemon::start(ws.path(), &[], Some(TOKEN));
+    let base = d.base();
+    let (status, report) = post(
+        &base,
+        "/api/events",
+        "application/x-ndjson",
+        tool_call_line("kept").as_bytes(),
+    );
+    assert_eq!(status, 200, "{report}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runs(&base).is_empty() {
+        assert!(Instant::now() < deadline, "the hook never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, rest) = d.terminate();
+    assert_eq!(code, 0, "{}", rest.join("\n"));
+    let file = ws.path().join(".prx-hooks/runs.ndjson");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let mut d = Daemon::start(ws.path(), &[], Some(TOKEN));
+    let base = d.base();
+    let kept = runs(&base);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0]["outcome"], json!("ok"), "{kept:?}");
+    let (code, _) = d.terminate();
+    assert_eq!(code, 0);
+}
+
+/// `POST /api/events` with `Prx-Event-Id: <id>` (line `n` is `<id>-<n>`): the answer's JSON.
+fn post_with_id(base: &str, id: &str, body: &str) -> Value {
+    let mut r = agent()
+        .post(format!("{base}/api/events"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("prx-event-id", id)
+        .content_type("application/x-ndjson")
+        .send(body.as_bytes())
+        .unwrap();
+    let text = r.body_mut().read_to_string().unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The ids of events that ran are remembered on disk, bounded: after 140,000 of them a real
+/// `run` holds at most two files of 65,536 records, and the next `run` of the workspace still
+/// knows the newest (sent again: a duplicate, not run) and has forgotten the oldest (run).
+#[test]
+fn event_ids_are_remembered_on_disk_across_a_restart_and_bounded() {
+    const BATCHES: usize = 14;
+    const PER_BATCH: usize = 10_000;
+    let ws = tempfile::tempdir().unwrap();
+    let body = |n: usize| -> String { (0..n).map(|i| tool_call_line(&i.to_string())).collect() };
+    let mut d = Daemon::start(ws.path(), &["--print"], Some(TOKEN));
+    let base = d.base();
+    let batch = body(PER_BATCH);
+    for b in 0..BATCHES {
+        let answer = post_with_id(&base, &format!("b{b}"), &batch);
+        assert_eq!(answer["queued"], json!(PER_BATCH), "{answer}");
+    }
+    let (code, rest) = d.terminate();
+    assert_eq!(code, 0, "{}", rest.join("\n"));
+    let report: Value = rest
+        .iter()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    let ids = &report["stats"]["event_ids"];
+    assert!(ids["remembered"].as_u64().unwrap() <= 2 * 65_536, "{ids}");
+    let files: Vec<u64> = std::fs::read_dir(ws.path().join(".prx-hooks"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("seen-ids-"))
+        .map(|e| e.metadata().unwrap().len())
+        .collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(files.iter().all(|&len| len <= 65_536 * 16), "{files:?}");
+
+    let mut d = Daemon::start(ws.path(), &["--print"], Some(TOKEN));
+    let base = d.base();
+    let newest = post_with_id(&base, &format!("b{}", BATCHES - 1), &body(PER_BATCH));
+    assert_eq!(
+        (&newest["queued"], &newest["duplicates"]),
+        (&json!(0), &json!(PER_BATCH)),
+        "the newest ids are remembered: {newest}"
+    );
+    let oldest = post_with_id(&base, "b0", &body(1));
+    // `duplicates` is left out of the answer when 0.
+    assert_eq!(
+        (&oldest["queued"], oldest.get("duplicates")),
+        (&json!(1), None),
+        "the oldest id is forgotten: {oldest}"
+    );
+    let (code, _) = d.terminate();
+    assert_eq!(code, 0);
+}
+
+/// The kept runs are bounded: 1,200 hook runs through a real `run`, and the next `run` of the
+/// workspace reads back the last 1,000 (the file under 16 MiB, mode 0600).
+#[test]
+fn the_runs_kept_across_a_restart_are_the_last_thousand() {
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = json!({"hooks": {"tool_call": [{"id": "audit", "command": "/bin/true"}]}});
+    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let events = ws.path().join("events.ndjson");
+    let lines: String = (0..1_200).map(|i| tool_call_line(&i.to_string())).collect();
+    std::fs::write(&events, lines).unwrap();
+    let run = |events: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_prx-hooks"))
+            .args(["run", "--workspace"])
+            .arg(ws.path())
+            .arg("--events")
+            .arg(events)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        let report: Value = err
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null);
+        report["stats"]["shell"]["run_log"].clone()
+    };
+    let first = run(&events);
+    assert_eq!(first["written"], json!(1_200), "{first}");
+    let file = ws.path().join(".prx-hooks/runs.ndjson");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert!(meta.len() <= 16 << 20, "{}", meta.len());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let empty = ws.path().join("none.ndjson");
+    std::fs::write(&empty, "").unwrap();
+    let second = run(&empty);
+    assert_eq!(second["loaded"], json!(1_000), "{second}");
+}
+
 use crate::support;
 
 const TOKEN: &str = "token-for-the-cli-tests-0000";

@@ -74,8 +74,13 @@ impl Ingesting {
 
     /// SIGTERM; fails unless `run` exits within [`EXIT_SLACK`]. The exit code, the final report
     /// (stderr's last JSON line) and every stderr line.
-    fn stop(mut self) -> (i32, Value, Vec<String>) {
+    fn stop(self) -> (i32, Value, Vec<String>) {
         self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.stop_after_signals()
+    }
+
+    /// As [`Ingesting::stop`], for signals already sent.
+    fn stop_after_signals(mut self) -> (i32, Value, Vec<String>) {
         let deadline = Instant::now() + EXIT_SLACK;
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -332,6 +337,55 @@ fn sigterm_ends_run_within_its_drain_while_a_socket_client_waits_for_room() {
     let s = &report["ingest_socket"];
     assert_eq!(s["stopped"], json!(stopped), "{report}");
     assert_eq!(counted(s), counted(summary), "{report}");
+}
+
+/// The same client held waiting for room, and SIGTERM twice: the second kills the minute-long
+/// hook at once (said on stderr) and `run` exits; the client still gets its summary.
+#[test]
+fn a_second_sigterm_while_a_socket_client_waits_for_room_kills_at_once() {
+    let ws = tempfile::tempdir().unwrap();
+    let hooks = json!({"hooks": {"tool_call": [{
+        "command": "/bin/sleep", "args": ["60"], "timeout_ms": 120000, "max_concurrent": 1
+    }]}});
+    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let run = Ingesting::start(ws.path());
+    let conn = UnixStream::connect(&run.sock).unwrap();
+    let reading = conn.try_clone().unwrap();
+    let reader = std::thread::spawn(move || read_answers(reading));
+    let progress = Arc::new(AtomicU64::new(0));
+    let p = progress.clone();
+    let writer = std::thread::spawn(move || write_until_refused(conn, 20_000, &p));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = (u64::MAX, Instant::now());
+    loop {
+        let now = progress.load(Ordering::Relaxed);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if now >= 128 && last.1.elapsed() > Duration::from_secs(1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the client is never held");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run.signal(nix::sys::signal::Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(100));
+    run.signal(nix::sys::signal::Signal::SIGTERM);
+    let (_, report, stderr) = run.stop_after_signals();
+    let _ = writer.join().unwrap();
+    let answers = reader.join().unwrap();
+    let summary = answers.last().expect("a summary");
+    assert!(summary.get("queued").is_some(), "{summary}");
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("again: killing every running hook now")),
+        "{stderr:#?}"
+    );
+    assert_eq!(
+        report["stats"]["shell"]["totals"]["killed"],
+        json!(1),
+        "{report}"
+    );
 }
 
 /// A last line the client ends with its shutdown instead of a newline is a line like any: a

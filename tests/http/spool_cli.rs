@@ -150,6 +150,117 @@ fn sigterm_during_a_spool_replay_ends_run_and_the_next_run_runs_each_event_once(
     );
 }
 
+/// SIGINT, or SIGTERM twice, while `run` replays a spool into a hook that would take a
+/// minute: SIGINT stops the replay as SIGTERM does (the drain kills the hook at its end), a
+/// second SIGTERM kills the running hook at once (said on stderr); either way `run` exits,
+/// what did not run stays in the spool, and the next `run` runs exactly the rest.
+#[test]
+fn sigint_or_a_second_sigterm_during_a_spool_replay_ends_run_and_loses_nothing() {
+    use nix::sys::signal::Signal;
+    let cases: [&[Signal]; 2] = [&[Signal::SIGINT], &[Signal::SIGTERM, Signal::SIGTERM]];
+    for signals in cases {
+        let (ws, ids) = id_workspace("sleep 60");
+        plant(ws.path(), 400, |i| tool_call("s", &i.to_string()));
+        let mut run = Command::new(BIN)
+            .args(["run", "--workspace"])
+            .arg(ws.path())
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = Lines::of(&mut run);
+        wait_for("a hook to start", || !lines(&ids).is_empty());
+        for sig in signals {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.id() as i32), *sig).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let code = wait_at_most(&mut run, Duration::from_secs(20));
+        let all = stderr.all();
+        assert!(
+            code.is_some(),
+            "{signals:?}: run did not exit 20 s after the signal:\n{}",
+            all.join("\n")
+        );
+        let report = report_of(&all);
+        assert_eq!(
+            report["spool"]["stopped"],
+            json!(true),
+            "{signals:?}: {report}"
+        );
+        assert_eq!(
+            report["stats"]["shell"]["totals"]["killed"],
+            json!(1),
+            "{signals:?}: the minute-long hook is killed: {report}"
+        );
+        let again = all
+            .iter()
+            .any(|l| l.contains("again: killing every running hook now"));
+        assert_eq!(
+            again,
+            signals.len() == 2,
+            "{signals:?}:\n{}",
+            all.join("\n")
+        );
+        let first = lines(&ids).len();
+        let kept = entries(ws.path()).len();
+        assert!(
+            first < 400 && kept > 0,
+            "{signals:?}: {first} ran, {kept} kept"
+        );
+
+        write_hooks(ws.path(), &ids, "true");
+        let server = Server::start(ws.path());
+        wait_for("the rest to run", || entries(ws.path()).is_empty());
+        let (_, report) = server.stop();
+        let mut ran = lines(&ids);
+        let n = ran.len();
+        ran.sort();
+        ran.dedup();
+        assert_eq!(ran.len(), n, "{signals:?}: no event twice: {report}");
+        assert!(
+            (399..=400).contains(&n),
+            "{signals:?}: every event once but the one killed: {n}: {report}"
+        );
+    }
+}
+
+/// `run --ingest` whose socket cannot be made fails to start after the spool was replayed:
+/// the replayed events ran once and their entries are gone, or they stay; none is lost.
+#[test]
+fn a_failed_start_after_the_spool_replay_loses_nothing() {
+    let (ws, ids) = id_workspace("true");
+    plant(ws.path(), 3, |i| tool_call("s", &i.to_string()));
+    let out = Command::new(BIN)
+        .args(["run", "--workspace"])
+        .arg(ws.path())
+        .arg("--ingest")
+        .arg(format!(
+            "unix:{}",
+            ws.path().join("no-such-dir/in.sock").display()
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("no-such-dir"), "{err}");
+    let ran = lines(&ids).len();
+    let kept = entries(ws.path()).len();
+    assert_eq!(ran + kept, 3, "{ran} ran, {kept} kept: {err}");
+
+    // The next run runs what stayed, and nothing twice.
+    let server = Server::start(ws.path());
+    wait_for("the rest to run", || entries(ws.path()).is_empty());
+    wait_for("three runs", || lines(&ids).len() >= 3);
+    let (_, report) = server.stop();
+    let mut all = lines(&ids);
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 3, "{:?}: {report}", lines(&ids));
+    assert_eq!(lines(&ids).len(), 3, "none twice: {report}");
+}
+
 /// `run --events` naming a missing file: the spool was replayed into a hook system that then
 /// exited without draining it, and its entries were gone. Now the file is opened first.
 #[test]
@@ -218,6 +329,86 @@ fn events_a_server_took_whose_answer_was_lost_do_not_run_again() {
     assert!(again.is_empty(), "{} ran again: {report}", again.len());
     assert_eq!(report["spool"]["duplicates"], json!(n), "{report}");
     assert_eq!(report["spool"]["removed"], json!(1), "{report}");
+}
+
+/// A TCP relay to `target` that holds each answer `delay` before passing it on, as a server
+/// whose socket write is slow would.
+fn slow_answers(target: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming().map_while(Result::ok) {
+            let Ok(server) = TcpStream::connect(target) else {
+                continue;
+            };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_in, &mut s_out);
+                let _ = s_out.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut s_in, mut c_out) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                let mut first = true;
+                while let Ok(n) = s_in.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if std::mem::take(&mut first) {
+                        std::thread::sleep(delay);
+                    }
+                    if c_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = c_out.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    addr
+}
+
+/// With `send`'s default 2 s timeout, a server whose answer takes 3 s to come back: the server
+/// ran the hook, `send` spooled the event, and the next `run` ran it again. Now the replay
+/// knows its id and counts it as a duplicate: the hook runs once.
+#[test]
+fn an_answer_held_past_sends_default_timeout_does_not_make_a_second_run() {
+    let (ws, ids) = id_workspace("true");
+    let server = Server::start(ws.path());
+    let address = std::fs::read_to_string(ws.path().join(".prx-hooks/address")).unwrap();
+    let target: std::net::SocketAddr = address
+        .trim()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let relay = slow_answers(target, Duration::from_secs(3));
+    let url = format!("http://{relay}");
+    let sent = send(
+        ws.path(),
+        &["--url", &url],
+        tool_call("s", "once").as_bytes(),
+    );
+    assert_eq!(sent.code, 0, "{sent:?}");
+    assert_eq!(
+        entries(ws.path()).len(),
+        1,
+        "the answer came in time: {sent:?}"
+    );
+    wait_for("the hook", || lines(&ids).len() == 1);
+    let (_, _) = server.stop();
+
+    let server = Server::start(ws.path());
+    wait_for("the replay", || entries(ws.path()).is_empty());
+    let (_, report) = server.stop();
+    assert_eq!(
+        lines(&ids).len(),
+        1,
+        "ran again: {:?}: {report}",
+        lines(&ids)
+    );
+    assert_eq!(report["spool"]["duplicates"], json!(1), "{report}");
 }
 
 /// 100 senders at once into a spool of 10,000 entries with no server: 57 waited over a second

@@ -400,6 +400,33 @@ fn tail_last_shows_what_run_did_before_tail_connected() {
     tail.out_line("hook errs (error)  ok");
 }
 
+/// Claude Code's `Stop`, sent as its hook entry sends it, becomes an `agent_end` without a
+/// message count: `tail` printed `agent_end ?,  messages`; now the fields an event does not
+/// have are left out.
+#[test]
+fn tail_leaves_out_the_fields_an_agents_event_does_not_have() {
+    let ws = workspace(r#"{"hooks": {}}"#);
+    let mut run = Proc::run(ws.path(), "127.0.0.1:0");
+    let mut send = Command::new(BIN)
+        .args(["send", "--from", "claude-code", "--workspace"])
+        .arg(ws.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    send.stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"session_id":"s-1","hook_event_name":"Stop","stop_hook_active":false}"#)
+        .unwrap();
+    assert!(send.wait().unwrap().success());
+    run.out_line("prx.lifecycle.agent_end");
+    let mut tail = Proc::tail(ws.path(), &["--last", "10", "--color", "never"]);
+    let line = tail.out_line("agent_end");
+    assert!(line.contains("agent_end        ok"), "{line}");
+    assert!(!line.contains('?') && !line.contains("messages"), "{line}");
+}
+
 #[test]
 fn tail_exit_codes() {
     let ws = workspace(r#"{"hooks": {}}"#);

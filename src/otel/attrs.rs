@@ -616,16 +616,22 @@ pub(crate) fn extras(
             left_out += 1;
             continue;
         }
-        n += 1;
         let value = match raw.as_bytes().first() {
+            // OpenTelemetry has no null: the attribute is left out, as the SDKs do.
+            Some(b'n') => continue,
             Some(b't') => Val::Bool(true),
             Some(b'f') => Val::Bool(false),
             Some(b'-' | b'0'..=b'9') => match raw.parse::<i64>() {
                 Ok(i) => Val::Int(i),
+                // An integer past i64 keeps its digits; only a fraction or exponent is a double.
+                Err(_) if !raw.contains(['.', 'e', 'E']) => {
+                    Val::Str(rec.push_bounded(raw, max_bytes))
+                }
                 Err(_) => Val::Double(raw.parse().unwrap_or(f64::NAN)),
             },
             _ => Val::Str(rec.push_bounded(&raw_text(raw), max_bytes)),
         };
+        n += 1;
         match (USAGE.iter().find(|(name, _)| *name == k.as_ref()), value) {
             (Some(&(_, key)), Val::Int(i)) => rec.int(key, i),
             _ if k.as_ref() == "user_id" => rec.set_attr("user.id", value),
@@ -784,6 +790,26 @@ mod tests {
             Some(Value::StringValue(r#"{"a":[1,2]}"#.into()))
         );
         assert_eq!(s.dropped_attributes_count, 1);
+    }
+
+    #[test]
+    fn extras_keep_their_json_type_null_left_out_and_large_integers_exact() {
+        let mut r = Rec::empty();
+        r.begin(Kind::Internal, [1; 16], [1; 8], None, 0);
+        let json = r#"{"gone":null,"big":18446744073709551615,"neg":-9223372036854775808,"real":1.5e3,"id":"12"}"#;
+        let mut members = Vec::new();
+        let payload = Payload::parse(json, &mut members);
+        assert_eq!(extras(&mut r, &payload, &[], true, 32, 4096), 0);
+        let s = decode(&r);
+        assert_eq!(attr(&s, "prx.extra.gone"), None, "OpenTelemetry has no null");
+        assert_eq!(
+            attr(&s, "prx.extra.big"),
+            Some(Value::StringValue("18446744073709551615".into())),
+            "past i64: its digits, not a rounded double"
+        );
+        assert_eq!(attr(&s, "prx.extra.neg"), Some(Value::IntValue(i64::MIN)));
+        assert_eq!(attr(&s, "prx.extra.real"), Some(Value::DoubleValue(1500.0)));
+        assert_eq!(attr(&s, "prx.extra.id"), Some(Value::StringValue("12".into())));
     }
 
     #[test]

@@ -1593,7 +1593,7 @@ fn the_sessions_view_lists_each_sessions_tokens_and_picks_one_for_the_live_list(
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    assert_eq!(&cells[..4], ["coder", "s-one", "1,200", "34"], "{cells:?}");
+    assert_eq!(&cells[..4], ["coder", "s-one", "1200", "34"], "{cells:?}");
 
     // By agent: the reviewer's session alone.
     page.js(

@@ -801,7 +801,11 @@ mod tests {
         let payload = Payload::parse(json, &mut members);
         assert_eq!(extras(&mut r, &payload, &[], true, 32, 4096), 0);
         let s = decode(&r);
-        assert_eq!(attr(&s, "prx.extra.gone"), None, "OpenTelemetry has no null");
+        assert_eq!(
+            attr(&s, "prx.extra.gone"),
+            None,
+            "OpenTelemetry has no null"
+        );
         assert_eq!(
             attr(&s, "prx.extra.big"),
             Some(Value::StringValue("18446744073709551615".into())),
@@ -809,7 +813,10 @@ mod tests {
         );
         assert_eq!(attr(&s, "prx.extra.neg"), Some(Value::IntValue(i64::MIN)));
         assert_eq!(attr(&s, "prx.extra.real"), Some(Value::DoubleValue(1500.0)));
-        assert_eq!(attr(&s, "prx.extra.id"), Some(Value::StringValue("12".into())));
+        assert_eq!(
+            attr(&s, "prx.extra.id"),
+            Some(Value::StringValue("12".into()))
+        );
     }
 
     #[test]

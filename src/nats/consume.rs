@@ -35,6 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod handle;
 mod pull;
+mod pulling;
 mod window;
 
 use window::*;
@@ -671,6 +672,8 @@ struct Flight {
     claim: Option<u64>,
     /// The partition it was pulled from.
     part: Option<u32>,
+    /// Its size as received (subject, headers, body), toward the byte budget.
+    bytes: usize,
     /// When it was handed over, or last said to be in progress.
     last: Instant,
 }
@@ -718,10 +721,11 @@ impl Worker {
         let mut batch: Vec<async_nats::Message> = Vec::with_capacity(BATCH);
         let mut checked = 0;
         while !self.stopping() {
-            if !self.wait_for_room() || self.server_refused(&client, &mut checked) {
+            let allowed = self.wait_for_room();
+            if allowed == 0 || self.server_refused(&client, &mut checked) {
                 break;
             }
-            if !intake.take(&mut batch, CORE_BATCH) {
+            if !intake.take(&mut batch, allowed) {
                 rt.block_on(async {
                     tokio::select! {
                         _ = intake.ready.notified() => {}
@@ -786,20 +790,24 @@ impl Worker {
         self.stopping()
     }
 
-    /// Back-pressure: waits while the pipeline is busy (the rings a quarter full, a bus
-    /// subscriber half full, a backend holding many jobs). False if stopping.
-    fn wait_for_room(&self) -> bool {
-        if !self.feed.busy() {
-            return !self.stopping();
+    /// Back-pressure: waits until the pipeline can take events without a hook's queue
+    /// overflowing (none while the rings are a quarter full, a bus subscriber half full, or a
+    /// backend holds many jobs; no more than its tightest queue can take with what the rings
+    /// hold on the way to it), and returns how many, at most [`CORE_BATCH`]; 0 if stopping.
+    fn wait_for_room(&self) -> usize {
+        let mut allowed = self.feed.allowance(CORE_BATCH);
+        if allowed > 0 {
+            return if self.stopping() { 0 } else { allowed };
         }
         self.counters.paused.fetch_add(1, Ordering::Relaxed);
-        while self.feed.busy() {
+        while allowed == 0 {
             if self.stopping() {
-                return false;
+                return 0;
             }
             std::thread::sleep(Duration::from_micros(500));
+            allowed = self.feed.allowance(CORE_BATCH);
         }
-        !self.stopping()
+        if self.stopping() { 0 } else { allowed }
     }
 }
 

@@ -368,7 +368,12 @@ fn one_busy_agent_over_eight_partitions_is_not_held_back_by_the_empty_ones() {
     let flat_args = ["--durable", "flat", "--from-nats-stream", "FLEET"];
     let (flat, _) = time_host(&url, &flat_args, n);
     let partitions = PARTITIONS.to_string();
-    let part_args = ["--durable", "part", "--nats-partitions", partitions.as_str()];
+    let part_args = [
+        "--durable",
+        "part",
+        "--nats-partitions",
+        partitions.as_str(),
+    ];
     let (parted, r) = time_host(&url, &part_args, n);
     let s = &r["stats"]["nats"]["consume"];
     eprintln!(
@@ -406,9 +411,16 @@ fn a_partitioned_consumer_says_when_the_stream_holds_the_earlier_partition_forma
     let partitions = PARTITIONS.to_string();
     let (_ws, log, c) = counting_host(
         &url,
-        &["--durable", "part", "--nats-partitions", partitions.as_str()],
+        &[
+            "--durable",
+            "part",
+            "--nats-partitions",
+            partitions.as_str(),
+        ],
     );
-    wait_until("the new format's events ran", 60, || log_lines(&log).len() >= 4);
+    wait_until("the new format's events ran", 60, || {
+        log_lines(&log).len() >= 4
+    });
     wait_until("the warning", 30, || {
         c.stderr().contains("earlier partition format")
     });

@@ -3,6 +3,7 @@
 //! bridge).
 
 use super::super::lease::Leases;
+use super::pulling::Pulls;
 use super::*;
 
 impl Worker {
@@ -26,8 +27,12 @@ impl Worker {
         if !self.open_shared(rt, &js) {
             return;
         }
+        if leases.is_some() {
+            rt.block_on(self.say_earlier_partition_format(&js, &stream));
+        }
         self.watch_advisories(rt, &client, &stream, durable);
         let mut parts: HashMap<u32, PullConsumer> = HashMap::new();
+        let mut pulls = Pulls::new();
         let mut checked = 0;
         // After a connection was lost, pull one message at a time until one arrives: a
         // message async-nats cannot parse (it drops the connection) is then delivered alone,
@@ -39,55 +44,42 @@ impl Worker {
                 break;
             }
             rt.block_on(self.settle());
-            // Back-pressure: pull only what can be in flight, and only while the pipeline
-            // has room (ARCHITECTURE.md § NATS bridge, "Acks after the hooks ran").
-            let room = self.in_flight_limit.saturating_sub(self.flights.len());
-            if room == 0 || self.feed.busy() {
+            let sources = match &leases {
+                None => consumer.iter().map(|c| (None, c.clone())).collect(),
+                Some((l, _)) => {
+                    self.partition_sources(rt, &js, &stream, durable, l, &mut parts, &pulls)
+                }
+            };
+            // Back-pressure: each source is pulled on its own, for no more than the room left
+            // in messages and bytes, and only while the pipeline has room (ARCHITECTURE.md §
+            // NATS bridge, "Acks after the hooks ran").
+            let connects = self.state.connects.load(Ordering::Acquire);
+            let held = rt.block_on(self.start_pulls(&client, &sources, &mut pulls, careful));
+            if held {
                 if !std::mem::replace(&mut pausing, true) {
                     self.counters.paused.fetch_add(1, Ordering::Relaxed);
                 }
-                self.nap(rt, Duration::from_millis(2));
-                continue;
-            }
-            pausing = false;
-            let sources = match &leases {
-                None => consumer.iter().map(|c| (None, c.clone())).collect(),
-                Some((l, _)) => self.partition_sources(rt, &js, &stream, durable, l, &mut parts),
-            };
-            if sources.is_empty() {
-                self.nap(rt, Duration::from_millis(100));
-                continue;
-            }
-            let connects = self.state.connects.load(Ordering::Acquire);
-            let size = if careful {
-                1
             } else {
-                (room.min(BATCH) / sources.len()).max(1)
+                pausing = false;
+            }
+            let tick = if held {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(100)
             };
-            let got = rt.block_on(self.pull(&sources, size));
+            let read = rt.block_on(self.read_pulls(&mut pulls, tick));
             if self.state.connects.load(Ordering::Acquire) != connects || !self.state.is_connected()
             {
                 careful = true;
-            } else if got {
+            } else if read.got {
                 careful = false;
             }
         }
+        rt.block_on(self.read_pulls_to_end(&mut pulls));
         rt.block_on(self.finish(&js));
         if let Some((l, keeper)) = leases {
             rt.block_on(l.quit(keeper));
         }
-    }
-
-    /// Waits at most `d` for a ticket's report or a stop.
-    fn nap(&self, rt: &tokio::runtime::Runtime, d: Duration) {
-        let (notify, wake) = (self.notify.clone(), self.wake.clone());
-        rt.block_on(async {
-            tokio::select! {
-                _ = notify.notified() => {}
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(d) => {}
-            }
-        });
     }
 
     /// The durable consumer (without partitions) and the stream it reads; with partitions
@@ -174,6 +166,32 @@ impl Worker {
         }
     }
 
+    /// With partitions: says (on stderr) how many messages of the stream are on subjects of
+    /// the earlier partition format, which no partition consumer of this version reads
+    /// (`wire::partition_token`): publishers of both versions must not share a stream.
+    async fn say_earlier_partition_format(&self, js: &jetstream::Context, stream: &str) {
+        use futures_util::StreamExt;
+        let filter = wire::partitions_filter(&self.opts.subject);
+        let count = async {
+            let mut old = 0;
+            let s = js.get_stream(stream).await.ok()?;
+            let mut subjects = s.info_with_subjects(&filter).await.ok()?;
+            while let Some(Ok((subject, n))) = subjects.next().await {
+                if wire::earlier_partition_format(&subject) {
+                    old += n;
+                }
+            }
+            Some(old)
+        };
+        if let Ok(Some(old)) = tokio::time::timeout(Duration::from_secs(5), count).await
+            && old > 0
+        {
+            tracing::warn!(
+                "NATS consumer: stream {stream:?} holds {old} messages of the earlier partition format (subjects ending in the partition number alone, published by an older prx-hooks): no partition consumer of this version reads them; publish with this version (subjects ending in p<partition>)"
+            );
+        }
+    }
+
     /// JetStream's MAX_DELIVERIES advisory: a message it stopped delivering (one this client
     /// could never take, or one redelivered past the limit), counted and said.
     fn watch_advisories(
@@ -211,7 +229,8 @@ impl Worker {
 
     /// With partitions, what to pull from: the partitions held and not draining (their
     /// consumers made on first use, kept in `parts`); draining ones with nothing in flight
-    /// are marked free to give up.
+    /// and no pull standing are marked free to give up.
+    #[allow(clippy::too_many_arguments)]
     fn partition_sources(
         &mut self,
         rt: &tokio::runtime::Runtime,
@@ -220,8 +239,14 @@ impl Worker {
         durable: &str,
         leases: &Leases,
         parts: &mut HashMap<u32, PullConsumer>,
+        pulls: &Pulls,
     ) -> Vec<(Option<u32>, PullConsumer)> {
-        let busy = self.flights.values().filter_map(|f| f.part).collect();
+        let busy = self
+            .flights
+            .values()
+            .filter_map(|f| f.part)
+            .chain(pulls.standing_parts())
+            .collect();
         let active = {
             let mut t = leases.table.lock().unwrap_or_else(|e| e.into_inner());
             t.drained(&busy);
@@ -245,64 +270,6 @@ impl Worker {
             v.push((Some(k), parts[&k].clone()));
         }
         v
-    }
-
-    /// One pull of up to `size` messages from each source: each message is handled as it
-    /// arrives (a quiet fleet's event does not wait for the pull to expire), and settled ones
-    /// are acked meanwhile. Whether any message came.
-    async fn pull(&mut self, sources: &[(Option<u32>, PullConsumer)], size: usize) -> bool {
-        use futures_util::StreamExt;
-        let (notify, wake) = (self.notify.clone(), self.wake.clone());
-        let mut got = false;
-        let mut batches = Vec::with_capacity(sources.len());
-        for (k, c) in sources {
-            match c
-                .batch()
-                .max_messages(size)
-                .expires(PULL_EXPIRES)
-                .messages()
-                .await
-            {
-                Ok(b) => batches.push(b.map(move |m| (*k, m)).boxed()),
-                Err(e) => tracing::debug!("NATS consumer: pull: {e}"),
-            }
-        }
-        if batches.is_empty() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            return got;
-        }
-        let mut batch = futures_util::stream::select_all(batches);
-        // Stopping: the pull is read to its end (its expiry, or a little more), and what it
-        // still brings is nak'ed by `take`. Left unread, the server would count it delivered
-        // and redeliver it only after the ack wait, behind newer messages of its partition
-        // pulled by the next holder.
-        let mut until = self
-            .stopping()
-            .then(|| tokio::time::Instant::now() + STOP_READ);
-        loop {
-            let stop_read = async {
-                match until {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                m = batch.next() => match m {
-                    Some((k, Ok(m))) => {
-                        got = true;
-                        self.take(m, k).await;
-                    }
-                    Some((_, Err(e))) => tracing::debug!("NATS consumer: pull: {e}"),
-                    None => break,
-                },
-                _ = notify.notified() => self.settle().await,
-                _ = wake.notified(), if until.is_none() => {
-                    until = Some(tokio::time::Instant::now() + STOP_READ);
-                }
-                _ = stop_read => break,
-            }
-        }
-        got
     }
 
     /// One pulled message: waits until its hooks' queues have room for it (and for what is
@@ -343,6 +310,7 @@ impl Worker {
         };
         let kind = match fate {
             Fate::Handed => {
+                let m_len = m.length;
                 if let Some((id, _)) = &id {
                     self.flying.insert(id.clone(), key);
                     if let Some(host) = &reclaimed_from {
@@ -361,6 +329,7 @@ impl Worker {
                         id,
                         claim: claim.take(),
                         part,
+                        bytes: m_len,
                         last: Instant::now(),
                     },
                 );

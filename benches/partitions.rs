@@ -115,10 +115,9 @@ fn rate(
 ) -> f64 {
     // Emptied before each run.
     let js = client.jetstream();
-    client
-        .rt
-        .block_on(async { js.get_stream(STREAM).await?.purge().await.map(|_| ()) })
-        .ok();
+    client.rt.block_on(async {
+        js.get_stream(STREAM).await.unwrap().purge().await.unwrap();
+    });
     let durable = format!("run{run}");
     let (_ws, mut child) = host(url, &durable, partitions);
     let want = partitions.map_or(1, |p| p as usize);

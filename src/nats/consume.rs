@@ -355,6 +355,8 @@ impl Consumer {
             next_key: 0,
             shared: None,
             shared_digest: None,
+            max_deliver: HashMap::new(),
+            given_up: Arc::new(GivenUp::new(counters.clone())),
             auth_check: opts.nats.needs_auth_check(),
             state: state.clone(),
             server: server.clone(),
@@ -533,6 +535,50 @@ struct Worker {
     shared: Option<Shared>,
     /// What the bucket holds for the message in hand: the digest it ran with.
     shared_digest: Option<u64>,
+    /// JetStream: each durable consumer's delivery limit (`max_deliver`, as the server has
+    /// it), by name: a message nak'ed on its last delivery is one JetStream gives up on.
+    max_deliver: HashMap<String, i64>,
+    /// The give-ups counted, by this host's own naks and by the advisory.
+    given_up: Arc<GivenUp>,
+}
+
+/// The stream messages counted as given up by JetStream (`given_up`): by this host, when it
+/// nak'ed a message on its last allowed delivery (its own state: nothing is missed while
+/// disconnected), and by the MAX_DELIVERIES advisory; each stream sequence once (the last
+/// 4,096 remembered).
+pub(super) struct GivenUp {
+    seen: Mutex<(std::collections::HashSet<u64>, VecDeque<u64>)>,
+    counters: Arc<Counters>,
+}
+
+impl GivenUp {
+    const REMEMBERED: usize = 4096;
+
+    fn new(counters: Arc<Counters>) -> GivenUp {
+        GivenUp {
+            seen: Mutex::new(Default::default()),
+            counters,
+        }
+    }
+
+    /// Counts stream message `seq` as given up; false if it was already.
+    pub(super) fn count(&self, seq: Option<u64>) -> bool {
+        if let Some(seq) = seq {
+            let mut g = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            let (set, order) = &mut *g;
+            if !set.insert(seq) {
+                return false;
+            }
+            order.push_back(seq);
+            if order.len() > Self::REMEMBERED
+                && let Some(old) = order.pop_front()
+            {
+                set.remove(&old);
+            }
+        }
+        self.counters.given_up.fetch_add(1, Ordering::AcqRel);
+        true
+    }
 }
 
 /// The shared de-dup bucket: a stream `KV_<bucket>` of subjects `$KV.<bucket>.<key>`, one

@@ -659,6 +659,83 @@ fn one_megabyte_bodies_run_once_in_order_without_redeliveries() {
     assert!(peak < 192 << 10, "peak RSS {} MiB", peak / 1024);
 }
 
+/// A host stopped with SIGTERM naks what it took and did not run; with `--nats-max-deliver 1`
+/// that was each such message's last delivery, so JetStream never delivers it again. The host
+/// counts each one itself (`given_up`), though JetStream's advisory comes only when the next
+/// host pulls, after it exited: every event either ran once or is counted as given up by the
+/// host that nak'ed it.
+#[test]
+fn messages_nakked_on_their_last_delivery_are_counted_given_up_by_the_host_itself() {
+    let n = 200;
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    let js = stream(&client);
+    publish_ids(&client, 0..n);
+    let shared = tempfile::tempdir().unwrap();
+    let log = shared.path().join("log");
+    let script = format!(
+        "printf '%s\\n' \"$ZERO_HOOK_PAYLOAD\" >> {}; sleep 0.05",
+        log.display()
+    );
+    let hooks = serde_json::json!({"hooks": {"tool_call": [{
+        "id": "slow", "command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1
+    }]}});
+    let url = server.url();
+    let args = [
+        "--from-nats",
+        url.as_str(),
+        "--durable",
+        "central",
+        "--nats-max-deliver",
+        "1",
+    ];
+    let host = || {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+        let c = Consumer::start(ws.path(), &args);
+        (ws, c)
+    };
+    let (_ws1, first) = host();
+    wait_until("the first host ran some", 60, || {
+        runs_per_id(&log).len() >= 10
+    });
+    let r1 = first.stop();
+    let given_up = r1["stats"]["nats"]["consume"]["given_up"].as_u64().unwrap();
+    // A second host on the same consumer runs what the first did not take.
+    let (_ws2, second) = host();
+    wait_until("JetStream has nothing left for the consumer", 120, || {
+        client.rt.block_on(async {
+            let Ok(mut c) = js
+                .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                    "central", "FLEET",
+                )
+                .await
+            else {
+                return false;
+            };
+            c.info()
+                .await
+                .is_ok_and(|i| i.num_pending == 0 && i.num_ack_pending == 0)
+        })
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let r2 = second.stop();
+    let counts = runs_per_id(&log);
+    eprintln!(
+        "{n} events, --nats-max-deliver 1, the first host stopped: {} ran, the first host counted {given_up} given up, the second {}",
+        counts.len(),
+        r2["stats"]["nats"]["consume"]["given_up"]
+    );
+    assert!(counts.values().all(|&k| k == 1), "none ran twice");
+    assert!(given_up > 0, "the stop left messages unrun: {r1}");
+    assert_eq!(
+        counts.len() as u64 + given_up,
+        n as u64,
+        "every event ran or was counted given up: {}",
+        r1["stats"]["nats"]["consume"]
+    );
+}
+
 /// CPU seconds of a process and its reaped children (its hooks): utime + stime + cutime +
 /// cstime from /proc/<pid>/stat.
 fn cpu_seconds(pid: u32) -> f64 {

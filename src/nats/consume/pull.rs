@@ -99,7 +99,12 @@ impl Worker {
                 Some(_) => rt.block_on(self.stream_name(js)).map(|s| (None, s)),
             };
             match made {
-                Ok(c) => return Some(c),
+                Ok(c) => {
+                    if let Some(consumer) = &c.0 {
+                        self.note_max_deliver(consumer);
+                    }
+                    return Some(c);
+                }
                 Err(e) => {
                     self.said.warn(format_args!(
                         "NATS consumer: durable {durable:?} on {}: {e}; retrying",
@@ -110,6 +115,34 @@ impl Worker {
                     }
                 }
             }
+        }
+    }
+
+    fn note_max_deliver(&mut self, c: &PullConsumer) {
+        let info = c.cached_info();
+        self.max_deliver
+            .insert(info.name.clone(), info.config.max_deliver);
+    }
+
+    /// Before a nak: a message on its last allowed delivery is one JetStream will give up on
+    /// (never deliver again): counted (`given_up`) and said, from this host's own state, so
+    /// that a give-up is counted even when the advisory is missed (sent while disconnected,
+    /// or after this process exited).
+    pub(super) fn nak_gives_up(&self, m: &jetstream::Message) {
+        let Ok(info) = m.info() else {
+            return;
+        };
+        let Some(&max) = self.max_deliver.get(info.consumer) else {
+            return;
+        };
+        if max > 0 && info.delivered >= max && self.given_up.count(Some(info.stream_sequence)) {
+            tracing::warn!(
+                "NATS consumer ({}): durable {:?}: stream message {} not run on its last delivery ({} of --nats-max-deliver {max}): JetStream will not deliver it again",
+                self.server,
+                info.consumer,
+                info.stream_sequence,
+                info.delivered
+            );
         }
     }
 
@@ -207,15 +240,18 @@ impl Worker {
         };
         match rt.block_on(client.subscribe(advisory.clone())) {
             Ok(mut sub) => {
-                let counters = self.counters.clone();
+                let given_up = self.given_up.clone();
                 let what = format!("NATS consumer ({}): durable {durable:?}", self.server);
                 rt.spawn(async move {
                     use futures_util::StreamExt;
                     while let Some(m) = sub.next().await {
-                        counters.given_up.fetch_add(1, Ordering::AcqRel);
                         let seq = serde_json::from_slice::<serde_json::Value>(&m.payload)
                             .ok()
                             .and_then(|v| v["stream_seq"].as_u64());
+                        // Counted already when this host nak'ed its last delivery.
+                        if !given_up.count(seq) {
+                            continue;
+                        }
                         tracing::warn!(
                             "{what}: JetStream gave up on stream message {} after the maximum deliveries (--nats-max-deliver); it will not be consumed",
                             seq.map_or("?".to_string(), |s| s.to_string())
@@ -257,6 +293,7 @@ impl Worker {
             if let std::collections::hash_map::Entry::Vacant(slot) = parts.entry(k) {
                 match rt.block_on(self.partition_consumer(js, stream, durable, k)) {
                     Ok(c) => {
+                        self.note_max_deliver(&c);
                         slot.insert(c);
                     }
                     Err(e) => {
@@ -383,6 +420,9 @@ impl Worker {
             shared.unclaim(id.as_str(), seq).await;
         }
         let is_ack = !matches!(kind, jetstream::AckKind::Nak(_));
+        if !is_ack {
+            self.nak_gives_up(&m);
+        }
         if tokio::time::timeout(ACKS_WAIT, m.ack_with(kind))
             .await
             .is_ok_and(|r| r.is_ok())
@@ -461,6 +501,7 @@ impl Worker {
                         }
                     } else {
                         c.retried.fetch_add(1, Ordering::AcqRel);
+                        self.nak_gives_up(m);
                         let _ = m.ack_with(jetstream::AckKind::Nak(Some(RETRY_DELAY))).await;
                     }
                 }
@@ -499,6 +540,7 @@ impl Worker {
         self.counters.in_flight.store(0, Ordering::Relaxed);
         let naks = async {
             for f in &left {
+                self.nak_gives_up(&f.msg);
                 let _ = f.msg.ack_with(jetstream::AckKind::Nak(None)).await;
             }
             let _ = js.client().flush().await;

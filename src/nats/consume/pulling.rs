@@ -5,8 +5,9 @@
 //! a busy one's is renewed the moment it ends, so an idle partition never holds a busy one
 //! back. What the standing pulls may still bring counts toward the in-flight limits with what
 //! is in flight already: messages (`Worker::in_flight_limit`) and bytes (each pull's
-//! `max_bytes`, at least one message of the server's largest size), so a pull never brings more
-//! than the host allowed for, whatever the bodies' size.
+//! `max_bytes`: 64 KiB for a source whose messages were all smaller, else at least one message
+//! of the server's largest size), so a pull never brings more than the host allowed for,
+//! whatever the bodies' size.
 
 use super::*;
 use futures_util::StreamExt;
@@ -18,8 +19,14 @@ pub(super) const IN_FLIGHT_BYTES: usize = 32 << 20;
 /// What a message may carry beyond the server's `max_payload` (its subject, reply subject and
 /// the protocol line), for a pull's `max_bytes`.
 const MESSAGE_OVERHEAD: usize = 4096;
+/// A pull's `max_bytes` at least, until its source had a message larger (the server refuses a
+/// pull a message above its `max_bytes`: the source's next pulls then make room for the
+/// largest, `max_payload` and overhead).
+const SMALL_PULL_BYTES: usize = 64 << 10;
 
 /// What the standing pulls yield: a message of a source, or the end of its pull.
+// Yielded one at a time and moved at once: a box per message would cost more than the size.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Pulled {
     Msg(Option<u32>, Result<jetstream::Message, async_nats::Error>),
     End(Option<u32>),
@@ -39,6 +46,11 @@ pub(super) struct Pull {
     last_got: usize,
     /// When its last pull ended: the source that waited longest is pulled first.
     ended: Option<Instant>,
+    /// Its pulls ask for room for the largest message: one of its pulls was refused a
+    /// message larger than its `max_bytes`.
+    big: bool,
+    /// The standing pull was refused a message larger than its `max_bytes`.
+    refused_size: bool,
 }
 
 impl Pull {
@@ -127,7 +139,11 @@ impl Worker {
             .iter()
             .filter(|(k, _)| !pulls.by_source.get(k).is_some_and(|p| p.standing))
             .collect();
-        waiting.sort_by_key(|(k, _)| pulls.by_source.get(k).and_then(|p| p.ended));
+        // Sources that brought messages first (an idle partition's probe must not take the
+        // room a busy one needs), then the one whose pull ended longest ago.
+        let bringing = |k: &Option<u32>| pulls.by_source.get(k).is_some_and(|p| p.last_got > 0);
+        waiting.sort_by_key(|(k, _)| (!bringing(k), pulls.by_source.get(k).and_then(|p| p.ended)));
+        let mut busy_left = waiting.iter().filter(|(k, _)| bringing(k)).count();
         let mut held = false;
         for (k, c) in waiting {
             let (msgs, bytes) = pulls.reserved();
@@ -135,21 +151,31 @@ impl Worker {
                 .in_flight_limit
                 .saturating_sub(self.flights.len() + msgs);
             let byte_room = budget.saturating_sub(self.flight_bytes() + bytes);
-            if room == 0 || byte_room < one || self.feed.busy() {
+            let p = pulls.by_source.get(k);
+            let last = p.map_or(0, |p| p.last_got);
+            // A pull's bytes cover at least one message: a small one, until the source had
+            // one larger (its pull refused as exceeding max_bytes), then the largest.
+            let floor = if p.is_some_and(|p| p.big) {
+                one
+            } else {
+                SMALL_PULL_BYTES
+            };
+            if room == 0 || byte_room < floor || self.feed.busy() {
                 held = true;
                 break;
             }
-            let last = pulls.by_source.get(k).map_or(0, |p| p.last_got);
-            let size = if careful {
+            let size = if careful || last == 0 {
                 1
             } else {
                 (2 * last).clamp(1, BATCH).min(room)
             };
-            // At least one message of the largest size; more only for a source that brings.
+            // A source that brings shares the byte room with the others that do.
             let max_bytes = if last == 0 {
-                one
+                floor
             } else {
-                byte_room.min(size.saturating_mul(one)).max(one)
+                let share = byte_room / busy_left.max(1);
+                busy_left = busy_left.saturating_sub(1);
+                share.min(size.saturating_mul(one)).max(floor)
             };
             match c
                 .batch()
@@ -168,6 +194,7 @@ impl Worker {
                     );
                     let p = pulls.by_source.entry(k).or_default();
                     p.standing = true;
+                    p.refused_size = false;
                     (p.asked, p.asked_bytes, p.got, p.got_bytes) = (size, max_bytes, 0, 0);
                 }
                 Err(e) => tracing::debug!("NATS consumer: pull: {e}"),
@@ -202,12 +229,26 @@ impl Worker {
                         }
                         self.take(m, k).await;
                     }
-                    Some(Pulled::Msg(_, Err(e))) => tracing::debug!("NATS consumer: pull: {e}"),
+                    Some(Pulled::Msg(k, Err(e))) => {
+                        // "409 Message Size Exceeds MaxBytes": the next message is larger
+                        // than what this pull had room for.
+                        if e.to_string().contains("Exceeds MaxBytes")
+                            && let Some(p) = pulls.by_source.get_mut(&k)
+                        {
+                            p.refused_size = true;
+                        }
+                        tracing::debug!("NATS consumer: pull: {e}");
+                    }
                     Some(Pulled::End(k)) => {
                         if let Some(p) = pulls.by_source.get_mut(&k) {
                             p.standing = false;
                             p.last_got = p.got;
                             p.ended = Some(Instant::now());
+                            if p.refused_size {
+                                p.big = true;
+                                // Pulled again at once, with room for it.
+                                p.last_got = p.last_got.max(1);
+                            }
                         }
                         return read;
                     }

@@ -11,7 +11,6 @@
 //! `cargo test --benches`, 200). Needs `nats-server` (`PRX_HOOKS_NATS_SERVER`).
 
 #[path = "../tests/support/nats.rs"]
-#[allow(dead_code)]
 mod nats_support;
 
 use nats_support::{Client, NatsServer};

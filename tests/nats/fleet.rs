@@ -662,8 +662,8 @@ fn one_megabyte_bodies_run_once_in_order_without_redeliveries() {
 /// A host stopped with SIGTERM naks what it took and did not run; with `--nats-max-deliver 1`
 /// that was each such message's last delivery, so JetStream never delivers it again. The host
 /// counts each one itself (`given_up`), though JetStream's advisory comes only when the next
-/// host pulls, after it exited: every event either ran once or is counted as given up by the
-/// host that nak'ed it.
+/// host pulls, after it exited: every event that never ran is counted as given up by the host
+/// that nak'ed it.
 #[test]
 fn messages_nakked_on_their_last_delivery_are_counted_given_up_by_the_host_itself() {
     let n = 200;
@@ -726,13 +726,18 @@ fn messages_nakked_on_their_last_delivery_are_counted_given_up_by_the_host_itsel
         counts.len(),
         r2["stats"]["nats"]["consume"]["given_up"]
     );
+    let s1 = &r1["stats"]["nats"]["consume"];
     assert!(counts.values().all(|&k| k == 1), "none ran twice");
-    assert!(given_up > 0, "the stop left messages unrun: {r1}");
-    assert_eq!(
-        counts.len() as u64 + given_up,
-        n as u64,
-        "every event ran or was counted given up: {}",
-        r1["stats"]["nats"]["consume"]
+    assert!(given_up > 0, "the stop left messages unrun: {s1}");
+    // What the first host took and did not ack was on its last delivery: all counted.
+    let unacked = s1["consumed"].as_u64().unwrap() - s1["acked"].as_u64().unwrap();
+    assert_eq!(given_up, unacked, "{s1}");
+    // Every event that never ran is among them. (One nak'ed at the drain deadline may still
+    // run while the pipeline drains: counted, and run.)
+    assert!(
+        n as u64 - counts.len() as u64 <= given_up,
+        "{} never ran, {given_up} counted given up: {s1}",
+        n - counts.len()
     );
 }
 

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod handle;
 mod pull;
+mod pulling;
 mod window;
 
 use window::*;
@@ -354,6 +355,8 @@ impl Consumer {
             next_key: 0,
             shared: None,
             shared_digest: None,
+            max_deliver: HashMap::new(),
+            given_up: Arc::new(GivenUp::new(counters.clone())),
             auth_check: opts.nats.needs_auth_check(),
             state: state.clone(),
             server: server.clone(),
@@ -532,6 +535,50 @@ struct Worker {
     shared: Option<Shared>,
     /// What the bucket holds for the message in hand: the digest it ran with.
     shared_digest: Option<u64>,
+    /// JetStream: each durable consumer's delivery limit (`max_deliver`, as the server has
+    /// it), by name: a message nak'ed on its last delivery is one JetStream gives up on.
+    max_deliver: HashMap<String, i64>,
+    /// The give-ups counted, by this host's own naks and by the advisory.
+    given_up: Arc<GivenUp>,
+}
+
+/// The stream messages counted as given up by JetStream (`given_up`): by this host, when it
+/// nak'ed a message on its last allowed delivery (its own state: nothing is missed while
+/// disconnected), and by the MAX_DELIVERIES advisory; each stream sequence once (the last
+/// 4,096 remembered).
+pub(super) struct GivenUp {
+    seen: Mutex<(std::collections::HashSet<u64>, VecDeque<u64>)>,
+    counters: Arc<Counters>,
+}
+
+impl GivenUp {
+    const REMEMBERED: usize = 4096;
+
+    fn new(counters: Arc<Counters>) -> GivenUp {
+        GivenUp {
+            seen: Mutex::new(Default::default()),
+            counters,
+        }
+    }
+
+    /// Counts stream message `seq` as given up; false if it was already.
+    pub(super) fn count(&self, seq: Option<u64>) -> bool {
+        if let Some(seq) = seq {
+            let mut g = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            let (set, order) = &mut *g;
+            if !set.insert(seq) {
+                return false;
+            }
+            order.push_back(seq);
+            if order.len() > Self::REMEMBERED
+                && let Some(old) = order.pop_front()
+            {
+                set.remove(&old);
+            }
+        }
+        self.counters.given_up.fetch_add(1, Ordering::AcqRel);
+        true
+    }
 }
 
 /// The shared de-dup bucket: a stream `KV_<bucket>` of subjects `$KV.<bucket>.<key>`, one
@@ -671,6 +718,8 @@ struct Flight {
     claim: Option<u64>,
     /// The partition it was pulled from.
     part: Option<u32>,
+    /// Its size as received (subject, headers, body), toward the byte budget.
+    bytes: usize,
     /// When it was handed over, or last said to be in progress.
     last: Instant,
 }
@@ -718,10 +767,11 @@ impl Worker {
         let mut batch: Vec<async_nats::Message> = Vec::with_capacity(BATCH);
         let mut checked = 0;
         while !self.stopping() {
-            if !self.wait_for_room() || self.server_refused(&client, &mut checked) {
+            let allowed = self.wait_for_room();
+            if allowed == 0 || self.server_refused(&client, &mut checked) {
                 break;
             }
-            if !intake.take(&mut batch, CORE_BATCH) {
+            if !intake.take(&mut batch, allowed) {
                 rt.block_on(async {
                     tokio::select! {
                         _ = intake.ready.notified() => {}
@@ -786,20 +836,24 @@ impl Worker {
         self.stopping()
     }
 
-    /// Back-pressure: waits while the pipeline is busy (the rings a quarter full, a bus
-    /// subscriber half full, a backend holding many jobs). False if stopping.
-    fn wait_for_room(&self) -> bool {
-        if !self.feed.busy() {
-            return !self.stopping();
+    /// Back-pressure: waits until the pipeline can take events without a hook's queue
+    /// overflowing (none while the rings are a quarter full, a bus subscriber half full, or a
+    /// backend holds many jobs; no more than its tightest queue can take with what the rings
+    /// hold on the way to it), and returns how many, at most [`CORE_BATCH`]; 0 if stopping.
+    fn wait_for_room(&self) -> usize {
+        let mut allowed = self.feed.allowance(CORE_BATCH);
+        if allowed > 0 {
+            return if self.stopping() { 0 } else { allowed };
         }
         self.counters.paused.fetch_add(1, Ordering::Relaxed);
-        while self.feed.busy() {
+        while allowed == 0 {
             if self.stopping() {
-                return false;
+                return 0;
             }
             std::thread::sleep(Duration::from_micros(500));
+            allowed = self.feed.allowance(CORE_BATCH);
         }
-        !self.stopping()
+        if self.stopping() { 0 } else { allowed }
     }
 }
 

@@ -22,13 +22,13 @@ enum Change {
     Join,
 }
 
-const AGENTS: usize = 24;
-const PARTITIONS: u32 = 8;
+pub(super) const AGENTS: usize = 24;
+pub(super) const PARTITIONS: u32 = 8;
 
 /// Publishes, for each `i` of `range`, one tool_call event of every agent (`agent-0` …), agent
 /// by agent in turn, through a real `run --nats … --nats-stream FLEET --nats-partitions 8`
 /// (which creates the stream). Each event's `output` is its `i`: the agent's order.
-fn publish_partitioned(url: &str, range: std::ops::Range<usize>) {
+pub(super) fn publish_partitioned(url: &str, range: std::ops::Range<usize>) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("events.ndjson");
     let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
@@ -60,7 +60,7 @@ fn publish_partitioned(url: &str, range: std::ops::Range<usize>) {
 }
 
 /// Partition → holder (a host's instance id; "" when free), read from the lease bucket.
-fn lease_holders(client: &Client) -> HashMap<u32, String> {
+pub(super) fn lease_holders(client: &Client) -> HashMap<u32, String> {
     let js = client.jetstream();
     client.rt.block_on(async {
         let mut out = HashMap::new();
@@ -80,7 +80,7 @@ fn lease_holders(client: &Client) -> HashMap<u32, String> {
 }
 
 /// A host's instance id, from its log of the partitions it took.
-fn host_id(c: &Consumer) -> Option<String> {
+pub(super) fn host_id(c: &Consumer) -> Option<String> {
     let err = c.stderr();
     let l = err.lines().find(|l| l.contains(": took partition"))?;
     let rest = &l[l.find("NATS consumer ")? + 14..];

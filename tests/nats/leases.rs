@@ -100,7 +100,12 @@ fn every_second_run_is_marked(runs: &[Logged]) -> usize {
 /// Waits until every one of `n` events ran at least once.
 fn until_all_ran(log: &Path, n: usize, secs: u64) {
     wait_until("every event ran", secs, || {
-        logged(log).into_iter().map(|r| r.event).collect::<HashSet<_>>().len() >= n
+        logged(log)
+            .into_iter()
+            .map(|r| r.event)
+            .collect::<HashSet<_>>()
+            .len()
+            >= n
     });
 }
 
@@ -167,10 +172,7 @@ fn a_host_stopped_past_its_lease_runs_nothing_unmarked_that_the_other_ran() {
     publish_partitioned(&url, 0..per_agent);
     let shared = tempfile::tempdir().unwrap();
     let log = shared.path().join("log");
-    let (ws_a, ws_b) = (
-        lease_workspace(&log, "0.01"),
-        lease_workspace(&log, "0.01"),
-    );
+    let (ws_a, ws_b) = (lease_workspace(&log, "0.01"), lease_workspace(&log, "0.01"));
     let a = host(&url, ws_a.path());
     let b = host(&url, ws_b.path());
     wait_until("a tenth ran", 60, || logged(&log).len() >= n / 10);
@@ -195,7 +197,10 @@ fn a_host_stopped_past_its_lease_runs_nothing_unmarked_that_the_other_ran() {
     std::thread::sleep(Duration::from_secs(4));
     let runs = logged(&log);
     let a_err = a.stderr();
-    let lost = a_err.lines().filter(|l| l.contains("lost partition")).count();
+    let lost = a_err
+        .lines()
+        .filter(|l| l.contains("lost partition"))
+        .count();
     let sa = a.stop()["stats"]["nats"]["consume"].clone();
     let sb = b.stop()["stats"]["nats"]["consume"].clone();
     let twice = every_second_run_is_marked(&runs);
@@ -257,7 +262,10 @@ fn a_server_stopped_past_the_lease_leaves_each_partition_with_its_host() {
     let runs = logged(&log);
     let sa = a.stop()["stats"]["nats"]["consume"].clone();
     let sb = b.stop()["stats"]["nats"]["consume"].clone();
-    let moved = before.iter().filter(|(k, v)| after.get(k) != Some(v)).count();
+    let moved = before
+        .iter()
+        .filter(|(k, v)| after.get(k) != Some(v))
+        .count();
     eprintln!(
         "server down 18 s: {ran_before} of {n} had run; {moved} of {PARTITIONS} partitions moved; settled {:.1} s after; {} runs; stats {sa} {sb}",
         held_again.as_secs_f64(),

@@ -145,8 +145,7 @@ impl Lease {
 
     /// Taken back after it expired: what was queued under the lease before never starts.
     pub(crate) fn retaken(&self, until: u64) {
-        self.epoch
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.renewed(until);
     }
 

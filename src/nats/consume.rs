@@ -164,9 +164,10 @@ impl ConsumeOptions {
     /// bucket of this name (the stream `KV_<name>`, one entry per message id, kept for the
     /// window's age): a message redelivered to another host after a lost ack, or stored again
     /// after the stream's duplicate window, is recognized there too. Per event it costs a
-    /// claim before the hand-off and a done record after the hooks ran, before the ack (two
-    /// JetStream publishes, acked); a message found claimed by another host and not done runs
-    /// and is counted (`reclaimed`): every event run twice is among those.
+    /// claim before the hand-off, a start record before its first hook run starts and a done
+    /// record after the hooks ran, before the ack (three JetStream publishes, acked); a message
+    /// found started by another host and not done runs and is counted (`reclaimed`): every
+    /// event run twice is among those.
     pub fn shared_dedup(mut self, bucket: impl Into<String>) -> ConsumeOptions {
         self.shared_dedup = Some(bucket.into());
         self
@@ -630,7 +631,12 @@ impl Shared {
     /// holds `c <host>` in place of exactly that claim (the sequence moves to the record's).
     /// Unanswered within 2 s, or the claim taken over by another host: no run starts (the
     /// event is nak'ed), and for a second after an unanswered one none is tried.
-    fn start_record(&self, id: &str, seq: Arc<AtomicU64>, down: Arc<AtomicU64>) -> crate::settle::Start {
+    fn start_record(
+        &self,
+        id: &str,
+        seq: Arc<AtomicU64>,
+        down: Arc<AtomicU64>,
+    ) -> crate::settle::Start {
         let (js, subject) = (self.js.clone(), self.subject(id));
         let handle = tokio::runtime::Handle::current();
         crate::settle::Start::new(Box::new(move || {

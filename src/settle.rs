@@ -114,6 +114,7 @@ impl Drop for Ticket {
 /// hosts): the lease keeper moves `until` forward at each confirmed renewal, sets it to 0 when
 /// the lease is lost, and starts a new `epoch` when it takes the lease back after it expired.
 /// Monotonic milliseconds since [`lease_clock`]'s start.
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
 #[derive(Default)]
 pub(crate) struct Lease {
     until: std::sync::atomic::AtomicU64,
@@ -122,6 +123,7 @@ pub(crate) struct Lease {
 
 /// Milliseconds since the first call (the monotonic clock: it runs on while the process is
 /// stopped, so a stopped host finds its leases stale when it resumes).
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
 pub(crate) fn lease_clock() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START
@@ -131,6 +133,7 @@ pub(crate) fn lease_clock() -> u64 {
         + 1
 }
 
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
 impl Lease {
     /// Runs under the lease may start until `until` ([`lease_clock`] milliseconds).
     pub(crate) fn renewed(&self, until: u64) {
@@ -164,6 +167,7 @@ impl Lease {
 
 /// What a queued run of a consumed event checks just before it starts: whether the partition
 /// lease it was handed over under is still this host's and fresh.
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
 #[derive(Clone)]
 pub(crate) struct Fence {
     lease: std::sync::Arc<Lease>,
@@ -172,6 +176,7 @@ pub(crate) struct Fence {
 
 impl Fence {
     /// A fence that admits nothing (a partition no longer held).
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
     pub(crate) fn closed() -> Fence {
         Lease::default().into_fence()
     }
@@ -187,15 +192,18 @@ impl Fence {
 /// the first of its hook runs about to start; the run starts only when it returns true (the
 /// shared de-dup bucket confirmed that the event may run here), and so do the event's other
 /// hook runs.
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
 #[derive(Clone)]
 pub(crate) struct Start(std::sync::Arc<StartOnce>);
 
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
 struct StartOnce {
     record: Box<dyn Fn() -> bool + Send + Sync>,
     done: std::sync::Mutex<Option<bool>>,
 }
 
 impl Start {
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
     pub(crate) fn new(record: Box<dyn Fn() -> bool + Send + Sync>) -> Start {
         Start(std::sync::Arc::new(StartOnce {
             record,
@@ -266,12 +274,14 @@ impl Attached {
     }
 
     /// Its first run records its start through `start` before it starts.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
     pub(crate) fn with_start(mut self, start: Option<Start>) -> Attached {
         self.start = start;
         self
     }
 
     /// Runs of the event start only while `fence` admits them.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
     pub(crate) fn with_fence(mut self, fence: Option<Fence>) -> Attached {
         self.fence = fence;
         self

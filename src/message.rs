@@ -236,7 +236,9 @@ impl Message {
     }
 
     /// Whether a run of this event may start now: false for a consumed event whose partition
-    /// lease was lost or went stale since it was handed over (`crate::settle::Fence`).
+    /// lease was lost or went stale since it was handed over (`crate::settle::Fence`), or whose
+    /// start record the shared de-dup bucket did not confirm (`crate::settle::Start`; written
+    /// by the first call).
     pub(crate) fn admits(&self) -> bool {
         self.0.attached.as_ref().is_none_or(|a| a.admits())
     }

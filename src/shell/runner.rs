@@ -136,9 +136,11 @@ pub(super) fn merged_rlimits(base: Rlimits, l: &HookLimits) -> Rlimits {
 
 /// Starts one queued job; a failed spawn is counted at once.
 pub(super) fn start(sh: &Shared, job: Job, reactor: &mut Reactor<Origin>) {
-    // Fencing: a consumed event whose partition lease this host lost (or let go stale) since
-    // it was handed over is not run here; its ticket says dropped, so the message is nak'ed
-    // and the partition's holder runs it (docs/nats.md § Per-agent order across hosts).
+    // A consumed event whose partition lease this host lost (or let go stale) since it was
+    // handed over, or whose start record the shared de-dup bucket did not confirm, is not run
+    // here; its ticket says dropped, so the message is nak'ed and delivered again (to the
+    // partition's holder): docs/nats.md § Per-agent order across hosts, § Several central
+    // hosts.
     if !job.run.msg.admits() {
         job.run.mark_dropped();
         let action = job.action.clone();

@@ -26,13 +26,13 @@ enum Change {
     Join,
 }
 
-const AGENTS: usize = 24;
-const PARTITIONS: u32 = 8;
+pub(super) const AGENTS: usize = 24;
+pub(super) const PARTITIONS: u32 = 8;
 
 /// Publishes, for each `i` of `range`, one tool_call event of every agent (`agent-0` …), agent
 /// by agent in turn, through a real `run --nats … --nats-stream FLEET --nats-partitions 8`
 /// (which creates the stream). Each event's `output` is its `i`: the agent's order.
-fn publish_partitioned(url: &str, range: std::ops::Range<usize>) {
+pub(super) fn publish_partitioned(url: &str, range: std::ops::Range<usize>) {
     publish_agents(url, AGENTS, range);
 }
 
@@ -69,7 +69,7 @@ pub(super) fn publish_agents(url: &str, agents: usize, range: std::ops::Range<us
 }
 
 /// Partition → holder (a host's instance id; "" when free), read from the lease bucket.
-fn lease_holders(client: &Client) -> HashMap<u32, String> {
+pub(super) fn lease_holders(client: &Client) -> HashMap<u32, String> {
     let js = client.jetstream();
     client.rt.block_on(async {
         let mut out = HashMap::new();
@@ -89,7 +89,7 @@ fn lease_holders(client: &Client) -> HashMap<u32, String> {
 }
 
 /// A host's instance id, from its log of the partitions it took.
-fn host_id(c: &Consumer) -> Option<String> {
+pub(super) fn host_id(c: &Consumer) -> Option<String> {
     let err = c.stderr();
     let l = err.lines().find(|l| l.contains(": took partition"))?;
     let rest = &l[l.find("NATS consumer ")? + 14..];

@@ -24,6 +24,7 @@ impl Worker {
         let Some(leases) = self.open_leases(rt, &js, &stream, durable) else {
             return;
         };
+        self.lease_table = leases.as_ref().map(|(l, _)| l.table.clone());
         if !self.open_shared(rt, &js) {
             return;
         }
@@ -316,11 +317,15 @@ impl Worker {
         let key = self.next_key;
         self.next_key += 1;
         self.shared_digest = None;
+        // Fencing: what the partition's lease admits now, checked again before each run.
+        let fence = part.and_then(|k| self.fence_of(k));
+        let fenced = fence.as_ref().is_some_and(|f| !f.admits());
         // The claim goes first: a host that dies after it leaves a record saying the message
         // may have run (ARCHITECTURE.md § NATS bridge, "Shared de-dup").
         let (mut claim, mut before) = (None, Record::Absent);
         if let Some(shared) = &self.shared
             && !self.stopping()
+            && !fenced
             && let Some(id) = m.headers.as_ref().and_then(|h| h.get(wire::MSG_ID))
         {
             (claim, before) = shared.claim(id.as_str()).await;
@@ -328,12 +333,26 @@ impl Worker {
                 self.shared_digest = Some(*d);
             }
         }
-        // Taken over from another host's claim: its hooks may have run there.
+        // Taken over from another host's claim with a start record: its hooks may have run
+        // there. (A claim without one: they had not started.)
         let reclaimed_from = match &before {
-            Record::Claimed { host, .. } if host != wire::instance_id() => Some(host.clone()),
+            Record::Claimed {
+                host,
+                started: true,
+                ..
+            } if host != wire::instance_id() => Some(host.clone()),
             _ => None,
         };
-        let (fate, id) = if self.stopping() {
+        let claim = claim.map(|s| Arc::new(AtomicU64::new(s)));
+        let start = match (&self.shared, &claim) {
+            (Some(shared), Some(seq)) => m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(wire::MSG_ID))
+                .map(|id| shared.start_record(id.as_str(), seq.clone(), self.start_down.clone())),
+            _ => None,
+        };
+        let (fate, id) = if self.stopping() || fenced {
             (Fate::Later, None)
         } else {
             let incoming = Incoming {
@@ -342,6 +361,8 @@ impl Worker {
                 payload: &m.payload,
                 delivery: wire::delivery(&m),
                 reclaimed: reclaimed_from.is_some(),
+                fence,
+                start,
             };
             self.handle(&incoming, Some(key))
         };
@@ -364,7 +385,7 @@ impl Worker {
                     Flight {
                         msg: m,
                         id,
-                        claim: claim.take(),
+                        claim,
                         part,
                         bytes: m_len,
                         last: Instant::now(),
@@ -386,7 +407,8 @@ impl Worker {
             Fate::Refused => jetstream::AckKind::Term,
             Fate::Later => jetstream::AckKind::Nak(None),
         };
-        self.answer(m, claim, kind).await;
+        self.answer(m, claim.map(|c| c.load(Ordering::Acquire)), kind)
+            .await;
     }
 
     /// Waits until the hooks' queues of the subject's event have room for one more message
@@ -454,7 +476,8 @@ impl Worker {
                 if ran {
                     self.window.insert(id, *d);
                     ran_ids.push((id.clone(), *d));
-                    done.push((id.clone(), *d, f.claim.unwrap_or(0)));
+                    let claim = f.claim.as_ref().map_or(0, |c| c.load(Ordering::Acquire));
+                    done.push((id.clone(), *d, claim));
                 }
             }
             out.push((f.msg, ran));

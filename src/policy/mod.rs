@@ -10,6 +10,7 @@ mod eval;
 mod load;
 mod load_command;
 mod model;
+mod plugins;
 
 pub use agents::{Question, decision_point, question};
 pub use answer::answer;
@@ -18,6 +19,8 @@ pub use command::{
 };
 pub(crate) use decider::Decider;
 pub(crate) use eval::STATS_SECTION;
+pub(crate) use plugins::{GuestAnswer, GuestFailure, PluginPolicies, PluginPolicy, PluginPolicyCounters};
+pub use plugins::PluginPolicyCount;
 pub use eval::{DecideError, MAX_PAYLOAD_BYTES, PoliciesStats, PolicyCount, Trace};
 pub use load::{
     MAX_CONDITIONS, MAX_FILE_BYTES, MAX_PATH_SEGMENTS, MAX_POLICIES, MAX_REGEX_BYTES,

@@ -2,10 +2,10 @@
 //! (swapped in by the policies.json watcher, read without a lock), and the counts.
 
 use super::command::{Answer, CommandCounters, Runner};
-use super::plugins::{PluginPolicies, PluginPolicyCount, ask_all};
 use super::eval::{Counters, DecideError, PoliciesStats, PolicyCount, read_payload, selects};
 use super::load::{PoliciesDoc, empty_table};
 use super::model::{Decision, DecisionPoint, PolicyTable, Verdict};
+use super::plugins::{PluginPolicies, PluginPolicyCount, ask_all};
 use crate::config::{ConfigStats, Reload, Watch, WatchOptions};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;

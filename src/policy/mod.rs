@@ -19,8 +19,6 @@ pub use command::{
 };
 pub(crate) use decider::Decider;
 pub(crate) use eval::STATS_SECTION;
-pub(crate) use plugins::{GuestAnswer, GuestFailure, PluginPolicies, PluginPolicy, PluginPolicyCounters};
-pub use plugins::PluginPolicyCount;
 pub use eval::{DecideError, MAX_PAYLOAD_BYTES, PoliciesStats, PolicyCount, Trace};
 pub use load::{
     MAX_CONDITIONS, MAX_FILE_BYTES, MAX_PATH_SEGMENTS, MAX_POLICIES, MAX_REGEX_BYTES,
@@ -28,6 +26,10 @@ pub use load::{
 };
 pub use model::{
     CommandPolicy, Condition, Decision, DecisionPoint, OnError, Policy, PolicyTable, Test, Verdict,
+};
+pub use plugins::PluginPolicyCount;
+pub(crate) use plugins::{
+    GuestAnswer, GuestFailure, PluginPolicies, PluginPolicy, PluginPolicyCounters,
 };
 
 /// The bus topic every decision is published under (when a subscription wants it).

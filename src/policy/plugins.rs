@@ -147,12 +147,14 @@ impl PluginPolicyCounters {
         let bump = |c: &AtomicU64| c.fetch_add(1, Ordering::Relaxed);
         bump(&self.calls);
         match a {
-            GuestAnswer::Decided(d, _, _) => bump(match d {
-                Some(Decision::Allow) => &self.allow,
-                Some(Decision::Ask) => &self.ask,
-                Some(Decision::Deny) => &self.deny,
-                None => &self.none,
-            }),
+            GuestAnswer::Decided(d, _, _) => {
+                bump(match d {
+                    Some(Decision::Allow) => &self.allow,
+                    Some(Decision::Ask) => &self.ask,
+                    Some(Decision::Deny) => &self.deny,
+                    None => &self.none,
+                });
+            }
             GuestAnswer::Failed(f) => {
                 bump(match f {
                     GuestFailure::TimedOut => &self.timed_out,

@@ -16,26 +16,22 @@ use super::host::{HostState, InstanceLimits, PluginCtx};
 use super::manifest::{Manifest, PolicySpec, Resources};
 use super::plugin::{classify, is_pool_exhausted, start_limit_ms};
 use crate::policy::{
-    Decision, DecisionPoint, GuestAnswer, GuestFailure, OnError, PluginPolicy,
-    PluginPolicyCounters,
+    Decision, DecisionPoint, GuestAnswer, GuestFailure, OnError, PluginPolicy, PluginPolicyCounters,
 };
 use crate::wasm::CallOutcome;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use wasmtime::component::{
-    ComponentExportIndex, ComponentType, InstancePre, Lift, TypedFunc,
-};
+use wasmtime::component::{ComponentExportIndex, ComponentType, InstancePre, Lift, TypedFunc};
 use wasmtime::{Store, UpdateDeadline};
 
 /// The export a policy provides, under the versioned and the bare interface name.
-pub const POLICY_INTERFACES: [&str; 2] = [
-    "prx-hooks:policy/decider@0.1.0",
-    "prx-hooks:policy/decider",
-];
+pub const POLICY_INTERFACES: [&str; 2] =
+    ["prx-hooks:policy/decider@0.1.0", "prx-hooks:policy/decider"];
 /// The function of [`POLICY_INTERFACES`] every question goes to.
 pub const POLICY_FUNC: &str = "decide";
 
-/// `decider.decision`.
+/// `decider.decision`. Only ever lifted from a guest's answer, never built here.
+#[allow(dead_code)]
 #[derive(ComponentType, Lift, Clone, Copy, Debug)]
 #[component(enum)]
 #[repr(u8)]
@@ -337,9 +333,9 @@ impl PluginPolicy for WasmPolicy {
                 cut(a.reason),
                 cut(a.context),
             )),
-            Driven::Done(Ok((Err(m),))) => Ok(GuestAnswer::Failed(GuestFailure::Error(
-                one_line(&cut(Some(m)).unwrap_or_default()),
-            ))),
+            Driven::Done(Ok((Err(m),))) => Ok(GuestAnswer::Failed(GuestFailure::Error(one_line(
+                &cut(Some(m)).unwrap_or_default(),
+            )))),
             Driven::Done(Err(e)) => Err(failure(classify(e))),
             Driven::Deadline => Err(GuestFailure::TimedOut),
             Driven::Stopped => Err(GuestFailure::Trapped("interrupted by shutdown".into())),

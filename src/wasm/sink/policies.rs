@@ -42,7 +42,10 @@ impl WasmSink {
             }
             let built = match engine {
                 Some((engine, linker)) => self.build_policy(engine, linker, &m, &bytes),
-                None => Err(PluginError::in_file(&m.file, "no wasm engine (see the errors above)")),
+                None => Err(PluginError::in_file(
+                    &m.file,
+                    "no wasm engine (see the errors above)",
+                )),
             };
             match built {
                 Ok(p) => {
@@ -110,9 +113,9 @@ impl WasmSink {
         };
         let policy = WasmPolicy::new(m, ctx, pre, decide, engine.clone(), counters)
             .ok_or_else(|| fail("no [policy]".into()))?;
-        policy
-            .probe()
-            .map_err(|e| PluginError::in_file(&m.file, format!("cannot instantiate the policy: {e}")))?;
+        policy.probe().map_err(|e| {
+            PluginError::in_file(&m.file, format!("cannot instantiate the policy: {e}"))
+        })?;
         Ok(Arc::new(policy))
     }
 }

@@ -2,8 +2,8 @@
 //! denies a shell command running `rm` with `-r` or `-f`, the example rule of docs/policies.md
 //! written as a guest: the regex `\brm\s+-[a-zA-Z]*[rf]` searched in `arguments.command`.
 //!
-//! Anything else gets no decision (`none`), so the agent's own flow goes on. `[config] reason`
-//! replaces the reason given.
+//! Anything else gets no decision (`none`), so the agent's own flow goes on, or `allow` with
+//! `[config] otherwise = "allow"`. `[config] reason` replaces the reason given.
 //!
 //! Build with `examples/build-plugins.sh`.
 
@@ -24,6 +24,15 @@ fn rule() -> &'static regex::Regex {
     RULE.get_or_init(|| regex::Regex::new(r"\brm\s+-[a-zA-Z]*[rf]").expect("a valid regex"))
 }
 
+fn otherwise() -> Decision {
+    static OTHERWISE: OnceLock<bool> = OnceLock::new();
+    if *OTHERWISE.get_or_init(|| config::get("otherwise").as_deref() == Some("allow")) {
+        Decision::Allow
+    } else {
+        Decision::None
+    }
+}
+
 fn reason() -> &'static str {
     static REASON: OnceLock<String> = OnceLock::new();
     REASON.get_or_init(|| config::get("reason").unwrap_or_else(|| DEFAULT_REASON.into()))
@@ -41,6 +50,11 @@ impl Guest for NoRmRf {
         if point != "tool_call_start" {
             return Ok(none);
         }
+        let otherwise = Answer {
+            decision: otherwise(),
+            reason: None,
+            context: None,
+        };
         let payload: serde_json::Value =
             serde_json::from_str(&payload_json).map_err(|e| format!("payload: {e}"))?;
         let command = payload
@@ -53,7 +67,7 @@ impl Guest for NoRmRf {
                 reason: Some(reason().to_string()),
                 context: None,
             }),
-            _ => Ok(none),
+            _ => Ok(otherwise),
         }
     }
 }

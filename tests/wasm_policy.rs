@@ -392,3 +392,26 @@ fn post_api_decide_asks_the_wasm_policy() {
     server.shutdown(Duration::from_secs(5));
     h.shutdown(Duration::from_secs(5));
 }
+
+#[test]
+fn validate_checks_policy_plugins_without_asking_for_a_hook_export() {
+    let ws = tempfile::tempdir().unwrap();
+    no_rm_rf(ws.path(), "");
+    let problems = prx_hooks::wasm::check_workspace(ws.path());
+    assert!(problems.is_empty(), "{problems:?}");
+    let dir = install(
+        ws.path(),
+        "hooky",
+        "misbehave",
+        &manifest("hooky", "on = [\"prompt\"]", "", "mode = \"noop\""),
+    );
+    let problems = prx_hooks::wasm::check_workspace(ws.path());
+    let wasm = dir.join("plugin.wasm").display().to_string();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with(&format!(
+            "{wasm}: [policy] is declared, but the component does not export prx-hooks:policy/decider@0.1.0"
+        )),
+        "{problems:?}"
+    );
+}

@@ -604,6 +604,21 @@ pub(crate) fn check(manifests: &[Manifest]) -> Vec<PluginError> {
                 Ok(b) => b,
                 Err(e) => return Some(e),
             };
+            if m.is_policy() {
+                let log = Arc::new(logger.plugin(m.name.as_str().into()));
+                let abort = Arc::new(AtomicBool::new(false));
+                let ctx = super::policies::policy_ctx(m, &flusher, &bus, abort, log);
+                let counters = Default::default();
+                let r = super::policies::prepare_policy(
+                    &engine, &linker, m, &bytes, None, ctx, counters,
+                );
+                if let Err(e) = r {
+                    return Some(e);
+                }
+            }
+            if !m.is_hook() {
+                return None;
+            }
             let (pre, export, _) = match prepare(&engine, &linker, m, &bytes, None) {
                 Ok(p) => p,
                 Err(Prepared::NotHook(_)) => return None,

@@ -82,26 +82,9 @@ impl WasmSink {
         m: &Manifest,
         bytes: &[u8],
     ) -> Result<Arc<WasmPolicy>, PluginError> {
-        let label = m.wasm.display().to_string();
-        let fail = |reason: String| PluginError::in_file(&label, reason);
-        let (component, compiled) = engine
-            .compile(bytes, self.cache.as_ref())
-            .map_err(|e| fail(format!("not a valid component: {e}")))?;
-        let decide = find_policy_export(&component, engine.engine()).map_err(fail)?;
-        let pre = linker.instantiate_pre(&component).map_err(|e| {
-            fail(format!(
-                "cannot link: {} (policies may import prx:host/{{log,config}} and WASI p2 only)",
-                one_line(&format!("{e:#}"))
-            ))
-        })?;
         let spec = m.policy.as_ref().expect("a policy manifest");
         let (ctx, counters) = {
             let mut st = self.state();
-            if compiled == Compiled::Cached {
-                st.cache_hits += 1;
-            } else {
-                st.compiled += 1;
-            }
             let log = st
                 .logs
                 .entry(m.name.clone())
@@ -109,28 +92,68 @@ impl WasmSink {
                 .clone();
             let counters: Arc<PluginPolicyCounters> =
                 st.policy_counts.entry(spec.id.clone()).or_default().clone();
-            (policy_ctx(m, self, log), counters)
+            let ctx = policy_ctx(m, &self.flusher, &self.bus, self.abort.clone(), log);
+            (ctx, counters)
         };
-        let policy = WasmPolicy::new(m, ctx, pre, decide, engine.clone(), counters)
-            .ok_or_else(|| fail("no [policy]".into()))?;
-        policy.probe().map_err(|e| {
-            PluginError::in_file(&m.file, format!("cannot instantiate the policy: {e}"))
-        })?;
+        let (policy, compiled) =
+            prepare_policy(engine, linker, m, bytes, self.cache.as_ref(), ctx, counters)?;
+        let mut st = self.state();
+        if compiled == Compiled::Cached {
+            st.cache_hits += 1;
+        } else {
+            st.compiled += 1;
+        }
         Ok(Arc::new(policy))
     }
 }
 
+/// Compiles (through `cache` when given), finds `decide`, links and probes one policy.
+pub(super) fn prepare_policy(
+    engine: &Arc<WasmEngine>,
+    linker: &Linker<HostState>,
+    m: &Manifest,
+    bytes: &[u8],
+    cache: Option<&CompileCache>,
+    ctx: Arc<PluginCtx>,
+    counters: Arc<PluginPolicyCounters>,
+) -> Result<(WasmPolicy, Compiled), PluginError> {
+    let label = m.wasm.display().to_string();
+    let fail = |reason: String| PluginError::in_file(&label, reason);
+    let (component, compiled) = engine
+        .compile(bytes, cache)
+        .map_err(|e| fail(format!("not a valid component: {e}")))?;
+    let decide = find_policy_export(&component, engine.engine()).map_err(fail)?;
+    let pre = linker.instantiate_pre(&component).map_err(|e| {
+        fail(format!(
+            "cannot link: {} (policies may import prx:host/{{log,config}} and WASI p2 only)",
+            one_line(&format!("{e:#}"))
+        ))
+    })?;
+    let policy = WasmPolicy::new(m, ctx, pre, decide, engine.clone(), counters)
+        .ok_or_else(|| PluginError::in_file(&m.file, "no [policy]"))?;
+    policy.probe().map_err(|e| {
+        PluginError::in_file(&m.file, format!("cannot instantiate the policy: {e}"))
+    })?;
+    Ok((policy, compiled))
+}
+
 /// A policy's context: its config and log; no kv (an empty store of no capacity) and no
 /// events (not permitted).
-fn policy_ctx(m: &Manifest, sink: &WasmSink, log: Arc<PluginLog>) -> Arc<PluginCtx> {
+pub(super) fn policy_ctx(
+    m: &Manifest,
+    flusher: &Arc<KvFlusher>,
+    bus: &Bus,
+    abort: Arc<AtomicBool>,
+    log: Arc<PluginLog>,
+) -> Arc<PluginCtx> {
     Arc::new(PluginCtx {
         name: m.name.as_str().into(),
         config: m.config.clone(),
         kv: Arc::new(KvStore::in_memory(0)),
-        flusher: sink.flusher.clone(),
+        flusher: flusher.clone(),
         events_allowed: false,
-        bus: sink.bus.clone(),
-        abort: sink.abort.clone(),
+        bus: bus.clone(),
+        abort,
         stop: AtomicBool::new(false),
         log,
     })

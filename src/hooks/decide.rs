@@ -14,8 +14,10 @@ impl Hooks {
     /// object. Every answer is counted ([`Stats::policies`]). Nothing is emitted: the agent
     /// sends its event as usual. Rules answer first; command policies the question selects
     /// then run as processes on this thread (several at once on threads of their own), each
-    /// bounded by its `timeout_ms` (docs/policies.md § Command policies): from an async
-    /// executor, call it where blocking is allowed.
+    /// bounded by its `timeout_ms` (docs/policies.md § Command policies), and the WASM
+    /// policies in force are called on this thread, one after another, each bounded by its
+    /// `timeout_ms` (docs/policies.md § WASM policies): from an async executor, call it where
+    /// blocking is allowed.
     ///
     /// # Examples
     ///

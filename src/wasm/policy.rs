@@ -150,6 +150,7 @@ impl WasmPolicy {
             .instantiate(Instant::now() + Duration::from_millis(limit))
             .map_err(|f| match f {
                 GuestFailure::TimedOut => format!("start code timed out after {limit} ms"),
+                GuestFailure::Trapped(m) => m,
                 other => other.to_string(),
             })?;
         let mut pool = self.lock();

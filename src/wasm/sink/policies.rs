@@ -49,7 +49,9 @@ impl WasmSink {
             };
             match built {
                 Ok(p) => {
-                    report.started.push(m.name.clone());
+                    if !report.started.contains(&m.name) {
+                        report.started.push(m.name.clone());
+                    }
                     next.insert(m.name.clone(), (fp, p));
                 }
                 Err(e) => {

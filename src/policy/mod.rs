@@ -28,6 +28,7 @@ pub use model::{
     CommandPolicy, Condition, Decision, DecisionPoint, OnError, Policy, PolicyTable, Test, Verdict,
 };
 pub use plugins::PluginPolicyCount;
+#[cfg(feature = "wasm")]
 pub(crate) use plugins::{
     GuestAnswer, GuestFailure, PluginPolicies, PluginPolicy, PluginPolicyCounters,
 };

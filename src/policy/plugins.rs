@@ -1,6 +1,9 @@
 //! WASM policies as the decider sees them: a source it asks after the rules, behind a trait
 //! (the plugin host implements it, so this module never names the host), the set in force
-//! (swapped in by the plugins' loads, read without a lock) and their counts.
+//! (swapped in by the plugins' loads, read without a lock) and their counts. Without the
+//! `wasm` feature nothing builds a WASM policy: the set stays empty.
+
+#![cfg_attr(not(feature = "wasm"), allow(dead_code))]
 
 use super::model::{Decision, DecisionPoint, OnError};
 use arc_swap::ArcSwap;
@@ -82,7 +85,6 @@ impl PluginPolicies {
     }
 
     /// Puts `set` in force at once.
-    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
     pub(crate) fn store(&self, set: Vec<Arc<dyn PluginPolicy>>) {
         self.live.store(Arc::new(set));
     }

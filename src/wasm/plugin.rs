@@ -529,13 +529,13 @@ fn interrupted(ctx: &PluginCtx) -> CallOutcome {
     }
 }
 
-fn is_pool_exhausted(e: &wasmtime::Error) -> bool {
+pub(super) fn is_pool_exhausted(e: &wasmtime::Error) -> bool {
     e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
         .is_some()
         || format!("{e:#}").contains("maximum concurrent limit")
 }
 
-fn classify(e: wasmtime::Error) -> CallOutcome {
+pub(super) fn classify(e: wasmtime::Error) -> CallOutcome {
     if let Some(why) = e.downcast_ref::<Interrupted>() {
         return match why {
             Interrupted::Timeout => CallOutcome::Timeout,

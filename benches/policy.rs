@@ -15,6 +15,12 @@
 //! * `baseline/regexset_100`: `RegexSet::is_match` of the 100 rules' patterns (as regexes)
 //!   against the command alone.
 //!
+//! Group `policy_wasm` (with the `wasm` feature; needs `bash examples/build-plugins.sh`):
+//! * `wasm_noop`: `Hooks::decide` with the same payload's JSON text in a workspace whose only
+//!   policy is the `policy-misbehave` guest in mode `noop` (a WASM policy answering no
+//!   decision): take a pooled instance, refill its fuel, set its deadline, call `decide`,
+//!   give the instance back, count (target ≤ 10 µs).
+//!
 //! Group `policy_http` (a real `Server` on loopback, one kept-alive ureq connection; target
 //! ≤ 3× `GET /healthz`):
 //! * `http_decide`: `POST /api/decide` with the same payload against the same 100 rules;
@@ -388,10 +394,64 @@ fn flood(served: &Served) {
     );
 }
 
+/// Group `policy_wasm`: a workspace whose only policy is the no-op WASM guest (skipped,
+/// said, when the guest is not built).
+#[cfg(feature = "wasm")]
+fn bench_wasm(c: &mut Criterion) {
+    let guest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/plugins/target/wasm32-wasip2/release/policy_misbehave.wasm");
+    if !guest.is_file() {
+        println!(
+            "policy_wasm: skipped, {} is missing (bash examples/build-plugins.sh)",
+            guest.display()
+        );
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let dir = ws.path().join("plugins/noop");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(&guest, dir.join("plugin.wasm")).unwrap();
+    std::fs::write(
+        dir.join("plugin.toml"),
+        "[plugin]\nname = \"noop\"\nversion = \"0.1.0\"\n\n[policy]\non = [\"tool_call_start\"]\n\n[config]\nmode = \"noop\"\n",
+    )
+    .unwrap();
+    let hooks = Hooks::builder().workspace(ws.path()).build().unwrap();
+    let v = hooks
+        .decide(DecisionPoint::ToolCallStart, "claude-code", PAYLOAD)
+        .unwrap();
+    assert_eq!(v.decision, None);
+    let stats = hooks.stats();
+    let p = stats.policies().unwrap();
+    assert_eq!(p.plugins.len(), 1, "the no-op policy is loaded");
+    assert_eq!(p.plugins[0].none, 1, "and answered: {:?}", p.plugins[0]);
+    let mut g = c.benchmark_group("policy_wasm");
+    g.bench_function("wasm_noop", |b| {
+        b.iter(|| {
+            black_box(
+                hooks
+                    .decide(
+                        DecisionPoint::ToolCallStart,
+                        black_box("claude-code"),
+                        black_box(PAYLOAD),
+                    )
+                    .unwrap(),
+            )
+        })
+    });
+    g.finish();
+    let stats = hooks.stats();
+    let w = &stats.policies().unwrap().plugins[0];
+    assert_eq!(w.calls, w.none, "every call answered: {w:?}");
+    hooks.shutdown(Duration::from_secs(2));
+}
+
 fn main() {
     process_start();
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
+    #[cfg(feature = "wasm")]
+    bench_wasm(&mut c);
     let served = serve(&rules().0);
     bench_http(&mut c, &served);
     c.final_summary();
@@ -411,6 +471,7 @@ fn main() {
     println!("\nTARGETS");
     print_target("policy/rules_100_value", 2000.0);
     print_target("policy/rules_100_text", 2000.0);
+    print_target("policy_wasm/wasm_noop", 10_000.0);
     if let Some(h) = median_ns("policy_http/http_healthz") {
         print_target("policy_http/http_decide", 3.0 * h);
     }

@@ -22,7 +22,7 @@ cmp -s examples/plugins/audit-hook/plugin.toml examples/workspace/plugins/audit-
 cp "$out/audit_hook.wasm" examples/workspace/plugins/audit-hook/plugin.wasm
 
 echo "built components:"
-for name in audit_hook misbehave wrong_world bare_names tool_plugin; do
+for name in audit_hook misbehave wrong_world bare_names tool_plugin policy_no_rm_rf policy_misbehave; do
     echo "  $PWD/$out/$name.wasm"
 done
 echo "installed: $PWD/examples/workspace/plugins/audit-hook/plugin.wasm"

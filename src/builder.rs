@@ -367,6 +367,11 @@ impl HooksBuilder {
             }
             _ => None,
         };
+        // The WASM policies the plugins' loads put in force (their first load is done).
+        #[cfg(feature = "wasm")]
+        let wasm_policies = plugins.as_ref().map(|p| p.policies());
+        #[cfg(not(feature = "wasm"))]
+        let wasm_policies = None;
         // policies.json, loaded before any decision can be asked for.
         let policies = match &self.workspace {
             Some(ws) => policy::Decider::start(
@@ -375,6 +380,7 @@ impl HooksBuilder {
                     debounce: self.reload_debounce,
                     ..config::WatchOptions::default()
                 },
+                wasm_policies,
             )
             .map_err(BuildError::Spawn)?,
             None => policy::Decider::absent(),

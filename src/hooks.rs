@@ -430,6 +430,17 @@ impl Feed {
                 .any(|s| s.counts().in_flight >= Self::SINK_BUSY)
     }
 
+    /// How many events may be handed over now, at most `most`: none while [`busy`](Self::busy),
+    /// and no more than the tightest bounded backend queue can take with what the rings hold
+    /// (the events on their way to it count, not only its jobs), as a file replay paces itself.
+    pub(crate) fn allowance(&self, most: usize) -> usize {
+        if self.busy() {
+            return 0;
+        }
+        let coming = self.lanes.iter().map(|l| l.ring.len()).sum();
+        crate::ingest::pace::headroom_allowance(&self.sinks, coming, most)
+    }
+
     /// Whether every backend can take `more` events of `kind` now without dropping one for
     /// a full queue (per-message back-pressure, ARCHITECTURE.md § NATS bridge).
     pub(crate) fn room(&self, kind: EventKind, more: usize) -> bool {

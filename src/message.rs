@@ -235,6 +235,14 @@ impl Message {
         self.0.attached.as_ref()?.hold()
     }
 
+    /// Whether a run of this event may start now: false for a consumed event whose partition
+    /// lease was lost or went stale since it was handed over (`crate::settle::Fence`), or whose
+    /// start record the shared de-dup bucket did not confirm (`crate::settle::Start`; written
+    /// by the first call).
+    pub(crate) fn admits(&self) -> bool {
+        self.0.attached.as_ref().is_none_or(|a| a.admits())
+    }
+
     /// Whether this message carries what the NATS consumer attached to it.
     pub(crate) fn has_attachment(&self) -> bool {
         self.0.attached.is_some()

@@ -110,6 +110,113 @@ impl Drop for Ticket {
     }
 }
 
+/// A partition lease as the runs queued under it see it (docs/nats.md § Per-agent order across
+/// hosts): the lease keeper moves `until` forward at each confirmed renewal, sets it to 0 when
+/// the lease is lost, and starts a new `epoch` when it takes the lease back after it expired.
+/// Monotonic milliseconds since [`lease_clock`]'s start.
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+#[derive(Default)]
+pub(crate) struct Lease {
+    until: std::sync::atomic::AtomicU64,
+    epoch: std::sync::atomic::AtomicU64,
+}
+
+/// Milliseconds since the first call (the monotonic clock: it runs on while the process is
+/// stopped, so a stopped host finds its leases stale when it resumes).
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+pub(crate) fn lease_clock() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1
+}
+
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+impl Lease {
+    /// Runs under the lease may start until `until` ([`lease_clock`] milliseconds).
+    pub(crate) fn renewed(&self, until: u64) {
+        self.until
+            .store(until, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Lost: nothing queued under it starts any more.
+    pub(crate) fn lost(&self) {
+        self.until.store(0, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Taken back after it expired: what was queued under the lease before never starts.
+    pub(crate) fn retaken(&self, until: u64) {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.renewed(until);
+    }
+
+    fn into_fence(self) -> Fence {
+        std::sync::Arc::new(self).fence()
+    }
+
+    /// The fence of a message handed over now.
+    pub(crate) fn fence(self: &std::sync::Arc<Self>) -> Fence {
+        Fence {
+            epoch: self.epoch.load(std::sync::atomic::Ordering::Acquire),
+            lease: self.clone(),
+        }
+    }
+}
+
+/// What a queued run of a consumed event checks just before it starts: whether the partition
+/// lease it was handed over under is still this host's and fresh.
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+#[derive(Clone)]
+pub(crate) struct Fence {
+    lease: std::sync::Arc<Lease>,
+    epoch: u64,
+}
+
+impl Fence {
+    /// A fence that admits nothing (a partition no longer held).
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+    pub(crate) fn closed() -> Fence {
+        Lease::default().into_fence()
+    }
+
+    pub(crate) fn admits(&self) -> bool {
+        use std::sync::atomic::Ordering::Acquire;
+        self.lease.epoch.load(Acquire) == self.epoch
+            && lease_clock() < self.lease.until.load(Acquire)
+    }
+}
+
+/// A consumed event's start record (docs/nats.md § Several central hosts): called once, by
+/// the first of its hook runs about to start; the run starts only when it returns true (the
+/// shared de-dup bucket confirmed that the event may run here), and so do the event's other
+/// hook runs.
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+#[derive(Clone)]
+pub(crate) struct Start(std::sync::Arc<StartOnce>);
+
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+struct StartOnce {
+    record: Box<dyn Fn() -> bool + Send + Sync>,
+    done: std::sync::Mutex<Option<bool>>,
+}
+
+impl Start {
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+    pub(crate) fn new(record: Box<dyn Fn() -> bool + Send + Sync>) -> Start {
+        Start(std::sync::Arc::new(StartOnce {
+            record,
+            done: std::sync::Mutex::new(None),
+        }))
+    }
+
+    fn admits(&self) -> bool {
+        let mut done = self.0.done.lock().unwrap_or_else(|e| e.into_inner());
+        *done.get_or_insert_with(|| (self.0.record)())
+    }
+}
+
 /// The agent's side of a consumed event, what a hook needs to make its effect happen once,
 /// and the message's hold on its ticket (taken out after the fan-out).
 #[derive(Default)]
@@ -129,6 +236,10 @@ pub(crate) struct Attached {
     pub(crate) reclaimed: bool,
     /// The message's hold on the ticket, until the fan-out is over.
     pub(crate) ticket: Mutex<Option<Arc<Ticket>>>,
+    /// With partitions: the lease it was handed over under, checked before each run starts.
+    pub(crate) fence: Option<Fence>,
+    /// With a shared de-dup bucket: the start record its first run writes before it starts.
+    pub(crate) start: Option<Start>,
 }
 
 impl std::fmt::Debug for Attached {
@@ -157,7 +268,30 @@ impl Attached {
             delivery: None,
             reclaimed: false,
             ticket: Mutex::new(ticket.map(Arc::new)),
+            fence: None,
+            start: None,
         }
+    }
+
+    /// Its first run records its start through `start` before it starts.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+    pub(crate) fn with_start(mut self, start: Option<Start>) -> Attached {
+        self.start = start;
+        self
+    }
+
+    /// Runs of the event start only while `fence` admits them.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+    pub(crate) fn with_fence(mut self, fence: Option<Fence>) -> Attached {
+        self.fence = fence;
+        self
+    }
+
+    /// Whether a run of the event may start now: false when its partition lease was lost or
+    /// went stale since it was handed over, or its start could not be recorded.
+    pub(crate) fn admits(&self) -> bool {
+        self.fence.as_ref().is_none_or(Fence::admits)
+            && self.start.as_ref().is_none_or(Start::admits)
     }
 
     /// With the event's id, JetStream's delivery count and whether it was reclaimed from

@@ -14,6 +14,9 @@ mod fleet;
 #[path = "nats/partitions.rs"]
 mod partitions;
 
+#[path = "nats/leases.rs"]
+mod leases;
+
 #[path = "nats/idempotency.rs"]
 mod idempotency;
 

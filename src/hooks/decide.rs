@@ -14,8 +14,10 @@ impl Hooks {
     /// object. Every answer is counted ([`Stats::policies`]). Nothing is emitted: the agent
     /// sends its event as usual. Rules answer first; command policies the question selects
     /// then run as processes on this thread (several at once on threads of their own), each
-    /// bounded by its `timeout_ms` (docs/policies.md § Command policies): from an async
-    /// executor, call it where blocking is allowed.
+    /// bounded by its `timeout_ms` (docs/policies.md § Command policies), and the WASM
+    /// policies in force are called on this thread, one after another, each bounded by its
+    /// `timeout_ms` (docs/policies.md § WASM policies): from an async executor, call it where
+    /// blocking is allowed.
     ///
     /// # Examples
     ///
@@ -65,7 +67,7 @@ impl Hooks {
         agent: &str,
         payload: &serde_json::Value,
     ) -> Verdict {
-        let verdict = self.policies.decide_value(point, agent, payload);
+        let verdict = self.policies.decide_value(point, agent, payload, None);
         self.announce(point, agent, &verdict);
         verdict
     }
@@ -79,7 +81,9 @@ impl Hooks {
             return;
         }
         let table = self.policies.table();
-        if table.source.is_none() || (table.policies.is_empty() && table.commands.is_empty()) {
+        let no_file =
+            table.source.is_none() || (table.policies.is_empty() && table.commands.is_empty());
+        if no_file && !self.policies.has_plugins() {
             return;
         }
         let json = serde_json::json!({
@@ -106,6 +110,19 @@ impl Hooks {
     /// ```
     pub fn policy_table(&self) -> Arc<PolicyTable> {
         self.policies.table()
+    }
+
+    /// Whether a decision may wait (a command policy's process, a WASM policy's call, each up
+    /// to its deadline): the HTTP doors then decide off their async workers.
+    #[cfg(feature = "http")]
+    pub(crate) fn decisions_may_wait(&self) -> bool {
+        !self.policies.table().commands.is_empty() || self.policies.has_plugins()
+    }
+
+    /// Whether any WASM policy is in force.
+    #[cfg(feature = "http")]
+    pub(crate) fn has_wasm_policies(&self) -> bool {
+        self.policies.has_plugins()
     }
 
     /// Counts a question refused before it could be asked (a payload over the limit).

@@ -61,7 +61,7 @@ pub(crate) async fn post(
         .at("event"));
     };
     let payload = env.payload.map(RawValue::get).unwrap_or("{}");
-    let decided = if api.hooks.policy_table().commands.is_empty() {
+    let decided = if !api.hooks.decisions_may_wait() {
         api.hooks.decide(point, &env.agent, payload)
     } else {
         // Command policies run processes and wait for them: off the async workers.
@@ -170,7 +170,7 @@ pub(crate) async fn door_answer(
     // (the ingest translates it). Past the payload limit a decision is refused, counted, and
     // the agent's own flow goes on.
     let table = api.hooks.policy_table();
-    if table.policies.is_empty() && table.commands.is_empty() {
+    if table.policies.is_empty() && table.commands.is_empty() && !api.hooks.has_wasm_policies() {
         return None;
     }
     if bytes.len() > crate::policy::MAX_PAYLOAD_BYTES {
@@ -178,7 +178,7 @@ pub(crate) async fn door_answer(
         return None;
     }
     let q = crate::policy::question(from, bytes)?;
-    let verdict = if api.hooks.policy_table().commands.is_empty() {
+    let verdict = if !api.hooks.decisions_may_wait() {
         api.hooks.decide_value(q.point, agent, &q.payload)
     } else {
         // Command policies run processes and wait for them: off the async workers. A join

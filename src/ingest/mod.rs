@@ -15,7 +15,7 @@
 
 mod lines;
 mod memory;
-mod pace;
+pub(crate) mod pace;
 mod seen;
 mod sessions;
 mod tokens;

@@ -57,8 +57,20 @@ pub(crate) fn allowance(hooks: &Hooks, bytes: usize) -> usize {
         return 0;
     }
     let coming: usize = hooks.pipeline.rings().map(|r| r.len()).sum();
-    let mut allowed = PACE_LINES;
-    for sink in hooks.pipeline.sinks() {
+    headroom_allowance(hooks.pipeline.sinks(), coming, PACE_LINES)
+}
+
+/// At most `most`, and no more than the tightest bounded queue of any backend
+/// ([`Sink::headroom`](crate::Sink::headroom)) can still take with the `coming` events the
+/// rings hold, less a worker's batch in hand. An empty queue with nothing coming takes one
+/// event.
+pub(crate) fn headroom_allowance(
+    sinks: &[std::sync::Arc<dyn crate::Sink>],
+    coming: usize,
+    most: usize,
+) -> usize {
+    let mut allowed = most;
+    for sink in sinks {
         if let Some((free, cap)) = sink.headroom() {
             let margin = crate::pipeline::BATCH.min(cap / 4);
             let mut room = free.saturating_sub(coming + margin);

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod handle;
 mod pull;
+mod pulling;
 mod window;
 
 use window::*;
@@ -164,9 +165,10 @@ impl ConsumeOptions {
     /// bucket of this name (the stream `KV_<name>`, one entry per message id, kept for the
     /// window's age): a message redelivered to another host after a lost ack, or stored again
     /// after the stream's duplicate window, is recognized there too. Per event it costs a
-    /// claim before the hand-off and a done record after the hooks ran, before the ack (two
-    /// JetStream publishes, acked); a message found claimed by another host and not done runs
-    /// and is counted (`reclaimed`): every event run twice is among those.
+    /// claim before the hand-off, a start record before its first hook run starts and a done
+    /// record after the hooks ran, before the ack (three JetStream publishes, acked); a message
+    /// found started by another host and not done runs and is counted (`reclaimed`): every
+    /// event run twice is among those.
     pub fn shared_dedup(mut self, bucket: impl Into<String>) -> ConsumeOptions {
         self.shared_dedup = Some(bucket.into());
         self
@@ -353,7 +355,11 @@ impl Consumer {
             flying: HashMap::new(),
             next_key: 0,
             shared: None,
+            lease_table: None,
+            start_down: Arc::default(),
             shared_digest: None,
+            max_deliver: HashMap::new(),
+            given_up: Arc::new(GivenUp::new(counters.clone())),
             auth_check: opts.nats.needs_auth_check(),
             state: state.clone(),
             server: server.clone(),
@@ -486,6 +492,10 @@ struct Incoming<'a> {
     delivery: Option<u64>,
     /// JetStream with a shared de-dup bucket: another host's claim on it was taken over.
     reclaimed: bool,
+    /// With partitions: the lease of its partition, which each run checks before it starts.
+    fence: Option<crate::settle::Fence>,
+    /// With a shared de-dup bucket: its start record, written before its first run starts.
+    start: Option<crate::settle::Start>,
 }
 
 impl Incoming<'_> {
@@ -530,8 +540,57 @@ struct Worker {
     next_key: u64,
     /// The shared de-dup bucket ([`ConsumeOptions::shared_dedup`]), once opened.
     shared: Option<Shared>,
+    /// With partitions: the leases this host holds.
+    lease_table: Option<super::lease::Shared>,
+    /// Until when ([`crate::settle::lease_clock`]) no start record is tried: the shared
+    /// bucket left one unanswered.
+    start_down: Arc<AtomicU64>,
     /// What the bucket holds for the message in hand: the digest it ran with.
     shared_digest: Option<u64>,
+    /// JetStream: each durable consumer's delivery limit (`max_deliver`, as the server has
+    /// it), by name: a message nak'ed on its last delivery is one JetStream gives up on.
+    max_deliver: HashMap<String, i64>,
+    /// The give-ups counted, by this host's own naks and by the advisory.
+    given_up: Arc<GivenUp>,
+}
+
+/// The stream messages counted as given up by JetStream (`given_up`): by this host, when it
+/// nak'ed a message on its last allowed delivery (its own state: nothing is missed while
+/// disconnected), and by the MAX_DELIVERIES advisory; each stream sequence once (the last
+/// 4,096 remembered).
+pub(super) struct GivenUp {
+    seen: Mutex<(std::collections::HashSet<u64>, VecDeque<u64>)>,
+    counters: Arc<Counters>,
+}
+
+impl GivenUp {
+    const REMEMBERED: usize = 4096;
+
+    fn new(counters: Arc<Counters>) -> GivenUp {
+        GivenUp {
+            seen: Mutex::new(Default::default()),
+            counters,
+        }
+    }
+
+    /// Counts stream message `seq` as given up; false if it was already.
+    pub(super) fn count(&self, seq: Option<u64>) -> bool {
+        if let Some(seq) = seq {
+            let mut g = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            let (set, order) = &mut *g;
+            if !set.insert(seq) {
+                return false;
+            }
+            order.push_back(seq);
+            if order.len() > Self::REMEMBERED
+                && let Some(old) = order.pop_front()
+            {
+                set.remove(&old);
+            }
+        }
+        self.counters.given_up.fetch_add(1, Ordering::AcqRel);
+        true
+    }
 }
 
 /// The shared de-dup bucket: a stream `KV_<bucket>` of subjects `$KV.<bucket>.<key>`, one
@@ -592,11 +651,16 @@ impl Shared {
             return Record::Absent;
         };
         let text = std::str::from_utf8(&m.payload).unwrap_or("").trim();
-        match text.strip_prefix("c ") {
-            Some(host) => Record::Claimed {
-                host: host.to_string(),
-                seq: m.sequence,
-            },
+        let claimed = |host: &str, started| Record::Claimed {
+            host: host.to_string(),
+            seq: m.sequence,
+            started,
+        };
+        if let Some(host) = text.strip_prefix("c ") {
+            return claimed(host, true);
+        }
+        match text.strip_prefix("q ") {
+            Some(host) => claimed(host, false),
             None if text.is_empty() => Record::Free { seq: m.sequence },
             None => u64::from_str_radix(text, 16).map_or(Record::Absent, Record::Done),
         }
@@ -609,10 +673,49 @@ impl Shared {
         let _ = self.write(id, String::new(), seq).await;
     }
 
+    /// The start record of `id`, which this host claimed (its claim's sequence in `seq`): the
+    /// first of its runs about to start calls it, and the run starts only once the bucket
+    /// holds `c <host>` in place of exactly that claim (the sequence moves to the record's).
+    /// Unanswered within 2 s, or the claim taken over by another host: no run starts (the
+    /// event is nak'ed), and for a second after an unanswered one none is tried.
+    fn start_record(
+        &self,
+        id: &str,
+        seq: Arc<AtomicU64>,
+        down: Arc<AtomicU64>,
+    ) -> crate::settle::Start {
+        let (js, subject) = (self.js.clone(), self.subject(id));
+        let handle = tokio::runtime::Handle::current();
+        crate::settle::Start::new(Box::new(move || {
+            if crate::settle::lease_clock() < down.load(Ordering::Acquire) {
+                return false;
+            }
+            let value = format!("c {}", wire::instance_id());
+            let expect = seq.load(Ordering::Acquire);
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let (js, subject) = (js.clone(), subject.clone());
+            // On the consumer's runtime (a runtime shut down drops the task: no answer).
+            handle.spawn(async move {
+                let _ = tx.send(super::lease::write_if(&js, subject, value, Some(expect)).await);
+            });
+            match rx.recv_timeout(ACKS_WAIT + Duration::from_millis(500)) {
+                Ok(Ok(s)) => {
+                    seq.store(s, Ordering::Release);
+                    true
+                }
+                Ok(Err(true)) => false,
+                Ok(Err(false)) | Err(_) => {
+                    down.store(crate::settle::lease_clock() + 1000, Ordering::Release);
+                    false
+                }
+            }
+        }))
+    }
+
     /// Claims `id` for this host before its hand-over: the claim's sequence (the done record
     /// replaces exactly it), and what the key held before.
     async fn claim(&self, id: &str) -> (Option<u64>, Record) {
-        let mine = || format!("c {}", wire::instance_id());
+        let mine = || format!("q {}", wire::instance_id());
         match self.write(id, mine(), 0).await {
             Ok(seq) => (Some(seq), Record::Absent),
             Err(true) => {
@@ -620,7 +723,7 @@ impl Shared {
                 match &before {
                     // This host's own (a redelivery of a message it holds or naked): kept as
                     // it is, so the done record still replaces exactly it.
-                    Record::Claimed { host, seq } if host == wire::instance_id() => {
+                    Record::Claimed { host, seq, .. } if host == wire::instance_id() => {
                         (Some(*seq), before)
                     }
                     // Taken over: the dead (or stalled) host's claim becomes ours.
@@ -654,10 +757,12 @@ enum Record {
     },
     /// It ran (its hooks settled it) with this digest: `<digest hex>`.
     Done(u64),
-    /// A host took it and has not recorded it done: `c <host's instance id>`.
+    /// A host took it and has not recorded it done: `q <host's instance id>` while no hook of
+    /// it started there, `c <host's instance id>` once one may have (`started`).
     Claimed {
         host: String,
         seq: u64,
+        started: bool,
     },
 }
 
@@ -667,10 +772,13 @@ type PullConsumer = jetstream::consumer::Consumer<jetstream::consumer::pull::Con
 struct Flight {
     msg: jetstream::Message,
     id: Option<(String, u64)>,
-    /// The sequence of this host's claim on the id in the shared bucket.
-    claim: Option<u64>,
+    /// The sequence of this host's claim on the id in the shared bucket (moved by its start
+    /// record).
+    claim: Option<Arc<AtomicU64>>,
     /// The partition it was pulled from.
     part: Option<u32>,
+    /// Its size as received (subject, headers, body), toward the byte budget.
+    bytes: usize,
     /// When it was handed over, or last said to be in progress.
     last: Instant,
 }
@@ -678,6 +786,14 @@ struct Flight {
 impl Worker {
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// The fence of a message taken now from partition `k`: `None` without partitions; one
+    /// that admits nothing when the partition is no longer held.
+    fn fence_of(&self, k: u32) -> Option<crate::settle::Fence> {
+        let t = self.lease_table.as_ref()?;
+        let t = t.lock().unwrap_or_else(|e| e.into_inner());
+        Some(t.fence(k).unwrap_or_else(crate::settle::Fence::closed))
     }
 
     fn run(mut self, rt: &tokio::runtime::Runtime, client: async_nats::Client) {
@@ -718,10 +834,11 @@ impl Worker {
         let mut batch: Vec<async_nats::Message> = Vec::with_capacity(BATCH);
         let mut checked = 0;
         while !self.stopping() {
-            if !self.wait_for_room() || self.server_refused(&client, &mut checked) {
+            let allowed = self.wait_for_room();
+            if allowed == 0 || self.server_refused(&client, &mut checked) {
                 break;
             }
-            if !intake.take(&mut batch, CORE_BATCH) {
+            if !intake.take(&mut batch, allowed) {
                 rt.block_on(async {
                     tokio::select! {
                         _ = intake.ready.notified() => {}
@@ -739,6 +856,8 @@ impl Worker {
                     payload: &m.payload,
                     delivery: None,
                     reclaimed: false,
+                    fence: None,
+                    start: None,
                 };
                 if let (Fate::Handed, Some(id)) = self.handle(&incoming, None) {
                     handed.push(id);
@@ -786,20 +905,24 @@ impl Worker {
         self.stopping()
     }
 
-    /// Back-pressure: waits while the pipeline is busy (the rings a quarter full, a bus
-    /// subscriber half full, a backend holding many jobs). False if stopping.
-    fn wait_for_room(&self) -> bool {
-        if !self.feed.busy() {
-            return !self.stopping();
+    /// Back-pressure: waits until the pipeline can take events without a hook's queue
+    /// overflowing (none while the rings are a quarter full, a bus subscriber half full, or a
+    /// backend holds many jobs; no more than its tightest queue can take with what the rings
+    /// hold on the way to it), and returns how many, at most [`CORE_BATCH`]; 0 if stopping.
+    fn wait_for_room(&self) -> usize {
+        let mut allowed = self.feed.allowance(CORE_BATCH);
+        if allowed > 0 {
+            return if self.stopping() { 0 } else { allowed };
         }
         self.counters.paused.fetch_add(1, Ordering::Relaxed);
-        while self.feed.busy() {
+        while allowed == 0 {
             if self.stopping() {
-                return false;
+                return 0;
             }
             std::thread::sleep(Duration::from_micros(500));
+            allowed = self.feed.allowance(CORE_BATCH);
         }
-        !self.stopping()
+        if self.stopping() { 0 } else { allowed }
     }
 }
 

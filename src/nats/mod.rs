@@ -163,8 +163,9 @@ pub struct ConsumeStats {
     /// in a loop.
     pub loops: u64,
     /// JetStream only: messages JetStream stopped delivering after the durable consumer's
-    /// `max_deliver` (its MAX_DELIVERIES advisory) — one this client cannot parse, or one
-    /// redelivered too often. Never consumed.
+    /// `max_deliver` — one this client cannot parse, or one redelivered too often. Never
+    /// consumed. Counted by this host when it nak'ed a message on its last allowed delivery
+    /// (its own state) and from JetStream's MAX_DELIVERIES advisory, each stream message once.
     pub given_up: u64,
     /// Messages with the `Nats-Msg-Id` of one handed over before but another body, agent or
     /// session: handed over (not skipped as duplicates), and counted here.

@@ -75,7 +75,7 @@ impl PublishOptions {
     }
 
     /// A lifecycle event's subject gets one more token, its agent's partition among `n`
-    /// ([`wire::partition`]): `prx.lifecycle.tool_call.3`. Consumers sharing a durable
+    /// ([`wire::partition`]): `prx.lifecycle.tool_call.p3`. Consumers sharing a durable
     /// consumer with the same `n` then keep each agent's events in order across hosts.
     pub fn partitions(mut self, n: u32) -> PublishOptions {
         self.partitions = Some(n.max(1));
@@ -582,7 +582,7 @@ impl Task {
                     Some(n) if msg.event().is_some() => format!(
                         "{}.{}",
                         wire::subject(self.prefix.as_deref(), msg.topic()),
-                        wire::partition(msg.agent(), n)
+                        wire::partition_token(wire::partition(msg.agent(), n))
                     ),
                     _ => wire::subject(self.prefix.as_deref(), msg.topic()),
                 },

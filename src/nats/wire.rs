@@ -303,11 +303,13 @@ pub fn filters_overlap(a: &str, b: &str) -> bool {
 }
 
 /// The lifecycle event a subject carries: its last three tokens are `prx.lifecycle.<event>`,
-/// or those and a partition number (`prx.lifecycle.tool_call.3`, [`partition`]).
+/// or those and a partition token (`prx.lifecycle.tool_call.p3`, [`partition_token`]; the
+/// earlier format's bare number, `prx.lifecycle.tool_call.3`, is read past too).
 pub fn event_of_subject(subject: &str) -> Option<EventKind> {
     let mut tokens = subject.rsplit('.');
     let mut event = tokens.next()?;
-    if !event.is_empty() && event.len() <= 4 && event.bytes().all(|b| b.is_ascii_digit()) {
+    let number = event.strip_prefix('p').unwrap_or(event);
+    if !number.is_empty() && number.len() <= 4 && number.bytes().all(|b| b.is_ascii_digit()) {
         event = tokens.next()?;
     }
     (tokens.next()? == "lifecycle" && tokens.next()? == "prx")
@@ -315,24 +317,76 @@ pub fn event_of_subject(subject: &str) -> Option<EventKind> {
         .flatten()
 }
 
-/// An agent's partition among `n` (the last subject token with partitions): FNV-1a, 64 bits,
-/// of the agent's name as UTF-8 (decoded, as hooks see it), modulo `n`. What another
-/// language's publisher computes to publish into the same partitions.
+/// An agent's partition among `n` (the last subject token with partitions, as
+/// [`partition_token`]): the 64-bit FNV-1a of the agent's name as UTF-8 (decoded, as hooks see
+/// it), mixed by MurmurHash3's 64-bit finalizer (`fmix64`), then scaled to `n` by its high
+/// bits: `(h × n) >> 64`. What another language's publisher computes to publish into the same
+/// partitions.
+///
+/// # Examples
+///
+/// ```
+/// use prx_hooks::nats::wire::partition;
+/// // Names differing only in their last letter spread over the partitions.
+/// let ks: Vec<u32> = ["worker-a", "worker-i", "worker-q", "worker-y"]
+///     .iter()
+///     .map(|a| partition(a, 8))
+///     .collect();
+/// assert!(ks.iter().all(|&k| k < 8));
+/// assert_eq!(partition("anything", 1), 0);
+/// ```
 pub fn partition(agent: &str, n: u32) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in agent.as_bytes() {
         h ^= b as u64;
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    (h % n.max(1) as u64) as u32
+    // fmix64: every input bit reaches every output bit, the high ones included.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    ((h as u128 * n.max(1) as u128) >> 64) as u32
+}
+
+/// The last subject token of partition `k`: `p<k>` (`prx.lifecycle.tool_call.p3`). The `p`
+/// marks the partition function of [`partition`]; the earlier format (a bare number, FNV-1a
+/// modulo `n`) is never read by a partitioned consumer of this one, nor this one by it.
+pub fn partition_token(k: u32) -> String {
+    format!("p{k}")
+}
+
+/// Whether a subject ends in the earlier format's partition token (a bare number after
+/// `prx.lifecycle.<event>`): published by a version whose partitioned consumers this one
+/// does not share a stream with.
+pub fn earlier_partition_format(subject: &str) -> bool {
+    let mut tokens = subject.rsplit('.');
+    let last = tokens.next().unwrap_or("");
+    !last.is_empty()
+        && last.bytes().all(|b| b.is_ascii_digit())
+        && tokens
+            .next()
+            .is_some_and(|e| EventKind::from_name(e).is_some())
+        && tokens.next() == Some("lifecycle")
+        && tokens.next() == Some("prx")
 }
 
 /// The subject filter of partition `k` of a consumer's filter: `prx.lifecycle.>` →
-/// `prx.lifecycle.*.<k>`, `prx.lifecycle.tool_call` → `prx.lifecycle.tool_call.<k>`.
+/// `prx.lifecycle.*.p<k>`, `prx.lifecycle.tool_call` → `prx.lifecycle.tool_call.p<k>`.
 pub fn partition_filter(filter: &str, k: u32) -> String {
     match filter.strip_suffix('>') {
-        Some(head) => format!("{head}*.{k}"),
-        None => format!("{filter}.{k}"),
+        Some(head) => format!("{head}*.{}", partition_token(k)),
+        None => format!("{filter}.{}", partition_token(k)),
+    }
+}
+
+/// The subject filter matching every partition of a consumer's filter, of either format
+/// (`prx.lifecycle.>` → `prx.lifecycle.*.*`).
+pub fn partitions_filter(filter: &str) -> String {
+    match filter.strip_suffix('>') {
+        Some(head) => format!("{head}*.*"),
+        None => format!("{filter}.*"),
     }
 }
 
@@ -349,6 +403,7 @@ pub fn partitionable(filter: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     #[test]
     fn partitions_are_a_last_token_that_consumers_read_past() {
@@ -361,22 +416,68 @@ mod tests {
             Some(EventKind::ToolCall)
         );
         assert_eq!(event_of_subject("prx.lifecycle.3"), None);
-        // FNV-1a 64 of "" is its offset basis; of "a" a known value.
         assert_eq!(
-            partition("", 1 << 31),
-            (0xcbf2_9ce4_8422_2325u64 % (1 << 31)) as u32
+            event_of_subject("prx.lifecycle.tool_call.p3"),
+            Some(EventKind::ToolCall)
         );
-        assert_eq!(
-            partition("a", 1000),
-            (0xaf63_dc4c_8601_ec8cu64 % 1000) as u32
-        );
-        assert_eq!(partition_filter("prx.lifecycle.>", 2), "prx.lifecycle.*.2");
+        assert_eq!(event_of_subject("prx.lifecycle.p3"), None);
+        assert_eq!(partition("", 1), 0);
+        assert_eq!(partition_filter("prx.lifecycle.>", 2), "prx.lifecycle.*.p2");
         assert_eq!(
             partition_filter("prx.lifecycle.tool_call", 0),
-            "prx.lifecycle.tool_call.0"
+            "prx.lifecycle.tool_call.p0"
         );
+        assert_eq!(
+            partitions_filter("a.prx.lifecycle.>"),
+            "a.prx.lifecycle.*.*"
+        );
+        assert!(earlier_partition_format("a.prx.lifecycle.tool_call.3"));
+        assert!(!earlier_partition_format("prx.lifecycle.tool_call.p3"));
+        assert!(!earlier_partition_format("prx.lifecycle.tool_call"));
         assert!(partitionable("a.prx.lifecycle.>") && partitionable("prx.lifecycle.error"));
         assert!(!partitionable("prx.>") && !partitionable(">"));
+    }
+
+    #[test]
+    fn the_partition_function_is_fixed_and_names_differing_in_a_last_letter_spread() {
+        // FNV-1a 64 then fmix64, high bits scaled to n: values another language's publisher
+        // must reproduce.
+        let fnv = |s: &str| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for &b in s.as_bytes() {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            h
+        };
+        assert_eq!(fnv("a"), 0xaf63_dc4c_8601_ec8c);
+        let fmix = |mut h: u64| {
+            h ^= h >> 33;
+            h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+            h ^= h >> 33;
+            h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+            h ^ (h >> 33)
+        };
+        for name in ["", "a", "worker-a", "agent-17"] {
+            for n in [1u32, 8, 64, 1000, 1 << 31] {
+                let want = ((fmix(fnv(name)) as u128 * n as u128) >> 64) as u32;
+                assert_eq!(partition(name, n), want, "{name} {n}");
+            }
+        }
+        // FNV-1a modulo 8 put these four on one partition: their last bytes differ only
+        // above the low three bits.
+        let names = ["worker-a", "worker-i", "worker-q", "worker-y"];
+        let old: HashSet<u64> = names.iter().map(|a| fnv(a) % 8).collect();
+        assert_eq!(old.len(), 1, "the earlier function's collision");
+        let new: HashSet<u32> = names.iter().map(|a| partition(a, 8)).collect();
+        assert!(new.len() >= 3, "{:?}", names.map(|a| partition(a, 8)));
+        // 64 agents `agent-<i>` over 8 partitions: none empty, none with more than twice
+        // its share.
+        let mut per = [0usize; 8];
+        for i in 0..64 {
+            per[partition(&format!("agent-{i}"), 8) as usize] += 1;
+        }
+        assert!(per.iter().all(|&c| (1..=16).contains(&c)), "{per:?}");
     }
 
     #[test]

@@ -179,6 +179,8 @@ pub(crate) struct Answer {
     pub(crate) context: Option<String>,
     /// Which command policy (index in the table's `commands`), `None` for a rule.
     pub(crate) command: Option<usize>,
+    /// Which WASM policy (index in the set asked), `None` for a rule or a command.
+    pub(crate) plugin: Option<usize>,
 }
 
 /// What command policies run with: the spawn's shared state for the workspace and the
@@ -383,6 +385,7 @@ fn answer(c: &CommandPolicy, outcome: Outcome) -> Option<Answer> {
         policy: c.id.clone(),
         context: None,
         command: None,
+        plugin: None,
     })
 }
 

@@ -5,6 +5,7 @@ use super::command::{Answer, CommandCounters, Runner};
 use super::eval::{Counters, DecideError, PoliciesStats, PolicyCount, read_payload, selects};
 use super::load::{PoliciesDoc, empty_table};
 use super::model::{Decision, DecisionPoint, PolicyTable, Verdict};
+use super::plugins::{PluginPolicies, PluginPolicyCount, ask_all};
 use crate::config::{ConfigStats, Reload, Watch, WatchOptions};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
@@ -19,6 +20,8 @@ pub(crate) struct Decider {
     counters: Counters,
     /// What command policies run with (`None` without a workspace: no policies, ever).
     runner: Option<Runner>,
+    /// The WASM policies in force (the plugins' loads write them; `None` without plugins).
+    plugins: Option<Arc<PluginPolicies>>,
 }
 
 /// The table in force and, per policy, how often it decided (kept by id across reloads).
@@ -89,11 +92,17 @@ impl Decider {
             watch: Mutex::new(WatchState::Absent),
             counters: Counters::default(),
             runner: None,
+            plugins: None,
         }
     }
 
     /// Loads `<workspace>/policies.json` (before this returns) and watches it.
-    pub(crate) fn start(workspace: PathBuf, opts: WatchOptions) -> std::io::Result<Decider> {
+    /// `plugins`: the WASM policies the workspace's plugins put in force (`None`: none).
+    pub(crate) fn start(
+        workspace: PathBuf,
+        opts: WatchOptions,
+        plugins: Option<Arc<PluginPolicies>>,
+    ) -> std::io::Result<Decider> {
         let live = Arc::new(ArcSwap::from_pointee(Live {
             table: Arc::new(empty_table()),
             hits: Vec::new(),
@@ -112,6 +121,7 @@ impl Decider {
             watch: Mutex::new(WatchState::Live(watch)),
             counters: Counters::default(),
             runner: Some(runner),
+            plugins,
         })
     }
 
@@ -133,40 +143,43 @@ impl Decider {
                 return Err(e);
             }
         };
-        let mut verdict = self.decide_value(point, agent, &value);
+        let mut verdict = self.decide_value(point, agent, &value, Some(payload));
         verdict.elapsed = start.elapsed();
         Ok(verdict)
     }
 
     /// Decides with every source: the rules first (a rule's deny answers at once), then the
-    /// command policies selected, run at once; the most restrictive answer wins, reported
-    /// with the first source in file order that gave it.
+    /// command policies selected, run at once, then the WASM policies in force, asked on this
+    /// thread; the most restrictive answer wins, reported with the first source in order
+    /// (policies.json's entries in file order, then the WASM policies by plugin name) that
+    /// gave it. `text` is `payload` as JSON text when the caller has it (WASM policies get it).
     pub(crate) fn decide_value(
         &self,
         point: DecisionPoint,
         agent: &str,
         payload: &serde_json::Value,
+        text: Option<&str>,
     ) -> Verdict {
         let start = std::time::Instant::now();
         let live = self.live.load();
         let table = &live.table;
         let (mut verdict, at) = table.decide_at(point, agent, payload);
-        let mut command_won = None;
-        if verdict.decision != Some(Decision::Deny)
-            && table.enabled
-            && let Some(runner) = &self.runner
-            && !table.commands.is_empty()
-        {
-            let tool = payload.get("tool").and_then(serde_json::Value::as_str);
-            let run: Vec<usize> = (0..table.commands.len())
-                .filter(|&i| {
-                    let f = table.commands[i].filter();
-                    selects(&f, point, agent, tool, payload).is_ok()
-                })
-                .collect();
-            if !run.is_empty() {
-                let answers =
-                    runner.run_all(&table.commands, &run, point, agent, payload, &live.commands);
+        let mut won = (None, None);
+        if verdict.decision != Some(Decision::Deny) && table.enabled {
+            let mut answers = self.run_commands(&live, point, agent, payload);
+            let plugins = self.plugins.as_ref().map(|p| p.load());
+            if let Some(set) = plugins.as_deref().filter(|s| !s.is_empty()) {
+                let owned;
+                let json = match text {
+                    Some(t) => t,
+                    None => {
+                        owned = payload.to_string();
+                        &owned
+                    }
+                };
+                answers.extend(ask_all(set, point, agent, json));
+            }
+            if !answers.is_empty() {
                 let rule = at.zip(verdict.decision).map(|(i, d)| Answer {
                     order: table.policies[i].order,
                     decision: d,
@@ -174,13 +187,14 @@ impl Decider {
                     policy: verdict.policy.clone().unwrap_or_default(),
                     context: verdict.context.clone(),
                     command: None,
+                    plugin: None,
                 });
                 let best = rule
                     .into_iter()
                     .chain(answers)
                     .max_by(|a, b| a.decision.cmp(&b.decision).then(b.order.cmp(&a.order)));
                 if let Some(b) = best {
-                    command_won = b.command;
+                    won = (b.command, b.plugin);
                     verdict = Verdict {
                         decision: Some(b.decision),
                         reason: Some(b.reason),
@@ -189,15 +203,21 @@ impl Decider {
                         elapsed: verdict.elapsed,
                     };
                 }
+                if let (Some(i), Some(set)) = (won.1, plugins.as_deref())
+                    && let Some(p) = set.get(i)
+                {
+                    p.counters().decisions.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
-        match command_won {
-            Some(i) => {
+        match won {
+            (Some(i), _) => {
                 if let Some(c) = live.commands.get(i) {
                     c.decisions.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            None => {
+            (None, Some(_)) => {}
+            (None, None) => {
                 if let Some(hits) = at.and_then(|i| live.hits.get(i))
                     && verdict.decision.is_some()
                 {
@@ -208,6 +228,35 @@ impl Decider {
         verdict.elapsed = start.elapsed();
         self.counters.count(&verdict);
         verdict
+    }
+
+    /// Runs the command policies the question selects (none without a runner) and gives
+    /// their answers.
+    fn run_commands(
+        &self,
+        live: &Live,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &serde_json::Value,
+    ) -> Vec<Answer> {
+        let table = &live.table;
+        let Some(runner) = &self.runner else {
+            return Vec::new();
+        };
+        if table.commands.is_empty() {
+            return Vec::new();
+        }
+        let tool = payload.get("tool").and_then(serde_json::Value::as_str);
+        let run: Vec<usize> = (0..table.commands.len())
+            .filter(|&i| {
+                let f = table.commands[i].filter();
+                selects(&f, point, agent, tool, payload).is_ok()
+            })
+            .collect();
+        if run.is_empty() {
+            return Vec::new();
+        }
+        runner.run_all(&table.commands, &run, point, agent, payload, &live.commands)
     }
 
     /// Re-reads policies.json now (`force`: even if unchanged).
@@ -258,6 +307,21 @@ impl Decider {
             .zip(&live.commands)
             .map(|(c, k)| k.snapshot(&c.id))
             .collect();
-        self.counters.snapshot(file, by_policy, commands)
+        let plugins: Vec<PluginPolicyCount> = self
+            .plugins
+            .as_ref()
+            .map(|set| {
+                set.load()
+                    .iter()
+                    .map(|p| p.counters().snapshot(p.id()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.counters.snapshot(file, by_policy, commands, plugins)
+    }
+
+    /// Whether any WASM policy is in force.
+    pub(crate) fn has_plugins(&self) -> bool {
+        self.plugins.as_ref().is_some_and(|p| !p.is_empty())
     }
 }

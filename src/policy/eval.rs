@@ -458,12 +458,14 @@ impl Counters {
         file: Option<ConfigStats>,
         by_policy: Vec<PolicyCount>,
         commands: Vec<super::command::CommandCount>,
+        plugins: Vec<super::plugins::PluginPolicyCount>,
     ) -> PoliciesStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         PoliciesStats {
             file,
             by_policy,
             commands,
+            plugins,
             allow: get(&self.allow),
             ask: get(&self.ask),
             deny: get(&self.deny),
@@ -494,6 +496,9 @@ pub struct PoliciesStats {
     /// Each command policy in force, in file order: its runs by how they ended (timeouts,
     /// crashes, bad and oversized answers counted apart) and how often it was reported.
     pub commands: Vec<super::command::CommandCount>,
+    /// Each WASM policy in force, in plugin name order: its calls by how they ended
+    /// (timeouts, fuel, traps, errors, busy counted apart) and how often it was reported.
+    pub plugins: Vec<super::plugins::PluginPolicyCount>,
 }
 
 /// How often one policy decided (was the policy reported), since its id was first loaded.

@@ -10,6 +10,7 @@ mod eval;
 mod load;
 mod load_command;
 mod model;
+mod plugins;
 
 pub use agents::{Question, decision_point, question};
 pub use answer::answer;
@@ -25,6 +26,11 @@ pub use load::{
 };
 pub use model::{
     CommandPolicy, Condition, Decision, DecisionPoint, OnError, Policy, PolicyTable, Test, Verdict,
+};
+pub use plugins::PluginPolicyCount;
+#[cfg(feature = "wasm")]
+pub(crate) use plugins::{
+    GuestAnswer, GuestFailure, PluginPolicies, PluginPolicy, PluginPolicyCounters,
 };
 
 /// The bus topic every decision is published under (when a subscription wants it).

@@ -48,7 +48,8 @@ pub enum OutcomeKind {
         /// `"queue full"` or `"shutdown"`.
         reason: String,
     },
-    /// Queued but not started when the shutdown deadline passed.
+    /// Queued but not started: the shutdown deadline passed, or the event came from a NATS
+    /// partition whose lease this host lost (or let go stale) before the run could start.
     Cancelled,
 }
 

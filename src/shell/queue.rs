@@ -185,6 +185,20 @@ impl Sched {
         Some(job)
     }
 
+    /// A job just picked did not start after all (its event's partition lease was lost):
+    /// counted as cancelled instead of running.
+    pub(crate) fn fenced(&mut self, id: &str) {
+        let h = self.hook(id);
+        let was_shared = h.counts.running > 1;
+        h.counts.running -= 1;
+        h.counts.cancelled += 1;
+        if was_shared {
+            self.shared_running -= 1;
+        }
+        self.totals.running -= 1;
+        self.totals.cancelled += 1;
+    }
+
     /// Counts a finished pipeline run and keeps its outcome in the hook's history.
     pub(crate) fn finish(&mut self, outcome: Outcome, history: usize) {
         self.totals.finish(&outcome.kind);

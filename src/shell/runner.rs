@@ -136,6 +136,27 @@ pub(super) fn merged_rlimits(base: Rlimits, l: &HookLimits) -> Rlimits {
 
 /// Starts one queued job; a failed spawn is counted at once.
 pub(super) fn start(sh: &Shared, job: Job, reactor: &mut Reactor<Origin>) {
+    // A consumed event whose partition lease this host lost (or let go stale) since it was
+    // handed over, or whose start record the shared de-dup bucket did not confirm, is not run
+    // here; its ticket says dropped, so the message is nak'ed and delivered again (to the
+    // partition's holder): docs/nats.md § Per-agent order across hosts, § Several central
+    // hosts.
+    if !job.run.msg.admits() {
+        job.run.mark_dropped();
+        let action = job.action.clone();
+        let o = Outcome::not_run(
+            &action.id,
+            action.event,
+            OutcomeKind::Cancelled,
+            Some(&job.run.msg),
+        );
+        drop(job);
+        conclude(sh, &o);
+        let mut s = lock(&sh.sched);
+        s.fenced(&action.id);
+        notify_drained(sh, &s);
+        return;
+    }
     match sh.spawn(&job.action, &job.run) {
         Ok(Spawned { sp, cgroup }) => {
             let (timeout, msg) = (job.action.timeout, job.run.msg.clone());

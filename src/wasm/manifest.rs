@@ -68,8 +68,10 @@ use toml::Spanned;
 use toml::de::{DeString, DeTable, DeValue};
 
 mod check;
+mod policy;
 
 use check::Check;
+pub use policy::PolicySpec;
 
 /// The manifest's file name inside a plugin directory.
 pub const MANIFEST_FILE: &str = "plugin.toml";
@@ -129,6 +131,7 @@ const TOP_KEYS: &[&str] = &[
     "permissions",
     "resources",
     "config",
+    "policy",
 ];
 const PLUGIN_KEYS: &[&str] = &[
     "name",
@@ -170,6 +173,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("[[capabilities]]", CAPABILITY_KEYS),
     ("[permissions]", PERMISSION_KEYS),
     ("[resources]", RESOURCE_KEYS),
+    ("[policy]", policy::POLICY_KEYS),
 ];
 
 /// A checked plugin manifest.
@@ -205,6 +209,8 @@ pub struct Manifest {
     pub permissions: Permissions,
     /// `[resources]`, with defaults filled in.
     pub resources: Resources,
+    /// `[policy]`: the plugin is a WASM policy too (or only), answering these decision points.
+    pub policy: Option<PolicySpec>,
     /// `[config]`: strings as written; integers as decimal text (`1_000` → `1000`), floats,
     /// booleans and date-times as their TOML text.
     pub config: BTreeMap<String, String>,
@@ -225,6 +231,11 @@ impl Manifest {
     /// middleware, …) are skipped.
     pub fn is_hook(&self) -> bool {
         self.capabilities.iter().any(Capability::is_hook)
+    }
+
+    /// Whether it declares `[policy]` (a WASM policy: what the decision lane asks).
+    pub fn is_policy(&self) -> bool {
+        self.policy.is_some()
     }
 }
 
@@ -532,6 +543,8 @@ pub struct Scan {
     pub warnings: Vec<ConfigError>,
     /// Every failing manifest's errors, in directory order.
     pub errors: Vec<ConfigError>,
+    /// The directories whose manifest failed to load (a running policy of theirs stays).
+    pub failed: Vec<String>,
 }
 
 /// Loads every plugin under `<workspace>/plugins/`: each subdirectory, in name order, except
@@ -600,7 +613,7 @@ pub fn scan_all(workspace: &Path) -> Scan {
             continue;
         }
         match load_with_warnings(&dir) {
-            (Ok(m), _) if !m.is_hook() => {
+            (Ok(m), _) if !m.is_hook() && !m.is_policy() => {
                 let kinds: Vec<&str> = m.capabilities.iter().map(|c| c.kind.as_str()).collect();
                 let reason = if kinds.is_empty() {
                     "declares no capability".to_string()
@@ -611,6 +624,7 @@ pub fn scan_all(workspace: &Path) -> Scan {
             }
             (Ok(m), _) => out.manifests.push(m),
             (Err(errs), warnings) => {
+                out.failed.push(name.to_string_lossy().into_owned());
                 out.errors.extend(errs);
                 out.warnings.extend(warnings);
             }

@@ -45,6 +45,8 @@ mod log;
 #[cfg(feature = "wasm")]
 mod plugin;
 #[cfg(feature = "wasm")]
+mod policy;
+#[cfg(feature = "wasm")]
 mod sink;
 #[cfg(feature = "wasm")]
 mod watch;
@@ -61,6 +63,8 @@ pub use engine::{Compiled, Sizing, TICK, WasmEngine, address_space_per_instance}
 pub use kv::FLUSH_DELAY;
 #[cfg(feature = "wasm")]
 pub use plugin::{EXPORT_FUNC, EXPORT_INTERFACES};
+#[cfg(feature = "wasm")]
+pub use policy::{POLICY_FUNC, POLICY_INTERFACES};
 #[cfg(feature = "wasm")]
 pub use sink::{FireOutcome, LoadReport, STATE_DIR, WasmSink};
 #[cfg(feature = "wasm")]

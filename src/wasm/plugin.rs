@@ -529,13 +529,13 @@ fn interrupted(ctx: &PluginCtx) -> CallOutcome {
     }
 }
 
-fn is_pool_exhausted(e: &wasmtime::Error) -> bool {
+pub(super) fn is_pool_exhausted(e: &wasmtime::Error) -> bool {
     e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
         .is_some()
         || format!("{e:#}").contains("maximum concurrent limit")
 }
 
-fn classify(e: wasmtime::Error) -> CallOutcome {
+pub(super) fn classify(e: wasmtime::Error) -> CallOutcome {
     if let Some(why) = e.downcast_ref::<Interrupted>() {
         return match why {
             Interrupted::Timeout => CallOutcome::Timeout,
@@ -674,6 +674,10 @@ fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
         match job {
             None => break,
             Some(Ok(Job::Event(msg, hold))) => {
+                // A consumed event's start record goes to the shared de-dup bucket before the
+                // call (docs/nats.md § Several central hosts); plugin calls are not fenced, so
+                // the call is made whatever the answer.
+                let _ = msg.admits();
                 let kind = msg.event().map_or("", |k| k.name());
                 let timed = shared
                     .calls

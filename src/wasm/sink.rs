@@ -42,6 +42,7 @@ use wasmtime::component::Linker;
 
 mod fire;
 mod load;
+mod policies;
 
 pub use fire::FireOutcome;
 pub(crate) use load::check;
@@ -80,6 +81,8 @@ pub struct WasmSink {
     executors: Mutex<Vec<JoinHandle<()>>>,
     /// Finished calls, for the OpenTelemetry exporter.
     calls: Arc<super::calls::CallFeed>,
+    /// The WASM policies in force, for the decision lane.
+    policies: Arc<crate::policy::PluginPolicies>,
 }
 
 #[derive(Default)]
@@ -87,6 +90,10 @@ struct LoadState {
     engine: Option<(Arc<WasmEngine>, Arc<Linker<HostState>>)>,
     /// The running version of each plugin and what it was built from.
     versions: BTreeMap<String, (Fingerprint, Arc<Plugin>)>,
+    /// The running version of each plugin's policy (`[policy]`) and what it was built from.
+    policies: policies::PolicyVersions,
+    /// The WASM policies' counters by id: they outlive versions.
+    policy_counts: BTreeMap<String, Arc<crate::policy::PluginPolicyCounters>>,
     /// Counters, breakers, logs and kv stores by plugin name: they outlive versions (and
     /// removals).
     counts: BTreeMap<String, Arc<Mutex<PluginCounts>>>,
@@ -178,6 +185,7 @@ impl WasmSink {
             load: Mutex::default(),
             executors: Mutex::default(),
             calls: Arc::default(),
+            policies: Arc::default(),
         };
         sink.reload();
         Ok(sink)
@@ -359,6 +367,9 @@ impl Sink for WasmSink {
                 .collect();
             st.versions.clear();
             self.live.store(Arc::new(Vec::new()));
+            // No decision asks a policy any more; a call in progress ends at its deadline, or
+            // at once when the engine stops below.
+            self.policies.store(Vec::new());
             self.interest.set(EventMask::NONE);
         }
         let threads =
@@ -397,6 +408,10 @@ impl Sink for WasmSink {
         }
         for sh in &self.state().stopped {
             sh.engine_stop();
+        }
+        let policies = std::mem::take(&mut self.state().policies);
+        for (_, p) in policies.values() {
+            p.engine().stop();
         }
     }
 }

@@ -1286,3 +1286,72 @@ fn a_manifest_swapped_for_a_fifo_mid_load_never_blocks_it() {
     loader.join().unwrap();
     assert!(swapper.join().unwrap() > 100, "the swapper hardly ran");
 }
+
+// ---------------------------------------------------------------------------------------------
+// `[policy]`: a WASM policy (docs/policies.md § WASM policies).
+
+#[test]
+fn a_policy_section_loads_with_its_defaults_and_a_policy_only_plugin_is_not_skipped() {
+    use prx_hooks::policy::{DecisionPoint, OnError};
+    let (ws, dir) = plugin(
+        "p",
+        &with("[policy]\non = [\"tool_call_start\", \"permission\"]\n"),
+    );
+    let m = load_ok(&dir);
+    let p = m.policy.as_ref().expect("a policy");
+    assert_eq!(p.id, "p", "the id defaults to the plugin's name");
+    assert_eq!(
+        p.on,
+        vec![DecisionPoint::ToolCallStart, DecisionPoint::Permission]
+    );
+    assert_eq!(p.timeout_ms, prx_hooks::policy::DEFAULT_TIMEOUT_MS);
+    assert_eq!(p.on_error, OnError::None);
+    assert!(!m.is_hook() && m.is_policy());
+    // Without a hook capability it is still ours to run: a policy.
+    let scan = manifest::scan_all(ws.path());
+    assert_eq!(scan.manifests.len(), 1, "{:?}", scan.skipped);
+    assert!(scan.skipped.is_empty());
+
+    let (_ws, dir) = plugin(
+        "p",
+        &with(&format!(
+            "{HOOK}[policy]\nid = \"guard\"\non = [\"prompt\"]\ntimeout_ms = 50\non_error = \"deny\"\n"
+        )),
+    );
+    let m = load_ok(&dir);
+    let p = m.policy.as_ref().unwrap();
+    assert_eq!(
+        (p.id.as_str(), p.timeout_ms, p.on_error),
+        ("guard", 50, OnError::Deny)
+    );
+    assert!(m.is_hook() && m.is_policy());
+}
+
+#[test]
+fn policy_keys_are_checked_with_file_line_column_and_key() {
+    assert_eq!(
+        errs_of(&with(
+            "[policy]\non = [\"tool_call_strat\", \"prompt\", \"prompt\"]\ntimeout = 10\non_error = \"allow\"\ntimeout_ms = 0\nid = \"a b\"\n"
+        )),
+        vec![
+            "F:5:7: policy.on[0]: unknown decision point \"tool_call_strat\"; did you mean \"tool_call_start\"?",
+            "F:5:36: policy.on[2]: \"prompt\" is listed twice",
+            "F:6:1: policy.timeout: unknown key \"timeout\"; did you mean \"timeout_ms\"?",
+            "F:7:12: policy.on_error: unknown on_error \"allow\"; expected \"none\" (no decision) or \"deny\"",
+            "F:8:14: policy.timeout_ms: expected an integer between 1 and 30000, found 0",
+            "F:9:6: policy.id: \"a b\" is not a valid policy id: 1 to 64 characters of A-Z a-z 0-9 _ -",
+        ]
+    );
+    assert_eq!(
+        errs_of(&with("[policy]\non_error = \"deny\"\n")),
+        vec![
+            "F:4:1: policy: missing \"on\" (required): the decision points the policy answers, e.g. on = [\"tool_call_start\"]"
+        ]
+    );
+    assert_eq!(
+        errs_of(&with("[policy]\non = []\n")),
+        vec![
+            "F:5:6: policy.on: an empty list answers nothing; expected one or more of tool_call_start, prompt, permission"
+        ]
+    );
+}

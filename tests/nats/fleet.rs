@@ -78,8 +78,11 @@ fn all_ran(log: &Path, n: usize, secs: u64, c: &Consumer) -> HashMap<String, usi
     }
 }
 
+/// What the hooks' queues dropped (full, or shutdown began), every hook together.
 fn shell_dropped(report: &Value) -> u64 {
-    report["stats"]["shell"]["dropped"].as_u64().unwrap_or(0)
+    report["stats"]["shell"]["totals"]["dropped"]
+        .as_u64()
+        .expect("the report counts the hooks' drops")
 }
 
 #[test]
@@ -465,9 +468,9 @@ fn large_bodies_stay_within_the_core_buffers_byte_bound() {
         n * 600 / 1024,
         peak / 1024
     );
-    // The buffer's 64 MiB, the ~160 events intake lets into the pipeline before it pauses
-    // (128 hook jobs, a batch of 32), the runtime: well under what n bodies take (without
-    // the byte bound all of them were buffered).
+    // The buffer's 64 MiB, the at most 192 events intake lets into the pipeline (the hook
+    // queue's 256 less a worker's batch of 64) and what the hook runs, the runtime: well under
+    // what n bodies take (without the byte bound all of them were buffered).
     assert!(peak < 300 << 10, "peak RSS {} MiB", peak / 1024);
     assert!(s["buffered_bytes"].as_u64().unwrap() <= 64 << 20, "{s}");
     assert!(s["dropped_full"].as_u64().unwrap() > 0, "{s}");
@@ -517,6 +520,225 @@ fn core_consumers_in_one_queue_group_split_the_events_and_run_each_once() {
     for (_, _, c) in hosts {
         c.stop();
     }
+}
+
+/// Over core NATS a burst larger than a hook's queue (256) reaches a consumer whose hook is
+/// slower than intake: intake counts what is in flight toward the hook, events in the ring
+/// included, so it pauses before the queue fills and drops nothing as `dropped_queue_full`.
+#[test]
+fn a_core_burst_into_a_slow_hook_is_paced_not_dropped_for_a_full_queue() {
+    let n = env_n("PRX_HOOKS_NATS_CORE_BURST_EVENTS", 5_000);
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    let ws = tempfile::tempdir().unwrap();
+    let log = default_hook_workspace(ws.path());
+    let url = server.url();
+    let c = Consumer::start(ws.path(), &["--from-nats", &url]);
+    until_consuming(&client, &log, "probe-core-burst");
+    publish_ids(&client, 0..n);
+    // Until every event ran, or nothing more ran for 5 s (what was dropped never will).
+    let deadline = Instant::now() + Duration::from_secs(60 + n as u64 / 20);
+    let (mut last, mut since) = (0, Instant::now());
+    let counts = loop {
+        let counts = runs_per_id(&log);
+        if counts.len() == n || since.elapsed() > Duration::from_secs(5) {
+            break counts;
+        }
+        if counts.len() != last {
+            (last, since) = (counts.len(), Instant::now());
+        }
+        assert!(Instant::now() < deadline, "{} of {n} ran", counts.len());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let r = c.stop();
+    let s = &r["stats"]["nats"]["consume"];
+    let shell = &r["stats"]["shell"];
+    eprintln!(
+        "core burst of {n}: {} ran; {s}; shell {shell}",
+        counts.len()
+    );
+    assert_eq!(shell_dropped(&r), 0, "{shell}");
+    assert_eq!(s["dropped_full"], 0, "{s}");
+    assert_eq!(counts.len(), n, "every event ran: {s}");
+    assert!(counts.values().all(|&k| k == 1), "each ran once: {s}");
+}
+
+/// A backlog of 1 MB bodies on a server of default settings (max_payload 1 MB, a client's
+/// pending limit of 64 MiB), one host, no fault: every event runs once, in its agent's order,
+/// none is delivered twice, and the connection is never dropped as a slow consumer. Pulls are
+/// bounded in bytes as well as messages, and so is what is in flight.
+#[test]
+fn one_megabyte_bodies_run_once_in_order_without_redeliveries() {
+    let n = env_n("PRX_HOOKS_NATS_LARGE_EVENTS", 120);
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    let js = stream(&client);
+    let filler = "x".repeat(1_000_000);
+    client.rt.block_on(async {
+        for i in 0..n {
+            let body = format!(r#"{{"tool":"t","success":true,"output":"{i} {filler}"}}"#);
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Nats-Msg-Id", format!("big-{i}").as_str());
+            h.insert("Prx-Agent", "big");
+            h.insert("Prx-Seq", i.to_string().as_str());
+            js.publish_with_headers("prx.lifecycle.tool_call", h, body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    });
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log");
+    let script = format!(
+        "printf '%s %s\\n' \"$ZERO_HOOK_ORIGIN_SEQ\" \"$ZERO_HOOK_DELIVERY\" >> {}",
+        log.display()
+    );
+    let hooks = serde_json::json!({"hooks": {"tool_call": [{
+        "id": "big", "command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1
+    }]}});
+    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let url = server.url();
+    let c = Consumer::start(ws.path(), &["--from-nats", &url, "--durable", "central"]);
+    let ran = || -> HashSet<String> {
+        log_lines(&log)
+            .iter()
+            .filter_map(|l| l.split(' ').next().map(str::to_string))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 2);
+    while ran().len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} ran: {}",
+            ran().len(),
+            c.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let peak = peak_rss_kib(c.child.id());
+    let r = c.stop();
+    let s = &r["stats"]["nats"]["consume"];
+    let info = client.rt.block_on(async {
+        let mut c = js
+            .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                "central", "FLEET",
+            )
+            .await
+            .unwrap();
+        c.info().await.unwrap().clone()
+    });
+    let lines = log_lines(&log);
+    let seqs: Vec<u64> = lines
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    let inversions = seqs.windows(2).filter(|w| w[1] < w[0]).count();
+    let redelivered = lines.iter().filter(|l| !l.ends_with(" 1")).count();
+    eprintln!(
+        "{n} bodies of 1 MB, one host: {} runs, {inversions} inversions, {redelivered} runs of a redelivery, the consumer's num_redelivered {}, peak RSS {} MiB; {s}",
+        lines.len(),
+        info.num_redelivered,
+        peak / 1024
+    );
+    assert_eq!(
+        s["reconnects"], 0,
+        "never disconnected (slow consumer): {s}"
+    );
+    assert_eq!(
+        info.num_redelivered, 0,
+        "JetStream redelivered nothing: {s}"
+    );
+    assert_eq!(redelivered, 0, "every run was of a first delivery: {s}");
+    assert_eq!(lines.len(), n, "every event ran once: {s}");
+    assert_eq!(inversions, 0, "in the agent's order: {seqs:?}");
+    // docs/nats.md: at most 32 MiB pulled and not settled, held once more by the pipeline,
+    // beside the process's own (about 40 MiB); 192 MiB leaves room for a loaded machine.
+    assert!(peak < 192 << 10, "peak RSS {} MiB", peak / 1024);
+}
+
+/// A host stopped with SIGTERM naks what it took and did not run; with `--nats-max-deliver 1`
+/// that was each such message's last delivery, so JetStream never delivers it again. The host
+/// counts each one itself (`given_up`), though JetStream's advisory comes only when the next
+/// host pulls, after it exited: every event that never ran is counted as given up by the host
+/// that nak'ed it.
+#[test]
+fn messages_nakked_on_their_last_delivery_are_counted_given_up_by_the_host_itself() {
+    let n = 200;
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    let js = stream(&client);
+    publish_ids(&client, 0..n);
+    let shared = tempfile::tempdir().unwrap();
+    let log = shared.path().join("log");
+    let script = format!(
+        "printf '%s\\n' \"$ZERO_HOOK_PAYLOAD\" >> {}; sleep 0.05",
+        log.display()
+    );
+    let hooks = serde_json::json!({"hooks": {"tool_call": [{
+        "id": "slow", "command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1
+    }]}});
+    let url = server.url();
+    let args = [
+        "--from-nats",
+        url.as_str(),
+        "--durable",
+        "central",
+        "--nats-max-deliver",
+        "1",
+    ];
+    let host = || {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+        let c = Consumer::start(ws.path(), &args);
+        (ws, c)
+    };
+    let (_ws1, first) = host();
+    wait_until("the first host ran some", 60, || {
+        runs_per_id(&log).len() >= 10
+    });
+    let r1 = first.stop();
+    let given_up = r1["stats"]["nats"]["consume"]["given_up"].as_u64().unwrap();
+    // A second host on the same consumer runs what the first did not take.
+    let (_ws2, second) = host();
+    wait_until("JetStream has nothing left for the consumer", 120, || {
+        client.rt.block_on(async {
+            let Ok(mut c) = js
+                .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                    "central", "FLEET",
+                )
+                .await
+            else {
+                return false;
+            };
+            c.info()
+                .await
+                .is_ok_and(|i| i.num_pending == 0 && i.num_ack_pending == 0)
+        })
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let r2 = second.stop();
+    let counts = runs_per_id(&log);
+    eprintln!(
+        "{n} events, --nats-max-deliver 1, the first host stopped: {} ran, the first host counted {given_up} given up, the second {}",
+        counts.len(),
+        r2["stats"]["nats"]["consume"]["given_up"]
+    );
+    let s1 = &r1["stats"]["nats"]["consume"];
+    assert!(counts.values().all(|&k| k == 1), "none ran twice");
+    assert!(given_up > 0, "the stop left messages unrun: {s1}");
+    // What the first host took and did not ack was on its last delivery: all counted.
+    let unacked = s1["consumed"].as_u64().unwrap() - s1["acked"].as_u64().unwrap();
+    assert_eq!(given_up, unacked, "{s1}");
+    // Every event that never ran is among them. (One nak'ed at the drain deadline may still
+    // run while the pipeline drains: counted, and run.)
+    assert!(
+        n as u64 - counts.len() as u64 <= given_up,
+        "{} never ran, {given_up} counted given up: {s1}",
+        n - counts.len()
+    );
 }
 
 /// CPU seconds of a process and its reaped children (its hooks): utime + stime + cutime +

@@ -131,3 +131,96 @@ fn a_core_consumers_hooks_see_the_event_id_and_no_delivery_count() {
     let anonymous = lines.iter().find(|l| l.contains("anonymous")).unwrap();
     assert!(anonymous.starts_with("- - "), "{anonymous}");
 }
+
+/// Three hosts share a durable consumer and a de-dup bucket; their hook runs one event at a
+/// time (`max_concurrent: 1`), so each host holds a queue of events taken and not started. One
+/// host is SIGKILLed mid-burst: the others run what it held after the ack wait. The reclaimed
+/// mark is accurate: an event carries it only when its hook may have started on the dead host
+/// (at most the few it had started and not recorded done), every event that ran twice carries
+/// it on its second run, and every run's `ZERO_HOOK_EVENT_ID` is the message's id. Before, the
+/// mark went to every event the dead host had taken, started or not: over a hundred marked
+/// runs were first runs.
+#[test]
+fn after_a_host_is_killed_only_what_may_have_run_there_is_marked_reclaimed() {
+    let n = 900;
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    fleet_stream(&client);
+    publish_ids(&client, 0..n);
+    let js = client.jetstream();
+    let shared = tempfile::tempdir().unwrap();
+    let log = shared.path().join("log");
+    let script = format!(
+        "printf '%s %s %s %s\\n' \"${{ZERO_HOOK_EVENT_ID:--}}\" \"${{ZERO_HOOK_DELIVERY:--}}\" \
+         \"${{ZERO_HOOK_RECLAIMED:-0}}\" \"$ZERO_HOOK_PAYLOAD\" >> {}; sleep 0.01",
+        log.display()
+    );
+    let hooks = serde_json::json!({"hooks": {"tool_call": [{
+        "id": "once", "command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1
+    }]}});
+    let url = server.url();
+    let args = [
+        "--from-nats",
+        url.as_str(),
+        "--durable",
+        "central",
+        "--nats-dedup-bucket",
+        "PRXRAN",
+    ];
+    let mut hosts: Vec<_> = (0..3)
+        .map(|_| {
+            let ws = tempfile::tempdir().unwrap();
+            std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+            let c = Consumer::start(ws.path(), &args);
+            (ws, c)
+        })
+        .collect();
+    wait_until("a quarter ran", 120, || log_lines(&log).len() >= n / 4);
+    let (_ws, mut dead) = hosts.remove(0);
+    dead.child.kill().unwrap();
+    let _ = dead.child.wait();
+    wait_until("every event acked", 120, || {
+        super::fleet::all_acked(&client, &js, n as u64)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // (id, delivery, reclaimed) per run, in the order they were logged.
+    let runs: Vec<(String, u64, bool)> = log_lines(&log)
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.splitn(4, ' ').collect();
+            let v: Value = serde_json::from_str(f[3]).unwrap();
+            assert_eq!(f[0], v["output"], "ZERO_HOOK_EVENT_ID is the id: {l}");
+            (f[0].to_string(), f[1].parse().unwrap(), f[2] == "1")
+        })
+        .collect();
+    let mut per_id: HashMap<&str, usize> = HashMap::new();
+    for (id, _, _) in &runs {
+        *per_id.entry(id.as_str()).or_default() += 1;
+    }
+    let mut stats = Vec::new();
+    for (_, c) in hosts {
+        stats.push(c.stop()["stats"]["nats"]["consume"].clone());
+    }
+    let marked: Vec<&(String, u64, bool)> = runs.iter().filter(|r| r.2).collect();
+    let marked_alone = marked.iter().filter(|r| per_id[r.0.as_str()] == 1).count();
+    let mut seen = HashSet::new();
+    let unmarked_second: Vec<&(String, u64, bool)> = runs
+        .iter()
+        .filter(|r| !seen.insert(r.0.clone()) && !r.2)
+        .collect();
+    let twice = per_id.values().filter(|&&k| k > 1).count();
+    eprintln!(
+        "a host of 3 killed: {n} events, {} runs, {twice} ran twice, {} marked reclaimed ({marked_alone} of them ran nowhere else); {stats:?}",
+        runs.len(),
+        marked.len()
+    );
+    assert_eq!(per_id.len(), n, "every event ran");
+    assert!(
+        unmarked_second.is_empty(),
+        "second runs without the mark: {unmarked_second:?}"
+    );
+    assert!(
+        marked_alone <= 4,
+        "{marked_alone} runs marked reclaimed had not run anywhere else (at most the dead host's few started runs may be)"
+    );
+}

@@ -4,7 +4,11 @@
 //! joining. In each, every event runs, every agent's events run first in the agent's order,
 //! and the partitions end up held by the hosts that are up, within a bound the test prints.
 //!
-//! Size: `PRX_HOOKS_NATS_ORDER_EVENTS` (default 1,800).
+//! Also: a host pulls each partition on its own, so one busy agent over 8 partitions runs about
+//! as fast as without partitions; and the partition format is versioned.
+//!
+//! Sizes: `PRX_HOOKS_NATS_ORDER_EVENTS` (default 1,800), `PRX_HOOKS_NATS_SPREAD_EVENTS` (default
+//! 1,000).
 
 use super::fleet::reclaimed_ids;
 use super::*;
@@ -22,18 +26,23 @@ enum Change {
     Join,
 }
 
-const AGENTS: usize = 24;
-const PARTITIONS: u32 = 8;
+pub(super) const AGENTS: usize = 24;
+pub(super) const PARTITIONS: u32 = 8;
 
 /// Publishes, for each `i` of `range`, one tool_call event of every agent (`agent-0` …), agent
 /// by agent in turn, through a real `run --nats … --nats-stream FLEET --nats-partitions 8`
 /// (which creates the stream). Each event's `output` is its `i`: the agent's order.
-fn publish_partitioned(url: &str, range: std::ops::Range<usize>) {
+pub(super) fn publish_partitioned(url: &str, range: std::ops::Range<usize>) {
+    publish_agents(url, AGENTS, range);
+}
+
+/// [`publish_partitioned`] for `agents` agents.
+pub(super) fn publish_agents(url: &str, agents: usize, range: std::ops::Range<usize>) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("events.ndjson");
     let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
     for i in range {
-        for a in 0..AGENTS {
+        for a in 0..agents {
             writeln!(f, "{}", tool_call_line(&format!("agent-{a}"), i)).unwrap();
         }
     }
@@ -60,7 +69,7 @@ fn publish_partitioned(url: &str, range: std::ops::Range<usize>) {
 }
 
 /// Partition → holder (a host's instance id; "" when free), read from the lease bucket.
-fn lease_holders(client: &Client) -> HashMap<u32, String> {
+pub(super) fn lease_holders(client: &Client) -> HashMap<u32, String> {
     let js = client.jetstream();
     client.rt.block_on(async {
         let mut out = HashMap::new();
@@ -80,7 +89,7 @@ fn lease_holders(client: &Client) -> HashMap<u32, String> {
 }
 
 /// A host's instance id, from its log of the partitions it took.
-fn host_id(c: &Consumer) -> Option<String> {
+pub(super) fn host_id(c: &Consumer) -> Option<String> {
     let err = c.stderr();
     let l = err.lines().find(|l| l.contains(": took partition"))?;
     let rest = &l[l.find("NATS consumer ")? + 14..];
@@ -309,4 +318,118 @@ fn a_host_stopped_with_sigterm_frees_its_partitions_at_once_and_nothing_runs_twi
 #[test]
 fn a_host_joining_takes_its_share_of_the_partitions_and_order_holds() {
     partitions_through(Change::Join, 1);
+}
+
+/// A host with a `/bin/sh` hook that appends a line per run, consuming `args`; its log.
+fn counting_host(url: &str, args: &[&str]) -> (tempfile::TempDir, std::path::PathBuf, Consumer) {
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log");
+    let script = format!("echo x >> {}", log.display());
+    let hooks = serde_json::json!({"hooks": {"tool_call": [{
+        "id": "count", "command": "/bin/sh", "args": ["-c", script]
+    }]}});
+    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let mut all = vec!["--from-nats", url];
+    all.extend_from_slice(args);
+    let c = Consumer::start(ws.path(), &all);
+    (ws, log, c)
+}
+
+/// How long a host took (from its start) until its hook ran `n` times; its report.
+fn time_host(url: &str, args: &[&str], n: usize) -> (Duration, Value) {
+    let from = Instant::now();
+    let (_ws, log, c) = counting_host(url, args);
+    let bound = Duration::from_secs(120 + n as u64 / 10);
+    while log_lines(&log).len() < n {
+        assert!(
+            from.elapsed() < bound,
+            "{} of {n} ran in {bound:?}: {}",
+            log_lines(&log).len(),
+            c.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = from.elapsed();
+    (took, c.stop())
+}
+
+/// One agent's events all land in one partition of 8: the host must pull that partition
+/// again as soon as a pull of it ends, not wait for the seven empty ones' pulls to expire.
+/// The same backlog is consumed twice in one run, without partitions and with them; with them
+/// it may take three times as long and 5 s more (a loaded machine; the leases' first tick),
+/// no more. A host that pulled all its partitions in rounds, each ending when the last pull
+/// expired, took about 16 events per 500 ms.
+#[test]
+fn one_busy_agent_over_eight_partitions_is_not_held_back_by_the_empty_ones() {
+    let n = env_n("PRX_HOOKS_NATS_SPREAD_EVENTS", 1_000);
+    let server = NatsServer::start();
+    let url = server.url();
+    publish_agents(&url, 1, 0..n);
+    let flat_args = ["--durable", "flat", "--from-nats-stream", "FLEET"];
+    let (flat, _) = time_host(&url, &flat_args, n);
+    let partitions = PARTITIONS.to_string();
+    let part_args = [
+        "--durable",
+        "part",
+        "--nats-partitions",
+        partitions.as_str(),
+    ];
+    let (parted, r) = time_host(&url, &part_args, n);
+    let s = &r["stats"]["nats"]["consume"];
+    eprintln!(
+        "{n} events of one agent: without partitions {:.1} s, over {PARTITIONS} partitions {:.1} s; {s}",
+        flat.as_secs_f64(),
+        parted.as_secs_f64()
+    );
+    assert!(
+        parted <= 3 * flat + Duration::from_secs(5),
+        "over partitions {parted:?}, without {flat:?}"
+    );
+}
+
+/// A stream holding messages of the earlier partition format (a bare number after the event,
+/// FNV-1a modulo N): a partitioned consumer of this version reads none of them and says so,
+/// with their number, rather than leaving them unread unknowingly.
+#[test]
+fn a_partitioned_consumer_says_when_the_stream_holds_the_earlier_partition_format() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let client = Client::connect(&url);
+    fleet_stream(&client);
+    let js = client.jetstream();
+    client.rt.block_on(async {
+        for i in 0..3 {
+            let body = format!(r#"{{"tool":"t","success":true,"output":"old-{i}"}}"#);
+            js.publish("prx.lifecycle.tool_call.3", body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    });
+    publish_agents(&url, 2, 0..2);
+    let partitions = PARTITIONS.to_string();
+    let (_ws, log, c) = counting_host(
+        &url,
+        &[
+            "--durable",
+            "part",
+            "--nats-partitions",
+            partitions.as_str(),
+        ],
+    );
+    wait_until("the new format's events ran", 60, || {
+        log_lines(&log).len() >= 4
+    });
+    wait_until("the warning", 30, || {
+        c.stderr().contains("earlier partition format")
+    });
+    let err = c.stderr();
+    let r = c.stop();
+    assert_eq!(log_lines(&log).len(), 4, "{r}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("earlier partition format"))
+        .unwrap();
+    assert!(line.contains("3 messages"), "{line}");
 }

@@ -122,6 +122,22 @@ impl NatsServer {
         }
     }
 
+    /// SIGSTOP: the server holds every connection open and answers nothing until
+    /// [`resume`](NatsServer::resume).
+    pub fn pause(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`pause`](NatsServer::pause).
+    pub fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, s: nix::sys::signal::Signal) {
+        let c = self.child.as_ref().expect("the server runs");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), s).unwrap();
+    }
+
     /// Again on the same port, with the same store.
     pub fn restart(&mut self) {
         self.kill();

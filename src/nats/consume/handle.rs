@@ -348,7 +348,9 @@ impl Worker {
                     origin_time.1,
                     ticket.map(|k| crate::settle::Ticket::new(k, self.settled.clone())),
                 )
-                .with_delivery(relay_id.clone(), m.delivery, m.reclaimed),
+                .with_delivery(relay_id.clone(), m.delivery, m.reclaimed)
+                .with_fence(m.fence.clone())
+                .with_start(m.start.clone()),
             );
         }
         if let Some(refused) = self.emit_waiting(m, &emitter, next_seq, record, &agent, &session) {

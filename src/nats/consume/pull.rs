@@ -3,6 +3,7 @@
 //! bridge).
 
 use super::super::lease::Leases;
+use super::pulling::Pulls;
 use super::*;
 
 impl Worker {
@@ -23,11 +24,16 @@ impl Worker {
         let Some(leases) = self.open_leases(rt, &js, &stream, durable) else {
             return;
         };
+        self.lease_table = leases.as_ref().map(|(l, _)| l.table.clone());
         if !self.open_shared(rt, &js) {
             return;
         }
+        if leases.is_some() {
+            rt.block_on(self.say_earlier_partition_format(&js, &stream));
+        }
         self.watch_advisories(rt, &client, &stream, durable);
         let mut parts: HashMap<u32, PullConsumer> = HashMap::new();
+        let mut pulls = Pulls::new();
         let mut checked = 0;
         // After a connection was lost, pull one message at a time until one arrives: a
         // message async-nats cannot parse (it drops the connection) is then delivered alone,
@@ -39,55 +45,42 @@ impl Worker {
                 break;
             }
             rt.block_on(self.settle());
-            // Back-pressure: pull only what can be in flight, and only while the pipeline
-            // has room (ARCHITECTURE.md § NATS bridge, "Acks after the hooks ran").
-            let room = self.in_flight_limit.saturating_sub(self.flights.len());
-            if room == 0 || self.feed.busy() {
+            let sources = match &leases {
+                None => consumer.iter().map(|c| (None, c.clone())).collect(),
+                Some((l, _)) => {
+                    self.partition_sources(rt, &js, &stream, durable, l, &mut parts, &pulls)
+                }
+            };
+            // Back-pressure: each source is pulled on its own, for no more than the room left
+            // in messages and bytes, and only while the pipeline has room (ARCHITECTURE.md §
+            // NATS bridge, "Acks after the hooks ran").
+            let connects = self.state.connects.load(Ordering::Acquire);
+            let held = rt.block_on(self.start_pulls(&client, &sources, &mut pulls, careful));
+            if held {
                 if !std::mem::replace(&mut pausing, true) {
                     self.counters.paused.fetch_add(1, Ordering::Relaxed);
                 }
-                self.nap(rt, Duration::from_millis(2));
-                continue;
-            }
-            pausing = false;
-            let sources = match &leases {
-                None => consumer.iter().map(|c| (None, c.clone())).collect(),
-                Some((l, _)) => self.partition_sources(rt, &js, &stream, durable, l, &mut parts),
-            };
-            if sources.is_empty() {
-                self.nap(rt, Duration::from_millis(100));
-                continue;
-            }
-            let connects = self.state.connects.load(Ordering::Acquire);
-            let size = if careful {
-                1
             } else {
-                (room.min(BATCH) / sources.len()).max(1)
+                pausing = false;
+            }
+            let tick = if held {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(100)
             };
-            let got = rt.block_on(self.pull(&sources, size));
+            let read = rt.block_on(self.read_pulls(&mut pulls, tick));
             if self.state.connects.load(Ordering::Acquire) != connects || !self.state.is_connected()
             {
                 careful = true;
-            } else if got {
+            } else if read.got {
                 careful = false;
             }
         }
+        rt.block_on(self.read_pulls_to_end(&mut pulls));
         rt.block_on(self.finish(&js));
         if let Some((l, keeper)) = leases {
             rt.block_on(l.quit(keeper));
         }
-    }
-
-    /// Waits at most `d` for a ticket's report or a stop.
-    fn nap(&self, rt: &tokio::runtime::Runtime, d: Duration) {
-        let (notify, wake) = (self.notify.clone(), self.wake.clone());
-        rt.block_on(async {
-            tokio::select! {
-                _ = notify.notified() => {}
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(d) => {}
-            }
-        });
     }
 
     /// The durable consumer (without partitions) and the stream it reads; with partitions
@@ -107,7 +100,12 @@ impl Worker {
                 Some(_) => rt.block_on(self.stream_name(js)).map(|s| (None, s)),
             };
             match made {
-                Ok(c) => return Some(c),
+                Ok(c) => {
+                    if let Some(consumer) = &c.0 {
+                        self.note_max_deliver(consumer);
+                    }
+                    return Some(c);
+                }
                 Err(e) => {
                     self.said.warn(format_args!(
                         "NATS consumer: durable {durable:?} on {}: {e}; retrying",
@@ -118,6 +116,34 @@ impl Worker {
                     }
                 }
             }
+        }
+    }
+
+    fn note_max_deliver(&mut self, c: &PullConsumer) {
+        let info = c.cached_info();
+        self.max_deliver
+            .insert(info.name.clone(), info.config.max_deliver);
+    }
+
+    /// Before a nak: a message on its last allowed delivery is one JetStream will give up on
+    /// (never deliver again): counted (`given_up`) and said, from this host's own state, so
+    /// that a give-up is counted even when the advisory is missed (sent while disconnected,
+    /// or after this process exited).
+    pub(super) fn nak_gives_up(&self, m: &jetstream::Message) {
+        let Ok(info) = m.info() else {
+            return;
+        };
+        let Some(&max) = self.max_deliver.get(info.consumer) else {
+            return;
+        };
+        if max > 0 && info.delivered >= max && self.given_up.count(Some(info.stream_sequence)) {
+            tracing::warn!(
+                "NATS consumer ({}): durable {:?}: stream message {} not run on its last delivery ({} of --nats-max-deliver {max}): JetStream will not deliver it again",
+                self.server,
+                info.consumer,
+                info.stream_sequence,
+                info.delivered
+            );
         }
     }
 
@@ -174,6 +200,32 @@ impl Worker {
         }
     }
 
+    /// With partitions: says (on stderr) how many messages of the stream are on subjects of
+    /// the earlier partition format, which no partition consumer of this version reads
+    /// (`wire::partition_token`): publishers of both versions must not share a stream.
+    async fn say_earlier_partition_format(&self, js: &jetstream::Context, stream: &str) {
+        use futures_util::StreamExt;
+        let filter = wire::partitions_filter(&self.opts.subject);
+        let count = async {
+            let mut old = 0;
+            let s = js.get_stream(stream).await.ok()?;
+            let mut subjects = s.info_with_subjects(&filter).await.ok()?;
+            while let Some(Ok((subject, n))) = subjects.next().await {
+                if wire::earlier_partition_format(&subject) {
+                    old += n;
+                }
+            }
+            Some(old)
+        };
+        if let Ok(Some(old)) = tokio::time::timeout(Duration::from_secs(5), count).await
+            && old > 0
+        {
+            tracing::warn!(
+                "NATS consumer: stream {stream:?} holds {old} messages of the earlier partition format (subjects ending in the partition number alone, published by an older prx-hooks): no partition consumer of this version reads them; publish with this version (subjects ending in p<partition>)"
+            );
+        }
+    }
+
     /// JetStream's MAX_DELIVERIES advisory: a message it stopped delivering (one this client
     /// could never take, or one redelivered past the limit), counted and said.
     fn watch_advisories(
@@ -189,15 +241,18 @@ impl Worker {
         };
         match rt.block_on(client.subscribe(advisory.clone())) {
             Ok(mut sub) => {
-                let counters = self.counters.clone();
+                let given_up = self.given_up.clone();
                 let what = format!("NATS consumer ({}): durable {durable:?}", self.server);
                 rt.spawn(async move {
                     use futures_util::StreamExt;
                     while let Some(m) = sub.next().await {
-                        counters.given_up.fetch_add(1, Ordering::AcqRel);
                         let seq = serde_json::from_slice::<serde_json::Value>(&m.payload)
                             .ok()
                             .and_then(|v| v["stream_seq"].as_u64());
+                        // Counted already when this host nak'ed its last delivery.
+                        if !given_up.count(seq) {
+                            continue;
+                        }
                         tracing::warn!(
                             "{what}: JetStream gave up on stream message {} after the maximum deliveries (--nats-max-deliver); it will not be consumed",
                             seq.map_or("?".to_string(), |s| s.to_string())
@@ -211,7 +266,8 @@ impl Worker {
 
     /// With partitions, what to pull from: the partitions held and not draining (their
     /// consumers made on first use, kept in `parts`); draining ones with nothing in flight
-    /// are marked free to give up.
+    /// and no pull standing are marked free to give up.
+    #[allow(clippy::too_many_arguments)]
     fn partition_sources(
         &mut self,
         rt: &tokio::runtime::Runtime,
@@ -220,8 +276,14 @@ impl Worker {
         durable: &str,
         leases: &Leases,
         parts: &mut HashMap<u32, PullConsumer>,
+        pulls: &Pulls,
     ) -> Vec<(Option<u32>, PullConsumer)> {
-        let busy = self.flights.values().filter_map(|f| f.part).collect();
+        let busy = self
+            .flights
+            .values()
+            .filter_map(|f| f.part)
+            .chain(pulls.standing_parts())
+            .collect();
         let active = {
             let mut t = leases.table.lock().unwrap_or_else(|e| e.into_inner());
             t.drained(&busy);
@@ -232,6 +294,7 @@ impl Worker {
             if let std::collections::hash_map::Entry::Vacant(slot) = parts.entry(k) {
                 match rt.block_on(self.partition_consumer(js, stream, durable, k)) {
                     Ok(c) => {
+                        self.note_max_deliver(&c);
                         slot.insert(c);
                     }
                     Err(e) => {
@@ -247,64 +310,6 @@ impl Worker {
         v
     }
 
-    /// One pull of up to `size` messages from each source: each message is handled as it
-    /// arrives (a quiet fleet's event does not wait for the pull to expire), and settled ones
-    /// are acked meanwhile. Whether any message came.
-    async fn pull(&mut self, sources: &[(Option<u32>, PullConsumer)], size: usize) -> bool {
-        use futures_util::StreamExt;
-        let (notify, wake) = (self.notify.clone(), self.wake.clone());
-        let mut got = false;
-        let mut batches = Vec::with_capacity(sources.len());
-        for (k, c) in sources {
-            match c
-                .batch()
-                .max_messages(size)
-                .expires(PULL_EXPIRES)
-                .messages()
-                .await
-            {
-                Ok(b) => batches.push(b.map(move |m| (*k, m)).boxed()),
-                Err(e) => tracing::debug!("NATS consumer: pull: {e}"),
-            }
-        }
-        if batches.is_empty() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            return got;
-        }
-        let mut batch = futures_util::stream::select_all(batches);
-        // Stopping: the pull is read to its end (its expiry, or a little more), and what it
-        // still brings is nak'ed by `take`. Left unread, the server would count it delivered
-        // and redeliver it only after the ack wait, behind newer messages of its partition
-        // pulled by the next holder.
-        let mut until = self
-            .stopping()
-            .then(|| tokio::time::Instant::now() + STOP_READ);
-        loop {
-            let stop_read = async {
-                match until {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                m = batch.next() => match m {
-                    Some((k, Ok(m))) => {
-                        got = true;
-                        self.take(m, k).await;
-                    }
-                    Some((_, Err(e))) => tracing::debug!("NATS consumer: pull: {e}"),
-                    None => break,
-                },
-                _ = notify.notified() => self.settle().await,
-                _ = wake.notified(), if until.is_none() => {
-                    until = Some(tokio::time::Instant::now() + STOP_READ);
-                }
-                _ = stop_read => break,
-            }
-        }
-        got
-    }
-
     /// One pulled message: waits until its hooks' queues have room for it (and for what is
     /// already in flight), hands it over, and acks it at once if nothing is to run.
     pub(super) async fn take(&mut self, m: jetstream::Message, part: Option<u32>) {
@@ -312,11 +317,15 @@ impl Worker {
         let key = self.next_key;
         self.next_key += 1;
         self.shared_digest = None;
+        // Fencing: what the partition's lease admits now, checked again before each run.
+        let fence = part.and_then(|k| self.fence_of(k));
+        let fenced = fence.as_ref().is_some_and(|f| !f.admits());
         // The claim goes first: a host that dies after it leaves a record saying the message
         // may have run (ARCHITECTURE.md § NATS bridge, "Shared de-dup").
         let (mut claim, mut before) = (None, Record::Absent);
         if let Some(shared) = &self.shared
             && !self.stopping()
+            && !fenced
             && let Some(id) = m.headers.as_ref().and_then(|h| h.get(wire::MSG_ID))
         {
             (claim, before) = shared.claim(id.as_str()).await;
@@ -324,12 +333,26 @@ impl Worker {
                 self.shared_digest = Some(*d);
             }
         }
-        // Taken over from another host's claim: its hooks may have run there.
+        // Taken over from another host's claim with a start record: its hooks may have run
+        // there. (A claim without one: they had not started.)
         let reclaimed_from = match &before {
-            Record::Claimed { host, .. } if host != wire::instance_id() => Some(host.clone()),
+            Record::Claimed {
+                host,
+                started: true,
+                ..
+            } if host != wire::instance_id() => Some(host.clone()),
             _ => None,
         };
-        let (fate, id) = if self.stopping() {
+        let claim = claim.map(|s| Arc::new(AtomicU64::new(s)));
+        let start = match (&self.shared, &claim) {
+            (Some(shared), Some(seq)) => m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(wire::MSG_ID))
+                .map(|id| shared.start_record(id.as_str(), seq.clone(), self.start_down.clone())),
+            _ => None,
+        };
+        let (fate, id) = if self.stopping() || fenced {
             (Fate::Later, None)
         } else {
             let incoming = Incoming {
@@ -338,11 +361,14 @@ impl Worker {
                 payload: &m.payload,
                 delivery: wire::delivery(&m),
                 reclaimed: reclaimed_from.is_some(),
+                fence,
+                start,
             };
             self.handle(&incoming, Some(key))
         };
         let kind = match fate {
             Fate::Handed => {
+                let m_len = m.length;
                 if let Some((id, _)) = &id {
                     self.flying.insert(id.clone(), key);
                     if let Some(host) = &reclaimed_from {
@@ -359,8 +385,9 @@ impl Worker {
                     Flight {
                         msg: m,
                         id,
-                        claim: claim.take(),
+                        claim,
                         part,
+                        bytes: m_len,
                         last: Instant::now(),
                     },
                 );
@@ -380,7 +407,8 @@ impl Worker {
             Fate::Refused => jetstream::AckKind::Term,
             Fate::Later => jetstream::AckKind::Nak(None),
         };
-        self.answer(m, claim, kind).await;
+        self.answer(m, claim.map(|c| c.load(Ordering::Acquire)), kind)
+            .await;
     }
 
     /// Waits until the hooks' queues of the subject's event have room for one more message
@@ -414,6 +442,9 @@ impl Worker {
             shared.unclaim(id.as_str(), seq).await;
         }
         let is_ack = !matches!(kind, jetstream::AckKind::Nak(_));
+        if !is_ack {
+            self.nak_gives_up(&m);
+        }
         if tokio::time::timeout(ACKS_WAIT, m.ack_with(kind))
             .await
             .is_ok_and(|r| r.is_ok())
@@ -445,7 +476,8 @@ impl Worker {
                 if ran {
                     self.window.insert(id, *d);
                     ran_ids.push((id.clone(), *d));
-                    done.push((id.clone(), *d, f.claim.unwrap_or(0)));
+                    let claim = f.claim.as_ref().map_or(0, |c| c.load(Ordering::Acquire));
+                    done.push((id.clone(), *d, claim));
                 }
             }
             out.push((f.msg, ran));
@@ -492,6 +524,7 @@ impl Worker {
                         }
                     } else {
                         c.retried.fetch_add(1, Ordering::AcqRel);
+                        self.nak_gives_up(m);
                         let _ = m.ack_with(jetstream::AckKind::Nak(Some(RETRY_DELAY))).await;
                     }
                 }
@@ -530,6 +563,7 @@ impl Worker {
         self.counters.in_flight.store(0, Ordering::Relaxed);
         let naks = async {
             for f in &left {
+                self.nak_gives_up(&f.msg);
                 let _ = f.msg.ack_with(jetstream::AckKind::Nak(None)).await;
             }
             let _ = js.client().flush().await;

@@ -140,6 +140,7 @@ impl Check<'_> {
             permissions: Permissions::default(),
             resources: Resources::DEFAULT,
             config: BTreeMap::new(),
+            policy: None,
             source: self.text.to_string(),
             declared_name: None,
             warnings: Vec::new(),
@@ -171,6 +172,11 @@ impl Check<'_> {
                         m.config = self.config(t, &path);
                     }
                 }
+                "policy" => {
+                    if let Some(t) = self.table(v, &path, "a table ([policy])") {
+                        m.policy = self.policy(t, v.span().start, &path);
+                    }
+                }
                 _ => self.unknown_key_warning(key, "", TOP_KEYS),
             }
         }
@@ -194,6 +200,11 @@ impl Check<'_> {
             .patterns
             .iter()
             .fold(EventMask::NONE, |acc, p| acc | pattern_mask(p));
+        if let Some(p) = &mut m.policy
+            && p.id.is_empty()
+        {
+            p.id = m.name.clone();
+        }
         m
     }
 

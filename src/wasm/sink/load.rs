@@ -8,18 +8,27 @@ impl WasmSink {
     /// Rescans the plugins directory and applies what changed (see the module doc).
     pub fn reload(&self) -> LoadReport {
         let _serial = self.loading.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut report, manifests) = scan(&self.workspace);
+        let (mut report, manifests, failed) = scan(&self.workspace);
 
         // Read every component once; what is read is what gets fingerprinted and compiled.
         let read = read_all(manifests, &mut report);
         let need = sizing_for(read.iter().map(|(m, _, _)| m));
+        // Policies (`[policy]`) are built apart; hooks go on below.
+        let any = !read.is_empty();
+        let (policy_read, read): (Vec<Read>, Vec<Read>) = {
+            let policies = read.iter().filter(|(m, _, _)| m.is_policy()).cloned();
+            (
+                policies.collect(),
+                read.into_iter().filter(|(m, _, _)| m.is_hook()).collect(),
+            )
+        };
 
         // kv stores of plugins seen for the first time, opened outside the lock: opening reads
         // the whole log and may wait for another process's lock (ended by `closing`).
         let opened = self.open_stores(&read);
 
         // Under the lock: what to keep, what to build, and the handles new versions share.
-        let Some(plan) = self.plan(opened, read, &need) else {
+        let Some(plan) = self.plan(opened, read, &need, any) else {
             return LoadReport::default();
         };
 
@@ -41,11 +50,14 @@ impl WasmSink {
             None => Vec::new(),
         };
 
+        let policies = self.build_policies(engine.as_ref(), policy_read, &failed, &mut report);
+
         let mut st = self.state();
         st.building.clear();
         if st.closed {
             return LoadReport::default();
         }
+        self.swap_policies(&mut st, policies);
         if plan.all && engine.is_some() {
             st.sizing = engine.as_ref().map(|(e, _)| e.sizing());
             st.engine = engine;
@@ -85,6 +97,7 @@ impl WasmSink {
         opened: Vec<(String, Arc<KvStore>)>,
         read: Vec<Read>,
         need: &Sizing,
+        any: bool,
     ) -> Option<Plan> {
         let mut st = self.state();
         if st.closed {
@@ -95,7 +108,7 @@ impl WasmSink {
             st.kv.insert(name, kv);
         }
         let engine = st.engine.clone();
-        let all = !read.is_empty()
+        let all = any
             && engine
                 .as_ref()
                 .is_none_or(|(e, _)| !e.sizing().covers(need));
@@ -200,7 +213,7 @@ impl WasmSink {
             }
         }
         st.versions = next;
-        if st.versions.is_empty() {
+        if st.versions.is_empty() && st.policies.is_empty() {
             // No plugins left: let the engine (its ticker and timers) go once the last retiring
             // executor lets go of it.
             st.engine = None;
@@ -305,7 +318,7 @@ impl WasmSink {
 }
 
 /// A component read: its manifest, what it was built from, its bytes.
-type Read = (Manifest, Fingerprint, Vec<u8>);
+pub(super) type Read = (Manifest, Fingerprint, Vec<u8>);
 
 /// A version built (or why not), with what it was built from.
 type Built = (
@@ -334,7 +347,7 @@ struct Plan {
 
 /// The scan of the plugins directory: its manifests, and a report holding its errors, warnings
 /// and skips.
-fn scan(workspace: &Path) -> (LoadReport, Vec<Manifest>) {
+fn scan(workspace: &Path) -> (LoadReport, Vec<Manifest>, Vec<String>) {
     let mut report = LoadReport::default();
     let scan = manifest::scan_all(workspace);
     for e in scan.errors {
@@ -351,7 +364,7 @@ fn scan(workspace: &Path) -> (LoadReport, Vec<Manifest>) {
     report
         .skipped
         .extend(scan.skipped.iter().map(|(n, why)| format!("{n}: {why}")));
-    (report, scan.manifests)
+    (report, scan.manifests, scan.failed)
 }
 
 /// Reads every component once and fingerprints it; a component that cannot be read is an
@@ -550,9 +563,10 @@ pub(super) fn prepare(
 /// replaced version frees its instances as soon as its call is interrupted); the largest
 /// memory.
 pub(super) fn sizing_for<'a>(manifests: impl Iterator<Item = &'a Manifest> + Clone) -> Sizing {
+    // A plugin that is a hook and a policy has a pool for each.
     let pooled: u32 = manifests
         .clone()
-        .map(|m| m.resources.pool_size.max(1))
+        .map(|m| m.resources.pool_size.max(1) * (u32::from(m.is_hook()) + u32::from(m.is_policy())))
         .sum();
     let n = manifests.clone().count() as u32;
     Sizing {
@@ -590,6 +604,21 @@ pub(crate) fn check(manifests: &[Manifest]) -> Vec<PluginError> {
                 Ok(b) => b,
                 Err(e) => return Some(e),
             };
+            if m.is_policy() {
+                let log = Arc::new(logger.plugin(m.name.as_str().into()));
+                let abort = Arc::new(AtomicBool::new(false));
+                let ctx = super::policies::policy_ctx(m, &flusher, &bus, abort, log);
+                let counters = Default::default();
+                let r = super::policies::prepare_policy(
+                    &engine, &linker, m, &bytes, None, ctx, counters,
+                );
+                if let Err(e) = r {
+                    return Some(e);
+                }
+            }
+            if !m.is_hook() {
+                return None;
+            }
             let (pre, export, _) = match prepare(&engine, &linker, m, &bytes, None) {
                 Ok(p) => p,
                 Err(Prepared::NotHook(_)) => return None,

@@ -1,0 +1,234 @@
+//! WASM policies as the decider sees them: a source it asks after the rules, behind a trait
+//! (the plugin host implements it, so this module never names the host), the set in force
+//! (swapped in by the plugins' loads, read without a lock) and their counts. Without the
+//! `wasm` feature nothing builds a WASM policy: the set stays empty.
+
+#![cfg_attr(not(feature = "wasm"), allow(dead_code))]
+
+use super::model::{Decision, DecisionPoint, OnError};
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where WASM policies come in the order reports use: after every entry of policies.json.
+pub(crate) const ORDER_BASE: usize = usize::MAX / 2;
+
+/// How one call of a WASM policy failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GuestFailure {
+    /// Ran past its deadline (running guest code, or waiting in a host call).
+    TimedOut,
+    /// Used all of its `max_fuel`.
+    OutOfFuel,
+    /// Trapped (a memory grow past `max_memory_mb` ends as one), or could not be instantiated.
+    Trapped(String),
+    /// Returned `err`.
+    Error(String),
+    /// No instance could be had before its deadline (every one busy, or the engine's pool full).
+    Busy(String),
+}
+
+impl std::fmt::Display for GuestFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestFailure::TimedOut => f.write_str("timed out"),
+            GuestFailure::OutOfFuel => f.write_str("ran out of fuel (max_fuel in plugin.toml)"),
+            GuestFailure::Trapped(m) => write!(f, "trapped: {m}"),
+            GuestFailure::Error(m) => write!(f, "returned an error: {m}"),
+            GuestFailure::Busy(m) => write!(f, "no free instance: {m}"),
+        }
+    }
+}
+
+/// What one WASM policy answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GuestAnswer {
+    /// A decision (`None`: no decision), with its reason and context.
+    Decided(Option<Decision>, Option<String>, Option<String>),
+    Failed(GuestFailure),
+}
+
+/// A WASM policy, as the decider asks it.
+pub(crate) trait PluginPolicy: Send + Sync {
+    /// Its id (`[policy] id`).
+    fn id(&self) -> &str;
+    /// Whether it answers at `point` (`[policy] on`).
+    fn answers(&self, point: DecisionPoint) -> bool;
+    /// Its `on_error`.
+    fn on_error(&self) -> OnError;
+    /// Asks it, on this thread, bounded by its deadline.
+    fn ask(&self, point: DecisionPoint, agent: &str, payload_json: &str) -> GuestAnswer;
+    /// Its counts (kept by id across versions).
+    fn counters(&self) -> &PluginPolicyCounters;
+}
+
+/// The WASM policies in force, in plugin name order: written by the plugins' loads, read by
+/// every decision without a lock.
+#[derive(Default)]
+pub(crate) struct PluginPolicies {
+    live: ArcSwap<Vec<Arc<dyn PluginPolicy>>>,
+}
+
+impl std::fmt::Debug for PluginPolicies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginPolicies")
+            .field("policies", &self.live.load().len())
+            .finish()
+    }
+}
+
+impl PluginPolicies {
+    /// The set in force now.
+    pub(crate) fn load(&self) -> Arc<Vec<Arc<dyn PluginPolicy>>> {
+        self.live.load_full()
+    }
+
+    /// Puts `set` in force at once.
+    pub(crate) fn store(&self, set: Vec<Arc<dyn PluginPolicy>>) {
+        self.live.store(Arc::new(set));
+    }
+
+    /// Whether any is in force.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.live.load().is_empty()
+    }
+}
+
+/// How one WASM policy's calls ended, counted since its id was first loaded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PluginPolicyCount {
+    /// Its id.
+    pub policy: String,
+    /// Calls made (or tried).
+    pub calls: u64,
+    /// Answers: allow, ask, deny, no decision.
+    pub allow: u64,
+    /// See `allow`.
+    pub ask: u64,
+    /// See `allow`.
+    pub deny: u64,
+    /// See `allow`.
+    pub none: u64,
+    /// Cut at its deadline (`timeout_ms`).
+    pub timed_out: u64,
+    /// Ran out of fuel.
+    pub out_of_fuel: u64,
+    /// Trapped (memory refused at `max_memory_mb` included) or could not be instantiated.
+    pub trapped: u64,
+    /// Returned `err`.
+    pub errors: u64,
+    /// Found no free instance before its deadline.
+    pub busy: u64,
+    /// Failures answered with `on_error: deny`.
+    pub on_error_deny: u64,
+    /// Decisions it was the reported policy of.
+    pub decisions: u64,
+}
+
+/// The live counts behind a [`PluginPolicyCount`].
+#[derive(Debug, Default)]
+pub(crate) struct PluginPolicyCounters {
+    calls: AtomicU64,
+    allow: AtomicU64,
+    ask: AtomicU64,
+    deny: AtomicU64,
+    none: AtomicU64,
+    timed_out: AtomicU64,
+    out_of_fuel: AtomicU64,
+    trapped: AtomicU64,
+    errors: AtomicU64,
+    busy: AtomicU64,
+    on_error_deny: AtomicU64,
+    pub(crate) decisions: AtomicU64,
+}
+
+impl PluginPolicyCounters {
+    pub(crate) fn count(&self, a: &GuestAnswer, on_error: OnError) {
+        let bump = |c: &AtomicU64| c.fetch_add(1, Ordering::Relaxed);
+        bump(&self.calls);
+        match a {
+            GuestAnswer::Decided(d, _, _) => {
+                bump(match d {
+                    Some(Decision::Allow) => &self.allow,
+                    Some(Decision::Ask) => &self.ask,
+                    Some(Decision::Deny) => &self.deny,
+                    None => &self.none,
+                });
+            }
+            GuestAnswer::Failed(f) => {
+                bump(match f {
+                    GuestFailure::TimedOut => &self.timed_out,
+                    GuestFailure::OutOfFuel => &self.out_of_fuel,
+                    GuestFailure::Trapped(_) => &self.trapped,
+                    GuestFailure::Error(_) => &self.errors,
+                    GuestFailure::Busy(_) => &self.busy,
+                });
+                if on_error == OnError::Deny {
+                    bump(&self.on_error_deny);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn snapshot(&self, policy: &str) -> PluginPolicyCount {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PluginPolicyCount {
+            policy: policy.to_string(),
+            calls: get(&self.calls),
+            allow: get(&self.allow),
+            ask: get(&self.ask),
+            deny: get(&self.deny),
+            none: get(&self.none),
+            timed_out: get(&self.timed_out),
+            out_of_fuel: get(&self.out_of_fuel),
+            trapped: get(&self.trapped),
+            errors: get(&self.errors),
+            busy: get(&self.busy),
+            on_error_deny: get(&self.on_error_deny),
+            decisions: get(&self.decisions),
+        }
+    }
+}
+
+/// Asks every WASM policy of `set` that answers at `point`, in order, and counts each answer.
+/// Each gives its decision, or on failure its `on_error` (`deny` with the failure as the
+/// reason; `none`: nothing), as one more source of the decision (`plugin` its index in `set`).
+pub(crate) fn ask_all(
+    set: &[Arc<dyn PluginPolicy>],
+    point: DecisionPoint,
+    agent: &str,
+    payload_json: &str,
+) -> Vec<super::command::Answer> {
+    let mut out = Vec::new();
+    for (i, p) in set.iter().enumerate() {
+        if !p.answers(point) {
+            continue;
+        }
+        let a = p.ask(point, agent, payload_json);
+        p.counters().count(&a, p.on_error());
+        let (decision, reason, context) = match a {
+            GuestAnswer::Decided(Some(d), reason, context) => (d, reason, context),
+            GuestAnswer::Decided(None, ..) => continue,
+            GuestAnswer::Failed(f) => match p.on_error() {
+                OnError::Deny => (
+                    Decision::Deny,
+                    Some(format!("WASM policy {} {f} (on_error: deny)", p.id())),
+                    None,
+                ),
+                OnError::None => continue,
+            },
+        };
+        out.push(super::command::Answer {
+            order: ORDER_BASE + i,
+            decision,
+            reason: reason.unwrap_or_default(),
+            policy: p.id().to_string(),
+            context,
+            command: None,
+            plugin: Some(i),
+        });
+    }
+    out
+}

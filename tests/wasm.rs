@@ -20,6 +20,11 @@ mod crafted;
 #[path = "support/plugins.rs"]
 mod plugins;
 
+/// WASM policies (docs/policies.md § WASM policies).
+#[cfg(feature = "http")]
+#[path = "wasm/policy.rs"]
+mod policy;
+
 use plugins::{audit_manifest, install, kv_count};
 
 // ---------------------------------------------------------------- helpers

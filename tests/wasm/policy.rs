@@ -4,18 +4,13 @@
 //! `Hooks::decide` and `POST /api/decide` over loopback — the real decider, plugin loads,
 //! watcher and server.
 
-#![cfg(all(feature = "wasm", feature = "http"))]
-
 use prx_hooks::Hooks;
 use prx_hooks::policy::{Decision, DecisionPoint, PluginPolicyCount, Verdict};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-#[path = "support/plugins.rs"]
-mod plugins;
-
-use plugins::install;
+use crate::plugins::install;
 
 /// A policy-only plugin.toml for `name`: `[policy]` lines, then `[resources]` and `[config]`.
 fn manifest(name: &str, policy: &str, resources: &str, config: &str) -> String {

@@ -612,6 +612,9 @@ pub(crate) fn extras(
             withheld += 1;
             continue;
         }
+        if raw.as_bytes().first() == Some(&b'n') {
+            continue; // null: attributes have no null, so no attribute
+        }
         if n == max {
             left_out += 1;
             continue;
@@ -622,6 +625,10 @@ pub(crate) fn extras(
             Some(b'f') => Val::Bool(false),
             Some(b'-' | b'0'..=b'9') => match raw.parse::<i64>() {
                 Ok(i) => Val::Int(i),
+                // An integer beyond 64 bits keeps its digits: a double would round it.
+                Err(_) if !raw.contains(['.', 'e', 'E']) => {
+                    Val::Str(rec.push_bounded(raw, max_bytes))
+                }
                 Err(_) => Val::Double(raw.parse().unwrap_or(f64::NAN)),
             },
             _ => Val::Str(rec.push_bounded(&raw_text(raw), max_bytes)),
@@ -784,6 +791,33 @@ mod tests {
             Some(Value::StringValue(r#"{"a":[1,2]}"#.into()))
         );
         assert_eq!(s.dropped_attributes_count, 1);
+    }
+
+    #[test]
+    fn extras_keep_their_json_types_null_and_big_integers_included() {
+        let mut r = Rec::empty();
+        r.begin(Kind::Internal, [1; 16], [1; 8], None, 0);
+        let json = r#"{"gone":null,"big":18446744073709551616,"low":-9223372036854775809,"max":9223372036854775807,"f":1.5,"e":1e3}"#;
+        let mut members = Vec::new();
+        let payload = Payload::parse(json, &mut members);
+        assert_eq!(extras(&mut r, &payload, &[], true, 32, 4096), 0);
+        let s = decode(&r);
+        // OpenTelemetry attributes have no null: a null extra is no attribute (it was the
+        // string "null").
+        assert_eq!(attr(&s, "prx.extra.gone"), None);
+        // An integer beyond 64 bits keeps its digits (it was a double, rounded).
+        assert_eq!(
+            attr(&s, "prx.extra.big"),
+            Some(Value::StringValue("18446744073709551616".into()))
+        );
+        assert_eq!(
+            attr(&s, "prx.extra.low"),
+            Some(Value::StringValue("-9223372036854775809".into()))
+        );
+        assert_eq!(attr(&s, "prx.extra.max"), Some(Value::IntValue(i64::MAX)));
+        assert_eq!(attr(&s, "prx.extra.f"), Some(Value::DoubleValue(1.5)));
+        assert_eq!(attr(&s, "prx.extra.e"), Some(Value::DoubleValue(1000.0)));
+        assert_eq!(s.attributes.len(), 5);
     }
 
     #[test]

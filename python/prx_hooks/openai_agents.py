@@ -6,8 +6,13 @@ Either (or both: they see different things) —
     from prx_hooks.openai_agents import PrxRunHooks, PrxTracingProcessor
 
     em = hooks.emitter("my-agent", "session-42")
-    await Runner.run(agent, "…", hooks=PrxRunHooks(em))      # one run's lifecycle
-    add_trace_processor(PrxTracingProcessor(em))              # every traced run, errors too
+    await Runner.run(agent, "…", hooks=PrxRunHooks(em, hooks=hooks))  # one run's lifecycle
+    add_trace_processor(PrxTracingProcessor(em, hooks=hooks))          # every traced run
+
+With ``hooks=``, an agent a run hands off to emits as an emitter of its own (session
+``<session>/<agent name>``, events naming the handing agent's session in ``parent_session``)
+and each traced run is a session of its own (``<session>/<trace id>``): handoffs nest in the
+run's trace and concurrent runs stay apart.
 
 | ``PrxRunHooks``                  | ``PrxTracingProcessor``            | event                      |
 |----------------------------------|------------------------------------|----------------------------|
@@ -16,6 +21,7 @@ Either (or both: they see different things) —
 | ``on_llm_end``                   | generation / response span end     | ``llm_response``           |
 | ``on_tool_start``                | function span end                  | ``tool_call_start``        |
 | ``on_tool_end``                  | function span end                  | ``tool_call``              |
+| ``on_handoff``                   | —                                  | ``agent_start`` (next agent) |
 | —                                | any span ending with an error      | ``error``                  |
 | ``on_agent_end``                 | trace end                          | ``turn_complete``, ``agent_end`` |
 
@@ -60,17 +66,42 @@ from ._native import Emitter, Hooks
 __all__ = ["PrxRunHooks", "PrxTracingProcessor", "guard_tools", "prx_tool_guardrail"]
 
 
+MAX_NAME_BYTES = 256
+"""Tool names are cut to this many bytes (at a character's boundary): they become span names."""
+
+
+def _name(name: Any) -> str:
+    """A tool's name, bounded to ``MAX_NAME_BYTES`` UTF-8 bytes."""
+    text = name if isinstance(name, str) else str(name)
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_NAME_BYTES:
+        return text
+    return raw[:MAX_NAME_BYTES].decode("utf-8", "ignore")
+
+
+def _provider_of_name(name: str) -> Tuple[str, str]:
+    """(provider, model) of a model name as the SDK's providers read it: ``litellm/<provider>/
+    <model>`` and ``<provider>/<model>`` name their provider, a bare name is OpenAI's."""
+    if name.startswith("litellm/"):
+        name = name[len("litellm/"):]
+    provider, _, rest = name.partition("/")
+    return (provider, rest) if provider and rest else ("openai", name)
+
+
 def _model(model: Any) -> Tuple[str, str]:
     """(provider, model) of an agent's ``model``: a name, a Model object, or None."""
     if model is None:
         return "openai", "default"
     if isinstance(model, str):
-        provider, _, rest = model.partition("/")
-        return (provider, rest) if rest else ("openai", model)
-    name = getattr(model, "model", None) or type(model).__name__
+        return _provider_of_name(model)
+    name = getattr(model, "model", None)
     module = type(model).__module__ or ""
-    provider = "openai" if module.startswith("agents.models.openai") else type(model).__name__
-    return str(provider), str(name)
+    if module.startswith("agents.models.openai"):
+        return "openai", str(name or type(model).__name__)
+    if name is not None and "litellm" in module:
+        # LitellmModel("anthropic/claude-…"): LiteLLM's provider prefix.
+        return _provider_of_name(str(name))
+    return type(model).__name__, str(name or type(model).__name__)
 
 
 def _usage(usage: Any) -> Dict[str, int]:
@@ -86,71 +117,144 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-class PrxRunHooks(RunHooks):
-    """``Runner.run(agent, input, hooks=PrxRunHooks(emitter))``. Safe to share between
-    concurrent runs."""
+class _Run:
+    """One run's agents, the first one outermost: (emitter, agent name, start in ns)."""
 
-    def __init__(self, emitter: Emitter) -> None:
+    __slots__ = ("agents", "handoffs")
+
+    def __init__(self) -> None:
+        self.agents: list = []
+        self.handoffs = 0
+
+
+class PrxRunHooks(RunHooks):
+    """``Runner.run(agent, input, hooks=PrxRunHooks(emitter, hooks=hooks))``. Safe to share
+    between concurrent runs.
+
+    A handoff keeps the run in one trace when ``hooks`` is given: the agent handed to emits
+    as an emitter of its own (same agent, session ``<session>/<agent name>``) whose events
+    name the handing agent's session (``parent_session``), so its ``invoke_agent`` span nests
+    under the agent that handed off; every agent's span ends when the run does. Without
+    ``hooks``, the handing agent ends (successfully, ``handoff_to`` naming the next one) and
+    the next agent starts a trace of its own."""
+
+    def __init__(self, emitter: Emitter, *, hooks: Optional[Hooks] = None) -> None:
         super().__init__()
         self.emitter = emitter
-        # (id of the run's context, id of the agent) -> (provider, model, start in ns)
+        self.hooks = hooks
+        # (id of the run's usage, id of the agent) -> (provider, model, start in ns)
         self._llms: Dict[Tuple[int, int], Tuple[str, str, int]] = {}
-        # (id of the context, tool call id or tool name) -> start in ns
+        # (id of the run's usage, tool call id or tool name) -> start in ns
         self._tools: Dict[Tuple[int, str], int] = {}
-        self._runs: Dict[int, int] = {}
+        self._runs: Dict[int, _Run] = {}
+
+    @staticmethod
+    def _run_key(context: Any) -> int:
+        # A tool's context is a copy of the run's, sharing its usage counter.
+        usage = getattr(context, "usage", None)
+        return id(usage) if usage is not None else id(context)
+
+    def _em(self, context: Any) -> Tuple[Emitter, Dict[str, Any]]:
+        """The emitter of the run's current agent and the extras its events carry."""
+        run = self._runs.get(self._run_key(context))
+        if run is None or not run.agents:
+            return self.emitter, {}
+        em, _, _, parent = run.agents[-1]
+        return em, ({"parent_session": parent} if parent is not None else {})
 
     async def on_agent_start(self, context: Any, agent: Any) -> None:
-        self._runs.setdefault(id(context), time.monotonic_ns())
+        run = self._runs.setdefault(self._run_key(context), _Run())
+        if run.agents:
+            return  # a handoff's target, started in on_handoff
+        run.agents.append((self.emitter, str(agent.name), time.monotonic_ns(), None))
         self.emitter.agent_start(extras={"agent_name": str(agent.name)})
+
+    async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
+        run = self._runs.setdefault(self._run_key(context), _Run())
+        name = str(to_agent.name)
+        extras: Dict[str, Any] = {"agent_name": name, "handoff_from": str(from_agent.name)}
+        if self.hooks is None:
+            if run.agents:
+                em, prev, start, _ = run.agents.pop()
+                done: Dict[str, Any] = {"agent_name": prev, "handoff_to": name}
+                done["duration_ms"] = (time.monotonic_ns() - start) // 1_000_000
+                em.turn_complete(extras={"agent_name": prev})
+                em.agent_end(True, 0, extras=done)
+            run.agents.append((self.emitter, name, time.monotonic_ns(), None))
+            self.emitter.agent_start(extras=extras)
+            return
+        parent = run.agents[-1][0].session if run.agents else self.emitter.session
+        run.handoffs += 1
+        session = f"{self.emitter.session}/{name}"
+        if any(a[0].session == session for a in run.agents):
+            session = f"{session}-{run.handoffs}"
+        em = self.hooks.emitter(self.emitter.agent, session)
+        run.agents.append((em, name, time.monotonic_ns(), parent))
+        extras["parent_session"] = parent
+        em.agent_start(extras=extras)
 
     async def on_llm_start(
         self, context: Any, agent: Any, system_prompt: Optional[str], input_items: Any
     ) -> None:
+        em, extras = self._em(context)
         provider, model = _model(getattr(agent, "model", None))
-        self._llms[(id(context), id(agent))] = (provider, model, time.monotonic_ns())
+        self._llms[(self._run_key(context), id(agent))] = (provider, model, time.monotonic_ns())
         count = len(input_items or ()) + (1 if system_prompt else 0)
-        self.emitter.llm_request(provider, model, count, extras={"agent_name": str(agent.name)})
+        extras["agent_name"] = str(agent.name)
+        em.llm_request(provider, model, count, extras=extras)
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        em, extras = self._em(context)
         provider, model, start = self._llms.pop(
-            (id(context), id(agent)), ("openai", "unknown", 0)
+            (self._run_key(context), id(agent)), ("openai", "unknown", 0)
         )
         duration = (time.monotonic_ns() - start) // 1_000_000 if start else 0
-        extras: Dict[str, Any] = {"agent_name": str(agent.name)}
+        extras["agent_name"] = str(agent.name)
         extras.update(_usage(getattr(response, "usage", None)))
         if getattr(response, "response_id", None):
             extras["response_id"] = str(response.response_id)
-        self.emitter.llm_response(provider, model, duration, True, extras=extras)
+        em.llm_response(provider, model, duration, True, extras=extras)
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+        em, extras = self._em(context)
         call_id = getattr(context, "tool_call_id", None)
-        self._tools[(id(context), str(call_id or tool.name))] = time.monotonic_ns()
-        extras: Dict[str, Any] = {"agent_name": str(agent.name)}
+        name = _name(tool.name)
+        self._tools[(self._run_key(context), str(call_id or name))] = time.monotonic_ns()
+        extras["agent_name"] = str(agent.name)
         if call_id:
             extras["tool_call_id"] = str(call_id)
         arguments = getattr(context, "tool_arguments", None)
-        self.emitter.tool_call_start(
-            str(tool.name), arguments if isinstance(arguments, str) else None, extras=extras
-        )
+        em.tool_call_start(name, arguments if isinstance(arguments, str) else None, extras=extras)
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+        em, extras = self._em(context)
         call_id = getattr(context, "tool_call_id", None)
-        start = self._tools.pop((id(context), str(call_id or tool.name)), 0)
-        extras: Dict[str, Any] = {"agent_name": str(agent.name)}
+        name = _name(tool.name)
+        start = self._tools.pop((self._run_key(context), str(call_id or name)), 0)
+        extras["agent_name"] = str(agent.name)
         if call_id:
             extras["tool_call_id"] = str(call_id)
         if start:
             extras["duration_ms"] = (time.monotonic_ns() - start) // 1_000_000
-        self.emitter.tool_call(str(tool.name), True, _text(result), extras=extras)
+        em.tool_call(name, True, _text(result), extras=extras)
 
     async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
-        start = self._runs.pop(id(context), 0)
-        extras: Dict[str, Any] = {"agent_name": str(agent.name)}
-        if start:
-            extras["duration_ms"] = (time.monotonic_ns() - start) // 1_000_000
-        extras.update(_usage(getattr(context, "usage", None)))
-        self.emitter.turn_complete(extras={"agent_name": str(agent.name)})
-        self.emitter.agent_end(True, 0, extras=extras)
+        run = self._runs.pop(self._run_key(context), None)
+        agents = run.agents if run is not None else []
+        if not agents:
+            agents = [(self.emitter, str(agent.name), 0, None)]
+        # The last agent first: each handed-off agent's span inside the one that handed off.
+        for n, (em, name, start, parent) in enumerate(reversed(agents)):
+            extras: Dict[str, Any] = {"agent_name": name}
+            if parent is not None:
+                extras["parent_session"] = parent
+            if start:
+                extras["duration_ms"] = (time.monotonic_ns() - start) // 1_000_000
+            if em is self.emitter:
+                extras.update(_usage(getattr(context, "usage", None)))
+            tc = {k: v for k, v in extras.items() if k in ("agent_name", "parent_session")}
+            em.turn_complete(extras=tc)
+            em.agent_end(True, 0, extras=extras)
 
 
 def _ms(span: Any) -> int:
@@ -163,30 +267,43 @@ def _ms(span: Any) -> int:
 
 
 class PrxTracingProcessor(TracingProcessor):
-    """``agents.add_trace_processor(PrxTracingProcessor(emitter))`` (keeps the SDK's own
-    exporter) or ``agents.set_trace_processors([...])`` (replaces it). Every traced run of
-    the process goes to ``emitter``."""
+    """``agents.add_trace_processor(PrxTracingProcessor(emitter, hooks=hooks))`` (keeps the
+    SDK's own exporter) or ``agents.set_trace_processors([...])`` (replaces it). Every traced
+    run of the process goes to ``emitter``'s agent.
 
-    def __init__(self, emitter: Emitter) -> None:
+    With ``hooks``, each run (each SDK trace) is a session of its own,
+    ``<session>/<trace id>``, so concurrent runs stay apart; without it every run shares
+    ``emitter``'s session, and runs must not overlap. A tool's failure is an ``error`` while
+    its span is open and a failed ``tool_call``; the run fails only when the SDK marks
+    something other than a tool failed (the model, a guardrail, the agent)."""
+
+    def __init__(self, emitter: Emitter, *, hooks: Optional[Hooks] = None) -> None:
         self.emitter = emitter
-        self._failed: Dict[str, bool] = {}  # trace id -> a span failed
-        self._starts: Dict[str, int] = {}  # trace id -> start in ns
+        self.hooks = hooks
+        # trace id -> [emitter, a span other than a tool's failed, start in ns]
+        self._runs: Dict[str, list] = {}
+
+    def _em(self, trace_id: str) -> Emitter:
+        run = self._runs.get(trace_id)
+        return run[0] if run is not None else self.emitter
 
     def on_trace_start(self, trace: Any) -> None:
-        self._failed[trace.trace_id] = False
-        self._starts[trace.trace_id] = time.monotonic_ns()
-        self.emitter.agent_start(
-            extras={"trace_id": str(trace.trace_id), "workflow": str(trace.name)}
-        )
+        tid = str(trace.trace_id)
+        if self.hooks is not None:
+            em = self.hooks.emitter(self.emitter.agent, f"{self.emitter.session}/{tid}")
+        else:
+            em = self.emitter
+        self._runs[tid] = [em, False, time.monotonic_ns()]
+        em.agent_start(extras={"trace_id": tid, "workflow": str(trace.name)})
 
     def on_trace_end(self, trace: Any) -> None:
-        failed = self._failed.pop(trace.trace_id, False)
-        start = self._starts.pop(trace.trace_id, 0)
-        extras: Dict[str, Any] = {"trace_id": str(trace.trace_id)}
-        self.emitter.turn_complete(extras=dict(extras))
+        tid = str(trace.trace_id)
+        em, failed, start = self._runs.pop(tid, [self.emitter, False, 0])
+        extras: Dict[str, Any] = {"trace_id": tid}
+        em.turn_complete(extras=dict(extras))
         if start:
             extras["duration_ms"] = (time.monotonic_ns() - start) // 1_000_000
-        self.emitter.agent_end(not failed, 0, extras=extras)
+        em.agent_end(not failed, 0, extras=extras)
 
     def _ids(self, span: Any) -> Dict[str, Any]:
         ids = {"trace_id": str(span.trace_id), "span_id": str(span.span_id)}
@@ -199,40 +316,50 @@ class PrxTracingProcessor(TracingProcessor):
         # input): each span's events are emitted when it ends, see on_span_end.
         pass
 
+    def _error(self, em: Emitter, span: Any, data: Any, error: Any) -> None:
+        em.error(
+            str(getattr(data, "type", "span")), _text(error.get("message") or ""),
+            extras=self._ids(span),
+        )
+
     def on_span_end(self, span: Any) -> None:
         data = span.span_data
         error = span.error
-        if error:
-            self._failed[span.trace_id] = True
+        em = self._em(str(span.trace_id))
         if isinstance(data, FunctionSpanData):
+            # A tool's failure is the model's to recover from: it does not fail the run.
+            name = _name(data.name)
             arguments = data.input if isinstance(data.input, str) else None
-            self.emitter.tool_call_start(str(data.name), arguments, extras=self._ids(span))
+            em.tool_call_start(name, arguments, extras=self._ids(span))
             if error:
-                output = str(error.get("message"))
+                self._error(em, span, data, error)  # while the tool's span is open
+                output = _text(error.get("message") or "")
             else:
                 output = _text(data.output if data.output is not None else "")
-            self.emitter.tool_call(str(data.name), not error, output, extras=self._ids(span))
-        elif isinstance(data, (GenerationSpanData, ResponseSpanData)):
+            em.tool_call(name, not error, output, extras=self._ids(span))
+            return
+        if error and str(span.trace_id) in self._runs:
+            self._runs[str(span.trace_id)][1] = True
+        if isinstance(data, (GenerationSpanData, ResponseSpanData)):
             if isinstance(data, GenerationSpanData):
-                model = str(data.model or "unknown")
+                provider, model = _provider_of_name(str(data.model or "unknown"))
                 usage = _usage(data.usage)
             else:
                 response = data.response
+                provider = "openai"
                 model = str(getattr(response, "model", None) or "unknown")
                 usage = _usage(getattr(response, "usage", None) or data.usage)
             items = data.input
             count = len(items) if isinstance(items, (list, tuple)) else int(bool(items))
-            self.emitter.llm_request("openai", model, count, extras=self._ids(span))
+            em.llm_request(provider, model, count, extras=self._ids(span))
             extras = self._ids(span)
             extras.update(usage)
             if error:
-                extras["error_message"] = str(error.get("message"))
-            self.emitter.llm_response("openai", model, _ms(span), not error, extras=extras)
-        if error:
-            self.emitter.error(
-                str(getattr(data, "type", "span")), str(error.get("message")),
-                extras=self._ids(span),
-            )
+                extras["error_message"] = _text(error.get("message") or "")
+                self._error(em, span, data, error)
+            em.llm_response(provider, model, _ms(span), not error, extras=extras)
+        elif error:
+            self._error(em, span, data, error)
 
     def shutdown(self) -> None:
         pass

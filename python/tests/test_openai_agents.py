@@ -55,9 +55,11 @@ class FakeModel(Model):
     """Answers each turn from a script: one function call per turn, then a message. Like the
     SDK's own models, it opens a generation span for each call."""
 
-    def __init__(self, tool_calls):
+    def __init__(self, tool_calls, name="fake-model", pause=0.0, ids="call"):
+        self.name = name
+        self.pause = pause
         self.turns = [
-            [ResponseFunctionToolCall(id=f"fc_{n}", call_id=f"call_{n}", type="function_call",
+            [ResponseFunctionToolCall(id=f"fc_{n}", call_id=f"{ids}_{n}", type="function_call",
                                       name=name, arguments=json.dumps(args))]
             for n, (name, args) in enumerate(tool_calls)
         ] + [[ResponseOutputMessage(
@@ -68,7 +70,9 @@ class FakeModel(Model):
                            output_schema, handoffs, tracing, *, previous_response_id=None,
                            conversation_id=None, prompt=None):
         items = input if isinstance(input, list) else [{"role": "user", "content": input}]
-        with generation_span(model="fake-model", input=items,
+        if self.pause:
+            await asyncio.sleep(self.pause)
+        with generation_span(model=self.name, input=items,
                              disabled=tracing.is_disabled()) as span:
             output = self.turns.pop(0)
             usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
@@ -148,12 +152,134 @@ def test_the_tracing_processor_sees_the_run_and_its_failures(workspace):
     assert [e["success"] for e in ends] == [True, False]
     errors = [m.payload for m in events if m.event == "error"]
     assert errors and errors[0]["component"] == "function" and errors[0]["span_id"] == ends[1]["span_id"]
+    # The error comes while the failing tool's span is open: after its tool_call_start,
+    # before its tool_call (the span builder puts the exception on the newest open span).
+    failing = [(m.event, m.payload.get("span_id")) for m in events
+               if m.payload.get("span_id") == ends[1]["span_id"]]
+    assert failing == [("tool_call_start", ends[1]["span_id"]), ("error", ends[1]["span_id"]),
+                       ("tool_call", ends[1]["span_id"])]
     responses = [m.payload for m in events if m.event == "llm_response"]
     assert {r["model"] for r in responses} == {"fake-model"} and responses[0]["input_tokens"] == 10
-    assert events[-1].payload["success"] is False
+    assert {r["provider"] for r in responses} == {"openai"}
+    # The model got the tool's error and finished the run: the run did not fail.
+    assert events[-1].payload["success"] is True
     assert len({m.payload["trace_id"] for m in events}) == 1
     assert [(p["tool"], p["arguments"]) for _, p in read_log(log)] == [
         ("read_file", {"path": "a.rs"}), ("shell", {"cmd": "false", "cwd": "/"})]
+
+
+def handoff_agents():
+    """`coder` hands off to `reviewer` (the SDK's `transfer_to_reviewer` tool), which answers."""
+    reviewer = Agent(name="reviewer", instructions="Review the fix.",
+                     model=FakeModel([("read_file", {"path": "src/lib.rs"})], ids="review"),
+                     tools=[read_file])
+    return Agent(name="coder", instructions="Fix the failing test.",
+                 model=FakeModel([("read_file", {"path": "a.rs"}), ("transfer_to_reviewer", {})]),
+                 tools=[read_file], handoffs=[reviewer])
+
+
+def until_agent_end(sub, session):
+    """The events up to `session`'s agent_end (all of them if it does not come in 10 s)."""
+    events = []
+    while not events or (events[-1].event, events[-1].session) != ("agent_end", session):
+        try:
+            events.append(sub.recv(timeout=10))
+        except TimeoutError:
+            break
+    return events
+
+
+def test_a_handoff_is_an_agent_span_of_its_own_in_the_runs_trace(workspace):
+    with prx_hooks.Hooks(workspace=workspace) as hooks:
+        sub = hooks.bus.subscribe("*")
+        run_hooks = PrxRunHooks(hooks.emitter("coder", "oa-h"), hooks=hooks)
+        assert run(handoff_agents(), run_hooks) == "All done."
+        events = until_agent_end(sub, "oa-h")
+        time.sleep(0.2)
+        assert sub.try_recv() is None
+    by_session = {}
+    for m in events:
+        assert m.agent == "coder"
+        by_session.setdefault(m.session, []).append(m)
+    assert list(by_session) == ["oa-h", "oa-h/reviewer"]
+    coder, reviewer = by_session["oa-h"], by_session["oa-h/reviewer"]
+    # One agent span per agent: each agent starts and ends once, on its own (agent, session).
+    for mine in (coder, reviewer):
+        kinds = [m.event for m in mine]
+        assert kinds.count("agent_start") == kinds.count("agent_end") == 1
+        assert kinds[0] == "agent_start" and kinds[-2:] == ["turn_complete", "agent_end"]
+        assert mine[-1].payload["success"] is True
+    assert [m.payload.get("agent_name") for m in (coder[0], reviewer[0])] == ["coder", "reviewer"]
+    # The reviewer's events name the run's session: its span nests in the coder's trace,
+    # under the coder's span, which ends after it.
+    assert {m.payload.get("parent_session") for m in reviewer} == {"oa-h"}
+    assert all("parent_session" not in m.payload for m in coder)
+    assert reviewer[0].payload["handoff_from"] == "coder"
+    assert events.index(reviewer[-1]) < events.index(coder[-1])
+    assert [m.payload["tool"] for m in reviewer if m.event == "tool_call"] == ["read_file"]
+    assert [m.payload["tool"] for m in coder if m.event == "tool_call"] == ["read_file"]
+    assert coder[-1].payload["input_tokens"] == 40  # the run's four model calls
+
+
+def test_two_concurrent_runs_on_one_tracing_processor_stay_apart(workspace):
+    with prx_hooks.Hooks(workspace=workspace) as hooks:
+        sub = hooks.bus.subscribe("*")
+        set_trace_processors([PrxTracingProcessor(hooks.emitter("coder", "oa-c"), hooks=hooks)])
+
+        async def both():
+            slow = Agent(name="coder", instructions="Fix it.", tools=[read_file],
+                         model=FakeModel([("read_file", {"path": "a.rs"})] * 3, pause=0.02))
+            fast = Agent(name="coder", instructions="Fix it.", tools=[read_file],
+                         model=FakeModel([("read_file", {"path": "b.rs"})] * 3, pause=0.01))
+            return await asyncio.gather(Runner.run(slow, "one"), Runner.run(fast, "two"))
+
+        results = asyncio.run(both())
+        assert [r.final_output for r in results] == ["All done.", "All done."]
+        events = []
+        while [m.event for m in events].count("agent_end") < 2:
+            events.append(sub.recv(timeout=10))
+    sessions = {}
+    for m in events:
+        sessions.setdefault(m.session, []).append(m)
+    assert len(sessions) == 2, list(sessions)
+    # The runs did interleave: the second started before the first ended.
+    kinds = [m.event for m in events]
+    assert kinds.index("agent_end") > [i for i, k in enumerate(kinds) if k == "agent_start"][1]
+    for session, mine in sessions.items():
+        trace_ids = {m.payload["trace_id"] for m in mine}
+        assert len(trace_ids) == 1 and session == "oa-c/" + trace_ids.pop()
+        k = [m.event for m in mine]
+        assert k[0] == "agent_start" and k[-1] == "agent_end" and k.count("agent_start") == 1
+        assert k.count("tool_call") == 3 and k.count("llm_response") == 4
+        assert mine[-1].payload["success"] is True
+    paths = {s: {m.payload["arguments"]["path"] for m in mine if m.event == "tool_call_start"}
+             for s, mine in sessions.items()}
+    assert sorted(map(sorted, paths.values())) == [["a.rs"], ["b.rs"]]
+
+
+def test_the_provider_comes_from_the_model_and_tool_names_are_bounded(workspace):
+    long_name = "ré" * 200  # 600 bytes
+
+    @function_tool(name_override=long_name)
+    def long_tool(path: str) -> str:
+        """A tool with a long name."""
+        return "ok"
+
+    with prx_hooks.Hooks(workspace=workspace) as hooks:
+        sub = hooks.bus.subscribe("*")
+        set_trace_processors([PrxTracingProcessor(hooks.emitter("coder", "oa-p"))])
+        a = Agent(name="coder", instructions="Fix it.", tools=[long_tool],
+                  model=FakeModel([(long_name, {"path": "a.rs"})],
+                                  name="anthropic/claude-sonnet-4"))
+        run(a, PrxRunHooks(hooks.emitter("coder", "oa-p2")))
+        events = until_agent_end(sub, "oa-p")
+    processor = [m.payload for m in events if m.session == "oa-p"]
+    assert {p["provider"] for p in processor if "provider" in p} == {"anthropic"}
+    assert {p["model"] for p in processor if "provider" in p} == {"claude-sonnet-4"}
+    names = [p["tool"] for p in (m.payload for m in events) if "tool" in p]
+    assert len(names) == 4  # the run hooks' and the processor's start and end
+    for name in names:
+        assert len(name.encode()) <= 256 and long_name.startswith(name), name
 
 
 def test_a_hook_that_sleeps_10_s_does_not_slow_the_agent(workspace):

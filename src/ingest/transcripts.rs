@@ -186,6 +186,10 @@ impl Transcripts {
         else {
             return refuse();
         };
+        // Held from the file's length to its new read position: two turn ends naming one
+        // transcript at once (a retry racing the first try) read it one after the other, so
+        // no call is read twice, and neither takes the other's position for a truncation.
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let Ok(meta) = file.metadata() else {
             return refuse();
         };
@@ -193,7 +197,7 @@ impl Transcripts {
             return refuse();
         }
         let len = meta.len();
-        let known = self.position(path);
+        let known = files.offsets.get(path).copied();
         let first_read = known.is_none();
         let mut from = known.filter(|&o| o <= len).unwrap_or(0);
         if len - from > MAX_READ_BYTES {
@@ -224,18 +228,15 @@ impl Transcripts {
         };
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(text.len() as u64, Ordering::Relaxed);
-        self.remember(path, from + end.max(skip) as u64);
+        files.remember(path, from + end.max(skip) as u64);
+        drop(files);
         Some(transcript::model_calls(agent, whole, first_read))
     }
+}
 
-    fn position(&self, path: &Path) -> Option<u64> {
-        let files = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        files.offsets.get(path).copied()
-    }
-
-    fn remember(&self, path: &Path, offset: u64) {
-        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        let Files { offsets, order } = &mut *files;
+impl Files {
+    fn remember(&mut self, path: &Path, offset: u64) {
+        let Files { offsets, order } = self;
         if offsets.insert(path.to_path_buf(), offset).is_some() {
             order.retain(|p| p != path);
         }
@@ -477,6 +478,27 @@ mod tests {
         let s = r.stats();
         assert_eq!(s.bytes, MAX_READ_BYTES);
         assert_eq!(s.skipped_bytes, text.len() as u64 - MAX_READ_BYTES);
+    }
+
+    #[test]
+    fn turn_ends_racing_on_one_transcript_read_each_call_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.jsonl");
+        let mut text = prompt("2026-12-07T10:00:00Z");
+        for i in 0..200 {
+            text.push_str(&answer(&format!("m{i}"), "2026-12-07T10:00:01Z", 1));
+        }
+        std::fs::write(&path, text).unwrap();
+        let r = Transcripts::new();
+        let t = stop(&path);
+        let lines: usize = std::thread::scope(|s| {
+            let racers: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| r.derive(Agent::ClaudeCode, &t).len()))
+                .collect();
+            racers.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(lines, 400, "each call's two lines once");
+        assert_eq!(r.stats().calls, 200);
     }
 
     #[test]

@@ -118,7 +118,8 @@ def _text(value: Any) -> str:
 
 
 class _Run:
-    """One run's agents, the first one outermost: (emitter, agent name, start in ns)."""
+    """One run's agents, the first one outermost: (emitter, agent name, start in ns, the
+    session of the agent that handed over to it, or None for the first)."""
 
     __slots__ = ("agents", "handoffs")
 

@@ -194,3 +194,38 @@ pub(crate) async fn door_answer(
         stamp: Stamp { verdict },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamped(line: &str) -> Value {
+        let mut line = line.to_string();
+        let mut v = Verdict::none(std::time::Duration::ZERO);
+        v.policy = Some("no-rm-rf".into());
+        stamp_line(&mut line, Decision::Deny, &v);
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    #[test]
+    fn the_decision_joins_the_payload_whatever_its_last_member_is() {
+        for payload in [
+            r#"{}"#,
+            r#"{"tool":"Bash"}"#,
+            // A last member that is itself an empty object.
+            r#"{"tool":"Bash","tool_input":{}}"#,
+            r#"{"tool":"Bash","nested":{"a":{}}}"#,
+        ] {
+            let line = format!(
+                r#"{{"event":"tool_call_start","agent":"a","session":"s","payload":{payload}}}"#
+            );
+            let v = stamped(&line);
+            assert_eq!(v["payload"][DECISION_FIELD], "deny", "{line}");
+            assert_eq!(v["payload"][POLICY_ID_FIELD], "no-rm-rf", "{line}");
+            let before: Value = serde_json::from_str(payload).unwrap();
+            for (k, val) in before.as_object().unwrap() {
+                assert_eq!(&v["payload"][k], val, "{line}");
+            }
+        }
+    }
+}

@@ -200,6 +200,24 @@ pub(super) struct Plugin {
     shards: Vec<flume::Sender<Job>>,
 }
 
+/// What a component exports, for an error saying it lacks an interface: the names, or
+/// `nothing`.
+pub(super) fn exports_of(
+    component: &wasmtime::component::Component,
+    engine: &wasmtime::Engine,
+) -> String {
+    let exports: Vec<String> = component
+        .component_type()
+        .exports(engine)
+        .map(|(n, _)| n.to_string())
+        .collect();
+    if exports.is_empty() {
+        "nothing".to_string()
+    } else {
+        exports.join(", ")
+    }
+}
+
 /// Finds `on-event` in a component and checks its type.
 pub(super) fn find_export(
     component: &wasmtime::component::Component,
@@ -210,19 +228,10 @@ pub(super) fn find_export(
         .iter()
         .find_map(|n| component.get_export_index(None, n).map(|i| (*n, i)))
     else {
-        let exports: Vec<String> = component
-            .component_type()
-            .exports(engine)
-            .map(|(n, _)| n.to_string())
-            .collect();
         return Err(format!(
             "the component does not export {} (it exports: {}); build it for the `hook` world of wit/plugin.wit",
             EXPORT_INTERFACES[0],
-            if exports.is_empty() {
-                "nothing".to_string()
-            } else {
-                exports.join(", ")
-            }
+            exports_of(component, engine)
         ));
     };
     let Some((item, index)) = component.get_export(Some(&iface), EXPORT_FUNC) else {

@@ -14,7 +14,7 @@ use super::drive::{Driven, drive};
 use super::engine::{WasmEngine, one_line};
 use super::host::{HostState, InstanceLimits, PluginCtx};
 use super::manifest::{Manifest, PolicySpec, Resources};
-use super::plugin::{classify, is_pool_exhausted, start_limit_ms};
+use super::plugin::{classify, exports_of, is_pool_exhausted, start_limit_ms};
 use crate::policy::{
     Decision, DecisionPoint, GuestAnswer, GuestFailure, OnError, PluginPolicy, PluginPolicyCounters,
 };
@@ -69,19 +69,10 @@ pub(super) fn find_policy_export(
         .iter()
         .find_map(|n| component.get_export_index(None, n).map(|i| (*n, i)))
     else {
-        let exports: Vec<String> = component
-            .component_type()
-            .exports(engine)
-            .map(|(n, _)| n.to_string())
-            .collect();
         return Err(format!(
             "[policy] is declared, but the component does not export {} (it exports: {}); build it for the `policy` world of wit/policy/policy.wit",
             POLICY_INTERFACES[0],
-            if exports.is_empty() {
-                "nothing".into()
-            } else {
-                exports.join(", ")
-            }
+            exports_of(component, engine)
         ));
     };
     match component.get_export(Some(&iface), POLICY_FUNC) {

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::plugins::install;
+use crate::{hooks, wait_for};
 
 /// A policy-only plugin.toml for `name`: `[policy]` lines, then `[resources]` and `[config]`.
 fn manifest(name: &str, policy: &str, resources: &str, config: &str) -> String {
@@ -38,14 +39,6 @@ fn misbehave(ws: &Path, name: &str, policy: &str, resources: &str, config: &str)
     )
 }
 
-fn hooks(ws: &Path) -> Hooks {
-    Hooks::builder()
-        .workspace(ws)
-        .reload_debounce(Duration::from_millis(20))
-        .build()
-        .unwrap()
-}
-
 fn bash(command: &str) -> String {
     json!({"tool": "Bash", "arguments": {"command": command}}).to_string()
 }
@@ -67,14 +60,6 @@ fn counts(h: &Hooks, id: &str) -> PluginPolicyCount {
 
 fn load_errors(h: &Hooks) -> Vec<String> {
     h.plugins().expect("plugins").stats().errors
-}
-
-fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -312,11 +297,12 @@ fn rules_come_first_and_the_most_restrictive_source_wins() {
     )
     .unwrap();
     no_rm_rf(ws.path(), "");
+    // Fuel enough for far longer than the deadline: the clock stops it, every time.
     misbehave(
         ws.path(),
         "spin",
         "on = [\"tool_call_start\"]\ntimeout_ms = 100",
-        "",
+        "max_fuel = 1_000_000_000_000_000",
         "mode = \"loop\"",
     );
     let h = hooks(ws.path());
@@ -340,11 +326,7 @@ fn rules_come_first_and_the_most_restrictive_source_wins() {
         (v.decision, v.policy.as_deref()),
         (Some(Decision::Allow), Some("rule-allow-bash"))
     );
-    // Both asks failed within their deadline: cut while spinning, or (on a loaded machine,
-    // the first call's instance not yet handed back) no free instance before the deadline.
-    let spin = counts(&h, "spin");
-    assert_eq!(spin.timed_out + spin.busy, 2, "{spin:?}");
-    assert_eq!(spin.calls, 2, "{spin:?}");
+    assert_eq!(counts(&h, "spin").timed_out, 2);
     h.shutdown(Duration::from_secs(5));
 }
 

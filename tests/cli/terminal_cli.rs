@@ -147,7 +147,14 @@ fn ctrl_c_at_the_terminal_ends_a_serving_run_with_one_line() {
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match rx.recv_timeout(left) {
-            Ok(s) if s.contains("console on") => break,
+            // The whole line, not the part of it one read returned: a Ctrl-C in the middle of
+            // it would leave it cut where the run's last line should be.
+            Ok(s)
+                if s.split_once("console on")
+                    .is_some_and(|(_, rest)| rest.contains('\n')) =>
+            {
+                break;
+            }
             Ok(_) => {}
             Err(_) => {
                 let _ = child.kill();

@@ -43,6 +43,9 @@ pub struct Script {
     /// How long each answer of the script (the tool call, the final text) waits before it is
     /// sent: it puts time between the agent's events before a model call and those after.
     pub pause: Duration,
+    /// How many times the shell tool is called, one call per model request, before the final
+    /// text (Anthropic's Messages API only; the others call it once).
+    pub calls: usize,
 }
 
 impl Script {
@@ -52,6 +55,7 @@ impl Script {
             command: command.into(),
             answer: answer.into(),
             pause: Duration::ZERO,
+            calls: 1,
         }
     }
 }
@@ -288,7 +292,7 @@ fn respond(
         ),
         Api::Anthropic if path.starts_with("/v1/messages") => {
             let call = offers(body, "/tools", "/name", &["Bash"]).is_some()
-                && !holds(body, "/messages", "tool_result");
+                && results(body) < script.calls;
             let answer = if call { Answer::ToolCall } else { Answer::Text };
             if body["stream"] == true {
                 (answer, OK, SSE, anthropic_stream(body, call, script))
@@ -487,6 +491,27 @@ fn sse(events: &[(&str, Value)]) -> String {
 }
 
 pub const TOOL_USE_ID: &str = "toolu_prx_fake_1";
+
+/// The id of the conversation's next tool call: [`TOOL_USE_ID`] for the first.
+fn tool_use_id(body: &Value) -> String {
+    match results(body) {
+        0 => TOOL_USE_ID.to_string(),
+        n => format!("toolu_prx_fake_{}", n + 1),
+    }
+}
+
+/// How many tool results the Messages API conversation holds.
+fn results(body: &Value) -> usize {
+    let Some(items) = body.pointer("/messages").and_then(Value::as_array) else {
+        return 0;
+    };
+    items
+        .iter()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter(|b| b["type"] == "tool_result")
+        .count()
+}
 pub const CALL_ID: &str = "call_prx_fake_1";
 
 fn anthropic_usage() -> Value {
@@ -507,7 +532,7 @@ fn anthropic_stream(body: &Value, call: bool, script: &Script) -> String {
             (
                 "content_block_start",
                 json!({"type": "content_block_start", "index": 0, "content_block":
-                    {"type": "tool_use", "id": TOOL_USE_ID, "name": "Bash", "input": {}}}),
+                    {"type": "tool_use", "id": tool_use_id(body), "name": "Bash", "input": {}}}),
             ),
             (
                 "content_block_delta",
@@ -547,7 +572,7 @@ fn anthropic_stream(body: &Value, call: bool, script: &Script) -> String {
 fn anthropic_message(body: &Value, call: bool, script: &Script) -> Value {
     let (content, stop) = if call {
         (
-            json!([{"type": "tool_use", "id": TOOL_USE_ID, "name": "Bash",
+            json!([{"type": "tool_use", "id": tool_use_id(body), "name": "Bash",
                     "input": {"command": script.command, "description": "Run the scripted command"}}]),
             "tool_use",
         )

@@ -77,10 +77,11 @@ pub struct NatsArgs {
     #[arg(long, value_name = "BUCKET", requires = "durable")]
     pub nats_dedup_bucket: Option<String>,
     /// Per-agent order across hosts: with --nats, lifecycle subjects get a last token, the
-    /// agent's partition among N (FNV-1a of the agent, mod N); with --durable, the hosts
+    /// agent's partition among N (`p<k>`: docs/nats.md § Per-agent order across hosts gives
+    /// the function); with --durable, the hosts
     /// sharing the durable consumer split the N partitions between them through leases, one
     /// host per partition at a time (docs/nats.md § Per-agent order across hosts).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=prx_hooks::nats::wire::MAX_PARTITIONS as i64))]
     pub nats_partitions: Option<u32>,
     /// Message ids remembered to skip duplicates.
     #[arg(

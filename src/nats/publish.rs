@@ -76,9 +76,10 @@ impl PublishOptions {
 
     /// A lifecycle event's subject gets one more token, its agent's partition among `n`
     /// ([`wire::partition`]): `prx.lifecycle.tool_call.p3`. Consumers sharing a durable
-    /// consumer with the same `n` then keep each agent's events in order across hosts.
+    /// consumer with the same `n` then keep each agent's events in order across hosts. `n` is
+    /// taken between 1 and [`wire::MAX_PARTITIONS`].
     pub fn partitions(mut self, n: u32) -> PublishOptions {
-        self.partitions = Some(n.max(1));
+        self.partitions = Some(n.clamp(1, super::wire::MAX_PARTITIONS));
         self
     }
 

@@ -309,13 +309,21 @@ pub fn event_of_subject(subject: &str) -> Option<EventKind> {
     let mut tokens = subject.rsplit('.');
     let mut event = tokens.next()?;
     let number = event.strip_prefix('p').unwrap_or(event);
-    if !number.is_empty() && number.len() <= 4 && number.bytes().all(|b| b.is_ascii_digit()) {
+    // Any partition a u32 names (10 digits), not only those up to MAX_PARTITIONS: another
+    // publisher may use more.
+    if !number.is_empty() && number.len() <= 10 && number.bytes().all(|b| b.is_ascii_digit()) {
         event = tokens.next()?;
     }
     (tokens.next()? == "lifecycle" && tokens.next()? == "prx")
         .then(|| EventKind::from_name(event))
         .flatten()
 }
+
+/// The most partitions a publisher or a consumer of this crate uses
+/// ([`PublishOptions::partitions`](super::PublishOptions::partitions) and
+/// [`ConsumeOptions::partitions`](super::ConsumeOptions::partitions) take at most this many;
+/// `--nats-partitions` refuses more): each partition is a durable consumer and a lease.
+pub const MAX_PARTITIONS: u32 = 1024;
 
 /// An agent's partition among `n` (the last subject token with partitions, as
 /// [`partition_token`]): the 64-bit FNV-1a of the agent's name as UTF-8 (decoded, as hooks see
@@ -332,7 +340,7 @@ pub fn event_of_subject(subject: &str) -> Option<EventKind> {
 ///     .iter()
 ///     .map(|a| partition(a, 8))
 ///     .collect();
-/// assert!(ks.iter().all(|&k| k < 8));
+/// assert_eq!(ks, [6, 2, 5, 7]);
 /// assert_eq!(partition("anything", 1), 0);
 /// ```
 pub fn partition(agent: &str, n: u32) -> u32 {
@@ -421,6 +429,16 @@ mod tests {
             Some(EventKind::ToolCall)
         );
         assert_eq!(event_of_subject("prx.lifecycle.p3"), None);
+        // Every partition a u32 names is read past, not only four digits' worth.
+        for k in [9_999, 10_000, MAX_PARTITIONS, u32::MAX] {
+            let subject = format!("prx.lifecycle.error.{}", partition_token(k));
+            assert_eq!(
+                event_of_subject(&subject),
+                Some(EventKind::Error),
+                "{subject}"
+            );
+        }
+        assert_eq!(event_of_subject("prx.lifecycle.error.p12345678901"), None);
         assert_eq!(partition("", 1), 0);
         assert_eq!(partition_filter("prx.lifecycle.>", 2), "prx.lifecycle.*.p2");
         assert_eq!(
@@ -463,6 +481,22 @@ mod tests {
                 let want = ((fmix(fnv(name)) as u128 * n as u128) >> 64) as u32;
                 assert_eq!(partition(name, n), want, "{name} {n}");
             }
+        }
+        // Golden values, computed by an independent implementation (Python's arbitrary
+        // precision integers): a change of the function fails here, not in a fleet.
+        let golden: [(&str, [u32; 3]); 8] = [
+            ("", [7, 59, 959]),
+            ("a", [4, 32, 522]),
+            ("worker-a", [6, 52, 845]),
+            ("worker-i", [2, 20, 322]),
+            ("worker-q", [5, 44, 709]),
+            ("worker-y", [7, 57, 925]),
+            ("agent-17", [0, 5, 93]),
+            ("h\u{e9}llo", [6, 48, 774]),
+        ];
+        for (name, want) in golden {
+            let got = [8, 64, 1024].map(|n| partition(name, n));
+            assert_eq!(got, want, "{name:?}");
         }
         // FNV-1a modulo 8 put these four on one partition: their last bytes differ only
         // above the low three bits.

@@ -12,19 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
-import subprocess
-import threading
 import time
-import urllib.request
 import warnings
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Dict, List
 
-import pytest
 
 from agents import Agent, Runner, set_trace_processors
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
@@ -39,78 +33,12 @@ with warnings.catch_warnings():
 import prx_hooks
 from prx_hooks.langchain import PrxCallbackHandler
 from prx_hooks.openai_agents import PrxRunHooks, PrxTracingProcessor
-from conftest import REPO, prx_hooks_binary, wait_for
+from conftest import REPO, Server
 from otlp import Receiver, Span, children, render
 from test_openai_agents import FakeModel, handoff_agents, read_file as sdk_read_file
 
 # Every piece of content the agents send holds this: no exported attribute may.
 SECRET = "SECRET-7f3a"
-
-
-# ---------------------------------------------------------------------------------------------
-# The server
-
-
-class Server:
-    """`prx-hooks run --workspace WS --listen 127.0.0.1:0 --otlp URL`, stopped with SIGTERM."""
-
-    def __init__(self, ws: Path, otlp: str) -> None:
-        self.ws = ws
-        env = {k: v for k, v in os.environ.items() if k != "PRX_HOOKS_TOKEN"}
-        env["RUST_LOG"] = "info"
-        self.proc = subprocess.Popen(
-            [str(prx_hooks_binary()), "run", "--workspace", str(ws),
-             "--listen", "127.0.0.1:0", "--otlp", otlp],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        self.lines: List[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.address = wait_for(
-            "the server's address file",
-            lambda: (ws / ".prx-hooks" / "address").is_file()
-            and (ws / ".prx-hooks" / "address").read_text().strip())
-        wait_for("the server to say it listens",
-                 lambda: any("HTTP API on " in line for line in list(self.lines)))
-        self.token = (ws / ".prx-hooks" / "token").read_text().strip()
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self.lines.append(line.rstrip("\n"))
-
-    def post_events(self, lines: List[str], at: str) -> dict:
-        req = urllib.request.Request(
-            self.address + "/api/events", method="POST", data="\n".join(lines).encode(),
-            headers={"Authorization": f"Bearer {self.token}",
-                     "Content-Type": "application/x-ndjson",
-                     "Prx-Timestamp": at})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            report = json.loads(resp.read())
-        assert report["queued"] == len(lines) and not report["errors"], report
-        return report
-
-    def send_from(self, agent: str, payload: dict) -> None:
-        send = prx_hooks_binary().with_name("prx-hooks-send")
-        out = subprocess.run(
-            [str(send), "--from", agent, "--workspace", str(self.ws), "--strict"],
-            input=json.dumps(payload), capture_output=True, text=True, timeout=30)
-        assert out.returncode == 0 and out.stdout.strip() == "{}", (out.returncode, out.stdout,
-                                                                   out.stderr)
-
-    def stop(self) -> dict:
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(30) == 0, "\n".join(self.lines)
-        self._reader.join(10)
-        for line in reversed(self.lines):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-        pytest.fail("run printed no report:\n" + "\n".join(self.lines))
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def rfc3339(t: datetime) -> str:
@@ -432,7 +360,7 @@ def test_every_source_through_one_server_makes_the_traces_people_read(tmp_path):
     assert a.start < b.end and b.start < a.end, tree
 
     # Gemini CLI: the turn at the payloads' own times (two hours ago), usage from
-    # usageMetadata (input without the cached tokens).
+    # usageMetadata (the input count includes the cached tokens, as the conventions say).
     gem = traces_of(lambda x: x == GEMINI_SESSION)
     g_agent = one(gem, lambda s: s.name == "invoke_agent gemini-cli", "Gemini's agent", tree)
     g = lambda n: ns(gemini_start + timedelta(seconds=n))  # noqa: E731
@@ -441,7 +369,7 @@ def test_every_source_through_one_server_makes_the_traces_people_read(tmp_path):
     assert g_agent.attrs["gen_ai.provider.name"] == "gcp.gemini"
     g_chat = one(gem, lambda s: s.name == "chat gemini-2.5-pro", "Gemini's model call", tree)
     assert (g_chat.parent, g_chat.start, g_chat.end) == (g_agent.span_id, g(1), g(2))
-    assert usage(g_chat) == {"input_tokens": 200, "output_tokens": 85,
+    assert usage(g_chat) == {"input_tokens": 1200, "output_tokens": 85,
                              "cache_read.input_tokens": 1000}, g_chat.attrs
     g_tool = one(gem, lambda s: s.name == "execute_tool run_shell_command", "Gemini's tool", tree)
     assert (g_tool.parent, g_tool.start, g_tool.end) == (g_agent.span_id, g(3), g(4))

@@ -874,7 +874,14 @@ mod tests {
             let mut r = Rec::empty();
             r.begin(Kind::Client, [1; 16], [1; 8], None, 0);
             let mut members = Vec::new();
-            extras(&mut r, &Payload::parse(json, &mut members), &[], false, 32, 4096);
+            extras(
+                &mut r,
+                &Payload::parse(json, &mut members),
+                &[],
+                false,
+                32,
+                4096,
+            );
             let s = decode(&r);
             [
                 "gen_ai.usage.input_tokens",

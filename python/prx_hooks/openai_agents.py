@@ -163,8 +163,9 @@ class PrxRunHooks(RunHooks):
 
     Concurrent runs stay apart when ``hooks`` is given: a run is on ``emitter``'s session
     unless another run (of any ``PrxRunHooks``) is in progress on it; then it is on a session
-    of its own, ``<session>/<trace id>`` (the SDK's trace of the run). Without ``hooks`` every
-    run is on ``emitter``'s session, and runs must not overlap."""
+    of its own, ``<session>/<trace id>`` (the SDK's trace of the run; ``-2``, ``-3``… after it
+    for runs that share one ``trace(...)``). Without ``hooks`` every run is on ``emitter``'s
+    session, and runs must not overlap."""
 
     def __init__(self, emitter: Emitter, *, hooks: Optional[Hooks] = None) -> None:
         super().__init__()
@@ -198,7 +199,12 @@ class PrxRunHooks(RunHooks):
         agent, session = self.emitter.agent, self.emitter.session
         with _OPEN_LOCK:
             if (agent, session) in _OPEN_RUNS:
-                session = f"{session}/{_run_id()}"
+                # Runs inside one `trace(...)` share its id: a number tells them apart.
+                base = session = f"{session}/{_run_id()}"
+                n = 1
+                while (agent, session) in _OPEN_RUNS:
+                    n += 1
+                    session = f"{base}-{n}"
             run.held = (agent, session)
             _OPEN_RUNS.add(run.held)
         if session == self.emitter.session:

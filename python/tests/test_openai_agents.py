@@ -269,6 +269,36 @@ def test_two_concurrent_runs_that_both_hand_off_stay_in_sessions_of_their_own(wo
         assert r.startswith(sessions[r][0].payload["parent_session"] + "/"), r
 
 
+def test_concurrent_runs_in_one_sdk_trace_still_get_sessions_of_their_own(workspace):
+    # Three runs inside one `trace(...)` block share the SDK's trace id: the second and third
+    # cannot both be `<session>/<trace id>`.
+    from agents import trace
+
+    with prx_hooks.Hooks(workspace=workspace) as hooks:
+        sub = hooks.bus.subscribe("*")
+        run_hooks = PrxRunHooks(hooks.emitter("coder", "oa-t"), hooks=hooks)
+
+        async def three():
+            with trace("one workflow"):
+                return await asyncio.gather(*(
+                    Runner.run(handoff_agents(0.01 * (n + 1), f"{n}.rs"), str(n), hooks=run_hooks)
+                    for n in range(3)))
+
+        assert [r.final_output for r in asyncio.run(three())] == ["All done."] * 3
+        events = []
+        while [m.event for m in events].count("agent_end") < 6:
+            try:
+                events.append(sub.recv(timeout=10))
+            except TimeoutError:
+                break
+    sessions = {}
+    for m in events:
+        sessions.setdefault(m.session, []).append(m.event)
+    assert len(sessions) == 6, sessions
+    for session, kinds in sessions.items():
+        assert kinds.count("agent_start") == kinds.count("agent_end") == 1, (session, kinds)
+
+
 def test_two_concurrent_runs_on_one_tracing_processor_stay_apart(workspace):
     with prx_hooks.Hooks(workspace=workspace) as hooks:
         sub = hooks.bus.subscribe("*")

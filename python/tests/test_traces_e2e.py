@@ -213,6 +213,10 @@ def check_handoff(trace: List[Span], run_session: str, tree: str) -> None:
                    and s.name.startswith("invoke_agent"), f"the reviewer's of {run_session}", tree)
     assert {s.trace_id for s in trace} == {coder.trace_id}, tree
     assert coder.parent == "" and reviewer.parent == coder.span_id, tree
+    # Which agent each span is, without content: the SDK agent's name.
+    assert (coder.attrs.get("prx.extra.agent_name"), reviewer.attrs.get("prx.extra.agent_name"),
+            reviewer.attrs.get("prx.extra.handoff_from")) == ("coder", "reviewer", "coder"), (
+        coder.attrs, reviewer.attrs)
     for a in (coder, reviewer):
         mine = [s for s in children(trace, a) if not s.name.startswith("execute_hook")]
         assert sum(s.name.startswith("execute_tool ") for s in mine) == 1, tree

@@ -527,6 +527,9 @@ pub(crate) const SAFE_EXTRAS: &[&str] = &[
     "turn_id",
     "agent_id",
     "agent_type",
+    // the names an application gave its agents (the Agents SDK's agent and handoff)
+    "agent_name",
+    "handoff_from",
     "parent_session",
     "generation_id",
     "conversation_id",

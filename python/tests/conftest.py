@@ -170,9 +170,10 @@ class Server:
 
     def send_from(self, agent: str, payload: dict) -> None:
         send = prx_hooks_binary().with_name("prx-hooks-send")
+        env = {k: v for k, v in os.environ.items() if k != "PRX_HOOKS_TOKEN"}
         out = subprocess.run(
             [str(send), "--from", agent, "--workspace", str(self.ws), "--strict"],
-            input=json.dumps(payload), capture_output=True, text=True, timeout=30)
+            input=json.dumps(payload), capture_output=True, text=True, timeout=30, env=env)
         assert out.returncode == 0 and out.stdout.strip() == "{}", (out.returncode, out.stdout,
                                                                    out.stderr)
 

@@ -121,7 +121,9 @@ def langgraph_run(hooks: prx_hooks.Hooks) -> None:
     ] + [AIMessage(content=f"All done {SECRET}.", usage_metadata=usage)]
     model = FakeMessagesListChatModel(responses=responses)
     bound = model.bind(tools=[convert_to_openai_tool(lg_read_file)])
-    graph = create_react_agent(bound, [lg_read_file])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # create_react_agent's deprecation notice
+        graph = create_react_agent(bound, [lg_read_file])
     handler = PrxCallbackHandler(hooks.emitter("langgraph", "lg-e2e"))
     result = graph.invoke({"messages": [("user", f"fix it {SECRET}")]},
                           config={"callbacks": [handler]})

@@ -10,9 +10,10 @@ Either (or both: they see different things) —
     add_trace_processor(PrxTracingProcessor(em, hooks=hooks))          # every traced run
 
 With ``hooks=``, an agent a run hands off to emits as an emitter of its own (session
-``<session>/<agent name>``, events naming the handing agent's session in ``parent_session``)
-and each traced run is a session of its own (``<session>/<trace id>``): handoffs nest in the
-run's trace and concurrent runs stay apart.
+``<run's session>/<agent name>``, events naming the handing agent's session in
+``parent_session``), a run hooks' run that overlaps another on the same emitter is a session of
+its own (``<session>/<trace id>``), and each traced run is a session of its own
+(``<session>/<trace id>``): handoffs nest in the run's trace and concurrent runs stay apart.
 
 | ``PrxRunHooks``                  | ``PrxTracingProcessor``            | event                      |
 |----------------------------------|------------------------------------|----------------------------|
@@ -43,13 +44,15 @@ decision runs it.
 from __future__ import annotations
 
 import copy
+import itertools
+import threading
 import time
 from datetime import datetime
 from typing import Any, Dict, Optional, Tuple
 
 try:
     from agents import RunHooks, ToolGuardrailFunctionOutput, ToolInputGuardrail
-    from agents.tracing import TracingProcessor
+    from agents.tracing import TracingProcessor, get_current_trace
     from agents.tracing.span_data import (
         FunctionSpanData,
         GenerationSpanData,
@@ -119,13 +122,32 @@ def _text(value: Any) -> str:
 
 class _Run:
     """One run's agents, the first one outermost: (emitter, agent name, start in ns, the
-    session of the agent that handed over to it, or None for the first)."""
+    session of the agent that handed over to it, or None for the first); the (agent, session)
+    the run holds in ``_OPEN_RUNS``, if any."""
 
-    __slots__ = ("agents", "handoffs")
+    __slots__ = ("agents", "handoffs", "held")
 
     def __init__(self) -> None:
         self.agents: list = []
         self.handoffs = 0
+        self.held: Optional[Tuple[str, str]] = None
+
+
+# The (agent, session) of every run hooks' run in progress, whichever ``PrxRunHooks`` runs it:
+# a run starting on a session another run holds takes a session of its own, or the two runs'
+# events would pair as one agent's (an agent started twice, spans in each other's traces).
+_OPEN_RUNS: set = set()
+_OPEN_LOCK = threading.Lock()
+_RUN_NUMBERS = itertools.count(1)
+
+
+def _run_id() -> str:
+    """The SDK's id of the run in progress (its trace's), else a number of this process."""
+    trace = get_current_trace()
+    tid = getattr(trace, "trace_id", None) if trace is not None else None
+    if tid and tid != "no-op":
+        return str(tid)
+    return f"run-{next(_RUN_NUMBERS)}"
 
 
 class PrxRunHooks(RunHooks):
@@ -133,11 +155,17 @@ class PrxRunHooks(RunHooks):
     between concurrent runs.
 
     A handoff keeps the run in one trace when ``hooks`` is given: the agent handed to emits
-    as an emitter of its own (same agent, session ``<session>/<agent name>``) whose events
-    name the handing agent's session (``parent_session``), so its ``invoke_agent`` span nests
-    under the agent that handed off; every agent's span ends when the run does. Without
+    as an emitter of its own (same agent, session ``<run's session>/<agent name>``) whose
+    events name the handing agent's session (``parent_session``), so its ``invoke_agent`` span
+    nests under the agent that handed off; every agent's span ends when the run does. Without
     ``hooks``, the handing agent ends (successfully, ``handoff_to`` naming the next one) and
-    the next agent starts a trace of its own."""
+    the next agent starts a trace of its own.
+
+    Concurrent runs stay apart when ``hooks`` is given: a run is on ``emitter``'s session
+    unless another run (of any ``PrxRunHooks``) is in progress on it; then it is on a session
+    of its own, ``<session>/<trace id>`` (the SDK's trace of the run; ``-2``, ``-3``… after it
+    for runs that share one ``trace(...)``). Without ``hooks`` every run is on ``emitter``'s
+    session, and runs must not overlap."""
 
     def __init__(self, emitter: Emitter, *, hooks: Optional[Hooks] = None) -> None:
         super().__init__()
@@ -163,12 +191,33 @@ class PrxRunHooks(RunHooks):
         em, _, _, parent = run.agents[-1]
         return em, ({"parent_session": parent} if parent is not None else {})
 
+    def _hold(self, run: _Run) -> Emitter:
+        """The emitter of a run's first agent: ``emitter``, or, when another run holds its
+        session, an emitter on a session of the run's own."""
+        if self.hooks is None:
+            return self.emitter
+        agent, session = self.emitter.agent, self.emitter.session
+        with _OPEN_LOCK:
+            if (agent, session) in _OPEN_RUNS:
+                # Runs inside one `trace(...)` share its id: a number tells them apart.
+                base = session = f"{session}/{_run_id()}"
+                n = 1
+                while (agent, session) in _OPEN_RUNS:
+                    n += 1
+                    session = f"{base}-{n}"
+            run.held = (agent, session)
+            _OPEN_RUNS.add(run.held)
+        if session == self.emitter.session:
+            return self.emitter
+        return self.hooks.emitter(agent, session)
+
     async def on_agent_start(self, context: Any, agent: Any) -> None:
         run = self._runs.setdefault(self._run_key(context), _Run())
         if run.agents:
             return  # a handoff's target, started in on_handoff
-        run.agents.append((self.emitter, str(agent.name), time.monotonic_ns(), None))
-        self.emitter.agent_start(extras={"agent_name": str(agent.name)})
+        em = self._hold(run)
+        run.agents.append((em, str(agent.name), time.monotonic_ns(), None))
+        em.agent_start(extras={"agent_name": str(agent.name)})
 
     async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
         run = self._runs.setdefault(self._run_key(context), _Run())
@@ -186,7 +235,8 @@ class PrxRunHooks(RunHooks):
             return
         parent = run.agents[-1][0].session if run.agents else self.emitter.session
         run.handoffs += 1
-        session = f"{self.emitter.session}/{name}"
+        root = run.agents[0][0].session if run.agents else self.emitter.session
+        session = f"{root}/{name}"
         if any(a[0].session == session for a in run.agents):
             session = f"{session}-{run.handoffs}"
         em = self.hooks.emitter(self.emitter.agent, session)
@@ -242,6 +292,9 @@ class PrxRunHooks(RunHooks):
     async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
         run = self._runs.pop(self._run_key(context), None)
         agents = run.agents if run is not None else []
+        if run is not None and run.held is not None:
+            with _OPEN_LOCK:
+                _OPEN_RUNS.discard(run.held)
         if not agents:
             agents = [(self.emitter, str(agent.name), 0, None)]
         # The last agent first: each handed-off agent's span inside the one that handed off.
@@ -251,7 +304,7 @@ class PrxRunHooks(RunHooks):
                 extras["parent_session"] = parent
             if start:
                 extras["duration_ms"] = (time.monotonic_ns() - start) // 1_000_000
-            if em is self.emitter:
+            if parent is None:
                 extras.update(_usage(getattr(context, "usage", None)))
             tc = {k: v for k, v in extras.items() if k in ("agent_name", "parent_session")}
             em.turn_complete(extras=tc)

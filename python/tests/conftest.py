@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import pytest
 
@@ -125,3 +128,67 @@ def run_python(code: str, timeout: float = 60.0, env: Optional[dict] = None):
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+class Server:
+    """`prx-hooks run --workspace WS --listen 127.0.0.1:0 --otlp URL [ARGS]`, stopped with
+    SIGTERM."""
+
+    def __init__(self, ws: Path, otlp: str, *args: str) -> None:
+        self.ws = ws
+        env = {k: v for k, v in os.environ.items() if k != "PRX_HOOKS_TOKEN"}
+        env["RUST_LOG"] = "info"
+        self.proc = subprocess.Popen(
+            [str(prx_hooks_binary()), "run", "--workspace", str(ws),
+             "--listen", "127.0.0.1:0", "--otlp", otlp, *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        self.lines: List[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.address = wait_for(
+            "the server's address file",
+            lambda: (ws / ".prx-hooks" / "address").is_file()
+            and (ws / ".prx-hooks" / "address").read_text().strip())
+        wait_for("the server to say it listens",
+                 lambda: any("HTTP API on " in line for line in list(self.lines)))
+        self.token = (ws / ".prx-hooks" / "token").read_text().strip()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def post_events(self, lines: List[str], at: str) -> dict:
+        req = urllib.request.Request(
+            self.address + "/api/events", method="POST", data="\n".join(lines).encode(),
+            headers={"Authorization": f"Bearer {self.token}",
+                     "Content-Type": "application/x-ndjson",
+                     "Prx-Timestamp": at})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            report = json.loads(resp.read())
+        assert report["queued"] == len(lines) and not report["errors"], report
+        return report
+
+    def send_from(self, agent: str, payload: dict) -> None:
+        send = prx_hooks_binary().with_name("prx-hooks-send")
+        env = {k: v for k, v in os.environ.items() if k != "PRX_HOOKS_TOKEN"}
+        out = subprocess.run(
+            [str(send), "--from", agent, "--workspace", str(self.ws), "--strict"],
+            input=json.dumps(payload), capture_output=True, text=True, timeout=30, env=env)
+        assert out.returncode == 0 and out.stdout.strip() == "{}", (out.returncode, out.stdout,
+                                                                   out.stderr)
+
+    def stop(self) -> dict:
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(30) == 0, "\n".join(self.lines)
+        self._reader.join(10)
+        for line in reversed(self.lines):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+        pytest.fail("run printed no report:\n" + "\n".join(self.lines))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

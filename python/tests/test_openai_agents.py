@@ -168,13 +168,15 @@ def test_the_tracing_processor_sees_the_run_and_its_failures(workspace):
         ("read_file", {"path": "a.rs"}), ("shell", {"cmd": "false", "cwd": "/"})]
 
 
-def handoff_agents():
+def handoff_agents(pause=0.0, path="a.rs"):
     """`coder` hands off to `reviewer` (the SDK's `transfer_to_reviewer` tool), which answers."""
     reviewer = Agent(name="reviewer", instructions="Review the fix.",
-                     model=FakeModel([("read_file", {"path": "src/lib.rs"})], ids="review"),
+                     model=FakeModel([("read_file", {"path": "src/lib.rs"})], ids="review",
+                                     pause=pause),
                      tools=[read_file])
     return Agent(name="coder", instructions="Fix the failing test.",
-                 model=FakeModel([("read_file", {"path": "a.rs"}), ("transfer_to_reviewer", {})]),
+                 model=FakeModel([("read_file", {"path": path}), ("transfer_to_reviewer", {})],
+                                 pause=pause),
                  tools=[read_file], handoffs=[reviewer])
 
 
@@ -219,6 +221,82 @@ def test_a_handoff_is_an_agent_span_of_its_own_in_the_runs_trace(workspace):
     assert [m.payload["tool"] for m in reviewer if m.event == "tool_call"] == ["read_file"]
     assert [m.payload["tool"] for m in coder if m.event == "tool_call"] == ["read_file"]
     assert coder[-1].payload["input_tokens"] == 40  # the run's four model calls
+
+
+def test_two_concurrent_runs_that_both_hand_off_stay_in_sessions_of_their_own(workspace):
+    with prx_hooks.Hooks(workspace=workspace) as hooks:
+        sub = hooks.bus.subscribe("*")
+        run_hooks = PrxRunHooks(hooks.emitter("coder", "oa-hc"), hooks=hooks)
+
+        async def both():
+            return await asyncio.gather(
+                Runner.run(handoff_agents(0.02, "a.rs"), "one", hooks=run_hooks),
+                Runner.run(handoff_agents(0.01, "b.rs"), "two", hooks=run_hooks))
+
+        assert [r.final_output for r in asyncio.run(both())] == ["All done.", "All done."]
+        events = []
+        while [m.event for m in events].count("agent_end") < 4:
+            try:
+                events.append(sub.recv(timeout=10))
+            except TimeoutError:
+                break
+        time.sleep(0.2)
+        while (m := sub.try_recv()) is not None:
+            events.append(m)
+    sessions = {}
+    for m in events:
+        sessions.setdefault(m.session, []).append(m)
+    # The runs did interleave: the second started before the first ended.
+    kinds = [m.event for m in events]
+    assert kinds.index("agent_end") > [i for i, k in enumerate(kinds) if k == "agent_start"][1]
+    # Four agents, four sessions: each agent starts and ends once on its own (agent, session),
+    # which is what keeps each run's spans apart.
+    assert len(sessions) == 4, {s: [m.event for m in mine] for s, mine in sessions.items()}
+    for session, mine in sessions.items():
+        k = [m.event for m in mine]
+        assert k.count("agent_start") == k.count("agent_end") == 1, (session, k)
+        assert k[0] == "agent_start" and k[-1] == "agent_end", (session, k)
+    # Each reviewer names its own run's coder: the one that read the same file.
+    coders = [s for s, mine in sessions.items() if mine[0].payload["agent_name"] == "coder"]
+    reviewers = [s for s in sessions if s not in coders]
+    assert len(coders) == len(reviewers) == 2 and "oa-hc" in coders
+    paths = {s: {m.payload["arguments"]["path"] for m in sessions[s]
+                 if m.event == "tool_call_start"} for s in coders}
+    assert sorted(map(sorted, paths.values())) == [["a.rs"], ["b.rs"]]
+    parents = {sessions[r][0].payload["parent_session"] for r in reviewers}
+    assert parents == set(coders)
+    for r in reviewers:
+        assert r.startswith(sessions[r][0].payload["parent_session"] + "/"), r
+
+
+def test_concurrent_runs_in_one_sdk_trace_still_get_sessions_of_their_own(workspace):
+    # Three runs inside one `trace(...)` block share the SDK's trace id: the second and third
+    # cannot both be `<session>/<trace id>`.
+    from agents import trace
+
+    with prx_hooks.Hooks(workspace=workspace) as hooks:
+        sub = hooks.bus.subscribe("*")
+        run_hooks = PrxRunHooks(hooks.emitter("coder", "oa-t"), hooks=hooks)
+
+        async def three():
+            with trace("one workflow"):
+                return await asyncio.gather(*(
+                    Runner.run(handoff_agents(0.01 * (n + 1), f"{n}.rs"), str(n), hooks=run_hooks)
+                    for n in range(3)))
+
+        assert [r.final_output for r in asyncio.run(three())] == ["All done."] * 3
+        events = []
+        while [m.event for m in events].count("agent_end") < 6:
+            try:
+                events.append(sub.recv(timeout=10))
+            except TimeoutError:
+                break
+    sessions = {}
+    for m in events:
+        sessions.setdefault(m.session, []).append(m.event)
+    assert len(sessions) == 6, sessions
+    for session, kinds in sessions.items():
+        assert kinds.count("agent_start") == kinds.count("agent_end") == 1, (session, kinds)
 
 
 def test_two_concurrent_runs_on_one_tracing_processor_stay_apart(workspace):

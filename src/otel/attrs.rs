@@ -527,6 +527,9 @@ pub(crate) const SAFE_EXTRAS: &[&str] = &[
     "turn_id",
     "agent_id",
     "agent_type",
+    // the names an application gave its agents (the Agents SDK's agent and handoff)
+    "agent_name",
+    "handoff_from",
     "parent_session",
     "generation_id",
     "conversation_id",
@@ -566,9 +569,12 @@ pub(crate) const SAFE_EXTRAS: &[&str] = &[
     "policy_reason",
 ];
 
+/// The conventions' input count: every input token, the cached ones included.
+const INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+
 /// Token counts exported under the GenAI conventions' names rather than as `prx.extra.*`.
 const USAGE: [(&str, &str); 6] = [
-    ("input_tokens", "gen_ai.usage.input_tokens"),
+    ("input_tokens", INPUT_TOKENS),
     ("output_tokens", "gen_ai.usage.output_tokens"),
     (
         "cache_read_input_tokens",
@@ -591,8 +597,9 @@ pub(crate) const WITHHELD: &str = "prx.content_withheld";
 /// The extra fields of a payload (members that are not the event's documented fields) as
 /// `prx.extra.<name>` attributes: at most `max` of them, strings and nested JSON bounded to
 /// `max_bytes`. Without `content`, only [`SAFE_EXTRAS`] are exported and the others are
-/// counted in [`WITHHELD`]; token counts that are integers become `gen_ai.usage.*`. Returns
-/// how many were left out for the bound.
+/// counted in [`WITHHELD`]; token counts that are integers become `gen_ai.usage.*`, the input
+/// count with the cached counts added (an event's `input_tokens` leaves them out, the
+/// conventions' includes them). Returns how many were left out for the bound.
 pub(crate) fn extras(
     rec: &mut Rec,
     payload: &Payload<'_>,
@@ -604,6 +611,8 @@ pub(crate) fn extras(
     let mut left_out = 0;
     let mut withheld = 0;
     let mut n = 0;
+    // The input count, and the cached counts to add to it.
+    let (mut input, mut cached) = (None, 0i64);
     for (k, raw) in payload.iter() {
         if documented.contains(&k.as_ref()) {
             continue;
@@ -633,10 +642,19 @@ pub(crate) fn extras(
         };
         n += 1;
         match (USAGE.iter().find(|(name, _)| *name == k.as_ref()), value) {
-            (Some(&(_, key)), Val::Int(i)) => rec.int(key, i),
+            (Some(&(_, INPUT_TOKENS)), Val::Int(i)) => input = Some(i),
+            (Some(&(_, key)), Val::Int(i)) => {
+                if key.starts_with("gen_ai.usage.cache_") {
+                    cached = cached.saturating_add(i);
+                }
+                rec.int(key, i);
+            }
             _ if k.as_ref() == "user_id" => rec.set_attr("user.id", value),
             _ => rec.extra(&k, value),
         }
+    }
+    if let Some(i) = input {
+        rec.int(INPUT_TOKENS, i.saturating_add(cached));
     }
     if withheld > 0 {
         rec.int(WITHHELD, withheld);
@@ -843,9 +861,66 @@ mod tests {
         );
         assert_eq!(
             attr(&s, "gen_ai.usage.input_tokens"),
-            Some(Value::IntValue(120))
+            Some(Value::IntValue(127)),
+            "with the 7 cached"
         );
         assert_eq!(attr(&s, WITHHELD), Some(Value::IntValue(4)));
         assert!(!format!("{s:?}").contains("s3cret"));
+    }
+
+    /// An event's `input_tokens` leaves the cached ones out (Anthropic's meaning, which every
+    /// agent's translation follows: docs/agents.md); the conventions' `gen_ai.usage.input_tokens`
+    /// includes them, its cache counts being parts of it (Phoenix prices them so).
+    #[test]
+    fn the_conventions_input_tokens_include_the_cached_ones() {
+        let usage = |json: &str| {
+            let mut r = Rec::empty();
+            r.begin(Kind::Client, [1; 16], [1; 8], None, 0);
+            let mut members = Vec::new();
+            extras(
+                &mut r,
+                &Payload::parse(json, &mut members),
+                &[],
+                false,
+                32,
+                4096,
+            );
+            let s = decode(&r);
+            [
+                "gen_ai.usage.input_tokens",
+                "gen_ai.usage.cache_read.input_tokens",
+                "gen_ai.usage.cache_creation.input_tokens",
+                "gen_ai.usage.output_tokens",
+            ]
+            .map(|k| match attr(&s, k) {
+                Some(Value::IntValue(i)) => Some(i),
+                _ => None,
+            })
+        };
+        assert_eq!(
+            usage(
+                r#"{"input_tokens":100,"cache_read_input_tokens":20,"cache_creation_input_tokens":5,"output_tokens":50}"#
+            ),
+            [Some(125), Some(20), Some(5), Some(50)]
+        );
+        // Gemini CLI's translation: promptTokenCount 1200 of which 1000 cached.
+        assert_eq!(
+            usage(r#"{"input_tokens":200,"output_tokens":85,"cache_read_input_tokens":1000}"#),
+            [Some(1200), Some(1000), None, Some(85)]
+        );
+        // Cline's names; and no cache counts: the input as given.
+        assert_eq!(
+            usage(r#"{"input_tokens":10,"cache_read_tokens":3,"cache_write_tokens":4}"#),
+            [Some(17), Some(3), Some(4), None]
+        );
+        assert_eq!(
+            usage(r#"{"input_tokens":10,"output_tokens":5}"#),
+            [Some(10), None, None, Some(5)]
+        );
+        // Cache counts without an input count: no input count is made up.
+        assert_eq!(
+            usage(r#"{"cache_read_input_tokens":3}"#),
+            [None, Some(3), None, None]
+        );
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::harness::{
     ANSWER, COMMAND, COMMAND_OUTPUT, Cli, PROMPT, Raw, SEND_BIN, Server, Setup, Tail, cli,
-    documented, of_one_session, on_every_event, sent_as_pinned, tool_round_trip,
+    documented, of_one_session, on_every_event, sent_as_pinned, settle, tool_round_trip,
 };
 use crate::models::{Api, CALL_ID, ModelServer, Script};
 use crate::table::{
@@ -309,6 +309,112 @@ fn codex_hooks_one_tool_call_arrives_as_its_table_says_once_and_in_order() {
     let (raws, session) = hooked_session(&s, &cli, &model);
     let table = table();
     check_settled(&s, server, tail, &raws, &expect(&table, &session));
+}
+
+/// `run --listen --transcripts --otlp` with the hooks by hand: at the turn's `Stop`, the
+/// server reads the rollout Codex named (`transcript_path`) for the turn's model calls, which
+/// reach the receiver as `chat` spans inside the turn with the fake model's usage (12 in, 7
+/// out per response); the session is one trace and no span ends unfinished.
+#[test]
+fn codex_turns_model_calls_come_from_its_rollout_as_chat_spans_with_the_fake_models_usage() {
+    let Some(cli) = cli("@openai/codex") else {
+        return;
+    };
+    let s = Setup::new();
+    let model = ModelServer::start(Api::OpenAiResponses, Script::shell(COMMAND, ANSWER));
+    users_config(&s, &model);
+    hooks_by_hand(&s);
+    let receiver = crate::receiver::Receiver::start();
+    let otlp = receiver.url();
+    let server = Server::start_with(&s.ws, &["--otlp", &otlp, "--transcripts"]);
+    let (raws, _session) = hooked_session(&s, &cli, &model);
+    let stop = raws
+        .iter()
+        .find(|r| r.name == "Stop")
+        .unwrap_or_else(|| panic!("codex sent no Stop"));
+    let stop = stop.object.clone().unwrap_or_default();
+    let rollout = stop["transcript_path"].as_str().unwrap_or_default();
+    assert!(rollout.ends_with(".jsonl"), "Stop named no rollout: {stop}");
+    // What the rollout holds of tokens: per-response usage records, or running token counts.
+    let text = std::fs::read_to_string(rollout).unwrap();
+    let records = |kind: &str| {
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["type"] == kind || v["payload"]["type"] == kind)
+            .count()
+    };
+    let (usage_records, token_counts) = (records("token_usage_record"), records("token_count"));
+    println!("rollout: {usage_records} token_usage_record, {token_counts} token_count");
+    assert!(
+        usage_records + token_counts > 0,
+        "no tokens in the rollout:\n{text}"
+    );
+    let mut tail = Tail::start(&s.ws, 4096);
+    settle(&s, &mut tail, &raws);
+    drop(tail);
+    let read = api_stats(&s)["transcripts"].clone();
+    server.stop();
+    let spans = receiver.spans();
+    let tree = crate::receiver::render_tree(&spans);
+    println!("{tree}\ntranscripts: {read}");
+    for sp in &spans {
+        let message = sp
+            .status
+            .as_ref()
+            .map(|st| st.message.as_str())
+            .unwrap_or("");
+        assert!(
+            !message.contains("unfinished"),
+            "{} ended unfinished:\n{tree}",
+            sp.name
+        );
+    }
+    let agents: Vec<_> = spans
+        .iter()
+        .filter(|sp| sp.name == "invoke_agent codex")
+        .collect();
+    assert_eq!(agents.len(), 1, "one turn:\n{tree}");
+    let turn = agents[0];
+    assert!(
+        spans.iter().all(|sp| sp.trace_id == turn.trace_id),
+        "one trace:\n{tree}"
+    );
+    // Two responses: the tool call, then the answer.
+    let chats: Vec<_> = spans
+        .iter()
+        .filter(|sp| sp.name == "chat gpt-fake")
+        .collect();
+    assert_eq!(chats.len(), 2, "two model calls:\n{tree}\n{read}");
+    for chat in &chats {
+        let attr = |k| crate::receiver::attr(chat, k);
+        assert_eq!(chat.parent_span_id, turn.span_id, "{tree}");
+        assert_eq!(attr("gen_ai.usage.input_tokens").as_deref(), Some("12"));
+        assert_eq!(attr("gen_ai.usage.output_tokens").as_deref(), Some("7"));
+        assert_eq!(attr("gen_ai.provider.name").as_deref(), Some("openai"));
+        assert_eq!(attr("prx.extra.source").as_deref(), Some("transcript"));
+        assert!(
+            chat.start_time_unix_nano <= chat.end_time_unix_nano,
+            "{tree}"
+        );
+        assert!(
+            chat.start_time_unix_nano >= turn.start_time_unix_nano,
+            "{tree}"
+        );
+        assert!(chat.end_time_unix_nano <= turn.end_time_unix_nano, "{tree}");
+    }
+    assert_eq!(read["calls"], 2, "{read}");
+}
+
+/// `GET /api/stats` of the workspace's server.
+fn api_stats(s: &Setup) -> serde_json::Value {
+    let dir = s.ws.join(".prx-hooks");
+    let address = std::fs::read_to_string(dir.join("address")).unwrap();
+    let token = std::fs::read_to_string(dir.join("token")).unwrap();
+    let mut resp = ureq::get(format!("{}/api/stats", address.trim()))
+        .header("authorization", format!("Bearer {}", token.trim()))
+        .call()
+        .unwrap();
+    serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap()
 }
 
 #[test]

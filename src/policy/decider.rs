@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// The decision lane of one [`Hooks`](crate::Hooks).
 pub(crate) struct Decider {
@@ -134,8 +135,9 @@ impl Decider {
         point: DecisionPoint,
         agent: &str,
         payload: &str,
+        until: Option<Instant>,
     ) -> Result<Verdict, DecideError> {
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let value = match read_payload(payload) {
             Ok(v) => v,
             Err(e) => {
@@ -143,7 +145,7 @@ impl Decider {
                 return Err(e);
             }
         };
-        let mut verdict = self.decide_value(point, agent, &value, Some(payload));
+        let mut verdict = self.decide_value(point, agent, &value, Some(payload), until);
         verdict.elapsed = start.elapsed();
         Ok(verdict)
     }
@@ -152,23 +154,28 @@ impl Decider {
     /// command policies selected, run at once, then the WASM policies in force, asked on this
     /// thread; the most restrictive answer wins, reported with the first source in order
     /// (policies.json's entries in file order, then the WASM policies by plugin name) that
-    /// gave it. `text` is `payload` as JSON text when the caller has it (WASM policies get it).
+    /// gave it. A deny ends the question: no source after it is asked. `text` is `payload`
+    /// as JSON text when the caller has it (WASM policies get it). `until` is the asker's
+    /// deadline: every command and WASM policy is cut at it (or at its own `timeout_ms`,
+    /// whichever comes first) and answers its `on_error`; rules are never cut.
     pub(crate) fn decide_value(
         &self,
         point: DecisionPoint,
         agent: &str,
         payload: &serde_json::Value,
         text: Option<&str>,
+        until: Option<Instant>,
     ) -> Verdict {
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let live = self.live.load();
         let table = &live.table;
         let (mut verdict, at) = table.decide_at(point, agent, payload);
         let mut won = (None, None);
         if verdict.decision != Some(Decision::Deny) && table.enabled {
-            let mut answers = self.run_commands(&live, point, agent, payload);
+            let mut answers = self.run_commands(&live, point, agent, payload, until);
+            let denied = answers.iter().any(|a| a.decision == Decision::Deny);
             let plugins = self.plugins.as_ref().map(|p| p.load());
-            if let Some(set) = plugins.as_deref().filter(|s| !s.is_empty()) {
+            if let Some(set) = plugins.as_deref().filter(|s| !s.is_empty() && !denied) {
                 let owned;
                 let json = match text {
                     Some(t) => t,
@@ -177,7 +184,7 @@ impl Decider {
                         &owned
                     }
                 };
-                answers.extend(ask_all(set, point, agent, json));
+                answers.extend(ask_all(set, point, agent, json, until));
             }
             if !answers.is_empty() {
                 let rule = at.zip(verdict.decision).map(|(i, d)| Answer {
@@ -238,6 +245,7 @@ impl Decider {
         point: DecisionPoint,
         agent: &str,
         payload: &serde_json::Value,
+        until: Option<Instant>,
     ) -> Vec<Answer> {
         let table = &live.table;
         let Some(runner) = &self.runner else {
@@ -256,7 +264,15 @@ impl Decider {
         if run.is_empty() {
             return Vec::new();
         }
-        runner.run_all(&table.commands, &run, point, agent, payload, &live.commands)
+        runner.run_all(
+            &table.commands,
+            &run,
+            point,
+            agent,
+            payload,
+            &live.commands,
+            until,
+        )
     }
 
     /// Re-reads policies.json now (`force`: even if unchanged).

@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// Where WASM policies come in the order reports use: after every entry of policies.json.
 pub(crate) const ORDER_BASE: usize = usize::MAX / 2;
@@ -57,8 +58,15 @@ pub(crate) trait PluginPolicy: Send + Sync {
     fn answers(&self, point: DecisionPoint) -> bool;
     /// Its `on_error`.
     fn on_error(&self) -> OnError;
-    /// Asks it, on this thread, bounded by its deadline.
-    fn ask(&self, point: DecisionPoint, agent: &str, payload_json: &str) -> GuestAnswer;
+    /// Asks it, on this thread, bounded by its deadline, or by `until` (the decision's
+    /// deadline, when the asker gave one) when that comes first.
+    fn ask(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload_json: &str,
+        until: Option<Instant>,
+    ) -> GuestAnswer;
     /// Its counts (kept by id across versions).
     fn counters(&self) -> &PluginPolicyCounters;
 }
@@ -195,18 +203,21 @@ impl PluginPolicyCounters {
 /// Asks every WASM policy of `set` that answers at `point`, in order, and counts each answer.
 /// Each gives its decision, or on failure its `on_error` (`deny` with the failure as the
 /// reason; `none`: nothing), as one more source of the decision (`plugin` its index in `set`).
+/// The first deny ends the asking: nothing after it can beat it or be reported instead.
+/// `until` is the decision's deadline, when the asker gave one: each call is cut at it.
 pub(crate) fn ask_all(
     set: &[Arc<dyn PluginPolicy>],
     point: DecisionPoint,
     agent: &str,
     payload_json: &str,
+    until: Option<Instant>,
 ) -> Vec<super::command::Answer> {
     let mut out = Vec::new();
     for (i, p) in set.iter().enumerate() {
         if !p.answers(point) {
             continue;
         }
-        let a = p.ask(point, agent, payload_json);
+        let a = p.ask(point, agent, payload_json, until);
         p.counters().count(&a, p.on_error());
         let (decision, reason, context) = match a {
             GuestAnswer::Decided(Some(d), reason, context) => (d, reason, context),
@@ -229,6 +240,9 @@ pub(crate) fn ask_all(
             command: None,
             plugin: Some(i),
         });
+        if decision == Decision::Deny {
+            break;
+        }
     }
     out
 }

@@ -294,8 +294,22 @@ impl PluginPolicy for WasmPolicy {
         &self.counters
     }
 
-    fn ask(&self, point: DecisionPoint, agent: &str, payload_json: &str) -> GuestAnswer {
-        let deadline = Instant::now() + self.limit();
+    fn ask(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload_json: &str,
+        until: Option<Instant>,
+    ) -> GuestAnswer {
+        let now = Instant::now();
+        let deadline = match until {
+            Some(u) => u.min(now + self.limit()),
+            None => now + self.limit(),
+        };
+        if deadline <= now {
+            // No time left: no instance is taken (a call cut at once would cost it).
+            return GuestAnswer::Failed(GuestFailure::TimedOut);
+        }
         // The epoch ticker runs while this call (and an instantiation) does.
         let _running = self.engine.running();
         let timers = self.engine.timers();

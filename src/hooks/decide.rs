@@ -119,9 +119,39 @@ impl Hooks {
     ) -> Verdict {
         let verdict = self
             .policies
-            .decide_value(point, agent, payload, None, until);
+            .decide_value(point, agent, payload, None, until, None);
         self.announce(point, agent, &verdict);
         verdict
+    }
+
+    /// [`Hooks::decide_value`], with what each command policy and WASM policy asked
+    /// answered and how long it took, in the order they answered (`prx-hooks policy test
+    /// --run-guards`). A source not asked (not selected, or after a deny) is not listed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::policy::DecisionPoint;
+    /// let hooks = prx_hooks::Hooks::builder().build()?; // no workspace: no policies
+    /// let (v, sources) = hooks.decide_traced(DecisionPoint::Prompt, "a", &serde_json::json!({"prompt": "hi"}));
+    /// assert_eq!((v.decision, sources.len()), (None, 0));
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
+    pub fn decide_traced(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &serde_json::Value,
+    ) -> (Verdict, Vec<crate::policy::SourceAnswer>) {
+        let trace = std::sync::Mutex::new(Vec::new());
+        let verdict = self
+            .policies
+            .decide_value(point, agent, payload, None, None, Some(&trace));
+        self.announce(point, agent, &verdict);
+        (
+            verdict,
+            trace.into_inner().unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// Publishes a decision on the bus as [`policy::DECISION_TOPIC`] when a subscription wants

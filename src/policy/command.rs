@@ -9,7 +9,9 @@
 //! script written for those agents' command hooks reads it unchanged, and one written against
 //! the lifecycle payload hooks receive reads it too.
 
-use super::model::{CommandPolicy, Decision, DecisionPoint, OnError};
+use super::model::{
+    CommandPolicy, Decision, DecisionPoint, OnError, SourceAnswer, SourceTrace, trace_into,
+};
 use crate::shell::capture::{self, Captured, Ended, SpawnOpts};
 use crate::shell::env::ChildEnv;
 use serde::Serialize;
@@ -226,20 +228,36 @@ impl Runner {
         payload: &Value,
         counters: &[std::sync::Arc<CommandCounters>],
         until: Option<Instant>,
+        trace: Option<&SourceTrace>,
     ) -> Vec<Answer> {
         let stdin = stdin_payload(point, payload);
         let stdin = serde_json::to_vec(&stdin).unwrap_or_default();
         let start = Instant::now();
         let one = |i: usize, cancel: Option<std::os::fd::RawFd>| {
             let c = &commands[i];
+            let began = Instant::now();
             let outcome = self.run_one(c, point, agent, &stdin, (start, until), cancel);
+            let elapsed = began.elapsed();
             if let Some(k) = counters.get(i) {
                 k.count(&outcome, c.on_error);
             }
+            let said = trace.map(|_| describe(&outcome, c.on_error));
             let a = answer(c, outcome).map(|mut a| {
                 a.command = Some(i);
                 a
             });
+            if let Some(outcome) = said {
+                trace_into(
+                    trace,
+                    SourceAnswer {
+                        policy: c.id.clone(),
+                        source: "command",
+                        decision: a.as_ref().map(|a| a.decision),
+                        outcome,
+                        elapsed,
+                    },
+                );
+            }
             (i, a)
         };
         if let [i] = run {
@@ -371,6 +389,16 @@ fn outcome(cap: Captured, timed_out: impl FnOnce() -> Failure) -> Outcome {
             "exited with code {code}{}",
             stderr_note(&cap.stderr)
         ))),
+    }
+}
+
+/// How a run ended, in words (`policy test --run-guards`).
+fn describe(outcome: &Outcome, on_error: OnError) -> String {
+    match outcome {
+        Outcome::Answer(Some(_)) => "answered".into(),
+        Outcome::Answer(None) => "answered nothing".into(),
+        Outcome::Cancelled => "cancelled: a deny before it decided".into(),
+        Outcome::Failed(f) => format!("failed: {f}; on_error is {}", on_error.as_str()),
     }
 }
 

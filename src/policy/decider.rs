@@ -4,7 +4,7 @@
 use super::command::{Answer, CommandCounters, Runner};
 use super::eval::{Counters, DecideError, PoliciesStats, PolicyCount, read_payload, selects};
 use super::load::{PoliciesDoc, empty_table};
-use super::model::{Decision, DecisionPoint, PolicyTable, Verdict};
+use super::model::{Decision, DecisionPoint, PolicyTable, SourceTrace, Verdict};
 use super::plugins::{PluginPolicies, PluginPolicyCount, ask_all};
 use crate::config::{ConfigStats, Reload, Watch, WatchOptions};
 use arc_swap::ArcSwap;
@@ -112,7 +112,13 @@ impl Decider {
         let swap = live.clone();
         let known: Mutex<Known> = Mutex::default();
         let runner = Runner::new(&workspace);
+        let reserve = plugins.clone();
         let on_reload = Box::new(move |t: Arc<PolicyTable>| {
+            // A WASM policy with one of the file's ids is refused (ids are unique).
+            if let Some(set) = &reserve {
+                let ids = t.ids().map(|(id, _)| id.to_string()).collect();
+                set.reserve(ids, super::POLICIES_FILE.to_string());
+            }
             let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
             swap.store(Arc::new(Live::new(t, &mut known)));
         });
@@ -145,7 +151,7 @@ impl Decider {
                 return Err(e);
             }
         };
-        let mut verdict = self.decide_value(point, agent, &value, Some(payload), until);
+        let mut verdict = self.decide_value(point, agent, &value, Some(payload), until, None);
         verdict.elapsed = start.elapsed();
         Ok(verdict)
     }
@@ -165,6 +171,7 @@ impl Decider {
         payload: &serde_json::Value,
         text: Option<&str>,
         until: Option<Instant>,
+        trace: Option<&SourceTrace>,
     ) -> Verdict {
         let start = Instant::now();
         let live = self.live.load();
@@ -172,7 +179,7 @@ impl Decider {
         let (mut verdict, at) = table.decide_at(point, agent, payload);
         let mut won = (None, None);
         if verdict.decision != Some(Decision::Deny) && table.enabled {
-            let mut answers = self.run_commands(&live, point, agent, payload, until);
+            let mut answers = self.run_commands(&live, point, agent, payload, (until, trace));
             let denied = answers.iter().any(|a| a.decision == Decision::Deny);
             let plugins = self.plugins.as_ref().map(|p| p.load());
             if let Some(set) = plugins.as_deref().filter(|s| !s.is_empty() && !denied) {
@@ -184,7 +191,7 @@ impl Decider {
                         &owned
                     }
                 };
-                answers.extend(ask_all(set, point, agent, json, until));
+                answers.extend(ask_all(set, point, agent, json, until, trace));
             }
             if !answers.is_empty() {
                 let rule = at.zip(verdict.decision).map(|(i, d)| Answer {
@@ -245,7 +252,7 @@ impl Decider {
         point: DecisionPoint,
         agent: &str,
         payload: &serde_json::Value,
-        until: Option<Instant>,
+        (until, trace): (Option<Instant>, Option<&SourceTrace>),
     ) -> Vec<Answer> {
         let table = &live.table;
         let Some(runner) = &self.runner else {
@@ -272,6 +279,7 @@ impl Decider {
             payload,
             &live.commands,
             until,
+            trace,
         )
     }
 
@@ -333,7 +341,9 @@ impl Decider {
                     .collect()
             })
             .unwrap_or_default();
-        self.counters.snapshot(file, by_policy, commands, plugins)
+        let duplicates = self.plugins.as_ref().map_or(0, |p| p.refused());
+        self.counters
+            .snapshot(file, by_policy, commands, plugins, duplicates)
     }
 
     /// Whether any WASM policy is in force.

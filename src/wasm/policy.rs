@@ -97,6 +97,8 @@ struct Pool {
 /// A loaded WASM policy (one version of its plugin).
 pub(crate) struct WasmPolicy {
     spec: PolicySpec,
+    /// Its plugin's name.
+    plugin: String,
     resources: Resources,
     ctx: Arc<PluginCtx>,
     pre: InstancePre<HostState>,
@@ -119,6 +121,7 @@ impl WasmPolicy {
     ) -> Option<WasmPolicy> {
         Some(WasmPolicy {
             spec: m.policy.clone()?,
+            plugin: m.name.clone(),
             resources: m.resources,
             ctx,
             pre,
@@ -280,6 +283,10 @@ fn cut(s: Option<String>) -> Option<String> {
 impl PluginPolicy for WasmPolicy {
     fn id(&self) -> &str {
         &self.spec.id
+    }
+
+    fn plugin(&self) -> &str {
+        &self.plugin
     }
 
     fn answers(&self, point: DecisionPoint) -> bool {

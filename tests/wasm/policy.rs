@@ -400,6 +400,68 @@ fn no_source_is_asked_once_a_deny_is_reached() {
     h.shutdown(Duration::from_secs(5));
 }
 
+/// Policy ids are unique across policies.json and the plugins' `[policy] id`: a WASM policy
+/// whose id policies.json already has, or an earlier plugin (name order) already took, is
+/// refused at load (logged, counted) and never asked.
+#[test]
+fn a_wasm_policy_whose_id_is_taken_is_refused_at_load_and_counted() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ws.path().join("policies.json"),
+        r#"{"policies": [{"id": "no-rm-rf", "on": "tool_call_start", "matcher": "Read", "decision": "allow"}]}"#,
+    )
+    .unwrap();
+    // Its id defaults to its name, which policies.json has.
+    no_rm_rf(ws.path(), "");
+    let on = "on = [\"tool_call_start\"]\nid = \"shared\"";
+    misbehave(
+        ws.path(),
+        "x-first",
+        on,
+        "",
+        "mode = \"allow\"\nreason = \"first\"",
+    );
+    misbehave(
+        ws.path(),
+        "y-second",
+        on,
+        "",
+        "mode = \"deny\"\nreason = \"second\"",
+    );
+    let h = hooks(ws.path());
+
+    let v = ask(&h, "rm -rf build");
+    assert_eq!(
+        (v.decision, v.policy.as_deref(), v.reason.as_deref()),
+        (Some(Decision::Allow), Some("shared"), Some("first")),
+        "only x-first is in force"
+    );
+    let stats = h.stats();
+    let p = stats.policies().unwrap();
+    let ids: Vec<&str> = p.plugins.iter().map(|c| c.policy.as_str()).collect();
+    assert_eq!(ids, ["shared"], "{p:?}");
+    assert_eq!(p.plugins[0].calls, 1, "{p:?}");
+    assert_eq!(p.duplicate_ids, 2, "{p:?}");
+
+    // policies.json lets the id go: no-rm-rf comes into force at the next load of the file.
+    std::fs::write(ws.path().join("policies.json"), r#"{"policies": []}"#).unwrap();
+    assert_eq!(
+        h.apply_policies_file(),
+        Some(prx_hooks::config::Reload::Applied)
+    );
+    let v = ask(&h, "rm -rf build");
+    assert_eq!(
+        (v.decision, v.policy.as_deref()),
+        (Some(Decision::Deny), Some("no-rm-rf"))
+    );
+    assert_eq!(
+        h.stats().policies().unwrap().duplicate_ids,
+        2,
+        "counted once"
+    );
+    h.shutdown(Duration::from_secs(5));
+}
+
 #[test]
 fn post_api_decide_asks_the_wasm_policy() {
     use prx_hooks::http::{HttpOptions, Server, Token};

@@ -197,6 +197,8 @@ pub(crate) struct Answer {
 pub(crate) struct Runner {
     opts: Result<SpawnOpts, String>,
     base_env: Vec<(OsString, OsString)>,
+    /// The hooks' default rlimits, applied to every guard.
+    rlimits: Vec<crate::shell::Rlimit>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -206,10 +208,12 @@ impl std::fmt::Debug for Runner {
 }
 
 impl Runner {
-    pub(crate) fn new(workspace: &std::path::Path) -> Runner {
+    /// Guards run in `workspace` under `rlimits` (the hooks' default ones).
+    pub(crate) fn new(workspace: &std::path::Path, rlimits: Vec<crate::shell::Rlimit>) -> Runner {
         Runner {
             opts: SpawnOpts::new(workspace).map_err(|e| format!("cannot prepare spawns: {e}")),
             base_env: crate::shell::env::parent_env(&[], crate::config::SANITIZED_PATH),
+            rlimits,
         }
     }
 
@@ -334,6 +338,7 @@ impl Runner {
             deadline,
             max_stdout: MAX_ANSWER_BYTES,
             cancel,
+            rlimits: &self.rlimits,
         });
         outcome(captured, timed_out)
     }

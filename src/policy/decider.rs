@@ -98,11 +98,13 @@ impl Decider {
     }
 
     /// Loads `<workspace>/policies.json` (before this returns) and watches it.
-    /// `plugins`: the WASM policies the workspace's plugins put in force (`None`: none).
+    /// `plugins`: the WASM policies the workspace's plugins put in force (`None`: none);
+    /// `rlimits`: what every guard runs under (the hooks' defaults).
     pub(crate) fn start(
         workspace: PathBuf,
         opts: WatchOptions,
         plugins: Option<Arc<PluginPolicies>>,
+        rlimits: Vec<crate::shell::Rlimit>,
     ) -> std::io::Result<Decider> {
         let live = Arc::new(ArcSwap::from_pointee(Live {
             table: Arc::new(empty_table()),
@@ -111,7 +113,7 @@ impl Decider {
         }));
         let swap = live.clone();
         let known: Mutex<Known> = Mutex::default();
-        let runner = Runner::new(&workspace);
+        let runner = Runner::new(&workspace, rlimits);
         let reserve = plugins.clone();
         let on_reload = Box::new(move |t: Arc<PolicyTable>| {
             // A WASM policy with one of the file's ids is refused (ids are unique).

@@ -488,3 +488,51 @@ fn the_askers_deadline_cuts_a_slower_command_policy_and_it_answers_on_error() {
     let c = &api.stats()["policies"]["commands"][0];
     assert_eq!(c["runs"], 2, "a refused question runs nothing: {c}");
 }
+
+/// A command policy runs contained as a shell hook does: the hooks' default limits
+/// (`ShellLimits::hook_limits`, what `run --hook-limit` sets; `core_bytes` 0 under `run`)
+/// apply to the guard's process too.
+#[test]
+fn a_command_policy_runs_under_the_hooks_rlimits() {
+    use std::os::unix::fs::PermissionsExt;
+    let api = Ingest::start_with(
+        r#"{"hooks": {}}"#,
+        |b| {
+            let mut limits = prx_hooks::shell::ShellLimits::default();
+            limits.hook_limits.open_files = Some(77);
+            limits.hook_limits.core_bytes = Some(0);
+            b.shell_limits(limits)
+        },
+        |o| o,
+    );
+    let ws = api.ws.path();
+    let seen = ws.join("limits");
+    std::fs::write(
+        ws.join("limits.sh"),
+        format!(
+            "#!/bin/sh\n{{ ulimit -n; ulimit -c; }} > {}\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(ws.join("limits.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        ws.join("policies.json"),
+        json!({"policies": [{"id": "limits", "on": ["tool_call_start"],
+            "command": "./limits.sh", "timeout_ms": 10000}]})
+        .to_string(),
+    )
+    .unwrap();
+    assert_eq!(
+        api.hooks.apply_policies_file(),
+        Some(prx_hooks::config::Reload::Applied)
+    );
+    let (status, body, _) = post_json(
+        &api,
+        "/api/decide",
+        &json!({"event": "tool_call_start", "agent": "a", "payload": bash("ls")}),
+    );
+    assert_eq!((status, &body["decision"]), (200, &Value::Null), "{body}");
+    let got = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(got.lines().collect::<Vec<_>>(), ["77", "0"], "{got}");
+}

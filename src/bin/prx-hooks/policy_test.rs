@@ -42,7 +42,8 @@ struct TestArgs {
     workspace: PathBuf,
     /// Also run the command policies and ask the WASM policies (plugins/) the question
     /// selects, each within its deadline, and show what each answered and how long it took;
-    /// the decision is then every source's. Guards are programs: they run as `run` runs them.
+    /// the decision is then every source's. Guards are programs: they run contained as under
+    /// `run`, with its default limits (`core_bytes=0`).
     #[arg(long)]
     run_guards: bool,
 }
@@ -61,8 +62,12 @@ fn run_guards(
     point: DecisionPoint,
     payload: &serde_json::Value,
 ) -> Result<(prx_hooks::policy::Verdict, std::time::Duration), BoxError> {
+    // `run`'s default limits for the guards (docs/policies.md § Command policies).
+    let mut limits = prx_hooks::shell::ShellLimits::default();
+    limits.hook_limits.core_bytes = Some(0);
     let hooks = prx_hooks::Hooks::builder()
         .workspace(&args.workspace)
+        .shell_limits(limits)
         .build()?;
     let start = Instant::now();
     let (verdict, sources) = hooks.decide_traced(point, &args.agent, payload);

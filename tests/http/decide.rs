@@ -387,6 +387,7 @@ fn a_command_policy_answers_api_decide_and_claude_codes_door() {
         "prx_hooks_policy_command_runs_total{policy=\"guard\"} 3",
         "prx_hooks_policy_command_timed_out_total{policy=\"guard\"} 0",
         "prx_hooks_policy_command_decided_total{policy=\"guard\"} 2",
+        "prx_hooks_policy_duplicate_ids_total 0",
         "prx_hooks_policies_loaded 1",
     ] {
         assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");

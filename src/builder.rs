@@ -381,6 +381,7 @@ impl HooksBuilder {
                     ..config::WatchOptions::default()
                 },
                 wasm_policies,
+                self.shell.guard_rlimits(),
             )
             .map_err(BuildError::Spawn)?,
             None => policy::Decider::absent(),

@@ -44,7 +44,46 @@ impl Hooks {
         agent: &str,
         payload: &str,
     ) -> Result<Verdict, DecideError> {
-        let verdict = self.policies.decide(point, agent, payload)?;
+        self.decide_until(point, agent, payload, None)
+    }
+
+    /// [`Hooks::decide`] for an asker that waits at most `within`: every command policy and
+    /// WASM policy still running when `within` has passed (or its own `timeout_ms`, whichever
+    /// comes first) is cut and answers its `on_error`, counted as timed out, so the answer
+    /// comes in time (docs/policies.md § Deadlines). Rules are never cut: they take
+    /// microseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::policy::DecisionPoint;
+    /// use std::time::Duration;
+    /// let hooks = prx_hooks::Hooks::builder().build()?; // no workspace: no policies
+    /// let v = hooks.decide_within(DecisionPoint::ToolCallStart, "my-agent",
+    ///     r#"{"tool": "shell", "arguments": {"command": "ls"}}"#, Duration::from_millis(500))?;
+    /// assert_eq!(v.decision, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn decide_within(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &str,
+        within: std::time::Duration,
+    ) -> Result<Verdict, DecideError> {
+        let until = std::time::Instant::now().checked_add(within);
+        self.decide_until(point, agent, payload, until)
+    }
+
+    /// [`Hooks::decide`] cut at `until` (`None`: each source's own deadline).
+    pub(crate) fn decide_until(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &str,
+        until: Option<std::time::Instant>,
+    ) -> Result<Verdict, DecideError> {
+        let verdict = self.policies.decide(point, agent, payload, until)?;
         self.announce(point, agent, &verdict);
         Ok(verdict)
     }
@@ -67,9 +106,52 @@ impl Hooks {
         agent: &str,
         payload: &serde_json::Value,
     ) -> Verdict {
-        let verdict = self.policies.decide_value(point, agent, payload, None);
+        self.decide_value_until(point, agent, payload, None)
+    }
+
+    /// [`Hooks::decide_value`] cut at `until` (`None`: each source's own deadline).
+    pub(crate) fn decide_value_until(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &serde_json::Value,
+        until: Option<std::time::Instant>,
+    ) -> Verdict {
+        let verdict = self
+            .policies
+            .decide_value(point, agent, payload, None, until, None);
         self.announce(point, agent, &verdict);
         verdict
+    }
+
+    /// [`Hooks::decide_value`], with what each command policy and WASM policy asked
+    /// answered and how long it took, in the order they answered (`prx-hooks policy test
+    /// --run-guards`). A source not asked (not selected, or after a deny) is not listed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use prx_hooks::policy::DecisionPoint;
+    /// let hooks = prx_hooks::Hooks::builder().build()?; // no workspace: no policies
+    /// let (v, sources) = hooks.decide_traced(DecisionPoint::Prompt, "a", &serde_json::json!({"prompt": "hi"}));
+    /// assert_eq!((v.decision, sources.len()), (None, 0));
+    /// # Ok::<(), prx_hooks::BuildError>(())
+    /// ```
+    pub fn decide_traced(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload: &serde_json::Value,
+    ) -> (Verdict, Vec<crate::policy::SourceAnswer>) {
+        let trace = std::sync::Mutex::new(Vec::new());
+        let verdict = self
+            .policies
+            .decide_value(point, agent, payload, None, None, Some(&trace));
+        self.announce(point, agent, &verdict);
+        (
+            verdict,
+            trace.into_inner().unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// Publishes a decision on the bus as [`policy::DECISION_TOPIC`] when a subscription wants

@@ -24,6 +24,41 @@ use std::time::Instant;
 /// The largest `POST /api/decide` body: a payload at its limit and room for the envelope.
 const MAX_BODY_BYTES: usize = MAX_PAYLOAD_BYTES + 64 * 1024;
 
+/// The request header in which an asker says how long it waits for the decision, in whole
+/// milliseconds from when the server has read the request's headers (`POST /api/decide`,
+/// `POST /api/ingest/{agent}`): every command and WASM policy still running then is cut and
+/// answers its `on_error`, so the answer comes in time. `prx-hooks-send` sends its
+/// `--timeout` less a margin for the way back (docs/policies.md § Deadlines).
+pub const DECISION_DEADLINE_HEADER: &str = "prx-decision-deadline-ms";
+/// The largest [`DECISION_DEADLINE_HEADER`] accepted (an hour).
+pub const MAX_DECISION_DEADLINE_MS: u64 = 3_600_000;
+
+/// The asker's deadline, [`DECISION_DEADLINE_HEADER`] after `since` (`None`: no header, each
+/// source keeps its own). A value that is not a whole number of milliseconds in range is a
+/// 400 naming the header.
+pub(crate) fn deadline(headers: &HeaderMap, since: Instant) -> Result<Option<Instant>, ApiError> {
+    let Some(value) = headers.get(DECISION_DEADLINE_HEADER) else {
+        return Ok(None);
+    };
+    let bad = |found: &str| {
+        ApiError::bad_request(format!(
+            "{DECISION_DEADLINE_HEADER}: {found} is not a deadline: expected a whole number of \
+             milliseconds, 0 to {MAX_DECISION_DEADLINE_MS}"
+        ))
+        .at(DECISION_DEADLINE_HEADER)
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| bad("a value that is not visible ASCII"))?;
+    let ms: u64 = text
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&ms| ms <= MAX_DECISION_DEADLINE_MS)
+        .ok_or_else(|| bad(&crate::config::quote(text.trim())))?;
+    Ok(since.checked_add(std::time::Duration::from_millis(ms)))
+}
+
 /// The `run --events` envelope, with a decision point as its `event`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +80,8 @@ pub(crate) async fn post(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let until = deadline(&headers, received)?;
     let bytes = body::raw(&api, &headers, body, MAX_BODY_BYTES, Media::Json).await?;
     let start = Instant::now();
     let text = std::str::from_utf8(&bytes)
@@ -66,7 +103,7 @@ pub(crate) async fn post(
     } else {
         // Command policies run processes and wait for them: off the async workers.
         let (hooks, agent, payload) = (api.hooks.clone(), env.agent.clone(), payload.to_string());
-        tokio::task::spawn_blocking(move || hooks.decide(point, &agent, &payload))
+        tokio::task::spawn_blocking(move || hooks.decide_until(point, &agent, &payload, until))
             .await
             .map_err(|e| ApiError::internal(format!("the decision failed: {e}")))?
     };
@@ -156,12 +193,14 @@ fn stamp_line(line: &mut String, decision: Decision, v: &Verdict) {
 /// not a decision point, not JSON, an agent policies do not answer), with the stamp its
 /// lifecycle event carries. Claude Code's `http` hook reads the answer as the body;
 /// `prx-hooks-send` finds it as the report's `answer`. `agent` is the name policies match
-/// (the `agent` query parameter, or the agent's own name).
+/// (the `agent` query parameter, or the agent's own name); `until` the asker's deadline
+/// ([`deadline`]).
 pub(crate) async fn door_answer(
     api: &Api,
     from: Agent,
     agent: &str,
     bytes: &[u8],
+    until: Option<Instant>,
 ) -> Option<Decided> {
     if !matches!(from, Agent::ClaudeCode | Agent::Codex | Agent::GeminiCli) {
         return None;
@@ -185,9 +224,11 @@ pub(crate) async fn door_answer(
         // error (the decision panicked) decides nothing: the agent's own flow.
         let (hooks, agent) = (api.hooks.clone(), agent.to_string());
         let (point, payload) = (q.point, q.payload);
-        tokio::task::spawn_blocking(move || hooks.decide_value(point, &agent, &payload))
-            .await
-            .ok()?
+        tokio::task::spawn_blocking(move || {
+            hooks.decide_value_until(point, &agent, &payload, until)
+        })
+        .await
+        .ok()?
     };
     Some(Decided {
         answer: crate::policy::answer(from, &q.event, &verdict),

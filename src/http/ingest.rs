@@ -275,6 +275,7 @@ pub(crate) async fn agent(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let received = std::time::Instant::now();
     api.ingest.request();
     let refused = |e: ApiError| {
         api.ingest.refused_request();
@@ -303,6 +304,7 @@ pub(crate) async fn agent(
         }
     }
     let origin = Origin::from_headers(&headers).map_err(refused)?;
+    let until = super::decide::deadline(&headers, received).map_err(refused)?;
     shutting_down(&api).map_err(refused)?;
     let limit = api.opts.max_ingest_bytes;
     let bytes = body::raw(&api, &headers, body, limit, Media::Json)
@@ -310,7 +312,7 @@ pub(crate) async fn agent(
         .map_err(refused)?;
     // Policies answer first (docs/policies.md § Doors); the event is ingested as always.
     let name = opts.agent.as_deref().unwrap_or(from.name());
-    let (decided, stamp) = match super::decide::door_answer(&api, from, name, &bytes).await {
+    let (decided, stamp) = match super::decide::door_answer(&api, from, name, &bytes, until).await {
         Some(d) => (Some(d.answer), Some(d.stamp)),
         None => (None, None),
     };

@@ -246,6 +246,7 @@ fn metrics(s: &Stats, http: Option<&HttpStats>, events: Option<&EventStreamStats
             .map(|x| (label("policy", &x.policy), x))
             .collect();
         m.per(COMMAND_POLICY, &commands);
+        m.single(POLICY_IDS, p);
         if let Some(f) = &p.file {
             m.single(POLICIES_FILE, f);
         }
@@ -508,6 +509,12 @@ const COMMAND_POLICY: &[Def<CommandCount>] = &[
         |x| x.decisions,
     ),
 ];
+
+const POLICY_IDS: &[Def<PoliciesStats>] = &[counter(
+    "policy_duplicate_ids",
+    "WASM policies refused at load because policies.json or an earlier plugin has their id",
+    |x| x.duplicate_ids,
+)];
 
 const POLICIES_FILE: &[Def<ConfigStats>] = &[
     counter(

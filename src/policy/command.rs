@@ -9,7 +9,9 @@
 //! script written for those agents' command hooks reads it unchanged, and one written against
 //! the lifecycle payload hooks receive reads it too.
 
-use super::model::{CommandPolicy, Decision, DecisionPoint, OnError};
+use super::model::{
+    CommandPolicy, Decision, DecisionPoint, OnError, SourceAnswer, SourceTrace, trace_into,
+};
 use crate::shell::capture::{self, Captured, Ended, SpawnOpts};
 use crate::shell::env::ChildEnv;
 use serde::Serialize;
@@ -102,7 +104,7 @@ impl CommandCounters {
             }
             Outcome::Failed(f) => {
                 bump(match f {
-                    Failure::TimedOut(_) => &self.timed_out,
+                    Failure::TimedOut(..) => &self.timed_out,
                     Failure::Crashed(_) => &self.crashed,
                     Failure::BadAnswer(_) => &self.bad_answer,
                     Failure::TooLarge => &self.too_large,
@@ -139,7 +141,9 @@ impl CommandCounters {
 /// Why a run gave no answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Failure {
-    TimedOut(Duration),
+    /// Killed after this long: its `timeout_ms`, or (`true`) the time the asker's deadline
+    /// left it.
+    TimedOut(Duration, bool),
     Crashed(String),
     BadAnswer(String),
     TooLarge,
@@ -149,7 +153,12 @@ enum Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::TimedOut(t) => write!(f, "timed out after {} ms", t.as_millis()),
+            Failure::TimedOut(t, false) => write!(f, "timed out after {} ms", t.as_millis()),
+            Failure::TimedOut(t, true) => write!(
+                f,
+                "timed out after {} ms, the time left before the asker's deadline",
+                t.as_millis()
+            ),
             Failure::Crashed(why) => write!(f, "{why}"),
             Failure::BadAnswer(why) => write!(f, "answered {why}"),
             Failure::TooLarge => write!(
@@ -188,6 +197,8 @@ pub(crate) struct Answer {
 pub(crate) struct Runner {
     opts: Result<SpawnOpts, String>,
     base_env: Vec<(OsString, OsString)>,
+    /// The hooks' default rlimits, applied to every guard.
+    rlimits: Vec<crate::shell::Rlimit>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -197,16 +208,21 @@ impl std::fmt::Debug for Runner {
 }
 
 impl Runner {
-    pub(crate) fn new(workspace: &std::path::Path) -> Runner {
+    /// Guards run in `workspace` under `rlimits` (the hooks' default ones).
+    pub(crate) fn new(workspace: &std::path::Path, rlimits: Vec<crate::shell::Rlimit>) -> Runner {
         Runner {
             opts: SpawnOpts::new(workspace).map_err(|e| format!("cannot prepare spawns: {e}")),
             base_env: crate::shell::env::parent_env(&[], crate::config::SANITIZED_PATH),
+            rlimits,
         }
     }
 
     /// Runs every command in `run` (indices into `commands`) at once and collects their
     /// answers. A deny ends the wait once every command before it in file order has answered
-    /// (the others are killed, counted as cancelled).
+    /// (the others are killed, counted as cancelled). Each command is killed at its own
+    /// `timeout_ms` or at `until` (the decision's deadline, when the asker gave one),
+    /// whichever comes first.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_all(
         &self,
         commands: &[CommandPolicy],
@@ -215,20 +231,37 @@ impl Runner {
         agent: &str,
         payload: &Value,
         counters: &[std::sync::Arc<CommandCounters>],
+        until: Option<Instant>,
+        trace: Option<&SourceTrace>,
     ) -> Vec<Answer> {
         let stdin = stdin_payload(point, payload);
         let stdin = serde_json::to_vec(&stdin).unwrap_or_default();
         let start = Instant::now();
         let one = |i: usize, cancel: Option<std::os::fd::RawFd>| {
             let c = &commands[i];
-            let outcome = self.run_one(c, point, agent, &stdin, start, cancel);
+            let began = Instant::now();
+            let outcome = self.run_one(c, point, agent, &stdin, (start, until), cancel);
+            let elapsed = began.elapsed();
             if let Some(k) = counters.get(i) {
                 k.count(&outcome, c.on_error);
             }
+            let said = trace.map(|_| describe(&outcome, c.on_error));
             let a = answer(c, outcome).map(|mut a| {
                 a.command = Some(i);
                 a
             });
+            if let Some(outcome) = said {
+                trace_into(
+                    trace,
+                    SourceAnswer {
+                        policy: c.id.clone(),
+                        source: "command",
+                        decision: a.as_ref().map(|a| a.decision),
+                        outcome,
+                        elapsed,
+                    },
+                );
+            }
             (i, a)
         };
         if let [i] = run {
@@ -271,13 +304,24 @@ impl Runner {
         point: DecisionPoint,
         agent: &str,
         stdin: &[u8],
-        start: Instant,
+        (start, until): (Instant, Option<Instant>),
         cancel: Option<std::os::fd::RawFd>,
     ) -> Outcome {
         let opts = match &self.opts {
             Ok(o) => o,
             Err(e) => return Outcome::Failed(Failure::SpawnFailed(e.clone())),
         };
+        // Its own deadline, or the decision's when that comes first.
+        let own = start + c.timeout;
+        let (deadline, cut) = match until {
+            Some(u) if u < own => (u, Some(u.saturating_duration_since(start))),
+            _ => (own, None),
+        };
+        let timed_out = || Failure::TimedOut(cut.unwrap_or(c.timeout), cut.is_some());
+        if Instant::now() >= deadline {
+            // No time left: nothing is started.
+            return Outcome::Failed(timed_out());
+        }
         let env = ChildEnv::with_extra(
             &self.base_env,
             &[
@@ -291,11 +335,12 @@ impl Runner {
             env: &env,
             opts,
             stdin,
-            deadline: start + c.timeout,
+            deadline,
             max_stdout: MAX_ANSWER_BYTES,
             cancel,
+            rlimits: &self.rlimits,
         });
-        outcome(c, captured)
+        outcome(captured, timed_out)
     }
 }
 
@@ -323,10 +368,11 @@ fn stdin_payload(point: DecisionPoint, payload: &Value) -> Value {
 
 /// A finished run read as an answer: exit 2 denies with stderr as the reason; exit 0 answers
 /// with its stdout (nothing: no decision); anything else failed.
-fn outcome(c: &CommandPolicy, cap: Captured) -> Outcome {
+/// `timed_out` says how a run killed at its deadline failed.
+fn outcome(cap: Captured, timed_out: impl FnOnce() -> Failure) -> Outcome {
     match cap.ended {
         Ended::Cancelled => Outcome::Cancelled,
-        Ended::TimedOut => Outcome::Failed(Failure::TimedOut(c.timeout)),
+        Ended::TimedOut => Outcome::Failed(timed_out()),
         Ended::TooLarge => Outcome::Failed(Failure::TooLarge),
         Ended::SpawnFailed(e) => Outcome::Failed(Failure::SpawnFailed(e)),
         Ended::Signaled(sig) => Outcome::Failed(Failure::Crashed(format!(
@@ -348,6 +394,16 @@ fn outcome(c: &CommandPolicy, cap: Captured) -> Outcome {
             "exited with code {code}{}",
             stderr_note(&cap.stderr)
         ))),
+    }
+}
+
+/// How a run ended, in words (`policy test --run-guards`).
+fn describe(outcome: &Outcome, on_error: OnError) -> String {
+    match outcome {
+        Outcome::Answer(Some(_)) => "answered".into(),
+        Outcome::Answer(None) => "answered nothing".into(),
+        Outcome::Cancelled => "cancelled: a deny before it decided".into(),
+        Outcome::Failed(f) => format!("failed: {f}; on_error is {}", on_error.as_str()),
     }
 }
 

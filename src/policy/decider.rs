@@ -4,7 +4,7 @@
 use super::command::{Answer, CommandCounters, Runner};
 use super::eval::{Counters, DecideError, PoliciesStats, PolicyCount, read_payload, selects};
 use super::load::{PoliciesDoc, empty_table};
-use super::model::{Decision, DecisionPoint, PolicyTable, Verdict};
+use super::model::{Decision, DecisionPoint, PolicyTable, SourceTrace, Verdict};
 use super::plugins::{PluginPolicies, PluginPolicyCount, ask_all};
 use crate::config::{ConfigStats, Reload, Watch, WatchOptions};
 use arc_swap::ArcSwap;
@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// The decision lane of one [`Hooks`](crate::Hooks).
 pub(crate) struct Decider {
@@ -97,11 +98,13 @@ impl Decider {
     }
 
     /// Loads `<workspace>/policies.json` (before this returns) and watches it.
-    /// `plugins`: the WASM policies the workspace's plugins put in force (`None`: none).
+    /// `plugins`: the WASM policies the workspace's plugins put in force (`None`: none);
+    /// `rlimits`: what every guard runs under (the hooks' defaults).
     pub(crate) fn start(
         workspace: PathBuf,
         opts: WatchOptions,
         plugins: Option<Arc<PluginPolicies>>,
+        rlimits: Vec<crate::shell::Rlimit>,
     ) -> std::io::Result<Decider> {
         let live = Arc::new(ArcSwap::from_pointee(Live {
             table: Arc::new(empty_table()),
@@ -110,8 +113,14 @@ impl Decider {
         }));
         let swap = live.clone();
         let known: Mutex<Known> = Mutex::default();
-        let runner = Runner::new(&workspace);
+        let runner = Runner::new(&workspace, rlimits);
+        let reserve = plugins.clone();
         let on_reload = Box::new(move |t: Arc<PolicyTable>| {
+            // A WASM policy with one of the file's ids is refused (ids are unique).
+            if let Some(set) = &reserve {
+                let ids = t.ids().map(|(id, _)| id.to_string()).collect();
+                set.reserve(ids, super::POLICIES_FILE.to_string());
+            }
             let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
             swap.store(Arc::new(Live::new(t, &mut known)));
         });
@@ -134,8 +143,9 @@ impl Decider {
         point: DecisionPoint,
         agent: &str,
         payload: &str,
+        until: Option<Instant>,
     ) -> Result<Verdict, DecideError> {
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let value = match read_payload(payload) {
             Ok(v) => v,
             Err(e) => {
@@ -143,7 +153,7 @@ impl Decider {
                 return Err(e);
             }
         };
-        let mut verdict = self.decide_value(point, agent, &value, Some(payload));
+        let mut verdict = self.decide_value(point, agent, &value, Some(payload), until, None);
         verdict.elapsed = start.elapsed();
         Ok(verdict)
     }
@@ -152,23 +162,29 @@ impl Decider {
     /// command policies selected, run at once, then the WASM policies in force, asked on this
     /// thread; the most restrictive answer wins, reported with the first source in order
     /// (policies.json's entries in file order, then the WASM policies by plugin name) that
-    /// gave it. `text` is `payload` as JSON text when the caller has it (WASM policies get it).
+    /// gave it. A deny ends the question: no source after it is asked. `text` is `payload`
+    /// as JSON text when the caller has it (WASM policies get it). `until` is the asker's
+    /// deadline: every command and WASM policy is cut at it (or at its own `timeout_ms`,
+    /// whichever comes first) and answers its `on_error`; rules are never cut.
     pub(crate) fn decide_value(
         &self,
         point: DecisionPoint,
         agent: &str,
         payload: &serde_json::Value,
         text: Option<&str>,
+        until: Option<Instant>,
+        trace: Option<&SourceTrace>,
     ) -> Verdict {
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let live = self.live.load();
         let table = &live.table;
         let (mut verdict, at) = table.decide_at(point, agent, payload);
         let mut won = (None, None);
         if verdict.decision != Some(Decision::Deny) && table.enabled {
-            let mut answers = self.run_commands(&live, point, agent, payload);
+            let mut answers = self.run_commands(&live, point, agent, payload, (until, trace));
+            let denied = answers.iter().any(|a| a.decision == Decision::Deny);
             let plugins = self.plugins.as_ref().map(|p| p.load());
-            if let Some(set) = plugins.as_deref().filter(|s| !s.is_empty()) {
+            if let Some(set) = plugins.as_deref().filter(|s| !s.is_empty() && !denied) {
                 let owned;
                 let json = match text {
                     Some(t) => t,
@@ -177,7 +193,7 @@ impl Decider {
                         &owned
                     }
                 };
-                answers.extend(ask_all(set, point, agent, json));
+                answers.extend(ask_all(set, point, agent, json, until, trace));
             }
             if !answers.is_empty() {
                 let rule = at.zip(verdict.decision).map(|(i, d)| Answer {
@@ -238,6 +254,7 @@ impl Decider {
         point: DecisionPoint,
         agent: &str,
         payload: &serde_json::Value,
+        (until, trace): (Option<Instant>, Option<&SourceTrace>),
     ) -> Vec<Answer> {
         let table = &live.table;
         let Some(runner) = &self.runner else {
@@ -256,7 +273,16 @@ impl Decider {
         if run.is_empty() {
             return Vec::new();
         }
-        runner.run_all(&table.commands, &run, point, agent, payload, &live.commands)
+        runner.run_all(
+            &table.commands,
+            &run,
+            point,
+            agent,
+            payload,
+            &live.commands,
+            until,
+            trace,
+        )
     }
 
     /// Re-reads policies.json now (`force`: even if unchanged).
@@ -317,7 +343,9 @@ impl Decider {
                     .collect()
             })
             .unwrap_or_default();
-        self.counters.snapshot(file, by_policy, commands, plugins)
+        let duplicates = self.plugins.as_ref().map_or(0, |p| p.refused());
+        self.counters
+            .snapshot(file, by_policy, commands, plugins, duplicates)
     }
 
     /// Whether any WASM policy is in force.

@@ -459,6 +459,7 @@ impl Counters {
         by_policy: Vec<PolicyCount>,
         commands: Vec<super::command::CommandCount>,
         plugins: Vec<super::plugins::PluginPolicyCount>,
+        duplicate_ids: u64,
     ) -> PoliciesStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         PoliciesStats {
@@ -471,6 +472,7 @@ impl Counters {
             deny: get(&self.deny),
             none: get(&self.none),
             refused: get(&self.refused),
+            duplicate_ids,
         }
     }
 }
@@ -499,6 +501,9 @@ pub struct PoliciesStats {
     /// Each WASM policy in force, in plugin name order: its calls by how they ended
     /// (timeouts, fuel, traps, errors, busy counted apart) and how often it was reported.
     pub plugins: Vec<super::plugins::PluginPolicyCount>,
+    /// WASM policies refused at load because policies.json or an earlier plugin has their
+    /// id (each counted once, when refused).
+    pub duplicate_ids: u64,
 }
 
 /// How often one policy decided (was the policy reported), since its id was first loaded.

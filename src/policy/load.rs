@@ -183,6 +183,7 @@ fn parse_with_warnings(
         warns: Vec::new(),
         workspace,
         timeout: std::time::Duration::from_millis(super::command::DEFAULT_TIMEOUT_MS),
+        id_pos: Vec::new(),
     };
     let root = match parsed.root {
         Ok(root) => root,
@@ -210,6 +211,11 @@ fn parse_with_warnings(
         .collect();
     if v.errs.is_empty() {
         let mut table = table;
+        table.id_at = v
+            .id_pos
+            .iter()
+            .map(|(id, pos)| (id.clone(), lines.locate(*pos)))
+            .collect();
         table.build_index();
         table.warnings = warnings.clone();
         (Ok(table), warnings)
@@ -225,6 +231,8 @@ pub(super) struct Checker {
     pub(super) workspace: PathBuf,
     /// The file's `timeout_ms` (read before the policies: top-level fields first).
     pub(super) timeout: std::time::Duration,
+    /// Each id taken and where its value starts, in file order.
+    id_pos: Vec<(String, usize)>,
 }
 
 /// One element of `policies` (short-lived: moved into the table as soon as it is read).
@@ -332,6 +340,7 @@ impl Checker {
                                     continue;
                                 }
                                 ids.insert(id.clone(), id_pos);
+                                self.id_pos.push((id.clone(), id_pos));
                                 order += 1;
                                 match entry {
                                     Entry::Rule(p) => table.policies.push(p),

@@ -25,7 +25,8 @@ pub use load::{
     POLICIES_FILE, load, load_with_warnings, parse,
 };
 pub use model::{
-    CommandPolicy, Condition, Decision, DecisionPoint, OnError, Policy, PolicyTable, Test, Verdict,
+    CommandPolicy, Condition, Decision, DecisionPoint, OnError, Policy, PolicyTable, SourceAnswer,
+    Test, Verdict,
 };
 pub use plugins::PluginPolicyCount;
 #[cfg(feature = "wasm")]

@@ -192,6 +192,27 @@ pub struct PolicyTable {
     pub warnings: Vec<String>,
     /// What one decision computes once for every policy (built at load).
     pub(crate) index: Index,
+    /// Where each policy's `id` is written (line, column), in file order (rules and command
+    /// policies).
+    pub(crate) id_at: Vec<(String, (usize, usize))>,
+}
+
+impl PolicyTable {
+    /// Every policy's id (rules and command policies, in file order) with where it is written
+    /// in the file (line, column, from 1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let t = prx_hooks::policy::parse(
+    ///     b"{\"policies\": [\n {\"id\": \"a\", \"on\": \"prompt\", \"decision\": \"allow\"}]}",
+    ///     "policies.json",
+    /// ).unwrap();
+    /// assert_eq!(t.ids().collect::<Vec<_>>(), [("a", (2, 9))]);
+    /// ```
+    pub fn ids(&self) -> impl Iterator<Item = (&str, (usize, usize))> {
+        self.id_at.iter().map(|(id, at)| (id.as_str(), *at))
+    }
 }
 
 /// A decision: what was decided, by which policy, why, and how long deciding took.
@@ -264,6 +285,44 @@ pub enum OnError {
     None,
     /// Deny, the failure given as the reason.
     Deny,
+}
+
+impl OnError {
+    /// `none` or `deny`, as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::None => "none",
+            OnError::Deny => "deny",
+        }
+    }
+}
+
+/// What one command or WASM policy answered in a decision, and how long it took
+/// ([`Hooks::decide_traced`](crate::Hooks::decide_traced); `prx-hooks policy test
+/// --run-guards` prints it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SourceAnswer {
+    /// The policy's id.
+    pub policy: String,
+    /// `command` or `wasm`.
+    pub source: &'static str,
+    /// What it gave the decision, its `on_error` applied (`None`: nothing).
+    pub decision: Option<Decision>,
+    /// How it ended: `answered`, `answered nothing`, `cancelled …` or `failed: … ; on_error …`.
+    pub outcome: String,
+    /// From its start to its answer.
+    pub elapsed: Duration,
+}
+
+/// Where a decision's sources write their [`SourceAnswer`]s, when asked to.
+pub(crate) type SourceTrace = std::sync::Mutex<Vec<SourceAnswer>>;
+
+/// Adds `a` to `trace`, when there is one.
+pub(crate) fn trace_into(trace: Option<&SourceTrace>, a: SourceAnswer) {
+    if let Some(t) = trace {
+        t.lock().unwrap_or_else(|e| e.into_inner()).push(a);
+    }
 }
 
 /// One command policy of policies.json (`command`, `args`, `timeout_ms`, `on_error`).

@@ -5,11 +5,12 @@
 
 #![cfg_attr(not(feature = "wasm"), allow(dead_code))]
 
-use super::model::{Decision, DecisionPoint, OnError};
+use super::model::{Decision, DecisionPoint, OnError, SourceAnswer, SourceTrace, trace_into};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// Where WASM policies come in the order reports use: after every entry of policies.json.
 pub(crate) const ORDER_BASE: usize = usize::MAX / 2;
@@ -53,21 +54,48 @@ pub(crate) enum GuestAnswer {
 pub(crate) trait PluginPolicy: Send + Sync {
     /// Its id (`[policy] id`).
     fn id(&self) -> &str;
+    /// Its plugin's name.
+    fn plugin(&self) -> &str;
     /// Whether it answers at `point` (`[policy] on`).
     fn answers(&self, point: DecisionPoint) -> bool;
     /// Its `on_error`.
     fn on_error(&self) -> OnError;
-    /// Asks it, on this thread, bounded by its deadline.
-    fn ask(&self, point: DecisionPoint, agent: &str, payload_json: &str) -> GuestAnswer;
+    /// Asks it, on this thread, bounded by its deadline, or by `until` (the decision's
+    /// deadline, when the asker gave one) when that comes first.
+    fn ask(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload_json: &str,
+        until: Option<Instant>,
+    ) -> GuestAnswer;
     /// Its counts (kept by id across versions).
     fn counters(&self) -> &PluginPolicyCounters;
 }
 
 /// The WASM policies in force, in plugin name order: written by the plugins' loads, read by
 /// every decision without a lock.
+///
+/// Policy ids are unique across policies.json and the plugins: of the policies the loads
+/// store, one whose id policies.json has (the ids the decider [reserves](Self::reserve)), or
+/// an earlier plugin's policy has, is refused — left out of the set in force, logged and
+/// counted once — until the id is free again.
 #[derive(Default)]
 pub(crate) struct PluginPolicies {
     live: ArcSwap<Vec<Arc<dyn PluginPolicy>>>,
+    admit: std::sync::Mutex<Admit>,
+    refused: AtomicU64,
+}
+
+/// What the set in force is chosen from.
+#[derive(Default)]
+struct Admit {
+    /// The policies the plugins' load stored, in plugin name order.
+    all: Vec<Arc<dyn PluginPolicy>>,
+    /// policies.json's ids, and the file's name.
+    reserved: (std::collections::HashSet<String>, String),
+    /// The (plugin, id) pairs refused by the last choice (each logged and counted once).
+    refused: std::collections::HashSet<(String, String)>,
 }
 
 impl std::fmt::Debug for PluginPolicies {
@@ -84,9 +112,60 @@ impl PluginPolicies {
         self.live.load_full()
     }
 
-    /// Puts `set` in force at once.
+    /// Puts `set` in force at once (but a policy whose id is taken).
     pub(crate) fn store(&self, set: Vec<Arc<dyn PluginPolicy>>) {
-        self.live.store(Arc::new(set));
+        let mut admit = self.admit.lock().unwrap_or_else(|e| e.into_inner());
+        admit.all = set;
+        self.choose(&mut admit);
+    }
+
+    /// policies.json's ids now (`file` names it in the log): a WASM policy with one of them
+    /// is refused, one refused for one it no longer has comes into force.
+    pub(crate) fn reserve(&self, ids: std::collections::HashSet<String>, file: String) {
+        let mut admit = self.admit.lock().unwrap_or_else(|e| e.into_inner());
+        if admit.reserved.0 == ids {
+            return;
+        }
+        admit.reserved = (ids, file);
+        self.choose(&mut admit);
+    }
+
+    /// WASM policies refused because their id was taken, counted once per refusal.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Stores the policies of `admit.all` whose id is free.
+    fn choose(&self, admit: &mut Admit) {
+        let mut taken: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+        let mut kept = Vec::with_capacity(admit.all.len());
+        let mut refused = std::collections::HashSet::new();
+        for p in &admit.all {
+            let by = if admit.reserved.0.contains(p.id()) {
+                Some(admit.reserved.1.clone())
+            } else {
+                taken.get(p.id()).map(|first| format!("plugin {first}"))
+            };
+            let Some(by) = by else {
+                taken.insert(p.id(), p.plugin());
+                kept.push(p.clone());
+                continue;
+            };
+            let key = (p.plugin().to_string(), p.id().to_string());
+            if !admit.refused.contains(&key) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    plugin = %p.plugin(),
+                    policy = %p.id(),
+                    "WASM policy {} of plugin {} refused: {by} already has a policy with this id (policy ids must be unique across policies.json and the plugins)",
+                    crate::config::quote(p.id()),
+                    p.plugin()
+                );
+            }
+            refused.insert(key);
+        }
+        admit.refused = refused;
+        self.live.store(Arc::new(kept));
     }
 
     /// Whether any is in force.
@@ -195,30 +274,60 @@ impl PluginPolicyCounters {
 /// Asks every WASM policy of `set` that answers at `point`, in order, and counts each answer.
 /// Each gives its decision, or on failure its `on_error` (`deny` with the failure as the
 /// reason; `none`: nothing), as one more source of the decision (`plugin` its index in `set`).
+/// The first deny ends the asking: nothing after it can beat it or be reported instead.
+/// `until` is the decision's deadline, when the asker gave one: each call is cut at it.
 pub(crate) fn ask_all(
     set: &[Arc<dyn PluginPolicy>],
     point: DecisionPoint,
     agent: &str,
     payload_json: &str,
+    until: Option<Instant>,
+    trace: Option<&SourceTrace>,
 ) -> Vec<super::command::Answer> {
     let mut out = Vec::new();
     for (i, p) in set.iter().enumerate() {
         if !p.answers(point) {
             continue;
         }
-        let a = p.ask(point, agent, payload_json);
+        let began = Instant::now();
+        let a = p.ask(point, agent, payload_json, until);
+        let elapsed = began.elapsed();
         p.counters().count(&a, p.on_error());
-        let (decision, reason, context) = match a {
-            GuestAnswer::Decided(Some(d), reason, context) => (d, reason, context),
-            GuestAnswer::Decided(None, ..) => continue,
-            GuestAnswer::Failed(f) => match p.on_error() {
-                OnError::Deny => (
-                    Decision::Deny,
-                    Some(format!("WASM policy {} {f} (on_error: deny)", p.id())),
-                    None,
-                ),
-                OnError::None => continue,
-            },
+        // How it ended, in words: only built for a trace (`policy test --run-guards`).
+        let (answered, outcome): (_, std::borrow::Cow<'static, str>) = match a {
+            GuestAnswer::Decided(Some(d), reason, context) => {
+                (Some((d, reason, context)), "answered".into())
+            }
+            GuestAnswer::Decided(None, ..) => (None, "answered nothing".into()),
+            GuestAnswer::Failed(f) => {
+                let said = format!("failed: {f}; on_error is {}", p.on_error().as_str()).into();
+                match p.on_error() {
+                    OnError::Deny => (
+                        Some((
+                            Decision::Deny,
+                            Some(format!("WASM policy {} {f} (on_error: deny)", p.id())),
+                            None,
+                        )),
+                        said,
+                    ),
+                    OnError::None => (None, said),
+                }
+            }
+        };
+        if trace.is_some() {
+            trace_into(
+                trace,
+                SourceAnswer {
+                    policy: p.id().to_string(),
+                    source: "wasm",
+                    decision: answered.as_ref().map(|a| a.0),
+                    outcome: outcome.into_owned(),
+                    elapsed,
+                },
+            );
+        }
+        let Some((decision, reason, context)) = answered else {
+            continue;
         };
         out.push(super::command::Answer {
             order: ORDER_BASE + i,
@@ -229,6 +338,9 @@ pub(crate) fn ask_all(
             command: None,
             plugin: Some(i),
         });
+        if decision == Decision::Deny {
+            break;
+        }
     }
     out
 }

@@ -55,13 +55,15 @@ pub(crate) struct Run<'a> {
     pub(crate) max_stdout: usize,
     /// An eventfd the caller signals to cancel the run (`None`: never cancelled).
     pub(crate) cancel: Option<RawFd>,
+    /// The process's rlimits (the hooks' defaults: [`ShellLimits::guard_rlimits`](super::ShellLimits::guard_rlimits)).
+    pub(crate) rlimits: &'a [super::spawn::Rlimit],
 }
 
 /// Runs `run.action` to its end, its deadline, its stdout limit or a cancel.
 pub(crate) fn run(run: &Run) -> Captured {
     let req = spawn::Request {
         env: run.env,
-        rlimits: &[],
+        rlimits: run.rlimits,
         cgroup_procs: None,
         capture_stdout: true,
     };

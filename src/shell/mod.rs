@@ -65,6 +65,7 @@ pub use reactor::STDERR_TAIL;
 pub use runlog::{MAX_BYTES as RUN_LOG_MAX_BYTES, MAX_RUNS as RUN_LOG_MAX_RUNS, RunLogCounts};
 use runner::{cgroups_for, notify_drained, runner_main};
 pub use runs::{DEFAULT_RUN_QUEUE, RunSubscription};
+pub(crate) use spawn::Rlimit;
 pub use spawn::Rlimits;
 
 use crate::bus::Message;
@@ -221,6 +222,15 @@ pub struct ShellLimits {
     /// Where payload files go: a private directory is created in it (default: `$TMPDIR` as it
     /// is when the sink is created, else `/tmp`).
     pub tmp_dir: Option<PathBuf>,
+}
+
+impl ShellLimits {
+    /// The rlimits of a process run like a hook without a hook's own `limits` (a command
+    /// policy's guard): `rlimits` under `hook_limits`. The cgroup limits (`memory_bytes`,
+    /// `processes`) are not among them.
+    pub(crate) fn guard_rlimits(&self) -> Vec<Rlimit> {
+        runner::merged_rlimits(self.rlimits.unwrap_or_default(), &self.hook_limits).list()
+    }
 }
 
 impl Default for ShellLimits {

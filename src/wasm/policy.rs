@@ -97,6 +97,8 @@ struct Pool {
 /// A loaded WASM policy (one version of its plugin).
 pub(crate) struct WasmPolicy {
     spec: PolicySpec,
+    /// Its plugin's name.
+    plugin: String,
     resources: Resources,
     ctx: Arc<PluginCtx>,
     pre: InstancePre<HostState>,
@@ -119,6 +121,7 @@ impl WasmPolicy {
     ) -> Option<WasmPolicy> {
         Some(WasmPolicy {
             spec: m.policy.clone()?,
+            plugin: m.name.clone(),
             resources: m.resources,
             ctx,
             pre,
@@ -282,6 +285,10 @@ impl PluginPolicy for WasmPolicy {
         &self.spec.id
     }
 
+    fn plugin(&self) -> &str {
+        &self.plugin
+    }
+
     fn answers(&self, point: DecisionPoint) -> bool {
         self.spec.on.contains(&point)
     }
@@ -294,8 +301,22 @@ impl PluginPolicy for WasmPolicy {
         &self.counters
     }
 
-    fn ask(&self, point: DecisionPoint, agent: &str, payload_json: &str) -> GuestAnswer {
-        let deadline = Instant::now() + self.limit();
+    fn ask(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload_json: &str,
+        until: Option<Instant>,
+    ) -> GuestAnswer {
+        let now = Instant::now();
+        let deadline = match until {
+            Some(u) => u.min(now + self.limit()),
+            None => now + self.limit(),
+        };
+        if deadline <= now {
+            // No time left: no instance is taken (a call cut at once would cost it).
+            return GuestAnswer::Failed(GuestFailure::TimedOut);
+        }
         // The epoch ticker runs while this call (and an instantiation) does.
         let _running = self.engine.running();
         let timers = self.engine.timers();

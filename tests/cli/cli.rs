@@ -520,6 +520,54 @@ fn validate_strict_makes_warnings_errors() {
     );
 }
 
+/// A policy id written twice, in policies.json and a plugin's `[policy] id` or in two
+/// plugins: `validate` names both places, the later one as the error.
+#[test]
+fn validate_refuses_a_policy_id_used_in_policies_json_and_a_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    std::fs::write(
+        ws.join("policies.json"),
+        "{\"policies\": [\n  {\"id\": \"no-rm-rf\", \"on\": \"tool_call_start\", \"decision\": \"allow\"}\n]}",
+    )
+    .unwrap();
+    let toml = |name: &str, id: &str| {
+        format!(
+            "[plugin]\nname = \"{name}\"\nversion = \"0.1.0\"\n\n[policy]\nid = \"{id}\"\non = [\"tool_call_start\"]\n"
+        )
+    };
+    crate::plugins::install(ws, "guard", "policy_no_rm_rf", &toml("guard", "no-rm-rf"));
+    crate::plugins::install(ws, "a-one", "policy_no_rm_rf", &toml("a-one", "twice"));
+    crate::plugins::install(ws, "b-two", "policy_no_rm_rf", &toml("b-two", "twice"));
+    let out = bin()
+        .args(["validate", "--workspace"])
+        .arg(ws)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let line = |needle: &str| {
+        stdout
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle} in\n{stdout}"))
+            .to_string()
+    };
+    let guard = line("guard/plugin.toml:6:6: policy.id: ");
+    assert!(
+        guard.contains("\"no-rm-rf\"")
+            && guard.contains(&format!("{}:2:", ws.join("policies.json").display()))
+            && guard.contains("policies[0].id"),
+        "{guard}"
+    );
+    let two = line("b-two/plugin.toml:6:6: policy.id: ");
+    assert!(
+        two.contains("\"twice\"") && two.contains("a-one/plugin.toml:6:6"),
+        "{two}"
+    );
+    assert!(!stdout.contains("a-one/plugin.toml:6:6: "), "{stdout}");
+}
+
 #[test]
 fn validate_checks_policies_json_and_warns_on_a_policy_denying_everything() {
     let dir = tempfile::tempdir().unwrap();
@@ -570,6 +618,103 @@ fn validate_checks_policies_json_and_warns_on_a_policy_denying_everything() {
             "{}:2:52: policies[0].decision: \"block\" is not a decision: expected \"allow\", \"ask\" or \"deny\"",
             file.display()
         ),
+    );
+}
+
+/// `policy test --run-guards`: the command policies run and the WASM policies are asked, each
+/// within its deadline, and each one's answer, how it ended and its time are shown; the
+/// decision is every source's. Without the flag only the rules decide, and nothing runs.
+#[test]
+fn policy_test_run_guards_runs_command_and_wasm_policies_and_shows_each_answer() {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let ran = ws.join("ran");
+    let script = |name: &str, body: &str| {
+        let path = ws.join(name);
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\necho x >> {}\n{body}\n", ran.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    script(
+        "asks.sh",
+        r#"echo '{"decision": "ask", "reason": "the guard asks"}'"#,
+    );
+    script("slow.sh", "sleep 5");
+    std::fs::write(
+        ws.join("policies.json"),
+        r#"{"policies": [
+  {"id": "ls-ok", "on": "tool_call_start", "when": {"arguments.command": {"prefix": "ls"}}, "decision": "allow"},
+  {"id": "asks", "on": "tool_call_start", "command": "./asks.sh"},
+  {"id": "slow", "on": "tool_call_start", "command": "./slow.sh", "timeout_ms": 200}
+]}"#,
+    )
+    .unwrap();
+    crate::plugins::install(
+        ws,
+        "no-rm-rf",
+        "policy_no_rm_rf",
+        "[plugin]\nname = \"no-rm-rf\"\nversion = \"0.1.0\"\n\n[policy]\non = [\"tool_call_start\"]\n",
+    );
+    let test = |args: &[&str], command: &str| {
+        let mut child = bin()
+            .args(["policy", "test", "--workspace"])
+            .arg(ws)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let payload = format!(r#"{{"tool":"Bash","arguments":{{"command":"{command}"}}}}"#);
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(payload.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    // Rules only: allow by ls-ok, and no guard ran.
+    let said = test(&[], "ls");
+    assert!(said.contains("decision: allow by ls-ok"), "{said}");
+    assert!(!ran.exists(), "a guard ran without --run-guards");
+
+    let said = test(&["--run-guards"], "ls");
+    let line = |needle: &str| {
+        said.lines()
+            .find(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("no line starting {needle:?} in\n{said}"))
+            .to_string()
+    };
+    let asks = line("command  asks  ask  answered  (");
+    assert!(asks.ends_with(" µs)"), "{asks}");
+    let slow = line("command  slow  none  failed: timed out after 200 ms; on_error is none  (");
+    assert!(slow.ends_with(" µs)"), "{slow}");
+    line("wasm     no-rm-rf  none  answered nothing  (");
+    assert!(
+        said.contains("decision: ask by asks: the guard asks"),
+        "{said}"
+    );
+    assert_eq!(std::fs::read_to_string(&ran).unwrap().lines().count(), 2);
+
+    // The WASM policy denies: deny wins, reported with it.
+    let said = test(&["--run-guards"], "rm -rf build");
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("wasm     no-rm-rf  deny  answered  (")),
+        "{said}"
+    );
+    assert!(
+        said.contains("decision: deny by no-rm-rf: rm -rf is not allowed in this workspace"),
+        "{said}"
     );
 }
 

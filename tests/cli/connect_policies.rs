@@ -146,7 +146,13 @@ fn policies_make_claude_codes_decision_points_synchronous_commands_with_the_fail
     // --http: the decision points keep the http hook (the server answers it) unless a deny
     // must come when the server is down: then a command.
     ok(&s.connect(&["claude-code", "--http", "http://127.0.0.1:9", "--policies"]));
-    assert_eq!(s.entry(&s.claude(), "PreToolUse")["type"], "http");
+    let e = s.entry(&s.claude(), "PreToolUse");
+    assert_eq!(e["type"], "http");
+    // The server is told how long Claude Code waits (its 5 s, less a second for the way back).
+    assert_eq!(e["headers"]["Prx-Decision-Deadline-Ms"], "4000", "{e}");
+    assert_eq!(e["timeout"], 5, "{e}");
+    let e = s.entry(&s.claude(), "PostToolUse");
+    assert_eq!(e["headers"].get("Prx-Decision-Deadline-Ms"), None, "{e}");
     ok(&s.connect(&[
         "claude-code",
         "--http",
@@ -212,6 +218,41 @@ fn a_workspace_with_a_policies_json_gets_decision_entries_without_the_flag() {
             .as_str()
             .unwrap()
             .ends_with(" --on-unreachable deny")
+    );
+}
+
+/// A workspace whose only policies are WASM ones (a plugin with `[policy]`, no policies.json)
+/// gets the decision entries too; a plugin that is only a hook does not bring them.
+#[test]
+fn a_workspace_with_only_a_wasm_policy_gets_decision_entries_without_the_flag() {
+    let s = setup();
+    let plugin = |name: &str, extra: &str| {
+        let dir = s.ws.join("plugins").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("plugin.wasm"), b"\0asm").unwrap();
+        std::fs::write(
+            dir.join("plugin.toml"),
+            format!("[plugin]\nname = \"{name}\"\nversion = \"0.1.0\"\n{extra}"),
+        )
+        .unwrap();
+    };
+    // A hook plugin alone: no decision entries.
+    plugin(
+        "audit",
+        "[[capabilities]]\ntype = \"hook\"\nevents = [\"tool_call\"]\n",
+    );
+    ok(&s.connect(&["claude-code"]));
+    assert_eq!(s.entry(&s.claude(), "PreToolUse")["async"], true);
+
+    plugin("guard", "[policy]\non = [\"tool_call_start\"]\n");
+    assert!(!s.ws.join("policies.json").exists());
+    let said = ok(&s.connect(&["claude-code"]));
+    assert!(said.contains("policies decide on"), "{said}");
+    let e = s.entry(&s.claude(), "PreToolUse");
+    assert_eq!(
+        (e["async"].clone(), e["timeout"].clone()),
+        (Value::Null, 5.into()),
+        "{e}"
     );
 }
 

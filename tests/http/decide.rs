@@ -387,8 +387,153 @@ fn a_command_policy_answers_api_decide_and_claude_codes_door() {
         "prx_hooks_policy_command_runs_total{policy=\"guard\"} 3",
         "prx_hooks_policy_command_timed_out_total{policy=\"guard\"} 0",
         "prx_hooks_policy_command_decided_total{policy=\"guard\"} 2",
+        "prx_hooks_policy_duplicate_ids_total 0",
         "prx_hooks_policies_loaded 1",
     ] {
         assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
     }
+}
+
+/// `Prx-Decision-Deadline-Ms`: the asker's deadline caps every slower source. A guard that
+/// sleeps 5 s under a `timeout_ms` of 10 s is cut at the 300 ms the asker waits and answers
+/// its `on_error`, counted as timed out; without the header it is left its own deadline; a
+/// bad value is a 400 naming the header.
+#[test]
+fn the_askers_deadline_cuts_a_slower_command_policy_and_it_answers_on_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let api = Ingest::start(r#"{"hooks": {}}"#);
+    let ws = api.ws.path();
+    let guard = ws.join("slow.sh");
+    std::fs::write(&guard, "#!/bin/sh\nsleep 5\n").unwrap();
+    std::fs::set_permissions(&guard, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        ws.join("policies.json"),
+        json!({"policies": [{"id": "slow", "on": ["tool_call_start"], "matcher": "Bash",
+            "command": "./slow.sh", "timeout_ms": 10000, "on_error": "deny"}]})
+        .to_string(),
+    )
+    .unwrap();
+    assert_eq!(
+        api.hooks.apply_policies_file(),
+        Some(prx_hooks::config::Reload::Applied)
+    );
+    let auth = format!("Bearer {TOKEN}");
+    let ask = |deadline: &str| {
+        let body = json!({"event": "tool_call_start", "agent": "claude-code",
+                          "payload": bash("ls")});
+        api.post_with(
+            &Ingest::client(),
+            "/api/decide",
+            &[
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+                (prx_hooks::http::DECISION_DEADLINE_HEADER, deadline),
+            ],
+            body.to_string().as_bytes(),
+        )
+    };
+    let a = ask("300");
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(
+        (&a.body["decision"], &a.body["policy"]),
+        (&json!("deny"), &json!("slow")),
+        "{}",
+        a.body
+    );
+    let reason = a.body["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("timed out after ") && reason.contains("the asker's deadline"),
+        "{reason}"
+    );
+    // Liveness only, with slack: cut well before the guard's 5 s.
+    assert!(
+        a.body["elapsed_us"].as_u64().unwrap() < 4_000_000,
+        "{}",
+        a.body
+    );
+    let c = &api.stats()["policies"]["commands"][0];
+    assert_eq!((&c["runs"], &c["timed_out"]), (&json!(1), &json!(1)), "{c}");
+
+    // The Claude Code door honours it too.
+    let a = api.post_with(
+        &Ingest::client(),
+        "/api/ingest/claude-code",
+        &[
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+            (prx_hooks::http::DECISION_DEADLINE_HEADER, "200"),
+        ],
+        json!({"session_id": "cc1", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+               "tool_input": {"command": "ls"}, "cwd": "/w"})
+        .to_string()
+        .as_bytes(),
+    );
+    assert_eq!(
+        a.body["hookSpecificOutput"]["permissionDecision"], "deny",
+        "{}",
+        a.body
+    );
+    let c = &api.stats()["policies"]["commands"][0];
+    assert_eq!((&c["runs"], &c["timed_out"]), (&json!(2), &json!(2)), "{c}");
+
+    for bad in ["soon", "-1", "1.5", "3600001"] {
+        let a = ask(bad);
+        assert_eq!(a.status, 400, "{bad}: {}", a.body);
+        let said = a.body.to_string();
+        assert!(
+            said.contains(prx_hooks::http::DECISION_DEADLINE_HEADER)
+                && said.contains("milliseconds"),
+            "{bad}: {said}"
+        );
+    }
+    let c = &api.stats()["policies"]["commands"][0];
+    assert_eq!(c["runs"], 2, "a refused question runs nothing: {c}");
+}
+
+/// A command policy runs contained as a shell hook does: the hooks' default limits
+/// (`ShellLimits::hook_limits`, what `run --hook-limit` sets; `core_bytes` 0 under `run`)
+/// apply to the guard's process too.
+#[test]
+fn a_command_policy_runs_under_the_hooks_rlimits() {
+    use std::os::unix::fs::PermissionsExt;
+    let api = Ingest::start_with(
+        r#"{"hooks": {}}"#,
+        |b| {
+            let mut limits = prx_hooks::shell::ShellLimits::default();
+            limits.hook_limits.open_files = Some(77);
+            limits.hook_limits.core_bytes = Some(0);
+            b.shell_limits(limits)
+        },
+        |o| o,
+    );
+    let ws = api.ws.path();
+    let seen = ws.join("limits");
+    std::fs::write(
+        ws.join("limits.sh"),
+        format!(
+            "#!/bin/sh\n{{ ulimit -n; ulimit -c; }} > {}\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(ws.join("limits.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        ws.join("policies.json"),
+        json!({"policies": [{"id": "limits", "on": ["tool_call_start"],
+            "command": "./limits.sh", "timeout_ms": 10000}]})
+        .to_string(),
+    )
+    .unwrap();
+    assert_eq!(
+        api.hooks.apply_policies_file(),
+        Some(prx_hooks::config::Reload::Applied)
+    );
+    let (status, body, _) = post_json(
+        &api,
+        "/api/decide",
+        &json!({"event": "tool_call_start", "agent": "a", "payload": bash("ls")}),
+    );
+    assert_eq!((status, &body["decision"]), (200, &Value::Null), "{body}");
+    let got = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(got.lines().collect::<Vec<_>>(), ["77", "0"], "{got}");
 }

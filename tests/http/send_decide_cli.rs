@@ -302,3 +302,64 @@ fn a_decision_stands_when_the_event_itself_cannot_be_read() {
     assert_eq!(spooled(ws.path()), 0, "taken, not spooled");
     drop(server);
 }
+
+/// A guard slower than `send --timeout` (it sleeps 5 s under a `timeout_ms` of 10 s): `send`
+/// tells the server how long it waits (`Prx-Decision-Deadline-Ms`), the server cuts the guard
+/// at that deadline and answers with its `on_error`, so `send` prints the server's decision
+/// and the event is delivered, not spooled.
+#[test]
+fn send_gets_an_answer_within_its_timeout_though_a_guard_is_slower() {
+    use std::os::unix::fs::PermissionsExt;
+    let (ws, log) = crate::send_cli::logging_workspace("tool_call_start");
+    let guard = ws.path().join("slow.sh");
+    std::fs::write(&guard, "#!/bin/sh\nsleep 5\n").unwrap();
+    std::fs::set_permissions(&guard, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        ws.path().join("policies.json"),
+        json!({"policies": [
+            {"id": "slow-deny", "on": ["tool_call_start"], "matcher": "Bash",
+             "command": "./slow.sh", "timeout_ms": 10000, "on_error": "deny"},
+            {"id": "slow-none", "on": ["tool_call_start"], "matcher": "Read",
+             "command": "./slow.sh", "timeout_ms": 10000}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let server = Server::start(ws.path());
+    let args = ["--from", "claude-code", "--timeout", "1s"];
+
+    // on_error deny: the guard cut at send's deadline denies, the reason saying so.
+    let started = std::time::Instant::now();
+    let s = hook(ws.path(), &args, &tool("claude-code", "Bash", "ls"));
+    let a = answer(&s);
+    assert_eq!(
+        a["hookSpecificOutput"]["permissionDecision"], "deny",
+        "the server's on_error, not send's fail mode: {s:?}"
+    );
+    let reason = a["hookSpecificOutput"]["permissionDecisionReason"]
+        .as_str()
+        .unwrap();
+    assert!(
+        reason.contains("slow-deny") && reason.contains("timed out"),
+        "{reason}"
+    );
+    assert_eq!(spooled(ws.path()), 0, "delivered, not spooled: {s:?}");
+    // Liveness, with slack: well before the guard's own 5 s.
+    assert!(started.elapsed() < std::time::Duration::from_secs(4));
+
+    // on_error none: no decision, `{}`, and still delivered.
+    let mut read = tool("claude-code", "Read", "");
+    read["tool_input"] = json!({"file_path": "/w/a"});
+    let s = hook(ws.path(), &args, &read);
+    assert_eq!(answer(&s), json!({}), "{s:?}");
+    assert_eq!(spooled(ws.path()), 0, "delivered, not spooled: {s:?}");
+
+    // The events reached the hook, the cut decision stamped on the first.
+    wait_for("both tool calls", || payloads(&log).len() >= 2);
+    let got = payloads(&log);
+    assert_eq!(got[0]["policy_decision"], "deny", "{got:?}");
+    assert_eq!(got[0]["policy_id"], "slow-deny", "{got:?}");
+    assert!(got[1].get("policy_decision").is_none(), "{got:?}");
+    let (_, report) = server.stop();
+    assert_eq!(payloads(&log).len(), 2, "each once: {report}");
+}

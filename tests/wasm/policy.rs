@@ -161,7 +161,9 @@ fn hostile(mode: &str, resources: &str, failed: fn(&PluginPolicyCount) -> u64, w
         (1, 1, 1, 1),
         "{c:?}"
     );
-    assert_eq!(counts(&h, &none_id).calls, 3);
+    // The deny (`{mode}-deny` comes first in plugin name order) ended the question: the
+    // `none` copy after it was not asked again.
+    assert_eq!(counts(&h, &none_id).calls, 2);
     h.shutdown(Duration::from_secs(5));
 }
 
@@ -326,7 +328,137 @@ fn rules_come_first_and_the_most_restrictive_source_wins() {
         (v.decision, v.policy.as_deref()),
         (Some(Decision::Allow), Some("rule-allow-bash"))
     );
-    assert_eq!(counts(&h, "spin").timed_out, 2);
+    // Asked for `ls` only: no-rm-rf's deny (before it in plugin name order) ended the `rm -rf`
+    // question.
+    let spin = counts(&h, "spin");
+    assert_eq!((spin.calls, spin.timed_out), (1, 1), "{spin:?}");
+    h.shutdown(Duration::from_secs(5));
+}
+
+/// A deny ends the question: once a source has denied, no later source is asked (a deny
+/// cannot be beaten, and the first source with it is the one reported). A command policy's
+/// deny: no WASM policy is called; a WASM policy's deny: the WASM policies after it (plugin
+/// name order) are not called.
+#[test]
+fn no_source_is_asked_once_a_deny_is_reached() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = tempfile::tempdir().unwrap();
+    let guard = ws.path().join("guard.sh");
+    std::fs::write(
+        &guard,
+        "#!/bin/sh\ncase \"$(cat)\" in *'rm -rf'*) echo 'guard says no' >&2; exit 2;; esac\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&guard, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        ws.path().join("policies.json"),
+        r#"{"policies": [{"id": "guard", "on": ["tool_call_start"], "command": "./guard.sh", "timeout_ms": 10000}]}"#,
+    )
+    .unwrap();
+    let on = "on = [\"tool_call_start\"]\ntimeout_ms = 100";
+    misbehave(
+        ws.path(),
+        "a-deny",
+        on,
+        "",
+        "mode = \"deny\"\nreason = \"a says no\"",
+    );
+    // Fuel for far longer than its deadline: asked, it would be cut by the clock.
+    misbehave(
+        ws.path(),
+        "b-spin",
+        on,
+        "max_fuel = 1_000_000_000_000_000",
+        "mode = \"loop\"",
+    );
+    let h = hooks(ws.path());
+    assert!(load_errors(&h).is_empty(), "{:?}", load_errors(&h));
+
+    let v = ask(&h, "rm -rf build");
+    assert_eq!(
+        (v.decision, v.policy.as_deref(), v.reason.as_deref()),
+        (Some(Decision::Deny), Some("guard"), Some("guard says no"))
+    );
+    assert_eq!(
+        counts(&h, "a-deny").calls,
+        0,
+        "asked after the guard denied"
+    );
+    assert_eq!(
+        counts(&h, "b-spin").calls,
+        0,
+        "asked after the guard denied"
+    );
+
+    let v = ask(&h, "ls");
+    assert_eq!(
+        (v.decision, v.policy.as_deref(), v.reason.as_deref()),
+        (Some(Decision::Deny), Some("a-deny"), Some("a says no"))
+    );
+    assert_eq!(counts(&h, "a-deny").calls, 1);
+    assert_eq!(counts(&h, "b-spin").calls, 0, "asked after a-deny denied");
+    h.shutdown(Duration::from_secs(5));
+}
+
+/// Policy ids are unique across policies.json and the plugins' `[policy] id`: a WASM policy
+/// whose id policies.json already has, or an earlier plugin (name order) already took, is
+/// refused at load (logged, counted) and never asked.
+#[test]
+fn a_wasm_policy_whose_id_is_taken_is_refused_at_load_and_counted() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ws.path().join("policies.json"),
+        r#"{"policies": [{"id": "no-rm-rf", "on": "tool_call_start", "matcher": "Read", "decision": "allow"}]}"#,
+    )
+    .unwrap();
+    // Its id defaults to its name, which policies.json has.
+    no_rm_rf(ws.path(), "");
+    let on = "on = [\"tool_call_start\"]\nid = \"shared\"";
+    misbehave(
+        ws.path(),
+        "x-first",
+        on,
+        "",
+        "mode = \"allow\"\nreason = \"first\"",
+    );
+    misbehave(
+        ws.path(),
+        "y-second",
+        on,
+        "",
+        "mode = \"deny\"\nreason = \"second\"",
+    );
+    let h = hooks(ws.path());
+
+    let v = ask(&h, "rm -rf build");
+    assert_eq!(
+        (v.decision, v.policy.as_deref(), v.reason.as_deref()),
+        (Some(Decision::Allow), Some("shared"), Some("first")),
+        "only x-first is in force"
+    );
+    let stats = h.stats();
+    let p = stats.policies().unwrap();
+    let ids: Vec<&str> = p.plugins.iter().map(|c| c.policy.as_str()).collect();
+    assert_eq!(ids, ["shared"], "{p:?}");
+    assert_eq!(p.plugins[0].calls, 1, "{p:?}");
+    assert_eq!(p.duplicate_ids, 2, "{p:?}");
+
+    // policies.json lets the id go: no-rm-rf comes into force at the next load of the file.
+    std::fs::write(ws.path().join("policies.json"), r#"{"policies": []}"#).unwrap();
+    assert_eq!(
+        h.apply_policies_file(),
+        Some(prx_hooks::config::Reload::Applied)
+    );
+    let v = ask(&h, "rm -rf build");
+    assert_eq!(
+        (v.decision, v.policy.as_deref()),
+        (Some(Decision::Deny), Some("no-rm-rf"))
+    );
+    assert_eq!(
+        h.stats().policies().unwrap().duplicate_ids,
+        2,
+        "counted once"
+    );
     h.shutdown(Duration::from_secs(5));
 }
 

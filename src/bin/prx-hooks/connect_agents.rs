@@ -59,6 +59,25 @@ pub(crate) struct Hook {
     pub policies: Option<super::policies::Policies>,
 }
 
+/// Claude Code's `http` entry posting to `url`, waited for at most 5 s. `deadline_ms`: on a
+/// decision point, the `Prx-Decision-Deadline-Ms` header telling the server how long the
+/// agent waits for the decision (docs/policies.md § Deadlines).
+pub(crate) fn claude_http(url: &str, deadline_ms: Option<i64>) -> J {
+    let s = |v: &str| J::Str(v.to_string());
+    let obj = |m: Vec<(&str, J)>| J::Obj(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+    let mut headers = vec![("Authorization", s("Bearer $PRX_HOOKS_TOKEN"))];
+    if let Some(ms) = deadline_ms {
+        headers.push(("Prx-Decision-Deadline-Ms", s(&ms.to_string())));
+    }
+    obj(vec![
+        ("type", s("http")),
+        ("url", s(url)),
+        ("headers", obj(headers)),
+        ("allowedEnvVars", J::Arr(vec![s("PRX_HOOKS_TOKEN")])),
+        ("timeout", J::Num(5)),
+    ])
+}
+
 /// Our entry for `event`.
 pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> J {
     let s = |v: &str| J::Str(v.to_string());
@@ -71,16 +90,7 @@ pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> J {
         Agent::ClaudeCode => match &hook.http {
             // No `async` for http hooks: Claude Code waits for the answer, which the server
             // gives at once (200 {}); the 5 s timeout bounds a server that hangs.
-            Some(url) if event.handlers.contains(Handlers::HTTP) => obj(vec![
-                ("type", s("http")),
-                ("url", s(url)),
-                (
-                    "headers",
-                    obj(vec![("Authorization", s("Bearer $PRX_HOOKS_TOKEN"))]),
-                ),
-                ("allowedEnvVars", J::Arr(vec![s("PRX_HOOKS_TOKEN")])),
-                ("timeout", J::Num(5)),
-            ]),
+            Some(url) if event.handlers.contains(Handlers::HTTP) => claude_http(url, None),
             // Where a turn or the session ends Claude Code may exit right after: it waits
             // for this one (a `send`, ~2 ms; 5 s at most).
             _ if event.closes => obj(vec![

@@ -22,6 +22,10 @@ pub(crate) const AGENTS: [Agent; 3] = [Agent::ClaudeCode, Agent::Codex, Agent::G
 /// so its answer comes before the agent's own timeout.
 const TIMEOUT_S: i64 = 5;
 
+/// The decision deadline Claude Code's `http` entries on decision points tell the server
+/// (`Prx-Decision-Deadline-Ms`): the entry's 5 s less a second for the way back.
+const HTTP_DEADLINE_MS: i64 = TIMEOUT_S * 1000 - 1000;
+
 /// The decision points' entries, as `connect` was asked for them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Policies {
@@ -30,7 +34,8 @@ pub(crate) struct Policies {
 }
 
 /// Whether `connect` writes decision entries: asked (`--policies`, `--on-unreachable`), or
-/// the workspace holds a policies.json. `Err` for an agent policies do not answer, when asked.
+/// the workspace holds policies ([`has_policies`]). `Err` for an agent policies do not
+/// answer, when asked.
 pub(crate) fn wanted(
     agent: Agent,
     asked: bool,
@@ -38,7 +43,7 @@ pub(crate) fn wanted(
     workspace: &Path,
 ) -> Result<Option<Policies>, String> {
     let asked = asked || on_unreachable.is_some();
-    let found = workspace.join(prx_hooks::policy::POLICIES_FILE).is_file();
+    let found = has_policies(workspace);
     if !AGENTS.contains(&agent) {
         return match asked {
             true => Err(format!(
@@ -54,20 +59,30 @@ pub(crate) fn wanted(
     }))
 }
 
+/// Whether the workspace holds policies: a policies.json, or a plugin whose plugin.toml
+/// declares `[policy]` (a WASM policy; a plugin.toml that does not load is not counted).
+fn has_policies(workspace: &Path) -> bool {
+    workspace.join(prx_hooks::policy::POLICIES_FILE).is_file()
+        || prx_hooks::wasm::manifest::scan(workspace)
+            .0
+            .iter()
+            .any(prx_hooks::wasm::manifest::Manifest::is_policy)
+}
+
 /// Our entry on `event` when it is a decision point of `agent` and decision entries are
 /// wanted (`None`: the entry `connect` writes anyway).
 pub(crate) fn entry(agent: Agent, event: &HookEvent, hook: &Hook) -> Option<J> {
     let policies = hook.policies?;
     prx_hooks::policy::decision_point(agent.lib(), event.name)?;
     let deny = policies.on_unreachable == OnUnreachable::Deny;
-    // Claude Code waits for an `http` hook, and the server answers it with the decision; only
-    // when the server is down must a command answer instead.
+    // Claude Code waits for an `http` hook, and the server answers it with the decision, cut
+    // to what the agent waits; only when the server is down must a command answer instead.
     if agent == Agent::ClaudeCode
-        && hook.http.is_some()
+        && let Some(url) = &hook.http
         && event.handlers.contains(Handlers::HTTP)
         && !deny
     {
-        return None;
+        return Some(super::agents::claude_http(url, Some(HTTP_DEADLINE_MS)));
     }
     let command = if deny {
         format!("{} --on-unreachable deny", hook.command)

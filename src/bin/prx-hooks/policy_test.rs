@@ -40,12 +40,50 @@ struct TestArgs {
     /// The workspace directory (policies.json).
     #[arg(long, default_value = ".")]
     workspace: PathBuf,
+    /// Also run the command policies and ask the WASM policies (plugins/) the question
+    /// selects, each within its deadline, and show what each answered and how long it took;
+    /// the decision is then every source's. Guards are programs: they run contained as under
+    /// `run`, with its default limits (`core_bytes=0`).
+    #[arg(long)]
+    run_guards: bool,
 }
 
 pub(crate) fn policy(args: PolicyArgs) -> Result<ExitCode, BoxError> {
     match args.command {
         PolicyCommand::Test(args) => test(args),
     }
+}
+
+/// The decision with every source, the guards' and WASM policies' answers printed one per
+/// line (`command` or `wasm`, id, what it gave, how it ended, its time), from a hook system
+/// on the workspace that emits nothing. The decision's time is the whole decision's.
+fn run_guards(
+    args: &TestArgs,
+    point: DecisionPoint,
+    payload: &serde_json::Value,
+) -> Result<(prx_hooks::policy::Verdict, std::time::Duration), BoxError> {
+    // `run`'s default limits for the guards (docs/policies.md § Command policies).
+    let mut limits = prx_hooks::shell::ShellLimits::default();
+    limits.hook_limits.core_bytes = Some(0);
+    let hooks = prx_hooks::Hooks::builder()
+        .workspace(&args.workspace)
+        .shell_limits(limits)
+        .build()?;
+    let start = Instant::now();
+    let (verdict, sources) = hooks.decide_traced(point, &args.agent, payload);
+    let elapsed = start.elapsed();
+    for s in &sources {
+        let gave = s.decision.map_or("none", |d| d.as_str());
+        out!(
+            "{:<7}  {}  {gave}  {}  ({} µs)",
+            s.source,
+            s.policy,
+            s.outcome,
+            s.elapsed.as_micros()
+        );
+    }
+    hooks.shutdown(std::time::Duration::from_secs(2));
+    Ok((verdict, elapsed))
 }
 
 fn test(args: TestArgs) -> Result<ExitCode, BoxError> {
@@ -102,11 +140,18 @@ fn test(args: TestArgs) -> Result<ExitCode, BoxError> {
     };
     let start = Instant::now();
     let (verdict, traces) = table.explain(point, &args.agent, &payload);
-    let elapsed = start.elapsed();
+    let mut elapsed = start.elapsed();
     for t in &traces {
         let mark = if t.matched { "match" } else { "-" };
         out!("{mark:<5}  {}  {}  {}", t.policy, t.decision, t.why);
     }
+    let verdict = if args.run_guards {
+        let (v, took) = run_guards(&args, point, &payload)?;
+        elapsed = took;
+        v
+    } else {
+        verdict
+    };
     match (&verdict.decision, &verdict.policy) {
         (Some(d), Some(p)) => out!(
             "decision: {d} by {p}: {}  ({} µs)",

@@ -269,6 +269,21 @@ fn deliver_or_spool(args: SendArgs) -> Result<(ExitCode, Option<Value>), BoxErro
     }
 }
 
+/// The most of `--timeout` kept for the answer's way back: a quarter, at most 500 ms.
+const ANSWER_MARGIN: Duration = Duration::from_millis(500);
+
+/// What `send` tells the server it waits for a decision (`Prx-Decision-Deadline-Ms`): the
+/// time left before `until` (its `--timeout` from the start), less a margin for the answer to
+/// come back, so the server answers, its slower policies cut, before `send` gives up.
+fn decision_deadline_ms(timeout: Duration, until: std::time::Instant) -> u128 {
+    let margin = (timeout / 4).min(ANSWER_MARGIN);
+    until
+        .saturating_duration_since(std::time::Instant::now())
+        .saturating_sub(margin)
+        .as_millis()
+        .min(u128::from(prx_hooks::http::MAX_DECISION_DEADLINE_MS))
+}
+
 /// A new event id: 128 random bits in hex.
 fn new_id() -> String {
     let mut bytes = [0u8; 16];
@@ -389,7 +404,8 @@ fn deliver(
         Ok(r) => r,
         Err(e) => return Answer::Away(format!("cannot start the client: {e}")),
     };
-    let post = post(target, token, header, body.to_vec(), args.timeout);
+    let until = std::time::Instant::now() + args.timeout;
+    let post = post(target, token, header, body.to_vec(), (args.timeout, until));
     runtime.block_on(async {
         match tokio::time::timeout(args.timeout, post).await {
             Ok(answer) => answer,
@@ -403,7 +419,7 @@ async fn post(
     token: &prx_hooks::http::Token,
     header: &Header,
     body: Vec<u8>,
-    timeout: Duration,
+    (timeout, until): (Duration, std::time::Instant),
 ) -> Answer {
     let route = &header.route;
     let io = match connect(target, timeout).await {
@@ -464,6 +480,10 @@ async fn post(
         .header(
             prx_hooks::http::TIMESTAMP_HEADER,
             header.time.as_deref().unwrap_or_default(),
+        )
+        .header(
+            prx_hooks::http::DECISION_DEADLINE_HEADER,
+            decision_deadline_ms(timeout, until).to_string(),
         )
         .body(http_body_util::Full::new(bytes::Bytes::from(body)));
     let req = match req {

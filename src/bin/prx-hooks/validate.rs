@@ -68,7 +68,8 @@ pub(super) fn validate(args: ValidateArgs) -> Result<ExitCode, BoxError> {
     warned += policy_warnings;
     let (plugins_ok, plugin_warnings) = validate_plugins(&args.workspace);
     warned += plugin_warnings;
-    if !hooks_ok || !policies_ok || !plugins_ok {
+    let ids_ok = validate_policy_ids(&args.workspace);
+    if !hooks_ok || !policies_ok || !plugins_ok || !ids_ok {
         return Ok(ExitCode::from(1));
     }
     if args.strict && warned > 0 {
@@ -119,6 +120,51 @@ pub(super) fn validate_plugins(workspace: &std::path::Path) -> (bool, usize) {
         say!("{}: {} error(s)", dir.display(), lines.len());
     }
     (lines.is_empty(), warnings.len())
+}
+
+/// Policy ids are unique across policies.json and the plugins' `[policy] id`: each id written
+/// again (in a plugin, after policies.json or an earlier plugin in name order: the one `run`
+/// refuses) is an error on stdout naming both places, `FILE:LINE:COL`. Whether there was
+/// none. A policies.json or plugin.toml that does not load is left to its own check.
+fn validate_policy_ids(workspace: &std::path::Path) -> bool {
+    let file = workspace.join(prx_hooks::policy::POLICIES_FILE);
+    let label = if workspace == std::path::Path::new(".") {
+        prx_hooks::policy::POLICIES_FILE.to_string()
+    } else {
+        file.display().to_string()
+    };
+    let mut taken: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    if let Ok(table) = prx_hooks::policy::load(workspace) {
+        for (i, (id, (line, col))) in table.ids().enumerate() {
+            taken
+                .entry(id.to_string())
+                .or_insert_with(|| format!("{label}:{line}:{col} (policies[{i}].id)"));
+        }
+    }
+    let mut errors = 0usize;
+    for m in prx_hooks::wasm::manifest::scan(workspace).0 {
+        let Some(spec) = &m.policy else { continue };
+        let (line, col) = spec.id_at;
+        let here = format!("{}:{line}:{col}", m.file);
+        match taken.get(&spec.id) {
+            Some(first) => {
+                errors += 1;
+                out!(
+                    "{here}: policy.id: {} is already the id of {first}: policy ids must be \
+                     unique across policies.json and the plugins' [policy] (run refuses this \
+                     policy)",
+                    serde_json::Value::from(spec.id.as_str())
+                );
+            }
+            None => {
+                taken.insert(spec.id.clone(), format!("{here} (plugin {})", m.name));
+            }
+        }
+    }
+    if errors > 0 {
+        say!("policy ids: {errors} error(s): an id used twice");
+    }
+    errors == 0
 }
 
 /// Checks policies.json as `run` loads it: errors and warnings on stdout (a policy denying

@@ -23,6 +23,10 @@ pub struct PolicySpec {
     pub timeout_ms: u64,
     /// `on_error`: what a timeout, trap, `err` or exhausted limit answers (default `none`).
     pub on_error: OnError,
+    /// Where `id` is written in plugin.toml (line, column, from 1); where `[policy]` is when
+    /// the id is the plugin's name. Errors about the id name it.
+    #[serde(skip)]
+    pub id_at: (usize, usize),
 }
 
 impl Check<'_> {
@@ -39,6 +43,7 @@ impl Check<'_> {
             on: Vec::new(),
             timeout_ms: crate::policy::DEFAULT_TIMEOUT_MS,
             on_error: OnError::None,
+            id_at: Lines::new(self.text).locate(header),
         };
         let mut has_on = false;
         for (key, v) in t.iter() {
@@ -49,6 +54,7 @@ impl Check<'_> {
                     if let Some(s) = self.string(v, &p) {
                         if is_valid_name(s) {
                             spec.id = s.to_string();
+                            spec.id_at = Lines::new(self.text).locate(v.span().start);
                         } else {
                             self.err(
                                 v.span().start,

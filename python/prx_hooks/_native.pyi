@@ -104,7 +104,12 @@ class Hooks:
     ) -> None: ...
     def emitter(self, agent: str, session: str) -> Emitter: ...
     def decide(
-        self, point: DecisionPoint, agent: str, payload: Optional[JsonObject] = None
+        self,
+        point: DecisionPoint,
+        agent: str,
+        payload: Optional[JsonObject] = None,
+        *,
+        within: Optional[float] = None,
     ) -> Verdict: ...
     @property
     def bus(self) -> Bus: ...

@@ -111,8 +111,20 @@ pub(crate) fn decide(
     point_name: &str,
     agent: &str,
     payload: Option<&Bound<'_, PyAny>>,
+    within: Option<f64>,
 ) -> PyResult<PyVerdict> {
     let point = point(point_name)?;
+    let within = match within {
+        None => None,
+        Some(s) if s.is_finite() && s >= 0.0 => {
+            Some(std::time::Duration::from_secs_f64(s.min(3600.0)))
+        }
+        Some(s) => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "within={s:?}: expected a number of seconds, 0 or more"
+            )));
+        }
+    };
     let mut buf = String::new();
     let text: &str = match payload {
         None => "{}",
@@ -132,7 +144,10 @@ pub(crate) fn decide(
         }
     };
     // Rules answer in microseconds; other Python threads run meanwhile all the same.
-    let verdict = py.detach(|| hooks.decide(point, agent, text));
+    let verdict = py.detach(|| match within {
+        Some(within) => hooks.decide_within(point, agent, text, within),
+        None => hooks.decide(point, agent, text),
+    });
     verdict
         .map(PyVerdict::from)
         .map_err(|e: DecideError| decide_error(format!("payload: {e}")))

@@ -369,16 +369,19 @@ impl PyHooks {
     /// Asks the policies in force (`<workspace>/policies.json`) whether `agent` may go on at
     /// `point` (`"tool_call_start"`, `"prompt"`, `"permission"`), `payload` the lifecycle
     /// payload as hooks receive it (a dict or JSON text). A `Verdict`; `DecideError` for a
-    /// payload over the limit or not a JSON object. Counted; nothing is emitted.
-    #[pyo3(signature = (point, agent, payload=None))]
+    /// payload over the limit or not a JSON object. Counted; nothing is emitted. `within`
+    /// (seconds): how long the caller waits; command and WASM policies still running then are
+    /// cut and answer their `on_error` (docs/policies.md § Deadlines).
+    #[pyo3(signature = (point, agent, payload=None, *, within=None))]
     fn decide(
         &self,
         py: Python<'_>,
         point: &str,
         agent: &str,
         payload: Option<&Bound<'_, PyAny>>,
+        within: Option<f64>,
     ) -> PyResult<crate::decide::PyVerdict> {
-        crate::decide::decide(py, &self.core()?.hooks, point, agent, payload)
+        crate::decide::decide(py, &self.core()?.hooks, point, agent, payload, within)
     }
 
     /// The in-process bus.

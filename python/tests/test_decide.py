@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,38 @@ def test_a_decision_is_published_on_the_bus(ws):
             "no-rm-rf",
             "rm -rf is not allowed in this workspace",
         )
+
+
+def test_within_cuts_a_slower_guard_and_it_answers_its_on_error(tmp_path):
+    # A command policy whose guard sleeps far past what the caller waits: `within` cuts it, and
+    # its on_error (deny) answers; without `within`, only its own timeout_ms would.
+    guard = tmp_path / "slow-guard.sh"
+    guard.write_text("#!/bin/sh\nsleep 5\n")
+    guard.chmod(0o755)
+    write_policies(
+        tmp_path,
+        {
+            "policies": [
+                {
+                    "id": "slow-guard",
+                    "on": ["tool_call_start"],
+                    "command": str(guard),
+                    "timeout_ms": 10000,
+                    "on_error": "deny",
+                }
+            ]
+        },
+    )
+    with prx_hooks.Hooks(workspace=tmp_path) as hooks:
+        payload = {"tool": "shell", "arguments": {"command": "ls"}}
+        start = time.monotonic()
+        v = hooks.decide("tool_call_start", "a", payload, within=0.3)
+        took = time.monotonic() - start
+        assert v.decision == "deny" and v.policy == "slow-guard", v.to_dict()
+        assert "timed out" in (v.reason or ""), v.to_dict()
+        # Liveness, with slack: well before the guard's own 10 s or its 5 s sleep.
+        assert took < 4.0, took
+        with pytest.raises(ValueError, match=r"^within=-1\.0: expected a number of seconds, 0 or more$"):
+            hooks.decide("tool_call_start", "a", payload, within=-1.0)
+        with pytest.raises(TypeError):
+            hooks.decide("tool_call_start", "a", payload, 0.3)  # keyword only

@@ -8,7 +8,9 @@
 //! ≥ 0.9× unpartitioned, whatever the spread.
 //!
 //! `cargo bench --bench partitions` (`PRX_HOOKS_PARTITION_BENCH_EVENTS`, default 1,500; under
-//! `cargo test --benches`, 200). Needs `nats-server` (`PRX_HOOKS_NATS_SERVER`).
+//! `cargo test --benches`, 200). Needs `nats-server` (`PRX_HOOKS_NATS_SERVER`). Arguments
+//! after `--` pick cases: `64` every spread over 64 partitions, `1x64` one agent over 64
+//! (`cargo bench --bench partitions -- 1x64 3x64`).
 
 #[path = "../tests/support/nats.rs"]
 mod nats_support;
@@ -161,6 +163,16 @@ fn rate(
 
 fn main() {
     let quick = !std::env::args().any(|a| a == "--bench");
+    let picks: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let picked = |agents: usize, partitions: u32| {
+        picks.is_empty()
+            || picks
+                .iter()
+                .any(|p| *p == partitions.to_string() || *p == format!("{agents}x{partitions}"))
+    };
     let n: usize = std::env::var("PRX_HOOKS_PARTITION_BENCH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -182,6 +194,9 @@ fn main() {
     let mut run = 0;
     for partitions in [8u32, 64] {
         for agents in [1usize, 3, 25, 100] {
+            if !picked(agents, partitions) {
+                continue;
+            }
             run += 1;
             let flat = rate(&url, &client, run, agents, partitions, None, n);
             run += 1;

@@ -243,6 +243,15 @@ impl Message {
         self.0.attached.as_ref().is_none_or(|a| a.admits())
     }
 
+    /// As [`admits`](Message::admits), without waiting for the start record: `Pending` while
+    /// it is written, and `wake` is called when the answer comes.
+    pub(crate) fn admission(&self, wake: &crate::settle::Wake) -> crate::settle::Admission {
+        self.0
+            .attached
+            .as_ref()
+            .map_or(crate::settle::Admission::Yes, |a| a.admission(wake))
+    }
+
     /// Whether this message carries what the NATS consumer attached to it.
     pub(crate) fn has_attachment(&self) -> bool {
         self.0.attached.is_some()

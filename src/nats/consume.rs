@@ -595,6 +595,7 @@ impl GivenUp {
 
 /// The shared de-dup bucket: a stream `KV_<bucket>` of subjects `$KV.<bucket>.<key>`, one
 /// message per key (the key-value layout), the value the digest the event ran with.
+#[derive(Clone)]
 struct Shared {
     js: jetstream::Context,
     stream: jetstream::stream::Stream,
@@ -674,41 +675,70 @@ impl Shared {
     }
 
     /// The start record of `id`, which this host claimed (its claim's sequence in `seq`): the
-    /// first of its runs about to start calls it, and the run starts only once the bucket
-    /// holds `c <host>` in place of exactly that claim (the sequence moves to the record's).
-    /// Unanswered within 2 s, or the claim taken over by another host: no run starts (the
-    /// event is nak'ed), and for a second after an unanswered one none is tried.
+    /// first of its runs about to start asks for it, and the runs start once the bucket holds
+    /// `c <host>` in place of exactly that claim (the sequence moves to the record's). Written
+    /// on the consumer's runtime, never on the thread that asks. Unanswered, it is tried again
+    /// (after a second, when the bucket left any write unanswered: `down`) until it is
+    /// answered, the event's message is gone, or the consumer stops: the run waits, its message
+    /// stays in flight (in progress, not redelivered), and a bucket that does not answer for a
+    /// while spends none of the message's deliveries. The claim taken over by another host:
+    /// refused (the event is nak'ed).
     fn start_record(
         &self,
         id: &str,
         seq: Arc<AtomicU64>,
         down: Arc<AtomicU64>,
+        stop: Arc<AtomicBool>,
     ) -> crate::settle::Start {
-        let (js, subject) = (self.js.clone(), self.subject(id));
+        let (shared, id) = (self.clone(), id.to_string());
         let handle = tokio::runtime::Handle::current();
-        crate::settle::Start::new(Box::new(move || {
-            if crate::settle::lease_clock() < down.load(Ordering::Acquire) {
-                return false;
-            }
-            let value = format!("c {}", wire::instance_id());
-            let expect = seq.load(Ordering::Acquire);
-            let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            let (js, subject) = (js.clone(), subject.clone());
-            // On the consumer's runtime (a runtime shut down drops the task: no answer).
+        crate::settle::Start::new(Box::new(move |answer| {
+            let (shared, id) = (shared.clone(), id.clone());
+            let (seq, down, stop) = (seq.clone(), down.clone(), stop.clone());
+            // On the consumer's runtime (a runtime shut down drops the task and its answer:
+            // refused).
             handle.spawn(async move {
-                let _ = tx.send(super::lease::write_if(&js, subject, value, Some(expect)).await);
+                let mine = format!("c {}", wire::instance_id());
+                let mut unanswered = false;
+                while answer.wanted() && !stop.load(Ordering::Acquire) {
+                    let wait = down
+                        .load(Ordering::Acquire)
+                        .saturating_sub(crate::settle::lease_clock());
+                    if wait > 0 {
+                        tokio::time::sleep(Duration::from_millis(wait.min(100))).await;
+                        continue;
+                    }
+                    match shared
+                        .write(&id, mine.clone(), seq.load(Ordering::Acquire))
+                        .await
+                    {
+                        Ok(s) => {
+                            seq.store(s, Ordering::Release);
+                            return answer.give(true);
+                        }
+                        Err(true) => {
+                            // An earlier write left unanswered may have been made after all.
+                            if unanswered
+                                && let Record::Claimed {
+                                    host,
+                                    seq: s,
+                                    started: true,
+                                } = shared.read(&id).await
+                                && host == wire::instance_id()
+                            {
+                                seq.store(s, Ordering::Release);
+                                return answer.give(true);
+                            }
+                            return answer.give(false);
+                        }
+                        Err(false) => {
+                            unanswered = true;
+                            down.store(crate::settle::lease_clock() + 1000, Ordering::Release);
+                        }
+                    }
+                }
+                answer.give(false);
             });
-            match rx.recv_timeout(ACKS_WAIT + Duration::from_millis(500)) {
-                Ok(Ok(s)) => {
-                    seq.store(s, Ordering::Release);
-                    true
-                }
-                Ok(Err(true)) => false,
-                Ok(Err(false)) | Err(_) => {
-                    down.store(crate::settle::lease_clock() + 1000, Ordering::Release);
-                    false
-                }
-            }
         }))
     }
 

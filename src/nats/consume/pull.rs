@@ -351,11 +351,15 @@ impl Worker {
         };
         let claim = claim.map(|s| Arc::new(AtomicU64::new(s)));
         let start = match (&self.shared, &claim) {
-            (Some(shared), Some(seq)) => m
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(wire::MSG_ID))
-                .map(|id| shared.start_record(id.as_str(), seq.clone(), self.start_down.clone())),
+            (Some(shared), Some(seq)) => {
+                m.headers
+                    .as_ref()
+                    .and_then(|h| h.get(wire::MSG_ID))
+                    .map(|id| {
+                        let down = self.start_down.clone();
+                        shared.start_record(id.as_str(), seq.clone(), down, self.stop.clone())
+                    })
+            }
             _ => None,
         };
         let (fate, id) = if self.stopping() || fenced {

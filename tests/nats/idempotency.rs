@@ -26,9 +26,7 @@ fn a_redelivered_event_shows_its_hook_the_same_id_delivery_2_and_the_reclaimed_m
          [ \"$ZERO_HOOK_DELIVERY\" = 1 ] && exec sleep 30; exit 0",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "once", "command": "/bin/sh", "args": ["-c", script], "timeout_ms": 60000
-    }]}});
+    let hooks = sh_hook("once", &script, serde_json::json!({"timeout_ms": 60000}));
     let url = server.url();
     let args = [
         "--from-nats",
@@ -39,7 +37,7 @@ fn a_redelivered_event_shows_its_hook_the_same_id_delivery_2_and_the_reclaimed_m
         "PRXRAN",
     ];
     let ws_a = tempfile::tempdir().unwrap();
-    std::fs::write(ws_a.path().join("hooks.json"), hooks.to_string()).unwrap();
+    write_hooks(ws_a.path(), &hooks);
     let mut a = Consumer::start(ws_a.path(), &args);
     wait_until("the first run", 60, || log_lines(&log).len() == 1);
     a.child.kill().unwrap();
@@ -47,7 +45,7 @@ fn a_redelivered_event_shows_its_hook_the_same_id_delivery_2_and_the_reclaimed_m
     let killed = Instant::now();
     // The second host prints what it feeds the bus and relays it under the prefix `again`.
     let ws_b = tempfile::tempdir().unwrap();
-    std::fs::write(ws_b.path().join("hooks.json"), hooks.to_string()).unwrap();
+    write_hooks(ws_b.path(), &hooks);
     let out = ws_b.path().join("out");
     let stderr = ws_b.path().join("stderr");
     let mut b = bin()
@@ -108,10 +106,8 @@ fn a_core_consumers_hooks_see_the_event_id_and_no_delivery_count() {
          \"$ZERO_HOOK_PAYLOAD\" >> {}",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "ids", "command": "/bin/sh", "args": ["-c", script]
-    }]}});
-    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let hooks = sh_hook("ids", &script, Value::Null);
+    write_hooks(ws.path(), &hooks);
     let url = server.url();
     let c = Consumer::start(ws.path(), &["--from-nats", &url]);
     until_consuming(&client, &log, "probe-ids");
@@ -155,9 +151,7 @@ fn after_a_host_is_killed_only_what_may_have_run_there_is_marked_reclaimed() {
          \"${{ZERO_HOOK_RECLAIMED:-0}}\" \"$ZERO_HOOK_PAYLOAD\" >> {}; sleep 0.01",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "once", "command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1
-    }]}});
+    let hooks = sh_hook("once", &script, serde_json::json!({"max_concurrent": 1}));
     let url = server.url();
     let args = [
         "--from-nats",
@@ -170,7 +164,7 @@ fn after_a_host_is_killed_only_what_may_have_run_there_is_marked_reclaimed() {
     let mut hosts: Vec<_> = (0..3)
         .map(|_| {
             let ws = tempfile::tempdir().unwrap();
-            std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+            write_hooks(ws.path(), &hooks);
             let c = Consumer::start(ws.path(), &args);
             (ws, c)
         })
@@ -244,9 +238,7 @@ fn a_dedup_bucket_that_stops_answering_spends_no_delivery_and_gives_up_nothing()
         "printf '%s %s\\n' \"${{ZERO_HOOK_EVENT_ID:--}}\" \"${{ZERO_HOOK_DELIVERY:--}}\" >> {}; sleep 0.02",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "once", "command": "/bin/sh", "args": ["-c", script]
-    }]}});
+    let hooks = sh_hook("once", &script, Value::Null);
     let url = server.url();
     let args = [
         "--from-nats",
@@ -259,7 +251,7 @@ fn a_dedup_bucket_that_stops_answering_spends_no_delivery_and_gives_up_nothing()
         "2",
     ];
     let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    write_hooks(ws.path(), &hooks);
     let host = Consumer::start(ws.path(), &args);
     publish_ids(&client, 0..n);
     wait_until("the first runs", 60, || log_lines(&log).len() >= 10);

@@ -357,7 +357,7 @@ impl Worker {
                     .and_then(|h| h.get(wire::MSG_ID))
                     .map(|id| {
                         let down = self.start_down.clone();
-                        shared.start_record(id.as_str(), seq.clone(), down, self.stop.clone())
+                        shared.start_record(id.as_str(), seq.clone(), down)
                     })
             }
             _ => None,

@@ -93,7 +93,8 @@ impl Shared {
     /// `c <host>` in place of exactly that claim (the sequence moves to the record's). Written
     /// on the consumer's runtime, never on the thread that asks. Unanswered, it is tried again
     /// (after a second, when the bucket left any write unanswered: `down`) until it is
-    /// answered, the event's message is gone, or the consumer stops: the run waits, its message
+    /// answered, the event's message is gone, or the consumer's runtime ends (after a stopping
+    /// consumer's drain: runs still start while it drains): the run waits, its message
     /// stays in flight (in progress, not redelivered), and a bucket that does not answer for a
     /// while spends none of the message's deliveries. The claim taken over by another host:
     /// refused (the event is nak'ed).
@@ -102,19 +103,18 @@ impl Shared {
         id: &str,
         seq: Arc<AtomicU64>,
         down: Arc<AtomicU64>,
-        stop: Arc<AtomicBool>,
     ) -> crate::settle::Start {
         let (shared, id) = (self.clone(), id.to_string());
         let handle = tokio::runtime::Handle::current();
         crate::settle::Start::new(Box::new(move |answer| {
             let (shared, id) = (shared.clone(), id.clone());
-            let (seq, down, stop) = (seq.clone(), down.clone(), stop.clone());
+            let (seq, down) = (seq.clone(), down.clone());
             // On the consumer's runtime (a runtime shut down drops the task and its answer:
             // refused).
             handle.spawn(async move {
                 let mine = format!("c {}", wire::instance_id());
                 let mut unanswered = false;
-                while answer.wanted() && !stop.load(Ordering::Acquire) {
+                while answer.wanted() {
                     let wait = down
                         .load(Ordering::Acquire)
                         .saturating_sub(crate::settle::lease_clock());

@@ -273,7 +273,10 @@ impl Start {
             match &mut *st {
                 StartState::Done(ok) => return Some(*ok),
                 StartState::Pending(w) => {
-                    w.push(wake.clone());
+                    // Asked again (the runner's tick): the same waker once.
+                    if !w.iter().any(|x| std::sync::Arc::ptr_eq(x, wake)) {
+                        w.push(wake.clone());
+                    }
                     return None;
                 }
                 StartState::Idle => *st = StartState::Pending(vec![wake.clone()]),

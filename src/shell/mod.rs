@@ -302,6 +302,9 @@ struct RunnerLink {
     /// each holds its hook's slot, so the hook's later jobs wait behind it, as they would
     /// behind a running process.
     waiting: Mutex<Vec<Job>>,
+    /// What their start records' answers call (`RunnerLink::waker`): one, so that a job asked
+    /// again registers it once.
+    waker: crate::settle::Wake,
     kill_all: AtomicBool,
     exit: AtomicBool,
     /// A [`OnceRun`] was dropped before its outcome: kill the cancelled ones.
@@ -435,7 +438,8 @@ impl ShellSink {
                     "eventfd: {e}; the shell reaper falls back to a {NO_WAKE_TICK:?} tick"
                 )
             })
-            .ok();
+            .ok()
+            .map(Arc::new);
         let empty = Prepared {
             table: Arc::new(HookTable::default()),
             base_env: Arc::from(Vec::new()),
@@ -460,7 +464,8 @@ impl ShellSink {
                 idle_cv: Condvar::new(),
                 runner: RunnerLink {
                     inbox: Mutex::new(Inbox::default()),
-                    wake: wake.map(Arc::new),
+                    waker: RunnerLink::waker(wake.clone()),
+                    wake,
                     waiting: Mutex::new(Vec::new()),
                     kill_all: AtomicBool::new(false),
                     exit: AtomicBool::new(false),

@@ -12,10 +12,9 @@ impl RunnerLink {
 
     /// What a start record's answer calls: it wakes the runner (which polls on a short tick
     /// without an eventfd).
-    fn waker(&self) -> crate::settle::Wake {
-        let fd = self.wake.clone();
+    pub(super) fn waker(wake: Option<Arc<OwnedFd>>) -> crate::settle::Wake {
         Arc::new(move || {
-            if let Some(fd) = &fd {
+            if let Some(fd) = &wake {
                 reactor::signal_eventfd(fd.as_raw_fd());
             }
         })
@@ -153,7 +152,7 @@ pub(super) fn start(sh: &Shared, job: Job, reactor: &mut Reactor<Origin>) {
     // not run here; its ticket says dropped, so the message is nak'ed and delivered again (to
     // the partition's holder): docs/nats.md § Per-agent order across hosts, § Several central
     // hosts.
-    let admission = job.run.msg.admission(&sh.runner.waker());
+    let admission = job.run.msg.admission(&sh.runner.waker);
     if admission == crate::settle::Admission::Pending {
         lock(&sh.runner.waiting).push(job);
         return;

@@ -8,7 +8,9 @@
 //! ≥ 0.9× unpartitioned, whatever the spread.
 //!
 //! `cargo bench --bench partitions` (`PRX_HOOKS_PARTITION_BENCH_EVENTS`, default 1,500; under
-//! `cargo test --benches`, 200). Needs `nats-server` (`PRX_HOOKS_NATS_SERVER`).
+//! `cargo test --benches`, 200). Needs `nats-server` (`PRX_HOOKS_NATS_SERVER`). Arguments
+//! after `--` pick cases: `64` every spread over 64 partitions, `1x64` one agent over 64
+//! (`cargo bench --bench partitions -- 1x64 3x64`).
 
 #[path = "../tests/support/nats.rs"]
 mod nats_support;
@@ -54,14 +56,13 @@ fn publish(url: &str, agents: usize, partitions: u32, n: usize) {
     );
 }
 
-/// The durable consumers named `durable` or `durable-<k>`: (how many, whether every one has
-/// nothing pending and nothing waiting for an ack, acked in all).
-fn consumers(client: &Client, durable: &str) -> (usize, bool, u64) {
+/// The names of the durable consumers named `durable` or `durable-<k>`.
+fn consumers(client: &Client, durable: &str) -> Vec<String> {
     let js = client.jetstream();
     client.rt.block_on(async {
         use futures_util::StreamExt;
         let Ok(s) = js.get_stream(STREAM).await else {
-            return (0, false, 0);
+            return Vec::new();
         };
         let mut names = s.consumer_names();
         let mut all = Vec::new();
@@ -70,16 +71,31 @@ fn consumers(client: &Client, durable: &str) -> (usize, bool, u64) {
                 all.push(name);
             }
         }
-        let (mut done, mut acked) = (true, 0);
-        for name in &all {
-            let Ok(info) = s.consumer_info(name).await else {
-                return (0, false, 0);
-            };
-            done &= info.num_pending == 0 && info.num_ack_pending == 0;
-            acked += info.ack_floor.consumer_sequence;
-        }
-        (all.len(), done, acked)
+        all
     })
+}
+
+/// Once the whole backlog is in the stream: drops from the front of `left` each consumer with
+/// nothing pending and nothing waiting for an ack (it stays so), adding what it acked to
+/// `acked`, and stops at the first still at work. One request per call while the host works,
+/// so that watching 64 partitions does not load the server (and the 2-core machine) 64 times
+/// as much as watching one consumer; every consumer is seen finished before the figure ends.
+fn finished(client: &Client, left: &mut Vec<String>, acked: &mut u64) {
+    let js = client.jetstream();
+    client.rt.block_on(async {
+        let Ok(s) = js.get_stream(STREAM).await else {
+            return;
+        };
+        while let Some(name) = left.first() {
+            match s.consumer_info(name).await {
+                Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {
+                    *acked += info.ack_floor.consumer_sequence;
+                    left.remove(0);
+                }
+                _ => return,
+            }
+        }
+    });
 }
 
 /// One host with a `/bin/true` hook on `durable` (partitioned when `partitions` is given).
@@ -101,17 +117,47 @@ fn host(url: &str, durable: &str, partitions: Option<u32>) -> (tempfile::TempDir
     (ws, cmd.spawn().unwrap())
 }
 
+/// CPU seconds process `pid` used so far: its own (every thread's), and its reaped children's.
+fn cpu_of(pid: u32) -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return (0.0, 0.0);
+    };
+    // After the command's name, in parentheses: utime, stime, cutime, cstime are fields 12–15.
+    let f: Vec<f64> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let at = |i: usize| f.get(i).copied().unwrap_or(0.0) / tick;
+    (at(11) + at(12), at(13) + at(14))
+}
+
+/// One figure: events/s, and CPU ms per event of the host (its hooks' processes apart) and
+/// of the server, over the same span.
+struct Figure {
+    rate: f64,
+    host_ms: f64,
+    server_ms: f64,
+}
+
 /// Events/s of one host through a backlog of `n` events of `agents` agents published over
 /// `published` partitions, the host consuming with `partitions` (None: unpartitioned).
+#[allow(clippy::too_many_arguments)]
 fn rate(
     url: &str,
     client: &Client,
+    server: u32,
     run: usize,
     agents: usize,
     published: u32,
     partitions: Option<u32>,
     n: usize,
-) -> f64 {
+) -> Figure {
     // Emptied before each run.
     let js = client.jetstream();
     client.rt.block_on(async {
@@ -121,46 +167,57 @@ fn rate(
     let (_ws, mut child) = host(url, &durable, partitions);
     let want = partitions.map_or(1, |p| p as usize);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while consumers(client, &durable).0 < want {
+    while consumers(client, &durable).len() < want {
         assert!(Instant::now() < deadline, "the host opened its consumers");
         std::thread::sleep(Duration::from_millis(50));
     }
     let start = Instant::now();
+    let (host0, server0) = (cpu_of(child.id()).0, cpu_of(server).0);
     publish(url, agents, published, n);
     let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 10);
+    let (mut left, mut acked) = (consumers(client, &durable), 0);
     loop {
-        let (_, done, acked) = consumers(client, &durable);
-        if done && acked >= n as u64 {
+        finished(client, &mut left, &mut acked);
+        if left.is_empty() {
+            assert!(acked >= n as u64, "{acked} of {n} acked");
             break;
         }
         assert!(Instant::now() < deadline, "{acked} of {n} acked");
         std::thread::sleep(Duration::from_millis(10));
     }
     let secs = start.elapsed().as_secs_f64();
+    let (host1, server1) = (cpu_of(child.id()).0, cpu_of(server).0);
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
     let _ = child.wait();
+    let mine = consumers(client, &durable);
     client.rt.block_on(async {
-        use futures_util::StreamExt;
         let s = js.get_stream(STREAM).await.unwrap();
-        let mut names = s.consumer_names();
-        let mut mine = Vec::new();
-        while let Some(Ok(name)) = names.next().await {
-            if name == durable || name.starts_with(&format!("{durable}-")) {
-                mine.push(name);
-            }
-        }
         for name in mine {
             let _ = s.delete_consumer(&name).await;
         }
     });
-    n as f64 / secs
+    Figure {
+        rate: n as f64 / secs,
+        host_ms: (host1 - host0) * 1000.0 / n as f64,
+        server_ms: (server1 - server0) * 1000.0 / n as f64,
+    }
 }
 
 fn main() {
     let quick = !std::env::args().any(|a| a == "--bench");
+    let picks: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let picked = |agents: usize, partitions: u32| {
+        picks.is_empty()
+            || picks
+                .iter()
+                .any(|p| *p == partitions.to_string() || *p == format!("{agents}x{partitions}"))
+    };
     let n: usize = std::env::var("PRX_HOOKS_PARTITION_BENCH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -168,6 +225,7 @@ fn main() {
     let server = NatsServer::start();
     let url = server.url();
     let client = Client::connect(&url);
+    let pid = server.pid().expect("the server runs");
     let config = async_nats::jetstream::stream::Config {
         name: STREAM.into(),
         subjects: vec!["prx.lifecycle.>".into()],
@@ -178,17 +236,41 @@ fn main() {
         .block_on(client.jetstream().create_stream(config))
         .unwrap();
     println!("partitioned intake, one host, /bin/true hook, {n} events per figure (events/s):");
-    println!("  agents  partitions  unpartitioned  partitioned  ratio");
+    println!(
+        "  agents  partitions  unpartitioned  partitioned  ratio   CPU ms/event host, server: unpartitioned  partitioned"
+    );
     let mut run = 0;
     for partitions in [8u32, 64] {
         for agents in [1usize, 3, 25, 100] {
-            run += 1;
-            let flat = rate(&url, &client, run, agents, partitions, None, n);
-            run += 1;
-            let parted = rate(&url, &client, run, agents, partitions, Some(partitions), n);
+            if !picked(agents, partitions) {
+                continue;
+            }
+            // Each side twice, in the order unpartitioned, partitioned, partitioned,
+            // unpartitioned: a drift of the machine's load, and what a run leaves behind
+            // for the next (ext4 skips inodes deleted in the last minute when it allocates one,
+            // and each run creates and deletes a payload file per event), weigh on both alike.
+            let mut figures = Vec::new();
+            for parted in [false, true, true, false] {
+                run += 1;
+                let p = parted.then_some(partitions);
+                figures.push(rate(&url, &client, pid, run, agents, partitions, p, n));
+            }
+            let mean = |a: &Figure, b: &Figure| Figure {
+                rate: 2.0 / (1.0 / a.rate + 1.0 / b.rate),
+                host_ms: (a.host_ms + b.host_ms) / 2.0,
+                server_ms: (a.server_ms + b.server_ms) / 2.0,
+            };
+            let flat = mean(&figures[0], &figures[3]);
+            let parted = mean(&figures[1], &figures[2]);
             println!(
-                "  {agents:>6}  {partitions:>10}  {flat:>13.0}  {parted:>11.0}  {:>5.2}",
-                parted / flat
+                "  {agents:>6}  {partitions:>10}  {:>13.0}  {:>11.0}  {:>5.2}   {:>38.3}, {:.3}  {:.3}, {:.3}",
+                flat.rate,
+                parted.rate,
+                parted.rate / flat.rate,
+                flat.host_ms,
+                flat.server_ms,
+                parted.host_ms,
+                parted.server_ms,
             );
         }
     }

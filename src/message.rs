@@ -239,8 +239,18 @@ impl Message {
     /// lease was lost or went stale since it was handed over (`crate::settle::Fence`), or whose
     /// start record the shared de-dup bucket did not confirm (`crate::settle::Start`; written
     /// by the first call).
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))] // a plugin's executor asks
     pub(crate) fn admits(&self) -> bool {
         self.0.attached.as_ref().is_none_or(|a| a.admits())
+    }
+
+    /// As [`admits`](Message::admits), without waiting for the start record: `Pending` while
+    /// it is written, and `wake` is called when the answer comes.
+    pub(crate) fn admission(&self, wake: &crate::settle::Wake) -> crate::settle::Admission {
+        self.0
+            .attached
+            .as_ref()
+            .map_or(crate::settle::Admission::Yes, |a| a.admission(wake))
     }
 
     /// Whether this message carries what the NATS consumer attached to it.

@@ -188,33 +188,130 @@ impl Fence {
     }
 }
 
-/// A consumed event's start record (docs/nats.md § Several central hosts): called once, by
-/// the first of its hook runs about to start; the run starts only when it returns true (the
-/// shared de-dup bucket confirmed that the event may run here), and so do the event's other
-/// hook runs.
+/// A consumed event's start record (docs/nats.md § Several central hosts): asked for once, by
+/// the first of its hook runs about to start, written on the NATS consumer's runtime; that run,
+/// and the event's other runs, start only once the shared de-dup bucket confirmed that the
+/// event may run here. The shell runner does not wait for it ([`Start::poll`]: it goes on with
+/// other work and is woken by the answer); a plugin's executor does ([`Start::wait`]).
 #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
 #[derive(Clone)]
 pub(crate) struct Start(std::sync::Arc<StartOnce>);
 
+/// Called when a start record's answer came.
+pub(crate) type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
 struct StartOnce {
-    record: Box<dyn Fn() -> bool + Send + Sync>,
-    done: std::sync::Mutex<Option<bool>>,
+    /// Begins the write; its outcome goes to the [`Answer`].
+    record: Box<dyn Fn(Answer) + Send + Sync>,
+    state: std::sync::Mutex<StartState>,
+    answered: std::sync::Condvar,
+}
+
+enum StartState {
+    /// Not asked for yet.
+    Idle,
+    /// Being written; who to wake when it is.
+    Pending(Vec<Wake>),
+    /// Confirmed (true) or refused (false).
+    Done(bool),
+}
+
+/// The answer to one start record, given once (dropped unanswered: refused).
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+pub(crate) struct Answer(Option<std::sync::Weak<StartOnce>>);
+
+#[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
+impl Answer {
+    /// Whether a run still waits for it (false once the event's message is gone).
+    pub(crate) fn wanted(&self) -> bool {
+        self.0.as_ref().is_some_and(|w| w.strong_count() > 0)
+    }
+
+    /// The record is written (`true`), or the event must not run here (`false`).
+    pub(crate) fn give(mut self, ok: bool) {
+        let Some(once) = self.0.take().and_then(|w| w.upgrade()) else {
+            return;
+        };
+        let wakes = {
+            let mut st = once.state.lock().unwrap_or_else(|e| e.into_inner());
+            match std::mem::replace(&mut *st, StartState::Done(ok)) {
+                StartState::Pending(w) => w,
+                _ => Vec::new(),
+            }
+        };
+        once.answered.notify_all();
+        for w in wakes {
+            w();
+        }
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            Answer(self.0.take()).give(false);
+        }
+    }
 }
 
 impl Start {
     #[cfg_attr(not(feature = "nats"), allow(dead_code))] // made by the NATS consumer only
-    pub(crate) fn new(record: Box<dyn Fn() -> bool + Send + Sync>) -> Start {
+    pub(crate) fn new(record: Box<dyn Fn(Answer) + Send + Sync>) -> Start {
         Start(std::sync::Arc::new(StartOnce {
             record,
-            done: std::sync::Mutex::new(None),
+            state: std::sync::Mutex::new(StartState::Idle),
+            answered: std::sync::Condvar::new(),
         }))
     }
 
-    fn admits(&self) -> bool {
-        let mut done = self.0.done.lock().unwrap_or_else(|e| e.into_inner());
-        *done.get_or_insert_with(|| (self.0.record)())
+    /// The answer if there is one (`Some(true)`: the run may start); else the record is
+    /// asked for (the first time) and `wake` is called when it comes.
+    pub(crate) fn poll(&self, wake: &Wake) -> Option<bool> {
+        {
+            let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *st {
+                StartState::Done(ok) => return Some(*ok),
+                StartState::Pending(w) => {
+                    // Asked again (the runner's tick): the same waker once.
+                    if !w.iter().any(|x| std::sync::Arc::ptr_eq(x, wake)) {
+                        w.push(wake.clone());
+                    }
+                    return None;
+                }
+                StartState::Idle => *st = StartState::Pending(vec![wake.clone()]),
+            }
+        }
+        // Outside the lock: an answer given at once (a runtime gone) takes it.
+        (self.0.record)(Answer(Some(std::sync::Arc::downgrade(&self.0))));
+        None
     }
+
+    /// Asks for the record if nobody did, and waits for the answer.
+    pub(crate) fn wait(&self) -> bool {
+        let noop: Wake = std::sync::Arc::new(|| {});
+        if let Some(ok) = self.poll(&noop) {
+            return ok;
+        }
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let StartState::Done(ok) = &*st {
+                return *ok;
+            }
+            st = self.0.answered.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Whether a run of a consumed event may start now ([`Attached::admission`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// It may.
+    Yes,
+    /// It must not: its partition lease was lost, or the bucket refused its start.
+    No,
+    /// Its start record is being written: ask again when woken.
+    Pending,
 }
 
 /// The agent's side of a consumed event, what a hook needs to make its effect happen once,
@@ -288,10 +385,25 @@ impl Attached {
     }
 
     /// Whether a run of the event may start now: false when its partition lease was lost or
-    /// went stale since it was handed over, or its start could not be recorded.
+    /// went stale since it was handed over, or its start was refused; waits for its start
+    /// record (a plugin's executor).
     pub(crate) fn admits(&self) -> bool {
         self.fence.as_ref().is_none_or(Fence::admits)
-            && self.start.as_ref().is_none_or(Start::admits)
+            && self.start.as_ref().is_none_or(Start::wait)
+            && self.fence.as_ref().is_none_or(Fence::admits)
+    }
+
+    /// As [`admits`](Self::admits), without waiting: `Pending` while its start record is
+    /// written, and `wake` is called when the answer comes (the shell runner).
+    pub(crate) fn admission(&self, wake: &Wake) -> Admission {
+        if !self.fence.as_ref().is_none_or(Fence::admits) {
+            return Admission::No;
+        }
+        match self.start.as_ref().map(|s| s.poll(wake)) {
+            None | Some(Some(true)) => Admission::Yes,
+            Some(Some(false)) => Admission::No,
+            Some(None) => Admission::Pending,
+        }
     }
 
     /// With the event's id, JetStream's delivery count and whether it was reclaimed from

@@ -419,12 +419,28 @@ fn recording_workspace(dir: &Path) -> std::path::PathBuf {
         "read -r p; printf '%s %s\\n' \"$ZERO_HOOK_AGENT\" \"$p\" >> {}",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "rec", "command": "/bin/sh", "args": ["-c", script], "stdin_json": true,
-        "max_concurrent": 8
-    }]}});
-    std::fs::write(dir.join("hooks.json"), hooks.to_string()).unwrap();
+    let hooks = sh_hook(
+        "rec",
+        &script,
+        serde_json::json!({"stdin_json": true, "max_concurrent": 8}),
+    );
+    write_hooks(dir, &hooks);
     log
+}
+
+/// A hooks.json of one `tool_call` hook `id` running `/bin/sh -c script`, with `extra`'s
+/// settings (`max_concurrent`, `timeout_ms`, …; `Value::Null`: none) beside them.
+fn sh_hook(id: &str, script: &str, extra: Value) -> Value {
+    let mut hook = serde_json::json!({"id": id, "command": "/bin/sh", "args": ["-c", script]});
+    if let (Some(h), Value::Object(more)) = (hook.as_object_mut(), extra) {
+        h.extend(more);
+    }
+    serde_json::json!({"hooks": {"tool_call": [hook]}})
+}
+
+/// Writes `hooks` as `dir`'s hooks.json.
+fn write_hooks(dir: &Path, hooks: &Value) {
+    std::fs::write(dir.join("hooks.json"), hooks.to_string()).unwrap();
 }
 
 fn log_lines(log: &Path) -> Vec<String> {

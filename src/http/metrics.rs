@@ -1033,6 +1033,7 @@ const PLUGIN_DROPS: Parts<PluginStats> = &[
     ("queue_full", |x| x.counts.dropped_queue_full),
     ("suspended", |x| x.counts.dropped_suspended),
     ("shutdown", |x| x.counts.dropped_shutdown),
+    ("fenced", |x| x.counts.dropped_fenced),
 ];
 
 const CALLS: Parts<PluginStats> = &[

@@ -130,6 +130,11 @@ impl Table {
         self.held.get(&k).map(|h| h.lease.fence())
     }
 
+    /// A held partition is draining (to be given up once nothing of it is in flight).
+    pub(crate) fn draining(&self) -> bool {
+        self.held.values().any(|h| h.draining)
+    }
+
     /// The worker: these draining partitions have nothing in flight any more.
     pub(crate) fn drained(&mut self, busy: &BTreeSet<u32>) {
         let ready: Vec<u32> = self

@@ -305,8 +305,16 @@ struct Shared {
 /// How the runner thread is woken and handed processes started elsewhere (`run_once`).
 struct RunnerLink {
     inbox: Mutex<Inbox>,
-    /// An eventfd in the runner's poll set (`None`: the runner polls on [`NO_WAKE_TICK`]).
-    wake: Option<OwnedFd>,
+    /// An eventfd in the runner's poll set (`None`: the runner polls on [`NO_WAKE_TICK`]);
+    /// shared with the start records the runner waits for, whose answers write it.
+    wake: Option<Arc<OwnedFd>>,
+    /// Jobs picked whose event's start record is being written (`crate::settle::Start`):
+    /// each holds its hook's slot, so the hook's later jobs wait behind it, as they would
+    /// behind a running process.
+    waiting: Mutex<Vec<Job>>,
+    /// What their start records' answers call (`RunnerLink::waker`): one, so that a job asked
+    /// again registers it once.
+    waker: crate::settle::Wake,
     kill_all: AtomicBool,
     exit: AtomicBool,
     /// A [`OnceRun`] was dropped before its outcome: kill the cancelled ones.
@@ -440,7 +448,8 @@ impl ShellSink {
                     "eventfd: {e}; the shell reaper falls back to a {NO_WAKE_TICK:?} tick"
                 )
             })
-            .ok();
+            .ok()
+            .map(Arc::new);
         let empty = Prepared {
             table: Arc::new(HookTable::default()),
             base_env: Arc::from(Vec::new()),
@@ -465,7 +474,9 @@ impl ShellSink {
                 idle_cv: Condvar::new(),
                 runner: RunnerLink {
                     inbox: Mutex::new(Inbox::default()),
+                    waker: RunnerLink::waker(wake.clone()),
                     wake,
+                    waiting: Mutex::new(Vec::new()),
                     kill_all: AtomicBool::new(false),
                     exit: AtomicBool::new(false),
                     cancel: AtomicBool::new(false),

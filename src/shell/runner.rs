@@ -9,6 +9,16 @@ impl RunnerLink {
             reactor::signal_eventfd(fd.as_raw_fd());
         }
     }
+
+    /// What a start record's answer calls: it wakes the runner (which polls on a short tick
+    /// without an eventfd).
+    pub(super) fn waker(wake: Option<Arc<OwnedFd>>) -> crate::settle::Wake {
+        Arc::new(move || {
+            if let Some(fd) = &wake {
+                reactor::signal_eventfd(fd.as_raw_fd());
+            }
+        })
+    }
 }
 
 impl Shared {
@@ -134,14 +144,51 @@ pub(super) fn merged_rlimits(base: Rlimits, l: &HookLimits) -> Rlimits {
     }
 }
 
-/// Starts one queued job; a failed spawn is counted at once.
+/// Starts one queued job; a failed spawn is counted at once. A job whose event's start record
+/// is being written waits (`RunnerLink::waiting`) without holding the runner.
 pub(super) fn start(sh: &Shared, job: Job, reactor: &mut Reactor<Origin>) {
     // A consumed event whose partition lease this host lost (or let go stale) since it was
-    // handed over, or whose start record the shared de-dup bucket did not confirm, is not run
-    // here; its ticket says dropped, so the message is nak'ed and delivered again (to the
-    // partition's holder): docs/nats.md § Per-agent order across hosts, § Several central
+    // handed over, or whose start the shared de-dup bucket refused (another host took it), is
+    // not run here; its ticket says dropped, so the message is nak'ed and delivered again (to
+    // the partition's holder): docs/nats.md § Per-agent order across hosts, § Several central
     // hosts.
-    if !job.run.msg.admits() {
+    let admission = job.run.msg.admission(&sh.runner.waker);
+    if admission == crate::settle::Admission::Pending {
+        lock(&sh.runner.waiting).push(job);
+        return;
+    }
+    if admission == crate::settle::Admission::No {
+        refuse(sh, job);
+        return;
+    }
+    match sh.spawn(&job.action, &job.run) {
+        Ok(Spawned { sp, cgroup }) => {
+            let (timeout, msg) = (job.action.timeout, job.run.msg.clone());
+            reactor.add(Proc::new(sp, timeout, msg, cgroup, Origin::Queue(job)));
+        }
+        Err(reason) => {
+            let action = job.action.clone();
+            Origin::Queue(job).not_run(sh, &action, OutcomeKind::SpawnFailed { reason });
+        }
+    }
+}
+
+/// The jobs waiting for their start records, asked again: started, refused, or waiting on;
+/// past the shutdown deadline (`killing`), refused.
+fn start_waiting(sh: &Shared, killing: bool, reactor: &mut Reactor<Origin>) {
+    let waiting = std::mem::take(&mut *lock(&sh.runner.waiting));
+    for job in waiting {
+        if killing {
+            refuse(sh, job);
+        } else {
+            start(sh, job, reactor);
+        }
+    }
+}
+
+/// A picked job not run: its ticket marked dropped, counted cancelled.
+fn refuse(sh: &Shared, job: Job) {
+    {
         job.run.mark_dropped();
         let action = job.action.clone();
         let o = Outcome::not_run(
@@ -155,17 +202,6 @@ pub(super) fn start(sh: &Shared, job: Job, reactor: &mut Reactor<Origin>) {
         let mut s = lock(&sh.sched);
         s.fenced(&action.id);
         notify_drained(sh, &s);
-        return;
-    }
-    match sh.spawn(&job.action, &job.run) {
-        Ok(Spawned { sp, cgroup }) => {
-            let (timeout, msg) = (job.action.timeout, job.run.msg.clone());
-            reactor.add(Proc::new(sp, timeout, msg, cgroup, Origin::Queue(job)));
-        }
-        Err(reason) => {
-            let action = job.action.clone();
-            Origin::Queue(job).not_run(sh, &action, OutcomeKind::SpawnFailed { reason });
-        }
     }
 }
 
@@ -233,17 +269,22 @@ pub(super) fn runner_main(sh: Arc<Shared>) {
         if link.panic.load(Ordering::Relaxed) {
             panic!("the shell runner panics (asked by a test)");
         }
+        let killing = link.kill_all.load(Ordering::Acquire);
+        start_waiting(&sh, killing, &mut reactor);
         start_queued(&sh, &mut reactor, &mut done);
+        let waiting = !lock(&link.waiting).is_empty();
         let requests = {
             let mut inbox = lock(&link.inbox);
-            if link.exit.load(Ordering::Acquire) && inbox.requests.is_empty() && reactor.is_empty()
+            if link.exit.load(Ordering::Acquire)
+                && inbox.requests.is_empty()
+                && reactor.is_empty()
+                && !waiting
             {
                 inbox.closed = true;
                 return;
             }
             std::mem::take(&mut inbox.requests)
         };
-        let killing = link.kill_all.load(Ordering::Acquire);
         start_requests(&sh, requests, killing, &mut reactor);
         // A test run dropped before its outcome: its flag is set before `cancel`, and every
         // request taken above was either refused or is in the reactor now, so none is missed.
@@ -273,9 +314,13 @@ pub(super) fn runner_main(sh: Arc<Shared>) {
             }
         }
         // With kill_all set, poll on a short tick: the killed processes go in milliseconds.
+        // A job waiting for its start record is asked again at least every WAITING_TICK (its
+        // partition lease may go meanwhile; the answer wakes the runner before that).
+        let waiting = !lock(&link.waiting).is_empty();
         let cap = match (killing_since, wake) {
             (Some(_), _) => Some(Duration::from_millis(10)),
             (None, None) => Some(NO_WAKE_TICK),
+            (None, Some(_)) if waiting => Some(WAITING_TICK),
             (None, Some(_)) => None,
         };
         reactor.turn(wake, cap, &mut done);
@@ -283,6 +328,10 @@ pub(super) fn runner_main(sh: Arc<Shared>) {
         done.drain(..).for_each(|f| report(&sh, f));
     }
 }
+
+/// How often a job waiting for its start record is asked again, at most, when nothing wakes
+/// the runner.
+const WAITING_TICK: Duration = Duration::from_millis(100);
 
 /// Starts everything that may start now; between batches, reaps without waiting so that
 /// finished hooks free their slots.

@@ -683,10 +683,20 @@ fn executor(shared: &PluginShared, jobs: &flume::Receiver<Job>) {
         match job {
             None => break,
             Some(Ok(Job::Event(msg, hold))) => {
-                // A consumed event's start record goes to the shared de-dup bucket before the
-                // call (docs/nats.md § Several central hosts); plugin calls are not fenced, so
-                // the call is made whatever the answer.
-                let _ = msg.admits();
+                // A consumed event whose partition lease this host lost (or let go stale) since
+                // it was handed over, or whose start the shared de-dup bucket refused, is not
+                // called here: its hold marks the ticket dropped as it goes, so the message is
+                // nak'ed and delivered again, to the partition's holder. Its start record is
+                // written, and waited for, before the call (docs/nats.md § Per-agent order
+                // across hosts, § Several central hosts).
+                if !msg.admits() {
+                    drop(hold);
+                    let mut c = shared.counts();
+                    c.in_flight -= 1;
+                    c.dropped += 1;
+                    c.dropped_fenced += 1;
+                    continue;
+                }
                 let kind = msg.event().map_or("", |k| k.name());
                 let timed = shared
                     .calls

@@ -97,6 +97,9 @@ pub struct PluginCounts {
     pub dropped_shutdown: u64,
     /// Of `dropped`: still queued when its version was replaced or removed.
     pub dropped_reload: u64,
+    /// Of `dropped`: an event consumed from NATS that may no longer run on this host (its
+    /// partition lease was lost, or another host took it: docs/nats.md), not called.
+    pub dropped_fenced: u64,
     /// Calls that returned `Ok`.
     pub ok: u64,
     /// The guest returned `Err(message)`.

@@ -26,9 +26,7 @@ fn a_redelivered_event_shows_its_hook_the_same_id_delivery_2_and_the_reclaimed_m
          [ \"$ZERO_HOOK_DELIVERY\" = 1 ] && exec sleep 30; exit 0",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "once", "command": "/bin/sh", "args": ["-c", script], "timeout_ms": 60000
-    }]}});
+    let hooks = sh_hook("once", &script, serde_json::json!({"timeout_ms": 60000}));
     let url = server.url();
     let args = [
         "--from-nats",
@@ -39,7 +37,7 @@ fn a_redelivered_event_shows_its_hook_the_same_id_delivery_2_and_the_reclaimed_m
         "PRXRAN",
     ];
     let ws_a = tempfile::tempdir().unwrap();
-    std::fs::write(ws_a.path().join("hooks.json"), hooks.to_string()).unwrap();
+    write_hooks(ws_a.path(), &hooks);
     let mut a = Consumer::start(ws_a.path(), &args);
     wait_until("the first run", 60, || log_lines(&log).len() == 1);
     a.child.kill().unwrap();
@@ -47,7 +45,7 @@ fn a_redelivered_event_shows_its_hook_the_same_id_delivery_2_and_the_reclaimed_m
     let killed = Instant::now();
     // The second host prints what it feeds the bus and relays it under the prefix `again`.
     let ws_b = tempfile::tempdir().unwrap();
-    std::fs::write(ws_b.path().join("hooks.json"), hooks.to_string()).unwrap();
+    write_hooks(ws_b.path(), &hooks);
     let out = ws_b.path().join("out");
     let stderr = ws_b.path().join("stderr");
     let mut b = bin()
@@ -108,10 +106,8 @@ fn a_core_consumers_hooks_see_the_event_id_and_no_delivery_count() {
          \"$ZERO_HOOK_PAYLOAD\" >> {}",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "ids", "command": "/bin/sh", "args": ["-c", script]
-    }]}});
-    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let hooks = sh_hook("ids", &script, Value::Null);
+    write_hooks(ws.path(), &hooks);
     let url = server.url();
     let c = Consumer::start(ws.path(), &["--from-nats", &url]);
     until_consuming(&client, &log, "probe-ids");
@@ -155,9 +151,7 @@ fn after_a_host_is_killed_only_what_may_have_run_there_is_marked_reclaimed() {
          \"${{ZERO_HOOK_RECLAIMED:-0}}\" \"$ZERO_HOOK_PAYLOAD\" >> {}; sleep 0.01",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "once", "command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1
-    }]}});
+    let hooks = sh_hook("once", &script, serde_json::json!({"max_concurrent": 1}));
     let url = server.url();
     let args = [
         "--from-nats",
@@ -170,7 +164,7 @@ fn after_a_host_is_killed_only_what_may_have_run_there_is_marked_reclaimed() {
     let mut hosts: Vec<_> = (0..3)
         .map(|_| {
             let ws = tempfile::tempdir().unwrap();
-            std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+            write_hooks(ws.path(), &hooks);
             let c = Consumer::start(ws.path(), &args);
             (ws, c)
         })
@@ -223,4 +217,77 @@ fn after_a_host_is_killed_only_what_may_have_run_there_is_marked_reclaimed() {
         marked_alone <= 4,
         "{marked_alone} runs marked reclaimed had not run anywhere else (at most the dead host's few started runs may be)"
     );
+}
+
+/// The shared de-dup bucket stops answering while events wait in a hook's queue (the server
+/// SIGSTOPped for 3 s, twice, 1.5 s apart), with `--nats-max-deliver 2`: the runs wait for
+/// their start records, which are written once the bucket answers again, and their messages
+/// stay in flight. Every event runs, none is nak'ed (`retried` 0), none is given up. Before,
+/// the runner thread waited up to 2.5 s for each start record, then for a second refused every
+/// run without trying, and each refusal was a nak spending one of the message's two
+/// deliveries: 120 naks in this test.
+#[test]
+fn a_dedup_bucket_that_stops_answering_spends_no_delivery_and_gives_up_nothing() {
+    let n = 200;
+    let mut server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    fleet_stream(&client);
+    let shared = tempfile::tempdir().unwrap();
+    let log = shared.path().join("log");
+    let script = format!(
+        "printf '%s %s\\n' \"${{ZERO_HOOK_EVENT_ID:--}}\" \"${{ZERO_HOOK_DELIVERY:--}}\" >> {}; sleep 0.02",
+        log.display()
+    );
+    let hooks = sh_hook("once", &script, Value::Null);
+    let url = server.url();
+    let args = [
+        "--from-nats",
+        url.as_str(),
+        "--durable",
+        "central",
+        "--nats-dedup-bucket",
+        "PRXRAN",
+        "--nats-max-deliver",
+        "2",
+    ];
+    let ws = tempfile::tempdir().unwrap();
+    write_hooks(ws.path(), &hooks);
+    let host = Consumer::start(ws.path(), &args);
+    publish_ids(&client, 0..n);
+    wait_until("the first runs", 60, || log_lines(&log).len() >= 10);
+    for _ in 0..2 {
+        server.pause();
+        std::thread::sleep(Duration::from_secs(3));
+        server.resume();
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let js = client.jetstream();
+    wait_until("nothing left pending", 120, || {
+        client.rt.block_on(async {
+            let Ok(mut c) = js
+                .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                    "central", "FLEET",
+                )
+                .await
+            else {
+                return false;
+            };
+            c.info()
+                .await
+                .is_ok_and(|i| i.num_pending == 0 && i.num_ack_pending == 0)
+        })
+    });
+    let stats = host.stop()["stats"]["nats"]["consume"].clone();
+    let ran: HashSet<String> = log_lines(&log)
+        .iter()
+        .filter_map(|l| l.split(' ').next().map(str::to_string))
+        .collect();
+    eprintln!("{} of {n} ran; {stats}", ran.len());
+    assert_eq!(stats["given_up"], 0, "{stats}");
+    assert_eq!(
+        stats["retried"], 0,
+        "no run refused for a late answer: {stats}"
+    );
+    assert_eq!(ran.len(), n, "every event ran; {stats}");
+    server.kill();
 }

@@ -48,11 +48,9 @@ fn lease_workspace(log: &Path, pause: &str) -> tempfile::TempDir {
          sleep {pause}",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "order", "command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1
-    }]}});
+    let hooks = sh_hook("order", &script, serde_json::json!({"max_concurrent": 1}));
     let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    write_hooks(ws.path(), &hooks);
     ws
 }
 

@@ -180,9 +180,7 @@ fn partitions_through(change: Change, hosts: usize) {
         "printf '%s %s\\n' \"$ZERO_HOOK_AGENT\" \"$ZERO_HOOK_PAYLOAD\" >> {}",
         log.display()
     );
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "order", "command": "/bin/sh", "args": ["-c", script], "max_concurrent": 1
-    }]}});
+    let hooks = sh_hook("order", &script, serde_json::json!({"max_concurrent": 1}));
     let partitions = PARTITIONS.to_string();
     let args = [
         "--from-nats",
@@ -196,7 +194,7 @@ fn partitions_through(change: Change, hosts: usize) {
     ];
     let start = || {
         let ws = tempfile::tempdir().unwrap();
-        std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+        write_hooks(ws.path(), &hooks);
         let c = Consumer::start(ws.path(), &args);
         (ws, c)
     };
@@ -325,10 +323,8 @@ fn counting_host(url: &str, args: &[&str]) -> (tempfile::TempDir, std::path::Pat
     let ws = tempfile::tempdir().unwrap();
     let log = ws.path().join("log");
     let script = format!("echo x >> {}", log.display());
-    let hooks = serde_json::json!({"hooks": {"tool_call": [{
-        "id": "count", "command": "/bin/sh", "args": ["-c", script]
-    }]}});
-    std::fs::write(ws.path().join("hooks.json"), hooks.to_string()).unwrap();
+    let hooks = sh_hook("count", &script, Value::Null);
+    write_hooks(ws.path(), &hooks);
     let mut all = vec!["--from-nats", url];
     all.extend_from_slice(args);
     let c = Consumer::start(ws.path(), &all);

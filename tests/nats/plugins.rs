@@ -148,3 +148,110 @@ sleep_ms = "20"
     assert_eq!(s["acked"].as_u64().unwrap(), n as u64, "{s}");
     assert_eq!(audit["ok"].as_u64().unwrap(), n as u64, "{audit}");
 }
+
+/// A host with partitions is stopped (SIGSTOP) for 17 s, past its leases (15 s), while a slow
+/// plugin's queue holds events of its partitions: when it resumes, those queued calls are not
+/// made (fenced, counted `dropped_fenced`: their messages are nak'ed and delivered again to
+/// whoever holds the partition then, here the same host once it took its leases back), and
+/// every event is still called and acked. Before, the plugin executor made every queued call,
+/// its partition lease stale or lost (only shell runs were fenced): in this test 102 calls made
+/// under stale leases, whose redeliveries the host then skipped as duplicates.
+#[test]
+fn plugin_calls_queued_under_a_lease_gone_stale_are_not_made() {
+    use super::partitions::{AGENTS, PARTITIONS, publish_partitioned};
+    let per_agent = 10;
+    let n = AGENTS * per_agent;
+    let server = NatsServer::start();
+    let client = Client::connect(&server.url());
+    let url = server.url();
+    publish_partitioned(&url, 0..per_agent);
+    let ws = tempfile::tempdir().unwrap();
+    install(
+        ws.path(),
+        "misbehave",
+        "misbehave",
+        r#"
+[plugin]
+name = "misbehave"
+version = "0.1.0"
+
+[[capabilities]]
+type = "hook"
+events = ["prx.lifecycle.tool_call"]
+
+[permissions]
+required = ["log", "config", "kv", "events"]
+
+[resources]
+max_memory_mb = 16
+max_execution_time_ms = 10_000
+pool_size = 1
+
+[config]
+mode = "sleep"
+sleep_ms = "50"
+"#,
+    );
+    let partitions = PARTITIONS.to_string();
+    let host = Consumer::start(
+        ws.path(),
+        &[
+            "--from-nats",
+            &url,
+            "--durable",
+            "central",
+            "--nats-partitions",
+            &partitions,
+        ],
+    );
+    wait_until("the first calls", 60, || {
+        host.stderr().contains("took partition")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = nix::unistd::Pid::from_raw(host.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_secs(17));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // Every partition's consumer has nothing pending and nothing waiting for its ack.
+    let js = client.jetstream();
+    wait_until("every message acked", 120, || {
+        client.rt.block_on(async {
+            let mut done = 0;
+            for k in 0..PARTITIONS {
+                let name = format!("central-{k}");
+                if let Ok(mut c) = js
+                    .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                        name, "FLEET",
+                    )
+                    .await
+                    && c.info()
+                        .await
+                        .is_ok_and(|i| i.num_pending == 0 && i.num_ack_pending == 0)
+                {
+                    done += 1;
+                }
+            }
+            done == PARTITIONS
+        })
+    });
+    let r = host.stop();
+    let plugin = r["stats"]["plugins"]["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "misbehave")
+        .unwrap_or_else(|| panic!("{r}"))
+        .clone();
+    let s = &r["stats"]["nats"]["consume"];
+    eprintln!("a host stopped 17 s with plugin calls queued: misbehave {plugin}; consumer {s}");
+    assert!(
+        plugin["dropped_fenced"].as_u64().unwrap_or(0) > 0,
+        "calls queued under the stale leases were made: {plugin}"
+    );
+    // (The call running when the host stopped may time out: its deadline is wall-clock.)
+    assert!(
+        plugin["ok"].as_u64().unwrap() + plugin["failed"].as_u64().unwrap() >= n as u64,
+        "every event called: {plugin}"
+    );
+    assert_eq!(s["given_up"], 0, "{s}");
+}

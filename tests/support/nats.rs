@@ -133,6 +133,11 @@ impl NatsServer {
         self.signal(nix::sys::signal::Signal::SIGCONT);
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     fn signal(&self, s: nix::sys::signal::Signal) {
         let c = self.child.as_ref().expect("the server runs");
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), s).unwrap();

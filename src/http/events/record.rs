@@ -8,12 +8,12 @@ pub(super) struct PluginCounter {
     #[cfg(feature = "wasm")]
     pub(super) sink: Arc<crate::wasm::WasmSink>,
     #[cfg(feature = "wasm")]
-    pub(super) last: std::collections::BTreeMap<String, [u64; 10]>,
+    pub(super) last: std::collections::BTreeMap<String, [u64; 11]>,
 }
 
 /// The per-call results and drop reasons counted, in the order of [`PluginCounter`]'s arrays.
 #[cfg(feature = "wasm")]
-pub(super) const PLUGIN_FIELDS: [(&str, &str); 10] = [
+pub(super) const PLUGIN_FIELDS: [(&str, &str); 11] = [
     ("results", "ok"),
     ("results", "error"),
     ("results", "trap"),
@@ -24,6 +24,7 @@ pub(super) const PLUGIN_FIELDS: [(&str, &str); 10] = [
     ("dropped", "suspended"),
     ("dropped", "shutdown"),
     ("dropped", "reload"),
+    ("dropped", "fenced"),
 ];
 
 impl PluginCounter {
@@ -65,11 +66,12 @@ impl PluginCounter {
                 c.dropped_suspended,
                 c.dropped_shutdown,
                 c.dropped_reload,
+                c.dropped_fenced,
             ];
             let before = self
                 .last
                 .insert(p.name.clone(), now_counts)
-                .unwrap_or([0; 10]);
+                .unwrap_or([0; 11]);
             if interval.is_zero() {
                 continue;
             }

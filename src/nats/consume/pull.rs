@@ -45,10 +45,14 @@ impl Worker {
                 break;
             }
             rt.block_on(self.settle());
-            let sources = match &leases {
-                None => consumer.iter().map(|c| (None, c.clone())).collect(),
+            // Borrowed, not cloned: this runs once per pull that ends and per settled message
+            // while a source waits, so it must not cost a consumer's clone per partition.
+            let sources: Vec<(Option<u32>, &PullConsumer)> = match &leases {
+                None => consumer.iter().map(|c| (None, c)).collect(),
                 Some((l, _)) => {
-                    self.partition_sources(rt, &js, &stream, durable, l, &mut parts, &pulls)
+                    let held =
+                        self.partition_sources(rt, &js, &stream, durable, l, &mut parts, &pulls);
+                    held.into_iter().map(|k| (Some(k), &parts[&k])).collect()
                 }
             };
             // Back-pressure: each source is pulled on its own, for no more than the room left
@@ -277,16 +281,18 @@ impl Worker {
         leases: &Leases,
         parts: &mut HashMap<u32, PullConsumer>,
         pulls: &Pulls,
-    ) -> Vec<(Option<u32>, PullConsumer)> {
-        let busy = self
-            .flights
-            .values()
-            .filter_map(|f| f.part)
-            .chain(pulls.standing_parts())
-            .collect();
+    ) -> Vec<u32> {
         let active = {
             let mut t = leases.table.lock().unwrap_or_else(|e| e.into_inner());
-            t.drained(&busy);
+            if t.draining() {
+                let busy = self
+                    .flights
+                    .values()
+                    .filter_map(|f| f.part)
+                    .chain(pulls.standing_parts())
+                    .collect();
+                t.drained(&busy);
+            }
             t.active()
         };
         let mut v = Vec::with_capacity(active.len());
@@ -305,7 +311,7 @@ impl Worker {
                     }
                 }
             }
-            v.push((Some(k), parts[&k].clone()));
+            v.push(k);
         }
         v
     }
@@ -345,11 +351,15 @@ impl Worker {
         };
         let claim = claim.map(|s| Arc::new(AtomicU64::new(s)));
         let start = match (&self.shared, &claim) {
-            (Some(shared), Some(seq)) => m
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(wire::MSG_ID))
-                .map(|id| shared.start_record(id.as_str(), seq.clone(), self.start_down.clone())),
+            (Some(shared), Some(seq)) => {
+                m.headers
+                    .as_ref()
+                    .and_then(|h| h.get(wire::MSG_ID))
+                    .map(|id| {
+                        let down = self.start_down.clone();
+                        shared.start_record(id.as_str(), seq.clone(), down)
+                    })
+            }
             _ => None,
         };
         let (fate, id) = if self.stopping() || fenced {

@@ -70,6 +70,9 @@ impl Pull {
 pub(super) struct Pulls {
     streams: SelectAll<BoxStream<'static, Pulled>>,
     by_source: HashMap<Option<u32>, Pull>,
+    /// How many pulls stand, and how many sources the last round had.
+    standing: usize,
+    sources: usize,
 }
 
 impl Pulls {
@@ -77,6 +80,8 @@ impl Pulls {
         Pulls {
             streams: SelectAll::new(),
             by_source: HashMap::new(),
+            standing: 0,
+            sources: 0,
         }
     }
 
@@ -89,7 +94,12 @@ impl Pulls {
     }
 
     fn any_standing(&self) -> bool {
-        self.by_source.values().any(|p| p.standing)
+        self.standing > 0
+    }
+
+    /// A source of the last round has no pull standing (room that comes may go to it).
+    fn waiting(&self) -> bool {
+        self.standing < self.sources
     }
 
     fn reserved(&self) -> (usize, usize) {
@@ -129,13 +139,14 @@ impl Worker {
     pub(super) async fn start_pulls(
         &mut self,
         client: &async_nats::Client,
-        sources: &[(Option<u32>, PullConsumer)],
+        sources: &[(Option<u32>, &PullConsumer)],
         pulls: &mut Pulls,
         careful: bool,
     ) -> bool {
+        pulls.sources = sources.len();
         let one = Self::one_message_bytes(client);
         let budget = Self::byte_budget(client);
-        let mut waiting: Vec<&(Option<u32>, PullConsumer)> = sources
+        let mut waiting: Vec<&(Option<u32>, &PullConsumer)> = sources
             .iter()
             .filter(|(k, _)| !pulls.by_source.get(k).is_some_and(|p| p.standing))
             .collect();
@@ -193,7 +204,9 @@ impl Worker {
                             .boxed(),
                     );
                     let p = pulls.by_source.entry(k).or_default();
-                    p.standing = true;
+                    if !std::mem::replace(&mut p.standing, true) {
+                        pulls.standing += 1;
+                    }
                     p.refused_size = false;
                     (p.asked, p.asked_bytes, p.got, p.got_bytes) = (size, max_bytes, 0, 0);
                 }
@@ -204,8 +217,10 @@ impl Worker {
     }
 
     /// Reads the standing pulls, handling each message as it comes, until one ends (its
-    /// source can be pulled again), a ticket reports (room may have come: settled first), or
-    /// `tick` passes; with none standing, waits for a report, a stop or `tick`.
+    /// source can be pulled again), a ticket reports while a source waits for a pull (room
+    /// may have come for it: settled first; with every source's pull standing, what settles is
+    /// settled and the reading goes on), or `tick` passes; with none standing, waits for a
+    /// report, a stop or `tick`.
     pub(super) async fn read_pulls(&mut self, pulls: &mut Pulls, tick: Duration) -> Read {
         let (notify, wake) = (self.notify.clone(), self.wake.clone());
         let mut read = Read { got: false };
@@ -241,7 +256,9 @@ impl Worker {
                     }
                     Some(Pulled::End(k)) => {
                         if let Some(p) = pulls.by_source.get_mut(&k) {
-                            p.standing = false;
+                            if std::mem::replace(&mut p.standing, false) {
+                                pulls.standing -= 1;
+                            }
                             p.last_got = p.got;
                             p.ended = Some(Instant::now());
                             if p.refused_size {
@@ -256,7 +273,9 @@ impl Worker {
                 },
                 _ = notify.notified() => {
                     self.settle().await;
-                    return read;
+                    if pulls.waiting() {
+                        return read;
+                    }
                 }
                 _ = wake.notified() => return read,
                 _ = tokio::time::sleep_until(until) => return read,

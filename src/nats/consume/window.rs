@@ -307,3 +307,71 @@ impl Window {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_forgets_by_size_and_age_and_survives_a_reopen() {
+        let dir = std::env::temp_dir().join(format!("prx-nats-window-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("seen");
+        let mut w = Window::open(3, Duration::from_secs(60), Some(path.clone())).unwrap();
+        for id in ["a", "b", "c", "d"] {
+            assert!(!w.contains(id));
+            w.insert(id, 7);
+            w.persist(&[(id.to_string(), 7)]);
+        }
+        assert!(!w.contains("a"), "the oldest id leaves a full window");
+        assert!(w.contains("b") && w.contains("d"));
+        drop(w);
+        // A torn line at the end (a crash mid-write) is skipped.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"12")
+            .unwrap();
+        let mut w = Window::open(3, Duration::from_secs(60), Some(path.clone())).unwrap();
+        assert!(w.contains("b") && w.contains("c") && w.contains("d") && !w.contains("a"));
+        assert_eq!(w.len(), 3);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Age: an id older than the window's age is gone on reopen.
+        std::fs::write(&path, format!("1 old\n{} new\n", now_ms())).unwrap();
+        let mut w = Window::open(10, Duration::from_secs(60), Some(path)).unwrap();
+        assert!(!w.contains("old") && w.contains("new"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_same_id_with_another_digest_is_no_duplicate_and_old_lines_still_match() {
+        let dir = std::env::temp_dir().join(format!("prx-nats-digest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("seen");
+        let mut w = Window::open(10, Duration::from_secs(60), Some(path.clone())).unwrap();
+        w.insert("x-1", 42);
+        w.persist(&[("x-1".to_string(), 42)]);
+        assert_eq!(w.seen("x-1", 42), Seen::Same);
+        assert_eq!(w.seen("x-1", 43), Seen::Other);
+        assert_eq!(w.seen("x-2", 42), Seen::No);
+        drop(w);
+        // Reopened: the digest came back from the file; an older line (no digest) matches any.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        writeln!(f, "{} old id with spaces", now_ms()).unwrap();
+        drop(f);
+        let mut w = Window::open(10, Duration::from_secs(60), Some(path.clone())).unwrap();
+        assert_eq!(w.seen("x-1", 43), Seen::Other);
+        assert_eq!(w.seen("x-1", 42), Seen::Same);
+        assert_eq!(w.seen("old id with spaces", 7), Seen::Same);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -55,13 +55,14 @@ impl ConsumeOptions {
 
     /// With [`durable`](ConsumeOptions::durable): per-agent order across hosts. The subjects
     /// carry their agent's partition among `n` (publishers with the same
-    /// [`PublishOptions::partitions`](super::PublishOptions::partitions)); each partition has
+    /// [`PublishOptions::partitions`](crate::nats::PublishOptions::partitions)); each partition has
     /// a durable consumer of its own (`<durable>-<k>`), and the hosts sharing them hold at
     /// most one lease per partition each at a time, in the key-value bucket
     /// `PRXH_<stream>_<durable>`: one host pulls a partition at a time, and a host that dies
-    /// has its partitions taken over by the others once its leases expire (15 s).
+    /// has its partitions taken over by the others once its leases expire (15 s). `n` is taken
+    /// between 1 and [`wire::MAX_PARTITIONS`](crate::nats::wire::MAX_PARTITIONS).
     pub fn partitions(mut self, n: u32) -> ConsumeOptions {
-        self.partitions = Some(n.max(1));
+        self.partitions = Some(n.clamp(1, crate::nats::wire::MAX_PARTITIONS));
         self
     }
 

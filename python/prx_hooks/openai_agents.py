@@ -275,6 +275,8 @@ class PrxRunHooks(RunHooks):
         if call_id:
             extras["tool_call_id"] = str(call_id)
         arguments = getattr(context, "tool_arguments", None)
+        # A call prx_tool_guardrail let run carries what it was decided (docs/policies.md § Audit).
+        extras.update(_take_decision(context))
         em.tool_call_start(name, arguments if isinstance(arguments, str) else None, extras=extras)
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
@@ -437,7 +439,8 @@ def prx_tool_guardrail(
     ``on_error="deny"`` rejects a call the policies could not be asked about (default
     ``"none"``: it runs). With ``emitter=``, a rejected call is emitted as ``tool_call_start``
     with the decision as extra fields (``policy_decision``, ``policy_id``, ``policy_reason``),
-    as run hooks never see it."""
+    as run hooks never see it. A call let run on a decision (``allow``) carries the same fields
+    on the ``tool_call_start`` that ``PrxRunHooks`` emits for it."""
     on_error = check_on_error(on_error)
 
     def prx_hooks_policies(data: Any) -> ToolGuardrailFunctionOutput:
@@ -446,6 +449,7 @@ def prx_tool_guardrail(
         text, verdict = check_tool_call(hooks, name, ctx.tool_name, ctx.tool_arguments, on_error)
         info = verdict.to_dict() if verdict is not None else None
         if text is None:
+            _keep_decision(ctx, verdict)
             return ToolGuardrailFunctionOutput.allow(output_info=info)
         if emitter is not None:
             record_refusal(
@@ -454,6 +458,36 @@ def prx_tool_guardrail(
         return ToolGuardrailFunctionOutput.reject_content(text, output_info=info)
 
     return ToolInputGuardrail(guardrail_function=prx_hooks_policies, name="prx_hooks_policies")
+
+
+# The attribute of the SDK's ToolContext (the object the guardrail and then the run hooks'
+# `on_tool_start` are given for one call) holding the decision fields of a call let run.
+_DECISION_ATTR = "_prx_hooks_decision"
+
+
+def _keep_decision(ctx: Any, verdict: Any) -> None:
+    if verdict is None or verdict.decision is None:
+        return
+    fields = {"policy_decision": verdict.decision}
+    if verdict.policy:
+        fields["policy_id"] = verdict.policy
+    if verdict.reason:
+        fields["policy_reason"] = verdict.reason
+    try:
+        setattr(ctx, _DECISION_ATTR, fields)
+    except (AttributeError, TypeError):
+        pass  # a context that takes no attribute: the start goes without the decision
+
+
+def _take_decision(ctx: Any) -> Dict[str, str]:
+    fields = getattr(ctx, _DECISION_ATTR, None)
+    if fields is None:
+        return {}
+    try:
+        delattr(ctx, _DECISION_ATTR)
+    except (AttributeError, TypeError):
+        pass
+    return dict(fields)
 
 
 def guard_tools(tools: Any, guardrail: ToolInputGuardrail) -> list:

@@ -20,7 +20,7 @@ from openai.types.responses import (
 )
 
 import prx_hooks
-from prx_hooks.openai_agents import guard_tools, prx_tool_guardrail
+from prx_hooks.openai_agents import PrxRunHooks, guard_tools, prx_tool_guardrail
 from test_decide import POLICIES, write_policies
 
 RAN: list = []
@@ -136,3 +136,21 @@ def test_with_an_emitter_a_rejected_call_is_emitted_with_its_decision(hooks):
         "policy_decision": "deny", "policy_id": "no-rm-rf",
         "policy_reason": "rm -rf is not allowed in this workspace"}
     assert sub.try_recv() is None  # the allowed call: not the guardrail's to emit
+
+
+def test_a_call_let_run_carries_its_decision_on_the_run_hooks_tool_call_start(hooks):
+    RAN.clear()
+    sub = hooks.bus.subscribe("prx.lifecycle.tool_call_start")
+    guardrail = prx_tool_guardrail(hooks)
+    model = ScriptedModel(["ls -l", "cargo build"])
+    run_hooks = PrxRunHooks(hooks.emitter("coder", "oa-allowed"))
+    agent = Agent(name="coder", model=model, tools=guard_tools([shell], guardrail))
+    asyncio.run(Runner.run(agent, "go", hooks=run_hooks))
+    assert RAN == ["ls -l", "cargo build"]
+    first, second = sub.recv(timeout=10), sub.recv(timeout=10)
+    assert first.payload["tool_call_id"] == "call_0"
+    assert {k: v for k, v in first.payload.items() if k.startswith("policy_")} == {
+        "policy_decision": "allow", "policy_id": "allow-ls", "policy_reason": "listing is fine"}
+    # No policy decided `cargo build`: no decision fields.
+    assert second.payload["tool_call_id"] == "call_1"
+    assert not any(k.startswith("policy_") for k in second.payload), second.payload

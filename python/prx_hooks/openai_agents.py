@@ -47,6 +47,7 @@ import copy
 import itertools
 import threading
 import time
+import weakref
 from datetime import datetime
 from typing import Any, Dict, Optional, Tuple
 
@@ -125,12 +126,31 @@ class _Run:
     session of the agent that handed over to it, or None for the first); the (agent, session)
     the run holds in ``_OPEN_RUNS``, if any."""
 
-    __slots__ = ("agents", "handoffs", "held")
+    __slots__ = ("agents", "handoffs", "held", "gone")
 
     def __init__(self) -> None:
         self.agents: list = []
         self.handoffs = 0
         self.held: Optional[Tuple[str, str]] = None
+        # Forgets the run once the SDK drops its context (a run that raised: the SDK calls no
+        # run hook then); detached when the run ends.
+        self.gone: Optional[weakref.finalize] = None
+
+
+def _forget(hooks_ref: "weakref.ref", key: int, run: _Run) -> None:
+    """A run whose context the SDK dropped without ending it: its session is free again and
+    its key (the id of an object now gone, which a later run's may reuse) is forgotten."""
+    if run.held is not None:
+        with _OPEN_LOCK:
+            _OPEN_RUNS.discard(run.held)
+        run.held = None
+    hooks = hooks_ref()
+    if hooks is not None and hooks._runs.get(key) is run:
+        del hooks._runs[key]
+        for k in [k for k in hooks._llms if k[0] == key]:
+            hooks._llms.pop(k, None)
+        for k in [k for k in hooks._tools if k[0] == key]:
+            hooks._tools.pop(k, None)
 
 
 # The (agent, session) of every run hooks' run in progress, whichever ``PrxRunHooks`` runs it:
@@ -211,8 +231,22 @@ class PrxRunHooks(RunHooks):
             return self.emitter
         return self.hooks.emitter(agent, session)
 
+    def _run(self, context: Any) -> _Run:
+        """The run of ``context``, registered on first sight."""
+        key = self._run_key(context)
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = _Run()
+            usage = getattr(context, "usage", None)
+            if usage is not None:
+                try:
+                    run.gone = weakref.finalize(usage, _forget, weakref.ref(self), key, run)
+                except TypeError:
+                    pass  # not weakly referable: forgotten only when the run ends
+        return run
+
     async def on_agent_start(self, context: Any, agent: Any) -> None:
-        run = self._runs.setdefault(self._run_key(context), _Run())
+        run = self._run(context)
         if run.agents:
             return  # a handoff's target, started in on_handoff
         em = self._hold(run)
@@ -220,7 +254,7 @@ class PrxRunHooks(RunHooks):
         em.agent_start(extras={"agent_name": str(agent.name)})
 
     async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
-        run = self._runs.setdefault(self._run_key(context), _Run())
+        run = self._run(context)
         name = str(to_agent.name)
         extras: Dict[str, Any] = {"agent_name": name, "handoff_from": str(from_agent.name)}
         if self.hooks is None:
@@ -294,9 +328,12 @@ class PrxRunHooks(RunHooks):
     async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
         run = self._runs.pop(self._run_key(context), None)
         agents = run.agents if run is not None else []
+        if run is not None and run.gone is not None:
+            run.gone.detach()
         if run is not None and run.held is not None:
             with _OPEN_LOCK:
                 _OPEN_RUNS.discard(run.held)
+            run.held = None
         if not agents:
             agents = [(self.emitter, str(agent.name), 0, None)]
         # The last agent first: each handed-off agent's span inside the one that handed off.

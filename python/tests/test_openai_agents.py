@@ -378,3 +378,29 @@ def test_a_hook_that_sleeps_10_s_does_not_slow_the_agent(workspace):
         assert shell["ok"] == 0
         hooks.shutdown(0.5)
     assert with_hooks < min(baseline) + 3.0, (with_hooks, baseline)
+
+
+def test_a_run_that_raises_leaves_its_session_free_for_the_next(workspace):
+    # The SDK calls no run hook when a run raises (here: out of turns), so nothing ends the
+    # run's hold on its session; once the SDK has dropped the run, the next run on the same
+    # emitter is on the emitter's session again, not on one of its own.
+    import gc
+
+    from agents.exceptions import MaxTurnsExceeded
+
+    from prx_hooks import openai_agents
+
+    with prx_hooks.Hooks(workspace=workspace) as hooks:
+        sub = hooks.bus.subscribe("prx.lifecycle.agent_start")
+        run_hooks = PrxRunHooks(hooks.emitter("coder", "oa-raise"), hooks=hooks)
+        with pytest.raises(MaxTurnsExceeded):
+            asyncio.run(Runner.run(agent(), "go", hooks=run_hooks, max_turns=1))
+        first = sub.recv(timeout=10)
+        assert first.session == "oa-raise"
+        gc.collect()
+        assert ("coder", "oa-raise") not in openai_agents._OPEN_RUNS
+        assert run_hooks._runs == {}
+        assert run(agent(), hooks=run_hooks) == "All done."
+        second = sub.recv(timeout=10)
+        assert second.session == "oa-raise", second.session
+    assert not openai_agents._OPEN_RUNS

@@ -908,7 +908,8 @@ mod tests {
             usage(r#"{"input_tokens":200,"output_tokens":85,"cache_read_input_tokens":1000}"#),
             [Some(1200), Some(1000), None, Some(85)]
         );
-        // Cline's names; and no cache counts: the input as given.
+        // The short names (`cache_read_tokens`, `cache_write_tokens`); and no cache counts:
+        // the input as given.
         assert_eq!(
             usage(r#"{"input_tokens":10,"cache_read_tokens":3,"cache_write_tokens":4}"#),
             [Some(17), Some(3), Some(4), None]

@@ -528,3 +528,58 @@ fn validate_checks_policy_plugins_without_asking_for_a_hook_export() {
         "{problems:?}"
     );
 }
+
+/// The asker's deadline (`Hooks::decide_within`, what `Prx-Decision-Deadline-Ms` sets) cuts a
+/// WASM policy before its own `timeout_ms`, and the cut policy answers its `on_error`; with no
+/// time left the policy is not called at all.
+#[test]
+fn the_askers_deadline_cuts_a_wasm_policy_before_its_own_timeout() {
+    let ws = tempfile::tempdir().unwrap();
+    // Its own deadline: 20 s. Fuel enough for far longer: only a clock stops it.
+    misbehave(
+        ws.path(),
+        "slow",
+        "on = [\"tool_call_start\"]\ntimeout_ms = 20000\non_error = \"deny\"",
+        "max_fuel = 1_000_000_000_000_000\nmax_execution_time_ms = 30000",
+        "mode = \"loop\"",
+    );
+    let h = hooks(ws.path());
+    assert!(load_errors(&h).is_empty(), "{:?}", load_errors(&h));
+    let t = Instant::now();
+    let v = h
+        .decide_within(
+            DecisionPoint::ToolCallStart,
+            "claude-code",
+            &bash("ls"),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+    let took = t.elapsed();
+    assert_eq!(
+        (v.decision, v.policy.as_deref()),
+        (Some(Decision::Deny), Some("slow")),
+        "{v:?}"
+    );
+    assert!(
+        v.reason.as_deref().unwrap_or("").contains("timed out"),
+        "{v:?}"
+    );
+    // Liveness, with slack: far below the policy's own 20 s.
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let c = counts(&h, "slow");
+    assert_eq!((c.calls, c.timed_out, c.on_error_deny), (1, 1, 1), "{c:?}");
+
+    // No time left: the policy is not called, and still answers its on_error.
+    let v = h
+        .decide_within(
+            DecisionPoint::ToolCallStart,
+            "claude-code",
+            &bash("ls"),
+            Duration::ZERO,
+        )
+        .unwrap();
+    assert_eq!(v.decision, Some(Decision::Deny), "{v:?}");
+    let c = counts(&h, "slow");
+    assert_eq!(c.timed_out, 2, "{c:?}");
+    h.shutdown(Duration::from_secs(5));
+}

@@ -284,6 +284,13 @@ fn decision_deadline_ms(timeout: Duration, until: std::time::Instant) -> u128 {
         .min(u128::from(prx_hooks::http::MAX_DECISION_DEADLINE_MS))
 }
 
+/// When a `--timeout` of `timeout` from `now` ends: a timeout past what the clock can hold
+/// (`--timeout 1e19`) ends a year from now instead of overflowing.
+fn deadline_of(now: std::time::Instant, timeout: Duration) -> std::time::Instant {
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    now.checked_add(timeout).unwrap_or(now + YEAR)
+}
+
 /// A new event id: 128 random bits in hex.
 fn new_id() -> String {
     let mut bytes = [0u8; 16];
@@ -404,7 +411,7 @@ fn deliver(
         Ok(r) => r,
         Err(e) => return Answer::Away(format!("cannot start the client: {e}")),
     };
-    let until = std::time::Instant::now() + args.timeout;
+    let until = deadline_of(std::time::Instant::now(), args.timeout);
     let post = post(target, token, header, body.to_vec(), (args.timeout, until));
     runtime.block_on(async {
         match tokio::time::timeout(args.timeout, post).await {
@@ -517,5 +524,26 @@ async fn post(
         200 => Answer::Taken(value),
         400 | 404 | 405 | 413 | 415 | 422 => Answer::Refused(said()),
         _ => Answer::Away(said()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_past_what_the_clock_holds_ends_a_year_out_and_the_header_stays_in_range() {
+        let now = std::time::Instant::now();
+        let huge = Duration::from_secs_f64(1e19);
+        let until = deadline_of(now, huge);
+        assert!(until >= now + Duration::from_secs(365 * 24 * 3600));
+        assert_eq!(
+            deadline_of(now, Duration::from_secs(2)),
+            now + Duration::from_secs(2)
+        );
+        assert_eq!(
+            decision_deadline_ms(huge, until),
+            u128::from(prx_hooks::http::MAX_DECISION_DEADLINE_MS)
+        );
     }
 }

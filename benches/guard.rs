@@ -1,7 +1,8 @@
 //! What a guard costs the real Claude Code CLI per tool call: a prx-hooks policy (the
 //! `PreToolUse` entry `connect` writes, `prx-hooks-send` asking a real `prx-hooks run --listen`
 //! whose policies.json holds the no-rm-rf rule) against a `python3` guard script doing the same
-//! regex, each beside sessions with no guard at all.
+//! regex, each beside sessions with no hook at all and sessions whose hook is `/bin/true` (the
+//! floor: Claude Code's own cost of running a command hook).
 //!
 //! Claude Code (`target/agents`, installed by `.ci/install-agents`) runs offline against the fake
 //! Messages API of tests/support/models.rs, which asks for `CALLS` shell tool calls (`echo hi`)
@@ -50,7 +51,9 @@ if re.fullmatch(r"Bash|shell|run_shell_command|exec_command", event.get("tool_na
 struct Setup {
     name: &'static str,
     project: PathBuf,
-    costs: Vec<Duration>,
+    /// Per round: this setup's session time less the unguarded one's, over the tool calls, in
+    /// ms (negative when the guarded session happened to be the faster).
+    costs: Vec<f64>,
 }
 
 fn claude() -> Option<PathBuf> {
@@ -201,6 +204,17 @@ fn main() {
             costs: Vec::new(),
         },
         Setup {
+            name: "/bin/true hook",
+            project: project(
+                &root,
+                "true",
+                Some(
+                    json!([{"hooks": [{"type": "command", "command": "/bin/true", "timeout": 5}]}]),
+                ),
+            ),
+            costs: Vec::new(),
+        },
+        Setup {
             name: "prx-hooks policy",
             project: project(&root, "prx", Some(connects_entry(&root, &ws))),
             costs: Vec::new(),
@@ -213,7 +227,7 @@ fn main() {
     ];
 
     // Both guards deny rm -rf: they do the work compared.
-    for setup in &setups[1..] {
+    for setup in &setups[2..] {
         let victim = setup.project.join("victim");
         std::fs::create_dir_all(&victim).unwrap();
         std::fs::write(victim.join("keep"), "precious").unwrap();
@@ -238,14 +252,14 @@ fn main() {
     }
     let mut bare = Vec::with_capacity(rounds);
     for round in 0..rounds {
-        let mut times = [Duration::ZERO; 3];
+        let mut times = [Duration::ZERO; 4];
         for k in 0..setups.len() {
             let i = (round + k) % setups.len();
             times[i] = session(&program, &setups[i].project, &home, &model);
         }
         bare.push(times[0]);
         for i in 1..setups.len() {
-            let cost = times[i].saturating_sub(times[0]) / calls as u32;
+            let cost = (times[i].as_secs_f64() - times[0].as_secs_f64()) * 1e3 / calls as f64;
             setups[i].costs.push(cost);
         }
     }
@@ -263,13 +277,31 @@ fn main() {
     );
     let mut medians = Vec::new();
     for setup in &setups[1..] {
-        let m = median(setup.costs.clone());
+        let mut costs = setup.costs.clone();
+        costs.sort_by(f64::total_cmp);
+        let m = costs[costs.len() / 2];
         medians.push(m);
-        println!("  {:<20} per tool call p50 {}", setup.name, ms(m));
+        let each: Vec<String> = setup.costs.iter().map(|c| format!("{c:.1}")).collect();
+        println!(
+            "  {:<20} per tool call p50 {m:.1} ms (per round: {} ms)",
+            setup.name,
+            each.join(" ")
+        );
     }
+    // medians: /bin/true hook, prx-hooks policy, python3 guard.
+    let (floor, prx, python) = (medians[0], medians[1], medians[2]);
     println!(
-        "  prx-hooks policy / python3 guard: {:.2}x",
-        medians[0].as_secs_f64() / medians[1].as_secs_f64().max(1e-9)
+        "  prx-hooks policy / python3 guard, against no hook: {:.2}x{}",
+        prx.max(0.0) / python.max(1e-9),
+        if prx <= 0.0 {
+            " (no more than the sessions without a hook)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  the same above the /bin/true hook (Claude Code's own cost of a command hook): {:.2}x",
+        (prx - floor).max(0.0) / (python - floor).max(1e-9)
     );
 }
 

@@ -18,13 +18,15 @@
 //! default 10; under `cargo test --benches`, 1 round of 2 calls). Without Claude Code installed
 //! it says so and exits.
 
+mod common;
+
 #[path = "../tests/support/models.rs"]
 mod models;
 
 use models::{Api, ModelServer, Script};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prx-hooks");
@@ -95,25 +97,6 @@ fn connects_entry(root: &Path, ws: &Path) -> Value {
     let text = std::fs::read_to_string(dir.join(".claude/settings.json")).unwrap();
     let settings: Value = serde_json::from_str(&text).unwrap();
     settings["hooks"]["PreToolUse"].clone()
-}
-
-fn start_server(ws: &Path) -> Child {
-    let child = Command::new(BIN)
-        .args(["run", "--listen", "127.0.0.1:0", "--workspace"])
-        .arg(ws)
-        .env("RUST_LOG", "warn")
-        .env_remove("PRX_HOOKS_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let address = ws.join(".prx-hooks/address");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !address.exists() {
-        assert!(Instant::now() < deadline, "the server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
 }
 
 /// One `claude -p` session in `project` against `model`: its wall time, from spawn to exit.
@@ -196,7 +179,7 @@ fn main() {
     let python = json!([{"hooks": [{"type": "command",
         "command": format!("{} {}", python3(), guard.display()), "timeout": 5}]}]);
 
-    let mut server = start_server(&ws);
+    let mut server = common::serve(BIN, &ws);
     let mut setups = vec![
         Setup {
             name: "no guard",

@@ -21,6 +21,8 @@
 //! `cargo bench --bench send` (`PRX_HOOKS_SEND_ROUNDS`, default 300; under `cargo test
 //! --benches`, 20).
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -76,22 +78,7 @@ fn start_server(ws: &Path) -> std::process::Child {
         "when": {"arguments.command": {"regex": "\\brm\\s+-[a-zA-Z]*[rf]"}},
         "decision": "deny", "reason": "rm -rf is not allowed in this workspace"}]}"#;
     std::fs::write(ws.join("policies.json"), policies).unwrap();
-    let child = Command::new(BIN)
-        .args(["run", "--listen", "127.0.0.1:0", "--workspace"])
-        .arg(ws)
-        .env("RUST_LOG", "warn")
-        .env_remove("PRX_HOOKS_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let address = ws.join(".prx-hooks/address");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !address.exists() {
-        assert!(Instant::now() < deadline, "the server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
+    common::serve(BIN, ws)
 }
 
 fn main() {

@@ -284,3 +284,25 @@ pub fn print_target(id: &str, target_ns: f64) {
         );
     }
 }
+
+/// A real `prx-hooks run --listen 127.0.0.1:0` (the binary `bin`) on the workspace `ws`, once
+/// it has written its address (the benches that time what reaches a server).
+pub fn serve(bin: &str, ws: &std::path::Path) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    let child = Command::new(bin)
+        .args(["run", "--listen", "127.0.0.1:0", "--workspace"])
+        .arg(ws)
+        .env("RUST_LOG", "warn")
+        .env_remove("PRX_HOOKS_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let address = ws.join(".prx-hooks/address");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !address.exists() {
+        assert!(Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}

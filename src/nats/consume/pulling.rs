@@ -146,22 +146,32 @@ impl Worker {
         pulls.sources = sources.len();
         let one = Self::one_message_bytes(client);
         let budget = Self::byte_budget(client);
-        let mut waiting: Vec<&(Option<u32>, &PullConsumer)> = sources
+        // One lookup per source, then the order: sources that brought messages first (an idle
+        // partition's probe must not take the room a busy one needs), then the one whose pull
+        // ended longest ago. This runs once per pull that ends and per settled message while a
+        // source waits, over up to every partition: no lookup inside the sort, no sum over
+        // every source or flight per source.
+        let mut waiting: Vec<(bool, Option<Instant>, usize)> = sources
             .iter()
-            .filter(|(k, _)| !pulls.by_source.get(k).is_some_and(|p| p.standing))
+            .enumerate()
+            .filter_map(|(i, (k, _))| match pulls.by_source.get(k) {
+                Some(p) if p.standing => None,
+                p => Some((
+                    p.is_none_or(|p| p.last_got == 0),
+                    p.and_then(|p| p.ended),
+                    i,
+                )),
+            })
             .collect();
-        // Sources that brought messages first (an idle partition's probe must not take the
-        // room a busy one needs), then the one whose pull ended longest ago.
-        let bringing = |k: &Option<u32>| pulls.by_source.get(k).is_some_and(|p| p.last_got > 0);
-        waiting.sort_by_key(|(k, _)| (!bringing(k), pulls.by_source.get(k).and_then(|p| p.ended)));
-        let mut busy_left = waiting.iter().filter(|(k, _)| bringing(k)).count();
+        waiting.sort_unstable();
+        let mut busy_left = waiting.iter().filter(|w| !w.0).count();
+        let (mut msgs, mut bytes) = pulls.reserved();
+        let flying = (self.flights.len(), self.flight_bytes());
         let mut held = false;
-        for (k, c) in waiting {
-            let (msgs, bytes) = pulls.reserved();
-            let room = self
-                .in_flight_limit
-                .saturating_sub(self.flights.len() + msgs);
-            let byte_room = budget.saturating_sub(self.flight_bytes() + bytes);
+        for (_, _, i) in waiting {
+            let (k, c) = &sources[i];
+            let room = self.in_flight_limit.saturating_sub(flying.0 + msgs);
+            let byte_room = budget.saturating_sub(flying.1 + bytes);
             let p = pulls.by_source.get(k);
             let last = p.map_or(0, |p| p.last_got);
             // A pull's bytes cover at least one message: a small one, until the source had
@@ -209,6 +219,7 @@ impl Worker {
                     }
                     p.refused_size = false;
                     (p.asked, p.asked_bytes, p.got, p.got_bytes) = (size, max_bytes, 0, 0);
+                    (msgs, bytes) = (msgs + size, bytes + max_bytes);
                 }
                 Err(e) => tracing::debug!("NATS consumer: pull: {e}"),
             }

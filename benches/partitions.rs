@@ -5,7 +5,7 @@
 //! and without (the same backlog: a consumer of `prx.lifecycle.>` reads past the partition
 //! token). Each figure is events/s from the backlog's publication to JetStream holding every
 //! event acked; the host is started first and has opened its consumers. The hosts' payload
-//! files go to tmpfs when there is one (`payload_tmp`). Target: partitioned ≥ 0.9×
+//! files go to tmpfs when there is one, or to `PRX_HOOKS_BENCH_TMPDIR` (`payload_tmp`). Target: partitioned ≥ 0.9×
 //! unpartitioned, whatever the spread.
 //!
 //! `cargo bench --bench partitions` (`PRX_HOOKS_PARTITION_BENCH_EVENTS`, default 1,500; under
@@ -99,8 +99,9 @@ fn finished(client: &Client, left: &mut Vec<String>, acked: &mut u64) {
     });
 }
 
-/// Where the hosts write their payload files (`TMPDIR`): a directory on tmpfs when
-/// `/dev/shm` is one, else the default.
+/// Where the hosts write their payload files (`TMPDIR`): `PRX_HOOKS_BENCH_TMPDIR` when set (to
+/// measure a file system of one's own), else a directory on tmpfs when `/dev/shm` is one, else
+/// the default.
 ///
 /// Every event's hook run creates and deletes a payload file. On ext4 without a journal,
 /// creating a file scans past the inodes deleted in the last minute, so a run's cost grows
@@ -108,16 +109,24 @@ fn finished(client: &Client, left: &mut Vec<String>, acked: &mut u64) {
 /// 0.37–0.51 ms of host CPU per event against 0.25 on tmpfs, which weighed on whichever side
 /// ran in the middle. The bench measures the consumers, not the file system.
 fn payload_tmp() -> Option<tempfile::TempDir> {
-    let shm = std::path::Path::new("/dev/shm");
-    let tmpfs = nix::sys::statfs::statfs(shm)
-        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
-    if !tmpfs {
-        return None;
-    }
-    tempfile::Builder::new()
-        .prefix("prx-hooks-bench-")
-        .tempdir_in(shm)
-        .ok()
+    let base = match std::env::var_os("PRX_HOOKS_BENCH_TMPDIR") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => {
+            let shm = std::path::Path::new("/dev/shm");
+            let tmpfs = nix::sys::statfs::statfs(shm)
+                .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+            if !tmpfs {
+                return None;
+            }
+            shm.to_path_buf()
+        }
+    };
+    Some(
+        tempfile::Builder::new()
+            .prefix("prx-hooks-bench-")
+            .tempdir_in(&base)
+            .unwrap_or_else(|e| panic!("a directory in {}: {e}", base.display())),
+    )
 }
 
 /// One host with a `/bin/true` hook on `durable` (partitioned when `partitions` is given),
@@ -150,7 +159,28 @@ fn host(
 
 /// CPU seconds process `pid` used so far: its own (every thread's), and its reaped children's.
 fn cpu_of(pid: u32) -> (f64, f64) {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    cpu_in(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU seconds the NATS consumer's thread of host `pid` used so far (the thread that pulls,
+/// takes and acks; the hooks' runner and the pipeline apart).
+fn consumer_cpu(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("prx-nats-consum"))
+        })
+        .map(|t| cpu_in(&t.path().join("stat").to_string_lossy()).0)
+        .sum()
+}
+
+/// utime + stime, and cutime + cstime, in seconds, of a `/proc/…/stat` file.
+fn cpu_in(path: &str) -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string(path) else {
         return (0.0, 0.0);
     };
     // After the command's name, in parentheses: utime, stime, cutime, cstime are fields 12–15.
@@ -168,12 +198,13 @@ fn cpu_of(pid: u32) -> (f64, f64) {
     (at(11) + at(12), at(13) + at(14))
 }
 
-/// One figure: events/s, and CPU ms per event of the host (its hooks' processes apart) and
-/// of the server, over the same span.
+/// One figure: events/s, and CPU per event over the same span: the host's (its hooks'
+/// processes apart) and the server's in ms, the host's consumer thread's in µs.
 struct Figure {
     rate: f64,
     host_ms: f64,
     server_ms: f64,
+    consumer_us: f64,
 }
 
 /// Events/s of one host through a backlog of `n` events of `agents` agents published over
@@ -205,6 +236,7 @@ fn rate(
     }
     let start = Instant::now();
     let (host0, server0) = (cpu_of(child.id()).0, cpu_of(server).0);
+    let consumer0 = consumer_cpu(child.id());
     publish(url, agents, published, n);
     let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 10);
     let (mut left, mut acked) = (consumers(client, &durable), 0);
@@ -219,6 +251,7 @@ fn rate(
     }
     let secs = start.elapsed().as_secs_f64();
     let (host1, server1) = (cpu_of(child.id()).0, cpu_of(server).0);
+    let consumer1 = consumer_cpu(child.id());
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -235,6 +268,7 @@ fn rate(
         rate: n as f64 / secs,
         host_ms: (host1 - host0) * 1000.0 / n as f64,
         server_ms: (server1 - server0) * 1000.0 / n as f64,
+        consumer_us: (consumer1 - consumer0) * 1e6 / n as f64,
     }
 }
 
@@ -276,7 +310,7 @@ fn main() {
             .to_string())
     );
     println!(
-        "  agents  partitions  unpartitioned  partitioned  ratio   CPU ms/event host, server: unpartitioned  partitioned"
+        "  agents  partitions  unpartitioned  partitioned  ratio   CPU ms/event host, server: unpartitioned  partitioned   consumer thread µs/event: unpartitioned  partitioned"
     );
     let mut run = 0;
     for partitions in [8u32, 64] {
@@ -286,8 +320,8 @@ fn main() {
             }
             // Each side twice, in the order unpartitioned, partitioned, partitioned,
             // unpartitioned: a drift of the machine's load, and what a run leaves behind
-            // for the next (ext4 skips inodes deleted in the last minute when it allocates one,
-            // and each run creates and deletes a payload file per event), weigh on both alike.
+            // for the next (on a file system like the one `payload_tmp` avoids), weigh on both
+            // alike.
             let mut figures = Vec::new();
             for parted in [false, true, true, false] {
                 run += 1;
@@ -299,11 +333,12 @@ fn main() {
                 rate: 2.0 / (1.0 / a.rate + 1.0 / b.rate),
                 host_ms: (a.host_ms + b.host_ms) / 2.0,
                 server_ms: (a.server_ms + b.server_ms) / 2.0,
+                consumer_us: (a.consumer_us + b.consumer_us) / 2.0,
             };
             let flat = mean(&figures[0], &figures[3]);
             let parted = mean(&figures[1], &figures[2]);
             println!(
-                "  {agents:>6}  {partitions:>10}  {:>13.0}  {:>11.0}  {:>5.2}   {:>38.3}, {:.3}  {:.3}, {:.3}",
+                "  {agents:>6}  {partitions:>10}  {:>13.0}  {:>11.0}  {:>5.2}   {:>38.3}, {:.3}  {:.3}, {:.3}   {:>39.0}  {:>11.0}",
                 flat.rate,
                 parted.rate,
                 parted.rate / flat.rate,
@@ -311,6 +346,8 @@ fn main() {
                 flat.server_ms,
                 parted.host_ms,
                 parted.server_ms,
+                flat.consumer_us,
+                parted.consumer_us,
             );
         }
     }

@@ -8,7 +8,7 @@
 //! files go to tmpfs when there is one, or to `PRX_HOOKS_BENCH_TMPDIR` (`payload_tmp`). Target: partitioned ≥ 0.9×
 //! unpartitioned, whatever the spread.
 //!
-//! `cargo bench --bench partitions` (`PRX_HOOKS_PARTITION_BENCH_EVENTS`, default 1,500; under
+//! `cargo bench --bench partitions` (`PRX_HOOKS_PARTITION_BENCH_EVENTS`, default 5,000; under
 //! `cargo test --benches`, 200). Needs `nats-server` (`PRX_HOOKS_NATS_SERVER`). Arguments
 //! after `--` pick cases: `64` every spread over 64 partitions, `1x64` one agent over 64
 //! (`cargo bench --bench partitions -- 1x64 3x64`).
@@ -287,7 +287,7 @@ fn main() {
     let n: usize = std::env::var("PRX_HOOKS_PARTITION_BENCH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if quick { 200 } else { 1_500 });
+        .unwrap_or(if quick { 200 } else { 5_000 });
     let server = NatsServer::start();
     let url = server.url();
     let client = Client::connect(&url);

@@ -37,6 +37,19 @@ fn workspace() -> &'static PathBuf {
         } else {
             std::env::temp_dir()
         };
+        // libFuzzer exits without dropping anything: remove what earlier runs, now gone, left.
+        if let Ok(entries) = std::fs::read_dir(&root) {
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let pid = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("prx-hooks-fuzz-api-"))
+                    .and_then(|p| p.parse::<u32>().ok());
+                if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
         let ws = root.join(format!("prx-hooks-fuzz-api-{}", std::process::id()));
         std::fs::create_dir_all(&ws).unwrap();
         ws

@@ -42,7 +42,9 @@ fuzz_target!(|data: &[u8]| {
 
 fn ids(t: &PolicyTable) -> Vec<String> {
     let rules = t.policies.iter().map(|p| p.id.clone());
-    rules.chain(t.commands.iter().map(|c| c.id.clone())).collect()
+    rules
+        .chain(t.commands.iter().map(|c| c.id.clone()))
+        .collect()
 }
 
 fn check_table(data: &[u8], t: &PolicyTable) {

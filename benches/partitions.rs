@@ -5,8 +5,8 @@
 //! and without (the same backlog: a consumer of `prx.lifecycle.>` reads past the partition
 //! token). Each figure is events/s from the backlog's publication to JetStream holding every
 //! event acked; the host is started first and has opened its consumers. The hosts' payload
-//! files go to tmpfs when there is one, or to `PRX_HOOKS_BENCH_TMPDIR` (`payload_tmp`). Target: partitioned ≥ 0.9×
-//! unpartitioned, whatever the spread.
+//! files go to `PRX_HOOKS_BENCH_TMPDIR` when it is set, else to tmpfs when there is one
+//! (`payload_tmp`). Target: partitioned ≥ 0.9× unpartitioned, whatever the spread.
 //!
 //! `cargo bench --bench partitions` (`PRX_HOOKS_PARTITION_BENCH_EVENTS`, default 5,000; under
 //! `cargo test --benches`, 200). Needs `nats-server` (`PRX_HOOKS_NATS_SERVER`). Arguments
@@ -103,11 +103,12 @@ fn finished(client: &Client, left: &mut Vec<String>, acked: &mut u64) {
 /// measure a file system of one's own), else a directory on tmpfs when `/dev/shm` is one, else
 /// the default.
 ///
-/// Every event's hook run creates and deletes a payload file. On ext4 without a journal,
-/// creating a file scans past the inodes deleted in the last minute, so a run's cost grows
-/// with how many runs came just before it: here the second to fourth runs of a case used
-/// 0.37–0.51 ms of host CPU per event against 0.25 on tmpfs, which weighed on whichever side
-/// ran in the middle. The bench measures the consumers, not the file system.
+/// Every event's hook run creates and deletes a payload file, in a directory each host makes
+/// afresh. On ext4 without a journal, creating a file scans past the inodes deleted in the last
+/// minute or more, so what a file costs depends on what ran before and where the directory
+/// landed: here the host's CPU per event went from 0.29 to 0.57 ms from run to run, against
+/// 0.23–0.28 on tmpfs, hitting either side. The bench measures the consumers, not the file
+/// system.
 fn payload_tmp() -> Option<tempfile::TempDir> {
     let base = match std::env::var_os("PRX_HOOKS_BENCH_TMPDIR") {
         Some(dir) => std::path::PathBuf::from(dir),
@@ -162,8 +163,9 @@ fn cpu_of(pid: u32) -> (f64, f64) {
     cpu_in(&format!("/proc/{pid}/stat"))
 }
 
-/// CPU seconds the NATS consumer's thread of host `pid` used so far (the thread that pulls,
-/// takes and acks; the hooks' runner and the pipeline apart).
+/// CPU seconds the NATS consumer's threads of host `pid` used so far: those named
+/// `prx-nats-consume`, the loop that pulls, takes and acks and its runtime's (the connection's
+/// reads, the acks' writes); the hooks' runner and the pipeline apart.
 fn consumer_cpu(pid: u32) -> f64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0.0;
@@ -199,7 +201,7 @@ fn cpu_in(path: &str) -> (f64, f64) {
 }
 
 /// One figure: events/s, and CPU per event over the same span: the host's (its hooks'
-/// processes apart) and the server's in ms, the host's consumer thread's in µs.
+/// processes apart) and the server's in ms, the host's consumer threads' in µs.
 struct Figure {
     rate: f64,
     host_ms: f64,
@@ -310,7 +312,7 @@ fn main() {
             .to_string())
     );
     println!(
-        "  agents  partitions  unpartitioned  partitioned  ratio   CPU ms/event host, server: unpartitioned  partitioned   consumer thread µs/event: unpartitioned  partitioned"
+        "  agents  partitions  unpartitioned  partitioned  ratio   CPU ms/event host, server: unpartitioned  partitioned   consumer threads µs/event: unpartitioned  partitioned"
     );
     let mut run = 0;
     for partitions in [8u32, 64] {

@@ -28,32 +28,67 @@ const BASE: &str = r#"{
 }
 "#;
 
+/// The workspaces' names: `prx-hooks-fuzz-api-<pid>-<ns>`, made under `…-new-<pid>-<ns>` first.
+const WS_PREFIX: &str = "prx-hooks-fuzz-api-";
+
 /// A workspace on tmpfs when there is one (the editor fsyncs every write).
+///
+/// libFuzzer exits without dropping anything, so a workspace outlives its process. Each one's
+/// `.lock` is held (`flock`) by its process for as long as it lives: it is made and locked
+/// under a temporary name, then renamed into place, and a workspace whose lock anybody can take
+/// belongs to a process that is gone and is removed. A live worker's, in any PID namespace
+/// sharing the directory, is never touched.
 fn workspace() -> &'static PathBuf {
-    static WS: OnceLock<PathBuf> = OnceLock::new();
-    WS.get_or_init(|| {
+    static WS: OnceLock<(PathBuf, std::fs::File)> = OnceLock::new();
+    &WS.get_or_init(|| {
         let root = if std::path::Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
             std::env::temp_dir()
         };
-        // libFuzzer exits without dropping anything: remove what earlier runs, now gone, left.
-        if let Ok(entries) = std::fs::read_dir(&root) {
-            for e in entries.flatten() {
-                let name = e.file_name();
-                let pid = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("prx-hooks-fuzz-api-"))
-                    .and_then(|p| p.parse::<u32>().ok());
-                if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-        let ws = root.join(format!("prx-hooks-fuzz-api-{}", std::process::id()));
-        std::fs::create_dir_all(&ws).unwrap();
-        ws
+        remove_left_behind(&root);
+        // Unique among processes sharing the directory, whatever their PID namespace.
+        let name = format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let new = root.join(format!("{WS_PREFIX}new-{name}"));
+        std::fs::create_dir(&new).unwrap();
+        let lock = std::fs::File::create(new.join(".lock")).unwrap();
+        lock.try_lock().expect("a new workspace's lock is free");
+        let ws = root.join(format!("{WS_PREFIX}{name}"));
+        std::fs::rename(&new, &ws).unwrap();
+        (ws, lock)
     })
+    .0
+}
+
+/// Removes the workspaces in `root` whose process is gone (their lock is free).
+fn remove_left_behind(root: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        // Not one being made (`new-…`): its lock may not be taken yet.
+        let mine = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(WS_PREFIX))
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+        if !mine {
+            continue;
+        }
+        // No lock file: not one of these (or from before they had one): left alone.
+        let Ok(lock) = std::fs::File::open(e.path().join(".lock")) else {
+            continue;
+        };
+        if lock.try_lock().is_ok() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -50,12 +50,13 @@ pub(crate) fn deadline(headers: &HeaderMap, since: Instant) -> Result<Option<Ins
     let text = value
         .to_str()
         .map_err(|_| bad("a value that is not visible ASCII"))?;
-    let ms: u64 = text
-        .trim()
-        .parse()
-        .ok()
+    // Digits only: `u64::from_str` would also take a leading `+`.
+    let digits = text.trim();
+    let ms: u64 = Some(digits)
+        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|d| d.parse().ok())
         .filter(|&ms| ms <= MAX_DECISION_DEADLINE_MS)
-        .ok_or_else(|| bad(&crate::config::quote(text.trim())))?;
+        .ok_or_else(|| bad(&crate::config::quote(digits)))?;
     Ok(since.checked_add(std::time::Duration::from_millis(ms)))
 }
 

@@ -476,7 +476,7 @@ fn the_askers_deadline_cuts_a_slower_command_policy_and_it_answers_on_error() {
     let c = &api.stats()["policies"]["commands"][0];
     assert_eq!((&c["runs"], &c["timed_out"]), (&json!(2), &json!(2)), "{c}");
 
-    for bad in ["soon", "-1", "1.5", "3600001"] {
+    for bad in ["soon", "-1", "1.5", "3600001", "+300", "", " "] {
         let a = ask(bad);
         assert_eq!(a.status, 400, "{bad}: {}", a.body);
         let said = a.body.to_string();

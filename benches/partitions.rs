@@ -99,9 +99,9 @@ fn finished(client: &Client, left: &mut Vec<String>, acked: &mut u64) {
     });
 }
 
-/// Where the hosts write their payload files (`TMPDIR`): `PRX_HOOKS_BENCH_TMPDIR` when set (to
-/// measure a file system of one's own), else a directory on tmpfs when `/dev/shm` is one, else
-/// the default.
+/// Where the hosts write their payload files (`--payload-dir`): `PRX_HOOKS_BENCH_TMPDIR` when
+/// set (to measure a file system of one's own), else a directory on tmpfs when `/dev/shm` is
+/// one, else the default (`$TMPDIR`).
 ///
 /// Every event's hook run creates and deletes a payload file, in a directory each host makes
 /// afresh. On ext4 without a journal, creating a file scans past the inodes deleted in the last
@@ -153,7 +153,7 @@ fn host(
         cmd.args(["--nats-partitions", &p.to_string()]);
     }
     if let Some(tmp) = tmp {
-        cmd.env("TMPDIR", tmp);
+        cmd.arg("--payload-dir").arg(tmp);
     }
     (ws, cmd.spawn().unwrap())
 }

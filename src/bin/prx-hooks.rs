@@ -170,6 +170,11 @@ struct ContainArgs {
     /// memory through /proc; it also cannot be debugged or dump core.
     #[arg(long)]
     harden: bool,
+    /// Where the hooks' payload files go (`ZERO_HOOK_PAYLOAD_FILE`): a private directory is
+    /// made in DIR (default: `$TMPDIR`, else /tmp). A directory on tmpfs keeps a busy host's
+    /// file creation cheap without changing the hooks' own `TMPDIR`.
+    #[arg(long, value_name = "DIR")]
+    payload_dir: Option<std::path::PathBuf>,
 }
 
 /// The size limit of one event (`run`, `fire`, `bench`).

@@ -905,3 +905,70 @@ fn the_builder_can_harden_the_host() {
     // SAFETY: prctl with integer arguments (dumpable again: other tests read our /proc).
     unsafe { nix::libc::prctl(nix::libc::PR_SET_DUMPABLE, 1 as nix::libc::c_ulong, 0, 0, 0) };
 }
+
+#[test]
+fn payload_files_go_to_payload_dir_while_hooks_keep_their_tmpdir() {
+    let out = tempfile::tempdir().unwrap();
+    let payloads = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let seen = out.path().join("seen");
+    let ws = Ws::new(serde_json::json!({ "hooks": { "turn_complete": [
+        { "id": "where", "command": "/bin/sh",
+          "args": ["-c", format!("echo \"$ZERO_HOOK_PAYLOAD_FILE $TMPDIR\" > {}", seen.display())] },
+    ] } }));
+    let fire = bin()
+        .args(["fire", "turn_complete", "--payload-dir"])
+        .arg(payloads.path())
+        .arg("--workspace")
+        .arg(ws.path())
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap();
+    assert!(fire.status.success(), "{fire:?}");
+    let said = std::fs::read_to_string(&seen).unwrap();
+    let (file, tmpdir) = said.trim().split_once(' ').unwrap();
+    let file = std::path::Path::new(file);
+    let dir = file.parent().and_then(|d| d.parent()).unwrap();
+    assert_eq!(
+        std::fs::canonicalize(dir).unwrap(),
+        std::fs::canonicalize(payloads.path()).unwrap(),
+        "{said}"
+    );
+    assert!(
+        file.parent()
+            .and_then(|d| d.file_name())
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("prx-hooks-")),
+        "a private directory of its own in --payload-dir: {said}"
+    );
+    assert_eq!(
+        tmpdir,
+        tmp.path().to_str().unwrap(),
+        "the hook's TMPDIR is the host's"
+    );
+
+    // A --payload-dir that is not a directory is refused before anything runs, for fire and run.
+    let missing = out.path().join("missing");
+    let bad = bin()
+        .args(["fire", "turn_complete", "--payload-dir"])
+        .arg(&missing)
+        .arg("--workspace")
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        said.contains("--payload-dir") && said.contains("missing"),
+        "{said}"
+    );
+    let bad = bin()
+        .args(["run", "--payload-dir"])
+        .arg(&missing)
+        .arg("--workspace")
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--payload-dir"));
+}

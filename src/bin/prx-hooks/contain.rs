@@ -56,10 +56,20 @@ impl Containment {
     }
 }
 
-/// The shell backend's limits from `--cgroup` and `--hook-limit` (default `core_bytes=0`: a
-/// crashing hook does not write a core file into the workspace).
+/// The shell backend's limits from `--cgroup`, `--hook-limit` (default `core_bytes=0`: a
+/// crashing hook does not write a core file into the workspace) and `--payload-dir` (which must
+/// be a directory).
 pub(super) fn shell_limits(args: &ContainArgs) -> Result<prx_hooks::shell::ShellLimits, BoxError> {
     let mut limits = prx_hooks::shell::ShellLimits::default();
+    if let Some(dir) = &args.payload_dir {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => limits.tmp_dir = Some(dir.clone()),
+            Ok(_) => {
+                return Err(format!("--payload-dir {}: not a directory", dir.display()).into());
+            }
+            Err(e) => return Err(format!("--payload-dir {}: {e}", dir.display()).into()),
+        }
+    }
     match args.cgroup.as_str() {
         "auto" => limits.detect_cgroup = true,
         "off" => {}

@@ -479,6 +479,11 @@ const COMMAND_POLICY: &[Def<CommandCount>] = &[
         |x| x.timed_out,
     ),
     counter(
+        "policy_command_cut_by_asker",
+        "guard runs killed at the asker's deadline, before their own timeout_ms (of timed_out)",
+        |x| x.cut_by_asker,
+    ),
+    counter(
         "policy_command_crashed",
         "guard runs that exited with a code other than 0 and 2, or by a signal",
         |x| x.crashed,

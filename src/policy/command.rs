@@ -48,6 +48,9 @@ pub struct CommandCount {
     pub none: u64,
     /// Killed at its deadline.
     pub timed_out: u64,
+    /// Of `timed_out`: killed at the asker's deadline (`Prx-Decision-Deadline-Ms`,
+    /// `Hooks::decide_within`), which came before its own `timeout_ms`.
+    pub cut_by_asker: u64,
     /// Exited with a code other than 0 or 2, or killed by a signal.
     pub crashed: u64,
     /// Wrote something on stdout that is not a JSON decision.
@@ -73,6 +76,7 @@ pub(crate) struct CommandCounters {
     deny: AtomicU64,
     none: AtomicU64,
     timed_out: AtomicU64,
+    cut_by_asker: AtomicU64,
     crashed: AtomicU64,
     bad_answer: AtomicU64,
     too_large: AtomicU64,
@@ -103,6 +107,9 @@ impl CommandCounters {
                 bump(&self.cancelled);
             }
             Outcome::Failed(f) => {
+                if let Failure::TimedOut(_, true) = f {
+                    bump(&self.cut_by_asker);
+                }
                 bump(match f {
                     Failure::TimedOut(..) => &self.timed_out,
                     Failure::Crashed(_) => &self.crashed,
@@ -127,6 +134,7 @@ impl CommandCounters {
             deny: get(&self.deny),
             none: get(&self.none),
             timed_out: get(&self.timed_out),
+            cut_by_asker: get(&self.cut_by_asker),
             crashed: get(&self.crashed),
             bad_answer: get(&self.bad_answer),
             too_large: get(&self.too_large),

@@ -60,6 +60,8 @@ pub(crate) trait PluginPolicy: Send + Sync {
     fn answers(&self, point: DecisionPoint) -> bool;
     /// Its `on_error`.
     fn on_error(&self) -> OnError;
+    /// Its own deadline per call (`timeout_ms`).
+    fn limit(&self) -> std::time::Duration;
     /// Asks it, on this thread, bounded by its deadline, or by `until` (the decision's
     /// deadline, when the asker gave one) when that comes first.
     fn ask(
@@ -190,8 +192,11 @@ pub struct PluginPolicyCount {
     pub deny: u64,
     /// See `allow`.
     pub none: u64,
-    /// Cut at its deadline (`timeout_ms`).
+    /// Cut at its deadline (`timeout_ms`, or the asker's when that came first).
     pub timed_out: u64,
+    /// Of `timed_out`: cut at the asker's deadline (`Prx-Decision-Deadline-Ms`,
+    /// `Hooks::decide_within`), which came before its own `timeout_ms`.
+    pub cut_by_asker: u64,
     /// Ran out of fuel.
     pub out_of_fuel: u64,
     /// Trapped (memory refused at `max_memory_mb` included) or could not be instantiated.
@@ -215,6 +220,7 @@ pub(crate) struct PluginPolicyCounters {
     deny: AtomicU64,
     none: AtomicU64,
     timed_out: AtomicU64,
+    cut_by_asker: AtomicU64,
     out_of_fuel: AtomicU64,
     trapped: AtomicU64,
     errors: AtomicU64,
@@ -224,7 +230,9 @@ pub(crate) struct PluginPolicyCounters {
 }
 
 impl PluginPolicyCounters {
-    pub(crate) fn count(&self, a: &GuestAnswer, on_error: OnError) {
+    /// Counts one call's answer; `asker_first`: the asker's deadline came before the policy's
+    /// own (a time-out was then the asker's cut).
+    pub(crate) fn count(&self, a: &GuestAnswer, on_error: OnError, asker_first: bool) {
         let bump = |c: &AtomicU64| c.fetch_add(1, Ordering::Relaxed);
         bump(&self.calls);
         match a {
@@ -237,6 +245,9 @@ impl PluginPolicyCounters {
                 });
             }
             GuestAnswer::Failed(f) => {
+                if asker_first && matches!(f, GuestFailure::TimedOut) {
+                    bump(&self.cut_by_asker);
+                }
                 bump(match f {
                     GuestFailure::TimedOut => &self.timed_out,
                     GuestFailure::OutOfFuel => &self.out_of_fuel,
@@ -261,6 +272,7 @@ impl PluginPolicyCounters {
             deny: get(&self.deny),
             none: get(&self.none),
             timed_out: get(&self.timed_out),
+            cut_by_asker: get(&self.cut_by_asker),
             out_of_fuel: get(&self.out_of_fuel),
             trapped: get(&self.trapped),
             errors: get(&self.errors),
@@ -290,9 +302,10 @@ pub(crate) fn ask_all(
             continue;
         }
         let began = Instant::now();
+        let asker_first = until.is_some_and(|u| u < began + p.limit());
         let a = p.ask(point, agent, payload_json, until);
         let elapsed = began.elapsed();
-        p.counters().count(&a, p.on_error());
+        p.counters().count(&a, p.on_error(), asker_first);
         // How it ended, in words: only built for a trace (`policy test --run-guards`).
         let (answered, outcome): (_, std::borrow::Cow<'static, str>) = match a {
             GuestAnswer::Decided(Some(d), reason, context) => {

@@ -297,6 +297,10 @@ impl PluginPolicy for WasmPolicy {
         self.spec.on_error
     }
 
+    fn limit(&self) -> Duration {
+        WasmPolicy::limit(self)
+    }
+
     fn counters(&self) -> &PluginPolicyCounters {
         &self.counters
     }

@@ -386,6 +386,7 @@ fn a_command_policy_answers_api_decide_and_claude_codes_door() {
     for line in [
         "prx_hooks_policy_command_runs_total{policy=\"guard\"} 3",
         "prx_hooks_policy_command_timed_out_total{policy=\"guard\"} 0",
+        "prx_hooks_policy_command_cut_by_asker_total{policy=\"guard\"} 0",
         "prx_hooks_policy_command_decided_total{policy=\"guard\"} 2",
         "prx_hooks_policy_duplicate_ids_total 0",
         "prx_hooks_policies_loaded 1",
@@ -452,7 +453,11 @@ fn the_askers_deadline_cuts_a_slower_command_policy_and_it_answers_on_error() {
         a.body
     );
     let c = &api.stats()["policies"]["commands"][0];
-    assert_eq!((&c["runs"], &c["timed_out"]), (&json!(1), &json!(1)), "{c}");
+    assert_eq!(
+        (&c["runs"], &c["timed_out"], &c["cut_by_asker"]),
+        (&json!(1), &json!(1), &json!(1)),
+        "{c}"
+    );
 
     // The Claude Code door honours it too.
     let a = api.post_with(
@@ -474,7 +479,11 @@ fn the_askers_deadline_cuts_a_slower_command_policy_and_it_answers_on_error() {
         a.body
     );
     let c = &api.stats()["policies"]["commands"][0];
-    assert_eq!((&c["runs"], &c["timed_out"]), (&json!(2), &json!(2)), "{c}");
+    assert_eq!(
+        (&c["runs"], &c["timed_out"], &c["cut_by_asker"]),
+        (&json!(2), &json!(2), &json!(2)),
+        "{c}"
+    );
 
     for bad in ["soon", "-1", "1.5", "3600001", "+300", "", " "] {
         let a = ask(bad);

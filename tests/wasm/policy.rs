@@ -332,6 +332,10 @@ fn rules_come_first_and_the_most_restrictive_source_wins() {
     // question.
     let spin = counts(&h, "spin");
     assert_eq!((spin.calls, spin.timed_out), (1, 1), "{spin:?}");
+    assert_eq!(
+        spin.cut_by_asker, 0,
+        "its own timeout, not an asker's: {spin:?}"
+    );
     h.shutdown(Duration::from_secs(5));
 }
 
@@ -568,6 +572,10 @@ fn the_askers_deadline_cuts_a_wasm_policy_before_its_own_timeout() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
     let c = counts(&h, "slow");
     assert_eq!((c.calls, c.timed_out, c.on_error_deny), (1, 1, 1), "{c:?}");
+    assert_eq!(
+        c.cut_by_asker, 1,
+        "the asker's cut, not its own timeout: {c:?}"
+    );
 
     // No time left: the policy is not called, and still answers its on_error.
     let v = h
@@ -580,6 +588,30 @@ fn the_askers_deadline_cuts_a_wasm_policy_before_its_own_timeout() {
         .unwrap();
     assert_eq!(v.decision, Some(Decision::Deny), "{v:?}");
     let c = counts(&h, "slow");
-    assert_eq!(c.timed_out, 2, "{c:?}");
+    assert_eq!((c.timed_out, c.cut_by_asker), (2, 2), "{c:?}");
+    h.shutdown(Duration::from_secs(5));
+
+    // An asker's deadline later than the policy's own: the time-out is the policy's.
+    let ws = tempfile::tempdir().unwrap();
+    misbehave(
+        ws.path(),
+        "quick",
+        "on = [\"tool_call_start\"]\ntimeout_ms = 200\non_error = \"deny\"",
+        "max_fuel = 1_000_000_000_000_000\nmax_execution_time_ms = 30000",
+        "mode = \"loop\"",
+    );
+    let h = hooks(ws.path());
+    assert!(load_errors(&h).is_empty(), "{:?}", load_errors(&h));
+    let v = h
+        .decide_within(
+            DecisionPoint::ToolCallStart,
+            "claude-code",
+            &bash("ls"),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    assert_eq!(v.decision, Some(Decision::Deny), "{v:?}");
+    let c = counts(&h, "quick");
+    assert_eq!((c.timed_out, c.cut_by_asker), (1, 0), "{c:?}");
     h.shutdown(Duration::from_secs(5));
 }

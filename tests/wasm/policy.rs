@@ -533,22 +533,29 @@ fn validate_checks_policy_plugins_without_asking_for_a_hook_export() {
     );
 }
 
-/// The asker's deadline (`Hooks::decide_within`, what `Prx-Decision-Deadline-Ms` sets) cuts a
-/// WASM policy before its own `timeout_ms`, and the cut policy answers its `on_error`; with no
-/// time left the policy is not called at all.
-#[test]
-fn the_askers_deadline_cuts_a_wasm_policy_before_its_own_timeout() {
+/// A workspace whose one WASM policy `id` loops until a clock stops it (`timeout_ms` its own
+/// deadline, fuel for far longer), answering `on_error: deny`; loaded.
+fn looping(id: &str, timeout_ms: u64) -> (tempfile::TempDir, Hooks) {
     let ws = tempfile::tempdir().unwrap();
-    // Its own deadline: 20 s. Fuel enough for far longer: only a clock stops it.
     misbehave(
         ws.path(),
-        "slow",
-        "on = [\"tool_call_start\"]\ntimeout_ms = 20000\non_error = \"deny\"",
+        id,
+        &format!("on = [\"tool_call_start\"]\ntimeout_ms = {timeout_ms}\non_error = \"deny\""),
         "max_fuel = 1_000_000_000_000_000\nmax_execution_time_ms = 30000",
         "mode = \"loop\"",
     );
     let h = hooks(ws.path());
     assert!(load_errors(&h).is_empty(), "{:?}", load_errors(&h));
+    (ws, h)
+}
+
+/// The asker's deadline (`Hooks::decide_within`, what `Prx-Decision-Deadline-Ms` sets) cuts a
+/// WASM policy before its own `timeout_ms`, and the cut policy answers its `on_error`; with no
+/// time left the policy is not called at all.
+#[test]
+fn the_askers_deadline_cuts_a_wasm_policy_before_its_own_timeout() {
+    // Its own deadline: 20 s.
+    let (_ws, h) = looping("slow", 20_000);
     let t = Instant::now();
     let v = h
         .decide_within(
@@ -592,16 +599,7 @@ fn the_askers_deadline_cuts_a_wasm_policy_before_its_own_timeout() {
     h.shutdown(Duration::from_secs(5));
 
     // An asker's deadline later than the policy's own: the time-out is the policy's.
-    let ws = tempfile::tempdir().unwrap();
-    misbehave(
-        ws.path(),
-        "quick",
-        "on = [\"tool_call_start\"]\ntimeout_ms = 200\non_error = \"deny\"",
-        "max_fuel = 1_000_000_000_000_000\nmax_execution_time_ms = 30000",
-        "mode = \"loop\"",
-    );
-    let h = hooks(ws.path());
-    assert!(load_errors(&h).is_empty(), "{:?}", load_errors(&h));
+    let (_ws, h) = looping("quick", 200);
     let v = h
         .decide_within(
             DecisionPoint::ToolCallStart,

@@ -37,7 +37,8 @@ pub const MAX_DECISION_DEADLINE_MS: u64 = 3_600_000;
 /// source keeps its own). A value that is not a whole number of milliseconds in range is a
 /// 400 naming the header.
 pub(crate) fn deadline(headers: &HeaderMap, since: Instant) -> Result<Option<Instant>, ApiError> {
-    let Some(value) = headers.get(DECISION_DEADLINE_HEADER) else {
+    let mut values = headers.get_all(DECISION_DEADLINE_HEADER).iter();
+    let Some(value) = values.next() else {
         return Ok(None);
     };
     let bad = |found: &str| {
@@ -47,6 +48,10 @@ pub(crate) fn deadline(headers: &HeaderMap, since: Instant) -> Result<Option<Ins
         ))
         .at(DECISION_DEADLINE_HEADER)
     };
+    // Sent twice is as `300, 400` on one line: no single deadline.
+    if values.next().is_some() {
+        return Err(bad("a header sent more than once"));
+    }
     let text = value
         .to_str()
         .map_err(|_| bad("a value that is not visible ASCII"))?;

@@ -49,7 +49,7 @@ pub struct CommandCount {
     /// Killed at its deadline.
     pub timed_out: u64,
     /// Of `timed_out`: killed at the asker's deadline (`Prx-Decision-Deadline-Ms`,
-    /// `Hooks::decide_within`), which came before its own `timeout_ms`.
+    /// `Hooks::decide_within`), which came before its own (`timeout_ms`).
     pub cut_by_asker: u64,
     /// Exited with a code other than 0 or 2, or killed by a signal.
     pub crashed: u64,

@@ -60,7 +60,7 @@ pub(crate) trait PluginPolicy: Send + Sync {
     fn answers(&self, point: DecisionPoint) -> bool;
     /// Its `on_error`.
     fn on_error(&self) -> OnError;
-    /// Its own deadline per call (`timeout_ms`).
+    /// Its own deadline per call (`timeout_ms`, at most `max_execution_time_ms`).
     fn limit(&self) -> std::time::Duration;
     /// Asks it, on this thread, bounded by its deadline, or by `until` (the decision's
     /// deadline, when the asker gave one) when that comes first.
@@ -195,7 +195,8 @@ pub struct PluginPolicyCount {
     /// Cut at its deadline (`timeout_ms`, or the asker's when that came first).
     pub timed_out: u64,
     /// Of `timed_out`: cut at the asker's deadline (`Prx-Decision-Deadline-Ms`,
-    /// `Hooks::decide_within`), which came before its own `timeout_ms`.
+    /// `Hooks::decide_within`), which came before its own (`timeout_ms`, at most
+    /// `max_execution_time_ms`).
     pub cut_by_asker: u64,
     /// Ran out of fuel.
     pub out_of_fuel: u64,

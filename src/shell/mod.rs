@@ -220,7 +220,9 @@ pub struct ShellLimits {
     /// without a cgroup and the stats say why.
     pub detect_cgroup: bool,
     /// Where payload files go: a private directory is created in it (default: `$TMPDIR` as it
-    /// is when the sink is created, else `/tmp`).
+    /// is when the sink is created, else `/tmp`). Hooks trust what they read there: give a
+    /// directory no other user can rename entries in (yours, or sticky as `/tmp`), as
+    /// `run --payload-dir` insists.
     pub tmp_dir: Option<PathBuf>,
 }
 

@@ -971,4 +971,38 @@ fn payload_files_go_to_payload_dir_while_hooks_keep_their_tmpdir() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--payload-dir"));
+
+    // A file, and a directory other users may rename entries in (writable by them, no
+    // sticky bit), are refused; one with the sticky bit (as /tmp) is taken.
+    use std::os::unix::fs::PermissionsExt;
+    let file = out.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let open = out.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sticky = out.path().join("sticky");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let fire_in = |dir: &std::path::Path| {
+        bin()
+            .args(["fire", "turn_complete", "--payload-dir"])
+            .arg(dir)
+            .arg("--workspace")
+            .arg(ws.path())
+            .output()
+            .unwrap()
+    };
+    for (dir, why) in [(&file, "not a directory"), (&open, "other users")] {
+        let bad = fire_in(dir);
+        assert_eq!(bad.status.code(), Some(64), "{dir:?}: {bad:?}");
+        let said = String::from_utf8_lossy(&bad.stderr);
+        assert!(
+            said.contains("--payload-dir") && said.contains(why),
+            "{said}"
+        );
+    }
+    let ok = fire_in(&sticky);
+    assert!(ok.status.success(), "{ok:?}");
+    let said = std::fs::read_to_string(&seen).unwrap();
+    assert!(said.starts_with(sticky.to_str().unwrap()), "{said}");
 }

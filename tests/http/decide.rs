@@ -495,8 +495,38 @@ fn the_askers_deadline_cuts_a_slower_command_policy_and_it_answers_on_error() {
             "{bad}: {said}"
         );
     }
+    // Sent twice, whichever comes first: refused as `300,400` on one line is.
+    for pair in [["300", "soon"], ["soon", "300"]] {
+        let body = json!({"event": "tool_call_start", "agent": "claude-code",
+                          "payload": bash("ls")});
+        let a = api.post_with(
+            &Ingest::client(),
+            "/api/decide",
+            &[
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+                (prx_hooks::http::DECISION_DEADLINE_HEADER, pair[0]),
+                (prx_hooks::http::DECISION_DEADLINE_HEADER, pair[1]),
+            ],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(a.status, 400, "{pair:?}: {}", a.body);
+        assert!(a.body.to_string().contains("more than once"), "{}", a.body);
+    }
     let c = &api.stats()["policies"]["commands"][0];
     assert_eq!(c["runs"], 2, "a refused question runs nothing: {c}");
+    // The asker's cuts, as /metrics has them.
+    let url = format!("http://{}/metrics", api.server.local_addr());
+    let text = Ingest::client()
+        .get(url)
+        .header("authorization", auth.as_str())
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let line = "prx_hooks_policy_command_cut_by_asker_total{policy=\"slow\"} 2";
+    assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
 }
 
 /// A command policy runs contained as a shell hook does: the hooks' default limits

@@ -57,18 +57,12 @@ impl Containment {
 }
 
 /// The shell backend's limits from `--cgroup`, `--hook-limit` (default `core_bytes=0`: a
-/// crashing hook does not write a core file into the workspace) and `--payload-dir` (which must
-/// be a directory).
+/// crashing hook does not write a core file into the workspace) and `--payload-dir`
+/// ([`payload_dir`]).
 pub(super) fn shell_limits(args: &ContainArgs) -> Result<prx_hooks::shell::ShellLimits, BoxError> {
     let mut limits = prx_hooks::shell::ShellLimits::default();
     if let Some(dir) = &args.payload_dir {
-        match std::fs::metadata(dir) {
-            Ok(m) if m.is_dir() => limits.tmp_dir = Some(dir.clone()),
-            Ok(_) => {
-                return Err(format!("--payload-dir {}: not a directory", dir.display()).into());
-            }
-            Err(e) => return Err(format!("--payload-dir {}: {e}", dir.display()).into()),
-        }
+        limits.tmp_dir = Some(payload_dir(dir)?);
     }
     match args.cgroup.as_str() {
         "auto" => limits.detect_cgroup = true,
@@ -97,4 +91,42 @@ pub(super) fn shell_limits(args: &ContainArgs) -> Result<prx_hooks::shell::Shell
         limits.hook_limits.set(k, v);
     }
     Ok(limits)
+}
+
+/// `--payload-dir DIR`, resolved once (symlinks followed here, never again): a directory that
+/// no other user can swap entries in, as hooks trust the files in it. DIR and every directory
+/// above it must be owned by this user or root, and not writable by group or others unless
+/// sticky (as /tmp: others may then add entries but not rename or remove ours).
+fn payload_dir(dir: &std::path::Path) -> Result<PathBuf, BoxError> {
+    use std::os::unix::fs::MetadataExt;
+    let at =
+        |what: String| -> BoxError { format!("--payload-dir {}: {what}", dir.display()).into() };
+    let real = std::fs::canonicalize(dir).map_err(|e| at(e.to_string()))?;
+    let m = std::fs::metadata(&real).map_err(|e| at(e.to_string()))?;
+    if !m.is_dir() {
+        return Err(at("not a directory".into()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    for d in real.ancestors() {
+        let m = std::fs::metadata(d).map_err(|e| at(format!("{}: {e}", d.display())))?;
+        let mode = m.mode();
+        let whose = if d == real {
+            String::new()
+        } else {
+            format!(" (its parent {})", d.display())
+        };
+        if m.uid() != me && m.uid() != 0 {
+            return Err(at(format!(
+                "owned by uid {}{whose}, not by this user or root: its owner could swap the payload files hooks read",
+                m.uid()
+            )));
+        }
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(at(format!(
+                "writable by other users without the sticky bit{whose} (mode {:o}): they could swap the payload files hooks read; use a directory only you can write, or a sticky one as /tmp",
+                mode & 0o7777
+            )));
+        }
+    }
+    Ok(real)
 }

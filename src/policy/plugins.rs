@@ -20,6 +20,8 @@ pub(crate) const ORDER_BASE: usize = usize::MAX / 2;
 pub(crate) enum GuestFailure {
     /// Ran past its deadline (running guest code, or waiting in a host call).
     TimedOut,
+    /// As `TimedOut`, at the asker's deadline, which came before its own.
+    CutByAsker,
     /// Used all of its `max_fuel`.
     OutOfFuel,
     /// Trapped (a memory grow past `max_memory_mb` ends as one), or could not be instantiated.
@@ -34,6 +36,7 @@ impl std::fmt::Display for GuestFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             GuestFailure::TimedOut => f.write_str("timed out"),
+            GuestFailure::CutByAsker => f.write_str("timed out (the asker's deadline came first)"),
             GuestFailure::OutOfFuel => f.write_str("ran out of fuel (max_fuel in plugin.toml)"),
             GuestFailure::Trapped(m) => write!(f, "trapped: {m}"),
             GuestFailure::Error(m) => write!(f, "returned an error: {m}"),
@@ -60,8 +63,6 @@ pub(crate) trait PluginPolicy: Send + Sync {
     fn answers(&self, point: DecisionPoint) -> bool;
     /// Its `on_error`.
     fn on_error(&self) -> OnError;
-    /// Its own deadline per call (`timeout_ms`, at most `max_execution_time_ms`).
-    fn limit(&self) -> std::time::Duration;
     /// Asks it, on this thread, bounded by its deadline, or by `until` (the decision's
     /// deadline, when the asker gave one) when that comes first.
     fn ask(
@@ -231,9 +232,7 @@ pub(crate) struct PluginPolicyCounters {
 }
 
 impl PluginPolicyCounters {
-    /// Counts one call's answer; `asker_first`: the asker's deadline came before the policy's
-    /// own (a time-out was then the asker's cut).
-    pub(crate) fn count(&self, a: &GuestAnswer, on_error: OnError, asker_first: bool) {
+    pub(crate) fn count(&self, a: &GuestAnswer, on_error: OnError) {
         let bump = |c: &AtomicU64| c.fetch_add(1, Ordering::Relaxed);
         bump(&self.calls);
         match a {
@@ -246,11 +245,11 @@ impl PluginPolicyCounters {
                 });
             }
             GuestAnswer::Failed(f) => {
-                if asker_first && matches!(f, GuestFailure::TimedOut) {
+                if let GuestFailure::CutByAsker = f {
                     bump(&self.cut_by_asker);
                 }
                 bump(match f {
-                    GuestFailure::TimedOut => &self.timed_out,
+                    GuestFailure::TimedOut | GuestFailure::CutByAsker => &self.timed_out,
                     GuestFailure::OutOfFuel => &self.out_of_fuel,
                     GuestFailure::Trapped(_) => &self.trapped,
                     GuestFailure::Error(_) => &self.errors,
@@ -303,10 +302,9 @@ pub(crate) fn ask_all(
             continue;
         }
         let began = Instant::now();
-        let asker_first = until.is_some_and(|u| u < began + p.limit());
         let a = p.ask(point, agent, payload_json, until);
         let elapsed = began.elapsed();
-        p.counters().count(&a, p.on_error(), asker_first);
+        p.counters().count(&a, p.on_error());
         // How it ended, in words: only built for a trace (`policy test --run-guards`).
         let (answered, outcome): (_, std::borrow::Cow<'static, str>) = match a {
             GuestAnswer::Decided(Some(d), reason, context) => {

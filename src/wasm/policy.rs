@@ -297,10 +297,6 @@ impl PluginPolicy for WasmPolicy {
         self.spec.on_error
     }
 
-    fn limit(&self) -> Duration {
-        WasmPolicy::limit(self)
-    }
-
     fn counters(&self) -> &PluginPolicyCounters {
         &self.counters
     }
@@ -313,10 +309,30 @@ impl PluginPolicy for WasmPolicy {
         until: Option<Instant>,
     ) -> GuestAnswer {
         let now = Instant::now();
-        let deadline = match until {
-            Some(u) => u.min(now + self.limit()),
-            None => now + self.limit(),
+        let own = now + self.limit();
+        let (deadline, asker) = match until {
+            Some(u) if u < own => (u, true),
+            _ => (own, false),
         };
+        match self.call(point, agent, payload_json, now, deadline) {
+            GuestAnswer::Failed(GuestFailure::TimedOut) if asker => {
+                GuestAnswer::Failed(GuestFailure::CutByAsker)
+            }
+            a => a,
+        }
+    }
+}
+
+impl WasmPolicy {
+    /// One call, started at `now`, cut at `deadline`.
+    fn call(
+        &self,
+        point: DecisionPoint,
+        agent: &str,
+        payload_json: &str,
+        now: Instant,
+        deadline: Instant,
+    ) -> GuestAnswer {
         if deadline <= now {
             // No time left: no instance is taken (a call cut at once would cost it).
             return GuestAnswer::Failed(GuestFailure::TimedOut);
